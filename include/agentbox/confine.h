@@ -1,0 +1,56 @@
+// The one seam: every caller — CLI, daemon, MCP server — goes through
+// Confine(). It is pure: it reads no files and makes no syscalls.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "agentbox/host_caps.h"
+#include "agentbox/outcome.h"
+#include "agentbox/plan.h"
+#include "agentbox/policy.h"
+#include "agentbox/status.h"
+
+namespace agentbox {
+
+// Who is asking, from where: the facts of the invocation that planning needs.
+struct Invocation {
+  std::string workspace;   // host path, absolute and canonical
+  std::string cwd;         // host path, absolute
+  std::string home;        // the invoking user's $HOME ("" if unknown)
+  std::string self_exe;    // the agentbox binary, for wrapped argv
+  std::string nonce;       // random, marks this run's runner-failure lines
+};
+
+// A stderr classifier: an ECMAScript regex and what a match means. Group 1,
+// when present, captures the path or host concerned.
+struct Signature {
+  std::string pattern;
+  std::string meaning;
+};
+
+struct ConfinedCommand {
+  // What a harness spawns: the wrapped argv, with `env` added to its environment.
+  std::vector<std::string> argv;
+  std::vector<std::pair<std::string, std::string>> env;
+  EnforcementReport enforcement;
+  // Recognise a working sandbox denying something.
+  std::vector<Signature> denial_signatures;
+  // Recognise the sandbox runner itself failing. Check these first.
+  std::vector<Signature> runner_failure_rules;
+  Plan plan;
+};
+
+// What the policy would get on this host, facet by facet. Never fails.
+EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host);
+
+// Confines argv under the policy, or refuses (stage "confine") when the
+// policy cannot be enforced at the level it requires. Never a silent downgrade.
+Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Policy& policy,
+                                const HostCaps& host, const Invocation& invocation);
+
+// The environment variable that carries the plan to `agentbox __exec`.
+inline constexpr const char* kPlanEnv = "AGENTBOX_PLAN";
+
+}  // namespace agentbox

@@ -1,0 +1,54 @@
+// What this host can enforce, probed once (DESIGN §1).
+//
+// HostCaps is plain data so that planning can be tested against any host: the
+// tests build fake ones. ProbeHost() is the only place that asks the kernel.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace agentbox {
+
+struct CgroupCaps {
+  bool v2_mounted = false;
+  std::string v2_own_path;               // our cgroup directory in the v2 hierarchy, if any
+  std::vector<std::string> v1_controllers; // mounted v1 controllers (memory, pids, cpu, ...)
+  bool can_create_children = false;      // a writable cgroup directory for this process exists
+  std::string reason;                    // why not, when it cannot
+};
+
+struct HostCaps {
+  // Identity of the invoking process.
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::string kernel_release;
+
+  // Namespaces. `user_namespaces` is false when the kernel or a sysctl refuses
+  // them to this user; `userns_reason` says which.
+  bool user_namespaces = false;
+  bool userns_restricted = false;         // e.g. AppArmor's unprivileged_userns restriction
+  std::string userns_reason;
+  bool mount_ns = false, pid_ns = false, net_ns = false, ipc_ns = false, uts_ns = false,
+       cgroup_ns = false;
+
+  int landlock_abi = 0;                   // 0: no Landlock
+  bool seccomp_filter = false;
+  bool no_new_privs = false;
+  bool new_mount_api = false;             // open_tree / move_mount / mount_setattr
+  bool overlayfs = false;
+  bool pidfd = false;
+  CgroupCaps cgroups;
+
+  bool is_root() const { return uid == 0; }
+};
+
+enum class ProbeDepth {
+  kQuick,  // sysctls, /proc and cheap syscalls only: for every run
+  kDeep,   // also tries to create a user namespace in a throw-away child: for `check`
+};
+
+HostCaps ProbeHost(ProbeDepth depth);
+
+}  // namespace agentbox

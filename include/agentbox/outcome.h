@@ -1,0 +1,81 @@
+// The outcome report (DESIGN §4) and the exit status it maps to (DESIGN §2).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace agentbox {
+
+enum class Level { kFull, kPartial, kNone };
+const char* ToString(Level);
+
+struct FacetReport {
+  std::string name;                      // filesystem, network, syscalls, processes, resources, credentials
+  bool requested = false;                // does the policy ask for this facet?
+  Level level = Level::kNone;
+  std::vector<std::string> mechanisms;   // "mount-namespace", "network-namespace", ...
+  std::vector<std::string> notes;        // what is and is not covered, in words
+};
+
+struct MissingFacet {
+  std::string facet;
+  std::string reason;
+};
+
+struct EnforcementReport {
+  Level level = Level::kNone;
+  std::string backend;                   // "linux-namespaces", or "none"
+  std::vector<FacetReport> facets;
+  std::vector<MissingFacet> missing;
+  std::vector<std::string> skipped;      // read_only entries absent on this host
+};
+
+struct Denial {
+  std::string facet;                     // filesystem, network, syscalls
+  std::string op;                        // read, write, connect, ...
+  std::string target;                    // the path or host
+  std::string reason;
+  std::string source;                    // "stderr-signature", "proxy", "seccomp"
+};
+
+struct ErrorInfo {
+  std::string stage;
+  std::string message;
+  int err = 0;
+};
+
+enum class OutcomeKind { kExited, kSignaled, kTimedOut, kOomKilled, kSandboxDenied, kSandboxError };
+const char* ToString(OutcomeKind);
+
+struct Usage {
+  std::uint64_t wall_ms = 0;
+  std::uint64_t cpu_user_ms = 0;
+  std::uint64_t cpu_sys_ms = 0;
+  std::optional<std::uint64_t> peak_memory_bytes;
+};
+
+struct Outcome {
+  OutcomeKind kind = OutcomeKind::kSandboxError;
+  std::optional<int> exit_code;          // the command's own code, when it exited
+  std::optional<int> signal;             // the signal that ended it, when it was signaled
+  EnforcementReport enforcement;
+  std::vector<Denial> denials;
+  std::optional<ErrorInfo> error;
+  Usage usage;
+  std::string policy_sha256;
+
+  // The exit status of `agentbox run` (DESIGN §2): the command's code,
+  // 128+N for a signal, 124 timed out, 125 sandbox failure, 137 OOM kill.
+  int ExitStatus() const;
+};
+
+// JSON text of the report (pretty-printed when `indent` >= 0).
+std::string ToJson(const Outcome& outcome, int indent = 2);
+std::string ToJson(const EnforcementReport& report, int indent = 2);
+
+// The running version, as reported in `agentbox_version`.
+const char* Version();
+
+}  // namespace agentbox

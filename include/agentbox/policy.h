@@ -1,0 +1,159 @@
+// The policy: plain, validated, immutable data (DESIGN §3).
+//
+// A Policy is built once, from a mode preset, then a YAML file, then command
+// line overrides, and never changes afterwards. Nothing here makes a syscall
+// except reading the policy file itself.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "agentbox/status.h"
+
+namespace agentbox {
+
+enum class Mode { kReadOnly, kWorkspaceWrite, kDangerFullAccess };
+enum class Isolation { kHost, kOs, kContainer, kMicrovm, kRemote };
+enum class Requirement { kFull, kPartial };
+enum class Access { kReadOnly, kReadWrite };
+enum class NetDefault { kDeny, kAllow };
+enum class UnknownDomain { kDeny, kAsk };
+enum class CredentialsInSandbox { kNone };
+enum class GitCredentials { kNone, kProxy };
+enum class ToolCredentials { kNone, kVaultProxy };
+enum class ReportAs { kSandboxDenial, kTaskFailure };
+enum class Escalation { kDeny, kOneTimeApproval };
+
+struct SandboxSpec {
+  Isolation isolation = Isolation::kOs;
+  Requirement require = Requirement::kFull;
+  std::string image = "host";
+  bool fresh_per_task = true;
+  bool snapshot_on_exit = false;
+};
+
+struct WorkspaceSpec {
+  // Where the workspace appears inside the sandbox; empty = same as on the host.
+  std::string path;
+  Access access = Access::kReadWrite;
+};
+
+struct FilesystemSpec {
+  WorkspaceSpec workspace;
+  // Absolute paths (after `~` expansion), bound read-only; missing ones are skipped.
+  std::vector<std::string> read_only;
+  // Absent inside the sandbox. Absolute, `~/…`, or relative to the workspace;
+  // may hold gitignore-style globs (`**/.env`).
+  std::vector<std::string> deny;
+  // Read-only inside a writable workspace. Absolute or relative to the workspace.
+  std::vector<std::string> protect;
+};
+
+struct NetworkSpec {
+  NetDefault default_action = NetDefault::kDeny;
+  bool egress_proxy = false;
+  std::vector<std::string> allow;
+  std::vector<std::string> deny;
+  UnknownDomain on_unknown_domain = UnknownDomain::kDeny;
+};
+
+struct CredentialsSpec {
+  CredentialsInSandbox in_sandbox = CredentialsInSandbox::kNone;
+  GitCredentials git = GitCredentials::kNone;
+  ToolCredentials tools = ToolCredentials::kNone;
+};
+
+// A guaranteed share and a hard ceiling; either may be absent.
+struct Range {
+  std::optional<double> guaranteed;
+  std::optional<double> limit;
+  bool requested() const { return guaranteed.has_value() || limit.has_value(); }
+};
+
+struct ResourcesSpec {
+  Range cpu;                                   // cores, fractions allowed
+  std::optional<std::uint64_t> memory_guaranteed_bytes;
+  std::optional<std::uint64_t> memory_limit_bytes;
+  std::optional<std::uint64_t> disk_bytes;
+  std::optional<std::uint64_t> wall_clock_ms;
+  std::optional<std::uint64_t> max_processes;
+};
+
+struct EnvSpec {
+  std::vector<std::string> pass;                          // names copied from the caller
+  std::vector<std::pair<std::string, std::string>> set;   // fixed values, in file order
+};
+
+struct OnViolationSpec {
+  ReportAs report_as = ReportAs::kSandboxDenial;
+  Escalation escalation = Escalation::kDeny;
+};
+
+struct Policy {
+  int version = 1;
+  Mode mode = Mode::kWorkspaceWrite;
+  SandboxSpec sandbox;
+  FilesystemSpec filesystem;
+  NetworkSpec network;
+  CredentialsSpec credentials;
+  ResourcesSpec resources;
+  EnvSpec env;
+  OnViolationSpec on_violation;
+
+  // Where it came from: a file name, or "<mode preset>".
+  std::string source;
+  // sha256 of the source text (or of the effective policy for presets).
+  std::string sha256;
+};
+
+// The preset a mode starts from. danger-full-access confines nothing.
+Policy PresetFor(Mode mode);
+
+// Parses policy YAML. `source_name` is used in error messages, which read
+// "<source_name>:<line>:<column>: <key.path>: <what is wrong>". Keys missing
+// from the text keep the value of the preset for the file's `mode` (default
+// workspace-write); a list given in the file replaces the preset's list.
+Result<Policy> ParsePolicy(const std::string& text, const std::string& source_name);
+
+// Reads and parses a file; a read error names the path and errno.
+Result<Policy> LoadPolicyFile(const std::string& path);
+
+// Command-line overrides, applied after the file (DESIGN §2: flags override).
+struct PolicyOverrides {
+  std::optional<Mode> mode;
+  std::optional<Requirement> require;
+  std::vector<std::string> allow_domains;
+  std::optional<std::uint64_t> timeout_ms;
+  std::optional<std::uint64_t> memory_bytes;
+  std::optional<std::uint64_t> max_processes;
+  std::optional<double> cpus;
+  std::vector<std::string> env;   // NAME (pass) or NAME=VALUE (set)
+};
+// Applies overrides. A mode given here re-bases on that mode's preset only
+// when no policy file was given; with a file, it changes the mode key alone.
+Result<Policy> ApplyOverrides(Policy policy, const PolicyOverrides& overrides, bool from_file);
+
+// Units shared by the file and the command line.
+Result<std::uint64_t> ParseSize(const std::string& text);       // "512Mi", "2Gi", "1.5G", "4096"
+Result<std::uint64_t> ParseDurationMs(const std::string& text);  // "30s", "5m", "1h", "250ms"
+
+// Names, for reports and errors.
+const char* ToString(Mode);
+const char* ToString(Isolation);
+const char* ToString(Requirement);
+const char* ToString(Access);
+const char* ToString(NetDefault);
+const char* ToString(UnknownDomain);
+const char* ToString(GitCredentials);
+const char* ToString(ToolCredentials);
+const char* ToString(ReportAs);
+const char* ToString(Escalation);
+std::optional<Mode> ParseMode(const std::string& name);
+
+// The effective policy as YAML that ParsePolicy accepts again (round trip).
+std::string ToYaml(const Policy& policy);
+
+}  // namespace agentbox

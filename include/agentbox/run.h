@@ -1,0 +1,33 @@
+// Launch + supervise: running a confined command to its outcome.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "agentbox/confine.h"
+#include "agentbox/outcome.h"
+
+namespace agentbox {
+
+struct RunOptions {
+  int stderr_fd = 2;       // where the command's stderr ends up
+  // Copy the command's stderr through the supervisor to scan it for denial
+  // signatures. Off for a terminal, so interactive programs keep their tty.
+  bool scan_stderr = true;
+  bool forward_signals = true;  // SIGINT/SIGTERM/SIGHUP/SIGQUIT go to the sandbox
+};
+
+// Runs the confined command and classifies what happened (DESIGN §4).
+// Never throws; a sandbox that cannot start is an outcome (sandbox_error).
+Outcome Run(const ConfinedCommand& command, const RunOptions& options);
+
+// Runs a plan directly (the `agentbox __exec` side of `wrap`), using the
+// given argv. Classification uses `denial_signatures` when non-empty.
+Outcome RunPlan(const Plan& plan, const std::vector<std::string>& argv,
+                const std::vector<Signature>& denial_signatures, const RunOptions& options);
+
+// The outcome of a run that never started: sandbox_error with the reason.
+Outcome RefusedOutcome(const Status& why, const EnforcementReport& enforcement,
+                       const std::string& policy_sha256);
+
+}  // namespace agentbox

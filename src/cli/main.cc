@@ -1,0 +1,481 @@
+// agentbox: the command line (DESIGN §2).
+#include <fcntl.h>
+#include <limits.h>
+#include <pwd.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "agentbox/confine.h"
+#include "agentbox/host_caps.h"
+#include "agentbox/outcome.h"
+#include "agentbox/plan.h"
+#include "agentbox/policy.h"
+#include "agentbox/run.h"
+#include "policy/sha256.h"
+#include "report/report_json.h"
+
+namespace agentbox::cli {
+namespace {
+
+using nlohmann::json;
+
+constexpr int kExitUsage = 2;
+constexpr int kExitSandbox = 125;
+
+// Flags shared by `run`, `wrap` and `policy explain`.
+struct PolicyFlags {
+  std::string policy_file;
+  std::string mode;
+  std::string require;
+  std::string workspace;
+  std::vector<std::string> allow_domains;
+  std::string timeout;
+  std::string memory;
+  std::optional<std::uint64_t> max_processes;
+  std::optional<double> cpus;
+  std::vector<std::string> env;
+
+  void Register(CLI::App* app, bool full) {
+    app->add_option("--policy", policy_file, "policy file (YAML)");
+    app->add_option("--mode", mode, "read-only | workspace-write | danger-full-access");
+    app->add_option("--workspace", workspace, "workspace directory (default: current directory)");
+    if (!full) return;
+    app->add_option("--require", require, "full | partial (default: the policy's, else full)");
+    app->add_option("--allow-domain", allow_domains, "allow egress to PATTERN (repeatable)");
+    app->add_option("--timeout", timeout, "wall clock limit, e.g. 30s, 5m");
+    app->add_option("--memory", memory, "memory ceiling, e.g. 512Mi, 2Gi");
+    app->add_option("--max-processes", max_processes, "process limit");
+    app->add_option("--cpus", cpus, "CPU ceiling in cores");
+    app->add_option("--env", env, "pass NAME, or set NAME=VALUE (repeatable)");
+  }
+};
+
+void Error(const std::string& msg) { std::fprintf(stderr, "agentbox: %s\n", msg.c_str()); }
+
+std::string RealPath(const std::string& p) {
+  char buf[PATH_MAX];
+  if (!realpath(p.c_str(), buf)) return "";
+  return buf;
+}
+
+std::string HomeDir() {
+  if (const char* h = getenv("HOME"); h && *h == '/') return h;
+  if (struct passwd* pw = getpwuid(getuid())) return pw->pw_dir;
+  return "";
+}
+
+std::string Nonce() {
+  unsigned char raw[8] = {};
+  if (getrandom(raw, sizeof(raw), 0) != static_cast<ssize_t>(sizeof(raw))) {
+    // No entropy source: a time- and pid-based value still marks the run.
+    auto v = static_cast<unsigned long long>(getpid()) ^ static_cast<unsigned long long>(time(nullptr));
+    std::memcpy(raw, &v, sizeof(raw));
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string s;
+  for (unsigned char c : raw) {
+    s += kHex[c >> 4];
+    s += kHex[c & 15];
+  }
+  return s;
+}
+
+Result<Policy> BuildPolicy(const PolicyFlags& f) {
+  PolicyOverrides o;
+  if (!f.mode.empty()) {
+    o.mode = ParseMode(f.mode);
+    if (!o.mode) {
+      return Status::Error("policy", "--mode: '" + f.mode +
+                                         "' is not one of read-only, workspace-write, danger-full-access");
+    }
+  }
+  if (!f.require.empty()) {
+    if (f.require == "full") {
+      o.require = Requirement::kFull;
+    } else if (f.require == "partial") {
+      o.require = Requirement::kPartial;
+    } else {
+      return Status::Error("policy", "--require: '" + f.require + "' is not full or partial");
+    }
+  }
+  o.allow_domains = f.allow_domains;
+  if (!f.timeout.empty()) {
+    auto ms = ParseDurationMs(f.timeout);
+    if (!ms.ok()) return Status::Error("policy", "--timeout: " + ms.status().message());
+    o.timeout_ms = *ms;
+  }
+  if (!f.memory.empty()) {
+    auto bytes = ParseSize(f.memory);
+    if (!bytes.ok()) return Status::Error("policy", "--memory: " + bytes.status().message());
+    o.memory_bytes = *bytes;
+  }
+  o.max_processes = f.max_processes;
+  o.cpus = f.cpus;
+  o.env = f.env;
+
+  const bool from_file = !f.policy_file.empty();
+  Result<Policy> base = from_file ? LoadPolicyFile(f.policy_file) : PresetFor(Mode::kWorkspaceWrite);
+  if (!base.ok()) return base;
+  const bool overridden = o.mode || o.require || !o.allow_domains.empty() || o.timeout_ms ||
+                          o.memory_bytes || o.max_processes || o.cpus || !o.env.empty();
+  auto p = ApplyOverrides(std::move(*base), o, from_file);
+  if (!p.ok()) return p;
+  // The report's hash names what was in force: with flags on top, the effective policy.
+  if (overridden) p->sha256 = Sha256Hex(ToYaml(*p));
+  return p;
+}
+
+Result<Invocation> BuildInvocation(const PolicyFlags& f) {
+  Invocation inv;
+  char cwd[PATH_MAX];
+  if (!getcwd(cwd, sizeof(cwd))) return Status::Errno("invocation", "getcwd");
+  inv.cwd = RealPath(cwd);
+  std::string ws = f.workspace.empty() ? std::string(cwd) : f.workspace;
+  inv.workspace = RealPath(ws);
+  if (inv.workspace.empty()) return Status::Errno("workspace", "realpath", ws);
+  inv.home = HomeDir();
+  if (!inv.home.empty()) {
+    std::string real = RealPath(inv.home);
+    if (!real.empty()) inv.home = real;
+  }
+  inv.self_exe = RealPath("/proc/self/exe");
+  inv.nonce = Nonce();
+  return inv;
+}
+
+void WriteReport(const std::string& path, const Outcome& outcome) {
+  if (path.empty()) return;
+  std::ofstream out(path, std::ios::trunc);
+  out << ToJson(outcome) << "\n";
+  if (!out) Error("could not write the report to " + path + ": " + std::strerror(errno));
+}
+
+void Summarise(const Outcome& o) {
+  switch (o.kind) {
+    case OutcomeKind::kSandboxError:
+      Error("sandbox error [stage=" + (o.error ? o.error->stage : "?") + "]: " + (o.error ? o.error->message : "") +
+            " (nothing was run, or its setup broke; exit 125)");
+      break;
+    case OutcomeKind::kTimedOut:
+      Error("timed_out: " + (o.error ? o.error->message : std::string("deadline reached")) + " (exit 124)");
+      break;
+    case OutcomeKind::kSandboxDenied:
+      for (const auto& d : o.denials) {
+        Error("sandbox_denied: " + d.op + " " + d.target + ": " + d.reason);
+      }
+      break;
+    default:
+      if (o.error && o.error->stage == "exec") Error(o.error->message);
+      break;
+  }
+}
+
+int CmdRun(const PolicyFlags& f, const std::vector<std::string>& command, const std::string& report,
+           bool quiet) {
+  auto policy = BuildPolicy(f);
+  if (!policy.ok()) {
+    Error(policy.status().message());
+    Outcome o = RefusedOutcome(policy.status(), {}, "");
+    WriteReport(report, o);
+    return kExitSandbox;
+  }
+  HostCaps host = ProbeHost(ProbeDepth::kQuick);
+  auto inv = BuildInvocation(f);
+  if (!inv.ok()) {
+    Outcome o = RefusedOutcome(inv.status(), AssessEnforcement(*policy, host), policy->sha256);
+    if (!quiet) Summarise(o);
+    WriteReport(report, o);
+    return kExitSandbox;
+  }
+  auto confined = Confine(command, *policy, host, *inv);
+  if (!confined.ok()) {
+    Outcome o = RefusedOutcome(confined.status(), AssessEnforcement(*policy, host), policy->sha256);
+    Error("refusing to run: " + confined.status().message());
+    WriteReport(report, o);
+    return kExitSandbox;
+  }
+  RunOptions opts;
+  opts.scan_stderr = !isatty(STDERR_FILENO);
+  Outcome outcome = Run(*confined, opts);
+  if (!quiet) Summarise(outcome);
+  WriteReport(report, outcome);
+  return outcome.ExitStatus();
+}
+
+int CmdWrap(const PolicyFlags& f, const std::vector<std::string>& command) {
+  auto policy = BuildPolicy(f);
+  if (!policy.ok()) {
+    Error(policy.status().message());
+    return kExitSandbox;
+  }
+  HostCaps host = ProbeHost(ProbeDepth::kQuick);
+  auto inv = BuildInvocation(f);
+  if (!inv.ok()) {
+    Error(inv.status().ToString());
+    return kExitSandbox;
+  }
+  auto confined = Confine(command, *policy, host, *inv);
+  if (!confined.ok()) {
+    Error("refusing to wrap: " + confined.status().message());
+    return kExitSandbox;
+  }
+  json env = json::object();
+  for (const auto& [k, v] : confined->env) env[k] = v;
+  json sigs = json::array(), rules = json::array();
+  for (const auto& s : confined->denial_signatures) sigs.push_back({{"pattern", s.pattern}, {"meaning", s.meaning}});
+  for (const auto& s : confined->runner_failure_rules) rules.push_back({{"pattern", s.pattern}, {"meaning", s.meaning}});
+  json out = {{"argv", confined->argv},
+              {"env", env},
+              {"enforcement", ToJsonValue(confined->enforcement)},
+              {"denial_signatures", sigs},
+              {"runner_failure_rules", rules},
+              {"exit_codes", {{"timed_out", 124}, {"sandbox_error", 125}, {"not_executable", 126}, {"not_found", 127}}}};
+  std::cout << out.dump(2) << "\n";
+  return 0;
+}
+
+// The far side of `wrap`: a harness spawned us with the plan in the environment.
+int CmdExec(const std::vector<std::string>& command) {
+  const char* text = getenv(kPlanEnv);
+  if (!text) {
+    Error(std::string("sandbox error [-] stage=plan: ") + kPlanEnv + " is not set (use `agentbox wrap`)");
+    return kExitSandbox;
+  }
+  auto plan = PlanFromJson(text);
+  unsetenv(kPlanEnv);  // never into the sandbox
+  if (!plan.ok()) {
+    Error("sandbox error [-] stage=plan: " + plan.status().message());
+    return kExitSandbox;
+  }
+  if (command.empty()) {
+    Error("sandbox error [" + plan->nonce + "] stage=plan: no command after --");
+    return kExitSandbox;
+  }
+  RunOptions opts;
+  opts.scan_stderr = false;  // the harness applies the signatures itself
+  Outcome o = RunPlan(*plan, command, {}, opts);
+  if (o.kind == OutcomeKind::kSandboxError) {
+    Error("sandbox error [" + plan->nonce + "] stage=" + (o.error ? o.error->stage : "runner") + ": " +
+          (o.error ? o.error->message : ""));
+  } else if (o.kind == OutcomeKind::kTimedOut) {
+    Error("timed_out [" + plan->nonce + "]: " + (o.error ? o.error->message : ""));
+  }
+  return o.ExitStatus();
+}
+
+const char* Yes(bool b) { return b ? "yes" : "no"; }
+
+int CmdCheck(const std::string& policy_file, bool as_json) {
+  PolicyFlags f;
+  f.policy_file = policy_file;
+  auto policy = BuildPolicy(f);
+  if (!policy.ok()) {
+    Error(policy.status().message());
+    return 1;
+  }
+  HostCaps h = ProbeHost(ProbeDepth::kDeep);
+  EnforcementReport r = AssessEnforcement(*policy, h);
+  json host = {
+      {"kernel", h.kernel_release},
+      {"uid", h.uid},
+      {"user_namespaces", {{"available", h.user_namespaces}, {"restricted", h.userns_restricted}, {"reason", h.userns_reason}}},
+      {"namespaces", {{"mnt", h.mount_ns}, {"pid", h.pid_ns}, {"net", h.net_ns}, {"ipc", h.ipc_ns}, {"uts", h.uts_ns}, {"cgroup", h.cgroup_ns}}},
+      {"landlock_abi", h.landlock_abi},
+      {"seccomp_filter", h.seccomp_filter},
+      {"no_new_privs", h.no_new_privs},
+      {"new_mount_api", h.new_mount_api},
+      {"overlayfs", h.overlayfs},
+      {"pidfd", h.pidfd},
+      {"cgroups", {{"v2_mounted", h.cgroups.v2_mounted}, {"v2_own_path", h.cgroups.v2_own_path},
+                   {"v1_controllers", h.cgroups.v1_controllers}, {"can_create_children", h.cgroups.can_create_children},
+                   {"reason", h.cgroups.reason}}},
+  };
+  if (as_json) {
+    std::cout << json({{"host", host}, {"policy", policy->source}, {"enforcement", ToJsonValue(r)}}).dump(2) << "\n";
+    return r.missing.empty() ? 0 : 1;
+  }
+  std::printf("host: Linux %s, uid %u\n", h.kernel_release.c_str(), h.uid);
+  std::printf("  user namespaces   %s%s%s\n", h.user_namespaces ? "available" : "unavailable",
+              h.userns_reason.empty() ? "" : ": ", h.userns_reason.c_str());
+  std::printf("  namespaces        mnt=%s pid=%s net=%s ipc=%s uts=%s cgroup=%s\n", Yes(h.mount_ns), Yes(h.pid_ns),
+              Yes(h.net_ns), Yes(h.ipc_ns), Yes(h.uts_ns), Yes(h.cgroup_ns));
+  std::printf("  new mount API     %s\n", Yes(h.new_mount_api));
+  std::printf("  landlock          %s\n", h.landlock_abi ? ("ABI " + std::to_string(h.landlock_abi)).c_str() : "unavailable");
+  std::printf("  seccomp filter    %s\n", Yes(h.seccomp_filter));
+  std::printf("  pidfd             %s\n", Yes(h.pidfd));
+  std::printf("  overlayfs         %s\n", Yes(h.overlayfs));
+  std::string v1;
+  for (const auto& c : h.cgroups.v1_controllers) v1 += (v1.empty() ? "" : ",") + c;
+  std::printf("  cgroups           v2=%s v1=[%s] writable=%s%s%s\n", Yes(h.cgroups.v2_mounted), v1.c_str(),
+              Yes(h.cgroups.can_create_children), h.cgroups.reason.empty() ? "" : ": ", h.cgroups.reason.c_str());
+  std::printf("\npolicy %s → enforcement %s (backend %s)\n", policy->source.c_str(), ToString(r.level), r.backend.c_str());
+  for (const auto& facet : r.facets) {
+    std::string mech;
+    for (const auto& m : facet.mechanisms) mech += (mech.empty() ? "" : ", ") + m;
+    std::printf("  %-12s %-8s %s%s\n", facet.name.c_str(), ToString(facet.level),
+                facet.requested ? "" : "(not requested) ", mech.c_str());
+    for (const auto& n : facet.notes) std::printf("  %-12s          note: %s\n", "", n.c_str());
+  }
+  for (const auto& m : r.missing) std::printf("  missing: %s: %s\n", m.facet.c_str(), m.reason.c_str());
+  return r.missing.empty() ? 0 : 1;
+}
+
+int CmdValidate(const std::string& file) {
+  auto p = LoadPolicyFile(file);
+  if (!p.ok()) {
+    std::fprintf(stderr, "%s\n", p.status().message().c_str());
+    return 1;
+  }
+  std::printf("%s: valid (mode %s, isolation %s, sha256 %s)\n", file.c_str(), ToString(p->mode),
+              ToString(p->sandbox.isolation), p->sha256.c_str());
+  return 0;
+}
+
+void PrintPlan(const Plan& plan) {
+  if (!plan.confined) {
+    std::printf("plan: no confinement (danger-full-access): the command runs as is, with the whole environment\n");
+    return;
+  }
+  std::string ns;
+  for (const auto& n : plan.namespaces) ns += (ns.empty() ? "" : " ") + n;
+  std::printf("plan:\n  namespaces: %s (uid %u, gid %u mapped to themselves)\n", ns.c_str(), plan.uid, plan.gid);
+  std::printf("  mounts, in order (new root on tmpfs, pivot_root, host root detached, root sealed read-only):\n");
+  for (const auto& m : plan.mounts) {
+    std::string flags = m.read_only ? "ro" : "rw";
+    if (m.kind == MountKind::kSymlink) flags = "";
+    if (m.kind == MountKind::kMask) flags = "ro,mode=000";
+    std::string src = m.source.empty() ? "" : m.source;
+    std::printf("    %-8s %-14s %-28s %s%s%s\n", ToString(m.kind), flags.c_str(), m.target.c_str(),
+                src.empty() ? "" : ("← " + src + "  ").c_str(), m.optional ? "[if present] " : "", m.why.c_str());
+    if (!m.data.empty()) std::printf("    %-8s %-14s %-28s options %s\n", "", "", "", m.data.c_str());
+  }
+  std::printf("    (all binds nosuid,nodev; read-only ones recursively read-only)\n");
+  for (const auto& g : plan.deny_globs) {
+    std::string pats;
+    for (const auto& p : g.patterns) pats += (pats.empty() ? "" : ", ") + p;
+    std::printf("  deny globs: scanned in %s at launch, each match masked: %s\n", g.source_root.c_str(), pats.c_str());
+  }
+  for (const auto& a : plan.absent) std::printf("  absent (never mounted): %s\n", a.c_str());
+  std::printf("  cwd: %s   HOME: %s\n", plan.cwd.c_str(), plan.home.c_str());
+  std::string pass;
+  for (const auto& p : plan.env.pass) pass += (pass.empty() ? "" : " ") + p;
+  std::printf("  env: pass [%s]; set", pass.c_str());
+  for (const auto& [k, v] : plan.env.set) std::printf(" %s=%s", k.c_str(), v.c_str());
+  std::printf("\n  process: runner is pid 1 (reaps, forwards signals); command in a new session, no_new_privs,\n"
+              "           all capabilities dropped, inherited fds above 2 closed\n");
+  std::printf("  landlock: not applied in this version; seccomp: no filter in this version\n");
+  if (plan.timeout_ms) std::printf("  wall clock: %llu ms\n", static_cast<unsigned long long>(*plan.timeout_ms));
+}
+
+int CmdExplain(PolicyFlags f, bool as_json) {
+  auto policy = BuildPolicy(f);
+  if (!policy.ok()) {
+    Error(policy.status().message());
+    return 1;
+  }
+  HostCaps host = ProbeHost(ProbeDepth::kQuick);
+  auto inv = BuildInvocation(f);
+  if (!inv.ok()) {
+    Error(inv.status().ToString());
+    return 1;
+  }
+  // Show the plan even where `run` would refuse, and say that it would.
+  Policy relaxed = *policy;
+  relaxed.sandbox.require = Requirement::kPartial;
+  auto strict = Confine({"COMMAND"}, *policy, host, *inv);
+  auto confined = Confine({"COMMAND"}, relaxed, host, *inv);
+  if (as_json) {
+    json out = {{"policy_yaml", ToYaml(*policy)},
+                {"enforcement", ToJsonValue(AssessEnforcement(*policy, host))},
+                {"would_run", strict.ok()}};
+    if (!strict.ok()) out["refusal"] = strict.status().message();
+    if (confined.ok()) out["plan"] = json::parse(PlanToJson(confined->plan));
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("# effective policy (%s)\n%s\n", policy->source.c_str(), ToYaml(*policy).c_str());
+  EnforcementReport r = AssessEnforcement(*policy, host);
+  std::printf("enforcement on this host: %s\n", ToString(r.level));
+  for (const auto& m : r.missing) std::printf("  missing: %s: %s\n", m.facet.c_str(), m.reason.c_str());
+  if (!strict.ok()) std::printf("`agentbox run` would refuse: %s\n", strict.status().message().c_str());
+  if (confined.ok()) {
+    PrintPlan(confined->plan);
+  } else {
+    std::printf("no plan: %s\n", confined.status().message().c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace agentbox::cli
+
+int main(int argc, char** argv) {
+  using namespace agentbox::cli;
+  CLI::App app{"agentbox: run commands for AI agents, confined (namespaces, read-only system, no network, "
+               "a fail-closed policy and a truthful report)"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("agentbox ") + agentbox::Version());
+
+  PolicyFlags run_flags;
+  std::vector<std::string> run_cmd;
+  std::string report;
+  bool quiet = false;
+  CLI::App* run = app.add_subcommand("run", "run one command confined");
+  run_flags.Register(run, true);
+  run->add_option("--report", report, "write the outcome report (JSON) to FILE");
+  run->add_flag("--quiet", quiet, "print nothing of agentbox's own on success or failure");
+  run->add_option("command", run_cmd, "the command, after --")->required();
+
+  PolicyFlags wrap_flags;
+  std::vector<std::string> wrap_cmd;
+  CLI::App* wrap = app.add_subcommand("wrap", "print the confined argv as JSON, for harnesses that spawn processes");
+  wrap_flags.Register(wrap, true);
+  wrap->add_option("command", wrap_cmd, "the command, after --")->required();
+
+  std::vector<std::string> exec_cmd;
+  CLI::App* exec = app.add_subcommand("__exec", "");
+  exec->group("");  // hidden: the far side of `wrap`
+  exec->add_option("command", exec_cmd);
+
+  std::string check_policy;
+  bool check_json = false;
+  CLI::App* check = app.add_subcommand("check", "what this host can enforce, facet by facet");
+  check->add_option("--policy", check_policy, "policy file (YAML)");
+  check->add_flag("--json", check_json, "JSON output");
+
+  CLI::App* policy = app.add_subcommand("policy", "validate or explain a policy");
+  policy->require_subcommand(1);
+  std::string validate_file;
+  CLI::App* validate = policy->add_subcommand("validate", "check a policy file; errors name line:column");
+  validate->add_option("file", validate_file, "policy file")->required();
+  PolicyFlags explain_flags;
+  bool explain_json = false;
+  CLI::App* explain = policy->add_subcommand("explain", "the effective policy with defaults, and the plan");
+  explain_flags.Register(explain, true);
+  explain->add_flag("--json", explain_json, "JSON output");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);
+    return code == 0 ? 0 : kExitUsage;
+  }
+  if (*run) return CmdRun(run_flags, run_cmd, report, quiet);
+  if (*wrap) return CmdWrap(wrap_flags, wrap_cmd);
+  if (*exec) return CmdExec(exec_cmd);
+  if (*check) return CmdCheck(check_policy, check_json);
+  if (*validate) return CmdValidate(validate_file);
+  if (*explain) return CmdExplain(explain_flags, explain_json);
+  return kExitUsage;
+}

@@ -1,0 +1,502 @@
+// Confine(): policy + host capabilities → plan + enforcement report.
+//
+// Pure: everything here is computed from its arguments. What depends on the
+// filesystem at launch time (which read_only entries exist, which files a
+// deny glob matches, whether a protected path exists) is left in the plan as
+// optional or scan steps and settled by the launcher.
+#include "agentbox/confine.h"
+
+#include <algorithm>
+#include <set>
+#include <string>
+
+#include "confine/paths.h"
+
+namespace agentbox {
+namespace {
+
+constexpr std::uint64_t kDefaultTmpBytes = 1ull << 30;  // 1 GiB per writable tmpfs
+
+FacetReport Facet(const char* name, bool requested) {
+  FacetReport f;
+  f.name = name;
+  f.requested = requested;
+  return f;
+}
+
+std::string SizeText(std::uint64_t bytes) { return std::to_string(bytes); }
+
+bool Confines(const Policy& p) { return p.mode != Mode::kDangerFullAccess; }
+
+bool NeedsProxy(const Policy& p) {
+  return p.network.egress_proxy || !p.network.allow.empty() ||
+         p.network.default_action == NetDefault::kAllow ||
+         p.network.on_unknown_domain == UnknownDomain::kAsk;
+}
+
+}  // namespace
+
+EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host) {
+  EnforcementReport r;
+  if (!Confines(policy)) {
+    r.level = Level::kNone;
+    r.backend = "none";
+    for (const char* name : {"filesystem", "network", "processes", "syscalls", "resources"}) {
+      FacetReport f = Facet(name, false);
+      f.level = Level::kNone;
+      f.notes.push_back("danger-full-access: not confined");
+      r.facets.push_back(f);
+    }
+    return r;
+  }
+  r.backend = "linux-namespaces";
+  const bool userns = host.user_namespaces;
+  auto missing = [&r](FacetReport& f, const std::string& reason) {
+    f.level = f.mechanisms.empty() ? Level::kNone : Level::kPartial;
+    r.missing.push_back({f.name, reason});
+  };
+
+  // Filesystem: a fresh root with only what the policy names.
+  FacetReport fs = Facet("filesystem", true);
+  if (userns && host.mount_ns) {
+    fs.mechanisms = {"user-namespace", "mount-namespace", "pivot_root", "read-only-binds",
+                     "mask-binds"};
+    fs.level = Level::kFull;
+    if (!host.new_mount_api) {
+      fs.mechanisms.clear();
+      missing(fs, "kernel lacks open_tree/move_mount/mount_setattr (needs Linux >= 5.12)");
+    }
+    fs.notes.push_back("workspace is a host bind: disk use in it is not limited");
+  } else {
+    missing(fs, "user namespaces unavailable: " + host.userns_reason);
+  }
+  r.facets.push_back(fs);
+
+  // Network: only loopback, unless the policy needs the egress proxy.
+  FacetReport net = Facet("network", true);
+  if (userns && host.net_ns) {
+    net.mechanisms = {"network-namespace"};
+    net.level = Level::kFull;
+    net.notes.push_back("loopback only; no route out");
+    if (NeedsProxy(policy)) {
+      missing(net,
+              "network.allow / egress_proxy / default allow / on_unknown_domain ask need the egress "
+              "proxy, which this version does not provide (no network at all would be stricter "
+              "than asked, so it is not applied silently)");
+    }
+  } else {
+    missing(net, "network namespaces unavailable: " + host.userns_reason);
+  }
+  r.facets.push_back(net);
+
+  // Processes: own pid namespace with the runner as init.
+  FacetReport proc = Facet("processes", true);
+  if (userns && host.pid_ns) {
+    proc.mechanisms = {"pid-namespace", "ipc-namespace", "uts-namespace"};
+    if (host.cgroup_ns) proc.mechanisms.push_back("cgroup-namespace");
+    proc.mechanisms.push_back("runner-as-init");
+    proc.level = Level::kFull;
+  } else {
+    missing(proc, "pid namespaces unavailable: " + host.userns_reason);
+  }
+  r.facets.push_back(proc);
+
+  // Syscalls: not yet filtered; what is in force is listed but not requested.
+  FacetReport sys = Facet("syscalls", false);
+  sys.mechanisms = {"no_new_privs", "capabilities-dropped"};
+  sys.level = Level::kPartial;
+  sys.notes.push_back("no seccomp filter in this version; not counted in the level");
+  r.facets.push_back(sys);
+
+  // Resources: the wall clock is the supervisor's; the rest needs cgroups.
+  const ResourcesSpec& res = policy.resources;
+  FacetReport rf = Facet("resources", res.cpu.requested() || res.memory_limit_bytes ||
+                                          res.memory_guaranteed_bytes || res.disk_bytes ||
+                                          res.wall_clock_ms || res.max_processes);
+  rf.level = Level::kFull;
+  if (res.wall_clock_ms) rf.mechanisms.push_back("supervisor-deadline");
+  if (res.disk_bytes) rf.mechanisms.push_back("tmpfs-size");
+  std::vector<std::string> unenforced;
+  if (res.cpu.requested()) unenforced.push_back("cpu");
+  if (res.memory_limit_bytes || res.memory_guaranteed_bytes) unenforced.push_back("memory_gib");
+  if (res.max_processes) unenforced.push_back("max_processes");
+  if (res.disk_bytes) unenforced.push_back("disk_gib in the workspace");
+  if (!unenforced.empty()) {
+    std::string what;
+    for (const auto& u : unenforced) what += (what.empty() ? "" : ", ") + u;
+    missing(rf, what + ": cgroup limits are not enforced by this version");
+  }
+  r.facets.push_back(rf);
+
+  // Credentials: none enter the sandbox (scrubbed env, private HOME); proxies are not built yet.
+  FacetReport cred = Facet("credentials", true);
+  cred.mechanisms = {"env-scrub", "private-home", "deny-masks"};
+  cred.level = Level::kFull;
+  if (policy.credentials.git != GitCredentials::kNone ||
+      policy.credentials.tools != ToolCredentials::kNone) {
+    missing(cred, std::string("credentials.git: ") + ToString(policy.credentials.git) +
+                      ", credentials.tools: " + ToString(policy.credentials.tools) +
+                      ": credential proxies are not available in this version");
+  }
+  r.facets.push_back(cred);
+
+  if (policy.sandbox.snapshot_on_exit) {
+    r.missing.push_back({"sessions", "sandbox.snapshot_on_exit needs sessions, which this version "
+                                     "does not provide"});
+  }
+
+  r.level = r.missing.empty() ? Level::kFull : Level::kPartial;
+  return r;
+}
+
+namespace {
+
+// Hard refusals: asks that no `require: partial` can soften.
+Status CheckHardRequirements(const Policy& policy, const Invocation& inv) {
+  const Isolation iso = policy.sandbox.isolation;
+  if (policy.mode == Mode::kDangerFullAccess) return {};
+  if (iso == Isolation::kHost) {
+    return Status::Error("confine",
+                         "sandbox.isolation: host means no isolation; ask for it by name with "
+                         "mode danger-full-access");
+  }
+  if (iso != Isolation::kOs) {
+    return Status::Error("confine", std::string("sandbox.isolation: ") + ToString(iso) +
+                                        " is not available on this host (available: os); "
+                                        "refusing rather than downgrading");
+  }
+  if (policy.sandbox.image != "host") {
+    return Status::Error("confine", "sandbox.image: '" + policy.sandbox.image +
+                                        "' is not available (only 'host' is: no image store in "
+                                        "this version)");
+  }
+  if (inv.workspace.empty() || inv.workspace[0] != '/') {
+    return Status::Error("confine", "workspace '" + inv.workspace + "' is not an absolute path");
+  }
+  return {};
+}
+
+struct Mounted {
+  std::string source;
+  std::string target;
+};
+
+// Where a host path appears inside, through the deepest mount that holds it.
+std::optional<std::string> InnerPath(const std::vector<Mounted>& mounted, const std::string& host) {
+  const Mounted* best = nullptr;
+  for (const auto& m : mounted) {
+    if (paths::IsWithin(host, m.source) && (!best || m.source.size() > best->source.size())) {
+      best = &m;
+    }
+  }
+  if (!best) return std::nullopt;
+  return paths::Rebase(host, best->source, best->target);
+}
+
+std::string EscapeRegex(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (std::string_view("\\^$.|?*+()[]{}").find(c) != std::string_view::npos) out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+// A regex for a glob pattern, matching a path token in an error message.
+std::string GlobRegex(const std::string& glob) {
+  std::string out;
+  for (size_t i = 0; i < glob.size(); ++i) {
+    char c = glob[i];
+    if (c == '*' && i + 1 < glob.size() && glob[i + 1] == '*') {
+      out += "[^\\s'\"]*";
+      ++i;
+      if (i + 1 < glob.size() && glob[i + 1] == '/') ++i;
+    } else if (c == '*') {
+      out += "[^\\s'\"/]*";
+    } else if (c == '?') {
+      out += "[^\\s'\"/]";
+    } else {
+      out += EscapeRegex(std::string(1, c));
+    }
+  }
+  return out;
+}
+
+constexpr const char* kQuoteOpen = "(?:'|\"|‘|`)?";
+constexpr const char* kQuoteClose = "(?:'|\"|’)?";
+constexpr const char* kErrnoText =
+    "(?:Permission denied|Read-only file system|Operation not permitted|No such file or "
+    "directory|Not a directory|Device or resource busy)";
+
+// A signature for a path that the policy withholds: the path (absolute inside,
+// or any relative spelling ending in its workspace-relative part) followed by
+// an errno text, as coreutils, shells, git, python and node print them.
+Signature PathSignature(const std::string& inner_abs, const std::string& relative,
+                        const std::string& meaning) {
+  std::string alt = EscapeRegex(inner_abs);
+  if (!relative.empty()) alt += "|(?:[^\\s'\"‘`]*/)?" + EscapeRegex(relative);
+  return {std::string(kQuoteOpen) + "((?:" + alt + ")(?:/[^\\s'\"’:]*)?)" + kQuoteClose + ": " +
+              kErrnoText,
+          meaning};
+}
+
+std::vector<Signature> DenialSignatures(const Plan& plan, const Policy& policy,
+                                        const std::vector<std::string>& protect_rel) {
+  std::vector<Signature> sigs;
+  // Writes anywhere outside the writable areas hit a read-only mount.
+  sigs.push_back({std::string(kQuoteOpen) + "([^\\s'\"‘`]+)" + kQuoteClose +
+                      ": Read-only file system",
+                  "write to a read-only path"});
+  sigs.push_back({"(?:open|stat|mkdir|unlink|rename)[^\\n]*'([^']+)'[^\\n]*\\[Errno 30\\] "
+                  "Read-only file system",
+                  "write to a read-only path"});
+  sigs.push_back({"EROFS: read-only file system, \\w+ '([^']+)'", "write to a read-only path"});
+  for (const auto& m : plan.mounts) {
+    if (m.kind == MountKind::kMask && !paths::IsWithin(m.target, "/proc")) {
+      std::string rel;
+      if (paths::IsWithin(m.target, plan.workspace_target) && m.target != plan.workspace_target) {
+        rel = m.target.substr(plan.workspace_target == "/" ? 1 : plan.workspace_target.size() + 1);
+      }
+      sigs.push_back(PathSignature(m.target, rel, "read of a denied path (" + m.why + ")"));
+    }
+  }
+  for (const auto& g : plan.deny_globs) {
+    for (const auto& pat : g.patterns) {
+      sigs.push_back({std::string(kQuoteOpen) + "((?:[^\\s'\"‘`]*/)?" + GlobRegex(pat) + ")" +
+                          kQuoteClose + ": " + kErrnoText,
+                      "access to a denied path (filesystem.deny: " + pat + ")"});
+    }
+  }
+  for (const auto& d : plan.absent) {
+    sigs.push_back(PathSignature(d, "", "access to a path the sandbox does not mount (filesystem.deny)"));
+  }
+  for (size_t i = 0; i < protect_rel.size(); ++i) {
+    sigs.push_back(PathSignature(paths::Join(plan.workspace_target, protect_rel[i]), protect_rel[i],
+                                 "write to a protected path (filesystem.protect)"));
+  }
+  (void)policy;
+  return sigs;
+}
+
+}  // namespace
+
+Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Policy& policy,
+                                const HostCaps& host, const Invocation& inv) {
+  if (argv.empty()) return Status::Error("confine", "no command given");
+  if (Status s = CheckHardRequirements(policy, inv); !s.ok()) return s;
+
+  ConfinedCommand out;
+  out.enforcement = AssessEnforcement(policy, host);
+  if (!out.enforcement.missing.empty() && policy.sandbox.require == Requirement::kFull) {
+    std::string msg = "the policy requires full enforcement and this host/version cannot give it:";
+    for (const auto& m : out.enforcement.missing) msg += "\n  - " + m.facet + ": " + m.reason;
+    msg += "\n(use --require partial to run with what is available; the report lists what is missing)";
+    return Status::Error("confine", msg);
+  }
+
+  Plan& plan = out.plan;
+  plan.argv = argv;
+  plan.uid = host.uid;
+  plan.gid = host.gid;
+  plan.nonce = inv.nonce;
+  plan.policy_sha256 = policy.sha256;
+  plan.timeout_ms = policy.resources.wall_clock_ms;
+  plan.workspace_source = inv.workspace;
+  plan.workspace_target =
+      policy.filesystem.workspace.path.empty() ? inv.workspace : policy.filesystem.workspace.path;
+  plan.workspace_writable = policy.mode == Mode::kWorkspaceWrite &&
+                            policy.filesystem.workspace.access == Access::kReadWrite;
+
+  if (!Confines(policy)) {
+    plan.confined = false;
+    plan.cwd = inv.cwd;
+    plan.env.pass_all = true;
+    plan.home = inv.home;
+  } else {
+    plan.namespaces = {"user", "mnt", "pid", "net", "ipc", "uts"};
+    if (host.cgroup_ns) plan.namespaces.push_back("cgroup");
+    const std::uint64_t tmp_bytes = policy.resources.disk_bytes.value_or(kDefaultTmpBytes);
+    auto& mounts = plan.mounts;
+    std::vector<Mounted> mounted;  // host trees visible inside, for masks
+
+    mounts.push_back({MountKind::kTmpfs, "", "/", false, false, "mode=0755,size=16m", "new root"});
+    bool usr_bound = false;
+    for (const auto& entry : policy.filesystem.read_only) {
+      std::string p = paths::ExpandHome(entry, inv.home);
+      if (p.empty()) continue;
+      mounts.push_back({MountKind::kBind, p, p, true, true, "", "filesystem.read_only: " + entry});
+      mounted.push_back({p, p});
+      if (p == "/usr") usr_bound = true;
+    }
+    if (usr_bound) {
+      // Merged-/usr systems reach the dynamic loader through /lib64 -> usr/lib64:
+      // recreate such links (only where the host has them as links).
+      for (const char* link : {"/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"}) {
+        bool listed = std::any_of(mounts.begin(), mounts.end(),
+                                  [&](const MountOp& m) { return m.target == link; });
+        if (!listed) {
+          mounts.push_back({MountKind::kSymlink, "", link, false, true, "", "merged-/usr link"});
+        }
+      }
+    }
+
+    mounts.push_back({MountKind::kTmpfs, "", "/dev", false, false, "mode=0755,size=64k", "minimal /dev"});
+    for (const char* dev : {"null", "zero", "full", "random", "urandom", "tty"}) {
+      std::string p = std::string("/dev/") + dev;
+      mounts.push_back({MountKind::kDevice, p, p, false, false, "", "minimal /dev"});
+    }
+    mounts.push_back({MountKind::kDevpts, "", "/dev/pts", false, false,
+                      "newinstance,ptmxmode=0666,mode=620", "new devpts instance"});
+    mounts.push_back({MountKind::kSymlink, "pts/ptmx", "/dev/ptmx", false, false, "", "minimal /dev"});
+    mounts.push_back({MountKind::kTmpfs, "", "/dev/shm", false, false,
+                      "mode=1777,size=" + SizeText(tmp_bytes), "shared memory"});
+    mounts.push_back({MountKind::kSymlink, "/proc/self/fd", "/dev/fd", false, false, "", "minimal /dev"});
+    mounts.push_back({MountKind::kSymlink, "/proc/self/fd/0", "/dev/stdin", false, false, "", "minimal /dev"});
+    mounts.push_back({MountKind::kSymlink, "/proc/self/fd/1", "/dev/stdout", false, false, "", "minimal /dev"});
+    mounts.push_back({MountKind::kSymlink, "/proc/self/fd/2", "/dev/stderr", false, false, "", "minimal /dev"});
+
+    mounts.push_back({MountKind::kProc, "", "/proc", false, false, "", "procfs of the sandbox's pid namespace"});
+    for (const char* f : {"/proc/kcore", "/proc/keys", "/proc/sysrq-trigger", "/proc/timer_list",
+                          "/proc/sched_debug", "/proc/kallsyms"}) {
+      mounts.push_back({MountKind::kMask, "", f, false, true, "", "masked kernel interface"});
+    }
+    mounts.push_back({MountKind::kReadOnly, "", "/proc/sys", true, false, "", "/proc/sys read-only"});
+
+    mounts.push_back({MountKind::kTmpfs, "", "/tmp", false, false,
+                      "mode=1777,size=" + SizeText(tmp_bytes), "private /tmp"});
+
+    // HOME: private and writable, at the usual path, unless the workspace holds it.
+    std::string home = inv.home.empty() || inv.home == "/" ? "/home/sandbox" : inv.home;
+    plan.home = paths::IsWithin(home, inv.workspace) ? paths::Rebase(home, inv.workspace, plan.workspace_target)
+                                                    : home;
+    if (!paths::IsWithin(home, inv.workspace)) {
+      mounts.push_back({MountKind::kTmpfs, "", home, false, false,
+                        "mode=0700,size=" + SizeText(tmp_bytes), "private HOME"});
+    }
+
+    mounts.push_back({MountKind::kBind, inv.workspace, plan.workspace_target, !plan.workspace_writable,
+                      false, "", plan.workspace_writable ? "workspace (read-write)" : "workspace (read-only)"});
+    mounted.push_back({inv.workspace, plan.workspace_target});
+
+    // deny: absent by construction; masked where it falls inside a mounted tree.
+    for (const auto& entry : policy.filesystem.deny) {
+      std::string p = paths::ExpandHome(entry, inv.home);
+      if (p.empty()) continue;
+      if (p[0] != '/') p = paths::Join(inv.workspace, p);
+      if (paths::HasGlob(p)) {
+        // Scan from the deepest glob-free directory; where that lies above the
+        // mounted trees (e.g. ~/**/.env with the workspace under ~), scan each
+        // mounted tree below it instead, matching paths relative to that directory.
+        std::string root = paths::Parent(p.substr(0, p.find_first_of("*?[") + 1));
+        std::string rel = p.substr(root == "/" ? 1 : root.size() + 1);
+        bool scanned = false;
+        for (const auto& m : mounted) {
+          if (paths::IsWithin(root, m.source)) {
+            plan.deny_globs.push_back({root, *InnerPath(mounted, root), "", {rel}});
+            scanned = true;
+            break;
+          }
+        }
+        for (const auto& m : mounted) {
+          if (!scanned && paths::IsWithin(m.source, root) && m.source != root) {
+            std::string base = m.source.substr(root == "/" ? 1 : root.size() + 1);
+            plan.deny_globs.push_back({m.source, m.target, base, {rel}});
+            scanned = true;
+          }
+        }
+        if (!scanned) plan.absent.push_back(p);
+        continue;
+      }
+      for (const auto& m : mounted) {
+        if (paths::IsWithin(m.source, p)) {
+          return Status::Error("confine", "filesystem.deny: '" + entry + "' contains '" + m.source +
+                                              "', which the policy also mounts");
+        }
+      }
+      auto inner = InnerPath(mounted, p);
+      if (!inner) {
+        plan.absent.push_back(p);
+        continue;
+      }
+      mounts.push_back({MountKind::kMask, p, *inner, true, true, "", "filesystem.deny: " + entry});
+    }
+    // Merge scans of the same root.
+    std::vector<GlobScan> merged;
+    for (auto& g : plan.deny_globs) {
+      auto it = std::find_if(merged.begin(), merged.end(), [&](const GlobScan& m) {
+        return m.source_root == g.source_root && m.pattern_base == g.pattern_base;
+      });
+      if (it == merged.end()) {
+        merged.push_back(g);
+      } else {
+        it->patterns.insert(it->patterns.end(), g.patterns.begin(), g.patterns.end());
+      }
+    }
+    plan.deny_globs = std::move(merged);
+
+    // protect: read-only inside the writable workspace; every ancestor between
+    // the workspace root and it pinned, so that no rename can move it away.
+    std::vector<std::string> protect_rel;
+    if (plan.workspace_writable) {
+      std::set<std::string> pinned;
+      for (const auto& entry : policy.filesystem.protect) {
+        std::string p = entry[0] == '/' ? entry : paths::Join(inv.workspace, entry);
+        if (p[0] == '/' && !paths::IsWithin(p, inv.workspace) &&
+            paths::IsWithin(p, plan.workspace_target) && plan.workspace_target != inv.workspace) {
+          p = paths::Rebase(p, plan.workspace_target, inv.workspace);  // given as an inside path
+        }
+        if (!paths::IsWithin(p, inv.workspace) || p == inv.workspace) {
+          if (p == inv.workspace) {
+            return Status::Error("confine", "filesystem.protect: '" + entry +
+                                                "' is the whole workspace; use mode read-only");
+          }
+          continue;  // outside the workspace: read-only or absent already
+        }
+        for (std::string a = paths::Parent(p); a != inv.workspace && paths::IsWithin(a, inv.workspace);
+             a = paths::Parent(a)) {
+          if (pinned.insert(a).second) {
+            mounts.push_back({MountKind::kPin, a, paths::Rebase(a, inv.workspace, plan.workspace_target),
+                              false, false, "", "ancestor of protected " + entry});
+          }
+        }
+        mounts.push_back({MountKind::kProtect, p, paths::Rebase(p, inv.workspace, plan.workspace_target),
+                          true, false, "", "filesystem.protect: " + entry});
+        protect_rel.push_back(p.substr(inv.workspace == "/" ? 1 : inv.workspace.size() + 1));
+      }
+    }
+
+    // Parents before children; the root tmpfs stays first.
+    std::stable_sort(mounts.begin() + 1, mounts.end(), [](const MountOp& a, const MountOp& b) {
+      return paths::Depth(a.target) < paths::Depth(b.target);
+    });
+
+    std::string cwd = paths::IsWithin(inv.cwd, inv.workspace)
+                          ? paths::Rebase(inv.cwd, inv.workspace, plan.workspace_target)
+                          : plan.workspace_target;
+    plan.cwd = cwd;
+
+    plan.env.pass = policy.env.pass;
+    plan.env.set = policy.env.set;
+    auto has = [&](const std::string& name) {
+      return std::any_of(plan.env.set.begin(), plan.env.set.end(),
+                         [&](const auto& kv) { return kv.first == name; });
+    };
+    if (!has("HOME")) plan.env.set.emplace_back("HOME", plan.home);
+    if (!has("TMPDIR")) plan.env.set.emplace_back("TMPDIR", "/tmp");
+    if (!has("PATH") && std::find(plan.env.pass.begin(), plan.env.pass.end(), "PATH") == plan.env.pass.end()) {
+      plan.env.set.emplace_back("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin");
+    }
+    out.denial_signatures = DenialSignatures(plan, policy, protect_rel);
+  }
+
+  out.runner_failure_rules.push_back(
+      {"^agentbox: sandbox error \\[" + inv.nonce + "\\] stage=([a-z_-]+)",
+       "the sandbox runner failed before or while starting the command: infrastructure, not the "
+       "command"});
+  out.argv = {inv.self_exe, "__exec", "--"};
+  out.argv.insert(out.argv.end(), argv.begin(), argv.end());
+  out.env.emplace_back(kPlanEnv, PlanToJson(plan));
+  return out;
+}
+
+}  // namespace agentbox

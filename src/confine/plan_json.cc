@@ -1,0 +1,129 @@
+// Plan <-> JSON, for `policy explain`, `wrap` and `agentbox __exec`.
+#include <nlohmann/json.hpp>
+
+#include "agentbox/plan.h"
+
+namespace agentbox {
+namespace {
+
+using nlohmann::json;
+
+constexpr std::pair<MountKind, const char*> kKinds[] = {
+    {MountKind::kTmpfs, "tmpfs"},     {MountKind::kBind, "bind"},
+    {MountKind::kProc, "proc"},       {MountKind::kDevpts, "devpts"},
+    {MountKind::kDevice, "device"},   {MountKind::kSymlink, "symlink"},
+    {MountKind::kMask, "mask"},       {MountKind::kProtect, "protect"},
+    {MountKind::kPin, "pin"},         {MountKind::kReadOnly, "read-only"},
+};
+
+std::optional<MountKind> KindFromString(const std::string& s) {
+  for (const auto& [k, n] : kKinds) {
+    if (s == n) return k;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+const char* ToString(MountKind kind) {
+  for (const auto& [k, n] : kKinds) {
+    if (k == kind) return n;
+  }
+  return "?";
+}
+
+std::string PlanToJson(const Plan& plan, int indent) {
+  json j;
+  j["confined"] = plan.confined;
+  j["argv"] = plan.argv;
+  j["cwd"] = plan.cwd;
+  j["hostname"] = plan.hostname;
+  j["namespaces"] = plan.namespaces;
+  j["uid"] = plan.uid;
+  j["gid"] = plan.gid;
+  json mounts = json::array();
+  for (const auto& m : plan.mounts) {
+    json o = {{"kind", ToString(m.kind)}, {"target", m.target}, {"why", m.why}};
+    if (!m.source.empty()) o["source"] = m.source;
+    if (m.read_only) o["read_only"] = true;
+    if (m.optional) o["optional"] = true;
+    if (!m.data.empty()) o["data"] = m.data;
+    mounts.push_back(o);
+  }
+  j["mounts"] = mounts;
+  json globs = json::array();
+  for (const auto& g : plan.deny_globs) {
+    globs.push_back({{"source_root", g.source_root},
+                     {"target_root", g.target_root},
+                     {"pattern_base", g.pattern_base},
+                     {"patterns", g.patterns}});
+  }
+  j["deny_globs"] = globs;
+  j["absent"] = plan.absent;
+  json set = json::array();
+  for (const auto& [k, v] : plan.env.set) set.push_back({k, v});
+  j["env"] = {{"pass_all", plan.env.pass_all}, {"pass", plan.env.pass}, {"set", set}};
+  j["home"] = plan.home;
+  j["workspace"] = {{"source", plan.workspace_source},
+                    {"target", plan.workspace_target},
+                    {"writable", plan.workspace_writable}};
+  if (plan.timeout_ms) j["timeout_ms"] = *plan.timeout_ms;
+  j["kill_grace_ms"] = plan.kill_grace_ms;
+  j["nonce"] = plan.nonce;
+  j["policy_sha256"] = plan.policy_sha256;
+  return j.dump(indent);
+}
+
+Result<Plan> PlanFromJson(const std::string& text) {
+  Plan plan;
+  try {
+    json j = json::parse(text);
+    plan.confined = j.at("confined").get<bool>();
+    plan.argv = j.at("argv").get<std::vector<std::string>>();
+    plan.cwd = j.at("cwd").get<std::string>();
+    plan.hostname = j.at("hostname").get<std::string>();
+    plan.namespaces = j.at("namespaces").get<std::vector<std::string>>();
+    plan.uid = j.at("uid").get<uid_t>();
+    plan.gid = j.at("gid").get<gid_t>();
+    for (const auto& o : j.at("mounts")) {
+      MountOp m;
+      auto kind = KindFromString(o.at("kind").get<std::string>());
+      if (!kind) return Status::Error("plan", "unknown mount kind " + o.at("kind").dump());
+      m.kind = *kind;
+      m.target = o.at("target").get<std::string>();
+      m.why = o.value("why", "");
+      m.source = o.value("source", "");
+      m.read_only = o.value("read_only", false);
+      m.optional = o.value("optional", false);
+      m.data = o.value("data", "");
+      plan.mounts.push_back(std::move(m));
+    }
+    for (const auto& g : j.at("deny_globs")) {
+      plan.deny_globs.push_back({g.at("source_root").get<std::string>(),
+                                 g.at("target_root").get<std::string>(),
+                                 g.value("pattern_base", ""),
+                                 g.at("patterns").get<std::vector<std::string>>()});
+    }
+    plan.absent = j.at("absent").get<std::vector<std::string>>();
+    const json& env = j.at("env");
+    plan.env.pass_all = env.at("pass_all").get<bool>();
+    plan.env.pass = env.at("pass").get<std::vector<std::string>>();
+    for (const auto& kv : env.at("set")) {
+      plan.env.set.emplace_back(kv.at(0).get<std::string>(), kv.at(1).get<std::string>());
+    }
+    plan.home = j.at("home").get<std::string>();
+    const json& ws = j.at("workspace");
+    plan.workspace_source = ws.at("source").get<std::string>();
+    plan.workspace_target = ws.at("target").get<std::string>();
+    plan.workspace_writable = ws.at("writable").get<bool>();
+    if (j.contains("timeout_ms")) plan.timeout_ms = j.at("timeout_ms").get<std::uint64_t>();
+    plan.kill_grace_ms = j.value("kill_grace_ms", plan.kill_grace_ms);
+    plan.nonce = j.at("nonce").get<std::string>();
+    plan.policy_sha256 = j.value("policy_sha256", "");
+  } catch (const std::exception& e) {
+    return Status::Error("plan", std::string("malformed plan: ") + e.what());
+  }
+  return plan;
+}
+
+}  // namespace agentbox

@@ -1,0 +1,39 @@
+#include "linux/capabilities.h"
+
+#include <linux/capability.h>
+#include <linux/securebits.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <string>
+
+namespace agentbox::linux {
+
+Status DropAllCapabilities() {
+  // Securebits first: it needs CAP_SETPCAP, which goes with the bounding set.
+  const unsigned long bits = SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP |
+                             SECBIT_NO_SETUID_FIXUP_LOCKED | SECBIT_KEEP_CAPS_LOCKED;
+  if (prctl(PR_SET_SECUREBITS, bits, 0, 0, 0) != 0) {
+    return Status::Errno("capabilities", "prctl(PR_SET_SECUREBITS)");
+  }
+  for (int cap = 0; cap <= 63; ++cap) {
+    if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL) {  // EINVAL: no such cap
+      return Status::Errno("capabilities", "prctl(PR_CAPBSET_DROP)", std::to_string(cap));
+    }
+  }
+  if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0 && errno != EINVAL) {
+    return Status::Errno("capabilities", "prctl(PR_CAP_AMBIENT_CLEAR_ALL)");
+  }
+  struct __user_cap_header_struct header {};
+  header.version = _LINUX_CAPABILITY_VERSION_3;
+  struct __user_cap_data_struct data[2] = {};
+  if (syscall(SYS_capset, &header, data) != 0) return Status::Errno("capabilities", "capset");
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) {
+    return Status::Errno("capabilities", "prctl(PR_SET_NO_NEW_PRIVS)");
+  }
+  return {};
+}
+
+}  // namespace agentbox::linux

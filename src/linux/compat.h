@@ -1,0 +1,139 @@
+// The one kernel-compat header: constants and syscall numbers that older
+// userspace headers lack. Everything that calls these goes through the thin
+// wrappers below.
+#pragma once
+
+#include <fcntl.h>
+#include <linux/sched.h>
+#include <sys/mount.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <cstdint>
+
+#ifndef SYS_clone3
+#define SYS_clone3 435
+#endif
+#ifndef SYS_close_range
+#define SYS_close_range 436
+#endif
+#ifndef SYS_open_tree
+#define SYS_open_tree 428
+#endif
+#ifndef SYS_move_mount
+#define SYS_move_mount 429
+#endif
+#ifndef SYS_mount_setattr
+#define SYS_mount_setattr 442
+#endif
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+#ifndef SYS_pidfd_send_signal
+#define SYS_pidfd_send_signal 424
+#endif
+#ifndef SYS_landlock_create_ruleset
+#define SYS_landlock_create_ruleset 444
+#endif
+#ifndef SYS_openat2
+#define SYS_openat2 437
+#endif
+
+#ifndef CLONE_PIDFD
+#define CLONE_PIDFD 0x00001000
+#endif
+#ifndef CLONE_NEWCGROUP
+#define CLONE_NEWCGROUP 0x02000000
+#endif
+#ifndef OPEN_TREE_CLONE
+#define OPEN_TREE_CLONE 1
+#endif
+#ifndef OPEN_TREE_CLOEXEC
+#define OPEN_TREE_CLOEXEC O_CLOEXEC
+#endif
+#ifndef MOVE_MOUNT_F_EMPTY_PATH
+#define MOVE_MOUNT_F_EMPTY_PATH 0x00000004
+#endif
+#ifndef MOVE_MOUNT_T_EMPTY_PATH
+#define MOVE_MOUNT_T_EMPTY_PATH 0x00000040
+#endif
+#ifndef AT_RECURSIVE
+#define AT_RECURSIVE 0x8000
+#endif
+#ifndef MOUNT_ATTR_RDONLY
+#define MOUNT_ATTR_RDONLY 0x00000001
+#define MOUNT_ATTR_NOSUID 0x00000002
+#define MOUNT_ATTR_NODEV 0x00000004
+#define MOUNT_ATTR_NOEXEC 0x00000008
+#endif
+#ifndef CLOSE_RANGE_CLOEXEC
+#define CLOSE_RANGE_CLOEXEC (1U << 2)
+#endif
+#ifndef LANDLOCK_CREATE_RULESET_VERSION
+#define LANDLOCK_CREATE_RULESET_VERSION (1U << 0)
+#endif
+#ifndef RESOLVE_NO_SYMLINKS
+#define RESOLVE_NO_XDEV 0x01
+#define RESOLVE_NO_MAGICLINKS 0x02
+#define RESOLVE_NO_SYMLINKS 0x04
+#define RESOLVE_BENEATH 0x08
+#endif
+
+namespace agentbox::linux {
+
+struct CloneArgs {
+  std::uint64_t flags;
+  std::uint64_t pidfd;
+  std::uint64_t child_tid;
+  std::uint64_t parent_tid;
+  std::uint64_t exit_signal;
+  std::uint64_t stack;
+  std::uint64_t stack_size;
+  std::uint64_t tls;
+  std::uint64_t set_tid;
+  std::uint64_t set_tid_size;
+  std::uint64_t cgroup;
+};
+
+struct MountAttr {
+  std::uint64_t attr_set;
+  std::uint64_t attr_clr;
+  std::uint64_t propagation;
+  std::uint64_t userns_fd;
+};
+
+struct OpenHow {
+  std::uint64_t flags;
+  std::uint64_t mode;
+  std::uint64_t resolve;
+};
+
+// fork-like clone3 (no new stack): returns 0 in the child, the pid in the parent.
+inline long Clone3(CloneArgs* args) { return syscall(SYS_clone3, args, sizeof(*args)); }
+inline int CloseRange(unsigned first, unsigned last, unsigned flags) {
+  return static_cast<int>(syscall(SYS_close_range, first, last, flags));
+}
+inline int OpenTree(int dirfd, const char* path, unsigned flags) {
+  return static_cast<int>(syscall(SYS_open_tree, dirfd, path, flags));
+}
+inline int MoveMount(int from_dirfd, const char* from_path, int to_dirfd, const char* to_path,
+                     unsigned flags) {
+  return static_cast<int>(syscall(SYS_move_mount, from_dirfd, from_path, to_dirfd, to_path, flags));
+}
+inline int MountSetattr(int dirfd, const char* path, unsigned flags, MountAttr* attr) {
+  return static_cast<int>(syscall(SYS_mount_setattr, dirfd, path, flags, attr, sizeof(*attr)));
+}
+inline int PidfdOpen(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
+inline int PidfdSendSignal(int pidfd, int sig) {
+  return static_cast<int>(syscall(SYS_pidfd_send_signal, pidfd, sig, nullptr, 0));
+}
+inline int Openat2(int dirfd, const char* path, OpenHow* how) {
+  return static_cast<int>(syscall(SYS_openat2, dirfd, path, how, sizeof(*how)));
+}
+inline int LandlockAbiVersion() {
+  return static_cast<int>(
+      syscall(SYS_landlock_create_ruleset, nullptr, 0, LANDLOCK_CREATE_RULESET_VERSION));
+}
+
+}  // namespace agentbox::linux

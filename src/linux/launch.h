@@ -1,0 +1,35 @@
+// Backend::launch: settle the plan, clone into the namespaces, start the runner.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "agentbox/plan.h"
+#include "agentbox/status.h"
+#include "linux/fd.h"
+#include "linux/resolve.h"
+
+namespace agentbox::linux {
+
+enum class StderrMode {
+  kInherit,   // the command writes to our stderr directly (a terminal, usually)
+  kCapture,   // through a pipe the supervisor copies and scans for denials
+};
+
+// A started runner. Owns its fds and placeholders; destroying it does not
+// stop the runner (the supervisor does), but closing the lifeline kills it.
+struct Launched {
+  pid_t pid = -1;
+  UniqueFd pidfd;
+  UniqueFd status;      // read end of the status pipe
+  UniqueFd stderr_pipe; // read end, with StderrMode::kCapture
+  UniqueFd lifeline;    // write end: the runner dies when this closes
+  ResolvedPlan resolved;
+};
+
+[[nodiscard]] Result<Launched> Launch(const Plan& plan, const std::vector<std::string>& argv,
+                                      StderrMode stderr_mode);
+
+}  // namespace agentbox::linux

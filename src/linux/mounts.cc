@@ -1,0 +1,211 @@
+#include "linux/mounts.h"
+
+#include <fcntl.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <string>
+
+#include "confine/paths.h"
+#include "linux/compat.h"
+#include "linux/fd.h"
+
+namespace agentbox::linux {
+namespace {
+
+constexpr const char* kOldRoot = "/oldroot";
+constexpr const char* kMaskDir = "/.agentbox-mask/dir";
+constexpr const char* kMaskFile = "/.agentbox-mask/file";
+
+std::string Host(const std::string& path) { return std::string(kOldRoot) + (path == "/" ? "" : path); }
+
+// Creates `target` (and missing parents) in the new root for a mount point.
+Status EnsureTarget(const std::string& target, bool is_dir) {
+  std::string cur;
+  size_t pos = 1;
+  while (pos <= target.size()) {
+    size_t slash = target.find('/', pos);
+    if (slash == std::string::npos) slash = target.size();
+    cur = target.substr(0, slash);
+    bool last = slash == target.size();
+    if (last && !is_dir) {
+      int fd = open(cur.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+      if (fd < 0 && errno != EEXIST && errno != EISDIR) return Status::Errno("mount", "open(O_CREAT)", cur);
+      if (fd >= 0) close(fd);
+    } else if (mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) {
+      return Status::Errno("mount", "mkdir", cur);
+    }
+    pos = slash + 1;
+  }
+  return {};
+}
+
+// Clones the mount tree at `source_fd`/`source`, applies `attrs` to the
+// detached copy (so it is never visible without them), and attaches it.
+Status AttachClone(int source_dirfd, const char* source, unsigned tree_flags, std::uint64_t attrs,
+                   int target_dirfd, const char* target, const std::string& what) {
+  UniqueFd tree(OpenTree(source_dirfd, source, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | tree_flags));
+  if (!tree.valid()) return Status::Errno("mount", "open_tree", what);
+  if (attrs != 0) {
+    MountAttr attr{};
+    attr.attr_set = attrs;
+    if (MountSetattr(tree.get(), "", AT_EMPTY_PATH | (tree_flags & AT_RECURSIVE), &attr) != 0) {
+      return Status::Errno("mount", "mount_setattr", what);
+    }
+  }
+  unsigned move_flags = MOVE_MOUNT_F_EMPTY_PATH | (target[0] == 0 ? MOVE_MOUNT_T_EMPTY_PATH : 0);
+  if (MoveMount(tree.get(), "", target_dirfd, target, move_flags) != 0) {
+    return Status::Errno("mount", "move_mount", what);
+  }
+  return {};
+}
+
+Status BindPath(const std::string& source, const std::string& target, std::uint64_t attrs, bool recursive,
+                bool is_dir) {
+  if (Status s = EnsureTarget(target, is_dir); !s.ok()) return s;
+  return AttachClone(AT_FDCWD, source.c_str(), recursive ? AT_RECURSIVE : 0, attrs, AT_FDCWD,
+                     target.c_str(), target);
+}
+
+// Opens `rel` below `root` refusing every symlink on the way: protected paths
+// and their pins must land exactly where the policy says.
+Result<UniqueFd> OpenBeneath(const std::string& root, const std::string& rel) {
+  UniqueFd dir(open(root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!dir.valid()) return Status::Errno("protect", "open", root);
+  OpenHow how{};
+  how.flags = O_PATH | O_CLOEXEC;
+  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+  UniqueFd fd(Openat2(dir.get(), rel.c_str(), &how));
+  if (!fd.valid()) return Status::Errno("protect", "openat2(RESOLVE_NO_SYMLINKS)", paths::Join(root, rel));
+  return fd;
+}
+
+// Binds a workspace path onto itself (read-only for protect), resolving both
+// ends without symlinks.
+Status BindInPlace(const ResolvedMount& m, const Plan& plan, std::uint64_t attrs) {
+  const std::string& ws = plan.workspace_source;
+  std::string rel = m.op.source.substr(ws == "/" ? 1 : ws.size() + 1);
+  auto src = OpenBeneath(Host(ws), rel);
+  if (!src.ok()) return src.status();
+  auto dst = OpenBeneath(plan.workspace_target, rel);
+  if (!dst.ok()) return dst.status();
+  return AttachClone(src->get(), "", AT_EMPTY_PATH | AT_RECURSIVE, attrs, dst->get(), "", m.op.target);
+}
+
+Status Mask(const ResolvedMount& m) {
+  bool is_dir = m.is_dir;
+  if (m.op.source.empty()) {  // an inside path: look at it now
+    struct stat st {};
+    if (stat(m.op.target.c_str(), &st) != 0) {
+      if (m.op.optional && errno == ENOENT) return {};
+      return Status::Errno("mount", "stat", m.op.target);
+    }
+    is_dir = S_ISDIR(st.st_mode);
+  }
+  UniqueFd target(open(m.op.target.c_str(), O_PATH | O_CLOEXEC));
+  if (!target.valid()) {
+    if (m.op.optional && errno == ENOENT) return {};
+    return Status::Errno("mount", "open", m.op.target);
+  }
+  return AttachClone(AT_FDCWD, is_dir ? kMaskDir : kMaskFile, 0,
+                     MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
+                     target.get(), "", m.op.target);
+}
+
+}  // namespace
+
+Status MakeMountsPrivate() {
+  if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
+    return Status::Errno("root", "mount(MS_REC|MS_PRIVATE)", "/");
+  }
+  return {};
+}
+
+Status PivotToStagingRoot() {
+  // The staging tmpfs goes over /tmp of our private mount namespace; once it
+  // is the root, the host's /tmp shows again below /oldroot/tmp.
+  constexpr const char* kStage = "/tmp";
+  if (mount("tmpfs", kStage, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=16m") != 0) {
+    return Status::Errno("root", "mount(tmpfs)", kStage);
+  }
+  if (mkdir("/tmp/oldroot", 0700) != 0) return Status::Errno("root", "mkdir", "/tmp/oldroot");
+  if (syscall(SYS_pivot_root, kStage, "/tmp/oldroot") != 0) {
+    return Status::Errno("root", "pivot_root", kStage);
+  }
+  if (chdir("/") != 0) return Status::Errno("root", "chdir", "/");
+  // Empty, mode-0000 sources for masks: reads of a masked path fail with EACCES.
+  if (mkdir("/.agentbox-mask", 0700) != 0) return Status::Errno("root", "mkdir", "/.agentbox-mask");
+  if (mkdir(kMaskDir, 0) != 0) return Status::Errno("root", "mkdir", kMaskDir);
+  int fd = open(kMaskFile, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0);
+  if (fd < 0) return Status::Errno("root", "open(O_CREAT)", kMaskFile);
+  close(fd);
+  return {};
+}
+
+Status ApplyMount(const ResolvedMount& m, const Plan& plan) {
+  const MountOp& op = m.op;
+  constexpr std::uint64_t kSafe = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+  switch (op.kind) {
+    case MountKind::kTmpfs:
+      if (op.target == "/") return {};  // the staging root itself
+      if (Status s = EnsureTarget(op.target, true); !s.ok()) return s;
+      if (mount("tmpfs", op.target.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, op.data.c_str()) != 0) {
+        return Status::Errno("mount", "mount(tmpfs)", op.target);
+      }
+      return {};
+    case MountKind::kBind:
+      return BindPath(Host(op.source), op.target, kSafe | (op.read_only ? MOUNT_ATTR_RDONLY : 0),
+                      /*recursive=*/true, m.is_dir);
+    case MountKind::kDevice:
+      return BindPath(Host(op.source), op.target, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC,
+                      /*recursive=*/false, /*is_dir=*/false);
+    case MountKind::kDevpts:
+      if (Status s = EnsureTarget(op.target, true); !s.ok()) return s;
+      if (mount("devpts", op.target.c_str(), "devpts", MS_NOSUID | MS_NOEXEC, op.data.c_str()) != 0) {
+        return Status::Errno("mount", "mount(devpts)", op.target);
+      }
+      return {};
+    case MountKind::kSymlink:
+      if (Status s = EnsureTarget(paths::Parent(op.target), true); !s.ok()) return s;
+      if (symlink(op.source.c_str(), op.target.c_str()) != 0) {
+        return Status::Errno("mount", "symlink", op.target);
+      }
+      return {};
+    case MountKind::kProc:
+      if (Status s = EnsureTarget(op.target, true); !s.ok()) return s;
+      if (mount("proc", op.target.c_str(), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0) {
+        return Status::Errno("mount", "mount(proc)", op.target);
+      }
+      return {};
+    case MountKind::kReadOnly:
+      return BindPath(op.target, op.target, kSafe | MOUNT_ATTR_NOEXEC | MOUNT_ATTR_RDONLY, true, true);
+    case MountKind::kMask:
+      return Mask(m);
+    case MountKind::kProtect:
+      return BindInPlace(m, plan, kSafe | MOUNT_ATTR_RDONLY);
+    case MountKind::kPin:
+      return BindInPlace(m, plan, kSafe);
+  }
+  return Status::Error("mount", "unknown mount kind");
+}
+
+Status DetachOldRoot() {
+  if (umount2(kOldRoot, MNT_DETACH) != 0) return Status::Errno("root", "umount2(MNT_DETACH)", kOldRoot);
+  if (rmdir(kOldRoot) != 0) return Status::Errno("root", "rmdir", kOldRoot);
+  // The masks keep their (now nameless) sources alive.
+  unlink(kMaskFile);
+  rmdir(kMaskDir);
+  rmdir("/.agentbox-mask");
+  return {};
+}
+
+Status SealRoot() {
+  MountAttr attr{};
+  attr.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+  if (MountSetattr(AT_FDCWD, "/", 0, &attr) != 0) return Status::Errno("root", "mount_setattr(RDONLY)", "/");
+  return {};
+}
+
+}  // namespace agentbox::linux

@@ -1,0 +1,51 @@
+// Settling a plan against the host filesystem, just before launch.
+//
+// Runs in the supervisor (host side): decides which optional mounts exist,
+// turns host symlinks into symlinks, expands deny globs into masks, and makes
+// protected paths exist (a placeholder where they are missing, removed after
+// the run). The result is what the runner applies, verbatim.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "agentbox/plan.h"
+#include "agentbox/status.h"
+#include "linux/fd.h"
+
+namespace agentbox::linux {
+
+struct ResolvedMount {
+  MountOp op;
+  bool is_dir = true;
+};
+
+// An empty mode-0000 file created where a protected path was missing, so
+// that the runner has something to mount over. Held with a shared flock for
+// the run; the last holder removes it (see resolve.cc for the protocol).
+class Placeholder {
+ public:
+  Placeholder(std::string path, UniqueFd fd) : path_(std::move(path)), fd_(std::move(fd)) {}
+  Placeholder(Placeholder&&) = default;
+  Placeholder& operator=(Placeholder&&) = default;
+  ~Placeholder();
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  UniqueFd fd_;
+};
+
+struct ResolvedPlan {
+  std::vector<ResolvedMount> mounts;
+  std::vector<std::string> skipped;        // optional entries absent on this host
+  std::vector<Placeholder> placeholders;
+  std::size_t glob_matches = 0;
+  std::size_t scanned_entries = 0;
+};
+
+[[nodiscard]] Result<ResolvedPlan> ResolvePlan(const Plan& plan);
+
+}  // namespace agentbox::linux

@@ -1,0 +1,226 @@
+// The runner: pid 1 of the sandbox.
+//
+// One linear sequence of named steps, each returning a Status; the first
+// failure is written to the status pipe (step, syscall, path, errno) and the
+// runner exits, which kills everything in its pid namespace. Then it forks
+// the command, reaps every orphan, forwards termination signals, and reports
+// the command's exit on the status pipe.
+#include "linux/runner.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "linux/capabilities.h"
+#include "linux/compat.h"
+#include "linux/mounts.h"
+#include "linux/namespaces.h"
+#include "linux/status_pipe.h"
+
+extern char** environ;
+
+namespace agentbox::linux {
+namespace {
+
+// Signals the runner forwards to the command's process group.
+constexpr int kForwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+
+[[noreturn]] void Fail(int status_fd, const Status& s) {
+  WriteMessage(status_fd, {RunnerMessage::Type::kSetupError, s});
+  _exit(125);
+}
+
+// The parent may have died before PR_SET_PDEATHSIG took effect: the lifeline
+// pipe (write end held only by the supervisor) tells.
+Status TieToSupervisor(int lifeline_fd) {
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) return Status::Errno("lifeline", "prctl(PR_SET_PDEATHSIG)");
+  struct pollfd p = {lifeline_fd, POLLIN, 0};
+  if (poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLIN))) {
+    return Status::Error("lifeline", "the supervisor exited before the sandbox started");
+  }
+  return {};
+}
+
+// Keeps stdio, the status pipe and the lifeline; closes every other inherited fd.
+Status CloseInheritedFds(int* status_fd, int* lifeline_fd) {
+  // Move both out of the way first: either may already sit at 3 or 4.
+  int s = fcntl(*status_fd, F_DUPFD_CLOEXEC, 10);
+  int l = fcntl(*lifeline_fd, F_DUPFD_CLOEXEC, 10);
+  if (s < 0 || l < 0) return Status::Errno("fds", "fcntl(F_DUPFD_CLOEXEC)");
+  if (dup3(s, 3, O_CLOEXEC) < 0 || dup3(l, 4, O_CLOEXEC) < 0) return Status::Errno("fds", "dup3");
+  *status_fd = 3;
+  *lifeline_fd = 4;
+  if (CloseRange(5, ~0U, 0) != 0) {
+    for (int fd = 5; fd < 65536; ++fd) close(fd);  // kernels before 5.9
+  }
+  return {};
+}
+
+Status BuildRoot(const Plan& plan, const ResolvedPlan& resolved) {
+  if (Status s = MakeMountsPrivate(); !s.ok()) return s;
+  if (Status s = PivotToStagingRoot(); !s.ok()) return s;
+  for (const auto& m : resolved.mounts) {
+    if (Status s = ApplyMount(m, plan); !s.ok()) {
+      return s.WithContext(std::string(ToString(m.op.kind)) + " " + m.op.target + " (" + m.op.why + ")");
+    }
+  }
+  if (Status s = DetachOldRoot(); !s.ok()) return s;
+  return SealRoot();
+}
+
+std::vector<std::string> BuildEnv(const EnvRules& rules) {
+  std::vector<std::string> env;
+  if (rules.pass_all) {
+    for (char** e = environ; *e; ++e) env.emplace_back(*e);
+  } else {
+    for (const auto& name : rules.pass) {
+      if (const char* v = getenv(name.c_str())) env.push_back(name + "=" + v);
+    }
+  }
+  for (const auto& [k, v] : rules.set) {
+    std::string prefix = k + "=";
+    for (auto it = env.begin(); it != env.end();) {
+      it = it->rfind(prefix, 0) == 0 ? env.erase(it) : it + 1;
+    }
+    env.push_back(prefix + v);
+  }
+  return env;
+}
+
+std::string EnvValue(const std::vector<std::string>& env, const std::string& name) {
+  for (const auto& e : env) {
+    if (e.size() > name.size() && e.compare(0, name.size(), name) == 0 && e[name.size()] == '=') {
+      return e.substr(name.size() + 1);
+    }
+  }
+  return "";
+}
+
+// execvpe() searches the caller's PATH, not the new environment's: search
+// the sandbox's PATH ourselves. Returns only on failure, with errno set.
+void ExecSearchingPath(const std::vector<std::string>& argv, const std::vector<std::string>& env) {
+  std::vector<char*> cargv, cenv;
+  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  for (const auto& e : env) cenv.push_back(const_cast<char*>(e.c_str()));
+  cenv.push_back(nullptr);
+  const std::string& file = argv[0];
+  if (file.find('/') != std::string::npos) {
+    execve(file.c_str(), cargv.data(), cenv.data());
+    return;
+  }
+  std::string path = EnvValue(env, "PATH");
+  if (path.empty()) path = "/usr/bin:/bin";
+  int saved = ENOENT;
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t colon = path.find(':', start);
+    if (colon == std::string::npos) colon = path.size();
+    std::string dir = path.substr(start, colon - start);
+    std::string candidate = (dir.empty() ? "." : dir) + "/" + file;
+    execve(candidate.c_str(), cargv.data(), cenv.data());
+    if (errno == EACCES || errno == ENOEXEC || errno == EPERM) saved = errno;
+    start = colon + 1;
+  }
+  errno = saved;
+}
+
+// The command's process: a new session (no controlling terminal to inject
+// keystrokes into), no capabilities, default signals, then exec.
+[[noreturn]] void CommandChild(const Plan& plan, const std::vector<std::string>& argv, int status_fd,
+                               const sigset_t& original_mask) {
+  auto fail = [&](const Status& s) {
+    WriteMessage(status_fd, {RunnerMessage::Type::kSetupError, s});
+    _exit(125);
+  };
+  if (plan.confined) {
+    if (setsid() < 0) fail(Status::Errno("session", "setsid"));
+    if (Status s = DropAllCapabilities(); !s.ok()) fail(s);
+  }
+  for (int sig : kForwarded) signal(sig, SIG_DFL);
+  signal(SIGCHLD, SIG_DFL);
+  signal(SIGPIPE, SIG_DFL);
+  sigprocmask(SIG_SETMASK, &original_mask, nullptr);
+  std::vector<std::string> env = BuildEnv(plan.env);
+  ExecSearchingPath(argv, env);
+  int err = errno;
+  WriteMessage(status_fd, {RunnerMessage::Type::kExecError, Status::Syscall("exec", "execve", argv[0], err)});
+  _exit(err == ENOENT ? 127 : 126);
+}
+
+}  // namespace
+
+void RunnerMain(const Plan& plan, const ResolvedPlan& resolved, const std::vector<std::string>& argv,
+                int status_fd, int lifeline_fd) {
+  // Step order matters: the id maps come first (nothing else is permitted
+  // before them), procfs is mounted while the host root is still attached,
+  // and the working directory is entered only once the final root exists.
+  // The supervisor blocks the signals it forwards; start from a clean mask.
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  if (Status s = TieToSupervisor(lifeline_fd); !s.ok()) Fail(status_fd, s);
+  if (Status s = CloseInheritedFds(&status_fd, &lifeline_fd); !s.ok()) Fail(status_fd, s);
+  // Nobody inside may ptrace us, read our memory or /proc/1/fd, or forge our status pipe.
+  if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) Fail(status_fd, Status::Errno("runner", "prctl(PR_SET_DUMPABLE)"));
+  if (plan.confined) {
+    if (Status s = WriteIdMaps(plan.uid, plan.gid); !s.ok()) Fail(status_fd, s);
+    if (Status s = BuildRoot(plan, resolved); !s.ok()) Fail(status_fd, s);
+    if (Status s = BringUpLoopback(); !s.ok()) Fail(status_fd, s);
+    if (Status s = SetHostname(plan.hostname); !s.ok()) Fail(status_fd, s);
+    prctl(PR_SET_NAME, "agentbox-init", 0, 0, 0);
+  }
+  if (chdir(plan.cwd.c_str()) != 0) Fail(status_fd, Status::Errno("cwd", "chdir", plan.cwd));
+
+  sigset_t mask, original;
+  sigemptyset(&mask);
+  for (int sig : kForwarded) sigaddset(&mask, sig);
+  sigaddset(&mask, SIGCHLD);
+  sigprocmask(SIG_BLOCK, &mask, &original);
+
+  pid_t child = fork();
+  if (child < 0) Fail(status_fd, Status::Errno("fork", "fork"));
+  if (child == 0) CommandChild(plan, argv, status_fd, original);
+
+  if (plan.confined) {
+    // The runner itself needs no privilege from here on.
+    if (Status s = DropAllCapabilities(); !s.ok()) {
+      kill(child, SIGKILL);
+      Fail(status_fd, s);
+    }
+  }
+  // Reap everything; forward termination signals to the command's group.
+  for (;;) {
+    siginfo_t info{};
+    int sig = sigwaitinfo(&mask, &info);
+    if (sig < 0) continue;
+    if (sig != SIGCHLD) {
+      if (kill(-child, sig) != 0) kill(child, sig);
+      continue;
+    }
+    int status = 0;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+      if (pid != child) continue;
+      RunnerMessage m;
+      m.type = RunnerMessage::Type::kExit;
+      if (WIFEXITED(status)) m.exit_code = WEXITSTATUS(status);
+      if (WIFSIGNALED(status)) m.signal = WTERMSIG(status);
+      WriteMessage(status_fd, m);
+      // Leaving pid 1 kills whatever the command left running.
+      _exit(0);
+    }
+  }
+}
+
+}  // namespace agentbox::linux

@@ -1,0 +1,61 @@
+#include "linux/status_pipe.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <nlohmann/json.hpp>
+
+namespace agentbox::linux {
+
+using nlohmann::json;
+
+void WriteMessage(int fd, const RunnerMessage& m) {
+  json j;
+  switch (m.type) {
+    case RunnerMessage::Type::kSetupError:
+    case RunnerMessage::Type::kExecError:
+      j["t"] = m.type == RunnerMessage::Type::kSetupError ? "setup_error" : "exec_error";
+      j["stage"] = m.status.stage();
+      j["syscall"] = m.status.syscall();
+      j["path"] = m.status.path();
+      j["errno"] = m.status.err();
+      j["message"] = m.status.err() != 0 || !m.status.syscall().empty() ? "" : m.status.message();
+      break;
+    case RunnerMessage::Type::kExit:
+      j["t"] = "exit";
+      j["code"] = m.exit_code;
+      j["signal"] = m.signal;
+      break;
+  }
+  std::string line = j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+  if (line.size() > 4000) line = line.substr(0, 3990) + "\"}\n";  // stay atomic (PIPE_BUF)
+  ssize_t r;
+  do {
+    r = write(fd, line.data(), line.size());
+  } while (r < 0 && errno == EINTR);
+}
+
+bool ParseMessage(const std::string& line, RunnerMessage* m) {
+  try {
+    json j = json::parse(line);
+    std::string t = j.at("t").get<std::string>();
+    if (t == "exit") {
+      m->type = RunnerMessage::Type::kExit;
+      m->exit_code = j.at("code").get<int>();
+      m->signal = j.at("signal").get<int>();
+      return true;
+    }
+    m->type = t == "exec_error" ? RunnerMessage::Type::kExecError : RunnerMessage::Type::kSetupError;
+    std::string syscall = j.value("syscall", "");
+    if (!syscall.empty() || j.value("errno", 0) != 0) {
+      m->status = Status::Syscall(j.value("stage", "runner"), syscall, j.value("path", ""), j.value("errno", 0));
+    } else {
+      m->status = Status::Error(j.value("stage", "runner"), j.value("message", ""));
+    }
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+}  // namespace agentbox::linux

@@ -1,0 +1,94 @@
+#include <nlohmann/json.hpp>
+
+#include "agentbox/outcome.h"
+#include "report/report_json.h"
+
+#ifndef AGENTBOX_VERSION
+#define AGENTBOX_VERSION "0.0.0"
+#endif
+
+namespace agentbox {
+
+using nlohmann::json;
+
+const char* Version() { return AGENTBOX_VERSION; }
+
+const char* ToString(Level level) {
+  switch (level) {
+    case Level::kFull: return "full";
+    case Level::kPartial: return "partial";
+    case Level::kNone: return "none";
+  }
+  return "?";
+}
+
+const char* ToString(OutcomeKind kind) {
+  switch (kind) {
+    case OutcomeKind::kExited: return "exited";
+    case OutcomeKind::kSignaled: return "signaled";
+    case OutcomeKind::kTimedOut: return "timed_out";
+    case OutcomeKind::kOomKilled: return "oom_killed";
+    case OutcomeKind::kSandboxDenied: return "sandbox_denied";
+    case OutcomeKind::kSandboxError: return "sandbox_error";
+  }
+  return "?";
+}
+
+int Outcome::ExitStatus() const {
+  switch (kind) {
+    case OutcomeKind::kSandboxError: return 125;
+    case OutcomeKind::kTimedOut: return 124;
+    case OutcomeKind::kOomKilled: return 137;
+    default: break;
+  }
+  if (signal) return 128 + *signal;
+  return exit_code.value_or(125);
+}
+
+json ToJsonValue(const EnforcementReport& r) {
+  json facets = json::object();
+  for (const auto& f : r.facets) {
+    json o = {{"level", ToString(f.level)}, {"requested", f.requested}, {"mechanisms", f.mechanisms}};
+    if (!f.notes.empty()) o["notes"] = f.notes;
+    facets[f.name] = o;
+  }
+  json missing = json::array();
+  for (const auto& m : r.missing) missing.push_back({{"facet", m.facet}, {"reason", m.reason}});
+  json j = {{"level", ToString(r.level)}, {"backend", r.backend}, {"facets", facets}, {"missing", missing}};
+  if (!r.skipped.empty()) j["skipped"] = r.skipped;
+  return j;
+}
+
+json ToJsonValue(const Outcome& o) {
+  json j;
+  j["outcome"] = ToString(o.kind);
+  j["exit_code"] = o.exit_code ? json(*o.exit_code) : json(nullptr);
+  j["signal"] = o.signal ? json(*o.signal) : json(nullptr);
+  j["enforcement"] = ToJsonValue(o.enforcement);
+  json denials = json::array();
+  for (const auto& d : o.denials) {
+    denials.push_back({{"facet", d.facet}, {"op", d.op}, {"target", d.target}, {"reason", d.reason},
+                       {"source", d.source}});
+  }
+  j["denials"] = denials;
+  if (o.error) {
+    j["error"] = {{"stage", o.error->stage}, {"message", o.error->message}, {"errno", o.error->err}};
+  } else {
+    j["error"] = nullptr;
+  }
+  json usage = {{"wall_ms", o.usage.wall_ms},
+                {"cpu_user_ms", o.usage.cpu_user_ms},
+                {"cpu_sys_ms", o.usage.cpu_sys_ms}};
+  usage["peak_memory_bytes"] = o.usage.peak_memory_bytes ? json(*o.usage.peak_memory_bytes) : json(nullptr);
+  j["usage"] = usage;
+  j["policy_sha256"] = o.policy_sha256;
+  j["agentbox_version"] = Version();
+  return j;
+}
+
+std::string ToJson(const Outcome& outcome, int indent) { return ToJsonValue(outcome).dump(indent); }
+std::string ToJson(const EnforcementReport& report, int indent) {
+  return ToJsonValue(report).dump(indent);
+}
+
+}  // namespace agentbox

@@ -1,0 +1,310 @@
+// The supervisor: launches the runner, waits for it under the wall clock,
+// copies and scans the command's stderr, and classifies the outcome.
+#include <poll.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "agentbox/run.h"
+#include "linux/compat.h"
+#include "linux/launch.h"
+#include "linux/status_pipe.h"
+
+namespace agentbox {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kMaxDenials = 32;
+constexpr size_t kMaxLine = 8192;
+constexpr int kDrainAfterExitMs = 200;
+
+// Scans stderr line by line against the denial signatures.
+class DenialScanner {
+ public:
+  explicit DenialScanner(const std::vector<Signature>& sigs) {
+    for (const auto& s : sigs) {
+      try {
+        compiled_.push_back({std::regex(s.pattern, std::regex::ECMAScript | std::regex::optimize), s.meaning});
+      } catch (const std::regex_error&) {
+        // A signature that does not compile cannot match; it is the plan's bug, not the run's.
+      }
+    }
+  }
+
+  void Feed(const char* data, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      if (data[i] == '\n') {
+        Line();
+        line_.clear();
+      } else if (line_.size() < kMaxLine) {
+        line_.push_back(data[i]);
+      }
+    }
+  }
+  void Finish() {
+    if (!line_.empty()) Line();
+    line_.clear();
+  }
+  std::vector<Denial>& denials() { return denials_; }
+
+ private:
+  void Line() {
+    if (denials_.size() >= kMaxDenials) return;
+    // Cheap pre-filter: every signature names one of these errno texts.
+    static constexpr const char* kHints[] = {"denied", "Read-only", "not permitted", "No such file",
+                                             "Not a directory", "resource busy", "EROFS", "Errno"};
+    if (std::none_of(std::begin(kHints), std::end(kHints),
+                     [&](const char* h) { return line_.find(h) != std::string::npos; })) {
+      return;
+    }
+    for (const auto& c : compiled_) {
+      std::smatch m;
+      if (!std::regex_search(line_, m, c.re)) continue;
+      Denial d;
+      d.facet = "filesystem";
+      d.target = m.size() > 1 ? m[1].str() : "";
+      d.op = line_.find("Read-only") != std::string::npos || line_.find("EROFS") != std::string::npos
+                 ? "write"
+                 : "access";
+      d.reason = c.meaning;
+      d.source = "stderr-signature";
+      bool dup = std::any_of(denials_.begin(), denials_.end(), [&](const Denial& o) {
+        return o.target == d.target && o.reason == d.reason;
+      });
+      if (!dup) denials_.push_back(std::move(d));
+      return;
+    }
+  }
+
+  struct Compiled {
+    std::regex re;
+    std::string meaning;
+  };
+  std::vector<Compiled> compiled_;
+  std::string line_;
+  std::vector<Denial> denials_;
+};
+
+void WriteAll(int fd, const char* data, size_t n) {
+  while (n > 0) {
+    ssize_t w = write(fd, data, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return;  // our own stderr is gone: keep draining so the command is not blocked
+    }
+    data += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+std::uint64_t Ms(Clock::duration d) {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(d).count());
+}
+
+constexpr int kForwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+
+}  // namespace
+
+Outcome RefusedOutcome(const Status& why, const EnforcementReport& enforcement,
+                       const std::string& policy_sha256) {
+  Outcome out;
+  out.kind = OutcomeKind::kSandboxError;
+  out.enforcement = enforcement;
+  out.error = ErrorInfo{why.stage(), why.message(), why.err()};
+  out.policy_sha256 = policy_sha256;
+  return out;
+}
+
+Outcome RunPlan(const Plan& plan, const std::vector<std::string>& argv,
+                const std::vector<Signature>& denial_signatures, const RunOptions& options) {
+  Outcome out;
+  out.policy_sha256 = plan.policy_sha256;
+  const auto started = Clock::now();
+
+  // Signals arrive through a signalfd; blocked before the launch so none is lost.
+  sigset_t mask, saved;
+  sigemptyset(&mask);
+  if (options.forward_signals) {
+    for (int s : kForwarded) sigaddset(&mask, s);
+  }
+  sigprocmask(SIG_BLOCK, &mask, &saved);
+  linux::UniqueFd sigfd(options.forward_signals ? signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK) : -1);
+  struct RestoreMask {
+    sigset_t m;
+    ~RestoreMask() { sigprocmask(SIG_SETMASK, &m, nullptr); }
+  } restore{saved};
+
+  const bool scan = options.scan_stderr && !denial_signatures.empty();
+  auto launched = linux::Launch(plan, argv, scan ? linux::StderrMode::kCapture : linux::StderrMode::kInherit);
+  if (!launched.ok()) {
+    out.kind = OutcomeKind::kSandboxError;
+    out.error = ErrorInfo{launched.status().stage(), launched.status().message(), launched.status().err()};
+    out.usage.wall_ms = Ms(Clock::now() - started);
+    return out;
+  }
+  linux::Launched& child = *launched;
+  out.enforcement.skipped = child.resolved.skipped;
+
+  DenialScanner scanner(denial_signatures);
+  std::vector<linux::RunnerMessage> messages;
+  std::string status_buf;
+  bool status_open = true, stderr_open = child.stderr_pipe.valid(), exited = false;
+  bool timed_out = false, killed = false;
+  std::optional<Clock::time_point> deadline, kill_at, drain_until;
+  if (plan.timeout_ms) deadline = started + std::chrono::milliseconds(*plan.timeout_ms);
+
+  char buf[16384];
+  while (status_open || stderr_open || !exited) {
+    auto now = Clock::now();
+    if (deadline && now >= *deadline && !timed_out) {
+      // Deadline: ask politely (the runner forwards SIGTERM to the command), then kill pid 1.
+      timed_out = true;
+      linux::PidfdSendSignal(child.pidfd.get(), SIGTERM);
+      kill_at = now + std::chrono::milliseconds(plan.kill_grace_ms);
+    }
+    if (kill_at && now >= *kill_at && !killed) {
+      killed = true;
+      linux::PidfdSendSignal(child.pidfd.get(), SIGKILL);
+    }
+    if (exited && drain_until && now >= *drain_until) break;
+
+    std::optional<Clock::time_point> wake;
+    for (const auto& t : {deadline, kill_at, drain_until}) {
+      if (t && *t > now && (!wake || *t < *wake)) wake = t;
+    }
+    if (timed_out && deadline) wake = kill_at && !killed ? kill_at : drain_until;
+    int timeout_ms = wake ? static_cast<int>(std::max<std::int64_t>(
+                                1, std::chrono::duration_cast<std::chrono::milliseconds>(*wake - now).count()))
+                          : -1;
+
+    struct pollfd fds[4];
+    int n = 0;
+    int i_status = -1, i_err = -1, i_pid = -1, i_sig = -1;
+    if (status_open) fds[i_status = n++] = {child.status.get(), POLLIN, 0};
+    if (stderr_open) fds[i_err = n++] = {child.stderr_pipe.get(), POLLIN, 0};
+    if (!exited) fds[i_pid = n++] = {child.pidfd.get(), POLLIN, 0};
+    if (sigfd.valid()) fds[i_sig = n++] = {sigfd.get(), POLLIN, 0};
+    int r = poll(fds, static_cast<nfds_t>(n), timeout_ms);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    if (i_status >= 0 && fds[i_status].revents) {
+      ssize_t got = read(child.status.get(), buf, sizeof(buf));
+      if (got <= 0) {
+        status_open = false;
+      } else {
+        status_buf.append(buf, static_cast<size_t>(got));
+        size_t nl;
+        while ((nl = status_buf.find('\n')) != std::string::npos) {
+          linux::RunnerMessage m;
+          if (linux::ParseMessage(status_buf.substr(0, nl), &m)) messages.push_back(m);
+          status_buf.erase(0, nl + 1);
+        }
+      }
+    }
+    if (i_err >= 0 && fds[i_err].revents) {
+      ssize_t got = read(child.stderr_pipe.get(), buf, sizeof(buf));
+      if (got <= 0) {
+        stderr_open = false;
+      } else {
+        WriteAll(options.stderr_fd, buf, static_cast<size_t>(got));
+        scanner.Feed(buf, static_cast<size_t>(got));
+      }
+    }
+    if (i_pid >= 0 && fds[i_pid].revents) {
+      exited = true;
+      // Pid 1 is gone, so is everything in its namespace; pipes close at once.
+      // Unconfined children may leave holders behind: bound the wait.
+      drain_until = Clock::now() + std::chrono::milliseconds(kDrainAfterExitMs);
+    }
+    if (i_sig >= 0 && fds[i_sig].revents) {
+      struct signalfd_siginfo si {};
+      while (read(sigfd.get(), &si, sizeof(si)) == sizeof(si)) {
+        if (!exited) linux::PidfdSendSignal(child.pidfd.get(), static_cast<int>(si.ssi_signo));
+      }
+    }
+  }
+  scanner.Finish();
+
+  int wstatus = 0;
+  struct rusage ru {};
+  while (wait4(child.pid, &wstatus, 0, &ru) < 0 && errno == EINTR) {
+  }
+  out.usage.wall_ms = Ms(Clock::now() - started);
+  out.usage.cpu_user_ms = static_cast<std::uint64_t>(ru.ru_utime.tv_sec) * 1000 + ru.ru_utime.tv_usec / 1000;
+  out.usage.cpu_sys_ms = static_cast<std::uint64_t>(ru.ru_stime.tv_sec) * 1000 + ru.ru_stime.tv_usec / 1000;
+  out.usage.peak_memory_bytes = static_cast<std::uint64_t>(ru.ru_maxrss) * 1024;
+  out.denials = std::move(scanner.denials());
+
+  const linux::RunnerMessage* setup_error = nullptr;
+  const linux::RunnerMessage* exec_error = nullptr;
+  const linux::RunnerMessage* exit_msg = nullptr;
+  for (const auto& m : messages) {
+    if (m.type == linux::RunnerMessage::Type::kSetupError && !setup_error) setup_error = &m;
+    if (m.type == linux::RunnerMessage::Type::kExecError && !exec_error) exec_error = &m;
+    if (m.type == linux::RunnerMessage::Type::kExit) exit_msg = &m;
+  }
+
+  // Classification order (DESIGN §4): infrastructure first, then the clock,
+  // then denials, then the command's own ending.
+  if (setup_error) {
+    out.kind = OutcomeKind::kSandboxError;
+    out.error = ErrorInfo{setup_error->status.stage(), setup_error->status.message(), setup_error->status.err()};
+    return out;
+  }
+  if (timed_out) {
+    out.kind = OutcomeKind::kTimedOut;
+    if (exit_msg && exit_msg->signal) out.signal = exit_msg->signal;
+    if (exit_msg && !exit_msg->signal) out.exit_code = exit_msg->exit_code;
+    out.error = ErrorInfo{"timeout", "wall clock of " + std::to_string(*plan.timeout_ms) + " ms reached", 0};
+    return out;
+  }
+  if (!exit_msg) {
+    out.kind = OutcomeKind::kSandboxError;
+    std::string how = WIFSIGNALED(wstatus) ? "killed by signal " + std::to_string(WTERMSIG(wstatus))
+                                           : "exited with " + std::to_string(WEXITSTATUS(wstatus));
+    out.error = ErrorInfo{"runner", "the sandbox runner ended before reporting the command's exit (" + how + ")", 0};
+    return out;
+  }
+  if (exit_msg->signal) {
+    out.signal = exit_msg->signal;
+  } else {
+    out.exit_code = exit_msg->exit_code;
+  }
+  if (exec_error) {
+    std::string msg = exec_error->status.message();
+    if (exec_error->status.err() == ENOENT) {
+      msg += " — not found inside the sandbox (it may exist on the host but not be mounted)";
+    }
+    out.error = ErrorInfo{"exec", msg, exec_error->status.err()};
+  }
+  const bool failed = out.signal.has_value() || out.exit_code.value_or(0) != 0;
+  if (failed && !out.denials.empty()) {
+    out.kind = OutcomeKind::kSandboxDenied;
+  } else {
+    out.kind = out.signal ? OutcomeKind::kSignaled : OutcomeKind::kExited;
+  }
+  return out;
+}
+
+Outcome Run(const ConfinedCommand& command, const RunOptions& options) {
+  Outcome out = RunPlan(command.plan, command.plan.argv, command.denial_signatures, options);
+  std::vector<std::string> skipped = std::move(out.enforcement.skipped);
+  out.enforcement = command.enforcement;
+  out.enforcement.skipped = std::move(skipped);
+  return out;
+}
+
+}  // namespace agentbox
