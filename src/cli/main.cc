@@ -1,7 +1,6 @@
 // agentbox: the command line (DESIGN §2).
 #include <fcntl.h>
 #include <limits.h>
-#include <pwd.h>
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -69,9 +68,21 @@ std::string RealPath(const std::string& p) {
   return buf;
 }
 
+// $HOME, else the passwd entry (read directly: the binary is static, so no NSS).
 std::string HomeDir() {
   if (const char* h = getenv("HOME"); h && *h == '/') return h;
-  if (struct passwd* pw = getpwuid(getuid())) return pw->pw_dir;
+  std::ifstream passwd("/etc/passwd");
+  std::string line;
+  const std::string uid = std::to_string(getuid());
+  while (std::getline(passwd, line)) {
+    std::vector<std::string> f;
+    size_t start = 0;
+    for (size_t colon; (colon = line.find(':', start)) != std::string::npos; start = colon + 1) {
+      f.push_back(line.substr(start, colon - start));
+    }
+    f.push_back(line.substr(start));
+    if (f.size() >= 6 && f[2] == uid) return f[5];
+  }
   return "";
 }
 

@@ -251,6 +251,10 @@ std::vector<Signature> DenialSignatures(const Plan& plan, const Policy& policy,
                   "Read-only file system",
                   "write to a read-only path"});
   sigs.push_back({"EROFS: read-only file system, \\w+ '([^']+)'", "write to a read-only path"});
+  // Protected paths and their ancestors are mount points: renaming or
+  // removing them fails with EBUSY, which no ordinary workspace file does.
+  sigs.push_back({"cannot (?:move|remove) (?:'|‘|\")([^'’\"]+)(?:'|’|\")[^\\n]*: Device or resource busy",
+                  "rename or removal of a protected path or its ancestor (filesystem.protect)"});
   for (const auto& m : plan.mounts) {
     if (m.kind == MountKind::kMask && !paths::IsWithin(m.target, "/proc")) {
       std::string rel;

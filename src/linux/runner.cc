@@ -171,10 +171,14 @@ void RunnerMain(const Plan& plan, const ResolvedPlan& resolved, const std::vecto
   sigprocmask(SIG_SETMASK, &none, nullptr);
   if (Status s = TieToSupervisor(lifeline_fd); !s.ok()) Fail(status_fd, s);
   if (Status s = CloseInheritedFds(&status_fd, &lifeline_fd); !s.ok()) Fail(status_fd, s);
-  // Nobody inside may ptrace us, read our memory or /proc/1/fd, or forge our status pipe.
-  if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) Fail(status_fd, Status::Errno("runner", "prctl(PR_SET_DUMPABLE)"));
   if (plan.confined) {
     if (Status s = WriteIdMaps(plan.uid, plan.gid); !s.ok()) Fail(status_fd, s);
+  }
+  // Nobody inside may ptrace us, read our memory or /proc/1/fd, or forge our
+  // status pipe. (After the id maps: a non-dumpable process cannot open its
+  // own /proc/self/uid_map.)
+  if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) Fail(status_fd, Status::Errno("runner", "prctl(PR_SET_DUMPABLE)"));
+  if (plan.confined) {
     if (Status s = BuildRoot(plan, resolved); !s.ok()) Fail(status_fd, s);
     if (Status s = BringUpLoopback(); !s.ok()) Fail(status_fd, s);
     if (Status s = SetHostname(plan.hostname); !s.ok()) Fail(status_fd, s);

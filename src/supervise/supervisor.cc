@@ -32,15 +32,7 @@ constexpr int kDrainAfterExitMs = 200;
 // Scans stderr line by line against the denial signatures.
 class DenialScanner {
  public:
-  explicit DenialScanner(const std::vector<Signature>& sigs) {
-    for (const auto& s : sigs) {
-      try {
-        compiled_.push_back({std::regex(s.pattern, std::regex::ECMAScript | std::regex::optimize), s.meaning});
-      } catch (const std::regex_error&) {
-        // A signature that does not compile cannot match; it is the plan's bug, not the run's.
-      }
-    }
-  }
+  explicit DenialScanner(const std::vector<Signature>& sigs) : signatures_(sigs) {}
 
   void Feed(const char* data, size_t n) {
     for (size_t i = 0; i < n; ++i) {
@@ -68,6 +60,7 @@ class DenialScanner {
                      [&](const char* h) { return line_.find(h) != std::string::npos; })) {
       return;
     }
+    Compile();
     for (const auto& c : compiled_) {
       std::smatch m;
       if (!std::regex_search(line_, m, c.re)) continue;
@@ -87,6 +80,22 @@ class DenialScanner {
     }
   }
 
+  // Compiling the regexes costs more than a whole sandbox start: do it only
+  // once a line looks like an error.
+  void Compile() {
+    if (compiled_done_) return;
+    compiled_done_ = true;
+    for (const auto& s : signatures_) {
+      try {
+        compiled_.push_back({std::regex(s.pattern, std::regex::ECMAScript | std::regex::optimize), s.meaning});
+      } catch (const std::regex_error&) {
+        // A signature that does not compile cannot match; it is the plan's bug, not the run's.
+      }
+    }
+  }
+
+  const std::vector<Signature>& signatures_;
+  bool compiled_done_ = false;
   struct Compiled {
     std::regex re;
     std::string meaning;
