@@ -67,7 +67,8 @@ class DenialScanner {
       Denial d;
       d.facet = "filesystem";
       d.target = m.size() > 1 ? m[1].str() : "";
-      d.op = line_.find("Read-only") != std::string::npos || line_.find("EROFS") != std::string::npos
+      d.op = line_.find("resource busy") != std::string::npos ? "rename"
+             : line_.find("Read-only") != std::string::npos || line_.find("EROFS") != std::string::npos
                  ? "write"
                  : "access";
       d.reason = c.meaning;

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs the Debian packages agentbox needs to build, test and benchmark.
+# Idempotent: asks apt only for what is missing. Needs root (or sudo).
+set -euo pipefail
+
+packages=(
+  # build
+  cmake g++ make pkg-config git
+  # libraries
+  libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libseccomp-dev
+  # tests, fuzzing, benchmarks
+  libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-14-dev python3
+  # the demo's readable reports; anchors for the benchmarks
+  jq bubblewrap util-linux iproute2 passwd
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+echo "installing: ${missing[*]}"
+sudo_cmd=()
+[ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
