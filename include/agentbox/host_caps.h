@@ -45,8 +45,9 @@ struct HostCaps {
 };
 
 enum class ProbeDepth {
-  kQuick,  // sysctls, /proc and cheap syscalls only: for every run
-  kDeep,   // also tries to create a user namespace in a throw-away child: for `check`
+  kQuick,  // namespaces, Landlock, seccomp, pidfd: what every run needs, cheaply
+  kDeep,   // also cgroups, overlayfs, and a real user namespace in a throw-away
+           // child: for `check`
 };
 
 HostCaps ProbeHost(ProbeDepth depth);

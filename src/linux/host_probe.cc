@@ -157,14 +157,16 @@ HostCaps ProbeHost(ProbeDepth depth) {
   int r = linux::MountSetattr(-1, "", 0, &attr);
   caps.new_mount_api = !(r < 0 && errno == ENOSYS);
 
-  std::string filesystems;
-  ReadSmallFile("/proc/filesystems", &filesystems);
-  caps.overlayfs = filesystems.find("\toverlay\n") != std::string::npos;
-
   linux::UniqueFd pidfd(linux::PidfdOpen(getpid()));
   caps.pidfd = pidfd.valid();
 
-  ProbeCgroups(&caps);
+  // What no run of this version needs: only `check` pays for it.
+  if (depth == ProbeDepth::kDeep) {
+    std::string filesystems;
+    ReadSmallFile("/proc/filesystems", &filesystems);
+    caps.overlayfs = filesystems.find("\toverlay\n") != std::string::npos;
+    ProbeCgroups(&caps);
+  }
   return caps;
 }
 

@@ -100,8 +100,11 @@ Result<ProtectResolution> ResolveProtect(const Plan& plan, const MountOp& op, Re
   for (size_t i = 0; i < parts.size(); ++i) {
     host = paths::Join(host, parts[i]);
     struct stat st {};
-    if (fstatat(dir.get(), parts[i].c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
-      if (errno != ENOENT) return Status::Errno("protect", "fstatat", host);
+    bool found = fstatat(dir.get(), parts[i].c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0;
+    if (!found && errno != ENOENT) return Status::Errno("protect", "fstatat", host);
+    // A placeholder (ours for another protected path, a concurrent run's, or
+    // one left by a killed run) counts as missing: join it.
+    if (!found || IsPlaceholder(st)) {
       // Missing: block its creation with a placeholder (needs a real dir fd).
       UniqueFd parent(openat(dir.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
       if (!parent.valid()) return Status::Errno("protect", "open", paths::Parent(host));
@@ -205,16 +208,26 @@ Status ScanDenyGlobs(const Plan& plan, const GlobScan& scan, ResolvedPlan* rp,
         const char* name = d->d_name;
         if (name[0] == '.' && (name[1] == 0 || (name[1] == '.' && name[2] == 0))) continue;
         ++rp->scanned_entries;
-        std::string child = rel.empty() ? std::string(name) : rel + "/" + name;
-        std::string match_rel = scan.pattern_base.empty() ? child : scan.pattern_base + "/" + child;
         unsigned char type = d->d_type;
         if (type == DT_UNKNOWN) {
           struct stat st {};
           if (fstatat(dir.get(), name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
           type = S_ISDIR(st.st_mode) ? DT_DIR : S_ISLNK(st.st_mode) ? DT_LNK : DT_REG;
         }
-        bool hit = std::any_of(matchers.begin(), matchers.end(),
-                               [&](const Matcher& m) { return m.Matches(name, match_rel); });
+        // The hot loop: a basename-only pattern needs no path string.
+        bool hit = false;
+        std::string child;
+        for (const auto& m : matchers) {
+          if (m.basename_only) {
+            hit = m.Matches(name, "");
+          } else {
+            if (child.empty()) child = rel.empty() ? std::string(name) : rel + "/" + name;
+            hit = m.Matches(name, scan.pattern_base.empty() ? child : scan.pattern_base + "/" + child);
+          }
+          if (hit) break;
+        }
+        if (!hit && type != DT_DIR) continue;
+        if (child.empty()) child = rel.empty() ? std::string(name) : rel + "/" + name;
         if (hit) {
           std::string host = paths::Join(scan.source_root, child);
           std::string target = paths::Rebase(host, scan.source_root, scan.target_root);

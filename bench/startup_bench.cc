@@ -1,0 +1,179 @@
+// Start-up cost of a confined /bin/true against the anchor tools, measured in
+// the same run (DESIGN §6): bare exec, `unshare -Urmpnf --mount-proc`,
+// bubblewrap with --unshare-all, and agentbox in workspace-write mode; plus
+// the cost a 100k-file workspace adds with `**/.env` in deny, and the
+// supervisor's peak RSS. Prints ratios; asserts nothing (targets live in the
+// issue notes, not in tests).
+#include <benchmark/benchmark.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string g_agentbox = AGENTBOX_BIN;
+std::string g_empty_ws;
+std::string g_big_ws;
+std::string g_noglob_policy;
+
+pid_t Spawn(const std::vector<std::string>& argv, const std::string& cwd) {
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (!cwd.empty() && chdir(cwd.c_str()) != 0) _exit(126);
+    int null = open("/dev/null", O_RDWR);
+    dup2(null, 0);
+    dup2(null, 1);
+    dup2(null, 2);
+    execvp(args[0], args.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+int RunOnce(const std::vector<std::string>& argv, const std::string& cwd = "") {
+  pid_t pid = Spawn(argv, cwd);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+void Measure(benchmark::State& state, const std::vector<std::string>& argv, const std::string& cwd = "") {
+  if (RunOnce(argv, cwd) != 0) {
+    state.SkipWithError(("command failed: " + argv[0]).c_str());
+    return;
+  }
+  for (auto _ : state) {
+    if (RunOnce(argv, cwd) != 0) {
+      state.SkipWithError("command failed during the run");
+      return;
+    }
+  }
+}
+
+void BM_Bare(benchmark::State& s) { Measure(s, {"/bin/true"}); }
+void BM_Unshare(benchmark::State& s) { Measure(s, {"unshare", "-Urmpnf", "--mount-proc", "/bin/true"}); }
+void BM_Bwrap(benchmark::State& s) {
+  Measure(s, {"bwrap", "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev", "--proc",
+              "/proc", "/bin/true"});
+}
+void BM_Agentbox(benchmark::State& s) {
+  Measure(s, {g_agentbox, "run", "--mode", "workspace-write", "--", "/bin/true"}, g_empty_ws);
+}
+void BM_Agentbox100kFilesDenyGlob(benchmark::State& s) {
+  Measure(s, {g_agentbox, "run", "--mode", "workspace-write", "--", "/bin/true"}, g_big_ws);
+}
+void BM_Agentbox100kFilesNoGlob(benchmark::State& s) {
+  Measure(s, {g_agentbox, "run", "--policy", g_noglob_policy, "--", "/bin/true"}, g_big_ws);
+}
+
+BENCHMARK(BM_Bare)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
+BENCHMARK(BM_Unshare)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
+BENCHMARK(BM_Bwrap)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
+BENCHMARK(BM_Agentbox)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
+BENCHMARK(BM_Agentbox100kFilesDenyGlob)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
+BENCHMARK(BM_Agentbox100kFilesNoGlob)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
+
+// Keeps each benchmark's mean wall time for the ratio table.
+class RatioReporter : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    ConsoleReporter::ReportRuns(runs);
+    for (const auto& r : runs) {
+      if (!r.error_occurred && r.iterations > 0) {
+        ms[r.run_name.function_name] = r.GetAdjustedRealTime();  // in the benchmark's unit (ms)
+      }
+    }
+  }
+  std::map<std::string, double> ms;
+};
+
+// VmHWM of the supervisor while its command sleeps: its peak after set-up.
+long SupervisorPeakRssKib() {
+  pid_t pid = Spawn({g_agentbox, "run", "--", "sleep", "0.4"}, g_empty_ws);
+  long hwm = -1;
+  for (int i = 0; i < 30; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+    std::string line;
+    while (std::getline(status, line)) {
+      if (line.rfind("VmHWM:", 0) == 0) hwm = std::max(hwm, std::atol(line.c_str() + 6));
+    }
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  return hwm;
+}
+
+void MakeBigWorkspace(const std::string& root, int files) {
+  // 1000 directories of 100 files, a few .env among them.
+  for (int d = 0; d < files / 100; ++d) {
+    std::string dir = root + "/pkg" + std::to_string(d / 50) + "/mod" + std::to_string(d);
+    fs::create_directories(dir);
+    for (int f = 0; f < 100; ++f) {
+      std::ofstream(dir + "/f" + std::to_string(f) + ".txt") << "x";
+    }
+    if (d % 250 == 0) std::ofstream(dir + "/.env") << "SECRET=1";
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (const char* b = getenv("AGENTBOX_BIN")) g_agentbox = b;
+  char tmpl[] = "/tmp/agentbox-bench.XXXXXX";
+  std::string base = mkdtemp(tmpl);
+  g_empty_ws = base + "/empty";
+  g_big_ws = base + "/big";
+  fs::create_directories(g_empty_ws);
+  std::fprintf(stderr, "creating a 100k-file workspace in %s ...\n", g_big_ws.c_str());
+  MakeBigWorkspace(g_big_ws, 100000);
+  g_noglob_policy = base + "/noglob.yaml";
+  std::ofstream(g_noglob_policy) << "version: 1\nmode: workspace-write\nfilesystem:\n  deny: [\"~/.ssh\", \"~/.aws\"]\n";
+
+  RatioReporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  long rss = SupervisorPeakRssKib();
+  fs::remove_all(base);
+
+  auto get = [&](const char* n) { return reporter.ms.count(n) ? reporter.ms[n] : -1.0; };
+  double bare = get("BM_Bare"), unshare = get("BM_Unshare"), bwrap = get("BM_Bwrap"), ab = get("BM_Agentbox");
+  double glob = get("BM_Agentbox100kFilesDenyGlob"), noglob = get("BM_Agentbox100kFilesNoGlob");
+  std::printf("\n%-46s %9s %14s\n", "confined /bin/true (same run)", "mean ms", "agentbox / x");
+  auto row = [&](const char* name, double v) {
+    if (v < 0) {
+      std::printf("%-46s %9s\n", name, "n/a");
+    } else {
+      std::printf("%-46s %9.2f %13.2fx\n", name, v, ab > 0 ? ab / v : 0.0);
+    }
+  };
+  row("bare /bin/true", bare);
+  row("unshare -Urmpnf --mount-proc", unshare);
+  row("bwrap --unshare-all --ro-bind / / ...", bwrap);
+  row("agentbox run --mode workspace-write", ab);
+  std::printf("\n%-46s %9.2f ms\n", "100k-file workspace, **/.env in deny", glob);
+  std::printf("%-46s %9.2f ms\n", "100k-file workspace, no deny glob", noglob);
+  std::printf("%-46s %9.2f ms (target <= 50 ms)\n", "added by the deny-glob scan", glob - noglob);
+  std::printf("%-46s %9.2f ms (target <= 50 ms)\n", "100k workspace vs empty workspace", glob - ab);
+  std::printf("%-46s %9ld KiB (target <= 4096 KiB)\n", "supervisor peak RSS (VmHWM)", rss);
+  std::printf("%-46s %9.2fx (target <= 1.0x)\n", "agentbox / bubblewrap", bwrap > 0 ? ab / bwrap : 0.0);
+  return 0;
+}

@@ -1,0 +1,397 @@
+// Planning against fake hosts: no kernel involved.
+#include "agentbox/confine.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <regex>
+
+#include "agentbox/plan.h"
+
+namespace agentbox {
+namespace {
+
+HostCaps FullHost() {
+  HostCaps h;
+  h.uid = 1000;
+  h.gid = 1000;
+  h.user_namespaces = true;
+  h.mount_ns = h.pid_ns = h.net_ns = h.ipc_ns = h.uts_ns = h.cgroup_ns = true;
+  h.new_mount_api = true;
+  h.landlock_abi = 7;
+  h.seccomp_filter = true;
+  h.pidfd = true;
+  return h;
+}
+
+HostCaps NoUserns() {
+  HostCaps h = FullHost();
+  h.user_namespaces = false;
+  h.userns_reason = "kernel.unprivileged_userns_clone is 0";
+  return h;
+}
+
+Invocation Inv() {
+  Invocation inv;
+  inv.workspace = "/home/u/proj";
+  inv.cwd = "/home/u/proj/src";
+  inv.home = "/home/u";
+  inv.self_exe = "/usr/bin/agentbox";
+  inv.nonce = "0123456789abcdef";
+  return inv;
+}
+
+const MountOp* Find(const Plan& p, MountKind kind, const std::string& target) {
+  for (const auto& m : p.mounts) {
+    if (m.kind == kind && m.target == target) return &m;
+  }
+  return nullptr;
+}
+
+size_t IndexOf(const Plan& p, const std::string& target) {
+  for (size_t i = 0; i < p.mounts.size(); ++i) {
+    if (p.mounts[i].target == target) return i;
+  }
+  return SIZE_MAX;
+}
+
+const FacetReport* FacetNamed(const EnforcementReport& r, const std::string& name) {
+  for (const auto& f : r.facets) {
+    if (f.name == name) return &f;
+  }
+  return nullptr;
+}
+
+TEST(Confine, WorkspaceWriteOnFullHostIsFull) {
+  auto c = Confine({"make", "test"}, PresetFor(Mode::kWorkspaceWrite), FullHost(), Inv());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->enforcement.level, Level::kFull);
+  EXPECT_EQ(c->enforcement.backend, "linux-namespaces");
+  EXPECT_TRUE(c->enforcement.missing.empty());
+  const Plan& p = c->plan;
+  EXPECT_TRUE(p.confined);
+  EXPECT_EQ(p.argv, (std::vector<std::string>{"make", "test"}));
+  EXPECT_EQ(p.cwd, "/home/u/proj/src");
+  for (const char* ns : {"user", "mnt", "pid", "net", "ipc", "uts", "cgroup"}) {
+    EXPECT_NE(std::find(p.namespaces.begin(), p.namespaces.end(), ns), p.namespaces.end()) << ns;
+  }
+}
+
+TEST(Confine, RootIsTmpfsFirstAndSystemDirsReadOnly) {
+  auto c = Confine({"true"}, PresetFor(Mode::kWorkspaceWrite), FullHost(), Inv());
+  ASSERT_TRUE(c.ok());
+  const Plan& p = c->plan;
+  ASSERT_FALSE(p.mounts.empty());
+  EXPECT_EQ(p.mounts[0].kind, MountKind::kTmpfs);
+  EXPECT_EQ(p.mounts[0].target, "/");
+  for (const char* dir : {"/usr", "/etc", "/bin", "/lib"}) {
+    const MountOp* m = Find(p, MountKind::kBind, dir);
+    ASSERT_NE(m, nullptr) << dir;
+    EXPECT_TRUE(m->read_only) << dir;
+    EXPECT_TRUE(m->optional) << dir;
+  }
+}
+
+TEST(Confine, WorkspaceIsWritableAndHomeIsPrivate) {
+  auto c = Confine({"true"}, PresetFor(Mode::kWorkspaceWrite), FullHost(), Inv());
+  ASSERT_TRUE(c.ok());
+  const Plan& p = c->plan;
+  const MountOp* ws = Find(p, MountKind::kBind, "/home/u/proj");
+  ASSERT_NE(ws, nullptr);
+  EXPECT_FALSE(ws->read_only);
+  EXPECT_FALSE(ws->optional);  // a missing workspace is a sandbox error, not a skip
+  EXPECT_NE(Find(p, MountKind::kTmpfs, "/home/u"), nullptr);
+  EXPECT_NE(Find(p, MountKind::kTmpfs, "/tmp"), nullptr);
+  // The private home is mounted before the workspace inside it.
+  EXPECT_LT(IndexOf(p, "/home/u"), IndexOf(p, "/home/u/proj"));
+  EXPECT_EQ(p.home, "/home/u");
+}
+
+TEST(Confine, ReadOnlyModeMakesWorkspaceReadOnlyAndSkipsProtect) {
+  auto c = Confine({"true"}, PresetFor(Mode::kReadOnly), FullHost(), Inv());
+  ASSERT_TRUE(c.ok());
+  const MountOp* ws = Find(c->plan, MountKind::kBind, "/home/u/proj");
+  ASSERT_NE(ws, nullptr);
+  EXPECT_TRUE(ws->read_only);
+  EXPECT_EQ(Find(c->plan, MountKind::kProtect, "/home/u/proj/.git/hooks"), nullptr);
+}
+
+TEST(Confine, WorkspaceAtAnotherInsidePath) {
+  Policy p = PresetFor(Mode::kWorkspaceWrite);
+  p.filesystem.workspace.path = "/workspace";
+  Invocation inv = Inv();
+  auto c = Confine({"true"}, p, FullHost(), inv);
+  ASSERT_TRUE(c.ok());
+  const MountOp* ws = Find(c->plan, MountKind::kBind, "/workspace");
+  ASSERT_NE(ws, nullptr);
+  EXPECT_EQ(ws->source, "/home/u/proj");
+  EXPECT_EQ(c->plan.cwd, "/workspace/src");
+  EXPECT_NE(Find(c->plan, MountKind::kProtect, "/workspace/.git/hooks"), nullptr);
+}
+
+TEST(Confine, ProtectPinsEveryAncestorBeforeTheProtectedPath) {
+  auto c = Confine({"true"}, PresetFor(Mode::kWorkspaceWrite), FullHost(), Inv());
+  ASSERT_TRUE(c.ok());
+  const Plan& p = c->plan;
+  const MountOp* hooks = Find(p, MountKind::kProtect, "/home/u/proj/.git/hooks");
+  const MountOp* config = Find(p, MountKind::kProtect, "/home/u/proj/.git/config");
+  const MountOp* pin = Find(p, MountKind::kPin, "/home/u/proj/.git");
+  ASSERT_NE(hooks, nullptr);
+  ASSERT_NE(config, nullptr);
+  ASSERT_NE(pin, nullptr);
+  EXPECT_TRUE(hooks->read_only);
+  EXPECT_LT(IndexOf(p, "/home/u/proj"), IndexOf(p, "/home/u/proj/.git"));
+  EXPECT_LT(IndexOf(p, "/home/u/proj/.git"), IndexOf(p, "/home/u/proj/.git/hooks"));
+  // One pin for the shared ancestor, not one per protected path.
+  EXPECT_EQ(std::count_if(p.mounts.begin(), p.mounts.end(),
+                          [](const MountOp& m) { return m.kind == MountKind::kPin; }),
+            1);
+}
+
+TEST(Confine, DenyInsideMountedTreeIsMaskedAndOutsideIsAbsent) {
+  Policy pol = PresetFor(Mode::kWorkspaceWrite);
+  pol.filesystem.deny = {"~/.ssh", "/etc/shadow", "secrets/key.pem", "/opt/vault"};
+  auto c = Confine({"true"}, pol, FullHost(), Inv());
+  ASSERT_TRUE(c.ok());
+  const Plan& p = c->plan;
+  EXPECT_NE(Find(p, MountKind::kMask, "/etc/shadow"), nullptr);                 // inside /etc
+  EXPECT_NE(Find(p, MountKind::kMask, "/home/u/proj/secrets/key.pem"), nullptr); // workspace-relative
+  // ~/.ssh is not under any mounted tree (HOME is a private tmpfs): absent.
+  EXPECT_NE(std::find(p.absent.begin(), p.absent.end(), "/home/u/.ssh"), p.absent.end());
+  EXPECT_NE(std::find(p.absent.begin(), p.absent.end(), "/opt/vault"), p.absent.end());
+}
+
+TEST(Confine, DenyUnderAWorkspaceThatHoldsHomeIsMasked) {
+  Invocation inv = Inv();
+  inv.workspace = "/home/u";
+  inv.cwd = "/home/u";
+  Policy pol = PresetFor(Mode::kWorkspaceWrite);
+  auto c = Confine({"true"}, pol, FullHost(), inv);
+  ASSERT_TRUE(c.ok());
+  EXPECT_NE(Find(c->plan, MountKind::kMask, "/home/u/.ssh"), nullptr);
+  // No private tmpfs over the workspace itself.
+  EXPECT_EQ(Find(c->plan, MountKind::kTmpfs, "/home/u"), nullptr);
+}
+
+TEST(Confine, DenyContainingTheWorkspaceIsRefused) {
+  Policy pol = PresetFor(Mode::kWorkspaceWrite);
+  pol.filesystem.deny = {"~"};
+  auto c = Confine({"true"}, pol, FullHost(), Inv());
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("contains '/home/u/proj'"), std::string::npos) << c.status().message();
+}
+
+TEST(Confine, DenyGlobBecomesAScanOfTheWorkspace) {
+  auto c = Confine({"true"}, PresetFor(Mode::kWorkspaceWrite), FullHost(), Inv());
+  ASSERT_TRUE(c.ok());
+  ASSERT_EQ(c->plan.deny_globs.size(), 1u);
+  const GlobScan& g = c->plan.deny_globs[0];
+  EXPECT_EQ(g.source_root, "/home/u/proj");
+  EXPECT_EQ(g.target_root, "/home/u/proj");
+  EXPECT_EQ(g.patterns, std::vector<std::string>{"**/.env"});
+}
+
+TEST(Confine, HomeGlobAboveTheWorkspaceScansTheWorkspaceWithABase) {
+  Policy pol = PresetFor(Mode::kWorkspaceWrite);
+  pol.filesystem.deny = {"~/**/id_*"};
+  auto c = Confine({"true"}, pol, FullHost(), Inv());
+  ASSERT_TRUE(c.ok());
+  ASSERT_EQ(c->plan.deny_globs.size(), 1u);
+  EXPECT_EQ(c->plan.deny_globs[0].source_root, "/home/u/proj");
+  EXPECT_EQ(c->plan.deny_globs[0].pattern_base, "proj");
+}
+
+TEST(Confine, ProcIsMaskedAndSysReadOnly) {
+  auto c = Confine({"true"}, PresetFor(Mode::kWorkspaceWrite), FullHost(), Inv());
+  ASSERT_TRUE(c.ok());
+  for (const char* f : {"/proc/kcore", "/proc/keys", "/proc/sysrq-trigger", "/proc/timer_list"}) {
+    EXPECT_NE(Find(c->plan, MountKind::kMask, f), nullptr) << f;
+  }
+  EXPECT_NE(Find(c->plan, MountKind::kReadOnly, "/proc/sys"), nullptr);
+  EXPECT_LT(IndexOf(c->plan, "/proc"), IndexOf(c->plan, "/proc/sys"));
+}
+
+TEST(Confine, EnvironmentIsScrubbedToPassAndSet) {
+  Policy pol = PresetFor(Mode::kWorkspaceWrite);
+  pol.env.pass = {"PATH", "LANG"};
+  pol.env.set = {{"CI", "1"}};
+  auto c = Confine({"true"}, pol, FullHost(), Inv());
+  ASSERT_TRUE(c.ok());
+  const EnvRules& e = c->plan.env;
+  EXPECT_FALSE(e.pass_all);
+  EXPECT_EQ(e.pass, (std::vector<std::string>{"PATH", "LANG"}));
+  auto has = [&](const std::string& k, const std::string& v) {
+    return std::find(e.set.begin(), e.set.end(), std::make_pair(k, v)) != e.set.end();
+  };
+  EXPECT_TRUE(has("CI", "1"));
+  EXPECT_TRUE(has("HOME", "/home/u"));
+  EXPECT_TRUE(has("TMPDIR", "/tmp"));
+}
+
+TEST(Confine, NoUserNamespacesFailsClosed) {
+  auto c = Confine({"true"}, PresetFor(Mode::kWorkspaceWrite), NoUserns(), Inv());
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().stage(), "confine");
+  EXPECT_NE(c.status().message().find("unprivileged_userns_clone"), std::string::npos) << c.status().message();
+}
+
+TEST(Confine, MissingFacetsListedInTheAssessment) {
+  EnforcementReport r = AssessEnforcement(PresetFor(Mode::kWorkspaceWrite), NoUserns());
+  EXPECT_EQ(r.level, Level::kPartial);
+  std::vector<std::string> facets;
+  for (const auto& m : r.missing) facets.push_back(m.facet);
+  for (const char* f : {"filesystem", "network", "processes"}) {
+    EXPECT_NE(std::find(facets.begin(), facets.end(), f), facets.end()) << f;
+  }
+}
+
+TEST(Confine, UnimplementedResourcesFailClosedUnlessPartialIsAccepted) {
+  Policy pol = PresetFor(Mode::kWorkspaceWrite);
+  pol.resources.memory_limit_bytes = 1ull << 30;
+  auto strict = Confine({"true"}, pol, FullHost(), Inv());
+  ASSERT_FALSE(strict.ok());
+  EXPECT_NE(strict.status().message().find("memory_gib"), std::string::npos);
+  pol.sandbox.require = Requirement::kPartial;
+  auto relaxed = Confine({"true"}, pol, FullHost(), Inv());
+  ASSERT_TRUE(relaxed.ok());
+  EXPECT_EQ(relaxed->enforcement.level, Level::kPartial);
+  ASSERT_EQ(relaxed->enforcement.missing.size(), 1u);
+  EXPECT_EQ(relaxed->enforcement.missing[0].facet, "resources");
+}
+
+TEST(Confine, WallClockIsEnforcedBySupervisor) {
+  Policy pol = PresetFor(Mode::kWorkspaceWrite);
+  pol.resources.wall_clock_ms = 30000;
+  auto c = Confine({"true"}, pol, FullHost(), Inv());
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->enforcement.level, Level::kFull);
+  EXPECT_EQ(c->plan.timeout_ms, std::optional<std::uint64_t>(30000));
+  const FacetReport* res = FacetNamed(c->enforcement, "resources");
+  ASSERT_NE(res, nullptr);
+  EXPECT_TRUE(res->requested);
+  EXPECT_EQ(res->level, Level::kFull);
+}
+
+TEST(Confine, NetworkAllowlistNeedsTheProxyAndFailsClosed) {
+  Policy pol = PresetFor(Mode::kWorkspaceWrite);
+  pol.network.allow = {"github.com"};
+  auto c = Confine({"true"}, pol, FullHost(), Inv());
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("network"), std::string::npos);
+}
+
+TEST(Confine, CredentialProxiesFailClosed) {
+  Policy pol = PresetFor(Mode::kWorkspaceWrite);
+  pol.credentials.git = GitCredentials::kProxy;
+  auto c = Confine({"true"}, pol, FullHost(), Inv());
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("credentials.git: proxy"), std::string::npos) << c.status().message();
+}
+
+TEST(Confine, OtherIsolationLevelsAreRefusedEvenWithPartial) {
+  for (Isolation iso : {Isolation::kMicrovm, Isolation::kContainer, Isolation::kRemote}) {
+    Policy pol = PresetFor(Mode::kWorkspaceWrite);
+    pol.sandbox.isolation = iso;
+    pol.sandbox.require = Requirement::kPartial;
+    auto c = Confine({"true"}, pol, FullHost(), Inv());
+    ASSERT_FALSE(c.ok()) << ToString(iso);
+    EXPECT_NE(c.status().message().find(ToString(iso)), std::string::npos);
+  }
+}
+
+TEST(Confine, ImageOtherThanHostIsRefused) {
+  Policy pol = PresetFor(Mode::kWorkspaceWrite);
+  pol.sandbox.image = "agent-base:2026-09";
+  auto c = Confine({"true"}, pol, FullHost(), Inv());
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("agent-base:2026-09"), std::string::npos);
+}
+
+TEST(Confine, DangerFullAccessConfinesNothingAndSaysSo) {
+  auto c = Confine({"true"}, PresetFor(Mode::kDangerFullAccess), NoUserns(), Inv());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_FALSE(c->plan.confined);
+  EXPECT_TRUE(c->plan.env.pass_all);
+  EXPECT_EQ(c->enforcement.level, Level::kNone);
+  EXPECT_EQ(c->enforcement.backend, "none");
+  EXPECT_TRUE(c->plan.mounts.empty());
+}
+
+TEST(Confine, EmptyCommandIsRefused) {
+  auto c = Confine({}, PresetFor(Mode::kWorkspaceWrite), FullHost(), Inv());
+  ASSERT_FALSE(c.ok());
+}
+
+TEST(Confine, WrappedArgvCarriesThePlanInTheEnvironment) {
+  auto c = Confine({"npm", "test"}, PresetFor(Mode::kWorkspaceWrite), FullHost(), Inv());
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->argv, (std::vector<std::string>{"/usr/bin/agentbox", "__exec", "--", "npm", "test"}));
+  ASSERT_EQ(c->env.size(), 1u);
+  EXPECT_EQ(c->env[0].first, kPlanEnv);
+  auto plan = PlanFromJson(c->env[0].second);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(PlanToJson(*plan), PlanToJson(c->plan));
+}
+
+TEST(Confine, RunnerFailureRuleMatchesOnlyThisRunsNonce) {
+  auto c = Confine({"true"}, PresetFor(Mode::kWorkspaceWrite), FullHost(), Inv());
+  ASSERT_TRUE(c.ok());
+  ASSERT_FALSE(c->runner_failure_rules.empty());
+  std::regex rule(c->runner_failure_rules[0].pattern);
+  EXPECT_TRUE(std::regex_search("agentbox: sandbox error [0123456789abcdef] stage=mount: x", rule));
+  EXPECT_FALSE(std::regex_search("agentbox: sandbox error [ffffffffffffffff] stage=mount: x", rule));
+}
+
+TEST(Confine, DenialSignaturesRecogniseTypicalMessages) {
+  auto c = Confine({"true"}, PresetFor(Mode::kWorkspaceWrite), FullHost(), Inv());
+  ASSERT_TRUE(c.ok());
+  auto matches = [&](const std::string& line) {
+    for (const auto& s : c->denial_signatures) {
+      if (std::regex_search(line, std::regex(s.pattern))) return true;
+    }
+    return false;
+  };
+  EXPECT_TRUE(matches("touch: cannot touch '/usr/x': Read-only file system"));
+  EXPECT_TRUE(matches("sh: 1: cannot create /etc/x: Read-only file system"));
+  EXPECT_TRUE(matches("cat: .env: Permission denied"));
+  EXPECT_TRUE(matches("cat: sub/dir/.env: Permission denied"));
+  EXPECT_TRUE(matches("cat: /home/u/.ssh/id_rsa: No such file or directory"));
+  EXPECT_TRUE(matches("mv: cannot move '.git' to '.git2': Device or resource busy"));
+  EXPECT_TRUE(matches("OSError: [Errno 30] Read-only file system: '/usr/lib/x'") ||
+              matches("open('/usr/x') [Errno 30] Read-only file system"));
+  // Ordinary failures are not denials.
+  EXPECT_FALSE(matches("cat: missing.txt: No such file or directory"));
+  EXPECT_FALSE(matches("make: *** [Makefile:3: all] Error 1"));
+  EXPECT_FALSE(matches("src/main.c:3: error: expected ';'"));
+}
+
+TEST(Glob, GitignoreSemantics) {
+  EXPECT_TRUE(GlobMatch("**/.env", ".env"));
+  EXPECT_TRUE(GlobMatch("**/.env", "a/b/.env"));
+  EXPECT_FALSE(GlobMatch("**/.env", "a/b/.envrc"));
+  EXPECT_TRUE(GlobMatch(".env", "deep/er/.env"));  // no slash: any depth
+  EXPECT_TRUE(GlobMatch("*.pem", "certs/server.pem"));
+  EXPECT_TRUE(GlobMatch("secrets/**", "secrets/a/b"));
+  EXPECT_FALSE(GlobMatch("secrets/*", "other/secrets/a"));
+  EXPECT_TRUE(GlobMatch("a/**/z", "a/z"));
+  EXPECT_TRUE(GlobMatch("a/**/z", "a/b/c/z"));
+  EXPECT_FALSE(GlobMatch("a/*/z", "a/b/c/z"));
+  EXPECT_TRUE(GlobMatch("/top.txt", "top.txt"));
+  EXPECT_FALSE(GlobMatch("/top.txt", "sub/top.txt"));
+  EXPECT_TRUE(GlobMatch("id_[rd]sa", "home/.ssh/id_rsa"));
+  EXPECT_TRUE(GlobMatch("*", ".hidden"));  // gitignore: * matches dot files
+}
+
+TEST(PlanJson, RoundTripsAndRejectsGarbage) {
+  auto c = Confine({"a", "b c"}, PresetFor(Mode::kWorkspaceWrite), FullHost(), Inv());
+  ASSERT_TRUE(c.ok());
+  auto back = PlanFromJson(PlanToJson(c->plan));
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(PlanToJson(*back), PlanToJson(c->plan));
+  EXPECT_FALSE(PlanFromJson("{").ok());
+  EXPECT_FALSE(PlanFromJson("{\"confined\": true}").ok());
+  EXPECT_FALSE(PlanFromJson("[]").ok());
+}
+
+}  // namespace
+}  // namespace agentbox
