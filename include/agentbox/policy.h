@@ -105,7 +105,8 @@ struct Policy {
 
   // Where it came from: a file name, or "<mode preset>".
   std::string source;
-  // sha256 of the source text (or of the effective policy for presets).
+  // sha256 of the file's text; empty for presets and overridden presets,
+  // whose digest PolicyDigest() derives from the effective policy.
   std::string sha256;
 };
 
@@ -135,6 +136,9 @@ struct PolicyOverrides {
 // Applies overrides. A mode given here re-bases on that mode's preset only
 // when no policy file was given; with a file, it changes the mode key alone.
 Result<Policy> ApplyOverrides(Policy policy, const PolicyOverrides& overrides, bool from_file);
+
+// The policy's digest for reports: the file's sha256, or that of ToYaml().
+std::string PolicyDigest(const Policy& policy);
 
 // Units shared by the file and the command line.
 Result<std::uint64_t> ParseSize(const std::string& text);       // "512Mi", "2Gi", "1.5G", "4096"

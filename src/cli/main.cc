@@ -21,7 +21,6 @@
 #include "agentbox/plan.h"
 #include "agentbox/policy.h"
 #include "agentbox/run.h"
-#include "policy/sha256.h"
 #include "report/report_json.h"
 
 namespace agentbox::cli {
@@ -142,8 +141,9 @@ Result<Policy> BuildPolicy(const PolicyFlags& f) {
                           o.memory_bytes || o.max_processes || o.cpus || !o.env.empty();
   auto p = ApplyOverrides(std::move(*base), o, from_file);
   if (!p.ok()) return p;
-  // The report's hash names what was in force: with flags on top, the effective policy.
-  if (overridden) p->sha256 = Sha256Hex(ToYaml(*p));
+  // The report's hash names what was in force: with flags on top, the
+  // effective policy (derived by PolicyDigest() when a report needs it).
+  if (overridden) p->sha256.clear();
   return p;
 }
 
@@ -201,6 +201,7 @@ int CmdRun(const PolicyFlags& f, const std::vector<std::string>& command, const 
     WriteReport(report, o);
     return kExitSandbox;
   }
+  if (!report.empty()) policy->sha256 = PolicyDigest(*policy);
   HostCaps host = ProbeHost(ProbeDepth::kQuick);
   auto inv = BuildInvocation(f);
   if (!inv.ok()) {
@@ -230,6 +231,7 @@ int CmdWrap(const PolicyFlags& f, const std::vector<std::string>& command) {
     Error(policy.status().message());
     return kExitSandbox;
   }
+  policy->sha256 = PolicyDigest(*policy);
   HostCaps host = ProbeHost(ProbeDepth::kQuick);
   auto inv = BuildInvocation(f);
   if (!inv.ok()) {

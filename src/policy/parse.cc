@@ -1,0 +1,664 @@
+// Policy file parsing (DESIGN §3): yaml-cpp builds the node tree, this file
+// checks it strictly against the schema and fills a Policy.
+//
+// Every error names "<source>:<line>:<column>: <key.path>: <what>", pointing
+// at the offending value (or key). yaml-cpp exceptions never escape.
+#include <fcntl.h>
+#include <unistd.h>
+#include <yaml-cpp/eventhandler.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include "agentbox/policy.h"
+#include "policy/checks.h"
+#include "policy/sha256.h"
+
+namespace agentbox {
+namespace {
+
+using policy_internal::CheckPath;
+using policy_internal::CredentialsInSandboxName;
+using policy_internal::DomainList;
+using policy_internal::DomainProblem;
+using policy_internal::EnvNameProblem;
+using policy_internal::IsValidUtf8;
+using policy_internal::PathRule;
+
+// A value in the document, with its key path ("resources.cpu.limit") and the
+// place an error about it should point at.
+struct Field {
+  YAML::Node node;
+  std::string path;
+  YAML::Mark mark;      // the value, or its key when the value is empty
+  YAML::Mark key_mark;  // the key (for map entries), else same as `mark`
+};
+
+template <typename E>
+const char* EnumName(E value) {
+  return ToString(value);
+}
+const char* EnumName(CredentialsInSandbox value) { return CredentialsInSandboxName(value); }
+
+// A number exactly as YAML wrote it ("0.5", "2", "1e3"), or nothing.
+std::optional<double> AsNumber(const std::string& text) {
+  double value = 0;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (ec != std::errc() || ptr != end || !std::isfinite(value)) return std::nullopt;
+  return value;
+}
+
+// `value * unit`, rounded, if it is a positive count that fits in 64 bits.
+enum class ScaleResult { kOk, kNotPositive, kTooLarge };
+ScaleResult ScalePositive(double value, double unit, std::uint64_t& out) {
+  if (!(value > 0)) return ScaleResult::kNotPositive;
+  double scaled = std::round(value * unit);
+  if (scaled >= 18446744073709551616.0) return ScaleResult::kTooLarge;  // 2^64
+  if (scaled < 1) return ScaleResult::kNotPositive;
+  out = static_cast<std::uint64_t>(scaled);
+  return ScaleResult::kOk;
+}
+
+// Records where each document's root starts and whether it is empty.
+// Used instead of YAML::LoadAll, which in yaml-cpp 0.7 never returns on a
+// stray token at document level such as "&a," (jbeder/yaml-cpp#1040, fixed
+// upstream after 0.7): like the upstream fix, counting stops at the first
+// empty document.
+class DocumentProbe : public YAML::EventHandler {
+ public:
+  bool empty() const { return empty_; }
+  const YAML::Mark& root_mark() const { return root_mark_; }
+
+  void OnDocumentStart(const YAML::Mark& mark) override {
+    empty_ = true;
+    seen_root_ = false;
+    root_mark_ = mark;
+  }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t) override { Root(mark, /*empty=*/true); }
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override { Root(mark, false); }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                const std::string&) override {
+    Root(mark, false);
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    Root(mark, false);
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    Root(mark, false);
+  }
+  void OnMapEnd() override {}
+
+ private:
+  void Root(const YAML::Mark& mark, bool empty) {
+    if (seen_root_) return;
+    seen_root_ = true;
+    empty_ = empty;
+    root_mark_ = mark;
+  }
+
+  bool empty_ = true;
+  bool seen_root_ = false;
+  YAML::Mark root_mark_;
+};
+
+class Parser {
+ public:
+  Parser(const std::string& text, const std::string& source) : text_(text), source_(source) {}
+
+  Result<Policy> Parse() const;
+
+ private:
+  using KeyFn = std::function<Status(const std::string& key, const Field& value)>;
+  using ItemFn = std::function<Status(const Field& item)>;
+
+  Status Fail(const YAML::Mark& mark, const std::string& path, const std::string& what) const;
+  Status Fail(const Field& field, const std::string& what) const {
+    return Fail(field.mark, field.path, what);
+  }
+
+  std::optional<std::string> NullTokenAt(const YAML::Mark& mark) const;
+  std::string Describe(const Field& field) const;
+
+  // Structure. `allowed` empty means any key (env.set).
+  Status ForEachKey(const Field& map, std::initializer_list<const char*> allowed,
+                    const KeyFn& fn) const;
+  Status ForEachItem(const Field& list, const ItemFn& fn) const;
+
+  // Leaves.
+  Status ReadString(const Field& f, std::string& out) const;
+  Status ReadBool(const Field& f, bool& out) const;
+  template <typename E>
+  Status ReadEnum(const Field& f, std::initializer_list<E> values, E& out) const;
+  Status ReadPositive(const Field& f, double& out) const;
+  Status ReadCount(const Field& f, std::uint64_t& out) const;
+  Status ReadBytes(const Field& f, std::uint64_t& out) const;
+  Status ReadDuration(const Field& f, std::uint64_t& out) const;
+  Status ReadPaths(const Field& f, PathRule rule, std::vector<std::string>& out) const;
+  Status ReadDomains(const Field& f, DomainList list, std::vector<std::string>& out) const;
+
+  // Sections. ParseSection dispatches a top-level key (already checked
+  // against the allowed set) to its parser.
+  Status ParseSection(const std::string& key, const Field& value, Policy& policy) const;
+  Status ParseVersion(const Field& f, int& out) const;
+  Status ParseSandbox(const Field& f, SandboxSpec& out) const;
+  Status ParseFilesystem(const Field& f, FilesystemSpec& out) const;
+  Status ParseNetwork(const Field& f, NetworkSpec& out) const;
+  Status ParseCredentials(const Field& f, CredentialsSpec& out) const;
+  Status ParseResources(const Field& f, ResourcesSpec& out) const;
+  Status ParseEnv(const Field& f, EnvSpec& out) const;
+  Status ParseOnViolation(const Field& f, OnViolationSpec& out) const;
+
+  const std::string& text_;
+  const std::string& source_;
+};
+
+Status Parser::Fail(const YAML::Mark& mark, const std::string& path,
+                    const std::string& what) const {
+  // yaml-cpp marks are 0-based and -1 when unknown; editors count from 1.
+  std::string where = source_ + ":" + std::to_string(std::max(mark.line, 0) + 1) + ":" +
+                      std::to_string(std::max(mark.column, 0) + 1) + ": ";
+  if (!path.empty()) where += path + ": ";
+  return Status::Error("policy", where + what);
+}
+
+// yaml-cpp turns a plain `~` or `null` into a null node and forgets the
+// text. Policy strings are taken as written ("~" is the home directory), so
+// the token is read back from the source at the node's mark.
+std::optional<std::string> Parser::NullTokenAt(const YAML::Mark& mark) const {
+  if (mark.pos < 0 || static_cast<std::size_t>(mark.pos) >= text_.size()) return std::nullopt;
+  std::size_t end = text_.find_first_of(" \t\r\n,]}#", static_cast<std::size_t>(mark.pos));
+  if (end == std::string::npos) end = text_.size();
+  std::string token = text_.substr(static_cast<std::size_t>(mark.pos), end - mark.pos);
+  if (token == "~" || token == "null" || token == "Null" || token == "NULL") return token;
+  return std::nullopt;
+}
+
+std::string Parser::Describe(const Field& f) const {
+  switch (f.node.Type()) {
+    case YAML::NodeType::Map: return "a map";
+    case YAML::NodeType::Sequence: return "a list";
+    case YAML::NodeType::Scalar: return "\"" + f.node.Scalar() + "\"";
+    case YAML::NodeType::Null:
+    case YAML::NodeType::Undefined: break;
+  }
+  if (auto token = NullTokenAt(f.mark)) return *token;
+  return "nothing";
+}
+
+Status Parser::ForEachKey(const Field& map, std::initializer_list<const char*> allowed,
+                          const KeyFn& fn) const {
+  if (!map.node.IsMap()) return Fail(map, "expected a map, got " + Describe(map));
+  // yaml-cpp keeps every entry of a map, duplicates included, but a lookup
+  // returns only the first: report the second instead of ignoring it.
+  std::vector<std::string> seen;
+  // yaml-cpp's `it->first` is a member of a temporary proxy; bind the
+  // dereferenced pair itself (range-for keeps it alive) and copy the nodes.
+  for (const auto& entry : map.node) {
+    const YAML::Node key = entry.first;
+    const YAML::Node value = entry.second;
+    Field key_field{key, map.path, key.Mark(), key.Mark()};
+    if (!key.IsScalar()) return Fail(key_field, "keys must be strings, got " + Describe(key_field));
+    const std::string& name = key.Scalar();
+    std::string path = map.path.empty() ? name : map.path + "." + name;
+    if (std::find(seen.begin(), seen.end(), name) != seen.end()) {
+      return Fail(key.Mark(), path, "duplicate key");
+    }
+    seen.push_back(name);
+    if (allowed.size() != 0 &&
+        std::none_of(allowed.begin(), allowed.end(), [&](const char* a) { return name == a; })) {
+      std::string expected;
+      for (const char* a : allowed) expected += (expected.empty() ? "" : ", ") + std::string(a);
+      return Fail(key.Mark(), path, "unknown key (expected one of: " + expected + ")");
+    }
+    // An empty value's mark points at whatever token follows it; the key is
+    // a better place to point at.
+    YAML::Mark mark = value.Mark();
+    if (value.IsNull() && !NullTokenAt(mark)) mark = key.Mark();
+    Status status = fn(name, Field{value, path, mark, key.Mark()});
+    if (!status.ok()) return status;
+  }
+  return Status();
+}
+
+Status Parser::ForEachItem(const Field& list, const ItemFn& fn) const {
+  if (!list.node.IsSequence()) return Fail(list, "expected a list, got " + Describe(list));
+  std::size_t index = 0;
+  for (const YAML::Node& item : list.node) {
+    std::string path = list.path + "[" + std::to_string(index++) + "]";
+    Status status = fn(Field{item, path, item.Mark(), item.Mark()});
+    if (!status.ok()) return status;
+  }
+  return Status();
+}
+
+Status Parser::ReadString(const Field& f, std::string& out) const {
+  if (f.node.IsScalar()) {
+    out = f.node.Scalar();
+  } else if (auto token = f.node.IsNull() ? NullTokenAt(f.mark) : std::nullopt) {
+    out = *token;
+  } else {
+    return Fail(f, "expected a string, got " + Describe(f));
+  }
+  if (!IsValidUtf8(out)) return Fail(f, "not valid UTF-8");
+  return Status();
+}
+
+Status Parser::ReadBool(const Field& f, bool& out) const {
+  // YAML 1.2 booleans only: "yes"/"on" are a classic source of surprises.
+  std::string_view text = f.node.IsScalar() ? std::string_view(f.node.Scalar()) : "";
+  if (text == "true" || text == "True" || text == "TRUE") {
+    out = true;
+  } else if (text == "false" || text == "False" || text == "FALSE") {
+    out = false;
+  } else {
+    return Fail(f, "expected true or false, got " + Describe(f));
+  }
+  return Status();
+}
+
+template <typename E>
+Status Parser::ReadEnum(const Field& f, std::initializer_list<E> values, E& out) const {
+  std::string expected;
+  for (E value : values) {
+    if (f.node.IsScalar() && f.node.Scalar() == EnumName(value)) {
+      out = value;
+      return Status();
+    }
+    expected += (expected.empty() ? "" : ", ") + std::string(EnumName(value));
+  }
+  if (!f.node.IsScalar()) return Fail(f, "expected one of " + expected + ", got " + Describe(f));
+  return Fail(f, "unknown value " + Describe(f) + " (expected one of: " + expected + ")");
+}
+
+Status Parser::ReadPositive(const Field& f, double& out) const {
+  std::optional<double> value = f.node.IsScalar() ? AsNumber(f.node.Scalar()) : std::nullopt;
+  if (!value) return Fail(f, "expected a number, got " + Describe(f));
+  if (!(*value > 0)) return Fail(f, "must be > 0");
+  out = *value;
+  return Status();
+}
+
+Status Parser::ReadCount(const Field& f, std::uint64_t& out) const {
+  const std::string text = f.node.IsScalar() ? f.node.Scalar() : "";
+  std::uint64_t value = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  bool digits_only = !text.empty() && std::all_of(text.begin(), text.end(),
+                                                  [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits_only || ec != std::errc() || ptr != text.data() + text.size()) {
+    return Fail(f, "expected a whole number ≥ 1, got " + Describe(f));
+  }
+  if (value == 0) return Fail(f, "must be ≥ 1");
+  out = value;
+  return Status();
+}
+
+// A bare number is in GiB (the key says so); a string carries its own unit.
+Status Parser::ReadBytes(const Field& f, std::uint64_t& out) const {
+  if (!f.node.IsScalar()) return Fail(f, "expected a number of GiB or a size, got " + Describe(f));
+  const std::string& text = f.node.Scalar();
+  if (std::optional<double> gib = AsNumber(text)) {
+    switch (ScalePositive(*gib, 1024.0 * 1024.0 * 1024.0, out)) {
+      case ScaleResult::kOk: return Status();
+      case ScaleResult::kNotPositive: return Fail(f, "must be > 0");
+      case ScaleResult::kTooLarge: return Fail(f, "too large");
+    }
+  }
+  Result<std::uint64_t> bytes = ParseSize(text);
+  if (!bytes.ok()) return Fail(f, bytes.status().message());
+  out = *bytes;
+  return Status();
+}
+
+// A bare number is in minutes (the key says so); a string carries its unit.
+Status Parser::ReadDuration(const Field& f, std::uint64_t& out) const {
+  if (!f.node.IsScalar()) {
+    return Fail(f, "expected a number of minutes or a duration, got " + Describe(f));
+  }
+  const std::string& text = f.node.Scalar();
+  if (std::optional<double> minutes = AsNumber(text)) {
+    switch (ScalePositive(*minutes, 60.0 * 1000.0, out)) {
+      case ScaleResult::kOk: return Status();
+      case ScaleResult::kNotPositive: return Fail(f, "must be > 0");
+      case ScaleResult::kTooLarge: return Fail(f, "too large");
+    }
+  }
+  Result<std::uint64_t> ms = ParseDurationMs(text);
+  if (!ms.ok()) return Fail(f, ms.status().message());
+  out = *ms;
+  return Status();
+}
+
+Status Parser::ReadPaths(const Field& f, PathRule rule, std::vector<std::string>& out) const {
+  std::vector<std::string> paths;
+  Status status = ForEachItem(f, [&](const Field& item) {
+    std::string path;
+    if (Status s = ReadString(item, path); !s.ok()) return s;
+    if (auto problem = CheckPath(path, rule)) return Fail(item, *problem);
+    paths.push_back(std::move(path));
+    return Status();
+  });
+  if (!status.ok()) return status;
+  out = std::move(paths);  // a list in the file replaces the preset's
+  return Status();
+}
+
+Status Parser::ReadDomains(const Field& f, DomainList list, std::vector<std::string>& out) const {
+  std::vector<std::string> domains;
+  Status status = ForEachItem(f, [&](const Field& item) {
+    std::string domain;
+    if (Status s = ReadString(item, domain); !s.ok()) return s;
+    if (auto problem = DomainProblem(domain, list)) return Fail(item, *problem);
+    domains.push_back(std::move(domain));
+    return Status();
+  });
+  if (!status.ok()) return status;
+  out = std::move(domains);
+  return Status();
+}
+
+Status Parser::ParseVersion(const Field& f, int& out) const {
+  std::uint64_t version = 0;
+  const std::string text = f.node.IsScalar() ? f.node.Scalar() : "";
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), version);
+  if (text.empty() || ec != std::errc() || ptr != text.data() + text.size()) {
+    return Fail(f, "expected an integer, got " + Describe(f));
+  }
+  if (version != 1) return Fail(f, "unsupported version " + text + " (expected 1)");
+  out = 1;
+  return Status();
+}
+
+Status Parser::ParseSandbox(const Field& f, SandboxSpec& out) const {
+  return ForEachKey(
+      f, {"isolation", "require", "image", "fresh_per_task", "snapshot_on_exit"},
+      [&](const std::string& key, const Field& v) -> Status {
+        // Every rung of the isolation ladder parses; whether this host can
+        // provide it is decided when the policy is enforced.
+        if (key == "isolation") {
+          return ReadEnum(v,
+                          {Isolation::kHost, Isolation::kOs, Isolation::kContainer,
+                           Isolation::kMicrovm, Isolation::kRemote},
+                          out.isolation);
+        }
+        if (key == "require")
+          return ReadEnum(v, {Requirement::kFull, Requirement::kPartial}, out.require);
+        if (key == "image") {
+          if (Status s = ReadString(v, out.image); !s.ok()) return s;
+          if (out.image.empty()) return Fail(v, "must not be empty");
+          return Status();
+        }
+        if (key == "fresh_per_task") return ReadBool(v, out.fresh_per_task);
+        return ReadBool(v, out.snapshot_on_exit);
+      });
+}
+
+Status Parser::ParseFilesystem(const Field& f, FilesystemSpec& out) const {
+  return ForEachKey(
+      f, {"workspace", "read_only", "deny", "protect"},
+      [&](const std::string& key, const Field& v) -> Status {
+        if (key == "workspace") {
+          return ForEachKey(v, {"path", "mode"}, [&](const std::string& wkey, const Field& w) {
+            if (wkey == "mode") {
+              return ReadEnum(w, {Access::kReadWrite, Access::kReadOnly}, out.workspace.access);
+            }
+            std::string path;
+            if (Status s = ReadString(w, path); !s.ok()) return s;
+            if (auto problem = CheckPath(path, PathRule::kWorkspace)) return Fail(w, *problem);
+            out.workspace.path = std::move(path);
+            return Status();
+          });
+        }
+        if (key == "read_only") return ReadPaths(v, PathRule::kReadOnly, out.read_only);
+        if (key == "deny") return ReadPaths(v, PathRule::kDeny, out.deny);
+        return ReadPaths(v, PathRule::kProtect, out.protect);
+      });
+}
+
+Status Parser::ParseNetwork(const Field& f, NetworkSpec& out) const {
+  return ForEachKey(
+      f, {"default", "egress_proxy", "allow", "deny", "on_unknown_domain"},
+      [&](const std::string& key, const Field& v) -> Status {
+        if (key == "default") {
+          return ReadEnum(v, {NetDefault::kDeny, NetDefault::kAllow}, out.default_action);
+        }
+        if (key == "egress_proxy") return ReadBool(v, out.egress_proxy);
+        if (key == "allow") return ReadDomains(v, DomainList::kAllow, out.allow);
+        if (key == "deny") return ReadDomains(v, DomainList::kDeny, out.deny);
+        return ReadEnum(v, {UnknownDomain::kDeny, UnknownDomain::kAsk}, out.on_unknown_domain);
+      });
+}
+
+Status Parser::ParseCredentials(const Field& f, CredentialsSpec& out) const {
+  return ForEachKey(
+      f, {"in_sandbox", "git", "tools"}, [&](const std::string& key, const Field& v) -> Status {
+        if (key == "in_sandbox") {
+          return ReadEnum(v, {CredentialsInSandbox::kNone}, out.in_sandbox);
+        }
+        if (key == "git") {
+          return ReadEnum(v, {GitCredentials::kNone, GitCredentials::kProxy}, out.git);
+        }
+        return ReadEnum(v, {ToolCredentials::kNone, ToolCredentials::kVaultProxy}, out.tools);
+      });
+}
+
+Status Parser::ParseResources(const Field& f, ResourcesSpec& out) const {
+  // guaranteed ≤ limit is checked when the file gives both; the error points
+  // at the limit and quotes the guarantee as written.
+  auto order_error = [&](const Field& guaranteed, const Field& limit) {
+    return Fail(limit, "must be ≥ guaranteed (" + guaranteed.node.Scalar() + ")");
+  };
+
+  return ForEachKey(
+      f, {"cpu", "memory_gib", "disk_gib", "wall_clock_min", "max_processes"},
+      [&](const std::string& key, const Field& v) -> Status {
+        if (key == "cpu") {
+          std::optional<Field> guaranteed, limit;
+          Status s =
+              ForEachKey(v, {"guaranteed", "limit"}, [&](const std::string& k, const Field& c) {
+                double cores = 0;
+                if (Status r = ReadPositive(c, cores); !r.ok()) return r;
+                (k == "guaranteed" ? guaranteed : limit) = c;
+                (k == "guaranteed" ? out.cpu.guaranteed : out.cpu.limit) = cores;
+                return Status();
+              });
+          if (!s.ok()) return s;
+          if (guaranteed && limit && *out.cpu.guaranteed > *out.cpu.limit) {
+            return order_error(*guaranteed, *limit);
+          }
+          return Status();
+        }
+        if (key == "memory_gib") {
+          std::optional<Field> guaranteed, limit;
+          Status s =
+              ForEachKey(v, {"guaranteed", "limit"}, [&](const std::string& k, const Field& m) {
+                std::uint64_t bytes = 0;
+                if (Status r = ReadBytes(m, bytes); !r.ok()) return r;
+                (k == "guaranteed" ? guaranteed : limit) = m;
+                (k == "guaranteed" ? out.memory_guaranteed_bytes : out.memory_limit_bytes) = bytes;
+                return Status();
+              });
+          if (!s.ok()) return s;
+          if (guaranteed && limit && *out.memory_guaranteed_bytes > *out.memory_limit_bytes) {
+            return order_error(*guaranteed, *limit);
+          }
+          return Status();
+        }
+        std::uint64_t value = 0;
+        Status s;
+        if (key == "disk_gib") {
+          s = ReadBytes(v, value);
+          if (s.ok()) out.disk_bytes = value;
+        } else if (key == "wall_clock_min") {
+          s = ReadDuration(v, value);
+          if (s.ok()) out.wall_clock_ms = value;
+        } else {
+          s = ReadCount(v, value);
+          if (s.ok()) out.max_processes = value;
+        }
+        return s;
+      });
+}
+
+Status Parser::ParseEnv(const Field& f, EnvSpec& out) const {
+  return ForEachKey(f, {"pass", "set"}, [&](const std::string& key, const Field& v) -> Status {
+    if (key == "pass") {
+      std::vector<std::string> pass;
+      Status s = ForEachItem(v, [&](const Field& item) {
+        std::string name;
+        if (Status r = ReadString(item, name); !r.ok()) return r;
+        if (auto problem = EnvNameProblem(name)) return Fail(item, *problem);
+        pass.push_back(std::move(name));
+        return Status();
+      });
+      if (!s.ok()) return s;
+      out.pass = std::move(pass);
+      return Status();
+    }
+    std::vector<std::pair<std::string, std::string>> set;
+    Status s = ForEachKey(v, {}, [&](const std::string& name, const Field& value) {
+      if (auto problem = EnvNameProblem(name)) return Fail(value.key_mark, v.path, *problem);
+      // Scalars are taken as written: `CI: 1` sets "1", `DEBUG: true` "true".
+      std::string text;
+      if (Status r = ReadString(value, text); !r.ok()) return r;
+      set.emplace_back(name, std::move(text));
+      return Status();
+    });
+    if (!s.ok()) return s;
+    out.set = std::move(set);
+    return Status();
+  });
+}
+
+Status Parser::ParseOnViolation(const Field& f, OnViolationSpec& out) const {
+  return ForEachKey(
+      f, {"report_as", "escalation"}, [&](const std::string& key, const Field& v) -> Status {
+        if (key == "report_as") {
+          return ReadEnum(v, {ReportAs::kSandboxDenial, ReportAs::kTaskFailure}, out.report_as);
+        }
+        return ReadEnum(v, {Escalation::kDeny, Escalation::kOneTimeApproval}, out.escalation);
+      });
+}
+
+Status Parser::ParseSection(const std::string& key, const Field& v, Policy& policy) const {
+  if (key == "version") return ParseVersion(v, policy.version);
+  if (key == "mode") return Status();  // read first, in Parse()
+  if (key == "sandbox") return ParseSandbox(v, policy.sandbox);
+  if (key == "filesystem") return ParseFilesystem(v, policy.filesystem);
+  if (key == "network") return ParseNetwork(v, policy.network);
+  if (key == "credentials") return ParseCredentials(v, policy.credentials);
+  if (key == "resources") return ParseResources(v, policy.resources);
+  if (key == "env") return ParseEnv(v, policy.env);
+  return ParseOnViolation(v, policy.on_violation);
+}
+
+Result<Policy> Parser::Parse() const {
+  YAML::Node document;
+  try {
+    document = YAML::Load(text_);
+  } catch (const YAML::Exception& e) {
+    return Fail(e.mark, "", "YAML syntax error: " + e.msg);
+  }
+  if (document.IsNull()) {
+    return Fail(YAML::Mark(), "", "empty document (expected a map, at least \"version: 1\")");
+  }
+  Field root{document, "", document.Mark(), document.Mark()};
+  if (!root.node.IsMap()) {
+    return Fail(root, "expected a map at the top level, got " + Describe(root));
+  }
+
+  // A second policy after "---" would be silently ignored; a trailing empty
+  // document is harmless.
+  try {
+    std::istringstream stream(text_);
+    YAML::Parser parser(stream);
+    DocumentProbe probe;
+    for (int index = 0; parser.HandleNextDocument(probe); ++index) {
+      if (index == 0) continue;
+      if (probe.empty()) break;
+      return Fail(probe.root_mark(), "", "more than one YAML document");
+    }
+  } catch (const YAML::Exception& e) {
+    return Fail(e.mark, "", "YAML syntax error: " + e.msg);
+  }
+
+  // The mode picks the preset every other key overrides, so it is read
+  // before anything else, wherever it appears in the file.
+  Mode mode = Mode::kWorkspaceWrite;
+  for (const auto& entry : root.node) {
+    const YAML::Node key = entry.first;
+    const YAML::Node value = entry.second;
+    if (key.IsScalar() && key.Scalar() == "mode") {
+      Field f{value, "mode", value.IsNull() ? key.Mark() : value.Mark(), key.Mark()};
+      Status s =
+          ReadEnum(f, {Mode::kReadOnly, Mode::kWorkspaceWrite, Mode::kDangerFullAccess}, mode);
+      if (!s.ok()) return s;
+      break;
+    }
+  }
+
+  Policy policy = PresetFor(mode);
+  Status status = ForEachKey(
+      root,
+      {"version", "mode", "sandbox", "filesystem", "network", "credentials", "resources", "env",
+       "on_violation"},
+      [&](const std::string& key, const Field& value) { return ParseSection(key, value, policy); });
+  if (!status.ok()) return status;
+
+  policy.source = source_;
+  policy.sha256 = Sha256Hex(text_);
+  return policy;
+}
+
+}  // namespace
+
+Result<Policy> ParsePolicy(const std::string& text, const std::string& source_name) {
+  // The checks above go through yaml-cpp accessors that may throw on
+  // malformed trees; nothing may escape this seam.
+  try {
+    return Parser(text, source_name).Parse();
+  } catch (const YAML::Exception& e) {
+    return Status::Error("policy",
+                         source_name + ":" + std::to_string(std::max(e.mark.line, 0) + 1) + ":" +
+                             std::to_string(std::max(e.mark.column, 0) + 1) + ": " + e.msg);
+  } catch (const std::exception& e) {
+    return Status::Error("policy", source_name + ": " + e.what());
+  }
+}
+
+Result<Policy> LoadPolicyFile(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::Errno("policy", "open", path);
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+
+  std::string text;
+  char buf[8192];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Status::Errno("policy", "read", path);
+    if (n == 0) break;
+    text.append(buf, static_cast<std::size_t>(n));
+  }
+  return ParsePolicy(text, path);
+}
+
+}  // namespace agentbox

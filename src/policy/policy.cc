@@ -1,0 +1,335 @@
+// Mode presets, command-line overrides and the YAML form of the effective
+// policy. Parsing the file lives in parse.cc, units in units.cc.
+#include "agentbox/policy.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "policy/checks.h"
+#include "policy/sha256.h"
+
+namespace agentbox {
+
+using policy_internal::CredentialsInSandboxName;
+using policy_internal::DomainList;
+using policy_internal::DomainProblem;
+using policy_internal::EnvNameProblem;
+using policy_internal::FormatDurationMs;
+using policy_internal::FormatNumber;
+using policy_internal::FormatSize;
+
+const char* ToString(Mode v) {
+  switch (v) {
+    case Mode::kReadOnly: return "read-only";
+    case Mode::kWorkspaceWrite: return "workspace-write";
+    case Mode::kDangerFullAccess: return "danger-full-access";
+  }
+  return "?";
+}
+
+const char* ToString(Isolation v) {
+  switch (v) {
+    case Isolation::kHost: return "host";
+    case Isolation::kOs: return "os";
+    case Isolation::kContainer: return "container";
+    case Isolation::kMicrovm: return "microvm";
+    case Isolation::kRemote: return "remote";
+  }
+  return "?";
+}
+
+const char* ToString(Requirement v) {
+  switch (v) {
+    case Requirement::kFull: return "full";
+    case Requirement::kPartial: return "partial";
+  }
+  return "?";
+}
+
+const char* ToString(Access v) {
+  switch (v) {
+    case Access::kReadOnly: return "read-only";
+    case Access::kReadWrite: return "read-write";
+  }
+  return "?";
+}
+
+const char* ToString(NetDefault v) {
+  switch (v) {
+    case NetDefault::kDeny: return "deny";
+    case NetDefault::kAllow: return "allow";
+  }
+  return "?";
+}
+
+const char* ToString(UnknownDomain v) {
+  switch (v) {
+    case UnknownDomain::kDeny: return "deny";
+    case UnknownDomain::kAsk: return "ask";
+  }
+  return "?";
+}
+
+const char* ToString(GitCredentials v) {
+  switch (v) {
+    case GitCredentials::kNone: return "none";
+    case GitCredentials::kProxy: return "proxy";
+  }
+  return "?";
+}
+
+const char* ToString(ToolCredentials v) {
+  switch (v) {
+    case ToolCredentials::kNone: return "none";
+    case ToolCredentials::kVaultProxy: return "vault_proxy";
+  }
+  return "?";
+}
+
+const char* ToString(ReportAs v) {
+  switch (v) {
+    case ReportAs::kSandboxDenial: return "sandbox_denial";
+    case ReportAs::kTaskFailure: return "task_failure";
+  }
+  return "?";
+}
+
+const char* ToString(Escalation v) {
+  switch (v) {
+    case Escalation::kDeny: return "deny";
+    case Escalation::kOneTimeApproval: return "one_time_approval";
+  }
+  return "?";
+}
+
+std::optional<Mode> ParseMode(const std::string& name) {
+  for (Mode mode : {Mode::kReadOnly, Mode::kWorkspaceWrite, Mode::kDangerFullAccess}) {
+    if (name == ToString(mode)) return mode;
+  }
+  return std::nullopt;
+}
+
+Policy PresetFor(Mode mode) {
+  Policy p;
+  p.mode = mode;
+  if (mode == Mode::kDangerFullAccess) {
+    // Confines nothing: the runtime also passes the whole environment.
+    p.sandbox.isolation = Isolation::kHost;
+    p.network.default_action = NetDefault::kAllow;
+  } else {
+    p.filesystem.workspace.access =
+        mode == Mode::kReadOnly ? Access::kReadOnly : Access::kReadWrite;
+    p.filesystem.read_only = {"/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc"};
+    // Where credentials usually live, plus the secrets files a project keeps.
+    p.filesystem.deny = {"~/.ssh",   "~/.aws",   "~/.config/gcloud",   "~/.azure",
+                         "~/.gnupg", "~/.netrc", "~/.git-credentials", "~/.docker/config.json",
+                         "~/.kube",  "**/.env",  "/etc/shadow",        "/etc/gshadow"};
+    // Writing these would run code outside the sandbox later (hooks) or
+    // redirect where git talks to (config).
+    p.filesystem.protect = {".git/hooks", ".git/config"};
+    p.network.default_action = NetDefault::kDeny;
+    p.env.pass = {"PATH", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ"};
+  }
+  p.source = std::string("<preset ") + ToString(mode) + ">";
+  // sha256 stays empty: PolicyDigest() derives it when a report needs it
+  // (emitting YAML costs more than starting a sandbox).
+  return p;
+}
+
+std::string PolicyDigest(const Policy& policy) {
+  return policy.sha256.empty() ? Sha256Hex(ToYaml(policy)) : policy.sha256;
+}
+
+Result<Policy> ApplyOverrides(Policy policy, const PolicyOverrides& o, bool from_file) {
+  auto flag_error = [](const std::string& flag, const std::string& what) {
+    return Status::Error("policy", flag + ": " + what);
+  };
+
+  if (o.mode) {
+    if (!from_file) {
+      policy = PresetFor(*o.mode);
+    } else {
+      // The file's own settings stand; only what the mode itself implies
+      // changes, and only in the narrowing direction for the workspace.
+      policy.mode = *o.mode;
+      if (*o.mode == Mode::kReadOnly) policy.filesystem.workspace.access = Access::kReadOnly;
+      if (*o.mode == Mode::kDangerFullAccess) policy.sandbox.isolation = Isolation::kHost;
+    }
+  }
+  if (o.require) policy.sandbox.require = *o.require;
+
+  for (const std::string& domain : o.allow_domains) {
+    if (auto problem = DomainProblem(domain, DomainList::kAllow)) {
+      return flag_error("--allow-domain", *problem);
+    }
+    auto& allow = policy.network.allow;
+    if (std::find(allow.begin(), allow.end(), domain) == allow.end()) allow.push_back(domain);
+  }
+
+  ResourcesSpec& r = policy.resources;
+  if (o.timeout_ms) {
+    if (*o.timeout_ms == 0) return flag_error("--timeout", "must be > 0");
+    r.wall_clock_ms = *o.timeout_ms;
+  }
+  if (o.memory_bytes) {
+    if (*o.memory_bytes == 0) return flag_error("--memory", "must be > 0");
+    if (r.memory_guaranteed_bytes && *r.memory_guaranteed_bytes > *o.memory_bytes) {
+      return flag_error("--memory", "must be ≥ the policy's guaranteed memory (" +
+                                        FormatSize(*r.memory_guaranteed_bytes) + ")");
+    }
+    r.memory_limit_bytes = *o.memory_bytes;
+  }
+  if (o.max_processes) {
+    if (*o.max_processes == 0) return flag_error("--max-processes", "must be ≥ 1");
+    r.max_processes = *o.max_processes;
+  }
+  if (o.cpus) {
+    if (!std::isfinite(*o.cpus) || *o.cpus <= 0) return flag_error("--cpus", "must be > 0");
+    if (r.cpu.guaranteed && *r.cpu.guaranteed > *o.cpus) {
+      return flag_error("--cpus", "must be ≥ the policy's guaranteed cpu (" +
+                                      FormatNumber(*r.cpu.guaranteed) + ")");
+    }
+    r.cpu.limit = *o.cpus;
+  }
+
+  for (const std::string& entry : o.env) {
+    std::size_t eq = entry.find('=');
+    std::string name = entry.substr(0, eq);
+    if (auto problem = EnvNameProblem(name)) return flag_error("--env", *problem);
+    if (eq == std::string::npos) {
+      auto& pass = policy.env.pass;
+      if (std::find(pass.begin(), pass.end(), name) == pass.end()) pass.push_back(name);
+      continue;
+    }
+    std::string value = entry.substr(eq + 1);
+    auto& set = policy.env.set;
+    auto it =
+        std::find_if(set.begin(), set.end(), [&](const auto& kv) { return kv.first == name; });
+    if (it != set.end()) {
+      it->second = std::move(value);
+    } else {
+      set.emplace_back(std::move(name), std::move(value));
+    }
+  }
+
+  // A file's digest names the text the user wrote; without a file, the
+  // digest has to describe the effective policy, overrides included, and
+  // PolicyDigest() derives it on demand.
+  if (!from_file) policy.sha256.clear();
+  return policy;
+}
+
+namespace {
+
+void EmitList(YAML::Emitter& out, const char* key, const std::vector<std::string>& items) {
+  out << YAML::Key << key << YAML::Value;
+  if (items.empty()) {
+    out << YAML::Flow;
+  }
+  out << YAML::BeginSeq;
+  for (const std::string& item : items) out << item;
+  out << YAML::EndSeq;
+}
+
+}  // namespace
+
+std::string ToYaml(const Policy& p) {
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  out << YAML::Key << "version" << YAML::Value << p.version;
+  out << YAML::Key << "mode" << YAML::Value << ToString(p.mode);
+
+  out << YAML::Key << "sandbox" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "isolation" << YAML::Value << ToString(p.sandbox.isolation);
+  out << YAML::Key << "require" << YAML::Value << ToString(p.sandbox.require);
+  out << YAML::Key << "image" << YAML::Value << p.sandbox.image;
+  out << YAML::Key << "fresh_per_task" << YAML::Value << p.sandbox.fresh_per_task;
+  out << YAML::Key << "snapshot_on_exit" << YAML::Value << p.sandbox.snapshot_on_exit;
+  out << YAML::EndMap;
+
+  const FilesystemSpec& fs = p.filesystem;
+  out << YAML::Key << "filesystem" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "workspace" << YAML::Value << YAML::BeginMap;
+  // An empty path means "same as on the host", which the file expresses by
+  // leaving the key out ("" is rejected as an empty path).
+  if (!fs.workspace.path.empty()) out << YAML::Key << "path" << YAML::Value << fs.workspace.path;
+  out << YAML::Key << "mode" << YAML::Value << ToString(fs.workspace.access);
+  out << YAML::EndMap;
+  EmitList(out, "read_only", fs.read_only);
+  EmitList(out, "deny", fs.deny);
+  EmitList(out, "protect", fs.protect);
+  out << YAML::EndMap;
+
+  const NetworkSpec& net = p.network;
+  out << YAML::Key << "network" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "default" << YAML::Value << ToString(net.default_action);
+  out << YAML::Key << "egress_proxy" << YAML::Value << net.egress_proxy;
+  EmitList(out, "allow", net.allow);
+  EmitList(out, "deny", net.deny);
+  out << YAML::Key << "on_unknown_domain" << YAML::Value << ToString(net.on_unknown_domain);
+  out << YAML::EndMap;
+
+  out << YAML::Key << "credentials" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "in_sandbox" << YAML::Value
+      << CredentialsInSandboxName(p.credentials.in_sandbox);
+  out << YAML::Key << "git" << YAML::Value << ToString(p.credentials.git);
+  out << YAML::Key << "tools" << YAML::Value << ToString(p.credentials.tools);
+  out << YAML::EndMap;
+
+  // Sizes and durations are written with units so that they read back
+  // exactly; a bare number would mean GiB or minutes.
+  const ResourcesSpec& r = p.resources;
+  out << YAML::Key << "resources" << YAML::Value;
+  bool any_resource = r.cpu.requested() || r.memory_guaranteed_bytes || r.memory_limit_bytes ||
+                      r.disk_bytes || r.wall_clock_ms || r.max_processes;
+  if (!any_resource) out << YAML::Flow;
+  out << YAML::BeginMap;
+  if (r.cpu.requested()) {
+    out << YAML::Key << "cpu" << YAML::Value << YAML::BeginMap;
+    if (r.cpu.guaranteed) {
+      out << YAML::Key << "guaranteed" << YAML::Value << FormatNumber(*r.cpu.guaranteed);
+    }
+    if (r.cpu.limit) out << YAML::Key << "limit" << YAML::Value << FormatNumber(*r.cpu.limit);
+    out << YAML::EndMap;
+  }
+  if (r.memory_guaranteed_bytes || r.memory_limit_bytes) {
+    out << YAML::Key << "memory_gib" << YAML::Value << YAML::BeginMap;
+    if (r.memory_guaranteed_bytes) {
+      out << YAML::Key << "guaranteed" << YAML::Value << FormatSize(*r.memory_guaranteed_bytes);
+    }
+    if (r.memory_limit_bytes) {
+      out << YAML::Key << "limit" << YAML::Value << FormatSize(*r.memory_limit_bytes);
+    }
+    out << YAML::EndMap;
+  }
+  if (r.disk_bytes) out << YAML::Key << "disk_gib" << YAML::Value << FormatSize(*r.disk_bytes);
+  if (r.wall_clock_ms) {
+    out << YAML::Key << "wall_clock_min" << YAML::Value << FormatDurationMs(*r.wall_clock_ms);
+  }
+  if (r.max_processes) out << YAML::Key << "max_processes" << YAML::Value << *r.max_processes;
+  out << YAML::EndMap;
+
+  out << YAML::Key << "env" << YAML::Value << YAML::BeginMap;
+  EmitList(out, "pass", p.env.pass);
+  out << YAML::Key << "set" << YAML::Value;
+  if (p.env.set.empty()) out << YAML::Flow;
+  out << YAML::BeginMap;
+  // Quoted so that `CI: "1"` reads as the string it is.
+  for (const auto& [name, value] : p.env.set) {
+    out << YAML::Key << name << YAML::Value << YAML::DoubleQuoted << value;
+  }
+  out << YAML::EndMap;
+  out << YAML::EndMap;
+
+  out << YAML::Key << "on_violation" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "report_as" << YAML::Value << ToString(p.on_violation.report_as);
+  out << YAML::Key << "escalation" << YAML::Value << ToString(p.on_violation.escalation);
+  out << YAML::EndMap;
+
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+}  // namespace agentbox
