@@ -15,6 +15,7 @@ struct CgroupCaps {
   bool v2_mounted = false;
   std::string v2_own_path;               // our cgroup directory in the v2 hierarchy, if any
   std::vector<std::string> v1_controllers; // mounted v1 controllers (memory, pids, cpu, ...)
+  std::vector<std::string> v1_writable;    // those whose cgroup of ours we may create children in
   bool can_create_children = false;      // a writable cgroup directory for this process exists
   std::string reason;                    // why not, when it cannot
 };

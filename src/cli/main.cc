@@ -311,7 +311,7 @@ int CmdCheck(const std::string& policy_file, bool as_json) {
       {"overlayfs", h.overlayfs},
       {"pidfd", h.pidfd},
       {"cgroups", {{"v2_mounted", h.cgroups.v2_mounted}, {"v2_own_path", h.cgroups.v2_own_path},
-                   {"v1_controllers", h.cgroups.v1_controllers}, {"can_create_children", h.cgroups.can_create_children},
+                   {"v1_controllers", h.cgroups.v1_controllers}, {"v1_writable", h.cgroups.v1_writable}, {"can_create_children", h.cgroups.can_create_children},
                    {"reason", h.cgroups.reason}}},
   };
   if (as_json) {
@@ -330,7 +330,10 @@ int CmdCheck(const std::string& policy_file, bool as_json) {
   std::printf("  overlayfs         %s\n", Yes(h.overlayfs));
   std::string v1;
   for (const auto& c : h.cgroups.v1_controllers) v1 += (v1.empty() ? "" : ",") + c;
-  std::printf("  cgroups           v2=%s v1=[%s] writable=%s%s%s\n", Yes(h.cgroups.v2_mounted), v1.c_str(),
+  std::string v1w;
+  for (const auto& c : h.cgroups.v1_writable) v1w += (v1w.empty() ? "" : ",") + c;
+  std::printf("  cgroups           v2=%s (own: %s) v1=[%s] v1 writable=[%s] can create children=%s%s%s\n",
+              Yes(h.cgroups.v2_mounted), h.cgroups.v2_own_path.c_str(), v1.c_str(), v1w.c_str(),
               Yes(h.cgroups.can_create_children), h.cgroups.reason.empty() ? "" : ": ", h.cgroups.reason.c_str());
   std::printf("\npolicy %s → enforcement %s (backend %s)\n", policy->source.c_str(), ToString(r.level), r.backend.c_str());
   for (const auto& facet : r.facets) {

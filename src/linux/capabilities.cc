@@ -2,7 +2,9 @@
 
 #include <linux/capability.h>
 #include <linux/securebits.h>
+#include <fcntl.h>
 #include <sys/prctl.h>
+#include <cstdlib>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -10,6 +12,20 @@
 #include <string>
 
 namespace agentbox::linux {
+namespace {
+
+// The highest capability this kernel knows; 63 when it does not say.
+int LastCap() {
+  int fd = open("/proc/sys/kernel/cap_last_cap", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 63;
+  char buf[16] = {};
+  ssize_t n = read(fd, buf, sizeof(buf) - 1);
+  close(fd);
+  int last = n > 0 ? atoi(buf) : 63;
+  return last > 0 && last < 64 ? last : 63;
+}
+
+}  // namespace
 
 Status DropAllCapabilities() {
   // Securebits first: it needs CAP_SETPCAP, which goes with the bounding set.
@@ -18,7 +34,7 @@ Status DropAllCapabilities() {
   if (prctl(PR_SET_SECUREBITS, bits, 0, 0, 0) != 0) {
     return Status::Errno("capabilities", "prctl(PR_SET_SECUREBITS)");
   }
-  for (int cap = 0; cap <= 63; ++cap) {
+  for (int cap = 0; cap <= LastCap(); ++cap) {
     if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL) {  // EINVAL: no such cap
       return Status::Errno("capabilities", "prctl(PR_CAPBSET_DROP)", std::to_string(cap));
     }

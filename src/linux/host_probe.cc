@@ -10,6 +10,8 @@
 
 #include <cerrno>
 #include <fstream>
+#include <map>
+#include <vector>
 #include <sstream>
 #include <string>
 
@@ -92,6 +94,7 @@ void ProbeCgroups(HostCaps* caps) {
   std::istringstream lines(mounts);
   std::string line;
   std::string v2_mountpoint;
+  std::map<std::string, std::string> v1_mounts;  // controller -> mountpoint
   while (std::getline(lines, line)) {
     // "... mountpoint ... - fstype source superopts"
     auto dash = line.find(" - ");
@@ -108,19 +111,39 @@ void ProbeCgroups(HostCaps* caps) {
     } else if (fstype == "cgroup") {
       for (const char* c : {"memory", "pids", "cpu", "cpuacct", "cpuset", "blkio", "freezer"}) {
         std::string opt = std::string(",") + opts + ",";
-        if (opt.find(std::string(",") + c + ",") != std::string::npos) cg.v1_controllers.push_back(c);
+        if (opt.find(std::string(",") + c + ",") != std::string::npos) {
+          cg.v1_controllers.push_back(c);
+          v1_mounts[c] = mountpoint;
+        }
       }
     }
   }
   std::string self;
   ReadSmallFile("/proc/self/cgroup", &self);
   std::istringstream cl(self);
+  // "N:controllers:/path" per hierarchy; "0::/path" for v2.
+  std::vector<std::string> writable_v1;
   while (std::getline(cl, line)) {
-    if (line.rfind("0::", 0) == 0 && !v2_mountpoint.empty()) {
-      cg.v2_own_path = v2_mountpoint + line.substr(3);
+    auto c1 = line.find(':');
+    auto c2 = line.find(':', c1 + 1);
+    if (c1 == std::string::npos || c2 == std::string::npos) continue;
+    std::string controllers = line.substr(c1 + 1, c2 - c1 - 1);
+    std::string rel = line.substr(c2 + 1);
+    if (controllers.empty() && !v2_mountpoint.empty()) {
+      cg.v2_own_path = v2_mountpoint + rel;
+      continue;
+    }
+    std::istringstream names(controllers);
+    std::string name;
+    while (std::getline(names, name, ',')) {
+      auto it = v1_mounts.find(name);
+      if (it != v1_mounts.end() && access((it->second + rel).c_str(), W_OK) == 0) writable_v1.push_back(name);
     }
   }
+  cg.v1_writable = writable_v1;
   if (!cg.v2_own_path.empty() && access(cg.v2_own_path.c_str(), W_OK) == 0) {
+    cg.can_create_children = true;
+  } else if (!writable_v1.empty()) {
     cg.can_create_children = true;
   } else if (!cg.v2_mounted && cg.v1_controllers.empty()) {
     cg.reason = "no cgroup filesystem mounted";

@@ -136,7 +136,17 @@ Result<ProtectResolution> ResolveProtect(const Plan& plan, const MountOp& op, Re
       return r;
     }
     if (!S_ISDIR(st.st_mode)) {
-      return Status::Error("protect", op.why + ": '" + host + "' is not a directory");
+      // A file where a directory is expected decides what the rest would
+      // mean: `.git` as a file (a worktree or submodule) names the git dir,
+      // hooks included. Protecting it keeps it from being pointed elsewhere.
+      ProtectResolution r;
+      r.op = op;
+      r.op.source = host;
+      r.op.target = paths::Rebase(host, ws, plan.workspace_target);
+      r.op.why = op.why + " (via the file " + host + ")";
+      r.is_dir = false;
+      r.drop_below = host;
+      return r;
     }
     UniqueFd next(openat(dir.get(), parts[i].c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     if (!next.valid()) return Status::Errno("protect", "openat", host);

@@ -143,10 +143,9 @@ void ExecSearchingPath(const std::vector<std::string>& argv, const std::vector<s
     WriteMessage(status_fd, {RunnerMessage::Type::kSetupError, s});
     _exit(125);
   };
-  if (plan.confined) {
-    if (setsid() < 0) fail(Status::Errno("session", "setsid"));
-    if (Status s = DropAllCapabilities(); !s.ok()) fail(s);
-  }
+  // No capability to drop here: the runner dropped them all before the
+  // fork, bounding set and securebits included, and they are inherited.
+  if (plan.confined && setsid() < 0) fail(Status::Errno("session", "setsid"));
   for (int sig : kForwarded) signal(sig, SIG_DFL);
   signal(SIGCHLD, SIG_DFL);
   signal(SIGPIPE, SIG_DFL);
@@ -170,6 +169,9 @@ void RunnerMain(const Plan& plan, const ResolvedPlan& resolved, const std::vecto
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
   if (Status s = TieToSupervisor(lifeline_fd); !s.ok()) Fail(status_fd, s);
+  // Out of the supervisor's process group: a terminal's ^C reaches the
+  // supervisor alone, which forwards it once.
+  setpgid(0, 0);
   if (Status s = CloseInheritedFds(&status_fd, &lifeline_fd); !s.ok()) Fail(status_fd, s);
   if (plan.confined) {
     if (Status s = WriteIdMaps(plan.uid, plan.gid); !s.ok()) Fail(status_fd, s);
@@ -192,17 +194,15 @@ void RunnerMain(const Plan& plan, const ResolvedPlan& resolved, const std::vecto
   sigaddset(&mask, SIGCHLD);
   sigprocmask(SIG_BLOCK, &mask, &original);
 
+  // Set-up is done: neither the runner nor the command needs any privilege
+  // from here on. Dropped once, before the fork, so that both are covered.
+  if (plan.confined) {
+    if (Status s = DropAllCapabilities(); !s.ok()) Fail(status_fd, s);
+  }
+
   pid_t child = fork();
   if (child < 0) Fail(status_fd, Status::Errno("fork", "fork"));
   if (child == 0) CommandChild(plan, argv, status_fd, original);
-
-  if (plan.confined) {
-    // The runner itself needs no privilege from here on.
-    if (Status s = DropAllCapabilities(); !s.ok()) {
-      kill(child, SIGKILL);
-      Fail(status_fd, s);
-    }
-  }
   // Reap everything; forward termination signals to the command's group.
   for (;;) {
     siginfo_t info{};
