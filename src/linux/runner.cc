@@ -12,6 +12,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -62,6 +63,26 @@ Status CloseInheritedFds(int* status_fd, int* lifeline_fd) {
   *lifeline_fd = 4;
   if (CloseRange(5, ~0U, 0) != 0) {
     for (int fd = 5; fd < 65536; ++fd) close(fd);  // kernels before 5.9
+  }
+  // A directory as stdin/stdout/stderr is a way out: openat(0, "..") walks
+  // the host's tree whatever the mount namespace says.
+  for (int fd = 0; fd <= 2; ++fd) {
+    struct stat st {};
+    if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+      return Status::Error("fds", "fd " + std::to_string(fd) +
+                                      " is a directory: it would reach the host's filesystem "
+                                      "from inside the sandbox; refusing");
+    }
+  }
+  return {};
+}
+
+// The inherited session keyring would let the command use the caller's keys
+// (possession grants access whatever the uid): start a fresh, empty one.
+Status LeaveSessionKeyring() {
+  constexpr long kKeyctlJoinSessionKeyring = 1;
+  if (syscall(SYS_keyctl, kKeyctlJoinSessionKeyring, nullptr) < 0 && errno != ENOSYS) {
+    return Status::Errno("keyring", "keyctl(KEYCTL_JOIN_SESSION_KEYRING)");
   }
   return {};
 }
@@ -184,6 +205,7 @@ void RunnerMain(const Plan& plan, const ResolvedPlan& resolved, const std::vecto
     if (Status s = BuildRoot(plan, resolved); !s.ok()) Fail(status_fd, s);
     if (Status s = BringUpLoopback(); !s.ok()) Fail(status_fd, s);
     if (Status s = SetHostname(plan.hostname); !s.ok()) Fail(status_fd, s);
+    if (Status s = LeaveSessionKeyring(); !s.ok()) Fail(status_fd, s);
     prctl(PR_SET_NAME, "agentbox-init", 0, 0, 0);
   }
   if (chdir(plan.cwd.c_str()) != 0) Fail(status_fd, Status::Errno("cwd", "chdir", plan.cwd));
