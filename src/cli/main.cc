@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -451,13 +452,13 @@ int main(int argc, char** argv) {
   run_flags.Register(run, true);
   run->add_option("--report", report, "write the outcome report (JSON) to FILE");
   run->add_flag("--quiet", quiet, "print nothing of agentbox's own on success or failure");
-  run->add_option("command", run_cmd, "the command, after --")->required();
+  run->add_option("command", run_cmd, "the command, after --");
 
   PolicyFlags wrap_flags;
   std::vector<std::string> wrap_cmd;
   CLI::App* wrap = app.add_subcommand("wrap", "print the confined argv as JSON, for harnesses that spawn processes");
   wrap_flags.Register(wrap, true);
-  wrap->add_option("command", wrap_cmd, "the command, after --")->required();
+  wrap->add_option("command", wrap_cmd, "the command, after --");
 
   std::vector<std::string> exec_cmd;
   CLI::App* exec = app.add_subcommand("__exec", "");
@@ -481,11 +482,31 @@ int main(int argc, char** argv) {
   explain_flags.Register(explain, true);
   explain->add_flag("--json", explain_json, "JSON output");
 
+  // Everything after the first `--` is the command, verbatim. Split it off
+  // before parsing: otherwise a repeatable option just before `--` (say
+  // `--env A=1 -- sh -c x`) lets the parser read the command's own flags.
+  int split = argc;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--") == 0) {
+      split = i;
+      break;
+    }
+  }
+  std::vector<std::string> after_dashes(argv + std::min(split + 1, argc), argv + argc);
   try {
-    app.parse(argc, argv);
+    app.parse(split, argv);
   } catch (const CLI::ParseError& e) {
     int code = app.exit(e);
     return code == 0 ? 0 : kExitUsage;
+  }
+  if (split < argc) {
+    run_cmd.insert(run_cmd.end(), after_dashes.begin(), after_dashes.end());
+    wrap_cmd.insert(wrap_cmd.end(), after_dashes.begin(), after_dashes.end());
+    exec_cmd.insert(exec_cmd.end(), after_dashes.begin(), after_dashes.end());
+  }
+  if ((*run || *wrap) && (*run ? run_cmd : wrap_cmd).empty()) {
+    Error("no command given: agentbox " + std::string(*run ? "run" : "wrap") + " [OPTIONS] -- COMMAND [ARG...]");
+    return kExitUsage;
   }
   if (*run) return CmdRun(run_flags, run_cmd, report, quiet);
   if (*wrap) return CmdWrap(wrap_flags, wrap_cmd);
