@@ -30,6 +30,7 @@ struct EnforcementReport {
   std::vector<FacetReport> facets;
   std::vector<MissingFacet> missing;
   std::vector<std::string> skipped;      // read_only entries absent on this host
+  std::vector<std::string> notes;        // policy values honoured differently than named, and why
 };
 
 struct Denial {

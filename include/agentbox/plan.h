@@ -74,6 +74,7 @@ struct Plan {
   std::string workspace_target;
   bool workspace_writable = true;
   std::optional<std::uint64_t> timeout_ms;
+  bool denial_outcome = true;           // false: on_violation.report_as task_failure
   std::uint64_t kill_grace_ms = 2000;
   std::string nonce;                    // marks this run's runner-failure lines
   std::string policy_sha256;

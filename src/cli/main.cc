@@ -345,6 +345,7 @@ int CmdCheck(const std::string& policy_file, bool as_json) {
     for (const auto& n : facet.notes) std::printf("  %-12s          note: %s\n", "", n.c_str());
   }
   for (const auto& m : r.missing) std::printf("  missing: %s: %s\n", m.facet.c_str(), m.reason.c_str());
+  for (const auto& n : r.notes) std::printf("  note: %s\n", n.c_str());
   return r.missing.empty() ? 0 : 1;
 }
 
@@ -425,6 +426,7 @@ int CmdExplain(PolicyFlags f, bool as_json) {
   EnforcementReport r = AssessEnforcement(*policy, host);
   std::printf("enforcement on this host: %s\n", ToString(r.level));
   for (const auto& m : r.missing) std::printf("  missing: %s: %s\n", m.facet.c_str(), m.reason.c_str());
+  for (const auto& n : r.notes) std::printf("  note: %s\n", n.c_str());
   if (!strict.ok()) std::printf("`agentbox run` would refuse: %s\n", strict.status().message().c_str());
   if (confined.ok()) {
     PrintPlan(confined->plan);

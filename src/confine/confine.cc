@@ -45,6 +45,12 @@ EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host) 
       FacetReport f = Facet(name, false);
       f.level = Level::kNone;
       f.notes.push_back("danger-full-access: not confined");
+      if (f.name == "resources" && policy.resources.wall_clock_ms) {
+        f.requested = true;
+        f.level = Level::kFull;
+        f.mechanisms.push_back("supervisor-deadline");
+        f.notes.back() += "; the wall clock still applies";
+      }
       r.facets.push_back(f);
     }
     return r;
@@ -145,6 +151,22 @@ EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host) 
                                      "does not provide"});
   }
 
+  // Values that are honoured, but not as their name might suggest: said, not silent.
+  if (!policy.sandbox.fresh_per_task) {
+    r.notes.push_back("sandbox.fresh_per_task: false: every run still starts with a fresh /tmp and HOME; "
+                      "state that persists between runs belongs in the workspace");
+  }
+  if (!policy.network.deny.empty() && !NeedsProxy(policy)) {
+    r.notes.push_back("network.deny: nothing outside the sandbox is reachable, so every entry holds");
+  }
+  if (policy.on_violation.escalation == Escalation::kOneTimeApproval) {
+    r.notes.push_back("on_violation.escalation: one_time_approval is not offered by this version: "
+                      "a denial stays a denial");
+  }
+  if (policy.on_violation.report_as == ReportAs::kTaskFailure) {
+    r.notes.push_back("on_violation.report_as: task_failure: denials are listed, but the outcome "
+                      "stays exited/signaled");
+  }
   r.level = r.missing.empty() ? Level::kFull : Level::kPartial;
   return r;
 }
@@ -224,61 +246,64 @@ std::string GlobRegex(const std::string& glob) {
 
 constexpr const char* kQuoteOpen = "(?:'|\"|‘|`)?";
 constexpr const char* kQuoteClose = "(?:'|\"|’)?";
+// errno texts as libc prints them, and in lower case as Node does.
 constexpr const char* kErrnoText =
-    "(?:Permission denied|Read-only file system|Operation not permitted|No such file or "
-    "directory|Not a directory|Device or resource busy)";
+    "(?:[Pp]ermission denied|[Rr]ead-only file system|[Oo]peration not permitted|[Nn]o such file "
+    "or directory|[Nn]ot a directory|[Dd]evice or resource busy|[Rr]esource busy or locked)";
 
-// A signature for a path that the policy withholds: the path (absolute inside,
-// or any relative spelling ending in its workspace-relative part) followed by
-// an errno text, as coreutils, shells, git, python and node print them.
+// A path token followed or preceded by an errno text, in the three shapes
+// tools print: `cat: PATH: Permission denied` (coreutils, shells, git, make),
+// `[Errno 13] Permission denied: 'PATH'` (Python) and
+// `EACCES: permission denied, open 'PATH'` (Node). `path` is a regex with no
+// capture group of its own; the path is captured in group 1, 2 or 3.
+std::string ErrnoShapes(const std::string& path, const std::string& errno_text) {
+  return std::string(kQuoteOpen) + "(" + path + ")" + kQuoteClose + ": " + errno_text + "|" +  //
+         errno_text + ": '(" + path + ")'|" +                                                   //
+         errno_text + ", \\w+ '(" + path + ")'";
+}
+
+// A signature for a path that the policy withholds: the path (absolute
+// inside, or any relative spelling ending in its workspace-relative part).
 Signature PathSignature(const std::string& inner_abs, const std::string& relative,
                         const std::string& meaning) {
   std::string alt = EscapeRegex(inner_abs);
   if (!relative.empty()) alt += "|(?:[^\\s'\"‘`]*/)?" + EscapeRegex(relative);
-  return {std::string(kQuoteOpen) + "((?:" + alt + ")(?:/[^\\s'\"’:]*)?)" + kQuoteClose + ": " +
-              kErrnoText,
-          meaning};
+  return {ErrnoShapes("(?:" + alt + ")(?:/[^\\s'\"’:]*)?", kErrnoText), meaning};
 }
 
-std::vector<Signature> DenialSignatures(const Plan& plan, const Policy& policy,
-                                        const std::vector<std::string>& protect_rel) {
+std::vector<Signature> DenialSignatures(const Plan& plan, const std::vector<std::string>& protect_rel) {
   std::vector<Signature> sigs;
-  // Writes anywhere outside the writable areas hit a read-only mount.
-  sigs.push_back({std::string(kQuoteOpen) + "([^\\s'\"‘`]+)" + kQuoteClose +
-                      ": Read-only file system",
-                  "write to a read-only path"});
-  sigs.push_back({"(?:open|stat|mkdir|unlink|rename)[^\\n]*'([^']+)'[^\\n]*\\[Errno 30\\] "
-                  "Read-only file system",
-                  "write to a read-only path"});
-  sigs.push_back({"EROFS: read-only file system, \\w+ '([^']+)'", "write to a read-only path"});
-  // Protected paths and their ancestors are mount points: renaming or
-  // removing them fails with EBUSY, which no ordinary workspace file does.
-  sigs.push_back({"cannot (?:move|remove) (?:'|‘|\")([^'’\"]+)(?:'|’|\")[^\\n]*: Device or resource busy",
-                  "rename or removal of a protected path or its ancestor (filesystem.protect)"});
+  // Most specific first: the scanner reports the first signature that matches.
+  for (size_t i = 0; i < protect_rel.size(); ++i) {
+    sigs.push_back(PathSignature(paths::Join(plan.workspace_target, protect_rel[i]), protect_rel[i],
+                                 "write to a protected path (filesystem.protect)"));
+  }
   for (const auto& m : plan.mounts) {
     if (m.kind == MountKind::kMask && !paths::IsWithin(m.target, "/proc")) {
       std::string rel;
       if (paths::IsWithin(m.target, plan.workspace_target) && m.target != plan.workspace_target) {
         rel = m.target.substr(plan.workspace_target == "/" ? 1 : plan.workspace_target.size() + 1);
       }
-      sigs.push_back(PathSignature(m.target, rel, "read of a denied path (" + m.why + ")"));
+      sigs.push_back(PathSignature(m.target, rel, "access to a denied path (" + m.why + ")"));
     }
   }
   for (const auto& g : plan.deny_globs) {
     for (const auto& pat : g.patterns) {
-      sigs.push_back({std::string(kQuoteOpen) + "((?:[^\\s'\"‘`]*/)?" + GlobRegex(pat) + ")" +
-                          kQuoteClose + ": " + kErrnoText,
+      sigs.push_back({ErrnoShapes("(?:[^\\s'\"‘`]*/)?" + GlobRegex(pat), kErrnoText),
                       "access to a denied path (filesystem.deny: " + pat + ")"});
     }
   }
   for (const auto& d : plan.absent) {
     sigs.push_back(PathSignature(d, "", "access to a path the sandbox does not mount (filesystem.deny)"));
   }
-  for (size_t i = 0; i < protect_rel.size(); ++i) {
-    sigs.push_back(PathSignature(paths::Join(plan.workspace_target, protect_rel[i]), protect_rel[i],
-                                 "write to a protected path (filesystem.protect)"));
-  }
-  (void)policy;
+  // Writes anywhere outside the writable areas hit a read-only mount.
+  sigs.push_back({ErrnoShapes("[^\\s'\"‘`]+", "(?:[Rr]ead-only file system|EROFS)"),
+                  "write to a read-only path"});
+  // Protected paths, their ancestors and masks are mount points: renaming or
+  // removing one fails with EBUSY, which no ordinary workspace file does.
+  sigs.push_back({"cannot (?:move|remove) (?:'|‘|\")([^'’\"]+)(?:'|’|\")[^\\n]*: Device or resource busy|" +
+                      ErrnoShapes("[^\\s'\"‘`]+", "(?:[Dd]evice or resource busy|[Rr]esource busy or locked)"),
+                  "rename or removal of a path the sandbox mounts in place (protected, pinned or masked)"});
   return sigs;
 }
 
@@ -305,6 +330,7 @@ Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Poli
   plan.nonce = inv.nonce;
   plan.policy_sha256 = policy.sha256;
   plan.timeout_ms = policy.resources.wall_clock_ms;
+  plan.denial_outcome = policy.on_violation.report_as == ReportAs::kSandboxDenial;
   plan.workspace_source = inv.workspace;
   plan.workspace_target =
       policy.filesystem.workspace.path.empty() ? inv.workspace : policy.filesystem.workspace.path;
@@ -315,6 +341,7 @@ Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Poli
     plan.confined = false;
     plan.cwd = inv.cwd;
     plan.env.pass_all = true;
+    plan.env.set = policy.env.set;
     plan.home = inv.home;
   } else {
     plan.namespaces = {"user", "mnt", "pid", "net", "ipc", "uts"};
@@ -490,7 +517,7 @@ Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Poli
     if (!has("PATH") && std::find(plan.env.pass.begin(), plan.env.pass.end(), "PATH") == plan.env.pass.end()) {
       plan.env.set.emplace_back("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin");
     }
-    out.denial_signatures = DenialSignatures(plan, policy, protect_rel);
+    out.denial_signatures = DenialSignatures(plan, protect_rel);
   }
 
   out.runner_failure_rules.push_back(

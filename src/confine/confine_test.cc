@@ -357,12 +357,66 @@ TEST(Confine, DenialSignaturesRecogniseTypicalMessages) {
   EXPECT_TRUE(matches("cat: sub/dir/.env: Permission denied"));
   EXPECT_TRUE(matches("cat: /home/u/.ssh/id_rsa: No such file or directory"));
   EXPECT_TRUE(matches("mv: cannot move '.git' to '.git2': Device or resource busy"));
-  EXPECT_TRUE(matches("OSError: [Errno 30] Read-only file system: '/usr/lib/x'") ||
-              matches("open('/usr/x') [Errno 30] Read-only file system"));
+  EXPECT_TRUE(matches("OSError: [Errno 30] Read-only file system: '/usr/lib/x'"));
+  EXPECT_TRUE(matches("PermissionError: [Errno 13] Permission denied: '.env'"));
+  EXPECT_TRUE(matches("FileNotFoundError: [Errno 2] No such file or directory: '/home/u/.ssh/id_rsa'"));
+  EXPECT_TRUE(matches("Error: EACCES: permission denied, open '.env'"));
+  EXPECT_TRUE(matches("Error: EROFS: read-only file system, open '/usr/x'"));
+  EXPECT_TRUE(matches("Error: ENOENT: no such file or directory, open '/home/u/.aws/credentials'"));
+  EXPECT_TRUE(matches("rm: cannot remove '.env': Device or resource busy"));
+  EXPECT_TRUE(matches("error: could not lock config file .git/config: Read-only file system"));
   // Ordinary failures are not denials.
   EXPECT_FALSE(matches("cat: missing.txt: No such file or directory"));
   EXPECT_FALSE(matches("make: *** [Makefile:3: all] Error 1"));
   EXPECT_FALSE(matches("src/main.c:3: error: expected ';'"));
+  EXPECT_FALSE(matches("FileNotFoundError: [Errno 2] No such file or directory: 'data.csv'"));
+  EXPECT_FALSE(matches("Error: ENOENT: no such file or directory, open 'package.json'"));
+}
+
+TEST(Confine, DenialSignatureNamesTheMostSpecificRule) {
+  auto c = Confine({"true"}, PresetFor(Mode::kWorkspaceWrite), FullHost(), Inv());
+  ASSERT_TRUE(c.ok());
+  auto first = [&](const std::string& line) -> std::string {
+    for (const auto& s : c->denial_signatures) {
+      if (std::regex_search(line, std::regex(s.pattern))) return s.meaning;
+    }
+    return "";
+  };
+  EXPECT_NE(first("sh: 1: cannot create .git/hooks/pre-commit: Read-only file system").find("filesystem.protect"),
+            std::string::npos);
+  EXPECT_NE(first("cat: .env: Permission denied").find("**/.env"), std::string::npos);
+  EXPECT_EQ(first("touch: cannot touch '/usr/x': Read-only file system"), "write to a read-only path");
+}
+
+TEST(Confine, ValuesHonouredDifferentlyAreNotedNotSilent) {
+  Policy pol = PresetFor(Mode::kWorkspaceWrite);
+  pol.sandbox.fresh_per_task = false;
+  pol.network.deny = {"evil.example"};
+  pol.on_violation.escalation = Escalation::kOneTimeApproval;
+  pol.on_violation.report_as = ReportAs::kTaskFailure;
+  auto c = Confine({"true"}, pol, FullHost(), Inv());
+  ASSERT_TRUE(c.ok());
+  const auto& notes = c->enforcement.notes;
+  ASSERT_EQ(notes.size(), 4u);
+  EXPECT_NE(notes[0].find("fresh_per_task"), std::string::npos);
+  EXPECT_NE(notes[1].find("network.deny"), std::string::npos);
+  EXPECT_NE(notes[2].find("one_time_approval"), std::string::npos);
+  EXPECT_NE(notes[3].find("task_failure"), std::string::npos);
+  EXPECT_FALSE(c->plan.denial_outcome);
+}
+
+TEST(Confine, DangerFullAccessKeepsEnvSetAndTheWallClock) {
+  Policy pol = PresetFor(Mode::kDangerFullAccess);
+  pol.env.set = {{"CI", "1"}};
+  pol.resources.wall_clock_ms = 5000;
+  auto c = Confine({"true"}, pol, FullHost(), Inv());
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->plan.env.set, (std::vector<std::pair<std::string, std::string>>{{"CI", "1"}}));
+  EXPECT_EQ(c->plan.timeout_ms, std::optional<std::uint64_t>(5000));
+  const FacetReport* res = FacetNamed(c->enforcement, "resources");
+  ASSERT_NE(res, nullptr);
+  EXPECT_EQ(res->level, Level::kFull);
+  EXPECT_EQ(c->enforcement.level, Level::kNone);
 }
 
 TEST(Glob, GitignoreSemantics) {

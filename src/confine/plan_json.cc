@@ -68,6 +68,7 @@ std::string PlanToJson(const Plan& plan, int indent) {
                     {"target", plan.workspace_target},
                     {"writable", plan.workspace_writable}};
   if (plan.timeout_ms) j["timeout_ms"] = *plan.timeout_ms;
+  j["denial_outcome"] = plan.denial_outcome;
   j["kill_grace_ms"] = plan.kill_grace_ms;
   j["nonce"] = plan.nonce;
   j["policy_sha256"] = plan.policy_sha256;
@@ -118,6 +119,7 @@ Result<Plan> PlanFromJson(const std::string& text) {
     plan.workspace_writable = ws.at("writable").get<bool>();
     if (j.contains("timeout_ms")) plan.timeout_ms = j.at("timeout_ms").get<std::uint64_t>();
     plan.kill_grace_ms = j.value("kill_grace_ms", plan.kill_grace_ms);
+    plan.denial_outcome = j.value("denial_outcome", true);
     plan.nonce = j.at("nonce").get<std::string>();
     plan.policy_sha256 = j.value("policy_sha256", "");
   } catch (const std::exception& e) {

@@ -56,6 +56,7 @@ json ToJsonValue(const EnforcementReport& r) {
   for (const auto& m : r.missing) missing.push_back({{"facet", m.facet}, {"reason", m.reason}});
   json j = {{"level", ToString(r.level)}, {"backend", r.backend}, {"facets", facets}, {"missing", missing}};
   if (!r.skipped.empty()) j["skipped"] = r.skipped;
+  if (!r.notes.empty()) j["notes"] = r.notes;
   return j;
 }
 

@@ -54,8 +54,8 @@ class DenialScanner {
   void Line() {
     if (denials_.size() >= kMaxDenials) return;
     // Cheap pre-filter: every signature names one of these errno texts.
-    static constexpr const char* kHints[] = {"denied", "Read-only", "not permitted", "No such file",
-                                             "Not a directory", "resource busy", "EROFS", "Errno"};
+    static constexpr const char* kHints[] = {"denied", "ead-only", "not permitted", "o such file",
+                                             "ot a directory", "busy", "EROFS", "Errno"};
     if (std::none_of(std::begin(kHints), std::end(kHints),
                      [&](const char* h) { return line_.find(h) != std::string::npos; })) {
       return;
@@ -66,11 +66,22 @@ class DenialScanner {
       if (!std::regex_search(line_, m, c.re)) continue;
       Denial d;
       d.facet = "filesystem";
-      d.target = m.size() > 1 ? m[1].str() : "";
-      d.op = line_.find("resource busy") != std::string::npos ? "rename"
-             : line_.find("Read-only") != std::string::npos || line_.find("EROFS") != std::string::npos
-                 ? "write"
-                 : "access";
+      // The path is in whichever shape's group matched.
+      for (size_t g = 1; g < m.size(); ++g) {
+        if (m[g].matched && m[g].length() > 0) {
+          d.target = m[g].str();
+          break;
+        }
+      }
+      if (line_.find("busy") != std::string::npos) {
+        bool removal = line_.find("remove") != std::string::npos || line_.find("unlink") != std::string::npos ||
+                       line_.find("rmdir") != std::string::npos;
+        d.op = removal ? "remove" : "rename";
+      } else if (line_.find("ead-only") != std::string::npos || line_.find("EROFS") != std::string::npos) {
+        d.op = "write";
+      } else {
+        d.op = "access";
+      }
       d.reason = c.meaning;
       d.source = "stderr-signature";
       bool dup = std::any_of(denials_.begin(), denials_.end(), [&](const Denial& o) {
@@ -301,7 +312,7 @@ Outcome RunPlan(const Plan& plan, const std::vector<std::string>& argv,
     out.error = ErrorInfo{"exec", msg, exec_error->status.err()};
   }
   const bool failed = out.signal.has_value() || out.exit_code.value_or(0) != 0;
-  if (failed && !out.denials.empty()) {
+  if (failed && !out.denials.empty() && plan.denial_outcome) {
     out.kind = OutcomeKind::kSandboxDenied;
   } else {
     out.kind = out.signal ? OutcomeKind::kSignaled : OutcomeKind::kExited;
