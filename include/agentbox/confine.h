@@ -21,6 +21,7 @@ struct Invocation {
   std::string home;        // the invoking user's $HOME ("" if unknown)
   std::string self_exe;    // the agentbox binary, for wrapped argv
   std::string nonce;       // random, marks this run's runner-failure lines
+  std::string cache_dir;   // host dir for agentbox's caches ("" = none)
 };
 
 // A stderr classifier: an ECMAScript regex and what a match means. Group 1,

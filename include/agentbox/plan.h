@@ -67,6 +67,7 @@ struct Plan {
   gid_t gid = 0;
   std::vector<MountOp> mounts;          // in the order they are applied
   std::vector<GlobScan> deny_globs;
+  std::string scan_cache_dir;           // host dir caching deny-glob scans ("" = none)
   std::vector<std::string> absent;      // deny entries that are absent by construction
   EnvRules env;
   std::string home;                     // HOME inside

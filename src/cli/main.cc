@@ -162,6 +162,11 @@ Result<Invocation> BuildInvocation(const PolicyFlags& f) {
     if (!real.empty()) inv.home = real;
   }
   inv.self_exe = RealPath("/proc/self/exe");
+  if (const char* xdg = getenv("XDG_CACHE_HOME"); xdg && *xdg == '/') {
+    inv.cache_dir = std::string(xdg) + "/agentbox";
+  } else if (!inv.home.empty()) {
+    inv.cache_dir = inv.home + "/.cache/agentbox";
+  }
   inv.nonce = Nonce();
   return inv;
 }

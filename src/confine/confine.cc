@@ -464,6 +464,11 @@ Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Poli
       }
     }
     plan.deny_globs = std::move(merged);
+    // The scan cache decides what gets masked: never where the sandbox can write.
+    if (!plan.deny_globs.empty() && !inv.cache_dir.empty() && inv.cache_dir[0] == '/' &&
+        !paths::IsWithin(inv.cache_dir, inv.workspace)) {
+      plan.scan_cache_dir = paths::Join(inv.cache_dir, "deny-scan");
+    }
 
     // protect: read-only inside the writable workspace; every ancestor between
     // the workspace root and it pinned, so that no rename can move it away.

@@ -59,6 +59,7 @@ std::string PlanToJson(const Plan& plan, int indent) {
                      {"patterns", g.patterns}});
   }
   j["deny_globs"] = globs;
+  j["scan_cache_dir"] = plan.scan_cache_dir;
   j["absent"] = plan.absent;
   json set = json::array();
   for (const auto& [k, v] : plan.env.set) set.push_back({k, v});
@@ -106,6 +107,7 @@ Result<Plan> PlanFromJson(const std::string& text) {
                                  g.at("patterns").get<std::vector<std::string>>()});
     }
     plan.absent = j.at("absent").get<std::vector<std::string>>();
+    plan.scan_cache_dir = j.value("scan_cache_dir", "");
     const json& env = j.at("env");
     plan.env.pass_all = env.at("pass_all").get<bool>();
     plan.env.pass = env.at("pass").get<std::vector<std::string>>();

@@ -16,6 +16,7 @@
 #include <set>
 
 #include "confine/paths.h"
+#include "linux/deny_scan.h"
 
 namespace agentbox::linux {
 namespace {
@@ -155,119 +156,6 @@ Result<ProtectResolution> ResolveProtect(const Plan& plan, const MountOp& op, Re
   return Status::Error("protect", op.why + ": empty path");
 }
 
-// A deny pattern, compiled for the common case: `**/NAME` (or a bare NAME)
-// needs only the last component, which spares a split per entry.
-struct Matcher {
-  std::string pattern;
-  bool basename_only = false;
-  bool literal = false;
-  std::string name;
-
-  explicit Matcher(const std::string& p) : pattern(p) {
-    std::string q = p;
-    if (!q.empty() && q.back() == '/') q.pop_back();
-    if (q.rfind("**/", 0) == 0 && q.find('/', 3) == std::string::npos) {
-      basename_only = true;
-      name = q.substr(3);
-    } else if (q.find('/') == std::string::npos) {
-      basename_only = true;
-      name = q;
-    }
-    literal = basename_only && !paths::HasGlob(name);
-  }
-  bool Matches(const char* base, const std::string& rel) const {
-    if (literal) return name == base;
-    if (basename_only) return fnmatch(name.c_str(), base, 0) == 0;
-    return GlobMatch(pattern, rel);
-  }
-};
-
-struct LinuxDirent64 {
-  ino64_t d_ino;
-  off64_t d_off;
-  unsigned short d_reclen;
-  unsigned char d_type;
-  char d_name[];
-};
-
-// Walks `scan.source_root` with getdents64 (no stat per entry, no symlinks
-// followed) and masks every match.
-Status ScanDenyGlobs(const Plan& plan, const GlobScan& scan, ResolvedPlan* rp,
-                     std::vector<ResolvedMount>* masks) {
-  std::vector<Matcher> matchers;
-  for (const auto& p : scan.patterns) matchers.emplace_back(p);
-  UniqueFd root(open(scan.source_root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!root.valid()) {
-    if (errno == ENOENT || errno == ENOTDIR) return {};
-    return Status::Errno("deny-scan", "open", scan.source_root);
-  }
-  std::vector<std::string> pending = {""};
-  alignas(8) static char buf[64 * 1024];
-  while (!pending.empty()) {
-    std::string rel = std::move(pending.back());
-    pending.pop_back();
-    UniqueFd dir(rel.empty() ? fcntl(root.get(), F_DUPFD_CLOEXEC, 0)
-                             : openat(root.get(), rel.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-    if (!dir.valid()) continue;  // vanished or unreadable: nothing of it is visible either
-    for (;;) {
-      long n = syscall(SYS_getdents64, dir.get(), buf, sizeof(buf));
-      if (n <= 0) break;
-      for (long off = 0; off < n;) {
-        auto* d = reinterpret_cast<LinuxDirent64*>(buf + off);
-        off += d->d_reclen;
-        const char* name = d->d_name;
-        if (name[0] == '.' && (name[1] == 0 || (name[1] == '.' && name[2] == 0))) continue;
-        ++rp->scanned_entries;
-        unsigned char type = d->d_type;
-        if (type == DT_UNKNOWN) {
-          struct stat st {};
-          if (fstatat(dir.get(), name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
-          type = S_ISDIR(st.st_mode) ? DT_DIR : S_ISLNK(st.st_mode) ? DT_LNK : DT_REG;
-        }
-        // The hot loop: a basename-only pattern needs no path string.
-        bool hit = false;
-        std::string child;
-        for (const auto& m : matchers) {
-          if (m.basename_only) {
-            hit = m.Matches(name, "");
-          } else {
-            if (child.empty()) child = rel.empty() ? std::string(name) : rel + "/" + name;
-            hit = m.Matches(name, scan.pattern_base.empty() ? child : scan.pattern_base + "/" + child);
-          }
-          if (hit) break;
-        }
-        if (!hit && type != DT_DIR) continue;
-        if (child.empty()) child = rel.empty() ? std::string(name) : rel + "/" + name;
-        if (hit) {
-          std::string host = paths::Join(scan.source_root, child);
-          std::string target = paths::Rebase(host, scan.source_root, scan.target_root);
-          bool is_dir = type == DT_DIR;
-          if (type == DT_LNK) {
-            // A link named like a secret: mask what it points at, when that is visible inside.
-            char* real = realpath(host.c_str(), nullptr);
-            if (!real) continue;
-            std::string resolved(real);
-            free(real);
-            if (!paths::IsWithin(resolved, plan.workspace_source)) continue;
-            struct stat st {};
-            if (stat(resolved.c_str(), &st) != 0) continue;
-            is_dir = S_ISDIR(st.st_mode);
-            host = resolved;
-            target = paths::Rebase(resolved, plan.workspace_source, plan.workspace_target);
-          }
-          masks->push_back({MountOp{MountKind::kMask, host, target, true, true, "",
-                                    "filesystem.deny: " + scan.patterns.front()},
-                            is_dir});
-          ++rp->glob_matches;
-          continue;
-        }
-        if (type == DT_DIR) pending.push_back(std::move(child));
-      }
-    }
-  }
-  return {};
-}
-
 }  // namespace
 
 Placeholder::~Placeholder() {
@@ -367,11 +255,22 @@ Result<ResolvedPlan> ResolvePlan(const Plan& plan) {
     rp.mounts.push_back(std::move(rm));
   }
 
-  std::vector<ResolvedMount> masks;
   for (const auto& scan : plan.deny_globs) {
-    if (Status s = ScanDenyGlobs(plan, scan, &rp, &masks); !s.ok()) return s;
+    std::vector<DenyMatch> matches;
+    ScanStats stats;
+    if (Status s = ScanDenyGlobs(scan, plan.workspace_source, plan.workspace_target, plan.scan_cache_dir,
+                                 &matches, &stats);
+        !s.ok()) {
+      return s;
+    }
+    rp.scanned_entries += stats.entries;
+    rp.glob_matches += matches.size();
+    for (auto& m : matches) {
+      rp.mounts.push_back({MountOp{MountKind::kMask, m.host_path, m.target, true, true, "",
+                                   "filesystem.deny: " + scan.patterns.front()},
+                           m.is_dir});
+    }
   }
-  rp.mounts.insert(rp.mounts.end(), masks.begin(), masks.end());
   // Parents before children, so that a mask inside a pinned or protected
   // directory is mounted after (on top of) that directory's own bind.
   std::stable_sort(rp.mounts.begin() + 1, rp.mounts.end(),

@@ -1,0 +1,307 @@
+#include "linux/deny_scan.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <fnmatch.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <unordered_map>
+
+#include "confine/paths.h"
+#include "linux/fd.h"
+#include "policy/sha256.h"
+
+namespace agentbox::linux {
+namespace {
+
+// A deny pattern, compiled for the common case: `**/NAME` (or a bare NAME,
+// or `**/NAME/**`, which hides the same files as masking NAME itself) needs
+// only the last component, which spares building a path per entry.
+struct Matcher {
+  std::string pattern;
+  bool basename_only = false;
+  bool literal = false;
+  std::string name;
+
+  explicit Matcher(const std::string& p) : pattern(p) {
+    std::string q = p;
+    if (!q.empty() && q.back() == '/') q.pop_back();
+    if (q.size() > 3 && q.compare(q.size() - 3, 3, "/**") == 0) q.resize(q.size() - 3);
+    if (q.rfind("**/", 0) == 0 && q.find('/', 3) == std::string::npos) {
+      basename_only = true;
+      name = q.substr(3);
+    } else if (q.find('/') == std::string::npos) {
+      basename_only = true;
+      name = q;
+    } else {
+      pattern = q;
+    }
+    literal = basename_only && !paths::HasGlob(name);
+  }
+  bool MatchesName(const char* base) const {
+    return literal ? name == base : fnmatch(name.c_str(), base, 0) == 0;
+  }
+};
+
+struct LinuxDirent64 {
+  ino64_t d_ino;
+  off64_t d_off;
+  unsigned short d_reclen;
+  unsigned char d_type;
+  char d_name[];
+};
+
+// What one directory held, as far as the deny globs care.
+struct DirVerdict {
+  std::int64_t mtime_s = 0, mtime_ns = 0;
+  std::uint64_t ino = 0, dev = 0;
+  bool cacheable = false;
+  std::vector<std::string> subdirs;
+  std::vector<std::pair<char, std::string>> matches;  // 'd' dir, 'f' file, 'l' symlink
+};
+
+using Cache = std::unordered_map<std::string, DirVerdict>;
+
+constexpr char kMagic[] = "agentbox-deny-scan-1\n";
+
+// Binary, machine-local: length-prefixed fields, every length checked.
+class Reader {
+ public:
+  explicit Reader(const std::string& data) : d_(data) {}
+  bool U8(unsigned char* v) { return Raw(v, 1); }
+  bool U32(std::uint32_t* v) { return Raw(v, 4); }
+  bool U64(std::uint64_t* v) { return Raw(v, 8); }
+  bool I64(std::int64_t* v) { return Raw(v, 8); }
+  bool Str(std::string* s) {
+    std::uint32_t n = 0;
+    if (!U32(&n) || n > d_.size() - pos_) return false;
+    s->assign(d_, pos_, n);
+    pos_ += n;
+    return true;
+  }
+  bool done() const { return pos_ == d_.size(); }
+
+ private:
+  bool Raw(void* out, size_t n) {
+    if (d_.size() - pos_ < n) return false;
+    std::memcpy(out, d_.data() + pos_, n);
+    pos_ += n;
+    return true;
+  }
+  const std::string& d_;
+  size_t pos_ = 0;
+};
+
+void PutRaw(std::string* out, const void* p, size_t n) { out->append(static_cast<const char*>(p), n); }
+void PutStr(std::string* out, const std::string& s) {
+  auto n = static_cast<std::uint32_t>(s.size());
+  PutRaw(out, &n, 4);
+  out->append(s);
+}
+
+Cache LoadCache(const std::string& path) {
+  Cache cache;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return cache;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string data = ss.str();
+  if (data.compare(0, sizeof(kMagic) - 1, kMagic) != 0) return cache;
+  data.erase(0, sizeof(kMagic) - 1);
+  Reader r(data);
+  while (!r.done()) {
+    std::string rel;
+    DirVerdict v;
+    unsigned char cacheable = 0;
+    std::uint32_t nsub = 0, nmatch = 0;
+    if (!r.Str(&rel) || !r.I64(&v.mtime_s) || !r.I64(&v.mtime_ns) || !r.U64(&v.ino) || !r.U64(&v.dev) ||
+        !r.U8(&cacheable) || !r.U32(&nsub)) {
+      return {};
+    }
+    v.cacheable = cacheable != 0;
+    for (std::uint32_t i = 0; i < nsub; ++i) {
+      std::string s;
+      if (!r.Str(&s)) return {};
+      v.subdirs.push_back(std::move(s));
+    }
+    if (!r.U32(&nmatch)) return {};
+    for (std::uint32_t i = 0; i < nmatch; ++i) {
+      unsigned char type = 0;
+      std::string s;
+      if (!r.U8(&type) || !r.Str(&s)) return {};
+      v.matches.emplace_back(static_cast<char>(type), std::move(s));
+    }
+    cache.emplace(std::move(rel), std::move(v));
+  }
+  return cache;
+}
+
+void SaveCache(const std::string& dir, const std::string& path, const Cache& cache) {
+  std::string out(kMagic);
+  for (const auto& [rel, v] : cache) {
+    if (!v.cacheable) continue;
+    PutStr(&out, rel);
+    PutRaw(&out, &v.mtime_s, 8);
+    PutRaw(&out, &v.mtime_ns, 8);
+    PutRaw(&out, &v.ino, 8);
+    PutRaw(&out, &v.dev, 8);
+    unsigned char one = 1;
+    PutRaw(&out, &one, 1);
+    auto nsub = static_cast<std::uint32_t>(v.subdirs.size());
+    PutRaw(&out, &nsub, 4);
+    for (const auto& s : v.subdirs) PutStr(&out, s);
+    auto nmatch = static_cast<std::uint32_t>(v.matches.size());
+    PutRaw(&out, &nmatch, 4);
+    for (const auto& [type, name] : v.matches) {
+      PutRaw(&out, &type, 1);
+      PutStr(&out, name);
+    }
+  }
+  // Best effort: a cache that cannot be written only costs the next run time.
+  std::string parent = paths::Parent(dir);
+  mkdir(paths::Parent(parent).c_str(), 0700);
+  mkdir(parent.c_str(), 0700);
+  mkdir(dir.c_str(), 0700);
+  std::string tmp = path + ".tmp." + std::to_string(getpid());
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return;
+  bool ok = write(fd, out.data(), out.size()) == static_cast<ssize_t>(out.size());
+  close(fd);
+  if (!ok || rename(tmp.c_str(), path.c_str()) != 0) unlink(tmp.c_str());
+}
+
+// Reads one directory's entries and settles its verdict.
+void ReadDir(int dirfd, const std::string& rel, const GlobScan& scan, const std::vector<Matcher>& matchers,
+             DirVerdict* v, ScanStats* stats) {
+  alignas(8) static char buf[64 * 1024];
+  for (;;) {
+    long n = syscall(SYS_getdents64, dirfd, buf, sizeof(buf));
+    if (n <= 0) break;
+    for (long off = 0; off < n;) {
+      auto* d = reinterpret_cast<LinuxDirent64*>(buf + off);
+      off += d->d_reclen;
+      const char* name = d->d_name;
+      if (name[0] == '.' && (name[1] == 0 || (name[1] == '.' && name[2] == 0))) continue;
+      ++stats->entries;
+      unsigned char type = d->d_type;
+      if (type == DT_UNKNOWN) {
+        struct stat st {};
+        if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+        type = S_ISDIR(st.st_mode) ? DT_DIR : S_ISLNK(st.st_mode) ? DT_LNK : DT_REG;
+      }
+      // The hot loop: a basename-only pattern needs no path string.
+      bool hit = false;
+      for (const auto& m : matchers) {
+        if (m.basename_only) {
+          hit = m.MatchesName(name);
+        } else {
+          std::string child = rel.empty() ? std::string(name) : rel + "/" + name;
+          hit = GlobMatch(m.pattern, scan.pattern_base.empty() ? child : scan.pattern_base + "/" + child);
+        }
+        if (hit) break;
+      }
+      if (hit) {
+        v->matches.emplace_back(type == DT_DIR ? 'd' : type == DT_LNK ? 'l' : 'f', name);
+      } else if (type == DT_DIR) {
+        v->subdirs.emplace_back(name);
+      }
+    }
+  }
+}
+
+std::int64_t NowSeconds() {
+  struct timespec ts {};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return ts.tv_sec;
+}
+
+}  // namespace
+
+Status ScanDenyGlobs(const GlobScan& scan, const std::string& workspace_source,
+                     const std::string& workspace_target, const std::string& cache_dir,
+                     std::vector<DenyMatch>* matches, ScanStats* stats) {
+  std::vector<Matcher> matchers;
+  for (const auto& p : scan.patterns) matchers.emplace_back(p);
+  UniqueFd root(open(scan.source_root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!root.valid()) {
+    if (errno == ENOENT || errno == ENOTDIR) return {};
+    return Status::Errno("deny-scan", "open", scan.source_root);
+  }
+
+  std::string cache_path;
+  Cache old_cache;
+  if (!cache_dir.empty()) {
+    std::string key = scan.source_root + '\0' + scan.pattern_base;
+    for (const auto& p : scan.patterns) key += '\0' + p;
+    cache_path = cache_dir + "/" + Sha256Hex(key).substr(0, 32);
+    old_cache = LoadCache(cache_path);
+  }
+  Cache new_cache;
+  bool changed = false;
+  // A directory changed in the last second may change again within the same
+  // timestamp tick without its mtime moving: read it again next time.
+  const std::int64_t settled_before = NowSeconds() - 1;
+
+  std::vector<std::string> pending = {""};
+  while (!pending.empty()) {
+    std::string rel = std::move(pending.back());
+    pending.pop_back();
+    // An unchanged directory costs one stat: no open, no read.
+    struct stat st {};
+    int r = rel.empty() ? fstat(root.get(), &st) : fstatat(root.get(), rel.c_str(), &st, AT_SYMLINK_NOFOLLOW);
+    if (r != 0 || !S_ISDIR(st.st_mode)) continue;  // vanished: nothing of it is visible either
+    ++stats->directories;
+    DirVerdict v;
+    auto hit = old_cache.find(rel);
+    if (hit != old_cache.end() && hit->second.cacheable && hit->second.ino == st.st_ino &&
+        hit->second.dev == st.st_dev && hit->second.mtime_s == st.st_mtim.tv_sec &&
+        hit->second.mtime_ns == st.st_mtim.tv_nsec) {
+      v = std::move(hit->second);
+    } else {
+      UniqueFd dir(rel.empty() ? fcntl(root.get(), F_DUPFD_CLOEXEC, 0)
+                               : openat(root.get(), rel.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+      if (!dir.valid() || fstat(dir.get(), &st) != 0) continue;  // unreadable: not visible inside either
+      ++stats->directories_read;
+      changed = true;
+      v.ino = st.st_ino;
+      v.dev = st.st_dev;
+      v.mtime_s = st.st_mtim.tv_sec;
+      v.mtime_ns = st.st_mtim.tv_nsec;
+      v.cacheable = st.st_mtim.tv_sec < settled_before;
+      ReadDir(dir.get(), rel, scan, matchers, &v, stats);
+    }
+    for (const auto& [type, name] : v.matches) {
+      std::string host = paths::Join(scan.source_root, rel.empty() ? name : rel + "/" + name);
+      DenyMatch m{host, paths::Rebase(host, scan.source_root, scan.target_root), type == 'd'};
+      if (type == 'l') {
+        // A link named like a secret: mask what it points at, when that is visible inside.
+        char* real = realpath(host.c_str(), nullptr);
+        if (!real) continue;
+        std::string resolved(real);
+        free(real);
+        if (!paths::IsWithin(resolved, workspace_source)) continue;
+        struct stat ts {};
+        if (stat(resolved.c_str(), &ts) != 0) continue;
+        m = {resolved, paths::Rebase(resolved, workspace_source, workspace_target), S_ISDIR(ts.st_mode)};
+      }
+      matches->push_back(std::move(m));
+    }
+    for (const auto& s : v.subdirs) pending.push_back(rel.empty() ? s : rel + "/" + s);
+    new_cache.emplace(rel, std::move(v));
+  }
+  if (!cache_path.empty() && (changed || new_cache.size() != old_cache.size())) {
+    SaveCache(cache_dir, cache_path, new_cache);
+  }
+  return {};
+}
+
+}  // namespace agentbox::linux

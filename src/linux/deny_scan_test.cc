@@ -1,0 +1,143 @@
+#include "linux/deny_scan.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+namespace agentbox::linux {
+namespace {
+
+namespace fs = std::filesystem;
+
+class DenyScanTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/agentbox-scan-test.XXXXXX";
+    root_ = mkdtemp(tmpl);
+    ws_ = root_ + "/ws";
+    cache_ = root_ + "/cache/agentbox/deny-scan";
+    fs::create_directories(ws_ + "/a/b");
+    fs::create_directories(ws_ + "/c");
+    Touch(ws_ + "/.env");
+    Touch(ws_ + "/a/b/.env");
+    Touch(ws_ + "/a/b/keep.txt");
+    Touch(ws_ + "/c/.envrc");
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  static void Touch(const std::string& p) { std::ofstream(p) << "x"; }
+
+  // Directories changed in the last second are never cached: age them.
+  void AgeAllDirectories() {
+    struct timespec old[2] = {{1600000000, 0}, {1600000000, 0}};
+    utimensat(AT_FDCWD, ws_.c_str(), old, AT_SYMLINK_NOFOLLOW);
+    for (const auto& e : fs::recursive_directory_iterator(ws_)) {
+      if (e.is_directory() && !e.is_symlink()) utimensat(AT_FDCWD, e.path().c_str(), old, AT_SYMLINK_NOFOLLOW);
+    }
+  }
+
+  std::vector<std::string> Scan(const std::vector<std::string>& patterns, const std::string& cache,
+                                ScanStats* stats) {
+    std::vector<DenyMatch> matches;
+    GlobScan scan{ws_, "/inside", "", patterns};
+    Status s = ScanDenyGlobs(scan, ws_, "/inside", cache, &matches, stats);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    std::vector<std::string> targets;
+    for (const auto& m : matches) targets.push_back(m.target);
+    std::sort(targets.begin(), targets.end());
+    return targets;
+  }
+
+  std::string root_, ws_, cache_;
+};
+
+TEST_F(DenyScanTest, FindsEveryMatchAtAnyDepthAndNothingElse) {
+  ScanStats stats;
+  EXPECT_EQ(Scan({"**/.env"}, "", &stats), (std::vector<std::string>{"/inside/.env", "/inside/a/b/.env"}));
+  EXPECT_EQ(stats.directories, 4u);
+  EXPECT_EQ(stats.entries, 7u);
+}
+
+TEST_F(DenyScanTest, DirectoryPatternsMaskTheDirectory) {
+  fs::create_directories(ws_ + "/x/secrets/deep");
+  Touch(ws_ + "/x/secrets/deep/key");
+  ScanStats stats;
+  EXPECT_EQ(Scan({"**/secrets/**"}, "", &stats), (std::vector<std::string>{"/inside/x/secrets"}));
+}
+
+TEST_F(DenyScanTest, AnchoredPatternsMatchTheirPathOnly) {
+  ScanStats stats;
+  EXPECT_EQ(Scan({"a/*/.env"}, "", &stats), (std::vector<std::string>{"/inside/a/b/.env"}));
+}
+
+TEST_F(DenyScanTest, ASymlinkNamedLikeASecretMasksItsTarget) {
+  fs::create_directories(ws_ + "/real");
+  Touch(ws_ + "/real/secret.txt");
+  fs::create_symlink(ws_ + "/real/secret.txt", ws_ + "/c/.env");
+  fs::create_symlink("/etc/hostname", ws_ + "/a/.env");  // outside: not visible inside anyway
+  ScanStats stats;
+  EXPECT_EQ(Scan({"**/.env"}, "", &stats),
+            (std::vector<std::string>{"/inside/.env", "/inside/a/b/.env", "/inside/real/secret.txt"}));
+}
+
+TEST_F(DenyScanTest, CacheServesUnchangedDirectoriesWithoutReadingThem) {
+  AgeAllDirectories();
+  ScanStats first, second;
+  auto a = Scan({"**/.env"}, cache_, &first);
+  EXPECT_EQ(first.directories_read, 4u);
+  auto b = Scan({"**/.env"}, cache_, &second);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(second.directories, 4u);
+  EXPECT_EQ(second.directories_read, 0u);
+}
+
+TEST_F(DenyScanTest, CacheNoticesANewSecretInAnOldDirectory) {
+  AgeAllDirectories();
+  ScanStats s1, s2, s3;
+  Scan({"**/.env"}, cache_, &s1);
+  Touch(ws_ + "/c/.env");  // c's mtime moves
+  auto after = Scan({"**/.env"}, cache_, &s2);
+  EXPECT_EQ(after, (std::vector<std::string>{"/inside/.env", "/inside/a/b/.env", "/inside/c/.env"}));
+  EXPECT_EQ(s2.directories_read, 1u);
+  // A directory changed just now is read again on the next run too.
+  Scan({"**/.env"}, cache_, &s3);
+  EXPECT_EQ(s3.directories_read, 1u);
+}
+
+TEST_F(DenyScanTest, CacheNoticesANewDirectoryHoldingASecret) {
+  AgeAllDirectories();
+  ScanStats s1, s2;
+  Scan({"**/.env"}, cache_, &s1);
+  fs::create_directories(ws_ + "/a/new");
+  Touch(ws_ + "/a/new/.env");
+  auto after = Scan({"**/.env"}, cache_, &s2);
+  EXPECT_NE(std::find(after.begin(), after.end(), "/inside/a/new/.env"), after.end());
+}
+
+TEST_F(DenyScanTest, ADamagedCacheIsIgnored) {
+  AgeAllDirectories();
+  ScanStats s1, s2;
+  Scan({"**/.env"}, cache_, &s1);
+  for (const auto& e : fs::directory_iterator(cache_)) {
+    std::ofstream(e.path(), std::ios::binary | std::ios::trunc) << "agentbox-deny-scan-1\n\xff\xff\xff\xff garbage";
+  }
+  auto b = Scan({"**/.env"}, cache_, &s2);
+  EXPECT_EQ(b, (std::vector<std::string>{"/inside/.env", "/inside/a/b/.env"}));
+  EXPECT_EQ(s2.directories_read, 4u);
+}
+
+TEST_F(DenyScanTest, DifferentPatternsDoNotShareACache) {
+  AgeAllDirectories();
+  ScanStats s1, s2;
+  Scan({"**/.env"}, cache_, &s1);
+  EXPECT_EQ(Scan({"**/.envrc"}, cache_, &s2), (std::vector<std::string>{"/inside/c/.envrc"}));
+  EXPECT_EQ(s2.directories_read, 4u);
+}
+
+}  // namespace
+}  // namespace agentbox::linux
