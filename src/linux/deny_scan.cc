@@ -271,13 +271,14 @@ Status ScanDenyGlobs(const GlobScan& scan, const std::string& workspace_source,
                                : openat(root.get(), rel.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
       if (!dir.valid() || fstat(dir.get(), &st) != 0) continue;  // unreadable: not visible inside either
       ++stats->directories_read;
-      changed = true;
       v.ino = st.st_ino;
       v.dev = st.st_dev;
       v.mtime_s = st.st_mtim.tv_sec;
       v.mtime_ns = st.st_mtim.tv_nsec;
       v.cacheable = st.st_mtim.tv_sec < settled_before;
       ReadDir(dir.get(), rel, scan, matchers, &v, stats);
+      // The file changes only if what it would hold changes.
+      if (v.cacheable || (hit != old_cache.end() && hit->second.cacheable)) changed = true;
     }
     for (const auto& [type, name] : v.matches) {
       std::string host = paths::Join(scan.source_root, rel.empty() ? name : rel + "/" + name);
@@ -298,7 +299,11 @@ Status ScanDenyGlobs(const GlobScan& scan, const std::string& workspace_source,
     for (const auto& s : v.subdirs) pending.push_back(rel.empty() ? s : rel + "/" + s);
     new_cache.emplace(rel, std::move(v));
   }
-  if (!cache_path.empty() && (changed || new_cache.size() != old_cache.size())) {
+  // Directories that went away drop out of the file too.
+  for (const auto& [rel, v] : old_cache) {
+    if (v.cacheable && new_cache.find(rel) == new_cache.end()) changed = true;
+  }
+  if (!cache_path.empty() && changed) {
     SaveCache(cache_dir, cache_path, new_cache);
   }
   return {};

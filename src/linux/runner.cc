@@ -17,6 +17,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -127,55 +129,85 @@ std::string EnvValue(const std::vector<std::string>& env, const std::string& nam
   return "";
 }
 
-// execvpe() searches the caller's PATH, not the new environment's: search
-// the sandbox's PATH ourselves. Returns only on failure, with errno set.
-void ExecSearchingPath(const std::vector<std::string>& argv, const std::vector<std::string>& env) {
+// Everything the command's process needs, prepared before the vfork: the
+// child then makes syscalls only (it shares the runner's memory until exec).
+struct ExecRequest {
+  std::vector<std::string> env;
+  std::vector<std::string> candidates;  // execve() targets, in PATH order
   std::vector<char*> cargv, cenv;
-  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
-  cargv.push_back(nullptr);
-  for (const auto& e : env) cenv.push_back(const_cast<char*>(e.c_str()));
-  cenv.push_back(nullptr);
+  char exec_error_prefix[512];          // the status line, up to the errno
+};
+
+// execvpe() searches the caller's PATH, not the new environment's: search
+// the sandbox's PATH ourselves.
+void PrepareExec(const Plan& plan, const std::vector<std::string>& argv, ExecRequest* req) {
+  req->env = BuildEnv(plan.env);
+  for (const auto& a : argv) req->cargv.push_back(const_cast<char*>(a.c_str()));
+  req->cargv.push_back(nullptr);
+  for (const auto& e : req->env) req->cenv.push_back(const_cast<char*>(e.c_str()));
+  req->cenv.push_back(nullptr);
   const std::string& file = argv[0];
   if (file.find('/') != std::string::npos) {
-    execve(file.c_str(), cargv.data(), cenv.data());
-    return;
+    req->candidates.push_back(file);
+  } else {
+    std::string path = EnvValue(req->env, "PATH");
+    if (path.empty()) path = "/usr/bin:/bin";
+    size_t start = 0;
+    while (start <= path.size()) {
+      size_t colon = path.find(':', start);
+      if (colon == std::string::npos) colon = path.size();
+      std::string dir = path.substr(start, colon - start);
+      req->candidates.push_back((dir.empty() ? "." : dir) + "/" + file);
+      start = colon + 1;
+    }
   }
-  std::string path = EnvValue(env, "PATH");
-  if (path.empty()) path = "/usr/bin:/bin";
-  int saved = ENOENT;
-  size_t start = 0;
-  while (start <= path.size()) {
-    size_t colon = path.find(':', start);
-    if (colon == std::string::npos) colon = path.size();
-    std::string dir = path.substr(start, colon - start);
-    std::string candidate = (dir.empty() ? "." : dir) + "/" + file;
-    execve(candidate.c_str(), cargv.data(), cenv.data());
-    if (errno == EACCES || errno == ENOEXEC || errno == EPERM) saved = errno;
-    start = colon + 1;
+  // JSON-escape the command name once, here, for the exec error line.
+  std::string name;
+  for (char c : file.substr(0, 200)) {
+    if (c == '"' || c == '\\') name += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) continue;
+    name += c;
   }
-  errno = saved;
+  std::snprintf(req->exec_error_prefix, sizeof(req->exec_error_prefix),
+                "{\"t\":\"exec_error\",\"stage\":\"exec\",\"syscall\":\"execve\",\"path\":\"%s\",\"message\":\"\",\"errno\":",
+                name.c_str());
 }
 
 // The command's process: a new session (no controlling terminal to inject
-// keystrokes into), no capabilities, default signals, then exec.
-[[noreturn]] void CommandChild(const Plan& plan, const std::vector<std::string>& argv, int status_fd,
+// keystrokes into), default signals, then exec. No capability to drop: the
+// runner dropped them all (bounding set and securebits included) before the
+// vfork. Runs on the runner's memory: syscalls only, no allocation.
+[[noreturn]] void CommandChild(const ExecRequest& req, bool new_session, int status_fd,
                                const sigset_t& original_mask) {
-  auto fail = [&](const Status& s) {
-    WriteMessage(status_fd, {RunnerMessage::Type::kSetupError, s});
+  if (new_session && setsid() < 0) {
+    static const char kMsg[] =
+        "{\"t\":\"setup_error\",\"stage\":\"session\",\"syscall\":\"setsid\",\"path\":\"\",\"message\":\"\",\"errno\":1}\n";
+    (void)!write(status_fd, kMsg, sizeof(kMsg) - 1);
     _exit(125);
-  };
-  // No capability to drop here: the runner dropped them all before the
-  // fork, bounding set and securebits included, and they are inherited.
-  if (plan.confined && setsid() < 0) fail(Status::Errno("session", "setsid"));
+  }
   for (int sig : kForwarded) signal(sig, SIG_DFL);
   signal(SIGCHLD, SIG_DFL);
   signal(SIGPIPE, SIG_DFL);
   sigprocmask(SIG_SETMASK, &original_mask, nullptr);
-  std::vector<std::string> env = BuildEnv(plan.env);
-  ExecSearchingPath(argv, env);
-  int err = errno;
-  WriteMessage(status_fd, {RunnerMessage::Type::kExecError, Status::Syscall("exec", "execve", argv[0], err)});
-  _exit(err == ENOENT ? 127 : 126);
+  int saved = ENOENT;
+  for (const auto& candidate : req.candidates) {
+    execve(candidate.c_str(), req.cargv.data(), req.cenv.data());
+    if (errno == EACCES || errno == ENOEXEC || errno == EPERM || req.candidates.size() == 1) saved = errno;
+  }
+  char line[600];
+  int n = std::snprintf(line, sizeof(line), "%s%d}\n", req.exec_error_prefix, saved);
+  if (n > 0) (void)!write(status_fd, line, static_cast<size_t>(std::min(n, static_cast<int>(sizeof(line)) - 1)));
+  _exit(saved == ENOENT ? 127 : 126);
+}
+
+// vfork: the child borrows the runner's memory until it execs, which spares
+// copying the page tables. Kept in a frame of its own that returns at once,
+// so nothing of the caller's is live across the vfork.
+__attribute__((noinline)) pid_t SpawnCommand(const ExecRequest& req, bool new_session, int status_fd,
+                                             const sigset_t& mask) {
+  pid_t pid = vfork();
+  if (pid == 0) CommandChild(req, new_session, status_fd, mask);
+  return pid;
 }
 
 }  // namespace
@@ -222,9 +254,10 @@ void RunnerMain(const Plan& plan, const ResolvedPlan& resolved, const std::vecto
     if (Status s = DropAllCapabilities(); !s.ok()) Fail(status_fd, s);
   }
 
-  pid_t child = fork();
-  if (child < 0) Fail(status_fd, Status::Errno("fork", "fork"));
-  if (child == 0) CommandChild(plan, argv, status_fd, original);
+  ExecRequest request;
+  PrepareExec(plan, argv, &request);
+  pid_t child = SpawnCommand(request, plan.confined, status_fd, original);
+  if (child < 0) Fail(status_fd, Status::Errno("fork", "vfork"));
   // Reap everything; forward termination signals to the command's group.
   for (;;) {
     siginfo_t info{};
