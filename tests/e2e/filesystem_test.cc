@@ -299,6 +299,53 @@ TEST(DenyGlob, EnvFilesAtAnyDepthAreMasked) {
   EXPECT_FALSE(Contains(r.out + r.err, secret)) << r.Describe();
 }
 
+TEST(DenyGlob, SecretAddedAfterACachedScanIsStillMasked) {
+  Sandbox sb;
+  WriteFile(sb.ws() + "/old/deep/notes.txt", "x");
+  WriteFile(sb.ws() + "/old/.env", "FIRST\n");
+  // Age every directory so that the scan may cache its verdicts.
+  struct timespec past[2] = {{1600000000, 0}, {1600000000, 0}};
+  for (const char* d : {"", "/old", "/old/deep"}) {
+    ASSERT_EQ(utimensat(AT_FDCWD, (sb.ws() + d).c_str(), past, 0), 0);
+  }
+  RunResult first = sb.Sh("cat old/.env; exit 0");
+  ASSERT_EQ(first.status, 0) << first.Describe();
+  EXPECT_FALSE(Contains(first.out, "FIRST")) << first.Describe();
+  EXPECT_TRUE(IsDir(sb.home() + "/.cache/agentbox/deny-scan")) << "the scan cache was not written";
+  // A new secret in a directory the cache knows: the directory's mtime moves.
+  const std::string secret = "LATE-SECRET-" + RandomHex();
+  WriteFile(sb.ws() + "/old/deep/.env", secret + "\n");
+  RunResult second = sb.Sh("cat old/deep/.env");
+  EXPECT_FALSE(Contains(second.out + second.err, secret)) << second.Describe();
+  EXPECT_EQ(OutcomeOf(second), "sandbox_denied") << second.Describe();
+}
+
+TEST(DenyGlob, PythonAndNodeStyleErrorsCountAsDenials) {
+  Sandbox sb;
+  WriteFile(sb.ws() + "/.env", "S=1\n");
+  RunResult py = sb.Sh("python3 -c \"open('.env').read()\"");
+  EXPECT_NE(py.status, 0) << py.Describe();
+  EXPECT_TRUE(Contains(py.err, "[Errno 13] Permission denied: '.env'")) << py.Describe();
+  EXPECT_EQ(OutcomeOf(py), "sandbox_denied") << py.Describe();
+  EXPECT_TRUE(HasDenial(py, ".env")) << py.Describe();
+  RunResult ro = sb.Sh("python3 -c \"open('/usr/agentbox-x', 'w')\"");
+  EXPECT_EQ(OutcomeOf(ro), "sandbox_denied") << ro.Describe();
+  EXPECT_TRUE(HasDenial(ro, "/usr/agentbox-x")) << ro.Describe();
+}
+
+TEST(DenyGlob, ReportAsTaskFailureListsDenialsButKeepsTheOutcome) {
+  Sandbox sb;
+  WriteFile(sb.ws() + "/.env", "S=1\n");
+  WriteFile(sb.scratch() + "/p.yaml", "version: 1\non_violation: { report_as: task_failure }\n");
+  RunResult r = sb.Sh("cat .env", {"--policy", sb.scratch() + "/p.yaml"});
+  EXPECT_EQ(r.status, 1) << r.Describe();
+  EXPECT_EQ(OutcomeOf(r), "exited") << r.Describe();
+  EXPECT_TRUE(HasDenial(r, ".env")) << r.Describe();
+  ASSERT_TRUE(r.report.has_value());
+  EXPECT_TRUE(Contains(r.report->at("enforcement").value("notes", nlohmann::json::array()).dump(), "task_failure"))
+      << r.Describe();
+}
+
 TEST(DenyGlob, LookalikeFilesStayReadable) {
   Sandbox sb;
   WriteFile(sb.ws() + "/a/.envrc", "envrc\n");
