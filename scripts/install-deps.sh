@@ -8,8 +8,10 @@ packages=(
   cmake g++ make pkg-config git
   # libraries
   libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libseccomp-dev
+  # the egress proxy: Asio/Beast (header-only), IDNA host names (static: libunistring too)
+  libboost-dev libidn2-dev libunistring-dev
   # tests, fuzzing, benchmarks
-  libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-14-dev python3
+  libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-14-dev python3 curl
   # the demo's readable reports; anchors for the benchmarks
   jq bubblewrap util-linux iproute2 passwd
 )
