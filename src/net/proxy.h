@@ -1,0 +1,161 @@
+// The egress proxy engine: an HTTP proxy (CONNECT, absolute-URI requests)
+// and a SOCKS5 proxy (CONNECT) on listening sockets handed over as fds,
+// deciding every connection with a RuleSet, resolving names itself, and
+// dialling exactly the address it checked.
+//
+// Event-driven on one boost::asio::io_context; nothing here starts a thread
+// except SystemResolver. All methods of Proxy, and every callback it makes
+// (Resolver, Asker, RecordSink), run on the thread that runs the io_context.
+//
+// The sandbox integration passes listening sockets created inside the
+// sandbox's network namespace (SCM_RIGHTS); tests pass loopback listeners.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "agentbox/status.h"
+#include "net/rules.h"
+
+namespace agentbox::net {
+
+// Name resolution, injected so that tests never touch the machine's resolver.
+class Resolver {
+ public:
+  using Callback = std::function<void(Result<std::vector<IpAddress>>)>;
+  virtual ~Resolver() = default;
+  // Resolves a normalised host name (never an IP literal, never "localhost").
+  // `done` runs exactly once, on the proxy's io_context thread, and may run
+  // after the asking connection is gone (it must tolerate that).
+  virtual void Resolve(const std::string& host, Callback done) = 0;
+};
+
+// A fixed table, for tests: names not in it fail with "no such host".
+class StaticResolver : public Resolver {
+ public:
+  explicit StaticResolver(boost::asio::io_context& io) : io_(io) {}
+  void Add(const std::string& host, std::vector<IpAddress> addresses) { table_[host] = std::move(addresses); }
+  // Answers nothing, ever, for `host`: a resolver that hangs.
+  void Hang(const std::string& host) { hang_.push_back(host); }
+  void Resolve(const std::string& host, Callback done) override;
+  int calls() const { return calls_; }
+
+ private:
+  boost::asio::io_context& io_;
+  std::map<std::string, std::vector<IpAddress>> table_;
+  std::vector<std::string> hang_;
+  std::vector<Callback> hung_;  // kept so that hung callbacks are never run
+  int calls_ = 0;
+};
+
+// getaddrinfo on a small, fixed pool of worker threads with a bounded queue
+// (no thread per connection). Must be destroyed before the io_context; the
+// destructor waits for lookups in progress.
+class SystemResolver : public Resolver {
+ public:
+  explicit SystemResolver(boost::asio::io_context& io, int threads = 2, std::size_t max_queued = 256);
+  ~SystemResolver() override;
+  void Resolve(const std::string& host, Callback done) override;
+
+ private:
+  void Work();
+  boost::asio::io_context& io_;
+  std::size_t max_queued_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<std::string, Callback>> queue_;
+  bool stopping_ = false;
+  std::vector<std::thread> threads_;
+};
+
+// The answer to "allow host:port?" under on_unknown_domain: ask.
+enum class AskAnswer { kDeny, kOnce, kAlways };
+const char* ToString(AskAnswer a);
+
+class Asker {
+ public:
+  virtual ~Asker() = default;
+  // Asks about one target. `done` runs at most once on the io_context
+  // thread; the proxy bounds the wait itself and treats silence as kDeny.
+  // The proxy asks one question per host:port at a time.
+  virtual void Ask(const std::string& host, std::uint16_t port, std::function<void(AskAnswer)> done) = 0;
+};
+
+// One per client connection, delivered when the connection ends.
+struct ConnectionRecord {
+  std::string protocol;    // "http-connect", "http", "socks5"
+  std::string host;        // the target as asked (normalised when it could be)
+  std::uint16_t port = 0;
+  std::string address;     // the address dialled; empty when none was
+  std::string decision;    // "allow", "deny", "error"
+  std::string rule;        // the entry that decided, or how ("ask: once")
+  std::string reason;      // deny: DenyReason name; error: what failed
+  std::string message;     // one line for people
+  std::uint64_t bytes_up = 0;    // client → upstream, request head included
+  std::uint64_t bytes_down = 0;  // upstream → client
+  std::uint64_t duration_ms = 0;
+
+  std::string ToJson() const;  // one line, for the --network-log JSONL
+};
+
+class RecordSink {
+ public:
+  virtual ~RecordSink() = default;
+  virtual void Record(const ConnectionRecord& record) = 0;
+};
+
+enum class ListenerKind { kHttp, kSocks5 };
+
+struct ProxyOptions {
+  bool ask_unknown = false;  // on_unknown_domain: ask (needs an Asker; otherwise deny)
+  bool check_sni = true;     // CONNECT/SOCKS to :443: SNI must name the target
+  std::chrono::milliseconds header_timeout{10000};   // request head, SOCKS handshake, ClientHello
+  std::chrono::milliseconds connect_timeout{10000};  // resolution plus dialling
+  std::chrono::milliseconds ask_timeout{60000};      // a question unanswered by then is a deny
+  std::size_t header_limit = 32 * 1024;              // request line + fields; beyond → 431
+  std::size_t max_connections = 8192;                // beyond: accepted and closed at once
+};
+
+struct ProxyStats {
+  std::size_t active = 0;
+  std::uint64_t accepted = 0;
+  std::uint64_t refused_over_limit = 0;
+};
+
+class Proxy {
+ public:
+  // `resolver` must outlive the proxy; `asker` and `sink` may be null.
+  Proxy(boost::asio::io_context& io, RuleSet rules, ProxyOptions options, Resolver& resolver, Asker* asker,
+        RecordSink* sink);
+  ~Proxy();  // Stop()
+  Proxy(const Proxy&) = delete;
+  Proxy& operator=(const Proxy&) = delete;
+
+  // Serves a bound, listening TCP socket (IPv4 or IPv6). Takes ownership of
+  // `fd` whatever the outcome.
+  Status Serve(int fd, ListenerKind kind);
+
+  // Closes the listeners and every connection; each open connection's record
+  // is delivered before Stop returns. Irreversible.
+  void Stop();
+
+  ProxyStats stats() const;
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace agentbox::net
