@@ -1,0 +1,209 @@
+#include "net/ask.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/write.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstring>
+
+extern char** environ;
+
+namespace agentbox::net {
+
+namespace asio = boost::asio;
+using boost::system::error_code;
+
+AskAnswer ParseAnswer(std::string_view text) {
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) text.remove_prefix(1);
+  std::size_t end = 0;
+  while (end < text.size() && !std::isspace(static_cast<unsigned char>(text[end]))) ++end;
+  std::string word(text.substr(0, end));
+  for (char& c : word) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (word == "o" || word == "once" || word == "y" || word == "yes" || word == "allow") return AskAnswer::kOnce;
+  if (word == "a" || word == "always") return AskAnswer::kAlways;
+  return AskAnswer::kDeny;
+}
+
+// --- CommandAsker -------------------------------------------------------------
+
+namespace {
+
+// One run of the ask command: its stdout, a timer, and the answer once.
+struct CommandRun : std::enable_shared_from_this<CommandRun> {
+  CommandRun(asio::io_context& io, pid_t pid, int out_fd, std::function<void(AskAnswer)> done)
+      : out(io, out_fd), timer(io), pid(pid), done(std::move(done)) {}
+
+  void Start(std::chrono::milliseconds timeout) {
+    timer.expires_after(timeout);
+    timer.async_wait([self = shared_from_this()](error_code ec) {
+      if (!ec) self->End(AskAnswer::kDeny);
+    });
+    Read();
+  }
+  void Read() {
+    if (text.size() > 4096) return End(AskAnswer::kDeny);
+    out.async_read_some(asio::buffer(chunk), [self = shared_from_this()](error_code ec, std::size_t n) {
+      if (self->ended) return;
+      self->text.append(self->chunk, n);
+      if (ec) return self->End(self->Decide());
+      self->Read();
+    });
+  }
+  AskAnswer Decide() {
+    ::kill(pid, SIGKILL);  // whatever it still does, the answer is in
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    reaped = true;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return AskAnswer::kDeny;
+    return ParseAnswer(text);
+  }
+  void End(AskAnswer a) {
+    if (ended) return;
+    ended = true;
+    if (!reaped) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+      reaped = true;
+    }
+    timer.cancel();
+    error_code ec;
+    out.close(ec);
+    done(a);
+  }
+
+  asio::posix::stream_descriptor out;
+  asio::steady_timer timer;
+  pid_t pid;
+  std::function<void(AskAnswer)> done;
+  char chunk[512];
+  std::string text;
+  bool ended = false;
+  bool reaped = false;
+};
+
+}  // namespace
+
+CommandAsker::CommandAsker(asio::io_context& io, std::vector<std::string> argv, std::chrono::milliseconds timeout)
+    : io_(io), argv_(std::move(argv)), timeout_(timeout) {}
+
+void CommandAsker::Ask(const std::string& host, std::uint16_t port, std::function<void(AskAnswer)> done) {
+  auto deny_later = [&] { asio::post(io_, [done] { done(AskAnswer::kDeny); }); };
+  if (argv_.empty()) return deny_later();
+  int in[2], out[2];
+  if (::pipe2(in, O_CLOEXEC) != 0) return deny_later();
+  if (::pipe2(out, O_CLOEXEC) != 0) {
+    ::close(in[0]);
+    ::close(in[1]);
+    return deny_later();
+  }
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, in[0], 0);
+  posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+  std::vector<char*> args;
+  for (auto& a : argv_) args.push_back(a.data());
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  int rc = ::posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(in[0]);
+  ::close(out[1]);
+  if (rc != 0) {
+    ::close(in[1]);
+    ::close(out[0]);
+    return deny_later();
+  }
+  // The question is a few dozen bytes: it fits in the pipe, the write cannot block.
+  std::string question = nlohmann::json{{"host", host}, {"port", port}}.dump() + "\n";
+  ssize_t ignored = ::write(in[1], question.data(), question.size());
+  (void)ignored;
+  ::close(in[1]);
+  auto run = std::make_shared<CommandRun>(io_, pid, out[0], std::move(done));
+  run->Start(timeout_);
+}
+
+// --- TerminalAsker --------------------------------------------------------------
+
+TerminalAsker::TerminalAsker(asio::io_context& io, int in_fd, int out_fd, std::chrono::milliseconds timeout)
+    : io_(io), in_(io, in_fd), out_fd_(out_fd == in_fd ? ::dup(out_fd) : out_fd), timeout_(timeout), timer_(io) {
+}
+
+TerminalAsker::~TerminalAsker() {
+  *alive_ = false;
+  if (out_fd_ >= 0) ::close(out_fd_);
+}
+
+std::unique_ptr<TerminalAsker> TerminalAsker::OpenControllingTerminal(asio::io_context& io,
+                                                                      std::chrono::milliseconds timeout) {
+  int fd = ::open("/dev/tty", O_RDWR | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) return nullptr;
+  return std::make_unique<TerminalAsker>(io, fd, fd, timeout);
+}
+
+void TerminalAsker::Ask(const std::string& host, std::uint16_t port, std::function<void(AskAnswer)> done) {
+  std::string target = host.find(':') != std::string::npos ? "[" + host + "]:" + std::to_string(port)
+                                                            : host + ":" + std::to_string(port);
+  queue_.push_back({std::move(target), std::move(done)});
+  if (!asking_) Next();
+}
+
+void TerminalAsker::Next() {
+  if (queue_.empty()) {
+    asking_ = false;
+    return;
+  }
+  asking_ = true;
+  std::string prompt = "agentbox: allow " + queue_.front().target + "? [o]nce / [a]lways this run / [d]eny: ";
+  ssize_t ignored = ::write(out_fd_, prompt.data(), prompt.size());
+  (void)ignored;
+  timer_.expires_after(timeout_);
+  timer_.async_wait([this, alive = alive_](error_code ec) {
+    if (ec || !*alive) return;
+    Answer(AskAnswer::kDeny, "\nagentbox: no answer in time, denied\n");
+  });
+  line_.clear();
+  ReadAnswer();
+}
+
+void TerminalAsker::ReadAnswer() {
+  auto buf = std::make_shared<std::array<char, 256>>();
+  in_.async_read_some(asio::buffer(*buf), [this, buf, alive = alive_](error_code ec, std::size_t n) {
+    if (!*alive || !asking_) return;
+    if (ec) return Answer(AskAnswer::kDeny, "");
+    line_.append(buf->data(), n);
+    std::size_t nl = line_.find('\n');
+    if (nl == std::string::npos) {
+      if (line_.size() > 256) return Answer(AskAnswer::kDeny, "");
+      return ReadAnswer();
+    }
+    Answer(ParseAnswer(line_.substr(0, nl)), "");
+  });
+}
+
+void TerminalAsker::Answer(AskAnswer a, const char* note) {
+  if (queue_.empty()) return;
+  if (note[0] != '\0') {
+    ssize_t ignored = ::write(out_fd_, note, std::strlen(note));
+    (void)ignored;
+  }
+  timer_.cancel();
+  Pending p = std::move(queue_.front());
+  queue_.pop_front();
+  p.done(a);
+  // A read still pending belongs to the next question now; cancel it.
+  error_code ec;
+  in_.cancel(ec);
+  asking_ = false;
+  asio::post(io_, [this, alive = alive_] {
+    if (*alive && !asking_) Next();
+  });
+}
+
+}  // namespace agentbox::net
