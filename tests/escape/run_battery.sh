@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Runs the escape battery (tests/escape/) as root or as an unprivileged user
+# and prints its summary line; the line is also written to SUMMARY_FILE so the
+# test script can show it after ctest, which hides the output of passing tests.
+#
+#   tests/escape/run_battery.sh root|unprivileged AGENTBOX_BIN TEST_BIN PROBE_BIN SUMMARY_FILE
+#
+# As root, "unprivileged" creates the user `agentbox-test` if needed, stages
+# the binaries where that user can read them, and stages the setuid and
+# file-capability copies of the probe (which only root can make). Not root:
+# "unprivileged" runs as is, and "root" is reported as not run.
+set -uo pipefail
+who="$1" bin="$2" tests="$3" probe="$4" summary="$5"
+fixtures="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/fixtures"
+: >"$summary"
+
+run() {
+  "$@" --gtest_brief=1
+}
+
+if [ "$who" = root ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "escape battery (root): not run (the test command is not root)" | tee "$summary"
+    exit 0
+  fi
+  ESCAPE_SUMMARY_FILE="$summary" AGENTBOX_BIN="$bin" ESCAPE_PROBE="$probe" AGENTBOX_FIXTURES="$fixtures" \
+    run "$tests"
+  rc=$?
+elif [ "$(id -u)" -ne 0 ]; then
+  ESCAPE_SUMMARY_FILE="$summary" AGENTBOX_BIN="$bin" ESCAPE_PROBE="$probe" AGENTBOX_FIXTURES="$fixtures" \
+    run "$tests"
+  rc=$?
+else
+  user=agentbox-test
+  if ! id -u "$user" >/dev/null 2>&1; then
+    useradd --create-home --shell /bin/sh "$user"
+  fi
+  home="$(getent passwd "$user" | cut -d: -f6)"
+  stage="$(mktemp -d /tmp/agentbox-escape.XXXXXX)"
+  trap 'rm -rf "$stage"' EXIT
+  cp "$bin" "$stage/agentbox"
+  cp "$tests" "$stage/agentbox_escape_tests"
+  cp "$probe" "$stage/escape_probe"
+  cp -r "$fixtures" "$stage/fixtures"
+  mkdir "$stage/priv"
+  "$probe" stage_privileged "$stage/priv" >/dev/null || echo "run_battery: could not stage the privileged probes"
+  chmod -R a+rX "$stage"
+  chmod 755 "$stage" "$stage/priv"
+  out="$stage/summary.txt"
+  touch "$out" && chown "$user" "$out"
+  cd "$stage"
+  runuser -u "$user" -- env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$home" LANG=C.UTF-8 \
+    TMPDIR=/tmp AGENTBOX_BIN="$stage/agentbox" AGENTBOX_FIXTURES="$stage/fixtures" \
+    ESCAPE_PROBE="$stage/escape_probe" ESCAPE_PRIV_STAGE="$stage/priv" ESCAPE_SUMMARY_FILE="$out" \
+    "$stage/agentbox_escape_tests" --gtest_brief=1
+  rc=$?
+  cp "$out" "$summary"
+fi
+echo
+cat "$summary"
+exit $rc
