@@ -11,6 +11,7 @@
 #include <boost/asio/write.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <unordered_set>
@@ -359,7 +360,8 @@ class Session : public std::enable_shared_from_this<Session> {
       reply.assign(r.begin(), r.end());
     }
     WriteClient(std::move(reply), [](Session& s) {
-      if (s.port_ == 443 && s.impl_->options.check_sni) {
+      const auto& ports = s.impl_->options.sni_ports;
+      if (s.impl_->options.check_sni && std::find(ports.begin(), ports.end(), s.port_) != ports.end()) {
         s.phase_ = Phase::kSni;
         s.Arm(s.impl_->options.header_timeout,
               [](Session& t) { t.Finish("error", "header-timeout", "TLS ClientHello not received in time"); });

@@ -119,7 +119,8 @@ enum class ListenerKind { kHttp, kSocks5 };
 
 struct ProxyOptions {
   bool ask_unknown = false;  // on_unknown_domain: ask (needs an Asker; otherwise deny)
-  bool check_sni = true;     // CONNECT/SOCKS to :443: SNI must name the target
+  bool check_sni = true;     // CONNECT/SOCKS to a TLS port: SNI must name the target
+  std::vector<std::uint16_t> sni_ports{443};         // the ports the SNI check applies to
   std::chrono::milliseconds header_timeout{10000};   // request head, SOCKS handshake, ClientHello
   std::chrono::milliseconds connect_timeout{10000};  // resolution plus dialling
   std::chrono::milliseconds ask_timeout{60000};      // a question unanswered by then is a deny
