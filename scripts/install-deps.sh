@@ -12,6 +12,8 @@ packages=(
   libboost-dev libidn2-dev libunistring-dev
   # tests, fuzzing, benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-14-dev python3 curl
+  # the escape battery's compat suite
+  nodejs
   # the demo's readable reports; anchors for the benchmarks
   jq bubblewrap util-linux iproute2 passwd
 )
