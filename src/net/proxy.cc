@@ -31,7 +31,9 @@ namespace {
 class Session;
 
 // Bytes moved per direction before yielding to other connections.
-constexpr std::size_t kSpliceChunk = 256 * 1024;
+constexpr std::size_t kSpliceChunk = 1024 * 1024;
+constexpr std::size_t kDefaultPipe = 64 * 1024;
+constexpr std::size_t kBulkPipe = 1024 * 1024;
 constexpr int kChunksPerTurn = 8;
 // Unread request bytes are drained this long after a refusal, so that the
 // close does not turn into a reset that destroys the 403 in flight.
@@ -72,6 +74,7 @@ struct Proxy::Impl : std::enable_shared_from_this<Proxy::Impl> {
     std::vector<std::function<void(AskAnswer)>> waiters;
     asio::steady_timer timer;
     bool done = false;
+    bool grown = false;
   };
 
   void Accept(Listener* listener);
@@ -143,6 +146,7 @@ class Session : public std::enable_shared_from_this<Session> {
     std::size_t in_pipe = 0;
     std::uint64_t bytes = 0;
     bool done = false;
+    bool grown = false;
   };
 
   // --- timers and reading -------------------------------------------------
@@ -463,6 +467,13 @@ class Session : public std::enable_shared_from_this<Session> {
                            SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
       if (n > 0) {
         p.in_pipe = static_cast<std::size_t>(n);
+        // A full default pipe means a bulk stream: a larger pipe moves more
+        // per syscall. Idle and small tunnels keep the default (pipe memory
+        // counts against a per-user limit).
+        if (!p.grown && static_cast<std::size_t>(n) >= kDefaultPipe) {
+          p.grown = true;
+          (void)::fcntl(p.pipe_w, F_SETPIPE_SZ, static_cast<int>(kBulkPipe));
+        }
         continue;
       }
       if (n == 0) {

@@ -1,0 +1,245 @@
+// The egress proxy against direct loopback, measured in the same run:
+//   1. bulk transfer (1 GiB by default) through a CONNECT tunnel vs direct;
+//   2. CONNECT setup + first byte, p50 added latency over a direct connect;
+//   3. 1,000 concurrent tunnels: errors and the proxy's RSS growth per tunnel.
+// The proxy runs in a forked child process (as it will in the supervisor), so
+// its RSS is its own. Prints figures and ratios; asserts nothing.
+//
+//   proxy_bench [BYTES]      (default 1073741824)
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "net/proxy.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int Listen(std::uint16_t* port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 4096) != 0) {
+    std::perror("bind/listen");
+    std::exit(1);
+  }
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  *port = ntohs(a.sin_port);
+  return fd;
+}
+
+int Connect(std::uint16_t port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(port);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return -1;
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  timeval tv{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+bool SendAll(int fd, const char* p, std::size_t n) {
+  while (n > 0) {
+    ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<std::size_t>(w);
+  }
+  return true;
+}
+
+bool ReadHead(int fd) {
+  std::string head;
+  char c;
+  while (head.size() < 4096 && (head.size() < 4 || head.compare(head.size() - 4, 4, "\r\n\r\n") != 0)) {
+    if (::recv(fd, &c, 1, 0) != 1) return false;
+    head += c;
+  }
+  return head.rfind("HTTP/1.1 200", 0) == 0;
+}
+
+int Tunnel(std::uint16_t proxy, std::uint16_t target) {
+  int fd = Connect(proxy);
+  if (fd < 0) return -1;
+  std::string req = "CONNECT 127.0.0.1:" + std::to_string(target) + " HTTP/1.1\r\n\r\n";
+  if (!SendAll(fd, req.data(), req.size()) || !ReadHead(fd)) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// The proxy process: serves the listener until killed.
+[[noreturn]] void RunProxy(int listen_fd) {
+  boost::asio::io_context io;
+  agentbox::net::StaticResolver resolver(io);
+  auto rules = agentbox::net::RuleSet::Build({"127.0.0.1"}, {}, agentbox::NetDefault::kDeny);
+  agentbox::net::Proxy proxy(io, std::move(rules).value(), {}, resolver, nullptr, nullptr);
+  if (!proxy.Serve(listen_fd, agentbox::net::ListenerKind::kHttp).ok()) _exit(1);
+  io.run();
+  _exit(0);
+}
+
+long RssKiB(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::strtol(line.c_str() + 6, nullptr, 10);
+  }
+  return -1;
+}
+
+// Discards what it reads; answers one byte at EOF.
+void SinkServer(int listen_fd) {
+  std::vector<char> buf(1 << 20);
+  while (true) {
+    int c = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (c < 0) return;
+    while (::recv(c, buf.data(), buf.size(), 0) > 0) {
+    }
+    SendAll(c, "k", 1);
+    ::close(c);
+  }
+}
+
+// Echoes each connection on its own thread (the latency test is sequential,
+// the concurrency test keeps 1,000 threads parked in recv).
+void EchoServer(int listen_fd) {
+  while (true) {
+    int c = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (c < 0) return;
+    std::thread([c] {
+      char buf[4096];
+      ssize_t n;
+      while ((n = ::recv(c, buf, sizeof buf, 0)) > 0) SendAll(c, buf, static_cast<std::size_t>(n));
+      ::close(c);
+    }).detach();
+  }
+}
+
+double Bulk(int fd, std::size_t bytes) {
+  std::vector<char> block(1 << 20, 'b');
+  auto t0 = Clock::now();
+  for (std::size_t sent = 0; sent < bytes; sent += block.size()) {
+    if (!SendAll(fd, block.data(), std::min(block.size(), bytes - sent))) return -1;
+  }
+  ::shutdown(fd, SHUT_WR);
+  char k;
+  if (::recv(fd, &k, 1, 0) != 1) return -1;
+  double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  ::close(fd);
+  return static_cast<double>(bytes) / s / (1 << 20);  // MiB/s
+}
+
+double P50(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::size_t bytes = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : (std::size_t{1} << 30);
+  rlimit lim{};
+  ::getrlimit(RLIMIT_NOFILE, &lim);
+  lim.rlim_cur = lim.rlim_max;
+  ::setrlimit(RLIMIT_NOFILE, &lim);
+  ::signal(SIGPIPE, SIG_IGN);
+
+  std::uint16_t proxy_port, sink_port, echo_port;
+  int proxy_fd = Listen(&proxy_port);
+  pid_t proxy = ::fork();  // before any thread exists
+  if (proxy == 0) RunProxy(proxy_fd);
+  ::close(proxy_fd);
+  int sink_fd = Listen(&sink_port);
+  int echo_fd = Listen(&echo_port);
+  std::thread(SinkServer, sink_fd).detach();
+  std::thread(EchoServer, echo_fd).detach();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+
+  // 1. Bulk: best of three each way.
+  double direct = 0, tunnel = 0;
+  for (int i = 0; i < 3; ++i) {
+    direct = std::max(direct, Bulk(Connect(sink_port), bytes));
+    int fd = Tunnel(proxy_port, sink_port);
+    tunnel = std::max(tunnel, fd < 0 ? -1 : Bulk(fd, bytes));
+  }
+  std::printf("bulk %.0f MiB: direct %.0f MiB/s, CONNECT tunnel %.0f MiB/s, ratio %.2f (target >= 0.90)\n",
+              static_cast<double>(bytes) / (1 << 20), direct, tunnel, tunnel / direct);
+
+  // 2. Connection setup + first byte, sequential, p50 over 2,000 each.
+  std::vector<double> d_ms, t_ms;
+  int latency_errors = 0;
+  for (int i = 0; i < 2000; ++i) {
+    for (int via_proxy = 0; via_proxy < 2; ++via_proxy) {
+      auto t0 = Clock::now();
+      int fd = via_proxy ? Tunnel(proxy_port, echo_port) : Connect(echo_port);
+      char c = 'x';
+      bool ok = fd >= 0 && SendAll(fd, &c, 1) && ::recv(fd, &c, 1, 0) == 1;
+      double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      if (fd >= 0) ::close(fd);
+      if (!ok) {
+        ++latency_errors;
+        continue;
+      }
+      (via_proxy ? t_ms : d_ms).push_back(ms);
+    }
+  }
+  std::printf("connect + first byte: direct p50 %.3f ms, via CONNECT p50 %.3f ms, added %.3f ms "
+              "(target <= 0.300), errors %d\n",
+              P50(d_ms), P50(t_ms), P50(t_ms) - P50(d_ms), latency_errors);
+
+  // 3. 1,000 concurrent tunnels, each with a byte echoed through it.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  long rss0 = RssKiB(proxy);
+  constexpr int kTunnels = 1000;
+  std::vector<int> fds;
+  int errors = 0;
+  for (int i = 0; i < kTunnels; ++i) {
+    int fd = Tunnel(proxy_port, echo_port);
+    if (fd < 0) {
+      ++errors;
+      continue;
+    }
+    fds.push_back(fd);
+  }
+  for (int fd : fds) {
+    char c = 'y';
+    if (!SendAll(fd, &c, 1) || ::recv(fd, &c, 1, 0) != 1) ++errors;
+  }
+  long rss1 = RssKiB(proxy);
+  std::printf("%d concurrent tunnels: errors %d, proxy RSS %ld → %ld KiB, growth %.1f KiB/tunnel (target <= 64)\n",
+              kTunnels, errors, rss0, rss1, static_cast<double>(rss1 - rss0) / kTunnels);
+  for (int fd : fds) ::close(fd);
+
+  ::kill(proxy, SIGTERM);
+  ::waitpid(proxy, nullptr, 0);
+  return 0;
+}
