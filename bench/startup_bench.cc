@@ -79,6 +79,13 @@ void BM_Bwrap(benchmark::State& s) {
 void BM_Agentbox(benchmark::State& s) {
   Measure(s, {g_agentbox, "run", "--mode", "workspace-write", "--", "/bin/true"}, g_empty_ws);
 }
+// The same run with cgroup-backed limits: cgroup creation, placement,
+// counters and removal (the cost the resources layer adds).
+void BM_AgentboxCgroupLimits(benchmark::State& s) {
+  Measure(s, {g_agentbox, "run", "--mode", "workspace-write", "--require", "partial", "--memory", "512Mi",
+              "--max-processes", "256", "--", "/bin/true"},
+          g_empty_ws);
+}
 void BM_Agentbox100kFilesDenyGlob(benchmark::State& s) {
   Measure(s, {g_agentbox, "run", "--mode", "workspace-write", "--", "/bin/true"}, g_big_ws);
 }
@@ -95,6 +102,7 @@ BENCHMARK(BM_Bare)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
 BENCHMARK(BM_Unshare)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
 BENCHMARK(BM_Bwrap)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
 BENCHMARK(BM_Agentbox)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
+BENCHMARK(BM_AgentboxCgroupLimits)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
 BENCHMARK(BM_Agentbox100kFilesDenyGlob)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
 BENCHMARK(BM_Agentbox100kFilesDenyGlobUncached)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
 BENCHMARK(BM_Agentbox100kFilesNoGlob)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
@@ -184,6 +192,10 @@ int main(int argc, char** argv) {
   std::printf("%-46s %9.2f ms (target <= 50 ms)\n", "added by the deny-glob scan (cached)", glob - noglob);
   std::printf("%-46s %9.2f ms (target <= 50 ms)\n", "added by the deny-glob scan (full walk)", uncached - noglob);
   std::printf("%-46s %9.2f ms (target <= 50 ms)\n", "100k workspace vs empty workspace", glob - ab);
+  double cg = get("BM_AgentboxCgroupLimits");
+  std::printf("%-46s %9.2f ms\n", "--memory 512Mi --max-processes 256", cg);
+  std::printf("%-46s %9.2f ms (target <= 1 ms; %.2fx the plain run)\n", "added by cgroup setup and teardown",
+              cg - ab, ab > 0 ? cg / ab : 0.0);
   std::printf("%-46s %9ld KiB (target <= 4096 KiB)\n", "supervisor peak RSS (VmHWM)", rss);
   std::printf("%-46s %9.2fx (target <= 1.0x)\n", "agentbox / bubblewrap", bwrap > 0 ? ab / bwrap : 0.0);
   return 0;

@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace agentbox {
@@ -18,6 +19,17 @@ struct CgroupCaps {
   std::vector<std::string> v1_writable;    // those whose cgroup of ours we may create children in
   bool can_create_children = false;      // a writable cgroup directory for this process exists
   std::string reason;                    // why not, when it cannot
+  // Controllers a child cgroup of ours can be given, each with where from:
+  // "memory" -> "v2" | "v1". Limits whose controller is absent are not enforced.
+  std::vector<std::pair<std::string, std::string>> delegated;
+  bool probed = false;                   // false: not looked at (a quick probe, no limits asked)
+
+  const char* Where(const std::string& controller) const {
+    for (const auto& [c, w] : delegated) {
+      if (c == controller) return w.c_str();
+    }
+    return nullptr;
+  }
 };
 
 struct HostCaps {
@@ -52,5 +64,10 @@ enum class ProbeDepth {
 };
 
 HostCaps ProbeHost(ProbeDepth depth);
+
+// The cgroup part of the probe alone (kDeep includes it): a few small reads
+// of /proc/self and cgroupfs. Callers of a quick probe add it when the
+// policy asks for cgroup-backed limits.
+CgroupCaps ProbeCgroupCaps();
 
 }  // namespace agentbox

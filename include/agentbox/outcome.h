@@ -50,11 +50,29 @@ struct ErrorInfo {
 enum class OutcomeKind { kExited, kSignaled, kTimedOut, kOomKilled, kSandboxDenied, kSandboxError };
 const char* ToString(OutcomeKind);
 
+// The limits that were in force for a run, as applied (not as asked).
+struct LimitsInForce {
+  std::string cgroup;                              // "cgroup-v2", "cgroup-v1", "cgroup-v1+v2", "" = none
+  std::optional<std::uint64_t> memory_max_bytes;
+  std::optional<std::uint64_t> memory_low_bytes;
+  std::optional<double> cpu_max_cores;
+  std::optional<double> cpu_weight_cores;
+  std::optional<std::uint64_t> pids_max;
+  std::optional<std::uint64_t> fsize_bytes;        // RLIMIT_FSIZE
+  std::optional<std::uint64_t> nofile;             // RLIMIT_NOFILE soft ceiling
+  bool core_dumps = true;                          // false: RLIMIT_CORE 0
+  std::optional<std::uint64_t> wall_clock_ms;
+};
+
 struct Usage {
   std::uint64_t wall_ms = 0;
   std::uint64_t cpu_user_ms = 0;
   std::uint64_t cpu_sys_ms = 0;
   std::optional<std::uint64_t> peak_memory_bytes;
+  std::optional<std::uint64_t> peak_processes;     // pids.peak, where the kernel keeps it
+  std::string source = "rusage";                   // "cgroup": figures from the sandbox's cgroup
+  std::optional<std::uint64_t> oom_kills;          // the cgroup's OOM-kill counter, when it has one
+  LimitsInForce limits;
 };
 
 struct Outcome {

@@ -57,6 +57,24 @@ struct EnvRules {
   std::vector<std::pair<std::string, std::string>> set;
 };
 
+// Resource limits (policy `resources`), in the units the kernel takes them.
+// The cgroup-backed ones are set only where the host can enforce them
+// (AssessEnforcement says which); the launcher then creates one cgroup per
+// run, nested under its own, and the runner sets the rlimits.
+struct ResourceLimits {
+  std::optional<std::uint64_t> memory_max_bytes;  // memory.max / limit_in_bytes; swap off
+  std::optional<std::uint64_t> memory_low_bytes;  // memory.low / soft_limit_in_bytes
+  std::optional<double> cpu_max_cores;            // cpu.max / cfs quota
+  std::optional<double> cpu_weight_cores;         // cpu.weight / shares, proportional to it
+  std::optional<std::uint64_t> pids_max;          // pids.max
+  std::optional<std::uint64_t> fsize_bytes;       // RLIMIT_FSIZE (from disk_gib)
+  std::uint64_t nofile = 65536;                   // RLIMIT_NOFILE soft, at most the hard limit
+  // Any limit that needs a cgroup: without one, no cgroup is created at all.
+  bool NeedsCgroup() const {
+    return memory_max_bytes || memory_low_bytes || cpu_max_cores || cpu_weight_cores || pids_max;
+  }
+};
+
 struct Plan {
   bool confined = true;      // false: danger-full-access, run as is
   std::vector<std::string> argv;
@@ -74,6 +92,7 @@ struct Plan {
   std::string workspace_source;
   std::string workspace_target;
   bool workspace_writable = true;
+  ResourceLimits limits;                // cgroup settings and rlimits
   std::optional<std::uint64_t> timeout_ms;
   bool denial_outcome = true;           // false: on_violation.report_as task_failure
   std::uint64_t kill_grace_ms = 2000;

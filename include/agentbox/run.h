@@ -26,6 +26,12 @@ Outcome Run(const ConfinedCommand& command, const RunOptions& options);
 Outcome RunPlan(const Plan& plan, const std::vector<std::string>& argv,
                 const std::vector<Signature>& denial_signatures, const RunOptions& options);
 
+// Removes what killed supervisors left behind: their run cgroups under this
+// process's own cgroups (the pid namespace's init took their processes and
+// mounts with it). A live run's cgroup is never touched. Returns the paths
+// removed. `agentbox gc` runs it; so does every run that creates a cgroup.
+std::vector<std::string> CollectGarbage();
+
 // The outcome of a run that never started: sandbox_error with the reason.
 Outcome RefusedOutcome(const Status& why, const EnforcementReport& enforcement,
                        const std::string& policy_sha256);

@@ -171,6 +171,24 @@ Result<Invocation> BuildInvocation(const PolicyFlags& f) {
   return inv;
 }
 
+// The quick probe, plus cgroups when the policy asks for a limit that needs one.
+HostCaps ProbeFor(const Policy& policy) {
+  HostCaps host = ProbeHost(ProbeDepth::kQuick);
+  const ResourcesSpec& r = policy.resources;
+  if (r.cpu.requested() || r.memory_limit_bytes || r.memory_guaranteed_bytes || r.max_processes) {
+    host.cgroups = ProbeCgroupCaps();
+  }
+  return host;
+}
+
+// `agentbox gc`: what killed supervisors left behind.
+int CmdGc(bool quiet) {
+  for (const auto& path : CollectGarbage()) {
+    if (!quiet) std::printf("removed %s\n", path.c_str());
+  }
+  return 0;
+}
+
 void WriteReport(const std::string& path, const Outcome& outcome) {
   if (path.empty()) return;
   std::ofstream out(path, std::ios::trunc);
@@ -208,7 +226,7 @@ int CmdRun(const PolicyFlags& f, const std::vector<std::string>& command, const 
     return kExitSandbox;
   }
   if (!report.empty()) policy->sha256 = PolicyDigest(*policy);
-  HostCaps host = ProbeHost(ProbeDepth::kQuick);
+  HostCaps host = ProbeFor(*policy);
   auto inv = BuildInvocation(f);
   if (!inv.ok()) {
     Outcome o = RefusedOutcome(inv.status(), AssessEnforcement(*policy, host), policy->sha256);
@@ -238,7 +256,7 @@ int CmdWrap(const PolicyFlags& f, const std::vector<std::string>& command) {
     return kExitSandbox;
   }
   policy->sha256 = PolicyDigest(*policy);
-  HostCaps host = ProbeHost(ProbeDepth::kQuick);
+  HostCaps host = ProbeFor(*policy);
   auto inv = BuildInvocation(f);
   if (!inv.ok()) {
     Error(inv.status().ToString());
@@ -407,7 +425,7 @@ int CmdExplain(PolicyFlags f, bool as_json) {
     Error(policy.status().message());
     return 1;
   }
-  HostCaps host = ProbeHost(ProbeDepth::kQuick);
+  HostCaps host = ProbeFor(*policy);
   auto inv = BuildInvocation(f);
   if (!inv.ok()) {
     Error(inv.status().ToString());
@@ -478,6 +496,10 @@ int main(int argc, char** argv) {
   check->add_option("--policy", check_policy, "policy file (YAML)");
   check->add_flag("--json", check_json, "JSON output");
 
+  bool gc_quiet = false;
+  CLI::App* gc = app.add_subcommand("gc", "remove cgroups left behind by killed `agentbox run` supervisors");
+  gc->add_flag("--quiet", gc_quiet, "print nothing");
+
   CLI::App* policy = app.add_subcommand("policy", "validate or explain a policy");
   policy->require_subcommand(1);
   std::string validate_file;
@@ -521,5 +543,6 @@ int main(int argc, char** argv) {
   if (*check) return CmdCheck(check_policy, check_json);
   if (*validate) return CmdValidate(validate_file);
   if (*explain) return CmdExplain(explain_flags, explain_json);
+  if (*gc) return CmdGc(gc_quiet);
   return kExitUsage;
 }

@@ -114,23 +114,53 @@ EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host) 
   sys.notes.push_back("no seccomp filter in this version; not counted in the level");
   r.facets.push_back(sys);
 
-  // Resources: the wall clock is the supervisor's; the rest needs cgroups.
+  // Resources: the wall clock is the supervisor's, tmpfs sizes and rlimits
+  // the runner's; memory, cpu and the process count need a cgroup of ours.
   const ResourcesSpec& res = policy.resources;
   FacetReport rf = Facet("resources", res.cpu.requested() || res.memory_limit_bytes ||
                                           res.memory_guaranteed_bytes || res.disk_bytes ||
                                           res.wall_clock_ms || res.max_processes);
   rf.level = Level::kFull;
   if (res.wall_clock_ms) rf.mechanisms.push_back("supervisor-deadline");
-  if (res.disk_bytes) rf.mechanisms.push_back("tmpfs-size");
+  if (res.disk_bytes) {
+    rf.mechanisms.push_back("tmpfs-size");
+    rf.mechanisms.push_back("rlimit-fsize");
+    rf.notes.push_back("disk_gib: /tmp, HOME and /dev/shm are each a tmpfs of that size, and no file may "
+                       "grow past it (RLIMIT_FSIZE); the workspace is a host bind: disk use in it is "
+                       "not limited");
+  }
+  rf.mechanisms.push_back("rlimit-core-0");
+  rf.mechanisms.push_back("rlimit-nofile");
   std::vector<std::string> unenforced;
-  if (res.cpu.requested()) unenforced.push_back("cpu");
-  if (res.memory_limit_bytes || res.memory_guaranteed_bytes) unenforced.push_back("memory_gib");
-  if (res.max_processes) unenforced.push_back("max_processes");
-  if (res.disk_bytes) unenforced.push_back("disk_gib in the workspace");
+  auto cgroup_limit = [&](const char* what, const char* controller) {
+    const char* where = host.cgroups.Where(controller);
+    if (!where) {
+      unenforced.push_back(what);
+      return;
+    }
+    std::string m = std::string("cgroup-") + where + "-" + controller;
+    if (std::find(rf.mechanisms.begin(), rf.mechanisms.end(), m) == rf.mechanisms.end()) {
+      rf.mechanisms.push_back(m);
+    }
+  };
+  if (res.memory_limit_bytes || res.memory_guaranteed_bytes) cgroup_limit("memory_gib", "memory");
+  if (res.memory_limit_bytes && host.cgroups.Where("memory")) {
+    rf.notes.push_back("memory_gib.limit: a hard ceiling on the sandbox's memory, swap included "
+                       "(swap is disabled for it); past it the kernel's OOM killer ends a process and "
+                       "the outcome is oom_killed");
+  }
+  if (res.cpu.requested()) cgroup_limit("cpu", "cpu");
+  if (res.max_processes) cgroup_limit("max_processes", "pids");
   if (!unenforced.empty()) {
     std::string what;
     for (const auto& u : unenforced) what += (what.empty() ? "" : ", ") + u;
-    missing(rf, what + ": cgroup limits are not enforced by this version");
+    std::string why = host.cgroups.reason.empty() ? "no cgroup of this process can give it to a child"
+                                                  : host.cgroups.reason;
+    missing(rf, what + ": not enforced: " + why);
+    rf.notes.push_back("without a cgroup, rlimits cover what they can (core dumps off, NOFILE, FSIZE); "
+                       "memory, cpu and the process count stay unlimited: RLIMIT_AS would break programs "
+                       "that reserve address space, and RLIMIT_NPROC counts every process of the user, "
+                       "not the sandbox's");
   }
   r.facets.push_back(rf);
 
@@ -330,6 +360,22 @@ Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Poli
   plan.nonce = inv.nonce;
   plan.policy_sha256 = policy.sha256;
   plan.timeout_ms = policy.resources.wall_clock_ms;
+  if (Confines(policy)) {
+    // Only what this host enforces goes into the plan (the rest is reported
+    // missing above): the launcher then never meets a limit it cannot set.
+    const ResourcesSpec& res = policy.resources;
+    ResourceLimits& lim = plan.limits;
+    if (host.cgroups.Where("memory")) {
+      lim.memory_max_bytes = res.memory_limit_bytes;
+      lim.memory_low_bytes = res.memory_guaranteed_bytes;
+    }
+    if (host.cgroups.Where("cpu")) {
+      lim.cpu_max_cores = res.cpu.limit;
+      lim.cpu_weight_cores = res.cpu.guaranteed;
+    }
+    if (host.cgroups.Where("pids")) lim.pids_max = res.max_processes;
+    lim.fsize_bytes = res.disk_bytes;
+  }
   plan.denial_outcome = policy.on_violation.report_as == ReportAs::kSandboxDenial;
   plan.workspace_source = inv.workspace;
   plan.workspace_target =

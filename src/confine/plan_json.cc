@@ -68,6 +68,17 @@ std::string PlanToJson(const Plan& plan, int indent) {
   j["workspace"] = {{"source", plan.workspace_source},
                     {"target", plan.workspace_target},
                     {"writable", plan.workspace_writable}};
+  {
+    const ResourceLimits& l = plan.limits;
+    json lim = {{"nofile", l.nofile}};
+    if (l.memory_max_bytes) lim["memory_max_bytes"] = *l.memory_max_bytes;
+    if (l.memory_low_bytes) lim["memory_low_bytes"] = *l.memory_low_bytes;
+    if (l.cpu_max_cores) lim["cpu_max_cores"] = *l.cpu_max_cores;
+    if (l.cpu_weight_cores) lim["cpu_weight_cores"] = *l.cpu_weight_cores;
+    if (l.pids_max) lim["pids_max"] = *l.pids_max;
+    if (l.fsize_bytes) lim["fsize_bytes"] = *l.fsize_bytes;
+    j["limits"] = lim;
+  }
   if (plan.timeout_ms) j["timeout_ms"] = *plan.timeout_ms;
   j["denial_outcome"] = plan.denial_outcome;
   j["kill_grace_ms"] = plan.kill_grace_ms;
@@ -119,6 +130,23 @@ Result<Plan> PlanFromJson(const std::string& text) {
     plan.workspace_source = ws.at("source").get<std::string>();
     plan.workspace_target = ws.at("target").get<std::string>();
     plan.workspace_writable = ws.at("writable").get<bool>();
+    if (j.contains("limits")) {
+      const json& lim = j.at("limits");
+      ResourceLimits& l = plan.limits;
+      auto u64 = [&](const char* k, std::optional<std::uint64_t>* out) {
+        if (lim.contains(k)) *out = lim.at(k).get<std::uint64_t>();
+      };
+      auto dbl = [&](const char* k, std::optional<double>* out) {
+        if (lim.contains(k)) *out = lim.at(k).get<double>();
+      };
+      u64("memory_max_bytes", &l.memory_max_bytes);
+      u64("memory_low_bytes", &l.memory_low_bytes);
+      dbl("cpu_max_cores", &l.cpu_max_cores);
+      dbl("cpu_weight_cores", &l.cpu_weight_cores);
+      u64("pids_max", &l.pids_max);
+      u64("fsize_bytes", &l.fsize_bytes);
+      l.nofile = lim.value("nofile", l.nofile);
+    }
     if (j.contains("timeout_ms")) plan.timeout_ms = j.at("timeout_ms").get<std::uint64_t>();
     plan.kill_grace_ms = j.value("kill_grace_ms", plan.kill_grace_ms);
     plan.denial_outcome = j.value("denial_outcome", true);

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "agentbox/host_caps.h"
+#include "linux/cgroups.h"
 #include "linux/compat.h"
 #include "linux/fd.h"
 
@@ -87,71 +88,6 @@ void ProbeUserNamespaces(HostCaps* caps, ProbeDepth depth) {
   }
 }
 
-void ProbeCgroups(HostCaps* caps) {
-  CgroupCaps& cg = caps->cgroups;
-  std::string mounts;
-  ReadSmallFile("/proc/self/mountinfo", &mounts);
-  std::istringstream lines(mounts);
-  std::string line;
-  std::string v2_mountpoint;
-  std::map<std::string, std::string> v1_mounts;  // controller -> mountpoint
-  while (std::getline(lines, line)) {
-    // "... mountpoint ... - fstype source superopts"
-    auto dash = line.find(" - ");
-    if (dash == std::string::npos) continue;
-    std::istringstream pre(line.substr(0, dash));
-    std::string id, parent, devno, root, mountpoint;
-    pre >> id >> parent >> devno >> root >> mountpoint;
-    std::istringstream post(line.substr(dash + 3));
-    std::string fstype, source, opts;
-    post >> fstype >> source >> opts;
-    if (fstype == "cgroup2") {
-      cg.v2_mounted = true;
-      if (v2_mountpoint.empty()) v2_mountpoint = mountpoint;
-    } else if (fstype == "cgroup") {
-      for (const char* c : {"memory", "pids", "cpu", "cpuacct", "cpuset", "blkio", "freezer"}) {
-        std::string opt = std::string(",") + opts + ",";
-        if (opt.find(std::string(",") + c + ",") != std::string::npos) {
-          cg.v1_controllers.push_back(c);
-          v1_mounts[c] = mountpoint;
-        }
-      }
-    }
-  }
-  std::string self;
-  ReadSmallFile("/proc/self/cgroup", &self);
-  std::istringstream cl(self);
-  // "N:controllers:/path" per hierarchy; "0::/path" for v2.
-  std::vector<std::string> writable_v1;
-  while (std::getline(cl, line)) {
-    auto c1 = line.find(':');
-    auto c2 = line.find(':', c1 + 1);
-    if (c1 == std::string::npos || c2 == std::string::npos) continue;
-    std::string controllers = line.substr(c1 + 1, c2 - c1 - 1);
-    std::string rel = line.substr(c2 + 1);
-    if (controllers.empty() && !v2_mountpoint.empty()) {
-      cg.v2_own_path = v2_mountpoint + rel;
-      continue;
-    }
-    std::istringstream names(controllers);
-    std::string name;
-    while (std::getline(names, name, ',')) {
-      auto it = v1_mounts.find(name);
-      if (it != v1_mounts.end() && access((it->second + rel).c_str(), W_OK) == 0) writable_v1.push_back(name);
-    }
-  }
-  cg.v1_writable = writable_v1;
-  if (!cg.v2_own_path.empty() && access(cg.v2_own_path.c_str(), W_OK) == 0) {
-    cg.can_create_children = true;
-  } else if (!writable_v1.empty()) {
-    cg.can_create_children = true;
-  } else if (!cg.v2_mounted && cg.v1_controllers.empty()) {
-    cg.reason = "no cgroup filesystem mounted";
-  } else {
-    cg.reason = "no writable cgroup for this user (no delegation)";
-  }
-}
-
 }  // namespace
 
 HostCaps ProbeHost(ProbeDepth depth) {
@@ -188,9 +124,41 @@ HostCaps ProbeHost(ProbeDepth depth) {
     std::string filesystems;
     ReadSmallFile("/proc/filesystems", &filesystems);
     caps.overlayfs = filesystems.find("\toverlay\n") != std::string::npos;
-    ProbeCgroups(&caps);
+    caps.cgroups = ProbeCgroupCaps();
   }
   return caps;
+}
+
+CgroupCaps ProbeCgroupCaps() {
+  CgroupCaps cg;
+  cg.probed = true;
+  linux::CgroupFs fs;
+  linux::CgroupLayout layout = linux::DiscoverCgroupLayout(fs);
+  cg.v2_mounted = !layout.v2_dir.empty();
+  cg.v2_own_path = layout.v2_dir;
+  for (const auto& [c, dir] : layout.v1_dirs) {
+    cg.v1_controllers.push_back(c);
+    if (access(dir.c_str(), W_OK) == 0) cg.v1_writable.push_back(c);
+  }
+  const bool v2_writable = cg.v2_mounted && access(layout.v2_dir.c_str(), W_OK) == 0;
+  cg.can_create_children = v2_writable || !cg.v1_writable.empty();
+  for (const char* c : {"memory", "pids", "cpu"}) {
+    switch (linux::ChooseHierarchy(fs, layout, c)) {
+      case linux::Hierarchy::kV2: cg.delegated.emplace_back(c, "v2"); break;
+      case linux::Hierarchy::kV1: cg.delegated.emplace_back(c, "v1"); break;
+      case linux::Hierarchy::kNone: break;
+    }
+  }
+  if (!cg.can_create_children) {
+    cg.reason = !cg.v2_mounted && cg.v1_controllers.empty()
+                    ? "no cgroup filesystem mounted"
+                    : "no writable cgroup for this user (no delegation)";
+  } else if (cg.delegated.size() < 3 && v2_writable && !layout.v2_is_root) {
+    cg.reason = "our v2 cgroup " + layout.v2_dir +
+                " holds processes, so the kernel gives its children no controller it has not "
+                "enabled already (run agentbox in a delegated cgroup with them in cgroup.subtree_control)";
+  }
+  return cg;
 }
 
 }  // namespace agentbox

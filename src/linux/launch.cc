@@ -2,17 +2,21 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 
 #include "linux/compat.h"
 #include "linux/namespaces.h"
+#include "linux/rlimits.h"
 #include "linux/runner.h"
+#include "linux/status_pipe.h"
 
 namespace agentbox::linux {
 
-Result<Launched> Launch(const Plan& plan, const std::vector<std::string>& argv, StderrMode stderr_mode) {
+Result<Launched> Launch(const Plan& plan, const std::vector<std::string>& argv, StderrMode stderr_mode,
+                        const SandboxCgroup* cgroup) {
   Launched out;
   auto resolved = ResolvePlan(plan);
   if (!resolved.ok()) return resolved.status();
@@ -32,8 +36,22 @@ Result<Launched> Launch(const Plan& plan, const std::vector<std::string>& argv, 
     stderr_w.reset(stderr_pipe[1]);
   }
 
+  // v1 placement: the runner waits for one byte before doing anything, so
+  // that all it does (and all it starts) is charged to the sandbox's cgroups.
+  UniqueFd go_r, go_w;
+  if (cgroup && cgroup->NeedsAttach()) {
+    int go_pipe[2];
+    if (pipe2(go_pipe, O_CLOEXEC) != 0) return Status::Errno("launch", "pipe2");
+    go_r.reset(go_pipe[0]);
+    go_w.reset(go_pipe[1]);
+  }
+
   CloneArgs args{};
   args.flags = CLONE_PIDFD | (plan.confined ? NamespaceFlags(plan.namespaces) : 0);
+  if (cgroup && cgroup->v2_fd() >= 0) {
+    args.flags |= CLONE_INTO_CGROUP;
+    args.cgroup = static_cast<std::uint64_t>(cgroup->v2_fd());
+  }
   int pidfd = -1;
   args.pidfd = reinterpret_cast<std::uint64_t>(&pidfd);
   args.exit_signal = SIGCHLD;
@@ -44,11 +62,38 @@ Result<Launched> Launch(const Plan& plan, const std::vector<std::string>& argv, 
   }
   if (pid == 0) {
     // Child: from here on only the runner's code runs; it never returns.
+    if (go_r.valid()) {
+      // EOF instead of the byte: the supervisor failed to attach us, or died.
+      close(go_w.get());
+      char go = 0;
+      ssize_t n;
+      while ((n = read(go_r.get(), &go, 1)) < 0 && errno == EINTR) {
+      }
+      if (n != 1) _exit(125);
+      close(go_r.get());
+    }
     if (stderr_w.valid() && dup2(stderr_w.get(), STDERR_FILENO) < 0) _exit(125);
+    if (plan.confined) {
+      if (Status s = ApplyRlimits(plan.limits); !s.ok()) {
+        WriteMessage(status_w.get(), {RunnerMessage::Type::kSetupError, s});
+        _exit(125);
+      }
+    }
     RunnerMain(plan, out.resolved, argv, status_w.get(), lifeline_r.get());
   }
   out.pid = static_cast<pid_t>(pid);
   out.pidfd.reset(pidfd);
+  if (go_w.valid()) {
+    go_r.reset();
+    Status attached = cgroup->Attach(out.pid);
+    if (attached.ok() && write(go_w.get(), "g", 1) != 1) attached = Status::Errno("launch", "write(go pipe)");
+    if (!attached.ok()) {
+      PidfdSendSignal(out.pidfd.get(), SIGKILL);
+      int st = 0;
+      waitpid(out.pid, &st, 0);
+      return attached;
+    }
+  }
   return out;
 }
 

@@ -8,6 +8,7 @@
 
 #include "agentbox/plan.h"
 #include "agentbox/status.h"
+#include "linux/cgroups.h"
 #include "linux/fd.h"
 #include "linux/resolve.h"
 
@@ -29,7 +30,12 @@ struct Launched {
   ResolvedPlan resolved;
 };
 
+// With a `cgroup`, the runner starts inside it before it runs any code of
+// its own: v2 by clone3(CLONE_INTO_CGROUP); v1 by writing its pid into each
+// cgroup.procs while it waits on a "go" pipe (only then: without a cgroup
+// the launch pays nothing for this). The runner's rlimits are set first
+// thing in the child (confined plans).
 [[nodiscard]] Result<Launched> Launch(const Plan& plan, const std::vector<std::string>& argv,
-                                      StderrMode stderr_mode);
+                                      StderrMode stderr_mode, const SandboxCgroup* cgroup = nullptr);
 
 }  // namespace agentbox::linux

@@ -552,6 +552,7 @@ class Session : public std::enable_shared_from_this<Session> {
                        const std::string& message) {
     Disarm();
     error_code ec;
+    client_.cancel(ec);  // a read still pending (header timeout) must not write into in_ any more
     upstream_.close(ec);
     Record(decision, reason, message);
     phase_ = Phase::kDone;
@@ -559,19 +560,19 @@ class Session : public std::enable_shared_from_this<Session> {
     asio::async_write(client_, asio::buffer(out_), [self = shared_from_this()](error_code ec, std::size_t) {
       if (ec) return self->Close();
       self->client_.shutdown(tcp::socket::shutdown_send, ec);
-      self->Linger();
+      // One bound for the whole drain, however much the client keeps sending.
+      ++self->timer_gen_;
+      self->timer_.expires_after(kLingerTime);
+      self->timer_.async_wait([self](error_code) { self->Close(); });
+      self->drain_.resize(4096);
+      self->Drain();
     });
   }
 
-  void Linger() {
-    ++timer_gen_;
-    timer_.expires_after(kLingerTime);
-    timer_.async_wait([self = shared_from_this()](error_code) { self->Close(); });
-    in_.resize(4096);
-    client_.async_read_some(asio::buffer(in_), [self = shared_from_this()](error_code ec, std::size_t) {
-      if (!self->client_.is_open()) return;
-      if (ec) return self->Close();
-      self->Linger();
+  void Drain() {
+    client_.async_read_some(asio::buffer(drain_), [self = shared_from_this()](error_code ec, std::size_t) {
+      if (ec || !self->client_.is_open()) return self->Close();
+      self->Drain();
     });
   }
 
@@ -623,6 +624,7 @@ class Session : public std::enable_shared_from_this<Session> {
   ProxyRequest request_;
   std::string in_;       // bytes read from the client, not yet consumed
   std::string out_;      // the reply being written to the client
+  std::string drain_;    // scratch for unread request bytes after a refusal
   std::string preface_;  // bytes for upstream before the relay starts
   std::uint64_t preface_bytes_ = 0;
   std::string host_;

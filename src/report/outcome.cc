@@ -81,6 +81,20 @@ json ToJsonValue(const Outcome& o) {
                 {"cpu_user_ms", o.usage.cpu_user_ms},
                 {"cpu_sys_ms", o.usage.cpu_sys_ms}};
   usage["peak_memory_bytes"] = o.usage.peak_memory_bytes ? json(*o.usage.peak_memory_bytes) : json(nullptr);
+  usage["peak_processes"] = o.usage.peak_processes ? json(*o.usage.peak_processes) : json(nullptr);
+  usage["source"] = o.usage.source;
+  if (o.usage.oom_kills) usage["oom_kills"] = *o.usage.oom_kills;
+  const LimitsInForce& l = o.usage.limits;
+  json limits = {{"cgroup", l.cgroup.empty() ? json(nullptr) : json(l.cgroup)}, {"core_dumps", l.core_dumps}};
+  if (l.memory_max_bytes) limits["memory_max_bytes"] = *l.memory_max_bytes;
+  if (l.memory_low_bytes) limits["memory_low_bytes"] = *l.memory_low_bytes;
+  if (l.cpu_max_cores) limits["cpu_max_cores"] = *l.cpu_max_cores;
+  if (l.cpu_weight_cores) limits["cpu_weight_cores"] = *l.cpu_weight_cores;
+  if (l.pids_max) limits["pids_max"] = *l.pids_max;
+  if (l.fsize_bytes) limits["fsize_bytes"] = *l.fsize_bytes;
+  if (l.nofile) limits["nofile"] = *l.nofile;
+  if (l.wall_clock_ms) limits["wall_clock_ms"] = *l.wall_clock_ms;
+  usage["limits"] = limits;
   j["usage"] = usage;
   j["policy_sha256"] = o.policy_sha256;
   j["agentbox_version"] = Version();

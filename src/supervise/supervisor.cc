@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <regex>
 #include <string>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "linux/compat.h"
 #include "linux/launch.h"
 #include "linux/status_pipe.h"
+#include "supervise/resources.h"
 
 namespace agentbox {
 namespace {
@@ -167,7 +169,18 @@ Outcome RunPlan(const Plan& plan, const std::vector<std::string>& argv,
   } restore{saved};
 
   const bool scan = options.scan_stderr && !denial_signatures.empty();
-  auto launched = linux::Launch(plan, argv, scan ? linux::StderrMode::kCapture : linux::StderrMode::kInherit);
+  // The run's cgroup (none without cgroup-backed limits); removed, with
+  // anything left in it, when this function returns.
+  auto made = supervise::MakeRunCgroup(plan);
+  if (!made.ok()) {
+    out.kind = OutcomeKind::kSandboxError;
+    out.error = ErrorInfo{made.status().stage(), made.status().message(), made.status().err()};
+    out.usage.wall_ms = Ms(Clock::now() - started);
+    return out;
+  }
+  std::unique_ptr<linux::SandboxCgroup> cgroup = std::move(*made);
+  auto launched = linux::Launch(plan, argv, scan ? linux::StderrMode::kCapture : linux::StderrMode::kInherit,
+                                cgroup.get());
   if (!launched.ok()) {
     out.kind = OutcomeKind::kSandboxError;
     out.error = ErrorInfo{launched.status().stage(), launched.status().message(), launched.status().err()};
@@ -192,10 +205,17 @@ Outcome RunPlan(const Plan& plan, const std::vector<std::string>& argv,
       // Deadline: ask politely (the runner forwards SIGTERM to the command), then kill pid 1.
       timed_out = true;
       linux::PidfdSendSignal(child.pidfd.get(), SIGTERM);
+      if (cgroup) {
+        // Every process, not only the command's group; stopped ones are
+        // continued so that they can act on it.
+        cgroup->SignalAll(SIGTERM, child.pid);
+        cgroup->SignalAll(SIGCONT, child.pid);
+      }
       kill_at = now + std::chrono::milliseconds(plan.kill_grace_ms);
     }
     if (kill_at && now >= *kill_at && !killed) {
       killed = true;
+      if (cgroup) cgroup->KillAll();  // cgroup.kill where the kernel has it
       linux::PidfdSendSignal(child.pidfd.get(), SIGKILL);
     }
     if (exited && drain_until && now >= *drain_until) break;
@@ -267,6 +287,14 @@ Outcome RunPlan(const Plan& plan, const std::vector<std::string>& argv,
   out.usage.cpu_user_ms = static_cast<std::uint64_t>(ru.ru_utime.tv_sec) * 1000 + ru.ru_utime.tv_usec / 1000;
   out.usage.cpu_sys_ms = static_cast<std::uint64_t>(ru.ru_stime.tv_sec) * 1000 + ru.ru_stime.tv_usec / 1000;
   out.usage.peak_memory_bytes = static_cast<std::uint64_t>(ru.ru_maxrss) * 1024;
+  // Pid 1 is reaped: its namespace is empty. Read the counters before the
+  // cgroup goes (KillAll first: an unconfined plan's stragglers).
+  linux::CgroupStats cg_stats;
+  if (cgroup) {
+    cgroup->KillAll();
+    cg_stats = cgroup->ReadStats();
+  }
+  supervise::FillUsage(plan, cgroup.get(), cg_stats, &out.usage);
   out.denials = std::move(scanner.denials());
 
   const linux::RunnerMessage* setup_error = nullptr;
@@ -290,6 +318,18 @@ Outcome RunPlan(const Plan& plan, const std::vector<std::string>& argv,
     if (exit_msg && exit_msg->signal) out.signal = exit_msg->signal;
     if (exit_msg && !exit_msg->signal) out.exit_code = exit_msg->exit_code;
     out.error = ErrorInfo{"timeout", "wall clock of " + std::to_string(*plan.timeout_ms) + " ms reached", 0};
+    return out;
+  }
+  // From the cgroup's own counter, never guessed from a SIGKILL: an OOM
+  // kill anywhere in the sandbox (a pipeline's first stage, or pid 1 itself)
+  // counts, whatever the top process did afterwards.
+  if (cg_stats.oom_kills > 0) {
+    out.kind = OutcomeKind::kOomKilled;
+    if (exit_msg && exit_msg->signal) out.signal = exit_msg->signal;
+    if (exit_msg && !exit_msg->signal) out.exit_code = exit_msg->exit_code;
+    out.error = ErrorInfo{"oom", std::to_string(cg_stats.oom_kills) + " process(es) killed by the kernel's OOM "
+                                     "killer at the sandbox's memory limit of " +
+                                     std::to_string(plan.limits.memory_max_bytes.value_or(0)) + " bytes", 0};
     return out;
   }
   if (!exit_msg) {

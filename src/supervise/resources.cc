@@ -1,0 +1,55 @@
+#include "supervise/resources.h"
+
+#include "agentbox/run.h"
+
+namespace agentbox::supervise {
+
+Result<std::unique_ptr<linux::SandboxCgroup>> MakeRunCgroup(const Plan& plan) {
+  if (!plan.confined || !plan.limits.NeedsCgroup()) return std::unique_ptr<linux::SandboxCgroup>();
+  linux::CgroupFs fs;
+  linux::CgroupLayout layout = linux::DiscoverCgroupLayout(fs);
+  (void)linux::CollectStaleCgroups(fs, layout);
+  auto cg = linux::SandboxCgroup::Create(fs, layout, plan.limits, linux::SandboxCgroupName(plan.nonce));
+  if (!cg.ok()) return cg.status();
+  return std::move(*cg);
+}
+
+void FillUsage(const Plan& plan, const linux::SandboxCgroup* cgroup, const linux::CgroupStats& stats,
+               Usage* usage) {
+  LimitsInForce& l = usage->limits;
+  l.wall_clock_ms = plan.timeout_ms;
+  if (plan.confined) {
+    l.core_dumps = false;
+    l.nofile = plan.limits.nofile;
+    l.fsize_bytes = plan.limits.fsize_bytes;
+  }
+  if (!cgroup) return;
+  l.cgroup = cgroup->Mechanism();
+  l.memory_max_bytes = plan.limits.memory_max_bytes;
+  l.memory_low_bytes = plan.limits.memory_low_bytes;
+  l.cpu_max_cores = plan.limits.cpu_max_cores;
+  l.cpu_weight_cores = plan.limits.cpu_weight_cores;
+  l.pids_max = plan.limits.pids_max;
+  if (stats.peak_memory_bytes) {
+    usage->peak_memory_bytes = stats.peak_memory_bytes;
+    usage->source = "cgroup";
+  }
+  if (stats.cpu_user_us && stats.cpu_sys_us) {
+    usage->cpu_user_ms = *stats.cpu_user_us / 1000;
+    usage->cpu_sys_ms = *stats.cpu_sys_us / 1000;
+    usage->source = "cgroup";
+  }
+  usage->peak_processes = stats.peak_processes;
+  if (stats.oom_counter) usage->oom_kills = stats.oom_kills;
+}
+
+}  // namespace agentbox::supervise
+
+namespace agentbox {
+
+std::vector<std::string> CollectGarbage() {
+  linux::CgroupFs fs;
+  return linux::CollectStaleCgroups(fs, linux::DiscoverCgroupLayout(fs));
+}
+
+}  // namespace agentbox

@@ -1,0 +1,310 @@
+// Resources: limits from cgroups and rlimits, oom_killed and timed_out told
+// apart from ordinary exits, usage in the report, and nothing left behind.
+//
+// What a run gets depends on who runs it: with a writable cgroup (root here)
+// limits are enforced; without one (an unprivileged user with no delegation)
+// the resources facet is partial, `--require full` refuses, and `--require
+// partial` runs with rlimits only. Each test asserts the behaviour expected
+// for the privilege it runs with; none skips.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+
+#include "harness.h"
+
+namespace agentbox::e2e {
+namespace {
+
+// Our own memory cgroup (v1) or v2 cgroup, as the kernel lists it.
+std::string OwnCgroupDir() {
+  std::ifstream in("/proc/self/cgroup");
+  std::string line, v2;
+  while (std::getline(in, line)) {
+    if (line.rfind("4:memory:", 0) == 0 || line.find(":memory:") != std::string::npos) {
+      return "/sys/fs/cgroup/memory" + line.substr(line.find(":memory:") + 8);
+    }
+    if (line.rfind("0::", 0) == 0) v2 = "/sys/fs/cgroup" + line.substr(3);
+  }
+  return v2;
+}
+
+// A writable cgroup of ours: limits are enforced. Otherwise they cannot be.
+bool CgroupsExpected() { return access(OwnCgroupDir().c_str(), W_OK) == 0; }
+
+const nlohmann::json& Usage(const RunResult& r) { return (*r.report)["usage"]; }
+const nlohmann::json& ResourcesFacet(const RunResult& r) {
+  return (*r.report)["enforcement"]["facets"]["resources"];
+}
+std::string MissingText(const RunResult& r) {
+  std::string out;
+  for (const auto& m : (*r.report)["enforcement"]["missing"]) out += m.dump() + "\n";
+  return out;
+}
+
+// Run cgroups (agentbox-*) anywhere under /sys/fs/cgroup whose name carries `pid`.
+std::vector<std::string> RunCgroupsOf(pid_t pid) {
+  RunResult r = RunCommand({{"/usr/bin/find", "/sys/fs/cgroup", "-maxdepth", "5", "-type", "d", "-name",
+                             "agentbox-*-" + std::to_string(pid) + "-*"}});
+  return Lines(r.out);
+}
+
+// A memory hog with no interpreter: tail keeps a line with no newline whole.
+constexpr const char* kMemoryHog = "head -c 400M /dev/zero | tail > /dev/null";
+
+// Unprivileged: the limit is refused under full, reported missing under partial.
+void ExpectRefusedThenPartial(const Sandbox& sb, const std::string& script, const std::vector<std::string>& opts,
+                              const std::string& missing_key) {
+  RunResult refused = sb.Sh(script, opts);
+  EXPECT_EQ(refused.status, 125) << refused.Describe();
+  ASSERT_TRUE(refused.report) << refused.Describe();
+  EXPECT_EQ(OutcomeOf(refused), "sandbox_error");
+  EXPECT_EQ(ErrorStage(refused), "confine");
+  EXPECT_TRUE(Contains(refused.err, missing_key)) << refused.Describe();
+
+  std::vector<std::string> partial = opts;
+  partial.insert(partial.begin(), {"--require", "partial"});
+  RunResult r = sb.Sh("echo ran", partial);
+  EXPECT_EQ(r.status, 0) << r.Describe();
+  ASSERT_TRUE(r.report) << r.Describe();
+  EXPECT_EQ(EnforcementLevel(r), "partial");
+  EXPECT_EQ(ResourcesFacet(r)["level"], "partial");
+  EXPECT_TRUE(Contains(MissingText(r), missing_key)) << MissingText(r);
+  EXPECT_TRUE(Usage(r)["limits"]["cgroup"].is_null()) << r.Describe();
+  EXPECT_EQ(Usage(r)["limits"]["core_dumps"], false);
+}
+
+// ------------------------------------------------------------------ memory
+
+TEST(Memory, BombIsOomKilledWithPeakNearTheLimit) {
+  Sandbox sb;
+  if (!CgroupsExpected()) {
+    ExpectRefusedThenPartial(sb, kMemoryHog, {"--memory", "64Mi"}, "memory_gib");
+    return;
+  }
+  RunResult r = sb.Sh(kMemoryHog, {"--memory", "64Mi"});
+  EXPECT_EQ(r.status, 137) << r.Describe();
+  ASSERT_TRUE(r.report) << r.Describe();
+  EXPECT_EQ(OutcomeOf(r), "oom_killed") << r.Describe();
+  EXPECT_EQ(ErrorStage(r), "oom");
+  const auto& u = Usage(r);
+  EXPECT_GE(u["oom_kills"].get<int>(), 1);
+  ASSERT_TRUE(u["peak_memory_bytes"].is_number()) << r.Describe();
+  auto peak = u["peak_memory_bytes"].get<std::uint64_t>();
+  EXPECT_GE(peak, 48ull << 20) << r.Describe();
+  EXPECT_LE(peak, 64ull << 20) << r.Describe();
+  EXPECT_EQ(u["limits"]["memory_max_bytes"], 64ull << 20);
+  EXPECT_EQ(u["source"], "cgroup");
+  EXPECT_EQ(ResourcesFacet(r)["level"], "full");
+  EXPECT_EQ(EnforcementLevel(r), "full");
+  // The host is fine: the next run works.
+  RunResult next = sb.Sh("echo alive");
+  EXPECT_EQ(next.status, 0) << next.Describe();
+}
+
+TEST(Memory, OomInsidePipelineReportedThoughTopExitsZero) {
+  Sandbox sb;
+  const std::string script = std::string("bash -c '") + kMemoryHog + "; exit 0'";
+  if (!CgroupsExpected()) {
+    ExpectRefusedThenPartial(sb, script, {"--memory", "64Mi"}, "memory_gib");
+    return;
+  }
+  RunResult r = sb.Sh(script, {"--memory", "64Mi"});
+  EXPECT_EQ(r.status, 137) << r.Describe();
+  EXPECT_EQ(OutcomeOf(r), "oom_killed") << r.Describe();
+  EXPECT_EQ(ReportInt(r, "exit_code"), 0) << r.Describe();  // the command's own code is kept
+}
+
+TEST(Memory, GuaranteedAboveLimitIsRejected) {
+  Sandbox sb;
+  WriteFile(sb.scratch() + "/p.yaml",
+            "version: 1\nresources:\n  memory_gib: { guaranteed: 2, limit: 1 }\n");
+  RunResult r = sb.Sh("true", {"--policy", sb.scratch() + "/p.yaml"});
+  EXPECT_EQ(r.status, 125) << r.Describe();
+  EXPECT_TRUE(Contains(r.err, "guaranteed")) << r.Describe();
+}
+
+// --------------------------------------------------------------- processes
+
+TEST(Processes, ForkBombIsCappedAndTheRunEndsCleanly) {
+  Sandbox sb;
+  // Bounded on purpose: without the cap (no cgroup) it would still end.
+  const std::string script = "i=0; while [ $i -lt 200 ]; do sleep 3 & i=$((i+1)); done 2>/dev/null; echo spawned; exit 0";
+  if (!CgroupsExpected()) {
+    ExpectRefusedThenPartial(sb, script, {"--max-processes", "32"}, "max_processes");
+    return;
+  }
+  RunResult r = sb.Sh(script, {"--max-processes", "32", "--timeout", "20s"});
+  ASSERT_TRUE(r.report) << r.Describe();
+  EXPECT_EQ(OutcomeOf(r), "exited") << r.Describe();
+  const auto& u = Usage(r);
+  EXPECT_EQ(u["limits"]["pids_max"], 32);
+  if (u["peak_processes"].is_number()) {
+    EXPECT_LE(u["peak_processes"].get<int>(), 32) << r.Describe();
+    EXPECT_GE(u["peak_processes"].get<int>(), 20) << r.Describe();
+  }
+  EXPECT_LT(r.elapsed_ms, 3000) << "the sleeps outlived the command\n" << r.Describe();
+}
+
+TEST(Processes, RealForkBombEndsAtTheDeadline) {
+  Sandbox sb;
+  if (!CgroupsExpected()) {
+    // Never run an uncapped fork bomb: only the refusal is asserted here.
+    RunResult refused = sb.Sh("true", {"--max-processes", "64"});
+    EXPECT_EQ(refused.status, 125) << refused.Describe();
+    return;
+  }
+  const std::string marker = "forkbomb-" + RandomHex(4);
+  RunResult r = sb.Sh("f() { f | f & }; f 2>/dev/null; sleep 30 # " + marker,
+                      {"--max-processes", "64", "--timeout", "2s"}, {}, 30000);
+  ASSERT_TRUE(r.report) << r.Describe();
+  EXPECT_EQ(OutcomeOf(r), "timed_out") << r.Describe();
+  EXPECT_EQ(r.status, 124);
+  EXPECT_TRUE(WaitUntilNoProcess(marker, 2000));
+}
+
+// --------------------------------------------------------------------- cpu
+
+TEST(Cpu, HalfACoreLimitUsesAboutHalfACore) {
+  Sandbox sb;
+  if (!CgroupsExpected()) {
+    ExpectRefusedThenPartial(sb, "true", {"--cpus", "0.5"}, "cpu");
+    return;
+  }
+  RunResult r = sb.Sh("while :; do :; done", {"--cpus", "0.5", "--timeout", "3s"});
+  ASSERT_TRUE(r.report) << r.Describe();
+  EXPECT_EQ(OutcomeOf(r), "timed_out") << r.Describe();
+  const auto& u = Usage(r);
+  EXPECT_EQ(u["source"], "cgroup");
+  double cpu = u["cpu_user_ms"].get<double>() + u["cpu_sys_ms"].get<double>();
+  double share = cpu / u["wall_ms"].get<double>();
+  EXPECT_GT(share, 0.3) << r.Describe();
+  EXPECT_LT(share, 0.7) << r.Describe();
+  EXPECT_EQ(u["limits"]["cpu_max_cores"], 0.5);
+}
+
+// ---------------------------------------------------------------- deadline
+
+void ExpectDeadlineKillsSleeperAndStoppedChild(const std::vector<std::string>& extra) {
+  Sandbox sb;
+  const std::string marker = "deadline-" + RandomHex(4);
+  std::vector<std::string> opts = {"--timeout", "1s"};
+  opts.insert(opts.end(), extra.begin(), extra.end());
+  // A stopped process cannot act on SIGTERM; it must die all the same.
+  RunResult r = sb.Sh("sh -c 'kill -STOP $$; sleep 1000 # " + marker + "' & sleep 1000 # " + marker, opts);
+  EXPECT_EQ(r.status, 124) << r.Describe();
+  ASSERT_TRUE(r.report) << r.Describe();
+  EXPECT_EQ(OutcomeOf(r), "timed_out");
+  EXPECT_LT(r.elapsed_ms, 8000) << r.Describe();
+  EXPECT_TRUE(WaitUntilNoProcess(marker, 2000)) << "a sandbox process survived the deadline";
+}
+
+TEST(Deadline, SleeperAndStoppedChildDieWithoutCgroup) { ExpectDeadlineKillsSleeperAndStoppedChild({}); }
+
+TEST(Deadline, SleeperAndStoppedChildDieWithCgroup) {
+  if (!CgroupsExpected()) {
+    ExpectDeadlineKillsSleeperAndStoppedChild({"--require", "partial", "--memory", "256Mi"});
+    return;
+  }
+  ExpectDeadlineKillsSleeperAndStoppedChild({"--memory", "256Mi"});
+}
+
+TEST(Deadline, TimeoutInsidePipelineReportedThoughTopExitsZero) {
+  Sandbox sb;
+  RunResult r = sb.Sh("bash -c 'sleep 100 | cat; exit 0'", {"--timeout", "1s"});
+  EXPECT_EQ(r.status, 124) << r.Describe();
+  EXPECT_EQ(OutcomeOf(r), "timed_out") << r.Describe();
+}
+
+// -------------------------------------------------------------------- disk
+
+TEST(Disk, TmpFillStopsAtDiskGib) {
+  Sandbox sb;
+  WriteFile(sb.scratch() + "/p.yaml", "version: 1\nmode: workspace-write\nresources:\n  disk_gib: 16Mi\n");
+  RunResult r = sb.Sh("dd if=/dev/zero of=/tmp/fill bs=1M count=64 2>/dev/null; "
+                      "echo size=$(wc -c < /tmp/fill); echo fsize=$(ulimit -f); ulimit -c; exit 0",
+                      {"--policy", sb.scratch() + "/p.yaml"});
+  EXPECT_EQ(r.status, 0) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, "size=16777216\n")) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, "fsize=32768\n")) << r.Describe();  // 512-byte blocks
+  EXPECT_TRUE(Contains(r.out, "\n0\n")) << "core dumps are on\n" << r.Describe();
+  ASSERT_TRUE(r.report);
+  EXPECT_EQ(Usage(r)["limits"]["fsize_bytes"], 16ull << 20);
+  EXPECT_TRUE(Contains(ResourcesFacet(r)["notes"].dump(), "workspace is a host bind")) << r.Describe();
+}
+
+// ------------------------------------------------------------------- usage
+
+TEST(Usage, LimitsInForceAreReportedAndNoCgroupRemains) {
+  Sandbox sb;
+  if (!CgroupsExpected()) {
+    ExpectRefusedThenPartial(sb, "true", {"--memory", "512Mi", "--max-processes", "64"}, "memory_gib");
+    return;
+  }
+  RunResult r = sb.Sh("echo ok", {"--memory", "512Mi", "--max-processes", "64", "--timeout", "30s"});
+  ASSERT_EQ(r.status, 0) << r.Describe();
+  const auto& l = Usage(r)["limits"];
+  EXPECT_TRUE(l["cgroup"].is_string()) << r.Describe();
+  EXPECT_EQ(l["memory_max_bytes"], 512ull << 20);
+  EXPECT_EQ(l["pids_max"], 64);
+  EXPECT_EQ(l["wall_clock_ms"], 30000);
+  EXPECT_EQ(l["core_dumps"], false);
+  EXPECT_TRUE(Usage(r)["peak_memory_bytes"].is_number());
+  RunResult left = RunCommand({{"/usr/bin/find", "/sys/fs/cgroup", "-maxdepth", "5", "-type", "d", "-name",
+                                "agentbox-*"}});
+  // Other suites may run in parallel: only cgroups of dead supervisors would be ours to blame.
+  for (const auto& dir : Lines(left.out)) {
+    auto parts = dir.substr(dir.rfind("/agentbox-") + 10);
+    std::string pid = parts.substr(parts.find('-') + 1);
+    pid = pid.substr(0, pid.find('-'));
+    EXPECT_EQ(access(("/proc/" + pid).c_str(), F_OK), 0) << "stale cgroup " << dir;
+  }
+}
+
+TEST(Usage, NoCgroupWithoutCgroupLimits) {
+  Sandbox sb;
+  RunResult r = sb.Sh("cat /proc/self/cgroup", {"--timeout", "30s"});
+  ASSERT_EQ(r.status, 0) << r.Describe();
+  EXPECT_TRUE(Usage(r)["limits"]["cgroup"].is_null()) << r.Describe();
+  EXPECT_FALSE(Contains(r.out, "agentbox-")) << r.Describe();
+}
+
+// ---------------------------------------------------- supervisor SIGKILLed
+
+TEST(Cleanup, KilledSupervisorLeavesNoProcessAndGcRemovesItsCgroup) {
+  Sandbox sb;
+  const std::string marker = "orphan-" + RandomHex(4);
+  std::vector<std::string> args = {"run"};
+  if (CgroupsExpected()) {
+    args.insert(args.end(), {"--memory", "128Mi", "--max-processes", "32"});
+  }
+  args.insert(args.end(), {"--", "sh", "-c", "sleep 1000 & echo ready; sleep 1000 # " + marker});
+  std::string mounts_before = ReadFile("/proc/self/mountinfo").value_or("");
+  Process p(sb.AgentboxCommand(args));
+  ASSERT_TRUE(p.started());
+  ASSERT_TRUE(p.WaitForStdout("ready", 10000)) << p.err();
+  const pid_t supervisor = p.pid();
+  if (CgroupsExpected()) {
+    EXPECT_FALSE(RunCgroupsOf(supervisor).empty()) << "the run has no cgroup";
+  }
+  ASSERT_EQ(kill(supervisor, SIGKILL), 0);
+  RunResult killed = p.Wait();
+  EXPECT_EQ(killed.status, 128 + SIGKILL);
+  EXPECT_TRUE(WaitUntilNoProcess(marker, 3000)) << "a sandbox process outlived its supervisor";
+  EXPECT_EQ(ReadFile("/proc/self/mountinfo").value_or(""), mounts_before);
+  if (CgroupsExpected()) {
+    RunResult gc = RunCommand(sb.AgentboxCommand({"gc"}));
+    EXPECT_EQ(gc.status, 0) << gc.Describe();
+    EXPECT_TRUE(RunCgroupsOf(supervisor).empty()) << gc.Describe();
+  } else {
+    RunResult gc = RunCommand(sb.AgentboxCommand({"gc"}));
+    EXPECT_EQ(gc.status, 0) << gc.Describe();
+    EXPECT_TRUE(gc.out.empty()) << gc.Describe();
+  }
+}
+
+}  // namespace
+}  // namespace agentbox::e2e
