@@ -1,6 +1,8 @@
 #include "net/proxy.h"
 
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <netdb.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -52,6 +54,27 @@ asio::ip::address ToAsio(const IpAddress& a) {
 }
 
 bool IsLocalhostName(const std::string& host) { return host == "localhost" || host.ends_with(".localhost"); }
+
+// splice(2) into a socket has no MSG_NOSIGNAL: when the peer is gone it
+// raises SIGPIPE, whose default action would kill the supervisor. SIGPIPE is
+// blocked in this thread for the call and the one it raised is discarded, so
+// the process's signal dispositions stay as the caller set them.
+ssize_t SpliceToSocket(int pipe_r, int socket_fd, std::size_t len) {
+  sigset_t pipe_set, old;
+  sigemptyset(&pipe_set);
+  sigaddset(&pipe_set, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe_set, &old);
+  ssize_t n = ::splice(pipe_r, nullptr, socket_fd, nullptr, len, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+  int err = errno;
+  if (n < 0 && err == EPIPE) {
+    timespec zero{0, 0};
+    while (sigtimedwait(&pipe_set, nullptr, &zero) == SIGPIPE) {
+    }
+  }
+  if (!sigismember(&old, SIGPIPE)) pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  errno = err;
+  return n;
+}
 
 }  // namespace
 
@@ -445,8 +468,7 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     for (int turn = 0; turn < kChunksPerTurn; ++turn) {
       while (p.in_pipe > 0) {
-        ssize_t n = ::splice(p.pipe_r, nullptr, to.native_handle(), nullptr, p.in_pipe,
-                             SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+        ssize_t n = SpliceToSocket(p.pipe_r, to.native_handle(), p.in_pipe);
         if (n > 0) {
           p.in_pipe -= static_cast<std::size_t>(n);
           p.bytes += static_cast<std::uint64_t>(n);

@@ -680,6 +680,36 @@ TEST(ProxyLoad, BulkTransferKeepsEveryByte) {
   EXPECT_TRUE(same);
 }
 
+TEST(ProxyLoad, ClientResetMidDownloadLeavesTheProxyServing) {
+  // splice(2) into a reset socket raises SIGPIPE; this process keeps the
+  // default action, so the proxy must not let it through.
+  ScriptServer firehose([](int fd) {
+    std::string block(1 << 20, 'z');
+    for (int i = 0; i < 256; ++i) {
+      if (::send(fd, block.data(), block.size(), MSG_NOSIGNAL) <= 0) return;
+    }
+  });
+  EchoServer echo;
+  Harness h({"127.0.0.1"});
+  h.Start();
+  for (int round = 0; round < 5; ++round) {
+    int fd = -1;
+    ASSERT_EQ(Connect(h, "127.0.0.1:" + std::to_string(firehose.port()), &fd).rfind("HTTP/1.1 200", 0), 0u);
+    EXPECT_EQ(RecvN(fd, 100000).size(), 100000u);
+    linger reset{1, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
+    ::close(fd);  // RST while the proxy is still splicing toward us
+  }
+  int fd = -1;
+  ASSERT_EQ(Connect(h, "127.0.0.1:" + std::to_string(echo.port()), &fd).rfind("HTTP/1.1 200", 0), 0u);
+  SendAll(fd, "still here");
+  EXPECT_EQ(RecvN(fd, 10), "still here");
+  ::close(fd);
+  auto records = h.sink().WaitFor(6);
+  ASSERT_EQ(records.size(), 6u);
+  EXPECT_GT(records[0].bytes_down, 100000u);
+}
+
 // --- ask ---------------------------------------------------------------------------------
 
 TEST(ProxyAsk, CommandAllowsOnceAndSilenceDenies) {
