@@ -200,12 +200,12 @@ class Sink : public RecordSink {
 class Harness {
  public:
   Harness(std::vector<std::string> allow, std::vector<std::string> deny = {}, ProxyOptions options = {},
-          NetDefault def = NetDefault::kDeny, std::function<Asker*(asio::io_context&)> make_asker = nullptr)
+          NetDefault def = NetDefault::kDeny, std::function<std::unique_ptr<Asker>(asio::io_context&)> make_asker = nullptr)
       : resolver_(io_), work_(io_.get_executor()) {
     auto rules = RuleSet::Build(allow, deny, def);
     EXPECT_TRUE(rules.ok()) << rules.status().ToString();
-    if (make_asker) asker_ = make_asker(io_);
-    proxy_ = std::make_unique<Proxy>(io_, std::move(rules).value(), options, resolver_, asker_, &sink_);
+    if (make_asker) asker_ = make_asker(io_);  // owned here: destroyed before the io_context
+    proxy_ = std::make_unique<Proxy>(io_, std::move(rules).value(), options, resolver_, asker_.get(), &sink_);
     EXPECT_TRUE(proxy_->Serve(Listen(&http_port_), ListenerKind::kHttp).ok());
     EXPECT_TRUE(proxy_->Serve(Listen(&socks_port_), ListenerKind::kSocks5).ok());
   }
@@ -214,6 +214,7 @@ class Harness {
     work_.reset();
     if (thread_.joinable()) thread_.join();
     proxy_.reset();
+    asker_.reset();
   }
   StaticResolver& resolver() { return resolver_; }  // fill before Start()
   void Start() {
@@ -233,7 +234,7 @@ class Harness {
   StaticResolver resolver_;
   asio::executor_work_guard<asio::io_context::executor_type> work_;
   Sink sink_;
-  Asker* asker_ = nullptr;
+  std::unique_ptr<Asker> asker_;
   std::unique_ptr<Proxy> proxy_;
   std::uint16_t http_port_ = 0, socks_port_ = 0;
   std::thread thread_;
@@ -719,11 +720,9 @@ TEST(ProxyAsk, CommandAllowsOnceAndSilenceDenies) {
   options.ask_timeout = std::chrono::milliseconds(500);
   const std::string allow_script =
       "read q; case \"$q\" in *'\"host\":\"ask.test\"'*) echo allow;; *) echo deny;; esac";
-  Harness h({"127.0.0.1/32"}, {}, options, NetDefault::kDeny, [&](asio::io_context& io) -> Asker* {
-    static std::unique_ptr<CommandAsker> asker;
-    asker = std::make_unique<CommandAsker>(io, std::vector<std::string>{"/bin/sh", "-c", allow_script},
+  Harness h({"127.0.0.1/32"}, {}, options, NetDefault::kDeny, [&](asio::io_context& io) -> std::unique_ptr<Asker> {
+    return std::make_unique<CommandAsker>(io, std::vector<std::string>{"/bin/sh", "-c", allow_script},
                                            std::chrono::milliseconds(2000));
-    return asker.get();
   });
   h.resolver().Add("ask.test", {kLoop});
   h.resolver().Add("no.test", {kLoop});
@@ -746,11 +745,9 @@ TEST(ProxyAsk, SlowCommandIsADeny) {
   ProxyOptions options;
   options.ask_unknown = true;
   options.ask_timeout = std::chrono::milliseconds(300);
-  Harness h({}, {}, options, NetDefault::kDeny, [](asio::io_context& io) -> Asker* {
-    static std::unique_ptr<CommandAsker> asker;
-    asker = std::make_unique<CommandAsker>(io, std::vector<std::string>{"/bin/sh", "-c", "sleep 3; echo allow"},
+  Harness h({}, {}, options, NetDefault::kDeny, [](asio::io_context& io) -> std::unique_ptr<Asker> {
+    return std::make_unique<CommandAsker>(io, std::vector<std::string>{"/bin/sh", "-c", "sleep 3; echo allow"},
                                            std::chrono::milliseconds(5000));
-    return asker.get();
   });
   h.Start();
   auto t0 = std::chrono::steady_clock::now();
@@ -767,10 +764,8 @@ TEST(ProxyAsk, TerminalAlwaysThisRun) {
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair), 0);
   ProxyOptions options;
   options.ask_unknown = true;
-  Harness h({"127.0.0.1"}, {}, options, NetDefault::kDeny, [&](asio::io_context& io) -> Asker* {
-    static std::unique_ptr<TerminalAsker> asker;
-    asker = std::make_unique<TerminalAsker>(io, pair[0], pair[0], std::chrono::milliseconds(5000));
-    return asker.get();
+  Harness h({"127.0.0.1"}, {}, options, NetDefault::kDeny, [&](asio::io_context& io) -> std::unique_ptr<Asker> {
+    return std::make_unique<TerminalAsker>(io, pair[0], pair[0], std::chrono::milliseconds(5000));
   });
   h.resolver().Add("term.test", {kLoop});
   h.Start();
