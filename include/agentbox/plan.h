@@ -75,6 +75,71 @@ struct ResourceLimits {
   }
 };
 
+// Landlock, stacked on the mount plan. Rules name paths INSIDE the sandbox:
+// the runner applies them after pivot_root. Access bits are the kernel's
+// LANDLOCK_ACCESS_FS_* values (a stable ABI).
+struct LandlockRule {
+  std::string path;
+  std::uint64_t access = 0;  // on a non-directory the runner keeps only the file rights
+  bool optional = false;     // skipped when absent (an optional read_only entry missing on the host)
+  std::string why;
+};
+
+struct LandlockPlan {
+  int abi = 0;                      // the ABI the plan is written for; 0: no Landlock layer
+  std::uint64_t handled_fs = 0;     // rights the ruleset restricts (everything this ABI knows)
+  std::uint64_t scoped = 0;         // LANDLOCK_SCOPE_* (ABI >= 6)
+  std::vector<LandlockRule> rules;
+  std::vector<std::string> left_out;  // what this ABI cannot restrict that a newer one can
+  bool required = true;             // enforcement short of the plan: refuse (true) or report (false)
+};
+
+// One argument condition of a seccomp rule (libseccomp allows at most one
+// comparison per argument in a rule, so richer conditions expand into
+// several rules when compiled).
+struct SeccompArgCheck {
+  enum class Kind {
+    kAlways,        // every call
+    kAnyBitSet,     // (arg & mask) != 0, unless the low 32 bits equal `except` (when has_except)
+    kLow32Equals,   // (arg & 0xffffffff) == value: the kernel reads an int, high bits are noise
+    kMaskedEquals,  // (arg & mask) == value
+    kLow32NotIn,    // low 32 bits not in `values`; anything >= `value` is denied too
+  };
+  Kind kind = Kind::kAlways;
+  unsigned arg = 0;
+  std::uint64_t mask = 0;
+  std::uint64_t value = 0;
+  bool has_except = false;
+  std::uint64_t except = 0;
+  std::vector<std::uint64_t> values;
+};
+
+enum class SeccompAction {
+  kNotifyEperm,  // the runner answers -EPERM through the user-notification fd and records the call
+  kErrnoEnosys,  // answered in the kernel: -ENOSYS (so that libc falls back; not a denial)
+};
+
+struct SeccompRule {
+  std::string syscall;
+  SeccompAction action = SeccompAction::kNotifyEperm;
+  SeccompArgCheck when;
+  std::string why;
+};
+
+struct SeccompPlan {
+  bool enabled = false;
+  std::vector<SeccompRule> rules;
+  // x32 and i386 calls from an x86_64 process (and any other foreign
+  // architecture) fail with EPERM: a filter written for one syscall table
+  // says nothing about another.
+  bool refuse_foreign_arches = true;
+};
+
+// "read_file, read_dir, execute", for explain and errors.
+std::string LandlockAccessNames(std::uint64_t access);
+// "socket: domain not in {1, 2, 10} → EPERM (reported)", for explain.
+std::string Describe(const SeccompRule& rule);
+
 struct Plan {
   bool confined = true;      // false: danger-full-access, run as is
   std::vector<std::string> argv;
@@ -93,6 +158,8 @@ struct Plan {
   std::string workspace_target;
   bool workspace_writable = true;
   ResourceLimits limits;                // cgroup settings and rlimits
+  LandlockPlan landlock;                // applied by the runner after the root is built
+  SeccompPlan seccomp;                  // applied after Landlock (it may forbid Landlock's syscalls)
   std::optional<std::uint64_t> timeout_ms;
   bool denial_outcome = true;           // false: on_violation.report_as task_failure
   std::uint64_t kill_grace_ms = 2000;

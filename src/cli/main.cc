@@ -415,7 +415,28 @@ void PrintPlan(const Plan& plan) {
   for (const auto& [k, v] : plan.env.set) std::printf(" %s=%s", k.c_str(), v.c_str());
   std::printf("\n  process: runner is pid 1 (reaps, forwards signals); command in a new session, no_new_privs,\n"
               "           all capabilities dropped, inherited fds above 2 closed\n");
-  std::printf("  landlock: not applied in this version; seccomp: no filter in this version\n");
+  const LandlockPlan& ll = plan.landlock;
+  if (ll.abi == 0) {
+    std::printf("  landlock: not applied (this host has no Landlock ABI >= 2)\n");
+  } else {
+    std::printf("  landlock: ABI %d, applied by the runner after the root is built; everything not listed is denied\n"
+                "            (handled: %s)%s\n",
+                ll.abi, LandlockAccessNames(ll.handled_fs).c_str(),
+                ll.scoped ? "; abstract unix sockets and signals scoped to the sandbox" : "");
+    for (const auto& r : ll.rules) {
+      std::printf("    %-28s %s%s  (%s)\n", r.path.c_str(), r.optional ? "[if present] " : "",
+                  LandlockAccessNames(r.access).c_str(), r.why.c_str());
+    }
+    std::printf("    + the files or devices on stdin/stdout/stderr, with the access they were opened with\n");
+    for (const auto& l : ll.left_out) std::printf("    this ABI leaves out: %s\n", l.c_str());
+  }
+  if (!plan.seccomp.enabled) {
+    std::printf("  seccomp: no filter (this host has no seccomp filtering)\n");
+  } else {
+    std::printf("  seccomp: filter after Landlock; denied calls fail with EPERM and are reported by name%s:\n",
+                plan.seccomp.refuse_foreign_arches ? "; x32 and i386 calls get EPERM" : "");
+    for (const auto& r : plan.seccomp.rules) std::printf("    %s\n", Describe(r).c_str());
+  }
   if (plan.timeout_ms) std::printf("  wall clock: %llu ms\n", static_cast<unsigned long long>(*plan.timeout_ms));
 }
 

@@ -10,6 +10,7 @@
 #include <set>
 #include <string>
 
+#include "confine/layers.h"
 #include "confine/paths.h"
 
 namespace agentbox {
@@ -551,6 +552,10 @@ Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Poli
     std::stable_sort(mounts.begin() + 1, mounts.end(), [](const MountOp& a, const MountOp& b) {
       return paths::Depth(a.target) < paths::Depth(b.target);
     });
+
+    // The layers stacked on the mounts: Landlock mirrors the final mount list.
+    plan.landlock = PlanLandlock(plan, host.landlock_abi, policy.sandbox.require == Requirement::kFull);
+    plan.seccomp = PlanSeccomp(host.seccomp_filter);
 
     std::string cwd = paths::IsWithin(inv.cwd, inv.workspace)
                           ? paths::Rebase(inv.cwd, inv.workspace, plan.workspace_target)

@@ -23,6 +23,96 @@ std::optional<MountKind> KindFromString(const std::string& s) {
   return std::nullopt;
 }
 
+using Kind = SeccompArgCheck::Kind;
+constexpr std::pair<Kind, const char*> kCheckKinds[] = {
+    {Kind::kAlways, "always"},         {Kind::kAnyBitSet, "any_bit_set"},
+    {Kind::kLow32Equals, "low32_equals"}, {Kind::kMaskedEquals, "masked_equals"},
+    {Kind::kLow32NotIn, "low32_not_in"},
+};
+
+json LandlockToJson(const LandlockPlan& ll) {
+  json rules = json::array();
+  for (const auto& r : ll.rules) {
+    json o = {{"path", r.path}, {"access", r.access}, {"why", r.why}};
+    if (r.optional) o["optional"] = true;
+    rules.push_back(o);
+  }
+  return {{"abi", ll.abi}, {"handled_fs", ll.handled_fs}, {"scoped", ll.scoped},
+          {"rules", rules}, {"left_out", ll.left_out}, {"required", ll.required}};
+}
+
+LandlockPlan LandlockFromJson(const json& j) {
+  LandlockPlan ll;
+  ll.abi = j.at("abi").get<int>();
+  ll.handled_fs = j.at("handled_fs").get<std::uint64_t>();
+  ll.scoped = j.value("scoped", std::uint64_t{0});
+  for (const auto& o : j.at("rules")) {
+    ll.rules.push_back({o.at("path").get<std::string>(), o.at("access").get<std::uint64_t>(),
+                        o.value("optional", false), o.value("why", "")});
+  }
+  ll.left_out = j.value("left_out", std::vector<std::string>{});
+  ll.required = j.value("required", true);
+  return ll;
+}
+
+json SeccompToJson(const SeccompPlan& sp) {
+  json rules = json::array();
+  for (const auto& r : sp.rules) {
+    const char* kind = "always";
+    for (const auto& [k, n] : kCheckKinds) {
+      if (k == r.when.kind) kind = n;
+    }
+    json o = {{"syscall", r.syscall},
+              {"action", r.action == SeccompAction::kErrnoEnosys ? "enosys" : "notify_eperm"},
+              {"why", r.why}};
+    if (r.when.kind != Kind::kAlways) {
+      o["when"] = {{"kind", kind}, {"arg", r.when.arg}, {"mask", r.when.mask}, {"value", r.when.value}};
+      if (r.when.has_except) o["when"]["except"] = r.when.except;
+      if (!r.when.values.empty()) o["when"]["values"] = r.when.values;
+    }
+    rules.push_back(o);
+  }
+  return {{"enabled", sp.enabled}, {"refuse_foreign_arches", sp.refuse_foreign_arches}, {"rules", rules}};
+}
+
+Result<SeccompPlan> SeccompFromJson(const json& j) {
+  SeccompPlan sp;
+  sp.enabled = j.at("enabled").get<bool>();
+  sp.refuse_foreign_arches = j.value("refuse_foreign_arches", true);
+  for (const auto& o : j.at("rules")) {
+    SeccompRule r;
+    r.syscall = o.at("syscall").get<std::string>();
+    std::string action = o.at("action").get<std::string>();
+    if (action != "enosys" && action != "notify_eperm") {
+      return Status::Error("plan", "unknown seccomp action " + action);
+    }
+    r.action = action == "enosys" ? SeccompAction::kErrnoEnosys : SeccompAction::kNotifyEperm;
+    r.why = o.value("why", "");
+    if (o.contains("when")) {
+      const json& w = o.at("when");
+      std::string kind = w.at("kind").get<std::string>();
+      bool known = false;
+      for (const auto& [k, n] : kCheckKinds) {
+        if (kind == n) {
+          r.when.kind = k;
+          known = true;
+        }
+      }
+      if (!known) return Status::Error("plan", "unknown seccomp condition " + kind);
+      r.when.arg = w.at("arg").get<unsigned>();
+      r.when.mask = w.at("mask").get<std::uint64_t>();
+      r.when.value = w.at("value").get<std::uint64_t>();
+      if (w.contains("except")) {
+        r.when.has_except = true;
+        r.when.except = w.at("except").get<std::uint64_t>();
+      }
+      r.when.values = w.value("values", std::vector<std::uint64_t>{});
+    }
+    sp.rules.push_back(std::move(r));
+  }
+  return sp;
+}
+
 }  // namespace
 
 const char* ToString(MountKind kind) {
@@ -79,6 +169,8 @@ std::string PlanToJson(const Plan& plan, int indent) {
     if (l.fsize_bytes) lim["fsize_bytes"] = *l.fsize_bytes;
     j["limits"] = lim;
   }
+  j["landlock"] = LandlockToJson(plan.landlock);
+  j["seccomp"] = SeccompToJson(plan.seccomp);
   if (plan.timeout_ms) j["timeout_ms"] = *plan.timeout_ms;
   j["denial_outcome"] = plan.denial_outcome;
   j["kill_grace_ms"] = plan.kill_grace_ms;
@@ -146,6 +238,13 @@ Result<Plan> PlanFromJson(const std::string& text) {
       u64("pids_max", &l.pids_max);
       u64("fsize_bytes", &l.fsize_bytes);
       l.nofile = lim.value("nofile", l.nofile);
+    }
+    // Absent: a plan without that layer (the enforcement report says so).
+    if (j.contains("landlock")) plan.landlock = LandlockFromJson(j.at("landlock"));
+    if (j.contains("seccomp")) {
+      auto sp = SeccompFromJson(j.at("seccomp"));
+      if (!sp.ok()) return sp.status();
+      plan.seccomp = std::move(*sp);
     }
     if (j.contains("timeout_ms")) plan.timeout_ms = j.at("timeout_ms").get<std::uint64_t>();
     plan.kill_grace_ms = j.value("kill_grace_ms", plan.kill_grace_ms);

@@ -1,0 +1,121 @@
+// Landlock rules that mirror the mount plan: what is mounted is granted what
+// its mount allows, and nothing that is not mounted is granted anything.
+//
+// Landlock rules are allow-lists over a hierarchy: rights granted on a
+// directory hold for everything beneath it, whatever is mounted there. So a
+// read-only mount inside the read-write workspace (a protected path, a mask)
+// gets read-write rights from Landlock, and stays read-only by its mount
+// flag; the two layers are each enough on their own where they overlap.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "confine/layers.h"
+#include "linux/compat.h"
+
+namespace agentbox {
+namespace {
+
+constexpr std::uint64_t kRead = LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_READ_DIR;
+constexpr std::uint64_t kReadExec = kRead | LANDLOCK_ACCESS_FS_EXECUTE;
+// Everything a writable tree needs; device nodes can never be made.
+constexpr std::uint64_t kWrite =
+    LANDLOCK_ACCESS_FS_WRITE_FILE | LANDLOCK_ACCESS_FS_REMOVE_DIR | LANDLOCK_ACCESS_FS_REMOVE_FILE |
+    LANDLOCK_ACCESS_FS_MAKE_DIR | LANDLOCK_ACCESS_FS_MAKE_REG | LANDLOCK_ACCESS_FS_MAKE_SOCK |
+    LANDLOCK_ACCESS_FS_MAKE_FIFO | LANDLOCK_ACCESS_FS_MAKE_SYM | LANDLOCK_ACCESS_FS_REFER |
+    LANDLOCK_ACCESS_FS_TRUNCATE;
+// A terminal needs its ioctls; `> /dev/null` opens with O_TRUNC.
+constexpr std::uint64_t kDevice = LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_WRITE_FILE |
+                                  LANDLOCK_ACCESS_FS_TRUNCATE | LANDLOCK_ACCESS_FS_IOCTL_DEV;
+// Tools write /proc/self/... (oom_score_adj, comm, attr); /proc/sys is a
+// read-only mount.
+constexpr std::uint64_t kProc = kRead | LANDLOCK_ACCESS_FS_WRITE_FILE | LANDLOCK_ACCESS_FS_TRUNCATE;
+
+// Every filesystem right the kernel knows at `abi`: all of them are handled,
+// so that anything not granted is denied.
+std::uint64_t KnownRights(int abi) {
+  if (abi <= 0) return 0;
+  std::uint64_t r = (LANDLOCK_ACCESS_FS_MAKE_SYM << 1) - 1;  // ABI 1: bits 0..12
+  if (abi >= 2) r |= LANDLOCK_ACCESS_FS_REFER;
+  if (abi >= 3) r |= LANDLOCK_ACCESS_FS_TRUNCATE;
+  if (abi >= 5) r |= LANDLOCK_ACCESS_FS_IOCTL_DEV;
+  return r;
+}
+
+constexpr std::pair<std::uint64_t, const char*> kNames[] = {
+    {LANDLOCK_ACCESS_FS_EXECUTE, "execute"},         {LANDLOCK_ACCESS_FS_WRITE_FILE, "write_file"},
+    {LANDLOCK_ACCESS_FS_READ_FILE, "read_file"},     {LANDLOCK_ACCESS_FS_READ_DIR, "read_dir"},
+    {LANDLOCK_ACCESS_FS_REMOVE_DIR, "remove_dir"},   {LANDLOCK_ACCESS_FS_REMOVE_FILE, "remove_file"},
+    {LANDLOCK_ACCESS_FS_MAKE_CHAR, "make_char"},     {LANDLOCK_ACCESS_FS_MAKE_DIR, "make_dir"},
+    {LANDLOCK_ACCESS_FS_MAKE_REG, "make_reg"},       {LANDLOCK_ACCESS_FS_MAKE_SOCK, "make_sock"},
+    {LANDLOCK_ACCESS_FS_MAKE_FIFO, "make_fifo"},     {LANDLOCK_ACCESS_FS_MAKE_BLOCK, "make_block"},
+    {LANDLOCK_ACCESS_FS_MAKE_SYM, "make_sym"},       {LANDLOCK_ACCESS_FS_REFER, "refer"},
+    {LANDLOCK_ACCESS_FS_TRUNCATE, "truncate"},       {LANDLOCK_ACCESS_FS_IOCTL_DEV, "ioctl_dev"},
+};
+
+}  // namespace
+
+std::string LandlockAccessNames(std::uint64_t access) {
+  std::string out;
+  for (const auto& [bit, name] : kNames) {
+    if (access & bit) out += (out.empty() ? "" : ", ") + std::string(name);
+  }
+  return out.empty() ? "none" : out;
+}
+
+std::vector<std::string> LandlockLeftOut(int abi) {
+  std::vector<std::string> out;
+  if (abi < 2) out.push_back("refer (ABI 2): without it every rename or link across directories fails");
+  if (abi < 3) out.push_back("truncate (ABI 3): truncate(2) and O_TRUNC are not checked");
+  if (abi < 5) out.push_back("ioctl_dev (ABI 5): ioctls on device files are not checked");
+  if (abi < 6) {
+    out.push_back("scoping (ABI 6): abstract unix sockets and signals outside the sandbox are not "
+                  "fenced by Landlock (the network and pid namespaces still fence them)");
+  }
+  return out;
+}
+
+LandlockPlan PlanLandlock(const Plan& plan, int host_abi, bool required) {
+  LandlockPlan ll;
+  if (host_abi < kMinLandlockAbi) return ll;
+  ll.abi = std::min(host_abi, kNewestLandlockAbi);
+  ll.handled_fs = KnownRights(ll.abi);
+  if (ll.abi >= 6) ll.scoped = LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET | LANDLOCK_SCOPE_SIGNAL;
+  ll.left_out = LandlockLeftOut(ll.abi);
+  ll.required = required;
+  auto add = [&](const std::string& path, std::uint64_t access, bool optional, const std::string& why) {
+    ll.rules.push_back({path, access & ll.handled_fs, optional, why});
+  };
+  for (const auto& m : plan.mounts) {
+    switch (m.kind) {
+      case MountKind::kTmpfs:
+        if (m.target == "/" || m.target == "/dev") {
+          add(m.target, LANDLOCK_ACCESS_FS_READ_DIR, false, m.why + ": listing only");
+        } else {
+          add(m.target, kReadExec | kWrite, false, m.why);
+        }
+        break;
+      case MountKind::kBind:
+        add(m.target, m.read_only ? kReadExec : kReadExec | kWrite, m.optional, m.why);
+        break;
+      case MountKind::kDevice:
+        add(m.target, kDevice, m.optional, m.why);
+        break;
+      case MountKind::kDevpts:
+        add(m.target, LANDLOCK_ACCESS_FS_READ_DIR | kDevice, false, m.why);
+        break;
+      case MountKind::kProc:
+        add(m.target, kProc, false, m.why);
+        break;
+      case MountKind::kSymlink:   // resolved to its target, which has its own rule
+      case MountKind::kMask:      // inside a granted tree, mode 0000 and read-only
+      case MountKind::kProtect:   // read-only by its mount flag
+      case MountKind::kPin:
+      case MountKind::kReadOnly:
+        break;
+    }
+  }
+  return ll;
+}
+
+}  // namespace agentbox

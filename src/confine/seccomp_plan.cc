@@ -1,0 +1,129 @@
+// The seccomp layer's rules, as data. docs/seccomp.md gives the reason for
+// every entry; keep the two in step.
+//
+// Denied calls fail with EPERM, a clear error for tools, and are reported by
+// name: the runner answers them through the filter's user-notification fd.
+// clone3 is the exception: its flags live in memory a filter cannot read, so
+// every clone3 gets ENOSYS in the kernel and libc falls back to clone, whose
+// flags the filter can read. That is not a denial and is not reported.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "confine/layers.h"
+
+namespace agentbox {
+namespace {
+
+using Kind = SeccompArgCheck::Kind;
+
+// Namespace flags that clone(2) takes (CLONE_NEWTIME does not fit in clone's flags).
+constexpr std::uint64_t kCloneNamespaceFlags = 0x00020000 /*NEWNS*/ | 0x02000000 /*NEWCGROUP*/ |
+                                               0x04000000 /*NEWUTS*/ | 0x08000000 /*NEWIPC*/ |
+                                               0x10000000 /*NEWUSER*/ | 0x20000000 /*NEWPID*/ |
+                                               0x40000000 /*NEWNET*/;
+// personality(2) flags that weaken memory protection: READ_IMPLIES_EXEC,
+// ADDR_NO_RANDOMIZE, MMAP_PAGE_ZERO. 0xffffffff only queries and stays allowed.
+constexpr std::uint64_t kWeakPersonality = 0x0400000 | 0x0040000 | 0x0100000;
+constexpr std::uint64_t kTiocsti = 0x5412, kTioclinux = 0x541C;
+constexpr std::uint64_t kAfUnix = 1, kAfInet = 2, kAfInet6 = 10, kAfMax = 46;
+constexpr std::uint64_t kSockRaw = 3, kSockPacket = 10, kSockTypeMask = 0xf;
+
+struct Group {
+  const char* why;
+  std::vector<const char*> syscalls;
+};
+
+const std::vector<Group>& Groups() {
+  static const std::vector<Group> groups = {
+      {"debugging other processes reads and writes their memory",
+       {"ptrace", "process_vm_readv", "process_vm_writev"}},
+      {"mounts: the mount plan is final", {"mount", "umount2", "pivot_root", "move_mount", "fsopen",
+                                           "fsmount", "fsconfig", "fspick", "open_tree", "mount_setattr"}},
+      {"new namespaces: nested user namespaces are the way to most kernel attack surface",
+       {"unshare", "setns"}},
+      {"kernel attack surface with a history of exploits", {"bpf", "userfaultfd", "perf_event_open"}},
+      {"kernel keyrings are not namespaced", {"keyctl", "add_key", "request_key"}},
+      {"kernel modules", {"init_module", "finit_module", "delete_module"}},
+      {"replacing or stopping the kernel", {"kexec_load", "kexec_file_load", "reboot"}},
+      {"swap", {"swapon", "swapoff"}},
+      {"clocks are not namespaced", {"settimeofday", "clock_settime", "clock_adjtime", "adjtimex"}},
+      {"io_uring bypasses seccomp for the operations it submits",
+       {"io_uring_setup", "io_uring_enter", "io_uring_register"}},
+      {"process accounting and disk quotas are host-wide", {"acct", "quotactl", "quotactl_fd"}},
+      {"file handles open files by inode, around the mount plan",
+       {"name_to_handle_at", "open_by_handle_at"}},
+  };
+  return groups;
+}
+
+}  // namespace
+
+SeccompPlan PlanSeccomp(bool host_has_seccomp) {
+  SeccompPlan sp;
+  if (!host_has_seccomp) return sp;
+  sp.enabled = true;
+  for (const auto& g : Groups()) {
+    for (const char* name : g.syscalls) sp.rules.push_back({name, SeccompAction::kNotifyEperm, {}, g.why});
+  }
+  SeccompArgCheck clone_ns{Kind::kAnyBitSet, 0, kCloneNamespaceFlags};
+  sp.rules.push_back({"clone", SeccompAction::kNotifyEperm, clone_ns, "new namespaces"});
+  sp.rules.push_back({"clone3", SeccompAction::kErrnoEnosys, {},
+                      "its flags are out of the filter's reach: libc falls back to clone"});
+  SeccompArgCheck weak{Kind::kAnyBitSet, 0, kWeakPersonality, 0, true, 0xffffffff};
+  sp.rules.push_back({"personality", SeccompAction::kNotifyEperm, weak,
+                      "READ_IMPLIES_EXEC, ADDR_NO_RANDOMIZE, MMAP_PAGE_ZERO weaken memory protection"});
+  for (std::uint64_t cmd : {kTiocsti, kTioclinux}) {
+    SeccompArgCheck c{Kind::kLow32Equals, 1, 0, cmd};
+    sp.rules.push_back({"ioctl", SeccompAction::kNotifyEperm, c,
+                        cmd == kTiocsti ? "TIOCSTI pushes input into a terminal"
+                                        : "TIOCLINUX reads and writes the console"});
+  }
+  SeccompArgCheck domain{Kind::kLow32NotIn, 0, 0, kAfMax};
+  domain.values = {kAfUnix, kAfInet, kAfInet6};
+  sp.rules.push_back({"socket", SeccompAction::kNotifyEperm, domain,
+                      "socket families other than unix, inet and inet6: rarely used, often buggy"});
+  for (std::uint64_t type : {kSockRaw, kSockPacket}) {
+    SeccompArgCheck t{Kind::kMaskedEquals, 1, kSockTypeMask, type};
+    sp.rules.push_back({"socket", SeccompAction::kNotifyEperm, t,
+                        type == kSockRaw ? "SOCK_RAW: forged packets" : "SOCK_PACKET: forged packets"});
+  }
+  return sp;
+}
+
+std::string Describe(const SeccompRule& r) {
+  auto hex = [](std::uint64_t v) {
+    char b[32];
+    std::snprintf(b, sizeof(b), "0x%llx", static_cast<unsigned long long>(v));
+    return std::string(b);
+  };
+  const SeccompArgCheck& w = r.when;
+  std::string a = "arg" + std::to_string(w.arg);
+  std::string cond;
+  switch (w.kind) {
+    case Kind::kAlways:
+      break;
+    case Kind::kAnyBitSet:
+      cond = a + " & " + hex(w.mask) + " != 0";
+      if (w.has_except) cond += " (except " + hex(w.except) + ")";
+      break;
+    case Kind::kLow32Equals:
+      cond = "low 32 bits of " + a + " == " + hex(w.value);
+      break;
+    case Kind::kMaskedEquals:
+      cond = a + " & " + hex(w.mask) + " == " + std::to_string(w.value);
+      break;
+    case Kind::kLow32NotIn: {
+      std::string vs;
+      for (auto v : w.values) vs += (vs.empty() ? "" : ", ") + std::to_string(v);
+      cond = a + " not in {" + vs + "}";
+      break;
+    }
+  }
+  std::string out = r.syscall;
+  if (!cond.empty()) out += " if " + cond;
+  out += r.action == SeccompAction::kErrnoEnosys ? " → ENOSYS" : " → EPERM, reported";
+  return out + " (" + r.why + ")";
+}
+
+}  // namespace agentbox
