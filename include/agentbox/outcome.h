@@ -39,6 +39,7 @@ struct Denial {
   std::string target;                    // the path or host
   std::string reason;
   std::string source;                    // "stderr-signature", "proxy", "seccomp"
+  std::uint64_t count = 0;               // seccomp: how many calls were denied (0: not counted)
 };
 
 struct ErrorInfo {

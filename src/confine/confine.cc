@@ -74,6 +74,30 @@ EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host) 
       missing(fs, "kernel lacks open_tree/move_mount/mount_setattr (needs Linux >= 5.12)");
     }
     fs.notes.push_back("workspace is a host bind: disk use in it is not limited");
+    // Landlock: a second, independent fence around the same mount plan.
+    if (host.landlock_abi >= kMinLandlockAbi) {
+      const int abi = std::min(host.landlock_abi, kNewestLandlockAbi);
+      fs.mechanisms.push_back("landlock-abi-" + std::to_string(abi));
+      std::string note = "Landlock ABI " + std::to_string(abi) + " allows only what the mount plan mounts";
+      auto left_out = LandlockLeftOut(abi);
+      if (left_out.empty()) {
+        note += "; a lower ABI would leave out:";
+        for (const auto& l : LandlockLeftOut(kMinLandlockAbi)) note += " " + l + ";";
+        note.pop_back();
+      } else {
+        note += "; this ABI leaves out:";
+        for (const auto& l : left_out) note += " " + l + ";";
+        note.pop_back();
+      }
+      fs.notes.push_back(note);
+    } else if (fs.level == Level::kFull) {
+      missing(fs, host.landlock_abi == 0
+                      ? "Landlock unavailable (kernel < 5.13, or not in the lsm= list): the filesystem "
+                        "rests on the mount namespace alone"
+                      : "Landlock ABI " + std::to_string(host.landlock_abi) +
+                            " lacks the refer right (ABI 2): the layer is not applied and the filesystem "
+                            "rests on the mount namespace alone");
+    }
   } else {
     missing(fs, "user namespaces unavailable: " + host.userns_reason);
   }
@@ -108,11 +132,17 @@ EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host) 
   }
   r.facets.push_back(proc);
 
-  // Syscalls: not yet filtered; what is in force is listed but not requested.
-  FacetReport sys = Facet("syscalls", false);
-  sys.mechanisms = {"no_new_privs", "capabilities-dropped"};
-  sys.level = Level::kPartial;
-  sys.notes.push_back("no seccomp filter in this version; not counted in the level");
+  // Syscalls: a seccomp filter on top of no_new_privs and no capabilities.
+  FacetReport sys = Facet("syscalls", true);
+  if (host.seccomp_filter) {
+    sys.mechanisms = {"seccomp-bpf", "no_new_privs", "capabilities-dropped"};
+    sys.level = Level::kFull;
+    sys.notes.push_back("denied syscalls fail with EPERM and are reported by name (docs/seccomp.md); "
+                        "x32 and i386 calls are refused");
+  } else {
+    sys.mechanisms = {"no_new_privs", "capabilities-dropped"};
+    missing(sys, "seccomp filtering unavailable on this kernel: every syscall reaches the kernel");
+  }
   r.facets.push_back(sys);
 
   // Resources: the wall clock is the supervisor's, tmpfs sizes and rlimits

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <linux/landlock.h>
 #include <linux/sched.h>
 #include <sys/mount.h>
 #include <sys/syscall.h>
@@ -35,6 +36,12 @@
 #endif
 #ifndef SYS_landlock_create_ruleset
 #define SYS_landlock_create_ruleset 444
+#endif
+#ifndef SYS_landlock_add_rule
+#define SYS_landlock_add_rule 445
+#endif
+#ifndef SYS_landlock_restrict_self
+#define SYS_landlock_restrict_self 446
 #endif
 #ifndef SYS_openat2
 #define SYS_openat2 437
@@ -76,6 +83,20 @@
 #ifndef LANDLOCK_CREATE_RULESET_VERSION
 #define LANDLOCK_CREATE_RULESET_VERSION (1U << 0)
 #endif
+// Landlock rights newer than the userspace headers (ABI 3, 5, 6).
+#ifndef LANDLOCK_ACCESS_FS_TRUNCATE
+#define LANDLOCK_ACCESS_FS_TRUNCATE (1ULL << 14)
+#endif
+#ifndef LANDLOCK_ACCESS_FS_IOCTL_DEV
+#define LANDLOCK_ACCESS_FS_IOCTL_DEV (1ULL << 15)
+#endif
+#ifndef LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET
+#define LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET (1ULL << 0)
+#define LANDLOCK_SCOPE_SIGNAL (1ULL << 1)
+#endif
+#ifndef LANDLOCK_RULE_PATH_BENEATH
+#define LANDLOCK_RULE_PATH_BENEATH 1
+#endif
 #ifndef RESOLVE_NO_SYMLINKS
 #define RESOLVE_NO_XDEV 0x01
 #define RESOLVE_NO_MAGICLINKS 0x02
@@ -106,6 +127,15 @@ struct MountAttr {
   std::uint64_t userns_fd;
 };
 
+// struct landlock_ruleset_attr as of ABI 6 (older headers stop after
+// handled_access_fs). The kernel accepts the larger size from ABI 1 on as
+// long as the fields it does not know are zero.
+struct LandlockRulesetAttr {
+  std::uint64_t handled_access_fs;
+  std::uint64_t handled_access_net;
+  std::uint64_t scoped;
+};
+
 struct OpenHow {
   std::uint64_t flags;
   std::uint64_t mode;
@@ -133,10 +163,6 @@ inline int PidfdSendSignal(int pidfd, int sig) {
 }
 inline int Openat2(int dirfd, const char* path, OpenHow* how) {
   return static_cast<int>(syscall(SYS_openat2, dirfd, path, how, sizeof(*how)));
-}
-inline int LandlockAbiVersion() {
-  return static_cast<int>(
-      syscall(SYS_landlock_create_ruleset, nullptr, 0, LANDLOCK_CREATE_RULESET_VERSION));
 }
 
 }  // namespace agentbox::linux

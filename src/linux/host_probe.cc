@@ -19,6 +19,7 @@
 #include "linux/cgroups.h"
 #include "linux/compat.h"
 #include "linux/fd.h"
+#include "linux/landlock_ruleset.h"
 
 namespace agentbox {
 namespace {

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include "linux/namespaces.h"
 #include "linux/rlimits.h"
 #include "linux/runner.h"
+#include "linux/seccomp_filter.h"
 #include "linux/status_pipe.h"
 
 namespace agentbox::linux {
@@ -46,6 +48,19 @@ Result<Launched> Launch(const Plan& plan, const std::vector<std::string>& argv, 
     go_w.reset(go_pipe[1]);
   }
 
+  // The seccomp program travels over a socketpair: compiled here while the
+  // runner builds the root (see seccomp_filter.h).
+  const bool filtered = plan.confined && plan.seccomp.enabled;
+  UniqueFd filter_send, filter_recv;
+  if (filtered) {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
+      return Status::Errno("launch", "socketpair");
+    }
+    filter_send.reset(sv[0]);
+    filter_recv.reset(sv[1]);
+  }
+
   CloneArgs args{};
   args.flags = CLONE_PIDFD | (plan.confined ? NamespaceFlags(plan.namespaces) : 0);
   if (cgroup && cgroup->v2_fd() >= 0) {
@@ -79,7 +94,7 @@ Result<Launched> Launch(const Plan& plan, const std::vector<std::string>& argv, 
         _exit(125);
       }
     }
-    RunnerMain(plan, out.resolved, argv, status_w.get(), lifeline_r.get());
+    RunnerMain(plan, out.resolved, argv, status_w.get(), lifeline_r.get(), filter_recv.get());
   }
   out.pid = static_cast<pid_t>(pid);
   out.pidfd.reset(pidfd);
@@ -92,6 +107,17 @@ Result<Launched> Launch(const Plan& plan, const std::vector<std::string>& argv, 
       int st = 0;
       waitpid(out.pid, &st, 0);
       return attached;
+    }
+  }
+  if (filtered) {
+    // On failure nothing is sent: the runner then refuses with stage seccomp,
+    // and the reason is kept for the report.
+    filter_recv.reset();
+    auto program = CompileSeccomp(plan.seccomp);
+    if (!program.ok()) {
+      out.filter_error = program.status();
+    } else if (Status s = SendProgram(filter_send.get(), *program); !s.ok()) {
+      out.filter_error = s;
     }
   }
   return out;

@@ -28,6 +28,7 @@ struct Launched {
   UniqueFd stderr_pipe; // read end, with StderrMode::kCapture
   UniqueFd lifeline;    // write end: the runner dies when this closes
   ResolvedPlan resolved;
+  Status filter_error;  // the seccomp program could not be compiled or sent
 };
 
 // With a `cgroup`, the runner starts inside it before it runs any code of

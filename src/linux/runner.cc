@@ -11,6 +11,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -26,8 +27,10 @@
 
 #include "linux/capabilities.h"
 #include "linux/compat.h"
+#include "linux/landlock_ruleset.h"
 #include "linux/mounts.h"
 #include "linux/namespaces.h"
+#include "linux/seccomp_filter.h"
 #include "linux/status_pipe.h"
 
 extern char** environ;
@@ -54,17 +57,23 @@ Status TieToSupervisor(int lifeline_fd) {
   return {};
 }
 
-// Keeps stdio, the status pipe and the lifeline; closes every other inherited fd.
-Status CloseInheritedFds(int* status_fd, int* lifeline_fd) {
-  // Move both out of the way first: either may already sit at 3 or 4.
+// Keeps stdio, the status pipe, the lifeline and the filter socket (when
+// there is one); closes every other inherited fd, among them the
+// supervisor's end of the filter socket, so that its EOF reaches us.
+Status CloseInheritedFds(int* status_fd, int* lifeline_fd, int* filter_fd) {
+  // Move them out of the way first: any may already sit at 3, 4 or 5.
   int s = fcntl(*status_fd, F_DUPFD_CLOEXEC, 10);
   int l = fcntl(*lifeline_fd, F_DUPFD_CLOEXEC, 10);
-  if (s < 0 || l < 0) return Status::Errno("fds", "fcntl(F_DUPFD_CLOEXEC)");
+  int f = *filter_fd >= 0 ? fcntl(*filter_fd, F_DUPFD_CLOEXEC, 10) : -1;
+  if (s < 0 || l < 0 || (*filter_fd >= 0 && f < 0)) return Status::Errno("fds", "fcntl(F_DUPFD_CLOEXEC)");
   if (dup3(s, 3, O_CLOEXEC) < 0 || dup3(l, 4, O_CLOEXEC) < 0) return Status::Errno("fds", "dup3");
+  if (f >= 0 && dup3(f, 5, O_CLOEXEC) < 0) return Status::Errno("fds", "dup3");
   *status_fd = 3;
   *lifeline_fd = 4;
-  if (CloseRange(5, ~0U, 0) != 0) {
-    for (int fd = 5; fd < 65536; ++fd) close(fd);  // kernels before 5.9
+  const unsigned first = f >= 0 ? 6 : 5;
+  if (f >= 0) *filter_fd = 5;
+  if (CloseRange(first, ~0U, 0) != 0) {
+    for (int fd = static_cast<int>(first); fd < 65536; ++fd) close(fd);  // kernels before 5.9
   }
   // A directory as stdin/stdout/stderr is a way out: openat(0, "..") walks
   // the host's tree whatever the mount namespace says.
@@ -99,6 +108,44 @@ Status BuildRoot(const Plan& plan, const ResolvedPlan& resolved) {
   }
   if (Status s = DetachOldRoot(); !s.ok()) return s;
   return SealRoot();
+}
+
+// The layers stacked on the namespaces, Landlock first: the seccomp filter
+// may forbid Landlock's own syscalls. Both cover the runner and, through
+// the vfork, the command. Returns the seccomp listener (invalid: no filter).
+Result<UniqueFd> ApplyLayers(const Plan& plan, int status_fd, int filter_fd) {
+  if (plan.landlock.abi > 0) {
+    auto ll = ApplyLandlock(plan.landlock);
+    if (!ll.ok()) return ll.status();
+    if (!ll->short_of_plan.empty()) {
+      std::string what;
+      for (const auto& s : ll->short_of_plan) what += (what.empty() ? "" : "; ") + s;
+      if (plan.landlock.required) {
+        return Status::Error("landlock", "Landlock on this kernel (ABI " + std::to_string(ll->abi) +
+                                             ") is short of the plan (ABI " + std::to_string(plan.landlock.abi) +
+                                             "): " + what + "; the policy requires full enforcement");
+      }
+      RunnerMessage m;
+      m.type = RunnerMessage::Type::kLandlock;
+      m.landlock_abi = ll->abi;
+      m.short_of_plan = ll->short_of_plan;
+      WriteMessage(status_fd, m);
+    }
+  }
+  if (!plan.seccomp.enabled) return UniqueFd();
+  auto program = ReceiveProgram(filter_fd);
+  close(filter_fd);
+  if (!program.ok()) return program.status();
+  return InstallSeccomp(*program);
+}
+
+// The seccomp denials so far, on the status pipe (before the exit message).
+void ReportDenials(int status_fd, const DenialTally& tally) {
+  if (tally.counts().empty()) return;
+  RunnerMessage m;
+  m.type = RunnerMessage::Type::kSeccompDenials;
+  for (const auto& [name, count] : tally.counts()) m.denied.emplace_back(name, count);
+  WriteMessage(status_fd, m);
 }
 
 std::vector<std::string> BuildEnv(const EnvRules& rules) {
@@ -176,7 +223,9 @@ void PrepareExec(const Plan& plan, const std::vector<std::string>& argv, ExecReq
 // The command's process: a new session (no controlling terminal to inject
 // keystrokes into), default signals, then exec. No capability to drop: the
 // runner dropped them all (bounding set and securebits included) before the
-// vfork. Runs on the runner's memory: syscalls only, no allocation.
+// vfork. Runs on the runner's memory: syscalls only, no allocation. Under
+// the seccomp filter already, while the runner (the listener's holder)
+// waits for the exec: none of these calls may be one the filter notifies.
 [[noreturn]] void CommandChild(const ExecRequest& req, bool new_session, int status_fd,
                                const sigset_t& original_mask) {
   if (new_session && setsid() < 0) {
@@ -213,7 +262,7 @@ __attribute__((noinline)) pid_t SpawnCommand(const ExecRequest& req, bool new_se
 }  // namespace
 
 void RunnerMain(const Plan& plan, const ResolvedPlan& resolved, const std::vector<std::string>& argv,
-                int status_fd, int lifeline_fd) {
+                int status_fd, int lifeline_fd, int filter_fd) {
   // Step order matters: the id maps come first (nothing else is permitted
   // before them), procfs is mounted while the host root is still attached,
   // and the working directory is entered only once the final root exists.
@@ -225,7 +274,7 @@ void RunnerMain(const Plan& plan, const ResolvedPlan& resolved, const std::vecto
   // Out of the supervisor's process group: a terminal's ^C reaches the
   // supervisor alone, which forwards it once.
   setpgid(0, 0);
-  if (Status s = CloseInheritedFds(&status_fd, &lifeline_fd); !s.ok()) Fail(status_fd, s);
+  if (Status s = CloseInheritedFds(&status_fd, &lifeline_fd, &filter_fd); !s.ok()) Fail(status_fd, s);
   if (plan.confined) {
     if (Status s = WriteIdMaps(plan.uid, plan.gid); !s.ok()) Fail(status_fd, s);
   }
@@ -250,19 +299,32 @@ void RunnerMain(const Plan& plan, const ResolvedPlan& resolved, const std::vecto
 
   // Set-up is done: neither the runner nor the command needs any privilege
   // from here on. Dropped once, before the fork, so that both are covered.
+  // DropAllCapabilities also sets no_new_privs, which Landlock and seccomp need.
+  UniqueFd listener;
   if (plan.confined) {
     if (Status s = DropAllCapabilities(); !s.ok()) Fail(status_fd, s);
+    auto layers = ApplyLayers(plan, status_fd, filter_fd);
+    if (!layers.ok()) Fail(status_fd, layers.status());
+    listener = std::move(*layers);
   }
+  UniqueFd sigfd(signalfd(-1, &mask, SFD_CLOEXEC));
+  if (!sigfd.valid()) Fail(status_fd, Status::Errno("runner", "signalfd"));
 
   ExecRequest request;
   PrepareExec(plan, argv, &request);
   pid_t child = SpawnCommand(request, plan.confined, status_fd, original);
   if (child < 0) Fail(status_fd, Status::Errno("fork", "vfork"));
-  // Reap everything; forward termination signals to the command's group.
+  // Reap everything; forward termination signals to the command's group;
+  // answer the filter's notifications (the callers wait for us).
+  DenialTally tally;
   for (;;) {
-    siginfo_t info{};
-    int sig = sigwaitinfo(&mask, &info);
-    if (sig < 0) continue;
+    struct pollfd fds[2] = {{sigfd.get(), POLLIN, 0}, {listener.get(), POLLIN, 0}};
+    if (poll(fds, listener.valid() ? 2 : 1, -1) < 0) continue;
+    if (listener.valid() && (fds[1].revents & POLLIN)) tally.AnswerOne(listener.get());
+    if (!(fds[0].revents & POLLIN)) continue;
+    struct signalfd_siginfo info {};
+    if (read(sigfd.get(), &info, sizeof(info)) != sizeof(info)) continue;
+    const int sig = static_cast<int>(info.ssi_signo);
     if (sig != SIGCHLD) {
       if (kill(-child, sig) != 0) kill(child, sig);
       continue;
@@ -271,6 +333,12 @@ void RunnerMain(const Plan& plan, const ResolvedPlan& resolved, const std::vecto
     pid_t pid;
     while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
       if (pid != child) continue;
+      // Calls still waiting for an answer count too.
+      struct pollfd pending = {listener.get(), POLLIN, 0};
+      while (listener.valid() && poll(&pending, 1, 0) > 0 && (pending.revents & POLLIN)) {
+        tally.AnswerOne(listener.get());
+      }
+      ReportDenials(status_fd, tally);
       RunnerMessage m;
       m.type = RunnerMessage::Type::kExit;
       if (WIFEXITED(status)) m.exit_code = WEXITSTATUS(status);

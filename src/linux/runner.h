@@ -11,7 +11,9 @@ namespace agentbox::linux {
 
 // Never returns. Reports setup and exec failures, then the command's exit,
 // on `status_fd`; dies with the supervisor (lifeline + PR_SET_PDEATHSIG).
+// `filter_fd` delivers the compiled seccomp program (-1: the plan has none).
 [[noreturn]] void RunnerMain(const Plan& plan, const ResolvedPlan& resolved,
-                             const std::vector<std::string>& argv, int status_fd, int lifeline_fd);
+                             const std::vector<std::string>& argv, int status_fd, int lifeline_fd,
+                             int filter_fd);
 
 }  // namespace agentbox::linux

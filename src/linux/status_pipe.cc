@@ -26,6 +26,16 @@ void WriteMessage(int fd, const RunnerMessage& m) {
       j["code"] = m.exit_code;
       j["signal"] = m.signal;
       break;
+    case RunnerMessage::Type::kLandlock:
+      j["t"] = "landlock";
+      j["abi"] = m.landlock_abi;
+      j["short_of_plan"] = m.short_of_plan;
+      break;
+    case RunnerMessage::Type::kSeccompDenials:
+      j["t"] = "seccomp";
+      j["denied"] = json::array();
+      for (const auto& [name, count] : m.denied) j["denied"].push_back({{"syscall", name}, {"count", count}});
+      break;
   }
   std::string line = j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
   if (line.size() > 4000) line = line.substr(0, 3990) + "\"}\n";  // stay atomic (PIPE_BUF)
@@ -39,6 +49,19 @@ bool ParseMessage(const std::string& line, RunnerMessage* m) {
   try {
     json j = json::parse(line);
     std::string t = j.at("t").get<std::string>();
+    if (t == "landlock") {
+      m->type = RunnerMessage::Type::kLandlock;
+      m->landlock_abi = j.at("abi").get<int>();
+      m->short_of_plan = j.at("short_of_plan").get<std::vector<std::string>>();
+      return true;
+    }
+    if (t == "seccomp") {
+      m->type = RunnerMessage::Type::kSeccompDenials;
+      for (const auto& d : j.at("denied")) {
+        m->denied.emplace_back(d.at("syscall").get<std::string>(), d.at("count").get<std::uint64_t>());
+      }
+      return true;
+    }
     if (t == "exit") {
       m->type = RunnerMessage::Type::kExit;
       m->exit_code = j.at("code").get<int>();

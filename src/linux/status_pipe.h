@@ -3,18 +3,27 @@
 // exec of the command closes the command's copy without a word.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "agentbox/status.h"
 
 namespace agentbox::linux {
 
 struct RunnerMessage {
-  enum class Type { kSetupError, kExecError, kExit };
+  // kLandlock: Landlock in force short of the plan (only under require
+  // partial; under full the runner refuses with a setup error instead).
+  // kSeccompDenials: the calls the filter denied, sent before kExit.
+  enum class Type { kSetupError, kExecError, kExit, kLandlock, kSeccompDenials };
   Type type = Type::kSetupError;
   Status status;       // kSetupError, kExecError
   int exit_code = -1;  // kExit: exited with this code
   int signal = 0;      // kExit: killed by this signal
+  int landlock_abi = 0;                     // kLandlock: what the kernel offered
+  std::vector<std::string> short_of_plan;   // kLandlock
+  std::vector<std::pair<std::string, std::uint64_t>> denied;  // kSeccompDenials: syscall, count
 };
 
 // Best effort: the reader is the supervisor; if it is gone nobody listens.

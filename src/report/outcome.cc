@@ -68,8 +68,10 @@ json ToJsonValue(const Outcome& o) {
   j["enforcement"] = ToJsonValue(o.enforcement);
   json denials = json::array();
   for (const auto& d : o.denials) {
-    denials.push_back({{"facet", d.facet}, {"op", d.op}, {"target", d.target}, {"reason", d.reason},
-                       {"source", d.source}});
+    json o = {{"facet", d.facet}, {"op", d.op}, {"target", d.target}, {"reason", d.reason},
+              {"source", d.source}};
+    if (d.count) o["count"] = d.count;
+    denials.push_back(o);
   }
   j["denials"] = denials;
   if (o.error) {

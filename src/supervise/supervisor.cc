@@ -304,6 +304,21 @@ Outcome RunPlan(const Plan& plan, const std::vector<std::string>& argv,
     if (m.type == linux::RunnerMessage::Type::kSetupError && !setup_error) setup_error = &m;
     if (m.type == linux::RunnerMessage::Type::kExecError && !exec_error) exec_error = &m;
     if (m.type == linux::RunnerMessage::Type::kExit) exit_msg = &m;
+    if (m.type == linux::RunnerMessage::Type::kLandlock) {
+      std::string what;
+      for (const auto& s : m.short_of_plan) what += (what.empty() ? "" : "; ") + s;
+      out.enforcement.missing.push_back(
+          {"filesystem", "Landlock on this kernel (ABI " + std::to_string(m.landlock_abi) +
+                             ") is short of the plan (ABI " + std::to_string(plan.landlock.abi) + "): " + what});
+    }
+    if (m.type == linux::RunnerMessage::Type::kSeccompDenials) {
+      // First, so that a flood of stderr lines cannot crowd them out.
+      std::vector<Denial> seccomp;
+      for (const auto& [name, count] : m.denied) {
+        seccomp.push_back({"syscalls", name, "", "blocked by the seccomp filter", "seccomp", count});
+      }
+      out.denials.insert(out.denials.begin(), seccomp.begin(), seccomp.end());
+    }
   }
 
   // Classification order (DESIGN §4): infrastructure first, then the clock,
@@ -311,6 +326,10 @@ Outcome RunPlan(const Plan& plan, const std::vector<std::string>& argv,
   if (setup_error) {
     out.kind = OutcomeKind::kSandboxError;
     out.error = ErrorInfo{setup_error->status.stage(), setup_error->status.message(), setup_error->status.err()};
+    // The runner only knows that no program came; the supervisor knows why.
+    if (setup_error->status.stage() == "seccomp" && !child.filter_error.ok()) {
+      out.error = ErrorInfo{"seccomp", child.filter_error.message(), child.filter_error.err()};
+    }
     return out;
   }
   if (timed_out) {
@@ -363,8 +382,17 @@ Outcome RunPlan(const Plan& plan, const std::vector<std::string>& argv,
 Outcome Run(const ConfinedCommand& command, const RunOptions& options) {
   Outcome out = RunPlan(command.plan, command.plan.argv, command.denial_signatures, options);
   std::vector<std::string> skipped = std::move(out.enforcement.skipped);
+  std::vector<MissingFacet> found_at_run = std::move(out.enforcement.missing);
   out.enforcement = command.enforcement;
   out.enforcement.skipped = std::move(skipped);
+  // What the runner found short of the plan lowers the facet and the level.
+  for (auto& m : found_at_run) {
+    for (auto& f : out.enforcement.facets) {
+      if (f.name == m.facet && f.level == Level::kFull) f.level = Level::kPartial;
+    }
+    if (out.enforcement.level == Level::kFull) out.enforcement.level = Level::kPartial;
+    out.enforcement.missing.push_back(std::move(m));
+  }
   return out;
 }
 

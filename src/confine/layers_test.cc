@@ -1,0 +1,197 @@
+// Planning of the Landlock and seccomp layers against fake hosts.
+#include "confine/layers.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "agentbox/confine.h"
+#include "linux/compat.h"
+
+namespace agentbox {
+namespace {
+
+HostCaps Host(int landlock_abi, bool seccomp = true) {
+  HostCaps h;
+  h.uid = 1000;
+  h.gid = 1000;
+  h.user_namespaces = true;
+  h.mount_ns = h.pid_ns = h.net_ns = h.ipc_ns = h.uts_ns = h.cgroup_ns = true;
+  h.new_mount_api = true;
+  h.landlock_abi = landlock_abi;
+  h.seccomp_filter = seccomp;
+  h.pidfd = true;
+  return h;
+}
+
+Invocation Inv() {
+  Invocation inv;
+  inv.workspace = "/home/u/proj";
+  inv.cwd = "/home/u/proj";
+  inv.home = "/home/u";
+  inv.self_exe = "/usr/bin/agentbox";
+  inv.nonce = "0123456789abcdef";
+  return inv;
+}
+
+Plan PlanFor(Mode mode, int abi) {
+  auto c = Confine({"true"}, PresetFor(mode), Host(abi), Inv());
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return c.ok() ? c->plan : Plan{};
+}
+
+const LandlockRule* Rule(const Plan& p, const std::string& path) {
+  for (const auto& r : p.landlock.rules) {
+    if (r.path == path) return &r;
+  }
+  return nullptr;
+}
+
+const FacetReport* FacetNamed(const EnforcementReport& r, const std::string& name) {
+  for (const auto& f : r.facets) {
+    if (f.name == name) return &f;
+  }
+  return nullptr;
+}
+
+constexpr std::uint64_t kWriteFile = LANDLOCK_ACCESS_FS_WRITE_FILE;
+constexpr std::uint64_t kMakeReg = LANDLOCK_ACCESS_FS_MAKE_REG;
+
+TEST(LandlockPlan, RulesMirrorTheMountsInWorkspaceWrite) {
+  Plan p = PlanFor(Mode::kWorkspaceWrite, 7);
+  ASSERT_EQ(p.landlock.abi, 7);
+  ASSERT_NE(Rule(p, "/"), nullptr);
+  EXPECT_EQ(Rule(p, "/")->access, LANDLOCK_ACCESS_FS_READ_DIR) << "the root: listing only";
+  ASSERT_NE(Rule(p, "/usr"), nullptr);
+  EXPECT_EQ(Rule(p, "/usr")->access, LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_READ_DIR |
+                                         LANDLOCK_ACCESS_FS_EXECUTE);
+  EXPECT_TRUE(Rule(p, "/usr")->optional);
+  for (const char* rw : {"/home/u/proj", "/tmp", "/home/u", "/dev/shm"}) {
+    ASSERT_NE(Rule(p, rw), nullptr) << rw;
+    EXPECT_TRUE(Rule(p, rw)->access & kMakeReg) << rw;
+    EXPECT_FALSE(Rule(p, rw)->access & LANDLOCK_ACCESS_FS_MAKE_CHAR) << rw;
+  }
+  ASSERT_NE(Rule(p, "/dev/null"), nullptr);
+  EXPECT_TRUE(Rule(p, "/dev/null")->access & LANDLOCK_ACCESS_FS_IOCTL_DEV);
+  EXPECT_TRUE(Rule(p, "/dev/pts")->access & LANDLOCK_ACCESS_FS_IOCTL_DEV);
+  EXPECT_EQ(Rule(p, "/dev")->access, LANDLOCK_ACCESS_FS_READ_DIR);
+  EXPECT_TRUE(Rule(p, "/proc")->access & kWriteFile);
+  EXPECT_FALSE(Rule(p, "/proc")->access & LANDLOCK_ACCESS_FS_EXECUTE);
+  // Nothing else: no rule for a path the mount plan does not mount.
+  for (const auto& r : p.landlock.rules) {
+    bool mounted = std::any_of(p.mounts.begin(), p.mounts.end(), [&](const MountOp& m) { return m.target == r.path; });
+    EXPECT_TRUE(mounted) << r.path;
+  }
+  EXPECT_EQ(p.landlock.scoped, LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET | LANDLOCK_SCOPE_SIGNAL);
+  EXPECT_TRUE(p.landlock.left_out.empty());
+}
+
+TEST(LandlockPlan, ReadOnlyModeGivesTheWorkspaceNoWriteRights) {
+  Plan p = PlanFor(Mode::kReadOnly, 7);
+  ASSERT_NE(Rule(p, "/home/u/proj"), nullptr);
+  EXPECT_FALSE(Rule(p, "/home/u/proj")->access & (kWriteFile | kMakeReg));
+  EXPECT_TRUE(Rule(p, "/tmp")->access & kMakeReg) << "/tmp stays writable";
+}
+
+TEST(LandlockPlan, AdaptsToEachAbi) {
+  Policy partial = PresetFor(Mode::kWorkspaceWrite);
+  partial.sandbox.require = Requirement::kPartial;
+  for (int abi = 1; abi <= 7; ++abi) {
+    auto c = Confine({"true"}, PresetFor(Mode::kWorkspaceWrite), Host(abi), Inv());
+    if (abi < kMinLandlockAbi) {
+      EXPECT_FALSE(c.ok()) << "require full refuses without the layer, ABI " << abi;
+      auto relaxed = Confine({"true"}, partial, Host(abi), Inv());
+      ASSERT_TRUE(relaxed.ok());
+      EXPECT_EQ(relaxed->plan.landlock.abi, 0) << abi;
+      continue;
+    }
+    Plan p = PlanFor(Mode::kWorkspaceWrite, abi);
+    ASSERT_TRUE(c.ok()) << abi;
+    EXPECT_EQ(p.landlock.abi, abi);
+    const std::uint64_t h = p.landlock.handled_fs;
+    EXPECT_TRUE(h & LANDLOCK_ACCESS_FS_REFER) << abi;
+    EXPECT_EQ(bool(h & LANDLOCK_ACCESS_FS_TRUNCATE), abi >= 3) << abi;
+    EXPECT_EQ(bool(h & LANDLOCK_ACCESS_FS_IOCTL_DEV), abi >= 5) << abi;
+    EXPECT_EQ(p.landlock.scoped != 0, abi >= 6) << abi;
+    for (const auto& r : p.landlock.rules) EXPECT_EQ(r.access & ~h, 0u) << r.path << " at ABI " << abi;
+    EXPECT_EQ(p.landlock.left_out.size(), abi < 3 ? 3u : abi < 5 ? 2u : abi < 6 ? 1u : 0u) << abi;
+    const FacetReport* fs = FacetNamed(c->enforcement, "filesystem");
+    EXPECT_NE(std::find(fs->mechanisms.begin(), fs->mechanisms.end(), "landlock-abi-" + std::to_string(abi)),
+              fs->mechanisms.end());
+  }
+}
+
+TEST(LandlockPlan, NoLandlockIsMissingFromTheFilesystemFacet) {
+  Policy partial = PresetFor(Mode::kWorkspaceWrite);
+  partial.sandbox.require = Requirement::kPartial;
+  for (int abi : {0, 1}) {
+    EnforcementReport r = AssessEnforcement(partial, Host(abi));
+    EXPECT_EQ(FacetNamed(r, "filesystem")->level, Level::kPartial) << abi;
+    ASSERT_FALSE(r.missing.empty());
+    EXPECT_EQ(r.missing.front().facet, "filesystem");
+    EXPECT_NE(r.missing.front().reason.find("Landlock"), std::string::npos);
+  }
+}
+
+TEST(SeccompPlan, DeniesTheListedSyscallsAndClone3GetsEnosys) {
+  Plan p = PlanFor(Mode::kWorkspaceWrite, 7);
+  ASSERT_TRUE(p.seccomp.enabled);
+  EXPECT_TRUE(p.seccomp.refuse_foreign_arches);
+  auto find = [&](const std::string& name) {
+    return std::find_if(p.seccomp.rules.begin(), p.seccomp.rules.end(),
+                        [&](const SeccompRule& r) { return r.syscall == name; });
+  };
+  for (const char* s : {"ptrace", "process_vm_readv", "process_vm_writev", "mount", "umount2", "pivot_root",
+                        "move_mount", "fsopen", "fsmount", "fsconfig", "open_tree", "mount_setattr", "unshare",
+                        "setns", "bpf", "userfaultfd", "perf_event_open", "keyctl", "add_key", "request_key",
+                        "init_module", "finit_module", "delete_module", "kexec_load", "reboot", "swapon",
+                        "swapoff", "settimeofday", "clock_settime", "io_uring_setup", "io_uring_enter",
+                        "io_uring_register", "acct", "quotactl", "name_to_handle_at", "open_by_handle_at"}) {
+    auto it = find(s);
+    ASSERT_NE(it, p.seccomp.rules.end()) << s;
+    EXPECT_EQ(it->action, SeccompAction::kNotifyEperm) << s;
+    EXPECT_EQ(it->when.kind, SeccompArgCheck::Kind::kAlways) << s;
+  }
+  EXPECT_EQ(find("clone3")->action, SeccompAction::kErrnoEnosys);
+  EXPECT_EQ(find("clone")->when.kind, SeccompArgCheck::Kind::kAnyBitSet);
+  EXPECT_TRUE(find("clone")->when.mask & 0x10000000) << "CLONE_NEWUSER";
+  EXPECT_EQ(find("ioctl")->when.kind, SeccompArgCheck::Kind::kLow32Equals);
+  EXPECT_TRUE(find("personality")->when.has_except);
+  EXPECT_EQ(find("socket")->when.values, (std::vector<std::uint64_t>{1, 2, 10}));
+}
+
+TEST(SeccompPlan, HostWithoutSeccompLowersTheSyscallsFacet) {
+  Policy partial = PresetFor(Mode::kWorkspaceWrite);
+  partial.sandbox.require = Requirement::kPartial;
+  EnforcementReport r = AssessEnforcement(partial, Host(7, /*seccomp=*/false));
+  const FacetReport* sys = FacetNamed(r, "syscalls");
+  EXPECT_TRUE(sys->requested);
+  EXPECT_EQ(sys->level, Level::kPartial);
+  EXPECT_EQ(r.level, Level::kPartial);
+  EXPECT_FALSE(Confine({"true"}, PresetFor(Mode::kWorkspaceWrite), Host(7, false), Inv()).ok());
+  auto c = Confine({"true"}, partial, Host(7, false), Inv());
+  ASSERT_TRUE(c.ok());
+  EXPECT_FALSE(c->plan.seccomp.enabled);
+
+  EnforcementReport full = AssessEnforcement(PresetFor(Mode::kWorkspaceWrite), Host(7));
+  EXPECT_EQ(FacetNamed(full, "syscalls")->level, Level::kFull);
+  EXPECT_EQ(FacetNamed(full, "syscalls")->mechanisms,
+            (std::vector<std::string>{"seccomp-bpf", "no_new_privs", "capabilities-dropped"}));
+}
+
+TEST(LayersPlan, SurviveTheJsonRoundTrip) {
+  Plan p = PlanFor(Mode::kWorkspaceWrite, 5);
+  auto back = PlanFromJson(PlanToJson(p));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->landlock.abi, 5);
+  EXPECT_EQ(back->landlock.handled_fs, p.landlock.handled_fs);
+  ASSERT_EQ(back->landlock.rules.size(), p.landlock.rules.size());
+  EXPECT_EQ(back->landlock.rules[0].access, p.landlock.rules[0].access);
+  ASSERT_EQ(back->seccomp.rules.size(), p.seccomp.rules.size());
+  for (size_t i = 0; i < p.seccomp.rules.size(); ++i) {
+    EXPECT_EQ(Describe(back->seccomp.rules[i]), Describe(p.seccomp.rules[i]));
+  }
+}
+
+}  // namespace
+}  // namespace agentbox

@@ -1,0 +1,30 @@
+// Landlock: the only place that calls the three Landlock syscalls. (Not
+// named landlock.h: that would shadow <linux/landlock.h>.)
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "agentbox/plan.h"
+#include "agentbox/status.h"
+
+namespace agentbox::linux {
+
+// The kernel's Landlock ABI version; 0 when Landlock is unavailable.
+int LandlockAbiVersion();
+
+// What landlock_restrict_self left in force, against what the plan asked.
+struct LandlockOutcome {
+  int abi = 0;                     // the ABI the kernel offered
+  bool enforced = false;           // a domain is in force
+  std::vector<std::string> short_of_plan;  // rights or scopes the plan wanted and did not get
+};
+
+// Builds the ruleset and restricts the calling thread (and all it starts)
+// to it. Irreversible. Needs no_new_privs (or CAP_SYS_ADMIN). Called in the
+// runner after the root is final: rules name paths inside the sandbox.
+// Besides the plan's rules, stdio that is a file or device outside those
+// rules stays reopenable (/dev/stdout on a host terminal or a report file).
+[[nodiscard]] Result<LandlockOutcome> ApplyLandlock(const LandlockPlan& plan);
+
+}  // namespace agentbox::linux

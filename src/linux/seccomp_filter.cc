@@ -1,0 +1,179 @@
+#include "linux/seccomp_filter.h"
+
+#include <linux/seccomp.h>
+#include <seccomp.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+namespace agentbox::linux {
+namespace {
+
+using Kind = SeccompArgCheck::Kind;
+
+struct CtxDeleter {
+  void operator()(void* ctx) const { seccomp_release(ctx); }
+};
+
+constexpr std::uint64_t kLow32 = 0xffffffffULL;
+// BPF_MAXINSNS: the kernel refuses longer programs.
+constexpr std::size_t kMaxInsns = 4096;
+
+Status AddRule(scmp_filter_ctx ctx, uint32_t action, int nr, const SeccompRule& rule,
+               std::vector<scmp_arg_cmp> cmps) {
+  int rc = seccomp_rule_add_array(ctx, action, nr, static_cast<unsigned>(cmps.size()),
+                                  cmps.empty() ? nullptr : cmps.data());
+  if (rc != 0) return Status::Syscall("seccomp", "seccomp_rule_add", rule.syscall, -rc);
+  return {};
+}
+
+// One plan rule → one or more libseccomp rules (each allows one comparison per argument).
+Status AddPlanRule(scmp_filter_ctx ctx, const SeccompRule& rule) {
+  int nr = seccomp_syscall_resolve_name(rule.syscall.c_str());
+  if (nr == __NR_SCMP_ERROR) return Status::Error("seccomp", "unknown syscall " + rule.syscall);
+  const uint32_t action =
+      rule.action == SeccompAction::kErrnoEnosys ? SCMP_ACT_ERRNO(ENOSYS) : SCMP_ACT_NOTIFY;
+  const SeccompArgCheck& w = rule.when;
+  const unsigned a = w.arg;
+  auto masked_eq = [a](std::uint64_t mask, std::uint64_t value) {
+    return scmp_arg_cmp{a, SCMP_CMP_MASKED_EQ, mask, value};
+  };
+  switch (w.kind) {
+    case Kind::kAlways:
+      return AddRule(ctx, action, nr, rule, {});
+    case Kind::kLow32Equals:
+      return AddRule(ctx, action, nr, rule, {masked_eq(kLow32, w.value & kLow32)});
+    case Kind::kMaskedEquals:
+      return AddRule(ctx, action, nr, rule, {masked_eq(w.mask, w.value)});
+    case Kind::kAnyBitSet:
+      if (w.has_except && (w.except & kLow32) != kLow32) {
+        return Status::Error("seccomp", rule.syscall + ": only the all-ones value can be excepted");
+      }
+      for (int b = 0; b < 64; ++b) {
+        const std::uint64_t bit = 1ULL << b;
+        if (!(w.mask & bit)) continue;
+        if (!w.has_except) {
+          if (Status s = AddRule(ctx, action, nr, rule, {masked_eq(bit, bit)}); !s.ok()) return s;
+          continue;
+        }
+        // "bit set and the low 32 bits not all ones": bit set and some other low bit clear.
+        for (int c = 0; c < 32; ++c) {
+          if (c == b) continue;
+          if (Status s = AddRule(ctx, action, nr, rule, {masked_eq(bit | (1ULL << c), bit)}); !s.ok()) return s;
+        }
+      }
+      return {};
+    case Kind::kLow32NotIn:
+      // Every value below the bound that is not allowed, and anything at or above it.
+      for (std::uint64_t v = 0; v < w.value; ++v) {
+        bool allowed = false;
+        for (auto ok : w.values) allowed |= ok == v;
+        if (allowed) continue;
+        if (Status s = AddRule(ctx, action, nr, rule, {masked_eq(kLow32, v)}); !s.ok()) return s;
+      }
+      return AddRule(ctx, action, nr, rule, {scmp_arg_cmp{a, SCMP_CMP_GE, w.value, 0}});
+  }
+  return {};
+}
+
+}  // namespace
+
+Result<BpfProgram> CompileSeccomp(const SeccompPlan& plan) {
+  std::unique_ptr<void, CtxDeleter> ctx(seccomp_init(SCMP_ACT_ALLOW));
+  if (!ctx) return Status::Error("seccomp", "seccomp_init failed");
+  if (plan.refuse_foreign_arches) {
+    // Only the native table is in the filter: any other architecture (i386
+    // through int 0x80) gets EPERM, and libseccomp refuses x32 numbers
+    // (bit 30) on x86_64 with the same bad-arch action.
+    if (int rc = seccomp_attr_set(ctx.get(), SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_ERRNO(EPERM)); rc != 0) {
+      return Status::Syscall("seccomp", "seccomp_attr_set(ACT_BADARCH)", "", -rc);
+    }
+  }
+  for (const auto& rule : plan.rules) {
+    if (Status s = AddPlanRule(ctx.get(), rule); !s.ok()) return s;
+  }
+  UniqueFd mem(memfd_create("agentbox-seccomp", MFD_CLOEXEC));
+  if (!mem.valid()) return Status::Errno("seccomp", "memfd_create");
+  if (int rc = seccomp_export_bpf(ctx.get(), mem.get()); rc != 0) {
+    return Status::Syscall("seccomp", "seccomp_export_bpf", "", -rc);
+  }
+  off_t size = lseek(mem.get(), 0, SEEK_END);
+  if (size <= 0 || size % sizeof(struct sock_filter) != 0 ||
+      static_cast<std::size_t>(size) / sizeof(struct sock_filter) > kMaxInsns) {
+    return Status::Error("seccomp", "exported program has an impossible size " + std::to_string(size));
+  }
+  BpfProgram program(static_cast<std::size_t>(size) / sizeof(struct sock_filter));
+  if (pread(mem.get(), program.data(), static_cast<std::size_t>(size), 0) != size) {
+    return Status::Errno("seccomp", "pread", "memfd");
+  }
+  return program;
+}
+
+Status SendProgram(int sock, const BpfProgram& program) {
+  const std::size_t bytes = program.size() * sizeof(struct sock_filter);
+  ssize_t n;
+  do {
+    n = send(sock, program.data(), bytes, MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  if (n != static_cast<ssize_t>(bytes)) return Status::Errno("seccomp", "send", "filter socket");
+  return {};
+}
+
+Result<BpfProgram> ReceiveProgram(int sock) {
+  BpfProgram program(kMaxInsns);
+  ssize_t n;
+  do {
+    n = recv(sock, program.data(), program.size() * sizeof(struct sock_filter), 0);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) return Status::Errno("seccomp", "recv", "filter socket");
+  if (n == 0 || n % sizeof(struct sock_filter) != 0) {
+    return Status::Error("seccomp", "the supervisor sent no usable seccomp program (" + std::to_string(n) +
+                                        " bytes); refusing to run without the filter");
+  }
+  program.resize(static_cast<std::size_t>(n) / sizeof(struct sock_filter));
+  return program;
+}
+
+Result<UniqueFd> InstallSeccomp(const BpfProgram& program) {
+  struct sock_fprog prog {};
+  prog.len = static_cast<unsigned short>(program.size());
+  prog.filter = const_cast<struct sock_filter*>(program.data());
+  // The listener is close-on-exec: the command never holds it.
+  long fd = syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER, &prog);
+  if (fd < 0) return Status::Errno("seccomp", "seccomp(SECCOMP_SET_MODE_FILTER, NEW_LISTENER)");
+  return UniqueFd(static_cast<int>(fd));
+}
+
+void DenialTally::AnswerOne(int listener) {
+  struct seccomp_notif req;
+  std::memset(&req, 0, sizeof(req));  // the kernel insists on a zeroed buffer
+  if (ioctl(listener, SECCOMP_IOCTL_NOTIF_RECV, &req) != 0) return;  // ENOENT: the caller died meanwhile
+  struct seccomp_notif_resp resp;
+  std::memset(&resp, 0, sizeof(resp));
+  resp.id = req.id;
+  resp.error = -EPERM;
+  // ENOENT: the caller was killed while waiting; nothing to answer.
+  (void)ioctl(listener, SECCOMP_IOCTL_NOTIF_SEND, &resp);
+  std::string name;
+  if (char* n = seccomp_syscall_resolve_num_arch(req.data.arch, req.data.nr)) {
+    name = n;
+    std::free(n);
+  } else {
+    name = "syscall " + std::to_string(req.data.nr);
+  }
+  auto it = counts_.find(name);
+  if (it != counts_.end()) {
+    ++it->second;
+  } else if (counts_.size() < kMaxNames) {
+    counts_.emplace(name, 1);
+  }
+}
+
+}  // namespace agentbox::linux

@@ -1,0 +1,52 @@
+// seccomp: the filter compiled from the plan (libseccomp, in the supervisor),
+// loaded in the runner, and the runner's answers to its notifications.
+//
+// Compilation costs about a third of a millisecond, so the supervisor does
+// it while the runner builds the root, and hands the program over a
+// socketpair; the runner loads it with seccomp(2) right before the command.
+#pragma once
+
+#include <linux/filter.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "agentbox/plan.h"
+#include "agentbox/status.h"
+#include "linux/fd.h"
+
+namespace agentbox::linux {
+
+using BpfProgram = std::vector<struct sock_filter>;
+
+// Compiles the rules; foreign architectures (x32, i386) get EPERM.
+[[nodiscard]] Result<BpfProgram> CompileSeccomp(const SeccompPlan& plan);
+
+// One program per message over a SOCK_SEQPACKET socket. An empty message
+// or EOF means the supervisor has none to give (the runner refuses to run).
+[[nodiscard]] Status SendProgram(int sock, const BpfProgram& program);
+[[nodiscard]] Result<BpfProgram> ReceiveProgram(int sock);
+
+// Loads the program into the calling thread (irreversible; needs
+// no_new_privs) and returns the user-notification fd, close-on-exec. The
+// holder must answer every notification and must never itself make a call
+// the filter notifies about: the kernel would wait for its own answer.
+[[nodiscard]] Result<UniqueFd> InstallSeccomp(const BpfProgram& program);
+
+// Answers notifications with -EPERM and counts them by syscall name.
+class DenialTally {
+ public:
+  // Receives and answers one pending notification on `listener`.
+  void AnswerOne(int listener);
+  // Syscall name → how many calls were denied (at most kMaxNames names).
+  const std::map<std::string, std::uint64_t>& counts() const { return counts_; }
+
+  static constexpr std::size_t kMaxNames = 64;
+
+ private:
+  std::map<std::string, std::uint64_t> counts_;
+};
+
+}  // namespace agentbox::linux
