@@ -8,6 +8,8 @@ int main() {
   agentbox::HostCaps host;
   host.user_namespaces = host.mount_ns = host.pid_ns = host.net_ns = true;
   host.ipc_ns = host.uts_ns = host.new_mount_api = true;
+  host.landlock_abi = 7;        // full needs Landlock (ABI >= 2) and seccomp too
+  host.seccomp_filter = true;
   agentbox::Invocation inv{"/work", "/work", "/home/u", "/usr/bin/agentbox", "00"};
   auto c = agentbox::Confine({"true"}, agentbox::PresetFor(agentbox::Mode::kWorkspaceWrite), host, inv);
   if (!c.ok()) return 1;
