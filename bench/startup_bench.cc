@@ -86,6 +86,17 @@ void BM_AgentboxCgroupLimits(benchmark::State& s) {
               "--max-processes", "256", "--", "/bin/true"},
           g_empty_ws);
 }
+// The core alone (namespaces and mounts, no Landlock or seccomp layer): a
+// build of an earlier revision named by AGENTBOX_CORE_BIN, measured in the
+// same run so that the ratio says what the layers add.
+std::string g_core_agentbox;
+void BM_AgentboxCoreOnly(benchmark::State& s) {
+  if (g_core_agentbox.empty()) {
+    s.SkipWithError("AGENTBOX_CORE_BIN not set");
+    return;
+  }
+  Measure(s, {g_core_agentbox, "run", "--mode", "workspace-write", "--", "/bin/true"}, g_empty_ws);
+}
 void BM_Agentbox100kFilesDenyGlob(benchmark::State& s) {
   Measure(s, {g_agentbox, "run", "--mode", "workspace-write", "--", "/bin/true"}, g_big_ws);
 }
@@ -103,6 +114,7 @@ BENCHMARK(BM_Unshare)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime(
 BENCHMARK(BM_Bwrap)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
 BENCHMARK(BM_Agentbox)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
 BENCHMARK(BM_AgentboxCgroupLimits)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
+BENCHMARK(BM_AgentboxCoreOnly)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
 BENCHMARK(BM_Agentbox100kFilesDenyGlob)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
 BENCHMARK(BM_Agentbox100kFilesDenyGlobUncached)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
 BENCHMARK(BM_Agentbox100kFilesNoGlob)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
@@ -155,6 +167,7 @@ void MakeBigWorkspace(const std::string& root, int files) {
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (const char* b = getenv("AGENTBOX_BIN")) g_agentbox = b;
+  if (const char* c = getenv("AGENTBOX_CORE_BIN")) g_core_agentbox = c;
   char tmpl[] = "/tmp/agentbox-bench.XXXXXX";
   std::string base = mkdtemp(tmpl);
   g_empty_ws = base + "/empty";
@@ -196,6 +209,12 @@ int main(int argc, char** argv) {
   std::printf("%-46s %9.2f ms\n", "--memory 512Mi --max-processes 256", cg);
   std::printf("%-46s %9.2f ms (target <= 1 ms; %.2fx the plain run)\n", "added by cgroup setup and teardown",
               cg - ab, ab > 0 ? cg / ab : 0.0);
+  double core = get("BM_AgentboxCoreOnly");
+  if (core > 0) {
+    std::printf("%-46s %9.2f ms\n", "core alone (AGENTBOX_CORE_BIN)", core);
+    std::printf("%-46s %9.2f ms (target <= 0.5 ms; %.2fx the core)\n", "added by the Landlock + seccomp layers",
+                ab - core, ab / core);
+  }
   std::printf("%-46s %9ld KiB (target <= 4096 KiB)\n", "supervisor peak RSS (VmHWM)", rss);
   std::printf("%-46s %9.2fx (target <= 1.0x)\n", "agentbox / bubblewrap", bwrap > 0 ? ab / bwrap : 0.0);
   return 0;
