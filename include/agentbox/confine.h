@@ -14,6 +14,19 @@
 
 namespace agentbox {
 
+// Which backend the caller asks for (CLI `--backend`).
+enum class BackendChoice { kAuto, kNamespaces, kLandlock };
+
+struct BackendSelection {
+  Backend backend = Backend::kNamespaces;
+  std::string why;  // "user namespaces available", "user namespaces unavailable: ..."
+};
+
+// kAuto: namespaces where user namespaces are usable, else landlock-only
+// where Landlock ABI >= 2 and seccomp filters exist, else an error. A
+// forced choice the host cannot give is an error, never a downgrade.
+Result<BackendSelection> SelectBackend(const HostCaps& host, BackendChoice choice);
+
 // Who is asking, from where: the facts of the invocation that planning needs.
 struct Invocation {
   std::string workspace;   // host path, absolute and canonical
@@ -22,6 +35,8 @@ struct Invocation {
   std::string self_exe;    // the agentbox binary, for wrapped argv
   std::string nonce;       // random, marks this run's runner-failure lines
   std::string cache_dir;   // host dir for agentbox's caches ("" = none)
+  std::string runtime_dir; // host dir for landlock-only per-run directories ("" = /tmp)
+  BackendChoice backend = BackendChoice::kAuto;
 };
 
 // A stderr classifier: an ECMAScript regex and what a match means. Group 1,
@@ -44,7 +59,8 @@ struct ConfinedCommand {
 };
 
 // What the policy would get on this host, facet by facet. Never fails.
-EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host);
+EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host,
+                                    BackendChoice backend = BackendChoice::kAuto);
 
 // Confines argv under the policy, or refuses (stage "confine") when the
 // policy cannot be enforced at the level it requires. Never a silent downgrade.

@@ -26,7 +26,8 @@ struct MissingFacet {
 
 struct EnforcementReport {
   Level level = Level::kNone;
-  std::string backend;                   // "linux-namespaces", or "none"
+  std::string backend;                   // "linux-namespaces", "landlock-only", or "none"
+  std::string backend_reason;            // why this backend ("" for none)
   std::vector<FacetReport> facets;
   std::vector<MissingFacet> missing;
   std::vector<std::string> skipped;      // read_only entries absent on this host

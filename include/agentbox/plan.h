@@ -75,6 +75,15 @@ struct ResourceLimits {
   }
 };
 
+// How the plan confines. kNamespaces: user, mount, pid and network
+// namespaces with a fresh root, Landlock and seccomp on top. kLandlockOnly:
+// for hosts without user namespaces; no namespaces and no mounts, Landlock
+// rules on host paths, seccomp, no_new_privs and rlimits (partial by
+// construction: docs/security-model.md says what is missing).
+enum class Backend { kNamespaces, kLandlockOnly };
+// "linux-namespaces" | "landlock-only": the report's enforcement.backend.
+const char* ToString(Backend);
+
 // Landlock, stacked on the mount plan. Rules name paths INSIDE the sandbox:
 // the runner applies them after pivot_root. Access bits are the kernel's
 // LANDLOCK_ACCESS_FS_* values (a stable ABI).
@@ -89,6 +98,7 @@ struct LandlockPlan {
   int abi = 0;                      // the ABI the plan is written for; 0: no Landlock layer
   std::uint64_t handled_fs = 0;     // rights the ruleset restricts (everything this ABI knows)
   std::uint64_t scoped = 0;         // LANDLOCK_SCOPE_* (ABI >= 6)
+  std::uint64_t handled_net = 0;    // LANDLOCK_ACCESS_NET_* (ABI >= 4); no net rule: every port refused
   std::vector<LandlockRule> rules;
   std::vector<std::string> left_out;  // what this ABI cannot restrict that a newer one can
   bool required = true;             // enforcement short of the plan: refuse (true) or report (false)
@@ -142,6 +152,7 @@ std::string Describe(const SeccompRule& rule);
 
 struct Plan {
   bool confined = true;      // false: danger-full-access, run as is
+  Backend backend = Backend::kNamespaces;
   std::vector<std::string> argv;
   std::string cwd;           // inside
   std::string hostname = "agentbox";
@@ -164,6 +175,11 @@ struct Plan {
   bool denial_outcome = true;           // false: on_violation.report_as task_failure
   std::uint64_t kill_grace_ms = 2000;
   std::string nonce;                    // marks this run's runner-failure lines
+  // kLandlockOnly: the supervisor creates a private 0700 directory under
+  // `private_dir_parent` for each run (HOME and TMPDIR point into it) and
+  // removes it afterwards; `private_dir` is that run's directory ("" before).
+  std::string private_dir_parent;
+  std::string private_dir;
   std::string policy_sha256;
 };
 

@@ -44,12 +44,14 @@ struct PolicyFlags {
   std::optional<std::uint64_t> max_processes;
   std::optional<double> cpus;
   std::vector<std::string> env;
+  std::string backend;
 
   void Register(CLI::App* app, bool full) {
     app->add_option("--policy", policy_file, "policy file (YAML)");
     app->add_option("--mode", mode, "read-only | workspace-write | danger-full-access");
     app->add_option("--workspace", workspace, "workspace directory (default: current directory)");
     if (!full) return;
+    app->add_option("--backend", backend, "auto | namespaces | landlock (default: auto)");
     app->add_option("--require", require, "full | partial (default: the policy's, else full)");
     app->add_option("--allow-domain", allow_domains, "allow egress to PATTERN (repeatable)");
     app->add_option("--timeout", timeout, "wall clock limit, e.g. 30s, 5m");
@@ -148,8 +150,21 @@ Result<Policy> BuildPolicy(const PolicyFlags& f) {
   return p;
 }
 
+Result<BackendChoice> ParseBackend(const std::string& s) {
+  if (s.empty() || s == "auto") return BackendChoice::kAuto;
+  if (s == "namespaces") return BackendChoice::kNamespaces;
+  if (s == "landlock") return BackendChoice::kLandlock;
+  return Status::Error("invocation", "--backend: '" + s + "' is not auto, namespaces or landlock");
+}
+
 Result<Invocation> BuildInvocation(const PolicyFlags& f) {
   Invocation inv;
+  auto backend = ParseBackend(f.backend);
+  if (!backend.ok()) return backend.status();
+  inv.backend = *backend;
+  if (const char* run = getenv("XDG_RUNTIME_DIR"); run && *run == '/' && access(run, W_OK | X_OK) == 0) {
+    inv.runtime_dir = run;
+  }
   char cwd[PATH_MAX];
   if (!getcwd(cwd, sizeof(cwd))) return Status::Errno("invocation", "getcwd");
   inv.cwd = RealPath(cwd);
@@ -236,7 +251,7 @@ int CmdRun(const PolicyFlags& f, const std::vector<std::string>& command, const 
   }
   auto confined = Confine(command, *policy, host, *inv);
   if (!confined.ok()) {
-    Outcome o = RefusedOutcome(confined.status(), AssessEnforcement(*policy, host), policy->sha256);
+    Outcome o = RefusedOutcome(confined.status(), AssessEnforcement(*policy, host, inv->backend), policy->sha256);
     Error("refusing to run: " + confined.status().message());
     WriteReport(report, o);
     return kExitSandbox;
@@ -313,7 +328,7 @@ int CmdExec(const std::vector<std::string>& command) {
 
 const char* Yes(bool b) { return b ? "yes" : "no"; }
 
-int CmdCheck(const std::string& policy_file, bool as_json) {
+int CmdCheck(const std::string& policy_file, const std::string& backend_flag, bool as_json) {
   PolicyFlags f;
   f.policy_file = policy_file;
   auto policy = BuildPolicy(f);
@@ -321,8 +336,18 @@ int CmdCheck(const std::string& policy_file, bool as_json) {
     Error(policy.status().message());
     return 1;
   }
+  auto choice = ParseBackend(backend_flag);
+  if (!choice.ok()) {
+    Error(choice.status().message());
+    return kExitUsage;
+  }
   HostCaps h = ProbeHost(ProbeDepth::kDeep);
-  EnforcementReport r = AssessEnforcement(*policy, h);
+  EnforcementReport r = AssessEnforcement(*policy, h, *choice);
+  auto selected = SelectBackend(h, *choice);
+  const std::string backend_line =
+      !selected.ok() ? "none (" + selected.status().message() + ")"
+      : selected->backend == Backend::kLandlockOnly ? "landlock-only (" + selected->why + ")"
+                                                    : "namespaces (" + selected->why + ")";
   json host = {
       {"kernel", h.kernel_release},
       {"uid", h.uid},
@@ -339,8 +364,9 @@ int CmdCheck(const std::string& policy_file, bool as_json) {
                    {"reason", h.cgroups.reason}}},
   };
   if (as_json) {
-    std::cout << json({{"host", host}, {"policy", policy->source}, {"enforcement", ToJsonValue(r)}}).dump(2) << "\n";
-    return r.missing.empty() ? 0 : 1;
+    std::cout << json({{"host", host}, {"backend", backend_line}, {"policy", policy->source},
+                       {"enforcement", ToJsonValue(r)}}).dump(2) << "\n";
+    return r.missing.empty() && selected.ok() ? 0 : 1;
   }
   std::printf("host: Linux %s, uid %u\n", h.kernel_release.c_str(), h.uid);
   std::printf("  user namespaces   %s%s%s\n", h.user_namespaces ? "available" : "unavailable",
@@ -359,6 +385,7 @@ int CmdCheck(const std::string& policy_file, bool as_json) {
   std::printf("  cgroups           v2=%s (own: %s) v1=[%s] v1 writable=[%s] can create children=%s%s%s\n",
               Yes(h.cgroups.v2_mounted), h.cgroups.v2_own_path.c_str(), v1.c_str(), v1w.c_str(),
               Yes(h.cgroups.can_create_children), h.cgroups.reason.empty() ? "" : ": ", h.cgroups.reason.c_str());
+  std::printf("\nbackend: %s\n", backend_line.c_str());
   std::printf("\npolicy %s → enforcement %s (backend %s)\n", policy->source.c_str(), ToString(r.level), r.backend.c_str());
   for (const auto& facet : r.facets) {
     std::string mech;
@@ -369,7 +396,7 @@ int CmdCheck(const std::string& policy_file, bool as_json) {
   }
   for (const auto& m : r.missing) std::printf("  missing: %s: %s\n", m.facet.c_str(), m.reason.c_str());
   for (const auto& n : r.notes) std::printf("  note: %s\n", n.c_str());
-  return r.missing.empty() ? 0 : 1;
+  return r.missing.empty() && selected.ok() ? 0 : 1;
 }
 
 int CmdValidate(const std::string& file) {
@@ -388,6 +415,14 @@ void PrintPlan(const Plan& plan) {
     std::printf("plan: no confinement (danger-full-access): the command runs as is, with the whole environment\n");
     return;
   }
+  if (plan.backend == Backend::kLandlockOnly) {
+    std::printf("plan: backend landlock-only: no namespaces, no mounts; the command sees host paths, fenced by\n"
+                "  Landlock (rules below); a private 0700 directory per run under %s holds HOME and TMPDIR\n"
+                "  and is removed afterwards; the runner is a child subreaper and kills what is left at the end\n",
+                plan.private_dir_parent.c_str());
+    for (const auto& a : plan.absent) std::printf("  outside every allowed tree (denied by Landlock): %s\n", a.c_str());
+    std::printf("  cwd: %s\n", plan.cwd.c_str());
+  } else {
   std::string ns;
   for (const auto& n : plan.namespaces) ns += (ns.empty() ? "" : " ") + n;
   std::printf("plan:\n  namespaces: %s (uid %u, gid %u mapped to themselves)\n", ns.c_str(), plan.uid, plan.gid);
@@ -409,12 +444,15 @@ void PrintPlan(const Plan& plan) {
   }
   for (const auto& a : plan.absent) std::printf("  absent (never mounted): %s\n", a.c_str());
   std::printf("  cwd: %s   HOME: %s\n", plan.cwd.c_str(), plan.home.c_str());
+  }
   std::string pass;
   for (const auto& p : plan.env.pass) pass += (pass.empty() ? "" : " ") + p;
   std::printf("  env: pass [%s]; set", pass.c_str());
   for (const auto& [k, v] : plan.env.set) std::printf(" %s=%s", k.c_str(), v.c_str());
-  std::printf("\n  process: runner is pid 1 (reaps, forwards signals); command in a new session, no_new_privs,\n"
-              "           all capabilities dropped, inherited fds above 2 closed\n");
+  std::printf("\n  process: runner is %s (reaps, forwards signals); command in a new session, no_new_privs,\n"
+              "           all capabilities dropped, inherited fds above 2 closed\n",
+              plan.backend == Backend::kLandlockOnly ? "a child subreaper, killing what is left at the end"
+                                                     : "pid 1");
   const LandlockPlan& ll = plan.landlock;
   if (ll.abi == 0) {
     std::printf("  landlock: not applied (this host has no Landlock ABI >= 2)\n");
@@ -429,6 +467,7 @@ void PrintPlan(const Plan& plan) {
     }
     std::printf("    + the files or devices on stdin/stdout/stderr, with the access they were opened with\n");
     for (const auto& l : ll.left_out) std::printf("    this ABI leaves out: %s\n", l.c_str());
+    if (ll.handled_net) std::printf("    TCP connect and bind: handled, no port allowed (no egress proxy yet)\n");
   }
   if (!plan.seccomp.enabled) {
     std::printf("  seccomp: no filter (this host has no seccomp filtering)\n");
@@ -459,7 +498,7 @@ int CmdExplain(PolicyFlags f, bool as_json) {
   auto confined = Confine({"COMMAND"}, relaxed, host, *inv);
   if (as_json) {
     json out = {{"policy_yaml", ToYaml(*policy)},
-                {"enforcement", ToJsonValue(AssessEnforcement(*policy, host))},
+                {"enforcement", ToJsonValue(AssessEnforcement(*policy, host, inv->backend))},
                 {"would_run", strict.ok()}};
     if (!strict.ok()) out["refusal"] = strict.status().message();
     if (confined.ok()) out["plan"] = json::parse(PlanToJson(confined->plan));
@@ -467,8 +506,8 @@ int CmdExplain(PolicyFlags f, bool as_json) {
     return 0;
   }
   std::printf("# effective policy (%s)\n%s\n", policy->source.c_str(), ToYaml(*policy).c_str());
-  EnforcementReport r = AssessEnforcement(*policy, host);
-  std::printf("enforcement on this host: %s\n", ToString(r.level));
+  EnforcementReport r = AssessEnforcement(*policy, host, inv->backend);
+  std::printf("enforcement on this host: %s (backend %s)\n", ToString(r.level), r.backend.c_str());
   for (const auto& m : r.missing) std::printf("  missing: %s: %s\n", m.facet.c_str(), m.reason.c_str());
   for (const auto& n : r.notes) std::printf("  note: %s\n", n.c_str());
   if (!strict.ok()) std::printf("`agentbox run` would refuse: %s\n", strict.status().message().c_str());
@@ -513,8 +552,10 @@ int main(int argc, char** argv) {
 
   std::string check_policy;
   bool check_json = false;
+  std::string check_backend;
   CLI::App* check = app.add_subcommand("check", "what this host can enforce, facet by facet");
   check->add_option("--policy", check_policy, "policy file (YAML)");
+  check->add_option("--backend", check_backend, "auto | namespaces | landlock (default: auto)");
   check->add_flag("--json", check_json, "JSON output");
 
   bool gc_quiet = false;
@@ -561,7 +602,7 @@ int main(int argc, char** argv) {
   if (*run) return CmdRun(run_flags, run_cmd, report, quiet);
   if (*wrap) return CmdWrap(wrap_flags, wrap_cmd);
   if (*exec) return CmdExec(exec_cmd);
-  if (*check) return CmdCheck(check_policy, check_json);
+  if (*check) return CmdCheck(check_policy, check_backend, check_json);
   if (*validate) return CmdValidate(validate_file);
   if (*explain) return CmdExplain(explain_flags, explain_json);
   if (*gc) return CmdGc(gc_quiet);

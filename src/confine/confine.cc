@@ -35,9 +35,41 @@ bool NeedsProxy(const Policy& p) {
          p.network.on_unknown_domain == UnknownDomain::kAsk;
 }
 
+std::string UsernsWhy(const HostCaps& host) {
+  return "user namespaces unavailable" + (host.userns_reason.empty() ? std::string() : ": " + host.userns_reason);
+}
+
 }  // namespace
 
-EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host) {
+Result<BackendSelection> SelectBackend(const HostCaps& host, BackendChoice choice) {
+  const bool landlock_ok = host.landlock_abi >= kMinLandlockAbi && host.seccomp_filter;
+  const std::string landlock_lack =
+      host.landlock_abi < kMinLandlockAbi
+          ? "Landlock ABI " + std::to_string(host.landlock_abi) + " (needs >= " +
+                std::to_string(kMinLandlockAbi) + ")"
+          : "no seccomp filtering";
+  switch (choice) {
+    case BackendChoice::kNamespaces:
+      if (!host.user_namespaces) {
+        return Status::Error("confine", "--backend namespaces: " + UsernsWhy(host) +
+                                            "; refusing rather than downgrading");
+      }
+      return BackendSelection{Backend::kNamespaces, "forced by --backend namespaces"};
+    case BackendChoice::kLandlock:
+      if (!landlock_ok) {
+        return Status::Error("confine", "--backend landlock: " + landlock_lack + " on this host");
+      }
+      return BackendSelection{Backend::kLandlockOnly, "forced by --backend landlock"};
+    case BackendChoice::kAuto:
+      break;
+  }
+  if (host.user_namespaces) return BackendSelection{Backend::kNamespaces, "user namespaces available"};
+  if (landlock_ok) return BackendSelection{Backend::kLandlockOnly, UsernsWhy(host)};
+  return Status::Error("confine", "no sandbox backend on this host: " + UsernsWhy(host) + ", and " +
+                                      landlock_lack + " for the landlock-only backend");
+}
+
+EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host, BackendChoice choice) {
   EnforcementReport r;
   if (!Confines(policy)) {
     r.level = Level::kNone;
@@ -56,16 +88,31 @@ EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host) 
     }
     return r;
   }
-  r.backend = "linux-namespaces";
-  const bool userns = host.user_namespaces;
+  // No usable backend: the namespaces assessment, which says what is missing.
+  auto selected = SelectBackend(host, choice);
+  const bool landlock_only = selected.ok() && selected->backend == Backend::kLandlockOnly;
+  r.backend = ToString(landlock_only ? Backend::kLandlockOnly : Backend::kNamespaces);
+  if (selected.ok()) r.backend_reason = selected->why;
+  const bool userns = host.user_namespaces && !landlock_only;
   auto missing = [&r](FacetReport& f, const std::string& reason) {
     f.level = f.mechanisms.empty() ? Level::kNone : Level::kPartial;
     r.missing.push_back({f.name, reason});
   };
+  const int ll_abi = std::min(host.landlock_abi, kNewestLandlockAbi);
+  const std::string why_no_ns = "no namespaces (" + (selected.ok() ? selected->why : UsernsWhy(host)) + ")";
 
   // Filesystem: a fresh root with only what the policy names.
   FacetReport fs = Facet("filesystem", true);
-  if (userns && host.mount_ns) {
+  if (landlock_only) {
+    // Which deny/protect entries are affected depends on the invocation:
+    // Confine() adds them, each by name.
+    fs.mechanisms = {"landlock-abi-" + std::to_string(ll_abi), "host-paths"};
+    fs.notes.push_back("Landlock allows only the read_only entries, the workspace, a private per-run "
+                       "directory, a few /dev nodes and reading /proc; everything else is denied (EACCES)");
+    missing(fs, why_no_ns + ": no mount namespace: no private /tmp (a private directory via TMPDIR and HOME "
+                            "instead), and deny entries inside allowed trees cannot be masked nor protect "
+                            "entries inside a writable workspace made read-only (Landlock rules only add access)");
+  } else if (userns && host.mount_ns) {
     fs.mechanisms = {"user-namespace", "mount-namespace", "pivot_root", "read-only-binds",
                      "mask-binds"};
     fs.level = Level::kFull;
@@ -105,7 +152,22 @@ EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host) 
 
   // Network: only loopback, unless the policy needs the egress proxy.
   FacetReport net = Facet("network", true);
-  if (userns && host.net_ns) {
+  if (landlock_only) {
+    if (ll_abi >= 4) {
+      net.mechanisms = {"landlock-tcp-abi-" + std::to_string(ll_abi)};
+      missing(net, why_no_ns + ": no network namespace: Landlock refuses every TCP connect and bind (no port "
+                               "is allowed: there is no egress proxy yet), but UDP, pathname unix sockets to "
+                               "host services" +
+                               std::string(ll_abi >= 6 ? "" : " and abstract unix sockets") + " are not covered");
+    } else {
+      missing(net, why_no_ns + ": no network namespace, and Landlock ABI " + std::to_string(ll_abi) +
+                       " < 4 cannot restrict TCP: the host network is reachable");
+    }
+    if (NeedsProxy(policy)) {
+      r.missing.push_back({"network", "network.allow / egress_proxy / default allow / on_unknown_domain ask "
+                                      "need the egress proxy, which this version does not provide"});
+    }
+  } else if (userns && host.net_ns) {
     net.mechanisms = {"network-namespace"};
     net.level = Level::kFull;
     net.notes.push_back("loopback only; no route out");
@@ -122,7 +184,20 @@ EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host) 
 
   // Processes: own pid namespace with the runner as init.
   FacetReport proc = Facet("processes", true);
-  if (userns && host.pid_ns) {
+  if (landlock_only) {
+    proc.mechanisms = {"setsid", "child-subreaper", "descendants-killed-at-exit"};
+    if (ll_abi >= 6) proc.mechanisms.push_back("landlock-scope-signals");
+    if (host.seccomp_filter) proc.mechanisms.push_back("seccomp-ptrace-denied");
+    proc.notes.push_back("what the command leaves running is killed at the end: the runner is a child "
+                         "subreaper, so every descendant stays below it and a /proc walk finds them; a "
+                         "process started for it by a host service (over a unix socket) is not a descendant");
+    missing(proc, why_no_ns + ": no pid namespace: host processes are visible in /proc; " +
+                      std::string(ll_abi >= 6 ? "signals to them are refused by Landlock scoping (ABI 6)"
+                                              : "signals to the user's own processes are not refused "
+                                                "(Landlock ABI < 6)") +
+                      ", ptrace by seccomp and Landlock; no ipc or uts namespace: System V IPC and the "
+                      "hostname are the host's");
+  } else if (userns && host.pid_ns) {
     proc.mechanisms = {"pid-namespace", "ipc-namespace", "uts-namespace"};
     if (host.cgroup_ns) proc.mechanisms.push_back("cgroup-namespace");
     proc.mechanisms.push_back("runner-as-init");
@@ -153,7 +228,11 @@ EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host) 
                                           res.wall_clock_ms || res.max_processes);
   rf.level = Level::kFull;
   if (res.wall_clock_ms) rf.mechanisms.push_back("supervisor-deadline");
-  if (res.disk_bytes) {
+  if (res.disk_bytes && landlock_only) {
+    rf.mechanisms.push_back("rlimit-fsize");
+    rf.notes.push_back("disk_gib: no file may grow past it (RLIMIT_FSIZE); the private directory and the "
+                       "workspace are on host filesystems: their total disk use is not limited");
+  } else if (res.disk_bytes) {
     rf.mechanisms.push_back("tmpfs-size");
     rf.mechanisms.push_back("rlimit-fsize");
     rf.notes.push_back("disk_gib: /tmp, HOME and /dev/shm are each a tmpfs of that size, and no file may "
@@ -197,7 +276,7 @@ EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host) 
 
   // Credentials: none enter the sandbox (scrubbed env, private HOME); proxies are not built yet.
   FacetReport cred = Facet("credentials", true);
-  cred.mechanisms = {"env-scrub", "private-home", "deny-masks"};
+  cred.mechanisms = {"env-scrub", "private-home", landlock_only ? "landlock-deny" : "deny-masks"};
   cred.level = Level::kFull;
   if (policy.credentials.git != GitCredentials::kNone ||
       policy.credentials.tools != ToolCredentials::kNone) {
@@ -368,6 +447,47 @@ std::vector<Signature> DenialSignatures(const Plan& plan, const std::vector<std:
   return sigs;
 }
 
+// The landlock-only backend's filesystem gaps, entry by entry: deny entries
+// inside an allowed tree (Landlock rules only add access, nothing can be
+// masked) and protect entries inside a writable workspace. Deny entries
+// outside every allowed tree are absent by construction: into `absent`.
+std::vector<MissingFacet> LandlockOnlyGaps(const Policy& policy, const Invocation& inv, bool writable,
+                                           std::vector<std::string>* absent) {
+  std::vector<std::string> trees;
+  for (const auto& entry : policy.filesystem.read_only) {
+    std::string p = paths::ExpandHome(entry, inv.home);
+    if (!p.empty()) trees.push_back(p);
+  }
+  trees.push_back(inv.workspace);
+  std::vector<MissingFacet> gaps;
+  for (const auto& entry : policy.filesystem.deny) {
+    std::string p = paths::ExpandHome(entry, inv.home);
+    if (p.empty()) continue;
+    if (p[0] != '/') p = paths::Join(inv.workspace, p);
+    const std::string root = paths::HasGlob(p) ? paths::Parent(p.substr(0, p.find_first_of("*?[") + 1)) : p;
+    auto tree = std::find_if(trees.begin(), trees.end(), [&](const std::string& t) {
+      return paths::IsWithin(root, t) || paths::IsWithin(t, root);
+    });
+    if (tree == trees.end()) {
+      absent->push_back(p);
+    } else {
+      gaps.push_back({"filesystem", "filesystem.deny '" + entry + "' overlaps the allowed tree " + *tree +
+                                        ": Landlock rules only add access, so it cannot be hidden "
+                                        "(file permissions alone guard it)"});
+    }
+  }
+  if (writable) {
+    for (const auto& entry : policy.filesystem.protect) {
+      std::string p = entry[0] == '/' ? entry : paths::Join(inv.workspace, entry);
+      if (!paths::IsWithin(p, inv.workspace)) continue;  // outside: read-only or not granted at all
+      gaps.push_back({"filesystem", "filesystem.protect '" + entry +
+                                        "' stays writable: the workspace is granted read-write and "
+                                        "Landlock rules only add access"});
+    }
+  }
+  return gaps;
+}
+
 }  // namespace
 
 Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Policy& policy,
@@ -376,7 +496,26 @@ Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Poli
   if (Status s = CheckHardRequirements(policy, inv); !s.ok()) return s;
 
   ConfinedCommand out;
-  out.enforcement = AssessEnforcement(policy, host);
+  bool landlock_only = false;
+  if (Confines(policy)) {
+    auto selected = SelectBackend(host, inv.backend);
+    if (!selected.ok()) return selected.status();
+    landlock_only = selected->backend == Backend::kLandlockOnly;
+  }
+  out.enforcement = AssessEnforcement(policy, host, inv.backend);
+  const bool writable = policy.mode == Mode::kWorkspaceWrite &&
+                        policy.filesystem.workspace.access == Access::kReadWrite;
+  std::vector<std::string> absent;
+  if (landlock_only) {
+    for (auto& gap : LandlockOnlyGaps(policy, inv, writable, &absent)) {
+      out.enforcement.missing.push_back(std::move(gap));
+    }
+    if (!policy.filesystem.workspace.path.empty() && policy.filesystem.workspace.path != inv.workspace) {
+      out.enforcement.notes.push_back("filesystem.workspace.path '" + policy.filesystem.workspace.path +
+                                      "': without a mount namespace the workspace stays at its host path " +
+                                      inv.workspace);
+    }
+  }
   if (!out.enforcement.missing.empty() && policy.sandbox.require == Requirement::kFull) {
     std::string msg = "the policy requires full enforcement and this host/version cannot give it:";
     for (const auto& m : out.enforcement.missing) msg += "\n  - " + m.facet + ": " + m.reason;
@@ -411,8 +550,7 @@ Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Poli
   plan.workspace_source = inv.workspace;
   plan.workspace_target =
       policy.filesystem.workspace.path.empty() ? inv.workspace : policy.filesystem.workspace.path;
-  plan.workspace_writable = policy.mode == Mode::kWorkspaceWrite &&
-                            policy.filesystem.workspace.access == Access::kReadWrite;
+  plan.workspace_writable = writable;
 
   if (!Confines(policy)) {
     plan.confined = false;
@@ -420,6 +558,30 @@ Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Poli
     plan.env.pass_all = true;
     plan.env.set = policy.env.set;
     plan.home = inv.home;
+  } else if (landlock_only) {
+    // No namespaces, no mounts: host paths, fenced by Landlock. HOME and
+    // TMPDIR come with the per-run private directory (AdoptPrivateDir).
+    plan.backend = Backend::kLandlockOnly;
+    plan.workspace_target = inv.workspace;
+    plan.absent = std::move(absent);
+    std::vector<std::string> read_only;
+    for (const auto& entry : policy.filesystem.read_only) {
+      std::string p = paths::ExpandHome(entry, inv.home);
+      if (!p.empty()) read_only.push_back(p);
+    }
+    // Landlock is the only filesystem fence here: a kernel without it refuses.
+    plan.landlock = PlanLandlockOnly(read_only, inv.workspace, writable, host.landlock_abi, true);
+    plan.seccomp = PlanSeccomp(host.seccomp_filter);
+    plan.cwd = paths::IsWithin(inv.cwd, inv.workspace) ? inv.cwd : inv.workspace;
+    plan.private_dir_parent = inv.runtime_dir.empty() ? "/tmp" : inv.runtime_dir;
+    plan.env.pass = policy.env.pass;
+    plan.env.set = policy.env.set;
+    const bool path_set = std::any_of(plan.env.set.begin(), plan.env.set.end(),
+                                      [](const auto& kv) { return kv.first == "PATH"; });
+    if (!path_set && std::find(plan.env.pass.begin(), plan.env.pass.end(), "PATH") == plan.env.pass.end()) {
+      plan.env.set.emplace_back("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin");
+    }
+    out.denial_signatures = DenialSignatures(plan, {});
   } else {
     plan.namespaces = {"user", "mnt", "pid", "net", "ipc", "uts"};
     if (host.cgroup_ns) plan.namespaces.push_back("cgroup");

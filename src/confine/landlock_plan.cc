@@ -75,6 +75,51 @@ std::vector<std::string> LandlockLeftOut(int abi) {
   return out;
 }
 
+LandlockPlan PlanLandlockOnly(const std::vector<std::string>& read_only, const std::string& workspace,
+                              bool writable, int host_abi, bool required) {
+  LandlockPlan ll;
+  if (host_abi < kMinLandlockAbi) return ll;
+  ll.abi = std::min(host_abi, kNewestLandlockAbi);
+  ll.handled_fs = KnownRights(ll.abi);
+  if (ll.abi >= 4) ll.handled_net = LANDLOCK_ACCESS_NET_BIND_TCP | LANDLOCK_ACCESS_NET_CONNECT_TCP;
+  if (ll.abi >= 6) ll.scoped = LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET | LANDLOCK_SCOPE_SIGNAL;
+  ll.left_out = LandlockLeftOut(ll.abi);
+  if (ll.abi < 4) ll.left_out.push_back("TCP connect and bind (ABI 4): the host network is reachable");
+  ll.required = required;
+  auto add = [&](const std::string& path, std::uint64_t access, bool optional, const std::string& why) {
+    ll.rules.push_back({path, access & ll.handled_fs, optional, why});
+  };
+  for (const auto& p : read_only) add(p, kReadExec, true, "filesystem.read_only: " + p);
+  add(workspace, writable ? kReadExec | kWrite : kReadExec, false,
+      writable ? "workspace (read-write)" : "workspace (read-only)");
+  for (const char* dev : {"/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty",
+                          "/dev/ptmx"}) {
+    add(dev, kDevice, true, "device node");
+  }
+  add("/dev/pts", LANDLOCK_ACCESS_FS_READ_DIR | kDevice, true, "terminals (the host's devpts)");
+  // Read only: writes to /proc would reach host-wide files (sysrq-trigger,
+  // /proc/sys) that nothing but file modes guards without a mount plan.
+  add("/proc", kRead, false, "host procfs, read-only: processes are visible");
+  return ll;
+}
+
+void AdoptPrivateDir(Plan* plan, const std::string& dir) {
+  plan->private_dir = dir;
+  if (plan->landlock.abi > 0) {
+    plan->landlock.rules.push_back({dir, (kReadExec | kWrite) & plan->landlock.handled_fs, false,
+                                    "private per-run directory (HOME, TMPDIR)"});
+  }
+  plan->home = dir + "/home";
+  auto set_default = [&](const std::string& name, const std::string& value) {
+    for (const auto& [k, v] : plan->env.set) {
+      if (k == name) return;
+    }
+    plan->env.set.emplace_back(name, value);
+  };
+  set_default("HOME", plan->home);
+  set_default("TMPDIR", dir + "/tmp");
+}
+
 LandlockPlan PlanLandlock(const Plan& plan, int host_abi, bool required) {
   LandlockPlan ll;
   if (host_abi < kMinLandlockAbi) return ll;

@@ -23,6 +23,19 @@ std::vector<std::string> LandlockLeftOut(int abi);
 // gives an empty plan (abi 0).
 LandlockPlan PlanLandlock(const Plan& plan, int host_abi, bool required);
 
+// The landlock-only backend's rules, on HOST paths (nothing is mounted):
+// read+exec on `read_only`, the workspace (read-write when `writable`), the
+// usual /dev nodes, read on /proc; TCP connect and bind handled with no
+// port allowed (ABI >= 4); signals and abstract unix sockets scoped (ABI >= 6).
+// The per-run private directory is added by AdoptPrivateDir().
+LandlockPlan PlanLandlockOnly(const std::vector<std::string>& read_only, const std::string& workspace,
+                              bool writable, int host_abi, bool required);
+
+// Gives a landlock-only plan its per-run private directory `dir` (which
+// holds `home` and `tmp`): a read-write Landlock rule, and HOME and TMPDIR
+// pointing into it unless the policy sets them.
+void AdoptPrivateDir(Plan* plan, const std::string& dir);
+
 // The denied syscalls and argument checks (docs/seccomp.md gives the reasons).
 SeccompPlan PlanSeccomp(bool host_has_seccomp);
 

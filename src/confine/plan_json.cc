@@ -37,7 +37,7 @@ json LandlockToJson(const LandlockPlan& ll) {
     if (r.optional) o["optional"] = true;
     rules.push_back(o);
   }
-  return {{"abi", ll.abi}, {"handled_fs", ll.handled_fs}, {"scoped", ll.scoped},
+  return {{"abi", ll.abi}, {"handled_fs", ll.handled_fs}, {"scoped", ll.scoped}, {"handled_net", ll.handled_net},
           {"rules", rules}, {"left_out", ll.left_out}, {"required", ll.required}};
 }
 
@@ -46,6 +46,7 @@ LandlockPlan LandlockFromJson(const json& j) {
   ll.abi = j.at("abi").get<int>();
   ll.handled_fs = j.at("handled_fs").get<std::uint64_t>();
   ll.scoped = j.value("scoped", std::uint64_t{0});
+  ll.handled_net = j.value("handled_net", std::uint64_t{0});
   for (const auto& o : j.at("rules")) {
     ll.rules.push_back({o.at("path").get<std::string>(), o.at("access").get<std::uint64_t>(),
                         o.value("optional", false), o.value("why", "")});
@@ -115,6 +116,10 @@ Result<SeccompPlan> SeccompFromJson(const json& j) {
 
 }  // namespace
 
+const char* ToString(Backend backend) {
+  return backend == Backend::kLandlockOnly ? "landlock-only" : "linux-namespaces";
+}
+
 const char* ToString(MountKind kind) {
   for (const auto& [k, n] : kKinds) {
     if (k == kind) return n;
@@ -125,6 +130,9 @@ const char* ToString(MountKind kind) {
 std::string PlanToJson(const Plan& plan, int indent) {
   json j;
   j["confined"] = plan.confined;
+  j["backend"] = ToString(plan.backend);
+  if (!plan.private_dir_parent.empty()) j["private_dir_parent"] = plan.private_dir_parent;
+  if (!plan.private_dir.empty()) j["private_dir"] = plan.private_dir;
   j["argv"] = plan.argv;
   j["cwd"] = plan.cwd;
   j["hostname"] = plan.hostname;
@@ -184,6 +192,14 @@ Result<Plan> PlanFromJson(const std::string& text) {
   try {
     json j = json::parse(text);
     plan.confined = j.at("confined").get<bool>();
+    const std::string backend = j.value("backend", std::string(ToString(Backend::kNamespaces)));
+    if (backend == ToString(Backend::kLandlockOnly)) {
+      plan.backend = Backend::kLandlockOnly;
+    } else if (backend != ToString(Backend::kNamespaces)) {
+      return Status::Error("plan", "unknown backend " + backend);
+    }
+    plan.private_dir_parent = j.value("private_dir_parent", std::string());
+    plan.private_dir = j.value("private_dir", std::string());
     plan.argv = j.at("argv").get<std::vector<std::string>>();
     plan.cwd = j.at("cwd").get<std::string>();
     plan.hostname = j.at("hostname").get<std::string>();

@@ -28,6 +28,19 @@ int LastCap() {
 }  // namespace
 
 Status DropAllCapabilities() {
+  // An unprivileged process outside a user namespace (the landlock-only
+  // backend) holds no capability and may not touch securebits or the
+  // bounding set; with no_new_privs no exec can grant it one either.
+  struct __user_cap_header_struct query {};
+  query.version = _LINUX_CAPABILITY_VERSION_3;
+  struct __user_cap_data_struct held[2] = {};
+  if (syscall(SYS_capget, &query, held) == 0 &&
+      (held[0].permitted | held[1].permitted | held[0].inheritable | held[1].inheritable) == 0) {
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) {
+      return Status::Errno("capabilities", "prctl(PR_SET_NO_NEW_PRIVS)");
+    }
+    return {};
+  }
   // Securebits first: it needs CAP_SETPCAP, which goes with the bounding set.
   const unsigned long bits = SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP |
                              SECBIT_NO_SETUID_FIXUP_LOCKED | SECBIT_KEEP_CAPS_LOCKED;

@@ -53,12 +53,14 @@ Result<LandlockOutcome> ApplyLandlock(const LandlockPlan& plan) {
   // another kernel. Ask only for what this one knows, and say what is lost.
   const std::uint64_t handled = plan.handled_fs & (out.abi > 0 ? KnownRights(out.abi) : 0);
   const std::uint64_t scoped = out.abi >= 6 ? plan.scoped : 0;
+  const std::uint64_t handled_net = out.abi >= 4 ? plan.handled_net : 0;
   if (out.abi == 0) {
     out.short_of_plan.push_back("Landlock is unavailable on this kernel");
     return out;
   }
   if (std::uint64_t lost = plan.handled_fs & ~handled) out.short_of_plan.push_back("rights " + LandlockAccessNames(lost));
   if (plan.scoped & ~scoped) out.short_of_plan.push_back("scoping of abstract unix sockets and signals");
+  if (plan.handled_net & ~handled_net) out.short_of_plan.push_back("TCP connect and bind (ABI 4)");
   if (!(handled & LANDLOCK_ACCESS_FS_REFER)) {
     // Without refer every cross-directory rename fails: do not apply half a layer that breaks work.
     out.short_of_plan.push_back("the refer right (ABI 2); the layer was not applied");
@@ -68,6 +70,7 @@ Result<LandlockOutcome> ApplyLandlock(const LandlockPlan& plan) {
   LandlockRulesetAttr attr{};
   attr.handled_access_fs = handled;
   attr.scoped = scoped;
+  attr.handled_access_net = handled_net;  // no net rule follows: every TCP port is refused
   // Older kernels reject a size with fields they do not know only when those are non-zero.
   UniqueFd ruleset(CreateRuleset(&attr, sizeof(attr), 0));
   if (!ruleset.valid()) return Status::Errno("landlock", "landlock_create_ruleset");

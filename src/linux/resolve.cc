@@ -181,6 +181,7 @@ Result<ResolvedPlan> ResolvePlan(const Plan& plan) {
   if (!S_ISDIR(ws.st_mode)) {
     return Status::Syscall("workspace", "stat", plan.workspace_source, ENOTDIR);
   }
+  if (plan.backend == Backend::kLandlockOnly) return rp;  // nothing to mount
 
   // Protected paths first: they decide which pins exist.
   std::map<std::string, ProtectResolution> protects;

@@ -27,6 +27,7 @@
 
 #include "linux/capabilities.h"
 #include "linux/compat.h"
+#include "linux/descendants.h"
 #include "linux/landlock_ruleset.h"
 #include "linux/mounts.h"
 #include "linux/namespaces.h"
@@ -275,14 +276,24 @@ void RunnerMain(const Plan& plan, const ResolvedPlan& resolved, const std::vecto
   // supervisor alone, which forwards it once.
   setpgid(0, 0);
   if (Status s = CloseInheritedFds(&status_fd, &lifeline_fd, &filter_fd); !s.ok()) Fail(status_fd, s);
-  if (plan.confined) {
+  // Landlock-only: no namespaces, so no id maps, root, loopback or hostname.
+  const bool namespaced = plan.confined && plan.backend == Backend::kNamespaces;
+  if (namespaced) {
     if (Status s = WriteIdMaps(plan.uid, plan.gid); !s.ok()) Fail(status_fd, s);
   }
   // Nobody inside may ptrace us, read our memory or /proc/1/fd, or forge our
   // status pipe. (After the id maps: a non-dumpable process cannot open its
   // own /proc/self/uid_map.)
   if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) Fail(status_fd, Status::Errno("runner", "prctl(PR_SET_DUMPABLE)"));
-  if (plan.confined) {
+  if (plan.confined && !namespaced) {
+    // Orphans re-parent to us rather than to the host's init, so that what
+    // the command leaves running can be found and killed at the end.
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0) {
+      Fail(status_fd, Status::Errno("runner", "prctl(PR_SET_CHILD_SUBREAPER)"));
+    }
+    if (Status s = LeaveSessionKeyring(); !s.ok()) Fail(status_fd, s);
+  }
+  if (namespaced) {
     if (Status s = BuildRoot(plan, resolved); !s.ok()) Fail(status_fd, s);
     if (Status s = BringUpLoopback(); !s.ok()) Fail(status_fd, s);
     if (Status s = SetHostname(plan.hostname); !s.ok()) Fail(status_fd, s);
@@ -338,6 +349,8 @@ void RunnerMain(const Plan& plan, const ResolvedPlan& resolved, const std::vecto
       while (listener.valid() && poll(&pending, 1, 0) > 0 && (pending.revents & POLLIN)) {
         tally.AnswerOne(listener.get());
       }
+      // No pid namespace to end with us: kill what the command left running.
+      if (plan.confined && !namespaced) KillDescendants(getpid());
       ReportDenials(status_fd, tally);
       RunnerMessage m;
       m.type = RunnerMessage::Type::kExit;

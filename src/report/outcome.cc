@@ -55,6 +55,7 @@ json ToJsonValue(const EnforcementReport& r) {
   json missing = json::array();
   for (const auto& m : r.missing) missing.push_back({{"facet", m.facet}, {"reason", m.reason}});
   json j = {{"level", ToString(r.level)}, {"backend", r.backend}, {"facets", facets}, {"missing", missing}};
+  if (!r.backend_reason.empty()) j["backend_reason"] = r.backend_reason;
   if (!r.skipped.empty()) j["skipped"] = r.skipped;
   if (!r.notes.empty()) j["notes"] = r.notes;
   return j;

@@ -17,9 +17,12 @@
 #include <vector>
 
 #include "agentbox/run.h"
+#include "confine/layers.h"
 #include "linux/compat.h"
+#include "linux/descendants.h"
 #include "linux/launch.h"
 #include "linux/status_pipe.h"
+#include "supervise/private_dir.h"
 #include "supervise/resources.h"
 
 namespace agentbox {
@@ -149,8 +152,8 @@ Outcome RefusedOutcome(const Status& why, const EnforcementReport& enforcement,
   return out;
 }
 
-Outcome RunPlan(const Plan& plan, const std::vector<std::string>& argv,
-                const std::vector<Signature>& denial_signatures, const RunOptions& options) {
+static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& argv,
+                           const std::vector<Signature>& denial_signatures, const RunOptions& options) {
   Outcome out;
   out.policy_sha256 = plan.policy_sha256;
   const auto started = Clock::now();
@@ -216,6 +219,8 @@ Outcome RunPlan(const Plan& plan, const std::vector<std::string>& argv,
     if (kill_at && now >= *kill_at && !killed) {
       killed = true;
       if (cgroup) cgroup->KillAll();  // cgroup.kill where the kernel has it
+      // No pid namespace: the runner (a subreaper) holds every descendant; kill them before it.
+      if (plan.confined && plan.backend == Backend::kLandlockOnly) linux::KillDescendants(child.pid);
       linux::PidfdSendSignal(child.pidfd.get(), SIGKILL);
     }
     if (exited && drain_until && now >= *drain_until) break;
@@ -377,6 +382,25 @@ Outcome RunPlan(const Plan& plan, const std::vector<std::string>& argv,
     out.kind = out.signal ? OutcomeKind::kSignaled : OutcomeKind::kExited;
   }
   return out;
+}
+
+Outcome RunPlan(const Plan& plan, const std::vector<std::string>& argv,
+                const std::vector<Signature>& denial_signatures, const RunOptions& options) {
+  if (!plan.confined || plan.backend != Backend::kLandlockOnly) {
+    return RunPrepared(plan, argv, denial_signatures, options);
+  }
+  // Landlock-only: a private directory for this run, removed (with whatever
+  // is in it) once the runner and everything it left are gone.
+  auto dir = supervise::PrivateDir::Create(plan.private_dir_parent.empty() ? "/tmp" : plan.private_dir_parent);
+  if (!dir.ok()) {
+    Outcome out;
+    out.policy_sha256 = plan.policy_sha256;
+    out.error = ErrorInfo{dir.status().stage(), dir.status().message(), dir.status().err()};
+    return out;
+  }
+  Plan with_dir = plan;
+  AdoptPrivateDir(&with_dir, (*dir)->path());
+  return RunPrepared(with_dir, argv, denial_signatures, options);
 }
 
 Outcome Run(const ConfinedCommand& command, const RunOptions& options) {

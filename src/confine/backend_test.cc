@@ -1,0 +1,195 @@
+// Backend selection and the landlock-only plan, against fake hosts.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+
+#include "agentbox/confine.h"
+#include "agentbox/plan.h"
+#include "agentbox/policy.h"
+#include "confine/layers.h"
+#include "linux/compat.h"
+
+namespace agentbox {
+namespace {
+
+HostCaps Host(bool userns, int landlock_abi = 7, bool seccomp = true) {
+  HostCaps h;
+  h.uid = 1000;
+  h.gid = 1000;
+  h.user_namespaces = userns;
+  h.userns_reason = userns ? "" : "kernel.apparmor_restrict_unprivileged_userns is 1";
+  h.mount_ns = h.pid_ns = h.net_ns = h.ipc_ns = h.uts_ns = h.cgroup_ns = userns;
+  h.new_mount_api = true;
+  h.landlock_abi = landlock_abi;
+  h.seccomp_filter = seccomp;
+  return h;
+}
+
+Invocation Inv(BackendChoice backend = BackendChoice::kAuto) {
+  Invocation inv;
+  inv.workspace = "/home/u/proj";
+  inv.cwd = "/home/u/proj/src";
+  inv.home = "/home/u";
+  inv.self_exe = "/usr/bin/agentbox";
+  inv.nonce = "0123456789abcdef";
+  inv.runtime_dir = "/run/user/1000";
+  inv.backend = backend;
+  return inv;
+}
+
+Policy Partial(Mode mode = Mode::kWorkspaceWrite) {
+  Policy p = PresetFor(mode);
+  p.sandbox.require = Requirement::kPartial;
+  return p;
+}
+
+const LandlockRule* Rule(const Plan& p, const std::string& path) {
+  for (const auto& r : p.landlock.rules) {
+    if (r.path == path) return &r;
+  }
+  return nullptr;
+}
+
+bool Missing(const EnforcementReport& r, const std::string& facet, const std::string& text) {
+  return std::any_of(r.missing.begin(), r.missing.end(), [&](const MissingFacet& m) {
+    return m.facet == facet && m.reason.find(text) != std::string::npos;
+  });
+}
+
+TEST(SelectBackend, AutomaticChoice) {
+  auto ns = SelectBackend(Host(true), BackendChoice::kAuto);
+  ASSERT_TRUE(ns.ok());
+  EXPECT_EQ(ns->backend, Backend::kNamespaces);
+  auto ll = SelectBackend(Host(false), BackendChoice::kAuto);
+  ASSERT_TRUE(ll.ok());
+  EXPECT_EQ(ll->backend, Backend::kLandlockOnly);
+  EXPECT_EQ(ll->why, "user namespaces unavailable: kernel.apparmor_restrict_unprivileged_userns is 1");
+  EXPECT_FALSE(SelectBackend(Host(false, 1), BackendChoice::kAuto).ok());  // no refer right
+  EXPECT_FALSE(SelectBackend(Host(false, 7, false), BackendChoice::kAuto).ok());
+}
+
+TEST(SelectBackend, ForcedChoiceIsAnErrorNotADowngrade) {
+  auto forced = SelectBackend(Host(false), BackendChoice::kNamespaces);
+  ASSERT_FALSE(forced.ok());
+  EXPECT_NE(forced.status().message().find("apparmor_restrict"), std::string::npos);
+  auto c = Confine({"true"}, Partial(), Host(false), Inv(BackendChoice::kNamespaces));
+  EXPECT_FALSE(c.ok());
+  auto ll = SelectBackend(Host(true), BackendChoice::kLandlock);
+  ASSERT_TRUE(ll.ok());
+  EXPECT_EQ(ll->backend, Backend::kLandlockOnly);
+  EXPECT_FALSE(SelectBackend(Host(true, 0), BackendChoice::kLandlock).ok());
+}
+
+TEST(LandlockOnly, RefusedUnderRequireFullWithTheMissingList) {
+  Policy p = PresetFor(Mode::kWorkspaceWrite);
+  auto c = Confine({"true"}, p, Host(false), Inv());
+  ASSERT_FALSE(c.ok());
+  const std::string& msg = c.status().message();
+  for (const char* want : {"processes:", "network:", "no private /tmp", "'**/.env'", "'.git/hooks'"}) {
+    EXPECT_NE(msg.find(want), std::string::npos) << want << "\n" << msg;
+  }
+}
+
+TEST(LandlockOnly, MissingFacetsListedExactly) {
+  auto c = Confine({"true"}, Partial(), Host(false), Inv());
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  const EnforcementReport& r = c->enforcement;
+  EXPECT_EQ(r.backend, "landlock-only");
+  EXPECT_EQ(r.level, Level::kPartial);
+  EXPECT_TRUE(Missing(r, "processes", "host processes are visible in /proc"));
+  EXPECT_TRUE(Missing(r, "processes", "Landlock scoping (ABI 6)"));
+  EXPECT_TRUE(Missing(r, "network", "refuses every TCP connect and bind"));
+  EXPECT_TRUE(Missing(r, "network", "UDP"));
+  EXPECT_TRUE(Missing(r, "filesystem", "no private /tmp"));
+  // Inside allowed trees: listed by name. Outside: absent by construction.
+  EXPECT_TRUE(Missing(r, "filesystem", "filesystem.deny '**/.env' overlaps the allowed tree /home/u/proj"));
+  EXPECT_TRUE(Missing(r, "filesystem", "filesystem.deny '/etc/shadow' overlaps the allowed tree /etc"));
+  EXPECT_TRUE(Missing(r, "filesystem", "filesystem.protect '.git/hooks' stays writable"));
+  EXPECT_FALSE(Missing(r, "filesystem", "'~/.ssh'"));
+  const auto& absent = c->plan.absent;
+  EXPECT_NE(std::find(absent.begin(), absent.end(), "/home/u/.ssh"), absent.end());
+  // Nothing about syscalls is lost.
+  EXPECT_FALSE(Missing(r, "syscalls", ""));
+}
+
+TEST(LandlockOnly, OlderAbisSayWhatTheyLose) {
+  EnforcementReport r3 = AssessEnforcement(Partial(), Host(false, 3));
+  EXPECT_TRUE(Missing(r3, "network", "cannot restrict TCP"));
+  EXPECT_TRUE(Missing(r3, "processes", "signals to the user's own processes are not refused"));
+  EnforcementReport r5 = AssessEnforcement(Partial(), Host(false, 5));
+  EXPECT_TRUE(Missing(r5, "network", "abstract unix sockets"));
+}
+
+TEST(LandlockOnly, ReadOnlyModeHasNoProtectGapAndAReadOnlyWorkspace) {
+  auto c = Confine({"true"}, Partial(Mode::kReadOnly), Host(false), Inv());
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_FALSE(Missing(c->enforcement, "filesystem", "filesystem.protect"));
+  const LandlockRule* ws = Rule(c->plan, "/home/u/proj");
+  ASSERT_NE(ws, nullptr);
+  EXPECT_EQ(ws->access & LANDLOCK_ACCESS_FS_WRITE_FILE, 0u);
+}
+
+TEST(LandlockOnly, PlanHasNoNamespacesNoMountsAndHostPathRules) {
+  auto c = Confine({"true"}, Partial(), Host(true), Inv(BackendChoice::kLandlock));
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  const Plan& p = c->plan;
+  EXPECT_EQ(p.backend, Backend::kLandlockOnly);
+  EXPECT_TRUE(p.namespaces.empty());
+  EXPECT_TRUE(p.mounts.empty());
+  EXPECT_TRUE(p.deny_globs.empty());
+  EXPECT_EQ(p.cwd, "/home/u/proj/src");
+  EXPECT_EQ(p.private_dir_parent, "/run/user/1000");
+  EXPECT_TRUE(p.landlock.required);
+  EXPECT_EQ(p.landlock.handled_net, LANDLOCK_ACCESS_NET_BIND_TCP | LANDLOCK_ACCESS_NET_CONNECT_TCP);
+  EXPECT_EQ(p.landlock.scoped, LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET | LANDLOCK_SCOPE_SIGNAL);
+  const LandlockRule* usr = Rule(p, "/usr");
+  ASSERT_NE(usr, nullptr);
+  EXPECT_TRUE(usr->access & LANDLOCK_ACCESS_FS_EXECUTE);
+  EXPECT_FALSE(usr->access & LANDLOCK_ACCESS_FS_WRITE_FILE);
+  const LandlockRule* ws = Rule(p, "/home/u/proj");
+  ASSERT_NE(ws, nullptr);
+  EXPECT_TRUE(ws->access & LANDLOCK_ACCESS_FS_WRITE_FILE);
+  const LandlockRule* proc = Rule(p, "/proc");
+  ASSERT_NE(proc, nullptr);
+  EXPECT_FALSE(proc->access & LANDLOCK_ACCESS_FS_WRITE_FILE);
+  ASSERT_NE(Rule(p, "/dev/null"), nullptr);
+  ASSERT_NE(Rule(p, "/dev/pts"), nullptr);
+  EXPECT_EQ(Rule(p, "/home/u"), nullptr);  // HOME is not granted: ~/.ssh stays out
+  EXPECT_EQ(Rule(p, "/tmp"), nullptr);
+  // No HOME or TMPDIR until the run's private directory exists.
+  for (const auto& [k, v] : p.env.set) EXPECT_TRUE(k != "HOME" && k != "TMPDIR") << k;
+}
+
+TEST(LandlockOnly, PrivateDirectoryGetsARuleAndTheEnvironment) {
+  auto c = Confine({"true"}, Partial(), Host(false), Inv());
+  ASSERT_TRUE(c.ok());
+  Plan p = c->plan;
+  AdoptPrivateDir(&p, "/run/user/1000/agentbox-run-abc");
+  const LandlockRule* dir = Rule(p, "/run/user/1000/agentbox-run-abc");
+  ASSERT_NE(dir, nullptr);
+  EXPECT_TRUE(dir->access & LANDLOCK_ACCESS_FS_MAKE_REG);
+  auto has = [&](const std::string& k, const std::string& v) {
+    return std::find(p.env.set.begin(), p.env.set.end(), std::make_pair(k, v)) != p.env.set.end();
+  };
+  EXPECT_TRUE(has("HOME", "/run/user/1000/agentbox-run-abc/home"));
+  EXPECT_TRUE(has("TMPDIR", "/run/user/1000/agentbox-run-abc/tmp"));
+  // The plan survives `wrap`.
+  auto back = PlanFromJson(PlanToJson(p));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->backend, Backend::kLandlockOnly);
+  EXPECT_EQ(back->private_dir, p.private_dir);
+  EXPECT_EQ(back->landlock.handled_net, p.landlock.handled_net);
+}
+
+TEST(LandlockOnly, NamespacesBackendUnchangedWhereUserNamespacesExist) {
+  auto c = Confine({"true"}, Partial(), Host(true), Inv());
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->enforcement.backend, "linux-namespaces");
+  EXPECT_EQ(c->plan.backend, Backend::kNamespaces);
+  EXPECT_FALSE(c->plan.namespaces.empty());
+  EXPECT_EQ(c->plan.landlock.handled_net, 0u);
+}
+
+}  // namespace
+}  // namespace agentbox

@@ -1,0 +1,153 @@
+// Property test of the seccomp plan: whatever the policy and whichever
+// backend, every confined plan denies the always-denied syscalls of
+// docs/seccomp.md and never lets clone create a namespace.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "agentbox/confine.h"
+#include "agentbox/plan.h"
+#include "agentbox/policy.h"
+
+namespace agentbox {
+namespace {
+
+// docs/seccomp.md, "Denied syscalls (always)".
+const std::vector<std::string> kAlwaysDenied = {
+    "ptrace",        "process_vm_readv", "process_vm_writev", "mount",           "umount2",
+    "pivot_root",    "move_mount",       "fsopen",            "fsmount",         "fsconfig",
+    "fspick",        "open_tree",        "mount_setattr",     "unshare",         "setns",
+    "bpf",           "userfaultfd",      "perf_event_open",   "keyctl",          "add_key",
+    "request_key",   "init_module",      "finit_module",      "delete_module",   "kexec_load",
+    "kexec_file_load", "reboot",         "swapon",            "swapoff",         "settimeofday",
+    "clock_settime", "clock_adjtime",    "adjtimex",          "io_uring_setup",  "io_uring_enter",
+    "io_uring_register", "acct",         "quotactl",          "quotactl_fd",     "name_to_handle_at",
+    "open_by_handle_at"};
+
+constexpr std::uint64_t kCloneNamespaceFlags =
+    0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000;
+
+HostCaps Host(bool userns) {
+  HostCaps h;
+  h.uid = 1000;
+  h.gid = 1000;
+  h.user_namespaces = userns;
+  h.userns_reason = userns ? "" : "kernel.unprivileged_userns_clone is 0";
+  h.mount_ns = h.pid_ns = h.net_ns = h.ipc_ns = h.uts_ns = h.cgroup_ns = userns;
+  h.new_mount_api = true;
+  h.landlock_abi = 7;
+  h.seccomp_filter = true;
+  h.pidfd = true;
+  return h;
+}
+
+class RandomPolicies {
+ public:
+  explicit RandomPolicies(unsigned seed) : rng_(seed) {}
+
+  std::string Path() {
+    static const char* kRoots[] = {"/usr", "/etc", "/opt", "/home/u", "/home/u/proj", "/srv", "/var/lib", "~"};
+    static const char* kParts[] = {"a", ".ssh", ".env", "**", "*.key", "x y", "..", ".git", "hooks", "[ab]"};
+    std::string p = kRoots[Pick(std::size(kRoots))];
+    for (size_t i = Pick(4); i > 0; --i) p += std::string("/") + kParts[Pick(std::size(kParts))];
+    return p;
+  }
+  std::string Rel() {
+    static const char* kRel[] = {".git/hooks", ".git/config", "src", "a/b/c", ".env", "**/.env", "Makefile"};
+    return kRel[Pick(std::size(kRel))];
+  }
+  std::string Name() {
+    std::string s;
+    for (size_t i = 1 + Pick(8); i > 0; --i) s += static_cast<char>('A' + Pick(26));
+    return s;
+  }
+
+  Policy Next() {
+    static const Mode kModes[] = {Mode::kReadOnly, Mode::kWorkspaceWrite};
+    Policy p = PresetFor(kModes[Pick(2)]);
+    p.sandbox.require = Requirement::kPartial;
+    if (Pick(2)) p.filesystem.read_only.clear();
+    for (size_t i = Pick(5); i > 0; --i) p.filesystem.read_only.push_back(Path());
+    if (Pick(2)) p.filesystem.deny.clear();
+    for (size_t i = Pick(5); i > 0; --i) p.filesystem.deny.push_back(Pick(2) ? Path() : Rel());
+    if (Pick(2)) p.filesystem.protect.clear();
+    for (size_t i = Pick(3); i > 0; --i) p.filesystem.protect.push_back(Rel());
+    if (Pick(3) == 0) p.filesystem.workspace.path = "/workspace";
+    if (Pick(2)) p.filesystem.workspace.access = Pick(2) ? Access::kReadOnly : Access::kReadWrite;
+    for (size_t i = Pick(4); i > 0; --i) p.env.pass.push_back(Name());
+    for (size_t i = Pick(4); i > 0; --i) p.env.set.emplace_back(Name(), Path());
+    if (Pick(3) == 0) p.network.allow.push_back("example.com");
+    if (Pick(3) == 0) p.resources.max_processes = 1 + Pick(1000);
+    if (Pick(3) == 0) p.resources.disk_bytes = (1 + Pick(8)) << 30;
+    if (Pick(3) == 0) p.resources.wall_clock_ms = 1 + Pick(100000);
+    return p;
+  }
+
+ private:
+  size_t Pick(size_t n) { return std::uniform_int_distribution<size_t>(0, n - 1)(rng_); }
+  std::mt19937 rng_;
+};
+
+void ExpectDenies(const Plan& plan, const std::string& context) {
+  ASSERT_TRUE(plan.seccomp.enabled) << context;
+  EXPECT_TRUE(plan.seccomp.refuse_foreign_arches) << context;
+  std::set<std::string> always;
+  bool clone_checked = false, clone3_enosys = false;
+  for (const auto& r : plan.seccomp.rules) {
+    if (r.when.kind == SeccompArgCheck::Kind::kAlways && r.action == SeccompAction::kNotifyEperm) {
+      always.insert(r.syscall);
+    }
+    if (r.syscall == "clone" && r.when.kind == SeccompArgCheck::Kind::kAnyBitSet && r.when.arg == 0 &&
+        !r.when.has_except && (r.when.mask & kCloneNamespaceFlags) == kCloneNamespaceFlags) {
+      clone_checked = true;
+    }
+    if (r.syscall == "clone3" && r.when.kind == SeccompArgCheck::Kind::kAlways &&
+        r.action == SeccompAction::kErrnoEnosys) {
+      clone3_enosys = true;
+    }
+  }
+  for (const auto& name : kAlwaysDenied) EXPECT_TRUE(always.count(name)) << name << " not denied; " << context;
+  EXPECT_TRUE(clone_checked) << "clone with namespace flags not denied; " << context;
+  EXPECT_TRUE(clone3_enosys) << "clone3 not answered ENOSYS; " << context;
+}
+
+TEST(SeccompPlanProperty, RandomPoliciesAlwaysDenyTheListOnBothBackends) {
+  RandomPolicies gen(20240611);
+  Invocation inv;
+  inv.workspace = "/home/u/proj";
+  inv.cwd = "/home/u/proj";
+  inv.home = "/home/u";
+  inv.self_exe = "/usr/bin/agentbox";
+  inv.nonce = "0123456789abcdef";
+  int planned[2] = {0, 0};
+  for (int i = 0; i < 3000; ++i) {
+    Policy policy = gen.Next();
+    for (int b = 0; b < 2; ++b) {
+      const bool landlock = b == 1;
+      inv.backend = landlock ? BackendChoice::kLandlock : BackendChoice::kAuto;
+      // The landlock-only backend also by automatic choice on a host without user namespaces.
+      HostCaps host = Host(!(landlock && i % 2 == 0));
+      auto c = Confine({"sh", "-c", "true"}, policy, host, inv);
+      if (!c.ok()) continue;  // a policy the planner refuses (deny containing a mounted tree)
+      ++planned[b];
+      const std::string context = "iteration " + std::to_string(i) + (landlock ? " landlock" : " namespaces");
+      ExpectDenies(c->plan, context);
+      // The plan itself never asks for a namespace on the landlock-only backend.
+      EXPECT_EQ(c->plan.backend, landlock ? Backend::kLandlockOnly : Backend::kNamespaces) << context;
+      if (landlock) EXPECT_TRUE(c->plan.namespaces.empty()) << context;
+      // It survives the trip through `wrap`.
+      auto back = PlanFromJson(PlanToJson(c->plan));
+      ASSERT_TRUE(back.ok()) << back.status().message();
+      ExpectDenies(*back, context + " after JSON");
+      if (HasFailure()) return;
+    }
+  }
+  EXPECT_GT(planned[0], 2000);
+  EXPECT_GT(planned[1], 2000);
+}
+
+}  // namespace
+}  // namespace agentbox

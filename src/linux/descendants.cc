@@ -1,0 +1,96 @@
+#include "linux/descendants.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <unordered_map>
+
+#include "linux/fd.h"
+
+namespace agentbox::linux {
+namespace {
+
+struct ProcInfo {
+  pid_t ppid = 0;
+  char state = '?';
+};
+
+// pid -> (ppid, state) for every process in /proc. The comm field may hold
+// spaces and parentheses: parse after the last ')'.
+std::unordered_map<pid_t, ProcInfo> ReadProcTable() {
+  std::unordered_map<pid_t, ProcInfo> table;
+  DIR* dir = opendir("/proc");
+  if (!dir) return table;
+  while (struct dirent* e = readdir(dir)) {
+    char* end = nullptr;
+    long pid = std::strtol(e->d_name, &end, 10);
+    if (pid <= 0 || *end != '\0') continue;
+    char path[64], buf[512];
+    std::snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+    UniqueFd fd(open(path, O_RDONLY | O_CLOEXEC));
+    if (!fd.valid()) continue;
+    ssize_t n = read(fd.get(), buf, sizeof(buf) - 1);
+    if (n <= 0) continue;
+    buf[n] = '\0';
+    const char* close_paren = std::strrchr(buf, ')');
+    if (!close_paren) continue;
+    ProcInfo info;
+    long ppid = 0;
+    if (std::sscanf(close_paren + 1, " %c %ld", &info.state, &ppid) != 2) continue;
+    info.ppid = static_cast<pid_t>(ppid);
+    table[static_cast<pid_t>(pid)] = info;
+  }
+  closedir(dir);
+  return table;
+}
+
+}  // namespace
+
+std::vector<pid_t> Descendants(pid_t root) {
+  auto table = ReadProcTable();
+  std::vector<pid_t> out;
+  for (const auto& [pid, info] : table) {
+    if (pid == root || info.state == 'Z' || info.state == 'X') continue;
+    pid_t p = info.ppid;
+    for (int depth = 0; depth < 4096 && p > 1; ++depth) {
+      if (p == root) {
+        out.push_back(pid);
+        break;
+      }
+      auto it = table.find(p);
+      if (it == table.end()) break;
+      p = it->second.ppid;
+    }
+  }
+  return out;
+}
+
+size_t KillDescendants(pid_t root) {
+  const bool ours = root == getpid();
+  std::vector<pid_t> left;
+  for (int round = 0; round < 50; ++round) {
+    left = Descendants(root);
+    if (left.empty()) break;
+    for (pid_t pid : left) kill(pid, SIGKILL);
+    if (ours) {
+      while (waitpid(-1, nullptr, WNOHANG) > 0) {
+      }
+    }
+    struct timespec pause = {0, 1000000};  // 1 ms: let the kills land
+    nanosleep(&pause, nullptr);
+  }
+  if (ours) {
+    while (waitpid(-1, nullptr, WNOHANG) > 0) {
+    }
+  }
+  return left.size();
+}
+
+}  // namespace agentbox::linux

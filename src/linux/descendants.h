@@ -1,0 +1,25 @@
+// The processes below a given one, from /proc: for the landlock-only
+// backend, which has no pid namespace whose end would take them along.
+//
+// Complete for a root that is a child subreaper (PR_SET_CHILD_SUBREAPER):
+// orphans then re-parent to it, so every process it started, however often
+// it forked or double-forked, stays in its tree. A process started on the
+// command's behalf by a host service (over a unix socket) is not in it.
+#pragma once
+
+#include <sys/types.h>
+
+#include <vector>
+
+namespace agentbox::linux {
+
+// Live (non-zombie) processes whose parent chain leads to `root`, root excluded.
+std::vector<pid_t> Descendants(pid_t root);
+
+// SIGKILLs the descendants of `root` until none is left, reaping them when
+// `root` is the caller. Returns how many were left after the last round (0:
+// all gone); a tree that keeps forking faster than it dies is given a few
+// dozen rounds.
+size_t KillDescendants(pid_t root);
+
+}  // namespace agentbox::linux
