@@ -79,6 +79,8 @@ struct ResourcesSpec {
   std::optional<std::uint64_t> memory_limit_bytes;
   std::optional<std::uint64_t> disk_bytes;
   std::optional<std::uint64_t> wall_clock_ms;
+  // After SIGTERM at the deadline, how long before everything is killed.
+  std::optional<std::uint64_t> kill_grace_ms;
   std::optional<std::uint64_t> max_processes;
 };
 
@@ -128,6 +130,7 @@ struct PolicyOverrides {
   std::optional<Requirement> require;
   std::vector<std::string> allow_domains;
   std::optional<std::uint64_t> timeout_ms;
+  std::optional<std::uint64_t> kill_grace_ms;
   std::optional<std::uint64_t> memory_bytes;
   std::optional<std::uint64_t> max_processes;
   std::optional<double> cpus;

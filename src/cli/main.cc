@@ -40,6 +40,7 @@ struct PolicyFlags {
   std::string workspace;
   std::vector<std::string> allow_domains;
   std::string timeout;
+  std::string kill_grace;
   std::string memory;
   std::optional<std::uint64_t> max_processes;
   std::optional<double> cpus;
@@ -55,6 +56,7 @@ struct PolicyFlags {
     app->add_option("--require", require, "full | partial (default: the policy's, else full)");
     app->add_option("--allow-domain", allow_domains, "allow egress to PATTERN (repeatable)");
     app->add_option("--timeout", timeout, "wall clock limit, e.g. 30s, 5m");
+    app->add_option("--kill-grace", kill_grace, "after SIGTERM at the deadline, wait this long before killing (default 2s)");
     app->add_option("--memory", memory, "memory ceiling, e.g. 512Mi, 2Gi");
     app->add_option("--max-processes", max_processes, "process limit");
     app->add_option("--cpus", cpus, "CPU ceiling in cores");
@@ -128,6 +130,11 @@ Result<Policy> BuildPolicy(const PolicyFlags& f) {
     if (!ms.ok()) return Status::Error("policy", "--timeout: " + ms.status().message());
     o.timeout_ms = *ms;
   }
+  if (!f.kill_grace.empty()) {
+    auto ms = ParseDurationMs(f.kill_grace);
+    if (!ms.ok()) return Status::Error("policy", "--kill-grace: " + ms.status().message());
+    o.kill_grace_ms = *ms;
+  }
   if (!f.memory.empty()) {
     auto bytes = ParseSize(f.memory);
     if (!bytes.ok()) return Status::Error("policy", "--memory: " + bytes.status().message());
@@ -140,7 +147,7 @@ Result<Policy> BuildPolicy(const PolicyFlags& f) {
   const bool from_file = !f.policy_file.empty();
   Result<Policy> base = from_file ? LoadPolicyFile(f.policy_file) : PresetFor(Mode::kWorkspaceWrite);
   if (!base.ok()) return base;
-  const bool overridden = o.mode || o.require || !o.allow_domains.empty() || o.timeout_ms ||
+  const bool overridden = o.mode || o.require || !o.allow_domains.empty() || o.timeout_ms || o.kill_grace_ms ||
                           o.memory_bytes || o.max_processes || o.cpus || !o.env.empty();
   auto p = ApplyOverrides(std::move(*base), o, from_file);
   if (!p.ok()) return p;

@@ -530,6 +530,7 @@ Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Poli
   plan.nonce = inv.nonce;
   plan.policy_sha256 = policy.sha256;
   plan.timeout_ms = policy.resources.wall_clock_ms;
+  if (policy.resources.kill_grace_ms) plan.kill_grace_ms = *policy.resources.kill_grace_ms;
   if (Confines(policy)) {
     // Only what this host enforces goes into the plan (the rest is reported
     // missing above): the launcher then never meets a limit it cannot set.

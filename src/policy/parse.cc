@@ -465,7 +465,7 @@ Status Parser::ParseResources(const Field& f, ResourcesSpec& out) const {
   };
 
   return ForEachKey(
-      f, {"cpu", "memory_gib", "disk_gib", "wall_clock_min", "max_processes"},
+      f, {"cpu", "memory_gib", "disk_gib", "wall_clock_min", "kill_grace", "max_processes"},
       [&](const std::string& key, const Field& v) -> Status {
         if (key == "cpu") {
           std::optional<Field> guaranteed, limit;
@@ -507,6 +507,15 @@ Status Parser::ParseResources(const Field& f, ResourcesSpec& out) const {
         } else if (key == "wall_clock_min") {
           s = ReadDuration(v, value);
           if (s.ok()) out.wall_clock_ms = value;
+        } else if (key == "kill_grace") {
+          // Seconds, not minutes, are its scale: the unit is required.
+          Result<std::uint64_t> ms = v.node.IsScalar() ? ParseDurationMs(v.node.Scalar())
+                                                       : Result<std::uint64_t>(Status::Error("policy", "expected a duration such as 5s"));
+          if (ms.ok()) {
+            out.kill_grace_ms = *ms;
+          } else {
+            s = Fail(v, ms.status().message());
+          }
         } else {
           s = ReadCount(v, value);
           if (s.ok()) out.max_processes = value;

@@ -123,6 +123,15 @@ TEST(ParsePolicyTest, ResourceUnits) {
   EXPECT_EQ(p.resources.disk_bytes, 1'500'000'000u);
   EXPECT_EQ(p.resources.wall_clock_ms, 90'000u);
   EXPECT_EQ(p.resources.max_processes, 64u);
+  EXPECT_FALSE(p.resources.kill_grace_ms.has_value());
+
+  Policy grace = MustParse("resources: {kill_grace: 5s}\n");
+  EXPECT_EQ(grace.resources.kill_grace_ms, 5'000u);
+  EXPECT_EQ(ToYaml(MustParse(ToYaml(grace))), ToYaml(grace));
+  Result<Policy> unitless = ParsePolicy("resources: {kill_grace: 5}\n", "policy.yaml");
+  ASSERT_FALSE(unitless.ok());
+  EXPECT_NE(unitless.status().message().find("policy.yaml:1:25: resources.kill_grace:"), std::string::npos)
+      << unitless.status().message();
 
   Policy minutes = MustParse("resources: {wall_clock_min: 0.5, memory_gib: {limit: \"2Gi\"}}\n");
   EXPECT_EQ(minutes.resources.wall_clock_ms, 30'000u);

@@ -173,6 +173,10 @@ Result<Policy> ApplyOverrides(Policy policy, const PolicyOverrides& o, bool from
     if (*o.timeout_ms == 0) return flag_error("--timeout", "must be > 0");
     r.wall_clock_ms = *o.timeout_ms;
   }
+  if (o.kill_grace_ms) {
+    if (*o.kill_grace_ms == 0) return flag_error("--kill-grace", "must be > 0");
+    r.kill_grace_ms = *o.kill_grace_ms;
+  }
   if (o.memory_bytes) {
     if (*o.memory_bytes == 0) return flag_error("--memory", "must be > 0");
     if (r.memory_guaranteed_bytes && *r.memory_guaranteed_bytes > *o.memory_bytes) {
@@ -283,7 +287,7 @@ std::string ToYaml(const Policy& p) {
   const ResourcesSpec& r = p.resources;
   out << YAML::Key << "resources" << YAML::Value;
   bool any_resource = r.cpu.requested() || r.memory_guaranteed_bytes || r.memory_limit_bytes ||
-                      r.disk_bytes || r.wall_clock_ms || r.max_processes;
+                      r.disk_bytes || r.wall_clock_ms || r.kill_grace_ms || r.max_processes;
   if (!any_resource) out << YAML::Flow;
   out << YAML::BeginMap;
   if (r.cpu.requested()) {
@@ -307,6 +311,9 @@ std::string ToYaml(const Policy& p) {
   if (r.disk_bytes) out << YAML::Key << "disk_gib" << YAML::Value << FormatSize(*r.disk_bytes);
   if (r.wall_clock_ms) {
     out << YAML::Key << "wall_clock_min" << YAML::Value << FormatDurationMs(*r.wall_clock_ms);
+  }
+  if (r.kill_grace_ms) {
+    out << YAML::Key << "kill_grace" << YAML::Value << FormatDurationMs(*r.kill_grace_ms);
   }
   if (r.max_processes) out << YAML::Key << "max_processes" << YAML::Value << *r.max_processes;
   out << YAML::EndMap;

@@ -333,5 +333,24 @@ TEST(Timeout, CommandIgnoringTermIsKilled) {
   EXPECT_LT(r.elapsed_ms, 8000) << r.Describe();
 }
 
+TEST(Timeout, GraceIsConfigurableAndTermIsSentFirst) {
+  Sandbox sb;
+  // The command gets SIGTERM at the deadline and may clean up within the grace.
+  RunResult polite = sb.Sh("trap 'echo got-term; sleep 0.3; echo cleaned; exit 3' TERM; sleep 100 & wait",
+                           {"--timeout", "300ms", "--kill-grace", "3s"});
+  EXPECT_EQ(polite.status, 124) << polite.Describe();
+  EXPECT_TRUE(Contains(polite.out, "got-term")) << polite.Describe();
+  EXPECT_TRUE(Contains(polite.out, "cleaned")) << polite.Describe();
+  // A command that ignores SIGTERM dies when the (short) grace ends.
+  RunResult stubborn = sb.Sh("trap '' TERM; while :; do sleep 0.05; done", {"--timeout", "300ms", "--kill-grace", "200ms"});
+  EXPECT_EQ(stubborn.status, 124) << stubborn.Describe();
+  EXPECT_LT(stubborn.elapsed_ms, 1500) << stubborn.Describe();
+  // The policy key says the same.
+  WriteFile(sb.scratch() + "/p.yaml", "version: 1\nresources: { wall_clock_min: 300ms, kill_grace: 200ms }\n");
+  RunResult keyed = sb.Sh("trap '' TERM; while :; do sleep 0.05; done", {"--policy", sb.scratch() + "/p.yaml"});
+  EXPECT_EQ(keyed.status, 124) << keyed.Describe();
+  EXPECT_LT(keyed.elapsed_ms, 1500) << keyed.Describe();
+}
+
 }  // namespace
 }  // namespace agentbox::e2e
