@@ -143,6 +143,8 @@ struct SeccompPlan {
   // architecture) fail with EPERM: a filter written for one syscall table
   // says nothing about another.
   bool refuse_foreign_arches = true;
+  // Host dir where the compiled program is memoised ("" = compile every run).
+  std::string cache_dir;
 };
 
 // "read_file, read_dir, execute", for explain and errors.

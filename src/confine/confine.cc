@@ -488,6 +488,13 @@ std::vector<MissingFacet> LandlockOnlyGaps(const Policy& policy, const Invocatio
   return gaps;
 }
 
+// A cache directory for `what`, unless the sandbox could write there: what
+// is cached decides what is masked or filtered.
+std::string CacheDirFor(const Invocation& inv, const char* what) {
+  if (inv.cache_dir.empty() || inv.cache_dir[0] != '/' || paths::IsWithin(inv.cache_dir, inv.workspace)) return "";
+  return paths::Join(inv.cache_dir, what);
+}
+
 }  // namespace
 
 Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Policy& policy,
@@ -573,6 +580,7 @@ Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Poli
     // Landlock is the only filesystem fence here: a kernel without it refuses.
     plan.landlock = PlanLandlockOnly(read_only, inv.workspace, writable, host.landlock_abi, true);
     plan.seccomp = PlanSeccomp(host.seccomp_filter);
+    plan.seccomp.cache_dir = CacheDirFor(inv, "seccomp");
     plan.cwd = paths::IsWithin(inv.cwd, inv.workspace) ? inv.cwd : inv.workspace;
     plan.private_dir_parent = inv.runtime_dir.empty() ? "/tmp" : inv.runtime_dir;
     plan.env.pass = policy.env.pass;
@@ -705,10 +713,7 @@ Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Poli
     }
     plan.deny_globs = std::move(merged);
     // The scan cache decides what gets masked: never where the sandbox can write.
-    if (!plan.deny_globs.empty() && !inv.cache_dir.empty() && inv.cache_dir[0] == '/' &&
-        !paths::IsWithin(inv.cache_dir, inv.workspace)) {
-      plan.scan_cache_dir = paths::Join(inv.cache_dir, "deny-scan");
-    }
+    if (!plan.deny_globs.empty()) plan.scan_cache_dir = CacheDirFor(inv, "deny-scan");
 
     // protect: read-only inside the writable workspace; every ancestor between
     // the workspace root and it pinned, so that no rename can move it away.
@@ -749,6 +754,7 @@ Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Poli
     // The layers stacked on the mounts: Landlock mirrors the final mount list.
     plan.landlock = PlanLandlock(plan, host.landlock_abi, policy.sandbox.require == Requirement::kFull);
     plan.seccomp = PlanSeccomp(host.seccomp_filter);
+    plan.seccomp.cache_dir = CacheDirFor(inv, "seccomp");
 
     std::string cwd = paths::IsWithin(inv.cwd, inv.workspace)
                           ? paths::Rebase(inv.cwd, inv.workspace, plan.workspace_target)

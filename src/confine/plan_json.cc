@@ -73,13 +73,17 @@ json SeccompToJson(const SeccompPlan& sp) {
     }
     rules.push_back(o);
   }
-  return {{"enabled", sp.enabled}, {"refuse_foreign_arches", sp.refuse_foreign_arches}, {"rules", rules}};
+  return {{"enabled", sp.enabled},
+          {"refuse_foreign_arches", sp.refuse_foreign_arches},
+          {"cache_dir", sp.cache_dir},
+          {"rules", rules}};
 }
 
 Result<SeccompPlan> SeccompFromJson(const json& j) {
   SeccompPlan sp;
   sp.enabled = j.at("enabled").get<bool>();
   sp.refuse_foreign_arches = j.value("refuse_foreign_arches", true);
+  sp.cache_dir = j.value("cache_dir", "");
   for (const auto& o : j.at("rules")) {
     SeccompRule r;
     r.syscall = o.at("syscall").get<std::string>();

@@ -113,7 +113,7 @@ Result<Launched> Launch(const Plan& plan, const std::vector<std::string>& argv, 
     // On failure nothing is sent: the runner then refuses with stage seccomp,
     // and the reason is kept for the report.
     filter_recv.reset();
-    auto program = CompileSeccomp(plan.seccomp);
+    auto program = CompileSeccompCached(plan.seccomp);
     if (!program.ok()) {
       out.filter_error = program.status();
     } else if (Status s = SendProgram(filter_send.get(), *program); !s.ok()) {

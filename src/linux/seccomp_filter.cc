@@ -1,10 +1,12 @@
 #include "linux/seccomp_filter.h"
 
+#include <fcntl.h>
 #include <linux/seccomp.h>
 #include <seccomp.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -12,6 +14,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
+
+#include "agentbox/outcome.h"
+#include "confine/paths.h"
+#include "policy/sha256.h"
 
 namespace agentbox::linux {
 namespace {
@@ -113,6 +120,60 @@ Result<BpfProgram> CompileSeccomp(const SeccompPlan& plan) {
   if (pread(mem.get(), program.data(), static_cast<std::size_t>(size), 0) != size) {
     return Status::Errno("seccomp", "pread", "memfd");
   }
+  return program;
+}
+
+namespace {
+
+std::string CacheKey(const SeccompPlan& plan) {
+  const struct scmp_version* v = seccomp_version();
+  std::string key = std::string("agentbox ") + Version() + "\n";
+  if (v) {
+    key += "libseccomp " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
+           std::to_string(v->micro) + "\n";
+  }
+  key += "arch " + std::to_string(seccomp_arch_native()) + "\n";
+  key += plan.refuse_foreign_arches ? "foreign: refused\n" : "foreign: allowed\n";
+  for (const auto& rule : plan.rules) {
+    key += std::to_string(static_cast<int>(rule.action)) + " " + Describe(rule) + "\n";
+  }
+  return Sha256Hex(key);
+}
+
+std::optional<BpfProgram> LoadCached(const std::string& path) {
+  UniqueFd fd(open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd.valid()) return std::nullopt;
+  struct stat st {};
+  if (fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022) != 0 ||
+      st.st_size <= 0 || st.st_size % static_cast<off_t>(sizeof(struct sock_filter)) != 0 ||
+      static_cast<std::size_t>(st.st_size) / sizeof(struct sock_filter) > kMaxInsns) {
+    return std::nullopt;
+  }
+  BpfProgram program(static_cast<std::size_t>(st.st_size) / sizeof(struct sock_filter));
+  if (pread(fd.get(), program.data(), static_cast<std::size_t>(st.st_size), 0) != st.st_size) return std::nullopt;
+  return program;
+}
+
+void StoreCached(const std::string& dir, const std::string& path, const BpfProgram& program) {
+  // Best effort, like every cache: failing only costs the next run a compile.
+  for (const std::string& d : {paths::Parent(dir), dir}) mkdir(d.c_str(), 0700);
+  std::string tmp = path + ".tmp." + std::to_string(getpid());
+  UniqueFd fd(open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!fd.valid()) return;
+  const std::size_t bytes = program.size() * sizeof(struct sock_filter);
+  bool ok = write(fd.get(), program.data(), bytes) == static_cast<ssize_t>(bytes);
+  fd.reset();
+  if (!ok || rename(tmp.c_str(), path.c_str()) != 0) unlink(tmp.c_str());
+}
+
+}  // namespace
+
+Result<BpfProgram> CompileSeccompCached(const SeccompPlan& plan) {
+  if (plan.cache_dir.empty()) return CompileSeccomp(plan);
+  const std::string path = paths::Join(plan.cache_dir, CacheKey(plan).substr(0, 32) + ".bpf");
+  if (auto cached = LoadCached(path)) return std::move(*cached);
+  auto program = CompileSeccomp(plan);
+  if (program.ok()) StoreCached(plan.cache_dir, path, *program);
   return program;
 }
 

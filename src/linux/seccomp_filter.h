@@ -24,6 +24,13 @@ using BpfProgram = std::vector<struct sock_filter>;
 // Compiles the rules; foreign architectures (x32, i386) get EPERM.
 [[nodiscard]] Result<BpfProgram> CompileSeccomp(const SeccompPlan& plan);
 
+// CompileSeccomp, memoised in plan.cache_dir (when set) under a key made of
+// every rule, the architecture and the libseccomp and agentbox versions:
+// libseccomp's compilation costs about half a millisecond per run. A cache
+// file that is not ours (owner, mode) or not a whole program is ignored and
+// replaced. The cache directory is never one the sandbox can write.
+[[nodiscard]] Result<BpfProgram> CompileSeccompCached(const SeccompPlan& plan);
+
 // One program per message over a SOCK_SEQPACKET socket. An empty message
 // or EOF means the supervisor has none to give (the runner refuses to run).
 [[nodiscard]] Status SendProgram(int sock, const BpfProgram& program);
