@@ -47,7 +47,8 @@ Status DropAllCapabilities() {
   if (prctl(PR_SET_SECUREBITS, bits, 0, 0, 0) != 0) {
     return Status::Errno("capabilities", "prctl(PR_SET_SECUREBITS)");
   }
-  for (int cap = 0; cap <= LastCap(); ++cap) {
+  const int last = LastCap();
+  for (int cap = 0; cap <= last; ++cap) {
     if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL) {  // EINVAL: no such cap
       return Status::Errno("capabilities", "prctl(PR_CAPBSET_DROP)", std::to_string(cap));
     }

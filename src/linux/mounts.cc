@@ -22,23 +22,23 @@ constexpr const char* kMaskFile = "/.agentbox-mask/file";
 std::string Host(const std::string& path) { return std::string(kOldRoot) + (path == "/" ? "" : path); }
 
 // Creates `target` (and missing parents) in the new root for a mount point.
+// Tries the target first: its parent usually exists, so this costs one call.
 Status EnsureTarget(const std::string& target, bool is_dir) {
-  std::string cur;
-  size_t pos = 1;
-  while (pos <= target.size()) {
-    size_t slash = target.find('/', pos);
-    if (slash == std::string::npos) slash = target.size();
-    cur = target.substr(0, slash);
-    bool last = slash == target.size();
-    if (last && !is_dir) {
-      int fd = open(cur.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
-      if (fd < 0 && errno != EEXIST && errno != EISDIR) return Status::Errno("mount", "open(O_CREAT)", cur);
-      if (fd >= 0) close(fd);
-    } else if (mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) {
-      return Status::Errno("mount", "mkdir", cur);
+  auto create = [&]() -> int {
+    if (is_dir) return mkdir(target.c_str(), 0755) == 0 || errno == EEXIST ? 0 : -1;
+    int fd = open(target.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      close(fd);
+      return 0;
     }
-    pos = slash + 1;
+    return errno == EEXIST || errno == EISDIR ? 0 : -1;
+  };
+  if (create() == 0) return {};
+  if (errno != ENOENT || target == "/") {
+    return Status::Errno("mount", is_dir ? "mkdir" : "open(O_CREAT)", target);
   }
+  if (Status s = EnsureTarget(paths::Parent(target), /*is_dir=*/true); !s.ok()) return s;
+  if (create() != 0) return Status::Errno("mount", is_dir ? "mkdir" : "open(O_CREAT)", target);
   return {};
 }
 
