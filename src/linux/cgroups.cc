@@ -131,6 +131,12 @@ Result<UniqueFd> CgroupFs::OpenDir(const std::string& path) const {
   return fd;
 }
 
+Result<UniqueFd> CgroupFs::OpenForWrite(const std::string& path) const {
+  UniqueFd fd(open(Real(path).c_str(), O_WRONLY | O_CLOEXEC));
+  if (!fd.valid()) return Status::Errno("cgroup", "open", path);
+  return fd;
+}
+
 std::vector<std::string> CgroupFs::List(const std::string& dir) const {
   std::vector<std::string> out;
   DIR* d = opendir(Real(dir).c_str());
@@ -369,11 +375,14 @@ std::vector<std::string> SandboxCgroup::AllDirs() const {
   return dirs;
 }
 
-Status SandboxCgroup::Attach(pid_t pid) const {
+Result<std::vector<UniqueFd>> SandboxCgroup::OpenTaskFiles() const {
+  std::vector<UniqueFd> fds;
   for (const auto& [c, dir] : v1_dirs_) {
-    if (Status s = fs_.Write(dir + "/cgroup.procs", std::to_string(pid)); !s.ok()) return s;
+    auto fd = fs_.OpenForWrite(dir + "/tasks");
+    if (!fd.ok()) return fd.status();
+    fds.push_back(std::move(*fd));
   }
-  return {};
+  return fds;
 }
 
 std::vector<pid_t> SandboxCgroup::Pids() const {

@@ -37,6 +37,7 @@ class CgroupFs {
   Status Write(const std::string& path, const std::string& value) const;  // one write(2)
   Result<std::string> Read(const std::string& path) const;
   Result<UniqueFd> OpenDir(const std::string& path) const;  // O_PATH|O_DIRECTORY, for clone3
+  Result<UniqueFd> OpenForWrite(const std::string& path) const;
   std::vector<std::string> List(const std::string& dir) const;  // subdirectory names
 
   const std::string& root() const { return root_; }
@@ -106,7 +107,11 @@ class SandboxCgroup {
   int v2_fd() const { return v2_fd_.get(); }
   // v1 cgroups need the runner's pid written into them after the clone.
   bool NeedsAttach() const { return !v1_dirs_.empty(); }
-  Status Attach(pid_t pid) const;
+  // v1 placement from inside: the `tasks` file of each v1 cgroup, opened
+  // here (the kernel checks the opener's credentials); the runner writes "0"
+  // to each as its first step, which moves just itself without taking the
+  // cgroup threadgroup lock for writing (an RCU grace period per run).
+  [[nodiscard]] Result<std::vector<UniqueFd>> OpenTaskFiles() const;
   // Sends `sig` to every process in the cgroup (but `except`).
   void SignalAll(int sig, pid_t except = -1) const;
   // Kills everything in it: cgroup.kill where the kernel has it, else SIGKILL

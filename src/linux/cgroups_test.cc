@@ -228,9 +228,17 @@ TEST_F(Hybrid, V1ControllersV2ForPlacement) {
     EXPECT_TRUE(root_.Has("/sys/fs/cgroup/cpuacct/" + name));
     EXPECT_TRUE(root_.Has("/sys/fs/cgroup/unified/" + name));
 
-    ASSERT_TRUE((*cg)->Attach(4242).ok());
-    EXPECT_EQ(root_.Get(mem + "/cgroup.procs"), "4242");
-    EXPECT_EQ(root_.Get("/sys/fs/cgroup/pids/" + name + "/cgroup.procs"), "4242");
+    // The runner moves itself: one `tasks` file per v1 cgroup, opened here.
+    root_.Put(mem + "/tasks", "");
+    root_.Put("/sys/fs/cgroup/pids/" + name + "/tasks", "");
+    root_.Put("/sys/fs/cgroup/cpu/" + name + "/tasks", "");
+    root_.Put("/sys/fs/cgroup/cpuacct/" + name + "/tasks", "");
+    auto files = (*cg)->OpenTaskFiles();
+    ASSERT_TRUE(files.ok()) << files.status().ToString();
+    EXPECT_EQ(files->size(), 4u);
+    for (const auto& fd : *files) ASSERT_EQ(write(fd.get(), "0", 1), 1);
+    EXPECT_EQ(root_.Get(mem + "/tasks"), "0");
+    EXPECT_EQ(root_.Get("/sys/fs/cgroup/pids/" + name + "/tasks"), "0");
 
     root_.Put(mem + "/memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n");
     root_.Put(mem + "/memory.failcnt", "120\n");

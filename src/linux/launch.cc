@@ -38,14 +38,13 @@ Result<Launched> Launch(const Plan& plan, const std::vector<std::string>& argv, 
     stderr_w.reset(stderr_pipe[1]);
   }
 
-  // v1 placement: the runner waits for one byte before doing anything, so
-  // that all it does (and all it starts) is charged to the sandbox's cgroups.
-  UniqueFd go_r, go_w;
+  // v1 placement: the runner moves itself into each v1 cgroup before doing
+  // anything, so that all it does (and all it starts) is charged there.
+  std::vector<UniqueFd> task_files;
   if (cgroup && cgroup->NeedsAttach()) {
-    int go_pipe[2];
-    if (pipe2(go_pipe, O_CLOEXEC) != 0) return Status::Errno("launch", "pipe2");
-    go_r.reset(go_pipe[0]);
-    go_w.reset(go_pipe[1]);
+    auto files = cgroup->OpenTaskFiles();
+    if (!files.ok()) return files.status();
+    task_files = std::move(*files);
   }
 
   // The seccomp program travels over a socketpair: compiled here while the
@@ -77,15 +76,11 @@ Result<Launched> Launch(const Plan& plan, const std::vector<std::string>& argv, 
   }
   if (pid == 0) {
     // Child: from here on only the runner's code runs; it never returns.
-    if (go_r.valid()) {
-      // EOF instead of the byte: the supervisor failed to attach us, or died.
-      close(go_w.get());
-      char go = 0;
-      ssize_t n;
-      while ((n = read(go_r.get(), &go, 1)) < 0 && errno == EINTR) {
+    for (const auto& fd : task_files) {
+      if (write(fd.get(), "0", 1) != 1) {
+        WriteMessage(status_w.get(), {RunnerMessage::Type::kSetupError, Status::Errno("cgroup", "write", "tasks")});
+        _exit(125);
       }
-      if (n != 1) _exit(125);
-      close(go_r.get());
     }
     if (stderr_w.valid() && dup2(stderr_w.get(), STDERR_FILENO) < 0) _exit(125);
     if (plan.confined) {
@@ -98,17 +93,6 @@ Result<Launched> Launch(const Plan& plan, const std::vector<std::string>& argv, 
   }
   out.pid = static_cast<pid_t>(pid);
   out.pidfd.reset(pidfd);
-  if (go_w.valid()) {
-    go_r.reset();
-    Status attached = cgroup->Attach(out.pid);
-    if (attached.ok() && write(go_w.get(), "g", 1) != 1) attached = Status::Errno("launch", "write(go pipe)");
-    if (!attached.ok()) {
-      PidfdSendSignal(out.pidfd.get(), SIGKILL);
-      int st = 0;
-      waitpid(out.pid, &st, 0);
-      return attached;
-    }
-  }
   if (filtered) {
     // On failure nothing is sent: the runner then refuses with stage seccomp,
     // and the reason is kept for the report.
