@@ -7,6 +7,7 @@
 #include "agentbox/confine.h"
 #include "agentbox/plan.h"
 #include "agentbox/policy.h"
+#include "confine/fake_host.h"
 #include "confine/layers.h"
 #include "linux/compat.h"
 
@@ -14,25 +15,13 @@ namespace agentbox {
 namespace {
 
 HostCaps Host(bool userns, int landlock_abi = 7, bool seccomp = true) {
-  HostCaps h;
-  h.uid = 1000;
-  h.gid = 1000;
-  h.user_namespaces = userns;
-  h.userns_reason = userns ? "" : "kernel.apparmor_restrict_unprivileged_userns is 1";
-  h.mount_ns = h.pid_ns = h.net_ns = h.ipc_ns = h.uts_ns = h.cgroup_ns = userns;
-  h.new_mount_api = true;
-  h.landlock_abi = landlock_abi;
-  h.seccomp_filter = seccomp;
+  HostCaps h = testing::FakeHost(userns, landlock_abi, seccomp);
+  if (!userns) h.userns_reason = "kernel.apparmor_restrict_unprivileged_userns is 1";
   return h;
 }
 
 Invocation Inv(BackendChoice backend = BackendChoice::kAuto) {
-  Invocation inv;
-  inv.workspace = "/home/u/proj";
-  inv.cwd = "/home/u/proj/src";
-  inv.home = "/home/u";
-  inv.self_exe = "/usr/bin/agentbox";
-  inv.nonce = "0123456789abcdef";
+  Invocation inv = testing::FakeInvocation();
   inv.runtime_dir = "/run/user/1000";
   inv.backend = backend;
   return inv;

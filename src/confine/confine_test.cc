@@ -7,39 +7,16 @@
 #include <regex>
 
 #include "agentbox/plan.h"
+#include "confine/fake_host.h"
 
 namespace agentbox {
 namespace {
 
-HostCaps FullHost() {
-  HostCaps h;
-  h.uid = 1000;
-  h.gid = 1000;
-  h.user_namespaces = true;
-  h.mount_ns = h.pid_ns = h.net_ns = h.ipc_ns = h.uts_ns = h.cgroup_ns = true;
-  h.new_mount_api = true;
-  h.landlock_abi = 7;
-  h.seccomp_filter = true;
-  h.pidfd = true;
-  return h;
-}
+HostCaps FullHost() { return testing::FakeHost(); }
 
-HostCaps NoUserns() {
-  HostCaps h = FullHost();
-  h.user_namespaces = false;
-  h.userns_reason = "kernel.unprivileged_userns_clone is 0";
-  return h;
-}
+HostCaps NoUserns() { return testing::FakeHost(/*userns=*/false); }
 
-Invocation Inv() {
-  Invocation inv;
-  inv.workspace = "/home/u/proj";
-  inv.cwd = "/home/u/proj/src";
-  inv.home = "/home/u";
-  inv.self_exe = "/usr/bin/agentbox";
-  inv.nonce = "0123456789abcdef";
-  return inv;
-}
+Invocation Inv() { return testing::FakeInvocation(); }
 
 const MountOp* Find(const Plan& p, MountKind kind, const std::string& target) {
   for (const auto& m : p.mounts) {

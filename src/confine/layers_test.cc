@@ -6,33 +6,15 @@
 #include <algorithm>
 
 #include "agentbox/confine.h"
+#include "confine/fake_host.h"
 #include "linux/compat.h"
 
 namespace agentbox {
 namespace {
 
-HostCaps Host(int landlock_abi, bool seccomp = true) {
-  HostCaps h;
-  h.uid = 1000;
-  h.gid = 1000;
-  h.user_namespaces = true;
-  h.mount_ns = h.pid_ns = h.net_ns = h.ipc_ns = h.uts_ns = h.cgroup_ns = true;
-  h.new_mount_api = true;
-  h.landlock_abi = landlock_abi;
-  h.seccomp_filter = seccomp;
-  h.pidfd = true;
-  return h;
-}
+HostCaps Host(int landlock_abi, bool seccomp = true) { return testing::FakeHost(true, landlock_abi, seccomp); }
 
-Invocation Inv() {
-  Invocation inv;
-  inv.workspace = "/home/u/proj";
-  inv.cwd = "/home/u/proj";
-  inv.home = "/home/u";
-  inv.self_exe = "/usr/bin/agentbox";
-  inv.nonce = "0123456789abcdef";
-  return inv;
-}
+Invocation Inv() { return testing::FakeInvocation("/home/u/proj"); }
 
 Plan PlanFor(Mode mode, int abi) {
   auto c = Confine({"true"}, PresetFor(mode), Host(abi), Inv());

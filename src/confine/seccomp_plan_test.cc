@@ -30,19 +30,7 @@ const std::vector<std::string> kAlwaysDenied = {
 constexpr std::uint64_t kCloneNamespaceFlags =
     0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000;
 
-HostCaps Host(bool userns) {
-  HostCaps h;
-  h.uid = 1000;
-  h.gid = 1000;
-  h.user_namespaces = userns;
-  h.userns_reason = userns ? "" : "kernel.unprivileged_userns_clone is 0";
-  h.mount_ns = h.pid_ns = h.net_ns = h.ipc_ns = h.uts_ns = h.cgroup_ns = userns;
-  h.new_mount_api = true;
-  h.landlock_abi = 7;
-  h.seccomp_filter = true;
-  h.pidfd = true;
-  return h;
-}
+HostCaps Host(bool userns) { return testing::FakeHost(userns); }
 
 class RandomPolicies {
  public:
@@ -116,12 +104,7 @@ void ExpectDenies(const Plan& plan, const std::string& context) {
 
 TEST(SeccompPlanProperty, RandomPoliciesAlwaysDenyTheListOnBothBackends) {
   RandomPolicies gen(20240611);
-  Invocation inv;
-  inv.workspace = "/home/u/proj";
-  inv.cwd = "/home/u/proj";
-  inv.home = "/home/u";
-  inv.self_exe = "/usr/bin/agentbox";
-  inv.nonce = "0123456789abcdef";
+  Invocation inv = testing::FakeInvocation("/home/u/proj");
   int planned[2] = {0, 0};
   for (int i = 0; i < 3000; ++i) {
     Policy policy = gen.Next();

@@ -1,0 +1,38 @@
+// Fake hosts and invocations for planning tests: no kernel involved.
+#pragma once
+
+#include <string>
+
+#include "agentbox/confine.h"
+#include "agentbox/host_caps.h"
+
+namespace agentbox::testing {
+
+// An unprivileged user (uid 1000) on a host with every facility, or with
+// user namespaces refused by a sysctl.
+inline HostCaps FakeHost(bool userns = true, int landlock_abi = 7, bool seccomp = true) {
+  HostCaps h;
+  h.uid = 1000;
+  h.gid = 1000;
+  h.user_namespaces = userns;
+  h.userns_reason = userns ? "" : "kernel.unprivileged_userns_clone is 0";
+  h.mount_ns = h.pid_ns = h.net_ns = h.ipc_ns = h.uts_ns = h.cgroup_ns = userns;
+  h.new_mount_api = true;
+  h.landlock_abi = landlock_abi;
+  h.seccomp_filter = seccomp;
+  h.pidfd = true;
+  return h;
+}
+
+// Workspace /home/u/proj, HOME /home/u, called from `cwd`.
+inline Invocation FakeInvocation(const std::string& cwd = "/home/u/proj/src") {
+  Invocation inv;
+  inv.workspace = "/home/u/proj";
+  inv.cwd = cwd;
+  inv.home = "/home/u";
+  inv.self_exe = "/usr/bin/agentbox";
+  inv.nonce = "0123456789abcdef";
+  return inv;
+}
+
+}  // namespace agentbox::testing
