@@ -11,6 +11,7 @@
 #include "agentbox/confine.h"
 #include "agentbox/plan.h"
 #include "agentbox/policy.h"
+#include "confine/fake_host.h"
 
 namespace agentbox {
 namespace {
