@@ -152,6 +152,21 @@ std::string LandlockAccessNames(std::uint64_t access);
 // "socket: domain not in {1, 2, 10} → EPERM (reported)", for explain.
 std::string Describe(const SeccompRule& rule);
 
+// The egress proxy's listeners inside the network namespace, and the rules
+// the supervisor's proxy decides with (a copy of the policy's network section).
+struct ProxyPorts {
+  std::uint16_t http_port = 3128;
+  std::uint16_t socks_port = 1080;
+};
+
+struct NetworkPlan {
+  std::optional<ProxyPorts> proxy;  // set: the runner hands listeners to the supervisor's proxy
+  std::vector<std::string> allow;
+  std::vector<std::string> deny;
+  bool default_allow = false;
+  bool ask_unknown = false;
+};
+
 struct Plan {
   bool confined = true;      // false: danger-full-access, run as is
   Backend backend = Backend::kNamespaces;
@@ -172,6 +187,7 @@ struct Plan {
   bool workspace_writable = true;
   ResourceLimits limits;                // cgroup settings and rlimits
   LandlockPlan landlock;                // applied by the runner after the root is built
+  NetworkPlan network;                  // egress through the supervisor's proxy, when set
   SeccompPlan seccomp;                  // applied after Landlock (it may forbid Landlock's syscalls)
   std::optional<std::uint64_t> timeout_ms;
   bool denial_outcome = true;           // false: on_violation.report_as task_failure

@@ -180,5 +180,18 @@ TEST(LandlockOnly, NamespacesBackendUnchangedWhereUserNamespacesExist) {
   EXPECT_EQ(c->plan.landlock.handled_net, 0u);
 }
 
+TEST(LandlockOnly, ProxyNeedsTheNamespacesBackend) {
+  Policy p = PresetFor(Mode::kWorkspaceWrite);
+  p.network.allow = {"github.com"};
+  EnforcementReport r = AssessEnforcement(p, Host(false), BackendChoice::kAuto);
+  EXPECT_TRUE(Missing(r, "network", "only with the namespaces backend")) << ToJson(r);
+  EXPECT_FALSE(Confine({"true"}, p, Host(false), Inv()).ok());
+  Policy relaxed = Partial();
+  relaxed.network.allow = {"github.com"};
+  auto partial = Confine({"true"}, relaxed, Host(false), Inv());
+  ASSERT_TRUE(partial.ok());
+  EXPECT_FALSE(partial->plan.network.proxy.has_value());
+}
+
 }  // namespace
 }  // namespace agentbox

@@ -156,7 +156,7 @@ EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host, 
     if (ll_abi >= 4) {
       net.mechanisms = {"landlock-tcp-abi-" + std::to_string(ll_abi)};
       missing(net, why_no_ns + ": no network namespace: Landlock refuses every TCP connect and bind (no port "
-                               "is allowed: there is no egress proxy yet), but UDP, pathname unix sockets to "
+                               "is allowed: the egress proxy needs the namespaces backend), but UDP, pathname unix sockets to "
                                "host services" +
                                std::string(ll_abi >= 6 ? "" : " and abstract unix sockets") + " are not covered");
     } else {
@@ -165,17 +165,18 @@ EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host, 
     }
     if (NeedsProxy(policy)) {
       r.missing.push_back({"network", "network.allow / egress_proxy / default allow / on_unknown_domain ask "
-                                      "need the egress proxy, which this version does not provide"});
+                                      "need the egress proxy, which is offered only with the namespaces "
+                                      "backend (its listeners live in the sandbox's network namespace)"});
     }
   } else if (userns && host.net_ns) {
     net.mechanisms = {"network-namespace"};
     net.level = Level::kFull;
-    net.notes.push_back("loopback only; no route out");
     if (NeedsProxy(policy)) {
-      missing(net,
-              "network.allow / egress_proxy / default allow / on_unknown_domain ask need the egress "
-              "proxy, which this version does not provide (no network at all would be stricter "
-              "than asked, so it is not applied silently)");
+      net.mechanisms.push_back("egress-proxy");
+      net.notes.push_back("no route out; egress only through the supervisor's proxy at 127.0.0.1:3128 (HTTP) "
+                          "and 127.0.0.1:1080 (SOCKS5), deciding each connection by network.allow / deny");
+    } else {
+      net.notes.push_back("loopback only; no route out");
     }
   } else {
     missing(net, "network namespaces unavailable: " + host.userns_reason);
@@ -771,6 +772,23 @@ Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Poli
     if (!has("TMPDIR")) plan.env.set.emplace_back("TMPDIR", "/tmp");
     if (!has("PATH") && std::find(plan.env.pass.begin(), plan.env.pass.end(), "PATH") == plan.env.pass.end()) {
       plan.env.set.emplace_back("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin");
+    }
+    if (NeedsProxy(policy)) {
+      // Egress through the supervisor's proxy, whose listeners the runner
+      // creates inside the network namespace.
+      plan.network.proxy = ProxyPorts{};
+      plan.network.allow = policy.network.allow;
+      plan.network.deny = policy.network.deny;
+      plan.network.default_allow = policy.network.default_action == NetDefault::kAllow;
+      plan.network.ask_unknown = policy.network.on_unknown_domain == UnknownDomain::kAsk;
+      const std::string http = "http://127.0.0.1:" + std::to_string(plan.network.proxy->http_port);
+      const std::string socks = "socks5h://127.0.0.1:" + std::to_string(plan.network.proxy->socks_port);
+      const std::pair<const char*, std::string> vars[] = {
+          {"HTTP_PROXY", http},  {"HTTPS_PROXY", http},  {"ALL_PROXY", socks},  {"NO_PROXY", "localhost,127.0.0.1"},
+          {"http_proxy", http},  {"https_proxy", http},  {"all_proxy", socks},  {"no_proxy", "localhost,127.0.0.1"}};
+      for (const auto& [name, value] : vars) {
+        if (!has(name)) plan.env.set.emplace_back(name, value);
+      }
     }
     out.denial_signatures = DenialSignatures(plan, protect_rel);
   }

@@ -249,12 +249,57 @@ TEST(Confine, WallClockIsEnforcedBySupervisor) {
   EXPECT_EQ(res->level, Level::kFull);
 }
 
-TEST(Confine, NetworkAllowlistNeedsTheProxyAndFailsClosed) {
+TEST(Confine, NetworkAllowlistGoesThroughTheProxy) {
   Policy pol = PresetFor(Mode::kWorkspaceWrite);
   pol.network.allow = {"github.com"};
   auto c = Confine({"true"}, pol, FullHost(), Inv());
-  ASSERT_FALSE(c.ok());
-  EXPECT_NE(c.status().message().find("network"), std::string::npos);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  ASSERT_TRUE(c->plan.network.proxy.has_value());
+  EXPECT_EQ(c->plan.network.proxy->http_port, 3128);
+  EXPECT_EQ(c->plan.network.proxy->socks_port, 1080);
+  EXPECT_EQ(c->plan.network.allow, std::vector<std::string>{"github.com"});
+  auto env = [&](const std::string& name) {
+    for (const auto& [k, v] : c->plan.env.set) {
+      if (k == name) return v;
+    }
+    return std::string();
+  };
+  EXPECT_EQ(env("HTTP_PROXY"), "http://127.0.0.1:3128");
+  EXPECT_EQ(env("https_proxy"), "http://127.0.0.1:3128");
+  EXPECT_EQ(env("ALL_PROXY"), "socks5h://127.0.0.1:1080");
+  EXPECT_EQ(env("NO_PROXY"), "localhost,127.0.0.1");
+  const FacetReport* net = FacetNamed(c->enforcement, "network");
+  ASSERT_NE(net, nullptr);
+  EXPECT_EQ(net->level, Level::kFull);
+  EXPECT_EQ(net->mechanisms, (std::vector<std::string>{"network-namespace", "egress-proxy"}));
+  // The plan survives the trip through `wrap`.
+  auto back = PlanFromJson(PlanToJson(c->plan));
+  ASSERT_TRUE(back.ok());
+  ASSERT_TRUE(back->network.proxy.has_value());
+  EXPECT_EQ(back->network.allow, c->plan.network.allow);
+}
+
+TEST(Confine, PolicyProxyVariablesWin) {
+  Policy pol = PresetFor(Mode::kWorkspaceWrite);
+  pol.network.egress_proxy = true;
+  pol.env.set = {{"HTTP_PROXY", "http://elsewhere:8080"}};
+  auto c = Confine({"true"}, pol, FullHost(), Inv());
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  int n = 0;
+  for (const auto& [k, v] : c->plan.env.set) {
+    if (k == "HTTP_PROXY") {
+      ++n;
+      EXPECT_EQ(v, "http://elsewhere:8080");
+    }
+  }
+  EXPECT_EQ(n, 1);
+}
+
+TEST(Confine, NoProxyWithoutNetworkNeeds) {
+  auto c = Confine({"true"}, PresetFor(Mode::kWorkspaceWrite), FullHost(), Inv());
+  ASSERT_TRUE(c.ok());
+  EXPECT_FALSE(c->plan.network.proxy.has_value());
+  for (const auto& [k, v] : c->plan.env.set) EXPECT_NE(k, "HTTP_PROXY");
 }
 
 TEST(Confine, CredentialProxiesFailClosed) {

@@ -183,6 +183,16 @@ std::string PlanToJson(const Plan& plan, int indent) {
   }
   j["landlock"] = LandlockToJson(plan.landlock);
   j["seccomp"] = SeccompToJson(plan.seccomp);
+  {
+    const NetworkPlan& n = plan.network;
+    json net = {{"allow", n.allow},
+                {"deny", n.deny},
+                {"default", n.default_allow ? "allow" : "deny"},
+                {"on_unknown_domain", n.ask_unknown ? "ask" : "deny"}};
+    net["proxy"] = n.proxy ? json{{"http_port", n.proxy->http_port}, {"socks_port", n.proxy->socks_port}}
+                           : json(nullptr);
+    j["network"] = net;
+  }
   if (plan.timeout_ms) j["timeout_ms"] = *plan.timeout_ms;
   j["denial_outcome"] = plan.denial_outcome;
   j["kill_grace_ms"] = plan.kill_grace_ms;
@@ -265,6 +275,17 @@ Result<Plan> PlanFromJson(const std::string& text) {
       auto sp = SeccompFromJson(j.at("seccomp"));
       if (!sp.ok()) return sp.status();
       plan.seccomp = std::move(*sp);
+    }
+    if (j.contains("network")) {
+      const json& n = j.at("network");
+      plan.network.allow = n.value("allow", std::vector<std::string>{});
+      plan.network.deny = n.value("deny", std::vector<std::string>{});
+      plan.network.default_allow = n.value("default", std::string("deny")) == "allow";
+      plan.network.ask_unknown = n.value("on_unknown_domain", std::string("deny")) == "ask";
+      if (n.contains("proxy") && n.at("proxy").is_object()) {
+        plan.network.proxy = ProxyPorts{n.at("proxy").at("http_port").get<std::uint16_t>(),
+                                        n.at("proxy").at("socks_port").get<std::uint16_t>()};
+      }
     }
     if (j.contains("timeout_ms")) plan.timeout_ms = j.at("timeout_ms").get<std::uint64_t>();
     plan.kill_grace_ms = j.value("kill_grace_ms", plan.kill_grace_ms);
