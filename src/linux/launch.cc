@@ -60,6 +60,19 @@ Result<Launched> Launch(const Plan& plan, const std::vector<std::string>& argv, 
     filter_recv.reset(sv[1]);
   }
 
+  // The proxy's listeners come back over another: created by the runner
+  // inside the network namespace, served by the supervisor.
+  const bool proxied = plan.confined && plan.backend == Backend::kNamespaces && plan.network.proxy.has_value();
+  UniqueFd proxy_send;
+  if (proxied) {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
+      return Status::Errno("launch", "socketpair");
+    }
+    out.proxy_listeners.reset(sv[0]);
+    proxy_send.reset(sv[1]);
+  }
+
   CloneArgs args{};
   args.flags = CLONE_PIDFD | (plan.confined ? NamespaceFlags(plan.namespaces) : 0);
   if (cgroup && cgroup->v2_fd() >= 0) {
@@ -89,10 +102,11 @@ Result<Launched> Launch(const Plan& plan, const std::vector<std::string>& argv, 
         _exit(125);
       }
     }
-    RunnerMain(plan, out.resolved, argv, status_w.get(), lifeline_r.get(), filter_recv.get());
+    RunnerMain(plan, out.resolved, argv, status_w.get(), lifeline_r.get(), filter_recv.get(), proxy_send.get());
   }
   out.pid = static_cast<pid_t>(pid);
   out.pidfd.reset(pidfd);
+  proxy_send.reset();  // the runner's end: closed here, so that its exit reads as end of file
   if (filtered) {
     // On failure nothing is sent: the runner then refuses with stage seccomp,
     // and the reason is kept for the report.

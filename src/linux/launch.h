@@ -29,6 +29,7 @@ struct Launched {
   UniqueFd lifeline;    // write end: the runner dies when this closes
   ResolvedPlan resolved;
   Status filter_error;  // the seccomp program could not be compiled or sent
+  UniqueFd proxy_listeners;  // the runner sends the proxy's two listeners here (plans with a proxy)
 };
 
 // With a `cgroup`, the runner starts inside it before it runs any code of

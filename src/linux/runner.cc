@@ -31,6 +31,7 @@
 #include "linux/landlock_ruleset.h"
 #include "linux/mounts.h"
 #include "linux/namespaces.h"
+#include "linux/proxy_listeners.h"
 #include "linux/seccomp_filter.h"
 #include "linux/status_pipe.h"
 
@@ -61,18 +62,28 @@ Status TieToSupervisor(int lifeline_fd) {
 // Keeps stdio, the status pipe, the lifeline and the filter socket (when
 // there is one); closes every other inherited fd, among them the
 // supervisor's end of the filter socket, so that its EOF reaches us.
-Status CloseInheritedFds(int* status_fd, int* lifeline_fd, int* filter_fd) {
-  // Move them out of the way first: any may already sit at 3, 4 or 5.
+Status CloseInheritedFds(int* status_fd, int* lifeline_fd, int* filter_fd, int* proxy_fd) {
+  // Move them out of the way first: any may already sit at 3, 4, 5 or 6.
   int s = fcntl(*status_fd, F_DUPFD_CLOEXEC, 10);
   int l = fcntl(*lifeline_fd, F_DUPFD_CLOEXEC, 10);
   int f = *filter_fd >= 0 ? fcntl(*filter_fd, F_DUPFD_CLOEXEC, 10) : -1;
-  if (s < 0 || l < 0 || (*filter_fd >= 0 && f < 0)) return Status::Errno("fds", "fcntl(F_DUPFD_CLOEXEC)");
+  int x = *proxy_fd >= 0 ? fcntl(*proxy_fd, F_DUPFD_CLOEXEC, 10) : -1;
+  if (s < 0 || l < 0 || (*filter_fd >= 0 && f < 0) || (*proxy_fd >= 0 && x < 0)) {
+    return Status::Errno("fds", "fcntl(F_DUPFD_CLOEXEC)");
+  }
   if (dup3(s, 3, O_CLOEXEC) < 0 || dup3(l, 4, O_CLOEXEC) < 0) return Status::Errno("fds", "dup3");
-  if (f >= 0 && dup3(f, 5, O_CLOEXEC) < 0) return Status::Errno("fds", "dup3");
   *status_fd = 3;
   *lifeline_fd = 4;
-  const unsigned first = f >= 0 ? 6 : 5;
-  if (f >= 0) *filter_fd = 5;
+  int next = 5;
+  if (f >= 0) {
+    if (dup3(f, next, O_CLOEXEC) < 0) return Status::Errno("fds", "dup3");
+    *filter_fd = next++;
+  }
+  if (x >= 0) {
+    if (dup3(x, next, O_CLOEXEC) < 0) return Status::Errno("fds", "dup3");
+    *proxy_fd = next++;
+  }
+  const unsigned first = static_cast<unsigned>(next);
   if (CloseRange(first, ~0U, 0) != 0) {
     for (int fd = static_cast<int>(first); fd < 65536; ++fd) close(fd);  // kernels before 5.9
   }
@@ -263,7 +274,7 @@ __attribute__((noinline)) pid_t SpawnCommand(const ExecRequest& req, bool new_se
 }  // namespace
 
 void RunnerMain(const Plan& plan, const ResolvedPlan& resolved, const std::vector<std::string>& argv,
-                int status_fd, int lifeline_fd, int filter_fd) {
+                int status_fd, int lifeline_fd, int filter_fd, int proxy_fd) {
   // Step order matters: the id maps come first (nothing else is permitted
   // before them), procfs is mounted while the host root is still attached,
   // and the working directory is entered only once the final root exists.
@@ -275,7 +286,7 @@ void RunnerMain(const Plan& plan, const ResolvedPlan& resolved, const std::vecto
   // Out of the supervisor's process group: a terminal's ^C reaches the
   // supervisor alone, which forwards it once.
   setpgid(0, 0);
-  if (Status s = CloseInheritedFds(&status_fd, &lifeline_fd, &filter_fd); !s.ok()) Fail(status_fd, s);
+  if (Status s = CloseInheritedFds(&status_fd, &lifeline_fd, &filter_fd, &proxy_fd); !s.ok()) Fail(status_fd, s);
   // Landlock-only: no namespaces, so no id maps, root, loopback or hostname.
   const bool namespaced = plan.confined && plan.backend == Backend::kNamespaces;
   if (namespaced) {
@@ -296,6 +307,13 @@ void RunnerMain(const Plan& plan, const ResolvedPlan& resolved, const std::vecto
   if (namespaced) {
     if (Status s = BuildRoot(plan, resolved); !s.ok()) Fail(status_fd, s);
     if (Status s = BringUpLoopback(); !s.ok()) Fail(status_fd, s);
+    // The egress proxy's listeners, bound on this namespace's loopback and
+    // handed to the supervisor; none stays open in here.
+    if (proxy_fd >= 0 && plan.network.proxy) {
+      if (Status s = SendProxyListeners(proxy_fd, *plan.network.proxy); !s.ok()) Fail(status_fd, s);
+      close(proxy_fd);
+      proxy_fd = -1;
+    }
     if (Status s = SetHostname(plan.hostname); !s.ok()) Fail(status_fd, s);
     if (Status s = LeaveSessionKeyring(); !s.ok()) Fail(status_fd, s);
     prctl(PR_SET_NAME, "agentbox-init", 0, 0, 0);

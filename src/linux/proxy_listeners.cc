@@ -1,0 +1,96 @@
+#include "linux/proxy_listeners.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+namespace agentbox::linux {
+namespace {
+
+Result<UniqueFd> Listen(std::uint16_t port) {
+  const std::string where = "127.0.0.1:" + std::to_string(port);
+  UniqueFd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return Status::Errno("network", "socket", where);
+  int one = 1;
+  setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    return Status::Errno("network", "bind", where);
+  }
+  if (listen(fd.get(), 1024) != 0) return Status::Errno("network", "listen", where);
+  return fd;
+}
+
+}  // namespace
+
+Status SendProxyListeners(int sock, const ProxyPorts& ports) {
+  auto http = Listen(ports.http_port);
+  if (!http.ok()) return http.status();
+  auto socks = Listen(ports.socks_port);
+  if (!socks.ok()) return socks.status();
+  int fds[2] = {http->get(), socks->get()};
+  char tag = 'L';
+  iovec iov{&tag, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof fds)] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof fds);
+  std::memcpy(CMSG_DATA(c), fds, sizeof fds);
+  ssize_t n;
+  do {
+    n = sendmsg(sock, &msg, MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  if (n != 1) return Status::Errno("network", "sendmsg(SCM_RIGHTS)", "proxy listeners");
+  return {};  // ours close here; the supervisor's copies stay open
+}
+
+Result<std::pair<UniqueFd, UniqueFd>> ReceiveProxyListeners(int sock) {
+  char tag = 0;
+  iovec iov{&tag, 1};
+  int fds[2] = {-1, -1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof fds)] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  ssize_t n;
+  do {
+    n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) return Status::Errno("network", "recvmsg(SCM_RIGHTS)", "proxy listeners");
+  int got = 0;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      got = static_cast<int>((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+      std::memcpy(fds, CMSG_DATA(c), sizeof(int) * static_cast<size_t>(std::min(got, 2)));
+      for (int i = 2; i < got; ++i) {
+        int extra;
+        std::memcpy(&extra, CMSG_DATA(c) + sizeof(int) * static_cast<size_t>(i), sizeof extra);
+        close(extra);
+      }
+    }
+  }
+  UniqueFd http(fds[0]), socks(fds[1]);
+  if (n == 0 || got != 2 || (msg.msg_flags & MSG_CTRUNC)) {
+    return Status::Error("network", "the sandbox runner did not hand over the proxy listeners");
+  }
+  return std::make_pair(std::move(http), std::move(socks));
+}
+
+}  // namespace agentbox::linux
