@@ -77,6 +77,15 @@ struct Usage {
   LimitsInForce limits;
 };
 
+// What went through the egress proxy (runs with a proxy only).
+struct NetworkConnections {
+  std::uint64_t allowed = 0;
+  std::uint64_t denied = 0;
+  std::uint64_t errors = 0;
+  std::uint64_t bytes_up = 0;    // sandbox → upstream
+  std::uint64_t bytes_down = 0;  // upstream → sandbox
+};
+
 struct Outcome {
   OutcomeKind kind = OutcomeKind::kSandboxError;
   std::optional<int> exit_code;          // the command's own code, when it exited
@@ -85,6 +94,7 @@ struct Outcome {
   std::vector<Denial> denials;
   std::optional<ErrorInfo> error;
   Usage usage;
+  std::optional<NetworkConnections> network;  // set when the run had the egress proxy
   std::string policy_sha256;
 
   // The exit status of `agentbox run` (DESIGN §2): the command's code,

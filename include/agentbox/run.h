@@ -15,6 +15,8 @@ struct RunOptions {
   // signatures. Off for a terminal, so interactive programs keep their tty.
   bool scan_stderr = true;
   bool forward_signals = true;  // SIGINT/SIGTERM/SIGHUP/SIGQUIT go to the sandbox
+  std::string ask_command;      // on_unknown_domain: ask → this program answers (empty: deny)
+  std::string network_log;      // every proxied connection as a JSON line to this file ("" = none)
 };
 
 // Runs the confined command and classifies what happened (DESIGN §4).

@@ -99,6 +99,15 @@ json ToJsonValue(const Outcome& o) {
   if (l.wall_clock_ms) limits["wall_clock_ms"] = *l.wall_clock_ms;
   usage["limits"] = limits;
   j["usage"] = usage;
+  if (o.network) {
+    const NetworkConnections& n = *o.network;
+    j["network"] = {{"connections",
+                     {{"allowed", n.allowed},
+                      {"denied", n.denied},
+                      {"errors", n.errors},
+                      {"bytes_up", n.bytes_up},
+                      {"bytes_down", n.bytes_down}}}};
+  }
   j["policy_sha256"] = o.policy_sha256;
   j["agentbox_version"] = Version();
   return j;

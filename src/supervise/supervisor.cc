@@ -21,7 +21,10 @@
 #include "linux/compat.h"
 #include "linux/descendants.h"
 #include "linux/launch.h"
+#include "linux/proxy_listeners.h"
 #include "linux/status_pipe.h"
+#include "net/proxy.h"
+#include "supervise/egress.h"
 #include "supervise/private_dir.h"
 #include "supervise/resources.h"
 
@@ -182,6 +185,16 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
     return out;
   }
   std::unique_ptr<linux::SandboxCgroup> cgroup = std::move(*made);
+  const bool proxied = plan.confined && plan.backend == Backend::kNamespaces && plan.network.proxy.has_value();
+  if (proxied) {
+    // Four fds per tunnel: as many as the hard limit allows. (The runner
+    // sets the sandbox's own limit from the plan.)
+    struct rlimit nofile {};
+    if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+      nofile.rlim_cur = nofile.rlim_max;
+      setrlimit(RLIMIT_NOFILE, &nofile);
+    }
+  }
   auto launched = linux::Launch(plan, argv, scan ? linux::StderrMode::kCapture : linux::StderrMode::kInherit,
                                 cgroup.get());
   if (!launched.ok()) {
@@ -194,6 +207,10 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
   out.enforcement.skipped = child.resolved.skipped;
 
   DenialScanner scanner(denial_signatures);
+  // The egress proxy starts once the runner has handed over its listeners.
+  std::unique_ptr<supervise::Egress> egress;
+  std::optional<Status> proxy_error;
+  bool proxy_open = child.proxy_listeners.valid();
   std::vector<linux::RunnerMessage> messages;
   std::string status_buf;
   bool status_open = true, stderr_open = child.stderr_pipe.valid(), exited = false;
@@ -203,6 +220,12 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
 
   char buf[16384];
   while (status_open || stderr_open || !exited) {
+    if (proxy_error && !killed) {
+      // The sandbox would have no working egress: end it, report why.
+      killed = true;
+      if (cgroup) cgroup->KillAll();
+      linux::PidfdSendSignal(child.pidfd.get(), SIGKILL);
+    }
     auto now = Clock::now();
     if (deadline && now >= *deadline && !timed_out) {
       // Deadline: ask politely (the runner forwards SIGTERM to the command), then kill pid 1.
@@ -234,9 +257,10 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
                                 1, std::chrono::duration_cast<std::chrono::milliseconds>(*wake - now).count()))
                           : -1;
 
-    struct pollfd fds[4];
+    struct pollfd fds[5];
     int n = 0;
-    int i_status = -1, i_err = -1, i_pid = -1, i_sig = -1;
+    int i_status = -1, i_err = -1, i_pid = -1, i_sig = -1, i_proxy = -1;
+    if (proxy_open) fds[i_proxy = n++] = {child.proxy_listeners.get(), POLLIN, 0};
     if (status_open) fds[i_status = n++] = {child.status.get(), POLLIN, 0};
     if (stderr_open) fds[i_err = n++] = {child.stderr_pipe.get(), POLLIN, 0};
     if (!exited) fds[i_pid = n++] = {child.pidfd.get(), POLLIN, 0};
@@ -245,6 +269,21 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
     if (r < 0) {
       if (errno == EINTR) continue;
       break;
+    }
+    if (i_proxy >= 0 && fds[i_proxy].revents) {
+      proxy_open = false;
+      auto listeners = linux::ReceiveProxyListeners(child.proxy_listeners.get());
+      child.proxy_listeners.reset();
+      if (listeners.ok()) {
+        auto started_proxy = supervise::Egress::Start(plan, options, std::move(listeners->first),
+                                                      std::move(listeners->second));
+        if (started_proxy.ok()) {
+          egress = std::move(*started_proxy);
+        } else {
+          proxy_error = started_proxy.status();
+        }
+      }
+      // Nothing received: the runner failed before, and says why on the status pipe.
     }
     if (i_status >= 0 && fds[i_status].revents) {
       ssize_t got = read(child.status.get(), buf, sizeof(buf));
@@ -324,6 +363,26 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
       }
       out.denials.insert(out.denials.begin(), seccomp.begin(), seccomp.end());
     }
+  }
+
+  // The runner is gone: close the proxy (every connection's record is in),
+  // before the report is built.
+  if (egress) {
+    egress->Stop();
+    supervise::AddNetworkReport(egress->records(), &out);
+    if (!options.network_log.empty()) {
+      if (Status s = supervise::WriteNetworkLog(options.network_log, egress->records()); !s.ok()) {
+        const std::string line = "agentbox: " + s.message() + "\n";
+        WriteAll(options.stderr_fd, line.data(), line.size());
+      }
+    }
+  } else if (proxied) {
+    out.network = NetworkConnections{};
+  }
+  if (proxy_error) {
+    out.kind = OutcomeKind::kSandboxError;
+    out.error = ErrorInfo{proxy_error->stage(), proxy_error->message(), proxy_error->err()};
+    return out;
   }
 
   // Classification order (DESIGN §4): infrastructure first, then the clock,

@@ -1,0 +1,153 @@
+#include "supervise/egress.h"
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+
+#include <chrono>
+#include <fstream>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "net/ask.h"
+#include "net/proxy.h"
+#include "net/rules.h"
+
+namespace agentbox::supervise {
+namespace {
+
+constexpr std::chrono::milliseconds kAskTimeout{60000};
+
+class CollectingSink : public net::RecordSink {
+ public:
+  void Record(const net::ConnectionRecord& record) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    records_.push_back(record);
+  }
+  std::vector<net::ConnectionRecord> Take() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::move(records_);
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<net::ConnectionRecord> records_;
+};
+
+}  // namespace
+
+// Declaration order is destruction order reversed: the proxy goes first,
+// then the asker and the resolver (whose threads post to the io_context),
+// then the io_context itself.
+struct Egress::State {
+  boost::asio::io_context io;
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work{io.get_executor()};
+  std::unique_ptr<net::SystemResolver> resolver;
+  std::unique_ptr<net::Asker> asker;
+  CollectingSink sink;
+  std::unique_ptr<net::Proxy> proxy;
+  std::thread thread;
+  bool stopped = false;
+  std::vector<net::ConnectionRecord> records;
+};
+
+Result<std::unique_ptr<Egress>> Egress::Start(const Plan& plan, const RunOptions& options, linux::UniqueFd http,
+                                              linux::UniqueFd socks) {
+  auto rules = net::RuleSet::Build(plan.network.allow, plan.network.deny,
+                                   plan.network.default_allow ? NetDefault::kAllow : NetDefault::kDeny);
+  if (!rules.ok()) return Status::Error("network", rules.status().message());
+  std::unique_ptr<Egress> e(new Egress());
+  e->state_ = std::make_unique<State>();
+  State& s = *e->state_;
+  s.resolver = std::make_unique<net::SystemResolver>(s.io);
+  if (!options.ask_command.empty()) {
+    s.asker = std::make_unique<net::CommandAsker>(s.io, std::vector<std::string>{options.ask_command}, kAskTimeout);
+  }
+  net::ProxyOptions popts;
+  popts.ask_unknown = plan.network.ask_unknown;
+  popts.ask_timeout = kAskTimeout;
+  s.proxy = std::make_unique<net::Proxy>(s.io, std::move(*rules), popts, *s.resolver, s.asker.get(), &s.sink);
+  // Not yet running: set up on this thread, before the proxy's thread starts.
+  if (Status st = s.proxy->Serve(http.release(), net::ListenerKind::kHttp); !st.ok()) return st;
+  if (Status st = s.proxy->Serve(socks.release(), net::ListenerKind::kSocks5); !st.ok()) return st;
+  s.thread = std::thread([&s] {
+    // A peer that closes early must not kill the supervisor.
+    sigset_t pipe;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
+    s.io.run();
+  });
+  return e;
+}
+
+Egress::~Egress() { Stop(); }
+
+void Egress::Stop() {
+  if (!state_ || state_->stopped) return;
+  State& s = *state_;
+  s.stopped = true;
+  if (s.thread.joinable()) {
+    std::promise<void> done;
+    boost::asio::post(s.io, [&] {
+      s.proxy->Stop();
+      done.set_value();
+    });
+    done.get_future().wait();
+    s.work.reset();
+    s.io.stop();
+    s.thread.join();
+  } else {
+    s.proxy->Stop();
+  }
+  s.records = s.sink.Take();
+}
+
+const std::vector<net::ConnectionRecord>& Egress::records() const { return state_->records; }
+
+void AddNetworkReport(const std::vector<net::ConnectionRecord>& records, Outcome* out) {
+  constexpr size_t kMaxNetworkDenials = 32;
+  NetworkConnections sum;
+  std::vector<Denial> denials;
+  for (const auto& r : records) {
+    sum.bytes_up += r.bytes_up;
+    sum.bytes_down += r.bytes_down;
+    if (r.decision == "allow") {
+      ++sum.allowed;
+    } else if (r.decision == "deny") {
+      ++sum.denied;
+      const std::string target = r.host + ":" + std::to_string(r.port);
+      std::string reason = r.reason;
+      if (!r.message.empty()) reason += ": " + r.message;
+      if (!r.rule.empty()) reason += " (rule: " + r.rule + ")";
+      bool counted = false;
+      for (auto& d : denials) {
+        if (d.target == target && d.reason == reason) {
+          ++d.count;
+          counted = true;
+        }
+      }
+      if (!counted && denials.size() < kMaxNetworkDenials) {
+        denials.push_back({"network", "connect", target, reason, "proxy", 1});
+      }
+    } else {
+      ++sum.errors;
+    }
+  }
+  out->network = sum;
+  out->denials.insert(out->denials.begin(), denials.begin(), denials.end());
+}
+
+Status WriteNetworkLog(const std::string& path, const std::vector<net::ConnectionRecord>& records) {
+  std::ofstream f(path, std::ios::trunc);
+  for (const auto& r : records) f << r.ToJson() << "\n";
+  f.flush();
+  if (!f) return Status::Error("network", "could not write the network log to " + path);
+  return {};
+}
+
+}  // namespace agentbox::supervise

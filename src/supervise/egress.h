@@ -1,0 +1,51 @@
+// The egress proxy in the supervisor: one Proxy on one io_context, run on one
+// background thread, serving the listeners the runner created inside the
+// sandbox's network namespace.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "agentbox/outcome.h"
+#include "agentbox/plan.h"
+#include "agentbox/run.h"
+#include "agentbox/status.h"
+#include "linux/fd.h"
+
+namespace agentbox::net {
+struct ConnectionRecord;
+}
+
+namespace agentbox::supervise {
+
+class Egress {
+ public:
+  // Takes both listeners; starts the proxy's thread. The rules come from
+  // plan.network; --ask-command answers questions (none: deny).
+  static Result<std::unique_ptr<Egress>> Start(const Plan& plan, const RunOptions& options, linux::UniqueFd http,
+                                               linux::UniqueFd socks);
+  ~Egress();  // Stop()
+
+  // Closes the listeners and every connection (each delivers its record),
+  // then joins the thread. Idempotent.
+  void Stop();
+
+  // After Stop: every record, in the order the connections ended.
+  const std::vector<net::ConnectionRecord>& records() const;
+
+  struct State;
+
+ private:
+  Egress() = default;
+  std::unique_ptr<State> state_;
+};
+
+// Network denials for the report (one per target and reason, counted), and
+// the summary of all connections.
+void AddNetworkReport(const std::vector<net::ConnectionRecord>& records, Outcome* out);
+
+// Every record as one JSON line.
+Status WriteNetworkLog(const std::string& path, const std::vector<net::ConnectionRecord>& records);
+
+}  // namespace agentbox::supervise
