@@ -238,8 +238,13 @@ void Summarise(const Outcome& o) {
   }
 }
 
+struct NetworkFlags {
+  std::string ask_command;
+  std::string network_log;
+};
+
 int CmdRun(const PolicyFlags& f, const std::vector<std::string>& command, const std::string& report,
-           bool quiet) {
+           bool quiet, const NetworkFlags& nf) {
   auto policy = BuildPolicy(f);
   if (!policy.ok()) {
     Error(policy.status().message());
@@ -265,6 +270,8 @@ int CmdRun(const PolicyFlags& f, const std::vector<std::string>& command, const 
   }
   RunOptions opts;
   opts.scan_stderr = !isatty(STDERR_FILENO);
+  opts.ask_command = nf.ask_command;
+  opts.network_log = nf.network_log;
   Outcome outcome = Run(*confined, opts);
   if (!quiet) Summarise(outcome);
   WriteReport(report, outcome);
@@ -474,7 +481,11 @@ void PrintPlan(const Plan& plan) {
     }
     std::printf("    + the files or devices on stdin/stdout/stderr, with the access they were opened with\n");
     for (const auto& l : ll.left_out) std::printf("    this ABI leaves out: %s\n", l.c_str());
-    if (ll.handled_net) std::printf("    TCP connect and bind: handled, no port allowed (no egress proxy yet)\n");
+    if (ll.handled_net) std::printf("    TCP connect and bind: handled, no port allowed (no egress proxy with this backend)\n");
+  }
+  if (plan.network.proxy) {
+    std::printf("  network: egress proxy at 127.0.0.1:%u (HTTP) and 127.0.0.1:%u (SOCKS5) inside\n",
+                unsigned{plan.network.proxy->http_port}, unsigned{plan.network.proxy->socks_port});
   }
   if (!plan.seccomp.enabled) {
     std::printf("  seccomp: no filter (this host has no seccomp filtering)\n");
@@ -544,6 +555,11 @@ int main(int argc, char** argv) {
   run_flags.Register(run, true);
   run->add_option("--report", report, "write the outcome report (JSON) to FILE");
   run->add_flag("--quiet", quiet, "print nothing of agentbox's own on success or failure");
+  NetworkFlags net_flags;
+  run->add_option("--ask-command", net_flags.ask_command,
+                  "on_unknown_domain: ask: run PROG per question ({\"host\",\"port\"} on stdin; "
+                  "answers allow/always/deny); without it, unknown domains are denied");
+  run->add_option("--network-log", net_flags.network_log, "write every proxied connection to FILE (JSON lines)");
   run->add_option("command", run_cmd, "the command, after --");
 
   PolicyFlags wrap_flags;
@@ -606,7 +622,7 @@ int main(int argc, char** argv) {
     Error("no command given: agentbox " + std::string(*run ? "run" : "wrap") + " [OPTIONS] -- COMMAND [ARG...]");
     return kExitUsage;
   }
-  if (*run) return CmdRun(run_flags, run_cmd, report, quiet);
+  if (*run) return CmdRun(run_flags, run_cmd, report, quiet, net_flags);
   if (*wrap) return CmdWrap(wrap_flags, wrap_cmd);
   if (*exec) return CmdExec(exec_cmd);
   if (*check) return CmdCheck(check_policy, check_backend, check_json);
