@@ -14,23 +14,12 @@
 #include <string>
 
 #include "harness.h"
+#include "linux/fd.h"
 
 namespace agentbox::e2e {
 namespace {
 
-class Fd {
- public:
-  explicit Fd(int fd = -1) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
+using Fd = agentbox::linux::UniqueFd;
 
 bool HavePython() { return !FindTool("python3").empty(); }
 

@@ -24,6 +24,7 @@
 #include <thread>
 
 #include "battery.h"
+#include "linux/fd.h"
 
 namespace agentbox::escape {
 namespace {
@@ -33,19 +34,7 @@ using e2e::Exists;
 using e2e::RandomHex;
 using e2e::TempDir;
 
-class Fd {
- public:
-  explicit Fd(int fd = -1) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
+using Fd = agentbox::linux::UniqueFd;
 
 bool Root() { return getuid() == 0; }
 const char* kRootOnly = "the host allows this only to root: as an unprivileged user the host check cannot succeed";
