@@ -1,0 +1,120 @@
+// Sessions: the execute(name, input) → string layer of DESIGN §5, shared by
+// the daemon (HTTP), the MCP server and the CLI client.
+//
+// A session is a recipe (policy, base workspace, optional snapshot) plus a
+// per-session upper layer and a durable log under the state directory. Its
+// sandbox (a World: one long-lived confined init) is provisioned at the first
+// call, and again after it dies; every tool call runs inside that one world.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "agentbox/status.h"
+
+namespace agentbox::session {
+
+using Json = nlohmann::json;
+
+// Status::stage() values that callers map to protocol errors. Anything else
+// is an internal failure (HTTP 500).
+inline constexpr const char* kNotFound = "not_found";      // 404: no such session or snapshot
+inline constexpr const char* kBadRequest = "bad_request";  // 400: malformed input, unknown tool
+inline constexpr const char* kBusy = "busy";               // 429: a daemon-wide cap is reached
+inline constexpr const char* kConflict = "conflict";       // 409: e.g. the session is being removed
+
+struct ManagerOptions {
+  std::string state_dir;                 // absolute; created (0700) when missing
+  std::size_t max_sessions = 256;        // live (not removed) sessions
+  std::size_t max_concurrent_calls = 64; // execute calls in flight, daemon-wide
+  std::size_t output_cap_bytes = 256 * 1024;  // bash output kept per call
+  std::string workspace_mode = "auto";   // auto | overlay | copy
+};
+
+struct CreateRequest {
+  std::string policy_yaml;    // a policy file's text ("" = the default policy)
+  std::string mode;           // optional preset on top (read-only | workspace-write | ...)
+  std::string workspace;      // host directory, absolute (the base, never written by a session)
+  std::string from_snapshot;  // "" or a snapshot id
+};
+
+// Output as it comes (bash only), on the calling thread, before Execute returns.
+using OutputSink = std::function<void(std::string_view chunk)>;
+
+// The result of one call, as recorded in the log and returned by the API:
+//   {
+//     "call_id": "...",            // as given ("" when none)
+//     "name": "bash",
+//     "output": "...",             // THE string of execute(name, input) → string
+//     "is_error": false,           // true: the call failed (any kind but ok/exited 0)
+//     "kind": "exited",            // exited | signaled | timed_out | oom_killed | sandbox_denied
+//                                  // | sandbox_error | ok | tool_error | interrupted
+//     "exit_code": 0,              // bash only, when it exited
+//     "truncated": false,          // bash only: output was capped
+//     "outcome": {...},            // bash: the full outcome report (docs/report.md);
+//                                  // file tools: {"kind", "denials"?, "error"?}
+//     "replayed": false,           // true: returned from the log, nothing ran
+//     "duration_ms": 3
+//   }
+// The first line of "output" for a failure names the kind, e.g.
+// "sandbox_denied: write to /work/.git/config: read-only (protected path)".
+
+// Tool names and inputs (JSON objects):
+//   bash       {command, timeout?, stdin?}   timeout: "30s" or seconds
+//   read_file  {path, offset?, limit?}       offset/limit in lines (1-based offset)
+//   write_file {path, content}
+//   edit_file  {path, old, new}              `old` must occur exactly once
+//   list_dir   {path}
+//   glob       {pattern}                     relative to the workspace
+// Paths are resolved inside the session's world (relative ones against the
+// workspace as the shell sees it).
+const std::vector<std::string>& ToolNames();
+
+class Manager {
+ public:
+  // Opens (or creates) the state directory and finds every session in it;
+  // calls left in flight by a killed daemon are recorded as interrupted.
+  static Result<std::unique_ptr<Manager>> Open(const ManagerOptions& options);
+  ~Manager();
+
+  // Returns the new id at once; nothing runs until the first Execute.
+  Result<std::string> Create(const CreateRequest& request);
+
+  // {id, workspace, mode (overlay|copy), created, provisioned, calls, snapshot?}
+  Result<Json> Describe(const std::string& id) const;
+  std::vector<std::string> List() const;
+
+  // Runs one tool call (see above). With a call_id already in the log, the
+  // recorded result comes back with "replayed": true and nothing runs.
+  // Fails (Status) only for a bad request, an unknown session or a cap; a
+  // failing command is a result, not a Status.
+  Result<Json> Execute(const std::string& id, const std::string& name, const Json& input,
+                       const std::string& call_id = "", const OutputSink& sink = nullptr);
+
+  // Freezes the session's changes; returns the snapshot id.
+  Result<std::string> Snapshot(const std::string& id);
+  // {"files": [{"path", "status": added|modified|deleted, "binary"}], "patch": "<git-style unified diff>"}
+  Result<Json> Diff(const std::string& id);
+  // The durable JSONL log's path (for streaming it).
+  Result<std::string> LogPath(const std::string& id) const;
+  // Stops the sandbox and removes the session's state.
+  Status Remove(const std::string& id);
+
+  // Stops every sandbox (SIGTERM, then SIGKILL after `grace_ms`); sessions
+  // stay on disk. Calls in flight end as interrupted.
+  void Shutdown(int grace_ms);
+
+  struct Impl;
+
+ private:
+  explicit Manager(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace agentbox::session
