@@ -7,6 +7,7 @@
 // call, and again after it dies; every tool call runs inside that one world.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -54,7 +55,7 @@ using OutputSink = std::function<void(std::string_view chunk)>;
 //     "output": "...",             // THE string of execute(name, input) → string
 //     "is_error": false,           // true: the call failed (any kind but ok/exited 0)
 //     "kind": "exited",            // exited | signaled | timed_out | oom_killed | sandbox_denied
-//                                  // | sandbox_error | ok | tool_error | interrupted
+//                                  // | sandbox_error | ok | tool_error | interrupted | cancelled
 //     "exit_code": 0,              // bash only, when it exited
 //     "truncated": false,          // bash only: output was capped
 //     "outcome": {...},            // bash: the full outcome report (docs/report.md);
@@ -94,8 +95,11 @@ class Manager {
   // recorded result comes back with "replayed": true and nothing runs.
   // Fails (Status) only for a bad request, an unknown session or a cap; a
   // failing command is a result, not a Status.
+  // Setting *cancel to true ends a running bash call (its processes are
+  // killed) with kind "cancelled".
   Result<Json> Execute(const std::string& id, const std::string& name, const Json& input,
-                       const std::string& call_id = "", const OutputSink& sink = nullptr);
+                       const std::string& call_id = "", const OutputSink& sink = nullptr,
+                       const std::atomic<bool>* cancel = nullptr);
 
   // Freezes the session's changes; returns the snapshot id.
   Result<std::string> Snapshot(const std::string& id);
