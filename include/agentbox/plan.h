@@ -165,6 +165,8 @@ struct NetworkPlan {
   std::vector<std::string> deny;
   bool default_allow = false;
   bool ask_unknown = false;
+  bool sni_check = true;                      // CONNECT to these ports: TLS SNI must name the target
+  std::vector<std::uint16_t> sni_ports{443};
 };
 
 struct Plan {

@@ -58,6 +58,10 @@ struct NetworkSpec {
   std::vector<std::string> allow;
   std::vector<std::string> deny;
   UnknownDomain on_unknown_domain = UnknownDomain::kDeny;
+  // CONNECT (HTTP or SOCKS) to one of these ports: a TLS ClientHello whose
+  // SNI names another host than the target closes the tunnel.
+  bool tls_sni_check = true;
+  std::vector<std::uint16_t> tls_sni_ports{443};
 };
 
 struct CredentialsSpec {

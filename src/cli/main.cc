@@ -486,6 +486,14 @@ void PrintPlan(const Plan& plan) {
   if (plan.network.proxy) {
     std::printf("  network: egress proxy at 127.0.0.1:%u (HTTP) and 127.0.0.1:%u (SOCKS5) inside\n",
                 unsigned{plan.network.proxy->http_port}, unsigned{plan.network.proxy->socks_port});
+    if (plan.network.sni_check) {
+      std::string ports;
+      for (std::uint16_t p : plan.network.sni_ports) ports += (ports.empty() ? "" : ", ") + std::to_string(p);
+      std::printf("    TLS SNI check on tunnels to port%s %s: a ClientHello naming another host closes the tunnel\n",
+                  plan.network.sni_ports.size() == 1 ? "" : "s", ports.c_str());
+    } else {
+      std::printf("    TLS SNI check: off (network.tls_sni_check: false)\n");
+    }
   }
   if (!plan.seccomp.enabled) {
     std::printf("  seccomp: no filter (this host has no seccomp filtering)\n");

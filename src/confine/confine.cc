@@ -781,6 +781,8 @@ Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Poli
       plan.network.deny = policy.network.deny;
       plan.network.default_allow = policy.network.default_action == NetDefault::kAllow;
       plan.network.ask_unknown = policy.network.on_unknown_domain == UnknownDomain::kAsk;
+      plan.network.sni_check = policy.network.tls_sni_check;
+      plan.network.sni_ports = policy.network.tls_sni_ports;
       const std::string http = "http://127.0.0.1:" + std::to_string(plan.network.proxy->http_port);
       const std::string socks = "socks5h://127.0.0.1:" + std::to_string(plan.network.proxy->socks_port);
       const std::pair<const char*, std::string> vars[] = {

@@ -277,6 +277,23 @@ TEST(Confine, NetworkAllowlistGoesThroughTheProxy) {
   ASSERT_TRUE(back.ok());
   ASSERT_TRUE(back->network.proxy.has_value());
   EXPECT_EQ(back->network.allow, c->plan.network.allow);
+  EXPECT_TRUE(back->network.sni_check);
+  EXPECT_EQ(back->network.sni_ports, std::vector<std::uint16_t>{443});
+}
+
+TEST(Confine, TlsSniSwitchReachesThePlan) {
+  Policy pol = PresetFor(Mode::kWorkspaceWrite);
+  pol.network.allow = {"github.com"};
+  pol.network.tls_sni_check = false;
+  pol.network.tls_sni_ports = {443, 8443};
+  auto c = Confine({"true"}, pol, FullHost(), Inv());
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_FALSE(c->plan.network.sni_check);
+  EXPECT_EQ(c->plan.network.sni_ports, (std::vector<std::uint16_t>{443, 8443}));
+  auto back = PlanFromJson(PlanToJson(c->plan));
+  ASSERT_TRUE(back.ok());
+  EXPECT_FALSE(back->network.sni_check);
+  EXPECT_EQ(back->network.sni_ports, (std::vector<std::uint16_t>{443, 8443}));
 }
 
 TEST(Confine, PolicyProxyVariablesWin) {

@@ -188,7 +188,9 @@ std::string PlanToJson(const Plan& plan, int indent) {
     json net = {{"allow", n.allow},
                 {"deny", n.deny},
                 {"default", n.default_allow ? "allow" : "deny"},
-                {"on_unknown_domain", n.ask_unknown ? "ask" : "deny"}};
+                {"on_unknown_domain", n.ask_unknown ? "ask" : "deny"},
+                {"tls_sni_check", n.sni_check},
+                {"tls_sni_ports", n.sni_ports}};
     net["proxy"] = n.proxy ? json{{"http_port", n.proxy->http_port}, {"socks_port", n.proxy->socks_port}}
                            : json(nullptr);
     j["network"] = net;
@@ -282,6 +284,8 @@ Result<Plan> PlanFromJson(const std::string& text) {
       plan.network.deny = n.value("deny", std::vector<std::string>{});
       plan.network.default_allow = n.value("default", std::string("deny")) == "allow";
       plan.network.ask_unknown = n.value("on_unknown_domain", std::string("deny")) == "ask";
+      plan.network.sni_check = n.value("tls_sni_check", true);
+      plan.network.sni_ports = n.value("tls_sni_ports", std::vector<std::uint16_t>{443});
       if (n.contains("proxy") && n.at("proxy").is_object()) {
         plan.network.proxy = ProxyPorts{n.at("proxy").at("http_port").get<std::uint16_t>(),
                                         n.at("proxy").at("socks_port").get<std::uint16_t>()};

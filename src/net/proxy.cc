@@ -533,8 +533,12 @@ class Session : public std::enable_shared_from_this<Session> {
       auto r = SocksReply(kSocksNotAllowed);
       return WriteThenFinish(std::string(r.begin(), r.end()), "deny", ToString(d.reason), d.message);
     }
-    // After the tunnel was confirmed, all that is left is to close it.
-    Finish("deny", ToString(d.reason), d.message);
+    // The tunnel was confirmed before the ClientHello could be read, so no
+    // 403 is possible any more: the client gets a fatal TLS alert,
+    // access_denied (RFC 8446 §6.2), which its TLS library names, and the
+    // tunnel is closed. Nothing reached the upstream.
+    static const char kAccessDenied[] = {0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 49};
+    WriteThenFinish(std::string(kAccessDenied, sizeof kAccessDenied), "deny", ToString(d.reason), d.message);
   }
 
   // A failure that is not a policy decision: 502/504 or a SOCKS error code.

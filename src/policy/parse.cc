@@ -151,6 +151,7 @@ class Parser {
   Status ReadDuration(const Field& f, std::uint64_t& out) const;
   Status ReadPaths(const Field& f, PathRule rule, std::vector<std::string>& out) const;
   Status ReadDomains(const Field& f, DomainList list, std::vector<std::string>& out) const;
+  Status ReadPorts(const Field& f, std::vector<std::uint16_t>& out) const;
 
   // Sections. ParseSection dispatches a top-level key (already checked
   // against the allowed set) to its parser.
@@ -430,9 +431,30 @@ Status Parser::ParseFilesystem(const Field& f, FilesystemSpec& out) const {
       });
 }
 
+// A non-empty list of distinct TCP ports (1-65535).
+Status Parser::ReadPorts(const Field& f, std::vector<std::uint16_t>& out) const {
+  std::vector<std::uint16_t> ports;
+  Status status = ForEachItem(f, [&](const Field& item) -> Status {
+    const std::string text = item.node.IsScalar() ? item.node.Scalar() : "";
+    unsigned value = 0;
+    auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (text.empty() || ec != std::errc() || ptr != text.data() + text.size() || value < 1 || value > 65535) {
+      return Fail(item, "expected a port (1-65535), got " + Describe(item));
+    }
+    auto port = static_cast<std::uint16_t>(value);
+    if (std::find(ports.begin(), ports.end(), port) != ports.end()) return Fail(item, "duplicate port " + text);
+    ports.push_back(port);
+    return Status();
+  });
+  if (!status.ok()) return status;
+  if (ports.empty()) return Fail(f, "empty list (to turn the check off, use tls_sni_check: false)");
+  out = std::move(ports);
+  return Status();
+}
+
 Status Parser::ParseNetwork(const Field& f, NetworkSpec& out) const {
   return ForEachKey(
-      f, {"default", "egress_proxy", "allow", "deny", "on_unknown_domain"},
+      f, {"default", "egress_proxy", "allow", "deny", "on_unknown_domain", "tls_sni_check", "tls_sni_ports"},
       [&](const std::string& key, const Field& v) -> Status {
         if (key == "default") {
           return ReadEnum(v, {NetDefault::kDeny, NetDefault::kAllow}, out.default_action);
@@ -440,6 +462,8 @@ Status Parser::ParseNetwork(const Field& f, NetworkSpec& out) const {
         if (key == "egress_proxy") return ReadBool(v, out.egress_proxy);
         if (key == "allow") return ReadDomains(v, DomainList::kAllow, out.allow);
         if (key == "deny") return ReadDomains(v, DomainList::kDeny, out.deny);
+        if (key == "tls_sni_check") return ReadBool(v, out.tls_sni_check);
+        if (key == "tls_sni_ports") return ReadPorts(v, out.tls_sni_ports);
         return ReadEnum(v, {UnknownDomain::kDeny, UnknownDomain::kAsk}, out.on_unknown_domain);
       });
 }

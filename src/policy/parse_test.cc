@@ -163,6 +163,20 @@ TEST(ParsePolicyTest, NetworkPatterns) {
   EXPECT_EQ(p.network.deny, (std::vector<std::string>{"*", "*.com"}));
 }
 
+TEST(ParsePolicyTest, TlsSniCheckDefaultsOnForPort443) {
+  Policy p = MustParse("network:\n  allow: [example.com]\n");
+  EXPECT_TRUE(p.network.tls_sni_check);
+  EXPECT_EQ(p.network.tls_sni_ports, std::vector<std::uint16_t>{443});
+}
+
+TEST(ParsePolicyTest, TlsSniCheckSwitchAndPorts) {
+  Policy off = MustParse("network:\n  tls_sni_check: false\n");
+  EXPECT_FALSE(off.network.tls_sni_check);
+  Policy ports = MustParse("network:\n  tls_sni_check: true\n  tls_sni_ports: [443, 8443]\n");
+  EXPECT_TRUE(ports.network.tls_sni_check);
+  EXPECT_EQ(ports.network.tls_sni_ports, (std::vector<std::uint16_t>{443, 8443}));
+}
+
 TEST(ParsePolicyTest, EnvSetKeepsFileOrderAndTextAsWritten) {
   Policy p =
       MustParse("env:\n  pass: [HOME]\n  set: {ZED: 1, ALPHA: true, MID: 0.50, T: ~, E: \"\"}\n");
@@ -214,7 +228,7 @@ const BadCase kBadCases[] = {
      "policy.yaml:2:1: netwrk: unknown key " + kTopKeys},
     {"UnknownNestedKey", "network:\n  alow: [example.com]\n",
      "policy.yaml:2:3: network.alow: unknown key (expected one of: default, egress_proxy, allow, "
-     "deny, on_unknown_domain)"},
+     "deny, on_unknown_domain, tls_sni_check, tls_sni_ports)"},
     {"UnknownResourceKey", "resources:\n  cpu: {guaranteed: 1, max: 2}\n",
      "policy.yaml:2:24: resources.cpu.max: unknown key (expected one of: guaranteed, limit)"},
     {"StringWhereBoolExpected", "sandbox:\n  fresh_per_task: yes\n",
@@ -317,6 +331,18 @@ const BadCase kBadCases[] = {
      "policy.yaml:2:11: network.allow[0]: empty entry"},
     {"BadPort", "network:\n  allow: [example.com:99999]\n",
      "policy.yaml:2:11: network.allow[0]: bad port \"99999\" (expected 1-65535)"},
+    {"SniCheckNotABool", "network:\n  tls_sni_check: on\n",
+     "policy.yaml:2:18: network.tls_sni_check: expected true or false, got \"on\""},
+    {"SniPortOutOfRange", "network:\n  tls_sni_ports: [443, 70000]\n",
+     "policy.yaml:2:24: network.tls_sni_ports[1]: expected a port (1-65535), got \"70000\""},
+    {"SniPortNotANumber", "network:\n  tls_sni_ports: [https]\n",
+     "policy.yaml:2:19: network.tls_sni_ports[0]: expected a port (1-65535), got \"https\""},
+    {"SniPortDuplicate", "network:\n  tls_sni_ports: [443, 443]\n",
+     "policy.yaml:2:24: network.tls_sni_ports[1]: duplicate port 443"},
+    {"SniPortsEmpty", "network:\n  tls_sni_ports: []\n",
+     "policy.yaml:2:18: network.tls_sni_ports: empty list (to turn the check off, use tls_sni_check: false)"},
+    {"SniPortsScalar", "network:\n  tls_sni_ports: 443\n",
+     "policy.yaml:2:18: network.tls_sni_ports: expected a list, got \"443\""},
     {"EmptyImage", "sandbox: {image: \"\"}\n",
      "policy.yaml:1:18: sandbox.image: must not be empty"},
     {"DuplicateTopLevelKey", "version: 1\nversion: 1\n", "policy.yaml:2:1: version: duplicate key"},

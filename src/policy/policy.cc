@@ -273,6 +273,10 @@ std::string ToYaml(const Policy& p) {
   EmitList(out, "allow", net.allow);
   EmitList(out, "deny", net.deny);
   out << YAML::Key << "on_unknown_domain" << YAML::Value << ToString(net.on_unknown_domain);
+  out << YAML::Key << "tls_sni_check" << YAML::Value << net.tls_sni_check;
+  out << YAML::Key << "tls_sni_ports" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+  for (std::uint16_t port : net.tls_sni_ports) out << port;
+  out << YAML::EndSeq;
   out << YAML::EndMap;
 
   out << YAML::Key << "credentials" << YAML::Value << YAML::BeginMap;

@@ -103,12 +103,16 @@ TEST(ToYamlTest, AwkwardValuesRoundTrip) {
   p.sandbox.image = "null";
   p.env.set = {{"A", "~"},        {"B", "true"}, {"C", "line\nbreak"}, {"D", ""},
                {"E", "x: y # z"}, {"F", "0.50"}, {"G", "ünï"}};
+  p.network.tls_sni_check = false;
+  p.network.tls_sni_ports = {443, 8443};
   ExpectRoundTrip(p);
 
   Policy q = *ParsePolicy(ToYaml(p), "x");
   EXPECT_EQ(q.env.set, p.env.set);
   EXPECT_EQ(q.resources.cpu.limit, p.resources.cpu.limit);
   EXPECT_EQ(q.resources.memory_guaranteed_bytes, 1234u);
+  EXPECT_FALSE(q.network.tls_sni_check);
+  EXPECT_EQ(q.network.tls_sni_ports, (std::vector<std::uint16_t>{443, 8443}));
 }
 
 TEST(ToYamlTest, OmitsUnsetResources) {

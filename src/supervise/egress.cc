@@ -70,6 +70,8 @@ Result<std::unique_ptr<Egress>> Egress::Start(const Plan& plan, const RunOptions
   net::ProxyOptions popts;
   popts.ask_unknown = plan.network.ask_unknown;
   popts.ask_timeout = kAskTimeout;
+  popts.check_sni = plan.network.sni_check;
+  popts.sni_ports = plan.network.sni_ports;
   s.proxy = std::make_unique<net::Proxy>(s.io, std::move(*rules), popts, *s.resolver, s.asker.get(), &s.sink);
   // Not yet running: set up on this thread, before the proxy's thread starts.
   if (Status st = s.proxy->Serve(http.release(), net::ListenerKind::kHttp); !st.ok()) return st;

@@ -502,7 +502,8 @@ TEST(ProxySni, MismatchIsRefusedMatchPasses) {
   int fd = -1;
   ASSERT_EQ(Connect(h, target, &fd).rfind("HTTP/1.1 200", 0), 0u);
   SendAll(fd, ClientHello("other.test"));
-  EXPECT_EQ(RecvUntil(fd), "");  // closed, nothing reached the upstream
+  // A fatal access_denied alert, then the close; nothing reached the upstream.
+  EXPECT_EQ(RecvUntil(fd), std::string("\x15\x03\x03\x00\x02\x02\x31", 7));
   ::close(fd);
 
   ASSERT_EQ(Connect(h, target, &fd).rfind("HTTP/1.1 200", 0), 0u);
@@ -538,6 +539,58 @@ TEST(ProxySni, MismatchIsRefusedMatchPasses) {
     }
   }
   EXPECT_EQ(denied, 1);
+}
+
+TEST(ProxySni, SwitchedOffMismatchPasses) {
+  EchoServer echo;
+  ProxyOptions options;
+  options.check_sni = false;
+  options.sni_ports = {echo.port()};
+  Harness h({"sni.test", "127.0.0.1"}, {}, options);
+  h.resolver().Add("sni.test", {kLoop});
+  h.Start();
+  int fd = -1;
+  ASSERT_EQ(Connect(h, "sni.test:" + std::to_string(echo.port()), &fd).rfind("HTTP/1.1 200", 0), 0u);
+  std::string hello = ClientHello("other.test");
+  SendAll(fd, hello);
+  EXPECT_EQ(RecvN(fd, hello.size()), hello);
+  ::close(fd);
+  auto records = h.sink().WaitFor(1);
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0].decision, "allow");
+  EXPECT_EQ(records[0].bytes_up, hello.size());
+}
+
+TEST(ProxySni, OnlyTheListedPortsAreChecked) {
+  EchoServer echo;
+  Harness h({"sni.test", "127.0.0.1"});  // default: port 443 only
+  h.resolver().Add("sni.test", {kLoop});
+  h.Start();
+  int fd = -1;
+  ASSERT_EQ(Connect(h, "sni.test:" + std::to_string(echo.port()), &fd).rfind("HTTP/1.1 200", 0), 0u);
+  std::string hello = ClientHello("other.test");
+  SendAll(fd, hello);
+  EXPECT_EQ(RecvN(fd, hello.size()), hello);
+  ::close(fd);
+}
+
+TEST(ProxySni, SocksMismatchIsRefused) {
+  EchoServer echo;
+  ProxyOptions options;
+  options.sni_ports = {echo.port()};
+  Harness h({"sni.test", "127.0.0.1"}, {}, options);
+  h.resolver().Add("sni.test", {kLoop});
+  h.Start();
+  int fd = -1;
+  ASSERT_EQ(SocksConnect(h, "sni.test", 3, echo.port(), &fd), kSocksSucceeded);
+  SendAll(fd, ClientHello("other.test"));
+  EXPECT_EQ(RecvUntil(fd), std::string("\x15\x03\x03\x00\x02\x02\x31", 7));
+  ::close(fd);
+  auto records = h.sink().WaitFor(1);
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0].decision, "deny");
+  EXPECT_EQ(records[0].reason, "sni-mismatch");
+  EXPECT_EQ(records[0].bytes_up, 0u);  // dialled before the hello arrived, but nothing was sent
 }
 
 // --- bad input ------------------------------------------------------------------------
