@@ -1,6 +1,7 @@
 // Launch + supervise: running a confined command to its outcome.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -15,7 +16,10 @@ struct RunOptions {
   // signatures. Off for a terminal, so interactive programs keep their tty.
   bool scan_stderr = true;
   bool forward_signals = true;  // SIGINT/SIGTERM/SIGHUP/SIGQUIT go to the sandbox
-  std::string ask_command;      // on_unknown_domain: ask → this program answers (empty: deny)
+  // on_unknown_domain: ask → this program answers; empty: the controlling
+  // terminal asks when agentbox is in its foreground, otherwise deny.
+  std::string ask_command;
+  std::uint64_t ask_timeout_ms = 60000;  // a question unanswered by then is a deny
   std::string network_log;      // every proxied connection as a JSON line to this file ("" = none)
 };
 

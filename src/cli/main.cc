@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -238,9 +239,53 @@ void Summarise(const Outcome& o) {
   }
 }
 
+// Flags for the egress proxy, on `run`, on `wrap` (carried in the argv it
+// prints) and on its `__exec` side.
 struct NetworkFlags {
   std::string ask_command;
   std::string network_log;
+  std::string ask_timeout;
+
+  void Register(CLI::App* app) {
+    app->add_option("--ask-command", ask_command,
+                    "on_unknown_domain: ask: run PROG per question ({\"host\",\"port\"} on stdin; answers "
+                    "allow/always/deny); without it, the controlling terminal asks, else unknown domains are denied");
+    app->add_option("--ask-timeout", ask_timeout, "a question unanswered this long is a deny (default 60s)");
+    app->add_option("--network-log", network_log, "write every proxied connection to FILE (JSON lines)");
+  }
+
+  // Into `opts`; false (after saying why) when a value is bad.
+  bool Apply(RunOptions* opts) const {
+    opts->ask_command = ask_command;
+    opts->network_log = network_log;
+    if (!ask_timeout.empty()) {
+      auto ms = ParseDurationMs(ask_timeout);
+      if (!ms.ok() || *ms == 0) {
+        Error("--ask-timeout: " + (ms.ok() ? std::string("must be longer than 0") : ms.status().message()));
+        return false;
+      }
+      opts->ask_timeout_ms = *ms;
+    }
+    return true;
+  }
+
+  // As arguments for `__exec`, with paths made absolute: the harness may
+  // start the wrapped argv from another directory.
+  std::vector<std::string> ForExec() const {
+    std::vector<std::string> args;
+    auto absolute = [](const std::string& p) {
+      std::error_code ec;
+      auto abs = std::filesystem::absolute(p, ec);
+      return ec ? p : abs.lexically_normal().string();
+    };
+    if (!ask_command.empty()) {
+      args.push_back("--ask-command");
+      args.push_back(ask_command.find('/') == std::string::npos ? ask_command : absolute(ask_command));
+    }
+    if (!ask_timeout.empty()) args.insert(args.end(), {"--ask-timeout", ask_timeout});
+    if (!network_log.empty()) args.insert(args.end(), {"--network-log", absolute(network_log)});
+    return args;
+  }
 };
 
 int CmdRun(const PolicyFlags& f, const std::vector<std::string>& command, const std::string& report,
@@ -270,15 +315,15 @@ int CmdRun(const PolicyFlags& f, const std::vector<std::string>& command, const 
   }
   RunOptions opts;
   opts.scan_stderr = !isatty(STDERR_FILENO);
-  opts.ask_command = nf.ask_command;
-  opts.network_log = nf.network_log;
+  if (!nf.Apply(&opts)) return kExitUsage;
   Outcome outcome = Run(*confined, opts);
   if (!quiet) Summarise(outcome);
   WriteReport(report, outcome);
   return outcome.ExitStatus();
 }
 
-int CmdWrap(const PolicyFlags& f, const std::vector<std::string>& command) {
+int CmdWrap(const PolicyFlags& f, const std::vector<std::string>& command, const NetworkFlags& nf) {
+  if (RunOptions check; !nf.Apply(&check)) return kExitUsage;
   auto policy = BuildPolicy(f);
   if (!policy.ok()) {
     Error(policy.status().message());
@@ -296,6 +341,9 @@ int CmdWrap(const PolicyFlags& f, const std::vector<std::string>& command) {
     Error("refusing to wrap: " + confined.status().message());
     return kExitSandbox;
   }
+  // argv is [agentbox, "__exec", "--", command...]: the proxy's flags go before "--".
+  std::vector<std::string> exec_flags = nf.ForExec();
+  confined->argv.insert(confined->argv.begin() + 2, exec_flags.begin(), exec_flags.end());
   json env = json::object();
   for (const auto& [k, v] : confined->env) env[k] = v;
   json sigs = json::array(), rules = json::array();
@@ -312,7 +360,7 @@ int CmdWrap(const PolicyFlags& f, const std::vector<std::string>& command) {
 }
 
 // The far side of `wrap`: a harness spawned us with the plan in the environment.
-int CmdExec(const std::vector<std::string>& command) {
+int CmdExec(const std::vector<std::string>& command, const NetworkFlags& nf) {
   const char* text = getenv(kPlanEnv);
   if (!text) {
     Error(std::string("sandbox error [-] stage=plan: ") + kPlanEnv + " is not set (use `agentbox wrap`)");
@@ -330,6 +378,7 @@ int CmdExec(const std::vector<std::string>& command) {
   }
   RunOptions opts;
   opts.scan_stderr = false;  // the harness applies the signatures itself
+  if (!nf.Apply(&opts)) return kExitSandbox;
   Outcome o = RunPlan(*plan, command, {}, opts);
   if (o.kind == OutcomeKind::kSandboxError) {
     Error("sandbox error [" + plan->nonce + "] stage=" + (o.error ? o.error->stage : "runner") + ": " +
@@ -564,21 +613,22 @@ int main(int argc, char** argv) {
   run->add_option("--report", report, "write the outcome report (JSON) to FILE");
   run->add_flag("--quiet", quiet, "print nothing of agentbox's own on success or failure");
   NetworkFlags net_flags;
-  run->add_option("--ask-command", net_flags.ask_command,
-                  "on_unknown_domain: ask: run PROG per question ({\"host\",\"port\"} on stdin; "
-                  "answers allow/always/deny); without it, unknown domains are denied");
-  run->add_option("--network-log", net_flags.network_log, "write every proxied connection to FILE (JSON lines)");
+  net_flags.Register(run);
   run->add_option("command", run_cmd, "the command, after --");
 
   PolicyFlags wrap_flags;
   std::vector<std::string> wrap_cmd;
   CLI::App* wrap = app.add_subcommand("wrap", "print the confined argv as JSON, for harnesses that spawn processes");
   wrap_flags.Register(wrap, true);
+  NetworkFlags wrap_net_flags;
+  wrap_net_flags.Register(wrap);
   wrap->add_option("command", wrap_cmd, "the command, after --");
 
   std::vector<std::string> exec_cmd;
   CLI::App* exec = app.add_subcommand("__exec", "");
   exec->group("");  // hidden: the far side of `wrap`
+  NetworkFlags exec_net_flags;
+  exec_net_flags.Register(exec);
   exec->add_option("command", exec_cmd);
 
   std::string check_policy;
@@ -631,8 +681,8 @@ int main(int argc, char** argv) {
     return kExitUsage;
   }
   if (*run) return CmdRun(run_flags, run_cmd, report, quiet, net_flags);
-  if (*wrap) return CmdWrap(wrap_flags, wrap_cmd);
-  if (*exec) return CmdExec(exec_cmd);
+  if (*wrap) return CmdWrap(wrap_flags, wrap_cmd, wrap_net_flags);
+  if (*exec) return CmdExec(exec_cmd, exec_net_flags);
   if (*check) return CmdCheck(check_policy, check_backend, check_json);
   if (*validate) return CmdValidate(validate_file);
   if (*explain) return CmdExplain(explain_flags, explain_json);

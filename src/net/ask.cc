@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <boost/asio/post.hpp>
@@ -160,6 +161,14 @@ void TerminalAsker::Next() {
     return;
   }
   asking_ = true;
+  if (::isatty(out_fd_)) {
+    // Outside the terminal's foreground process group (`agentbox run ... &`)
+    // a read from it would stop the whole supervisor (SIGTTIN): no question,
+    // a deny.
+    if (::tcgetpgrp(out_fd_) != ::getpgrp()) return Answer(AskAnswer::kDeny, "");
+    // Only an answer typed after the question counts, never type-ahead.
+    ::tcflush(out_fd_, TCIFLUSH);
+  }
   std::string prompt = "agentbox: allow " + queue_.front().target + "? [o]nce / [a]lways this run / [d]eny: ";
   ssize_t ignored = ::write(out_fd_, prompt.data(), prompt.size());
   (void)ignored;

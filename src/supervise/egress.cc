@@ -20,8 +20,6 @@
 namespace agentbox::supervise {
 namespace {
 
-constexpr std::chrono::milliseconds kAskTimeout{60000};
-
 class CollectingSink : public net::RecordSink {
  public:
   void Record(const net::ConnectionRecord& record) override {
@@ -64,12 +62,21 @@ Result<std::unique_ptr<Egress>> Egress::Start(const Plan& plan, const RunOptions
   e->state_ = std::make_unique<State>();
   State& s = *e->state_;
   s.resolver = std::make_unique<net::SystemResolver>(s.io);
-  if (!options.ask_command.empty()) {
-    s.asker = std::make_unique<net::CommandAsker>(s.io, std::vector<std::string>{options.ask_command}, kAskTimeout);
+  const std::chrono::milliseconds ask_timeout(options.ask_timeout_ms);
+  if (plan.network.ask_unknown) {
+    // --ask-command first; else the controlling terminal, if there is one;
+    // else no asker, and every question is a deny.
+    if (!options.ask_command.empty()) {
+      s.asker = std::make_unique<net::CommandAsker>(s.io, std::vector<std::string>{options.ask_command}, ask_timeout);
+    } else {
+      s.asker = net::TerminalAsker::OpenControllingTerminal(s.io, ask_timeout);
+    }
   }
   net::ProxyOptions popts;
   popts.ask_unknown = plan.network.ask_unknown;
-  popts.ask_timeout = kAskTimeout;
+  // The asker's own bound answers first (the terminal says so, the ask
+  // command is killed); the proxy's is a backstop behind it.
+  popts.ask_timeout = ask_timeout + std::chrono::seconds(1);
   popts.check_sni = plan.network.sni_check;
   popts.sni_ports = plan.network.sni_ports;
   s.proxy = std::make_unique<net::Proxy>(s.io, std::move(*rules), popts, *s.resolver, s.asker.get(), &s.sink);
