@@ -4,8 +4,13 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -685,6 +690,273 @@ TEST(Network, UdpToAHostLoopbackPortArrivesNowhere) {
   // Loopback delivery happens inside sendto: had anything arrived, it would be queued now.
   EXPECT_EQ(recv(u, buf, sizeof buf, MSG_DONTWAIT), -1);
   EXPECT_EQ(errno, EAGAIN);
+}
+
+// ------------------------------------------------------------ asking on the terminal
+
+// `argv` on a new pseudo-terminal, which is its controlling terminal and its
+// stdin, stdout and stderr; the test plays the person at the keyboard.
+class PtyRun {
+ public:
+  PtyRun(const std::vector<std::string>& argv, const std::vector<std::string>& env, const std::string& cwd) {
+    master_ = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+    if (master_ < 0 || grantpt(master_) != 0 || unlockpt(master_) != 0) return;
+    const std::string slave = ptsname(master_);
+    std::vector<char*> args, envp;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+    envp.push_back(nullptr);
+    pid_ = fork();
+    if (pid_ == 0) {
+      // A new session whose controlling terminal is the pty; the child
+      // leads its foreground process group.
+      setsid();
+      int fd = open(slave.c_str(), O_RDWR);
+      if (fd < 0 || ioctl(fd, TIOCSCTTY, 0) != 0) _exit(120);
+      if (dup2(fd, 0) < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0) _exit(121);
+      if (fd > 2) close(fd);
+      sigset_t none;
+      sigemptyset(&none);
+      sigprocmask(SIG_SETMASK, &none, nullptr);
+      if (chdir(cwd.c_str()) != 0) _exit(122);
+      execve(args[0], args.data(), envp.data());
+      _exit(123);
+    }
+  }
+  ~PtyRun() {
+    if (pid_ > 0 && !reaped_) {
+      kill(-pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (master_ >= 0) close(master_);
+  }
+  bool started() const { return pid_ > 0; }
+
+  // Reads until `needle` appears after what earlier calls consumed; moves past it.
+  bool Expect(const std::string& needle, int timeout_ms = 20000) {
+    const long deadline = NowMs() + timeout_ms;
+    for (;;) {
+      std::size_t at = text_.find(needle, cursor_);
+      if (at != std::string::npos) {
+        cursor_ = at + needle.size();
+        return true;
+      }
+      long left = deadline - NowMs();
+      if (left <= 0 || !ReadSome(static_cast<int>(left))) return false;
+    }
+  }
+  void Type(const std::string& keys) { (void)!write(master_, keys.data(), keys.size()); }
+  // Reads to the end, then the exit status (or -1).
+  int Wait(int timeout_ms = 30000) {
+    const long deadline = NowMs() + timeout_ms;
+    while (NowMs() < deadline && ReadSome(static_cast<int>(deadline - NowMs()))) {
+    }
+    int status = 0;
+    if (waitpid(pid_, &status, 0) != pid_) return -1;
+    reaped_ = true;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  const std::string& text() const { return text_; }
+  // Occurrences of `needle` in everything read so far.
+  int Count(const std::string& needle) const {
+    int n = 0;
+    for (std::size_t at = text_.find(needle); at != std::string::npos; at = text_.find(needle, at + 1)) ++n;
+    return n;
+  }
+
+ private:
+  // False at the end (EIO once the last slave fd is closed) or timeout.
+  bool ReadSome(int timeout_ms) {
+    pollfd p = {master_, POLLIN, 0};
+    if (poll(&p, 1, std::min(timeout_ms, 1000)) < 0) return false;
+    if (!(p.revents & (POLLIN | POLLHUP))) return timeout_ms > 1000;
+    char buf[4096];
+    ssize_t n = read(master_, buf, sizeof buf);
+    if (n <= 0) return false;
+    text_.append(buf, static_cast<std::size_t>(n));
+    return true;
+  }
+  int master_ = -1;
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+  std::string text_;
+  std::size_t cursor_ = 0;
+};
+
+// curl printing "<label>: <status>" for http://<host>:<port>/.
+std::string Fetch(const std::string& label, const std::string& host, int port) {
+  return kUseProxy + "curl -s -o /dev/null -w '" + label + ": %{http_code}\\n' http://" + host + ":" +
+         std::to_string(port) + "/";
+}
+
+// Fetches ask.test `times` times in sequence.
+std::string FetchAsk(int port, int times) {
+  std::string script;
+  for (int i = 0; i < times; ++i) script += Fetch("fetch " + std::to_string(i), "ask.test", port) + "; ";
+  return script;
+}
+
+// `agentbox run` with on_unknown_domain: ask on a terminal; ask.test resolves
+// to 127.0.0.1, and the 127.0.0.1:PORT entry lets a yes through the address
+// guard. `prefix` goes before agentbox's argv (as an exec chain).
+struct TerminalAsk {
+  TerminalAsk(const Sandbox& sb, int port, const std::string& script, const std::vector<std::string>& extra = {},
+              const std::vector<std::string>& prefix = {}) {
+    const std::string p = std::to_string(port);
+    WriteFile(sb.scratch() + "/hosts", "127.0.0.1 ask.test\n");
+    WriteFile(sb.scratch() + "/with_hosts.py", kWithHosts);
+    std::string policy = PolicyFile(sb, "  allow: [\"127.0.0.1:" + p + "\"]\n  on_unknown_domain: ask\n");
+    unlink(sb.report_path().c_str());
+    std::vector<std::string> argv = prefix;
+    argv.insert(argv.end(), {Python(), sb.scratch() + "/with_hosts.py", sb.scratch() + "/hosts", AgentboxBin(), "run",
+                             "--report", sb.report_path(), "--policy", policy});
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    argv.insert(argv.end(), {"--", "sh", "-c", script});
+    run = std::make_unique<PtyRun>(argv, sb.Env({"TERM=dumb"}), sb.ws());
+    question = "allow ask.test:" + p + "? [o]nce / [a]lways this run / [d]eny: ";
+  }
+  std::optional<nlohmann::json> Report(const Sandbox& sb) const {
+    auto text = ReadFile(sb.report_path());
+    if (!text) return std::nullopt;
+    auto j = nlohmann::json::parse(*text, nullptr, false);
+    if (j.is_discarded()) return std::nullopt;
+    return j;
+  }
+  std::unique_ptr<PtyRun> run;
+  std::string question;
+};
+
+TEST(Network, TerminalAskOnceThenDeny) {
+  if (Python().empty()) GTEST_SKIP() << "python3 is not installed";
+  HostServer server;
+  ASSERT_GT(server.port(), 0);
+  Sandbox sb;
+  TerminalAsk ask(sb, server.port(), FetchAsk(server.port(), 2));
+  ASSERT_TRUE(ask.run->started());
+  ASSERT_TRUE(ask.run->Expect(ask.question)) << ask.run->text();
+  ask.run->Type("o\n");
+  ASSERT_TRUE(ask.run->Expect("fetch 0: 200")) << ask.run->text();
+  // "once" was for that connection only: the next one asks again.
+  ASSERT_TRUE(ask.run->Expect(ask.question)) << ask.run->text();
+  ask.run->Type("d\n");
+  ASSERT_TRUE(ask.run->Expect("fetch 1: 403")) << ask.run->text();
+  EXPECT_EQ(ask.run->Wait(), 0) << ask.run->text();
+  EXPECT_EQ(server.served(), 1);
+  auto report = ask.Report(sb);
+  ASSERT_TRUE(report) << ask.run->text();
+  EXPECT_EQ((*report)["network"]["connections"]["allowed"], 1) << report->dump();
+  EXPECT_EQ((*report)["network"]["connections"]["denied"], 1) << report->dump();
+  bool named = false;
+  for (const auto& d : (*report)["denials"]) {
+    if (d["target"] == "ask.test:" + std::to_string(server.port()) &&
+        Contains(d["reason"].get<std::string>(), "ask-denied")) {
+      named = true;
+    }
+  }
+  EXPECT_TRUE(named) << report->dump();
+}
+
+TEST(Network, TerminalAskAlwaysHoldsForTheRun) {
+  if (Python().empty()) GTEST_SKIP() << "python3 is not installed";
+  HostServer server;
+  ASSERT_GT(server.port(), 0);
+  Sandbox sb;
+  TerminalAsk ask(sb, server.port(), FetchAsk(server.port(), 3));
+  ASSERT_TRUE(ask.run->started());
+  ASSERT_TRUE(ask.run->Expect(ask.question)) << ask.run->text();
+  ask.run->Type("a\n");
+  ASSERT_TRUE(ask.run->Expect("fetch 2: 200")) << ask.run->text();
+  EXPECT_EQ(ask.run->Wait(), 0) << ask.run->text();
+  EXPECT_EQ(ask.run->Count(ask.question), 1) << ask.run->text();
+  EXPECT_TRUE(Contains(ask.run->text(), "fetch 0: 200")) << ask.run->text();
+  EXPECT_TRUE(Contains(ask.run->text(), "fetch 1: 200")) << ask.run->text();
+  EXPECT_EQ(server.served(), 3);
+}
+
+// Silence is a deny once the bound passes; so is anything but a yes.
+TEST(Network, TerminalAskUnansweredIsADeny) {
+  if (Python().empty()) GTEST_SKIP() << "python3 is not installed";
+  HostServer server;
+  ASSERT_GT(server.port(), 0);
+  Sandbox sb;
+  TerminalAsk ask(sb, server.port(), FetchAsk(server.port(), 2), {"--ask-timeout", "1s"});
+  ASSERT_TRUE(ask.run->started());
+  ASSERT_TRUE(ask.run->Expect(ask.question)) << ask.run->text();
+  ASSERT_TRUE(ask.run->Expect("no answer in time, denied")) << ask.run->text();
+  ASSERT_TRUE(ask.run->Expect("fetch 0: 403")) << ask.run->text();
+  ASSERT_TRUE(ask.run->Expect(ask.question)) << ask.run->text();
+  ask.run->Type("sure\n");
+  ASSERT_TRUE(ask.run->Expect("fetch 1: 403")) << ask.run->text();
+  EXPECT_EQ(ask.run->Wait(), 0) << ask.run->text();
+  EXPECT_EQ(server.served(), 0);
+  auto report = ask.Report(sb);
+  ASSERT_TRUE(report) << ask.run->text();
+  EXPECT_EQ((*report)["network"]["connections"]["denied"], 2) << report->dump();
+}
+
+// While a question waits on the terminal, the proxy serves everything else.
+TEST(Network, TerminalQuestionDoesNotHoldOtherConnections) {
+  if (Python().empty()) GTEST_SKIP() << "python3 is not installed";
+  HostServer server;
+  ASSERT_GT(server.port(), 0);
+  Sandbox sb;
+  const std::string script = "(" + FetchAsk(server.port(), 1) + ") & sleep 0.5; " +
+                             Fetch("direct", "127.0.0.1", server.port()) + "; " + Fetch("again", "127.0.0.1", server.port()) +
+                             "; wait";
+  TerminalAsk ask(sb, server.port(), script);
+  ASSERT_TRUE(ask.run->started());
+  ASSERT_TRUE(ask.run->Expect(ask.question)) << ask.run->text();
+  ASSERT_TRUE(ask.run->Expect("again: 200")) << ask.run->text();  // both served, the question still open
+  EXPECT_FALSE(Contains(ask.run->text(), "fetch 0:")) << ask.run->text();
+  ask.run->Type("o\n");
+  ASSERT_TRUE(ask.run->Expect("fetch 0: 200")) << ask.run->text();
+  EXPECT_EQ(ask.run->Wait(), 0) << ask.run->text();
+  EXPECT_EQ(server.served(), 3);
+}
+
+// Runs argv[1:] in a new process group, not the terminal's foreground one;
+// the child dies with this process (which the test can kill).
+const char* const kInBackground = R"PY(
+import ctypes, os, signal, sys
+pid = os.fork()
+if pid == 0:
+    os.setpgid(0, 0)
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    os.execv(sys.argv[1], sys.argv[1:])
+sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+)PY";
+
+// In the background of its terminal (another process group is in the
+// foreground) agentbox does not read the terminal, which would stop it: the
+// question is a deny, at once, and nothing is printed there.
+TEST(Network, TerminalAskInTheBackgroundIsADeny) {
+  if (Python().empty()) GTEST_SKIP() << "python3 is not installed";
+  HostServer server;
+  ASSERT_GT(server.port(), 0);
+  Sandbox sb;
+  TerminalAsk ask(sb, server.port(), FetchAsk(server.port(), 1), {}, {Python(), "-c", kInBackground});
+  ASSERT_TRUE(ask.run->started());
+  ASSERT_TRUE(ask.run->Expect("fetch 0: 403")) << ask.run->text();
+  EXPECT_EQ(ask.run->Wait(), 0) << ask.run->text();
+  EXPECT_EQ(ask.run->Count("allow ask.test"), 0) << ask.run->text();
+  EXPECT_EQ(server.served(), 0);
+}
+
+// With --ask-command the program answers, not the terminal.
+TEST(Network, AskCommandTakesPrecedenceOverTheTerminal) {
+  if (Python().empty()) GTEST_SKIP() << "python3 is not installed";
+  HostServer server;
+  ASSERT_GT(server.port(), 0);
+  Sandbox sb;
+  const std::string ask_prog = sb.scratch() + "/ask.sh";
+  WriteFile(ask_prog, "#!/bin/sh\ncat >/dev/null\necho allow\n", 0755);
+  TerminalAsk ask(sb, server.port(), FetchAsk(server.port(), 1), {"--ask-command", ask_prog});
+  ASSERT_TRUE(ask.run->started());
+  ASSERT_TRUE(ask.run->Expect("fetch 0: 200")) << ask.run->text();
+  EXPECT_EQ(ask.run->Wait(), 0) << ask.run->text();
+  EXPECT_EQ(ask.run->Count(ask.question), 0) << ask.run->text();
+  EXPECT_EQ(server.served(), 1);
 }
 
 TEST(Network, NoProxyWithoutNetworkNeeds) {
