@@ -959,6 +959,59 @@ TEST(Network, AskCommandTakesPrecedenceOverTheTerminal) {
   EXPECT_EQ(server.served(), 1);
 }
 
+// ------------------------------------------------------------ wrap
+
+// `agentbox wrap` with the proxy's flags, given relative paths in the
+// workspace; the printed argv is then spawned the way a harness does, from
+// another directory: the __exec side asks the command and writes the log.
+TEST(Network, WrapCarriesAskCommandAndNetworkLog) {
+  HostServer server;
+  ASSERT_GT(server.port(), 0);
+  Sandbox sb;
+  std::string policy = PolicyFile(sb, "  allow: [\"" + server.target() + "\"]\n  on_unknown_domain: ask\n");
+  WriteFile(sb.ws() + "/ask.sh", "#!/bin/sh\ncat > asked.json\necho deny\n", 0755);
+  const std::string script = Fetch("known", "127.0.0.1", server.port()) + "; " + Fetch("unknown", "unknown.test", 80);
+  RunResult w = RunCommand(sb.AgentboxCommand({"wrap", "--policy", policy, "--ask-command", "./ask.sh",
+                                               "--ask-timeout", "20s", "--network-log", "net.jsonl", "--", "sh", "-c",
+                                               script}));
+  ASSERT_EQ(w.status, 0) << w.Describe();
+  auto j = nlohmann::json::parse(w.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << w.Describe();
+  const auto argv = j["argv"].get<std::vector<std::string>>();
+  const std::vector<std::string> flags = {"--ask-command", sb.ws() + "/ask.sh", "--ask-timeout", "20s",
+                                          "--network-log", sb.ws() + "/net.jsonl", "--"};
+  ASSERT_GE(argv.size(), 2 + flags.size()) << w.out;
+  EXPECT_EQ(std::vector<std::string>(argv.begin() + 2, argv.begin() + 2 + flags.size()), flags) << w.out;
+
+  Command c;
+  c.argv = argv;
+  c.cwd = sb.scratch();
+  c.env = sb.Env();
+  for (auto it = j["env"].begin(); it != j["env"].end(); ++it) c.env.push_back(it.key() + "=" + it.value().get<std::string>());
+  RunResult r = RunCommand(c);
+  EXPECT_EQ(r.status, 0) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, "known: 200")) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, "unknown: 403")) << r.Describe();
+  // The ask command ran (in the directory the harness started the argv from).
+  auto question = ReadFile(sb.scratch() + "/asked.json");
+  ASSERT_TRUE(question) << r.Describe();
+  EXPECT_TRUE(Contains(*question, "\"host\":\"unknown.test\"")) << *question;
+  auto log = ReadFile(sb.ws() + "/net.jsonl");
+  ASSERT_TRUE(log) << r.Describe();
+  auto lines = Lines(*log);
+  ASSERT_EQ(lines.size(), 2u) << *log;
+  int allowed = 0, asked_and_denied = 0;
+  for (const auto& line : lines) {
+    auto rec = nlohmann::json::parse(line, nullptr, false);
+    ASSERT_FALSE(rec.is_discarded()) << line;
+    allowed += rec["decision"] == "allow" && rec["port"] == server.port();
+    asked_and_denied += rec["decision"] == "deny" && rec["reason"] == "ask-denied";
+  }
+  EXPECT_EQ(allowed, 1) << *log;
+  EXPECT_EQ(asked_and_denied, 1) << *log;
+  EXPECT_EQ(server.served(), 1);
+}
+
 TEST(Network, NoProxyWithoutNetworkNeeds) {
   Sandbox sb;
   RunResult r = sb.Sh("env | grep -ci _proxy; true");
