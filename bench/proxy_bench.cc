@@ -5,8 +5,15 @@
 // The proxy runs in a forked child process (as it will in the supervisor), so
 // its RSS is its own. Prints figures and ratios; asserts nothing.
 //
-//   proxy_bench [BYTES]      (default 1073741824)
+//   proxy_bench [BYTES [ROUNDS]]   (default 1073741824 bytes, 5 rounds)
+//
+// The bulk rounds alternate direct, tunnel and a reference relay, so that a
+// neighbour's load hits all alike; each round prints its figures and the CPU
+// seconds spent by the endpoints (this process) and by the proxy process.
+// The reference relay is the cheapest relay there is (blocking splice(2), a
+// thread per direction, no decisions): what any relay in user space costs.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
@@ -24,6 +31,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
@@ -107,6 +115,67 @@ int Tunnel(std::uint16_t proxy, std::uint16_t target) {
   _exit(0);
 }
 
+// CPU seconds (user + system) of a process so far.
+double CpuSeconds(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::size_t close = text.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::vector<std::string> fields;
+  std::string field;
+  for (char c : text.substr(close + 2)) {
+    if (c == ' ') {
+      fields.push_back(field);
+      field.clear();
+    } else {
+      field += c;
+    }
+  }
+  // Fields 14 and 15 (utime, stime) are the 12th and 13th after the name.
+  if (fields.size() < 13) return 0;
+  return static_cast<double>(std::stoull(fields[11]) + std::stoull(fields[12])) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+double SelfCpuSeconds() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+// The reference relay: every accepted connection is joined to `target` by
+// two threads, each splicing one direction through its own pipe.
+void SplicePump(int from, int to) {
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC) != 0) return;
+  (void)::fcntl(p[1], F_SETPIPE_SZ, 1 << 20);
+  while (true) {
+    ssize_t n = ::splice(from, nullptr, p[1], nullptr, 1 << 20, SPLICE_F_MOVE);
+    if (n <= 0) break;
+    while (n > 0) {
+      ssize_t w = ::splice(p[0], nullptr, to, nullptr, static_cast<std::size_t>(n), SPLICE_F_MOVE);
+      if (w <= 0) break;
+      n -= w;
+    }
+  }
+  ::shutdown(to, SHUT_WR);
+  ::close(p[0]);
+  ::close(p[1]);
+}
+
+[[noreturn]] void RunReferenceRelay(int listen_fd, std::uint16_t target) {
+  while (true) {
+    int c = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (c < 0) _exit(1);
+    int u = Connect(target);
+    std::thread up(SplicePump, c, u), down(SplicePump, u, c);
+    up.join();
+    down.join();
+    ::close(c);
+    ::close(u);
+  }
+}
+
 long RssKiB(pid_t pid) {
   std::ifstream f("/proc/" + std::to_string(pid) + "/status");
   std::string line;
@@ -167,32 +236,54 @@ double P50(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   std::size_t bytes = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : (std::size_t{1} << 30);
+  const int rounds = argc > 2 ? std::max(1, std::atoi(argv[2])) : 5;
   rlimit lim{};
   ::getrlimit(RLIMIT_NOFILE, &lim);
   lim.rlim_cur = lim.rlim_max;
   ::setrlimit(RLIMIT_NOFILE, &lim);
   ::signal(SIGPIPE, SIG_IGN);
 
-  std::uint16_t proxy_port, sink_port, echo_port;
+  std::uint16_t proxy_port, sink_port, echo_port, relay_port;
   int proxy_fd = Listen(&proxy_port);
+  int sink_fd = Listen(&sink_port);
+  int relay_fd = Listen(&relay_port);
   pid_t proxy = ::fork();  // before any thread exists
   if (proxy == 0) RunProxy(proxy_fd);
   ::close(proxy_fd);
-  int sink_fd = Listen(&sink_port);
+  pid_t relay = ::fork();
+  if (relay == 0) RunReferenceRelay(relay_fd, sink_port);
+  ::close(relay_fd);
   int echo_fd = Listen(&echo_port);
   std::thread(SinkServer, sink_fd).detach();
   std::thread(EchoServer, echo_fd).detach();
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
 
-  // 1. Bulk: best of three each way.
-  double direct = 0, tunnel = 0;
-  for (int i = 0; i < 3; ++i) {
-    direct = std::max(direct, Bulk(Connect(sink_port), bytes));
+  // 1. Bulk: direct, tunnel and reference relay, alternating.
+  const double gib = static_cast<double>(bytes) / (1 << 30);
+  double direct = 0, tunnel = 0, reference = 0;
+  std::vector<double> ratios, reference_ratios;
+  for (int i = 0; i < rounds; ++i) {
+    double self0 = SelfCpuSeconds();
+    double d = Bulk(Connect(sink_port), bytes);
+    double self1 = SelfCpuSeconds(), proxy1 = CpuSeconds(proxy);
     int fd = Tunnel(proxy_port, sink_port);
-    tunnel = std::max(tunnel, fd < 0 ? -1 : Bulk(fd, bytes));
+    double t = fd < 0 ? -1 : Bulk(fd, bytes);
+    double self2 = SelfCpuSeconds(), proxy2 = CpuSeconds(proxy), relay2 = CpuSeconds(relay);
+    double r = Bulk(Connect(relay_port), bytes);
+    double relay3 = CpuSeconds(relay);
+    std::printf("  round %d: direct %.0f MiB/s (endpoints %.2f s CPU/GiB); tunnel %.0f MiB/s (endpoints %.2f, "
+                "proxy %.2f s CPU/GiB), ratio %.2f; reference relay %.0f MiB/s (relay %.2f s CPU/GiB), ratio %.2f\n",
+                i + 1, d, (self1 - self0) / gib, t, (self2 - self1) / gib, (proxy2 - proxy1) / gib, t / d, r,
+                (relay3 - relay2) / gib, r / d);
+    direct = std::max(direct, d);
+    tunnel = std::max(tunnel, t);
+    reference = std::max(reference, r);
+    ratios.push_back(t / d);
+    reference_ratios.push_back(r / d);
   }
-  std::printf("bulk %.0f MiB: direct %.0f MiB/s, CONNECT tunnel %.0f MiB/s, ratio %.2f (target >= 0.90)\n",
-              static_cast<double>(bytes) / (1 << 20), direct, tunnel, tunnel / direct);
+  std::printf("bulk %.0f MiB: best direct %.0f MiB/s, best CONNECT tunnel %.0f MiB/s, best reference relay %.0f MiB/s; "
+              "median round ratio: tunnel %.2f (target >= 0.90), reference relay %.2f\n",
+              static_cast<double>(bytes) / (1 << 20), direct, tunnel, reference, P50(ratios), P50(reference_ratios));
 
   // 2. Connection setup + first byte, sequential, p50 over 2,000 each.
   std::vector<double> d_ms, t_ms;
@@ -241,5 +332,7 @@ int main(int argc, char** argv) {
 
   ::kill(proxy, SIGTERM);
   ::waitpid(proxy, nullptr, 0);
+  ::kill(relay, SIGKILL);
+  ::waitpid(relay, nullptr, 0);
   return 0;
 }
