@@ -35,7 +35,11 @@ class CommandAsker : public Asker {
 
 // Asks on a terminal, one question at a time:
 //   agentbox: allow api.example.com:443? [o]nce / [a]lways this run / [d]eny:
-// Owns the two descriptors it is given (they may be the same fd).
+// Input typed before a question is discarded. On a terminal whose foreground
+// process group is not this process's, every question is a deny without a
+// prompt (reading would stop the process with SIGTTIN). Silence for
+// `timeout` is a deny. Owns the two descriptors it is given (they may be the
+// same fd; a socket works too, for tests).
 class TerminalAsker : public Asker {
  public:
   TerminalAsker(boost::asio::io_context& io, int in_fd, int out_fd, std::chrono::milliseconds timeout);
