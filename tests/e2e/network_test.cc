@@ -692,6 +692,87 @@ TEST(Network, UdpToAHostLoopbackPortArrivesNowhere) {
   EXPECT_EQ(errno, EAGAIN);
 }
 
+// Runs argv[2:] in new mount and network namespaces (and, when not root, a
+// user namespace mapping only the caller's own ids) standing in for the
+// host: argv[1] is bound over /etc/resolv.conf, and this process holds a
+// "resolver" on that host's 127.0.0.1:53, UDP and TCP. After the command it
+// prints how many queries and connections the resolver got.
+const char* const kWithResolver = R"PY(
+import ctypes, fcntl, os, socket, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+resolv, argv = sys.argv[1], sys.argv[2:]
+uid, gid = os.getuid(), os.getgid()
+CLONE_NEWNS, CLONE_NEWNET, CLONE_NEWUSER = 0x20000, 0x40000000, 0x10000000
+MS_BIND, MS_REC, MS_PRIVATE = 0x1000, 0x4000, 1 << 18
+def check(rc, what):
+    if rc != 0:
+        sys.exit("with-resolver: %s: %s" % (what, os.strerror(ctypes.get_errno())))
+check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET | (0 if uid == 0 else CLONE_NEWUSER)), "unshare")
+if uid != 0:
+    for name, text in (("setgroups", "deny"), ("uid_map", "%d %d 1" % (uid, uid)), ("gid_map", "%d %d 1" % (gid, gid))):
+        with open("/proc/self/" + name, "w") as f:
+            f.write(text)
+check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
+check(libc.mount(resolv.encode(), b"/etc/resolv.conf", None, MS_BIND, None), "bind " + resolv)
+with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # lo up: IFF_UP | IFF_LOOPBACK | IFF_RUNNING
+    fcntl.ioctl(s, 0x8914, struct.pack("16sH14s", b"lo", 0x1 | 0x8 | 0x40, b""))
+udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+udp.bind(("127.0.0.1", 53))
+tcp = socket.socket()
+tcp.bind(("127.0.0.1", 53))
+tcp.listen(8)
+with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # control: the resolver hears the host
+    probe.sendto(b"control", ("127.0.0.1", 53))
+    udp.settimeout(5)
+    assert udp.recv(64) == b"control"
+print("resolver listening", flush=True)
+pid = os.fork()
+if pid == 0:
+    os.execv(argv[0], argv)
+status = os.waitpid(pid, 0)[1]
+heard = 0
+udp.setblocking(False)
+tcp.setblocking(False)
+for receive in (lambda: udp.recv(4096), lambda: tcp.accept()):
+    try:
+        while True:
+            receive()
+            heard += 1
+    except BlockingIOError:
+        pass
+print("resolver heard %d" % heard, flush=True)
+sys.exit(os.waitstatus_to_exitcode(status))
+)PY";
+
+// The sandbox has no DNS: with /etc/resolv.conf naming 127.0.0.1 (the
+// sandbox's own loopback, where nothing listens), lookups fail, and the
+// resolver on the host's 127.0.0.1:53 hears nothing, proxy or not.
+TEST(Network, NameResolutionInsideFailsAndSendsNothing) {
+  if (Python().empty()) GTEST_SKIP() << "python3 is not installed";
+  Sandbox sb;
+  WriteFile(sb.scratch() + "/resolv.conf", "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n");
+  WriteFile(sb.scratch() + "/with_resolver.py", kWithResolver);
+  const std::string script =
+      "cat /etc/resolv.conf; getent hosts resolve-me.test; echo getent=$?; "
+      "python3 -c 'import socket\ntry:\n  socket.getaddrinfo(\"resolve-me.test\", 80)\n  print(\"resolved\")\n"
+      "except socket.gaierror as e:\n  print(\"gaierror\", e.errno)'";
+  for (const std::vector<std::string>& options :
+       {std::vector<std::string>{}, std::vector<std::string>{"--allow-domain", "resolve-me.test"}}) {
+    Command c = sb.AgentboxCommand({});
+    c.argv = {Python(), sb.scratch() + "/with_resolver.py", sb.scratch() + "/resolv.conf", AgentboxBin(), "run"};
+    c.argv.insert(c.argv.end(), options.begin(), options.end());
+    c.argv.insert(c.argv.end(), {"--", "sh", "-c", script});
+    RunResult r = RunCommand(c);
+    EXPECT_EQ(r.status, 0) << r.Describe();
+    EXPECT_TRUE(Contains(r.out, "resolver listening")) << r.Describe();
+    EXPECT_TRUE(Contains(r.out, "nameserver 127.0.0.1")) << r.Describe();
+    EXPECT_FALSE(Contains(r.out, "getent=0")) << r.Describe();
+    EXPECT_TRUE(Contains(r.out, "gaierror")) << r.Describe();
+    EXPECT_FALSE(Contains(r.out, "resolved\n")) << r.Describe();
+    EXPECT_TRUE(Contains(r.out, "resolver heard 0")) << r.Describe();
+  }
+}
+
 // ------------------------------------------------------------ asking on the terminal
 
 // `argv` on a new pseudo-terminal, which is its controlling terminal and its
