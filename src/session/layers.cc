@@ -1,0 +1,931 @@
+#include "session/layers.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <unordered_map>
+
+#include "linux/compat.h"
+#include "linux/fd.h"
+#include "policy/sha256.h"
+#include "session/unified_diff.h"
+
+namespace agentbox::session {
+namespace {
+
+using linux::UniqueFd;
+
+constexpr const char* kOpaqueXattr = "user.overlay.opaque";
+constexpr const char* kTrustedOpaqueXattr = "trusted.overlay.opaque";
+constexpr const char* kManifestName = "manifest.json";
+constexpr const char* kTreeName = "tree";
+// git's test for binary content: a NUL byte in the first 8000 bytes.
+constexpr std::size_t kBinaryProbeBytes = 8000;
+
+std::string Join(const std::string& dir, const std::string& rel) {
+  if (rel.empty()) return dir;
+  if (dir.empty()) return rel;
+  return dir.back() == '/' ? dir + rel : dir + "/" + rel;
+}
+
+std::string Octal(mode_t mode) {
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "%04o", static_cast<unsigned>(mode & 07777));
+  return buf;
+}
+
+bool IsWhiteout(const struct stat& st) { return S_ISCHR(st.st_mode) && st.st_rdev == makedev(0, 0); }
+
+// Needs an fd opened for reading (xattr calls refuse O_PATH fds).
+bool IsOpaque(int dir_fd) {
+  for (const char* name : {kOpaqueXattr, kTrustedOpaqueXattr}) {
+    char value[4];
+    ssize_t n = fgetxattr(dir_fd, name, value, sizeof(value));
+    if (n == 1 && value[0] == 'y') return true;
+  }
+  return false;
+}
+
+// Opens `rel` below the directory `root_fd` without following any symlink on
+// the way (a symlink as the last component is opened itself with O_PATH).
+int OpenBeneath(int root_fd, const std::string& rel, std::uint64_t flags) {
+  linux::OpenHow how{};
+  how.flags = flags | O_CLOEXEC | O_NOFOLLOW;
+  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+  return linux::Openat2(root_fd, rel.empty() ? "." : rel.c_str(), &how);
+}
+
+// The names in the directory `dir_fd` (not "." or ".."), sorted.
+Result<std::vector<std::string>> ListNames(int dir_fd, const std::string& path, const char* stage) {
+  // A fresh open file description: readdir's position is its own.
+  int fd = openat(dir_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Status::Errno(stage, "open", path);
+  DIR* dir = fdopendir(fd);
+  if (dir == nullptr) {
+    Status s = Status::Errno(stage, "fdopendir", path);
+    close(fd);
+    return s;
+  }
+  std::vector<std::string> names;
+  errno = 0;
+  while (struct dirent* e = readdir(dir)) {
+    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) names.emplace_back(e->d_name);
+    errno = 0;
+  }
+  int err = errno;
+  closedir(dir);
+  if (err != 0) return Status::Syscall(stage, "readdir", path, err);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+Result<std::string> ReadLinkAt(int dir_fd, const std::string& name, const std::string& path, const char* stage) {
+  std::string buf(256, '\0');
+  for (;;) {
+    ssize_t n = readlinkat(dir_fd, name.c_str(), buf.data(), buf.size());
+    if (n < 0) return Status::Errno(stage, "readlink", path);
+    if (static_cast<std::size_t>(n) < buf.size()) {
+      buf.resize(static_cast<std::size_t>(n));
+      return buf;
+    }
+    buf.resize(buf.size() * 2);
+  }
+}
+
+// Reads at most `limit` bytes of `fd` from its current offset.
+Result<std::string> ReadUpTo(int fd, std::size_t limit, const std::string& path, const char* stage) {
+  std::string data;
+  char buf[1 << 16];
+  while (data.size() < limit) {
+    ssize_t n = read(fd, buf, std::min(sizeof(buf), limit - data.size()));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::Errno(stage, "read", path);
+    }
+    if (n == 0) break;
+    data.append(buf, static_cast<std::size_t>(n));
+  }
+  return data;
+}
+
+// SHA-256 of a file nobody else writes (a snapshot's own copy): mapped, so
+// the file is hashed without a second copy in memory.
+Result<std::string> Sha256OfFile(int fd, std::size_t size, const std::string& path, const char* stage) {
+  if (size == 0) return Sha256Hex("");
+  void* p = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  if (p == MAP_FAILED) return Status::Errno(stage, "mmap", path);
+  std::string hex = Sha256Hex(std::string_view(static_cast<const char*>(p), size));
+  munmap(p, size);
+  return hex;
+}
+
+// Copies the data of `in` to the empty file `out`: a reflink when the
+// filesystem shares extents (btrfs, xfs), else an in-kernel copy, else
+// read/write.
+Status CopyData(int in, int out, const std::string& path, const char* stage) {
+  if (ioctl(out, FICLONE, in) == 0) return {};
+  for (;;) {
+    ssize_t n = copy_file_range(in, nullptr, out, nullptr, std::size_t{1} << 30, 0);
+    if (n > 0) continue;
+    if (n == 0) return {};
+    if (errno == EINTR) continue;
+    // Not between these files: read/write from the offsets reached so far.
+    if (errno == EXDEV || errno == EINVAL || errno == EOPNOTSUPP || errno == ENOSYS) break;
+    return Status::Errno(stage, "copy_file_range", path);
+  }
+  char buf[1 << 16];
+  for (;;) {
+    ssize_t n = read(in, buf, sizeof(buf));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::Errno(stage, "read", path);
+    }
+    if (n == 0) return {};
+    for (ssize_t done = 0; done < n;) {
+      ssize_t w = write(out, buf + done, static_cast<std::size_t>(n - done));
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        return Status::Errno(stage, "write", path);
+      }
+      done += w;
+    }
+  }
+}
+
+std::string NowRfc3339() {
+  std::time_t now = std::time(nullptr);
+  struct tm tm {};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+Status FsyncPath(const std::string& path, const char* stage) {
+  UniqueFd fd(open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd.valid()) return Status::Errno(stage, "open", path);
+  if (fsync(fd.get()) != 0) return Status::Errno(stage, "fsync", path);
+  return {};
+}
+
+// Writes `data` to `path` so that it is either absent or whole: a temp file
+// beside it, fsync, rename, then fsync of the directory.
+Status WriteFileDurably(const std::string& dir, const std::string& name, const std::string& data,
+                        const char* stage) {
+  const std::string path = Join(dir, name);
+  const std::string temp = Join(dir, "." + name + ".tmp");
+  UniqueFd fd(open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!fd.valid()) return Status::Errno(stage, "open", temp);
+  for (std::size_t done = 0; done < data.size();) {
+    ssize_t n = write(fd.get(), data.data() + done, data.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::Errno(stage, "write", temp);
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  if (fsync(fd.get()) != 0) return Status::Errno(stage, "fsync", temp);
+  fd.reset();
+  if (rename(temp.c_str(), path.c_str()) != 0) return Status::Errno(stage, "rename", path);
+  return FsyncPath(dir, stage);
+}
+
+// ------------------------------------------------------------------ copying
+
+// Copies a tree below opened directories, one component at a time, never
+// following a symlink. Entries that vanish or change type while being copied
+// (the session may be running) are skipped.
+class TreeCopier {
+ public:
+  struct Options {
+    const char* stage = "copy";
+    bool overlay_markers = false;  // keep whiteouts and the opaque mark
+    bool manifest = false;         // record entries with checksums of the copies
+    bool chown = false;            // keep ownership (root only)
+  };
+
+  TreeCopier(Options options, std::string src_root, std::string dst_root)
+      : o_(options), src_root_(std::move(src_root)), dst_root_(std::move(dst_root)) {}
+
+  Status CopyContents(int src_dir, int dst_dir, const std::string& rel) {
+    auto names = ListNames(src_dir, Join(src_root_, rel), o_.stage);
+    if (!names.ok()) return names.status();
+    for (const std::string& name : *names) {
+      if (Status s = CopyEntry(src_dir, dst_dir, name, Join(rel, name)); !s.ok()) return s;
+    }
+    return {};
+  }
+
+  std::vector<Json>& entries() { return entries_; }
+
+ private:
+  static bool Vanished(int err) { return err == ENOENT || err == ENOTDIR || err == ELOOP; }
+
+  // Ownership, mode and times of a copied file or directory, after its
+  // contents: chown first (it clears set-id bits), times last.
+  Status Finish(int fd, const struct stat& st, const std::string& dst) {
+    if (o_.chown && fchown(fd, st.st_uid, st.st_gid) != 0 && errno != EPERM && errno != EINVAL) {
+      return Status::Errno(o_.stage, "fchown", dst);
+    }
+    if (fchmod(fd, st.st_mode & 07777) != 0) return Status::Errno(o_.stage, "fchmod", dst);
+    struct timespec times[2] = {st.st_atim, st.st_mtim};
+    if (futimens(fd, times) != 0) return Status::Errno(o_.stage, "futimens", dst);
+    return {};
+  }
+
+  Status CopyEntry(int src_dir, int dst_dir, const std::string& name, const std::string& rel) {
+    const std::string src = Join(src_root_, rel);
+    const std::string dst = Join(dst_root_, rel);
+    struct stat st {};
+    if (fstatat(src_dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      if (errno == ENOENT) return {};
+      return Status::Errno(o_.stage, "lstat", src);
+    }
+    if (S_ISREG(st.st_mode)) return CopyFile(src_dir, dst_dir, name, rel, src, dst);
+    if (S_ISDIR(st.st_mode)) return CopyDir(src_dir, dst_dir, name, rel, src, dst);
+    if (S_ISLNK(st.st_mode)) {
+      auto target = ReadLinkAt(src_dir, name, src, o_.stage);
+      if (!target.ok()) return Vanished(target.status().err()) || target.status().err() == EINVAL
+                                   ? Status()
+                                   : target.status();
+      if (symlinkat(target->c_str(), dst_dir, name.c_str()) != 0) return Status::Errno(o_.stage, "symlink", dst);
+      if (o_.chown) (void)fchownat(dst_dir, name.c_str(), st.st_uid, st.st_gid, AT_SYMLINK_NOFOLLOW);
+      struct timespec times[2] = {st.st_atim, st.st_mtim};
+      (void)utimensat(dst_dir, name.c_str(), times, AT_SYMLINK_NOFOLLOW);
+      if (o_.manifest) entries_.push_back({{"path", rel}, {"type", "symlink"}, {"target", *target}});
+      return {};
+    }
+    if (o_.overlay_markers && IsWhiteout(st)) {
+      if (mknodat(dst_dir, name.c_str(), S_IFCHR, makedev(0, 0)) != 0) {
+        return Status::Errno(o_.stage, "mknod (whiteout)", dst);
+      }
+      if (o_.manifest) entries_.push_back({{"path", rel}, {"type", "whiteout"}});
+      return {};
+    }
+    return {};  // sockets, fifos, devices: not workspace content
+  }
+
+  Status CopyFile(int src_dir, int dst_dir, const std::string& name, const std::string& rel,
+                  const std::string& src, const std::string& dst) {
+    UniqueFd in(openat(src_dir, name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK));
+    if (!in.valid()) return Vanished(errno) ? Status() : Status::Errno(o_.stage, "open", src);
+    struct stat st {};
+    if (fstat(in.get(), &st) != 0) return Status::Errno(o_.stage, "fstat", src);
+    if (!S_ISREG(st.st_mode)) return {};  // replaced meanwhile
+    UniqueFd out(openat(dst_dir, name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+    if (!out.valid()) return Status::Errno(o_.stage, "create", dst);
+    if (Status s = CopyData(in.get(), out.get(), src, o_.stage); !s.ok()) return s;
+    if (Status s = Finish(out.get(), st, dst); !s.ok()) return s;
+    if (o_.manifest) {
+      // Measured on the copy: the source may have changed while it was read.
+      struct stat copied {};
+      if (fstat(out.get(), &copied) != 0) return Status::Errno(o_.stage, "fstat", dst);
+      auto sha = Sha256OfFile(out.get(), static_cast<std::size_t>(copied.st_size), dst, o_.stage);
+      if (!sha.ok()) return sha.status();
+      entries_.push_back({{"path", rel},
+                          {"type", "file"},
+                          {"mode", Octal(copied.st_mode)},
+                          {"size", static_cast<std::uint64_t>(copied.st_size)},
+                          {"sha256", *sha}});
+    }
+    return {};
+  }
+
+  Status CopyDir(int src_dir, int dst_dir, const std::string& name, const std::string& rel,
+                 const std::string& src, const std::string& dst) {
+    UniqueFd in(openat(src_dir, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!in.valid()) return Vanished(errno) ? Status() : Status::Errno(o_.stage, "open", src);
+    struct stat st {};
+    if (fstat(in.get(), &st) != 0) return Status::Errno(o_.stage, "fstat", src);
+    if (mkdirat(dst_dir, name.c_str(), 0700) != 0) return Status::Errno(o_.stage, "mkdir", dst);
+    UniqueFd out(openat(dst_dir, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!out.valid()) return Status::Errno(o_.stage, "open", dst);
+    const bool opaque = o_.overlay_markers && IsOpaque(in.get());
+    if (Status s = CopyContents(in.get(), out.get(), rel); !s.ok()) return s;
+    if (opaque && fsetxattr(out.get(), kOpaqueXattr, "y", 1, 0) != 0) {
+      return Status::Errno(o_.stage, std::string("setxattr ") + kOpaqueXattr, dst);
+    }
+    if (Status s = Finish(out.get(), st, dst); !s.ok()) return s;
+    if (o_.manifest) {
+      entries_.push_back({{"path", rel}, {"type", "dir"}, {"mode", Octal(st.st_mode)}, {"opaque", opaque}});
+    }
+    return {};
+  }
+
+  Options o_;
+  std::string src_root_;
+  std::string dst_root_;
+  std::vector<Json> entries_;
+};
+
+// Copies the contents of the directory `from` into the directory `to` (both
+// exist), then gives `to` the mode and times of `from`.
+Status CopyInto(const std::string& from, const std::string& to, const TreeCopier::Options& options,
+                std::vector<Json>* entries) {
+  UniqueFd src(open(from.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!src.valid()) return Status::Errno(options.stage, "open", from);
+  UniqueFd dst(open(to.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!dst.valid()) return Status::Errno(options.stage, "open", to);
+  struct stat st {};
+  if (fstat(src.get(), &st) != 0) return Status::Errno(options.stage, "fstat", from);
+  TreeCopier copier(options, from, to);
+  if (Status s = copier.CopyContents(src.get(), dst.get(), ""); !s.ok()) return s;
+  if (fchmod(dst.get(), st.st_mode & 07777) != 0) return Status::Errno(options.stage, "fchmod", to);
+  struct timespec times[2] = {st.st_atim, st.st_mtim};
+  if (futimens(dst.get(), times) != 0) return Status::Errno(options.stage, "futimens", to);
+  // One flush for the whole tree: a journal commit per file would cost
+  // milliseconds each; syncfs writes every file and directory at once.
+  if (syncfs(dst.get()) != 0) return Status::Errno(options.stage, "syncfs", to);
+  if (entries != nullptr) *entries = std::move(copier.entries());
+  return {};
+}
+
+// ------------------------------------------------------------------ the merged view
+
+enum class Kind { kAbsent, kFile, kSymlink, kDir, kOther };
+
+struct Node {
+  Kind kind = Kind::kAbsent;
+  int layer = -1;          // files and symlinks: the layer holding them
+  struct stat st {};
+};
+
+// A stack of directory trees seen as overlayfs shows them (top first): the
+// first layer with an entry decides, whiteouts hide, directories merge down
+// to an opaque one. A single layer is a plain tree.
+class LayeredView {
+ public:
+  static Result<LayeredView> Open(const std::vector<std::string>& roots) {
+    LayeredView view;
+    view.roots_ = roots;
+    for (const std::string& root : roots) {
+      UniqueFd fd(open(root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+      if (!fd.valid()) return Status::Errno("diff", "open", root);
+      view.fds_.push_back(std::move(fd));
+    }
+    return view;
+  }
+
+  int layers() const { return static_cast<int>(roots_.size()); }
+  int root_fd(int layer) const { return fds_[layer].get(); }
+  const std::string& root(int layer) const { return roots_[layer]; }
+
+  Node Lookup(const std::string& rel) {
+    Node node;
+    if (rel.empty()) {
+      node.kind = Kind::kDir;
+      return node;
+    }
+    std::size_t slash = rel.rfind('/');
+    const std::vector<int>& parent = DirLayers(slash == std::string::npos ? "" : rel.substr(0, slash));
+    bool is_dir = false;
+    for (int layer : parent) {
+      struct stat st {};
+      if (!StatIn(layer, rel, &st)) continue;
+      if (IsWhiteout(st)) break;  // hides what is below
+      if (S_ISDIR(st.st_mode)) {
+        is_dir = true;
+        continue;  // DirLayers() has the merge
+      }
+      if (is_dir) break;  // a non-directory under a directory ends the stack
+      node.layer = layer;
+      node.st = st;
+      node.kind = S_ISREG(st.st_mode) ? Kind::kFile : S_ISLNK(st.st_mode) ? Kind::kSymlink : Kind::kOther;
+      return node;
+    }
+    if (is_dir) node.kind = Kind::kDir;
+    return node;
+  }
+
+  // The layers whose directory `rel` makes up the merged directory, top
+  // first; empty when `rel` is not a directory in the view.
+  const std::vector<int>& DirLayers(const std::string& rel) {
+    auto it = dirs_.find(rel);
+    if (it != dirs_.end()) return it->second;
+    std::vector<int> layers;
+    if (rel.empty()) {
+      for (int i = 0; i < this->layers(); ++i) layers.push_back(i);
+    } else {
+      std::size_t slash = rel.rfind('/');
+      std::vector<int> parent = DirLayers(slash == std::string::npos ? "" : rel.substr(0, slash));
+      for (int layer : parent) {
+        struct stat st {};
+        if (!StatIn(layer, rel, &st)) continue;
+        if (!S_ISDIR(st.st_mode)) break;  // a whiteout or a non-directory ends the merge
+        layers.push_back(layer);
+        if (layer + 1 < this->layers() && OpaqueIn(layer, rel)) break;
+      }
+    }
+    return dirs_.emplace(rel, std::move(layers)).first->second;
+  }
+
+  // Opens a file or symlink of the view (O_PATH for a symlink).
+  int OpenNode(const Node& node, const std::string& rel) const {
+    return OpenBeneath(fds_[node.layer].get(), rel,
+                       node.kind == Kind::kSymlink ? O_PATH : O_RDONLY | O_NONBLOCK | O_NOCTTY);
+  }
+
+ private:
+  bool StatIn(int layer, const std::string& rel, struct stat* st) const {
+    UniqueFd fd(OpenBeneath(fds_[layer].get(), rel, O_PATH));
+    return fd.valid() && fstat(fd.get(), st) == 0;
+  }
+  bool OpaqueIn(int layer, const std::string& rel) const {
+    UniqueFd fd(OpenBeneath(fds_[layer].get(), rel, O_RDONLY | O_DIRECTORY));
+    return fd.valid() && IsOpaque(fd.get());
+  }
+
+  std::vector<std::string> roots_;
+  std::vector<UniqueFd> fds_;
+  std::unordered_map<std::string, std::vector<int>> dirs_;
+};
+
+bool IsGitMetadata(const std::string& name) { return name == ".git"; }
+
+// Adds every path below `rel` of the tree `root_fd` (not `rel` itself) to
+// `paths`, skipping .git directories, never following a symlink.
+Status CollectPaths(int root_fd, const std::string& root, const std::string& rel, std::set<std::string>* paths) {
+  UniqueFd dir(OpenBeneath(root_fd, rel, O_RDONLY | O_DIRECTORY));
+  if (!dir.valid()) {
+    if (errno == ENOENT || errno == ENOTDIR || errno == ELOOP) return {};  // changed meanwhile
+    return Status::Errno("diff", "open", Join(root, rel));
+  }
+  auto names = ListNames(dir.get(), Join(root, rel), "diff");
+  if (!names.ok()) return names.status();
+  for (const std::string& name : *names) {
+    if (IsGitMetadata(name)) continue;
+    std::string child = Join(rel, name);
+    paths->insert(child);
+    struct stat st {};
+    if (fstatat(dir.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode)) {
+      if (Status s = CollectPaths(root_fd, root, child, paths); !s.ok()) return s;
+    }
+  }
+  return {};
+}
+
+// One side of a changed path, as git sees it.
+struct Side {
+  bool tracked = false;  // a file or a symlink
+  bool symlink = false;
+  unsigned git_mode = 0;  // 100644, 100755 or 120000 (octal)
+  std::size_t size = 0;
+  bool loaded = false;    // `content` holds the whole content
+  bool binary = false;
+  std::string content;
+};
+
+Result<Side> ReadSide(LayeredView& view, const Node& node, const std::string& rel, std::size_t max_load) {
+  Side side;
+  if (node.kind != Kind::kFile && node.kind != Kind::kSymlink) return side;
+  const std::string path = Join(view.root(node.layer), rel);
+  side.tracked = true;
+  UniqueFd fd(view.OpenNode(node, rel));
+  if (!fd.valid()) {
+    // Removed or replaced since it was looked up (the session is running).
+    if (errno == ENOENT || errno == ENOTDIR || errno == ELOOP) return Side();
+    return Status::Errno("diff", "open", path);
+  }
+  if (node.kind == Kind::kSymlink) {
+    side.symlink = true;
+    side.git_mode = 0120000;
+    auto target = ReadLinkAt(fd.get(), "", path, "diff");
+    if (!target.ok()) return target.status();
+    side.content = std::move(*target);
+    side.size = side.content.size();
+    side.loaded = true;
+    return side;
+  }
+  struct stat st {};
+  if (fstat(fd.get(), &st) != 0) return Status::Errno("diff", "fstat", path);
+  side.git_mode = (st.st_mode & S_IXUSR) ? 0100755 : 0100644;
+  side.size = static_cast<std::size_t>(st.st_size);
+  if (side.size <= max_load) {
+    // Read to the end (the file may have grown since fstat).
+    auto data = ReadUpTo(fd.get(), static_cast<std::size_t>(-1), path, "diff");
+    if (!data.ok()) return data.status();
+    side.content = std::move(*data);
+    side.size = side.content.size();
+    side.loaded = true;
+    side.binary = side.content.find('\0') < kBinaryProbeBytes;
+  } else {
+    auto head = ReadUpTo(fd.get(), kBinaryProbeBytes, path, "diff");
+    if (!head.ok()) return head.status();
+    side.binary = head->find('\0') != std::string::npos;
+  }
+  return side;
+}
+
+// Whether two files too big to load have the same bytes.
+Result<bool> SameContent(LayeredView& a_view, const Node& a, LayeredView& b_view, const Node& b,
+                         const std::string& rel) {
+  UniqueFd fa(a_view.OpenNode(a, rel));
+  if (!fa.valid()) return Status::Errno("diff", "open", Join(a_view.root(a.layer), rel));
+  UniqueFd fb(b_view.OpenNode(b, rel));
+  if (!fb.valid()) return Status::Errno("diff", "open", Join(b_view.root(b.layer), rel));
+  for (;;) {
+    auto ca = ReadUpTo(fa.get(), 1 << 20, Join(a_view.root(a.layer), rel), "diff");
+    if (!ca.ok()) return ca.status();
+    auto cb = ReadUpTo(fb.get(), 1 << 20, Join(b_view.root(b.layer), rel), "diff");
+    if (!cb.ok()) return cb.status();
+    if (*ca != *cb) return false;
+    if (ca->empty()) return true;
+  }
+}
+
+// A path as git writes it in a patch: C-quoted (with the prefix inside the
+// quotes) when it holds a quote, a backslash, a control or a non-ASCII byte.
+std::string GitQuote(const std::string& prefix, const std::string& path) {
+  std::string full = prefix + path;
+  bool plain = std::all_of(full.begin(), full.end(), [](char c) {
+    auto u = static_cast<unsigned char>(c);
+    return u >= 0x20 && u < 0x7f && c != '"' && c != '\\';
+  });
+  if (plain) return full;
+  std::string out = "\"";
+  for (char c : full) {
+    auto u = static_cast<unsigned char>(c);
+    switch (c) {
+      case '\a': out += "\\a"; break;
+      case '\b': out += "\\b"; break;
+      case '\t': out += "\\t"; break;
+      case '\n': out += "\\n"; break;
+      case '\v': out += "\\v"; break;
+      case '\f': out += "\\f"; break;
+      case '\r': out += "\\r"; break;
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      default:
+        if (u < 0x20 || u >= 0x7f) {
+          char buf[8];
+          std::snprintf(buf, sizeof(buf), "\\%03o", u);
+          out += buf;
+        } else {
+          out.push_back(c);
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string ModeText(unsigned mode) {
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "%06o", mode);
+  return buf;
+}
+
+// "--- a/p" / "+++ b/p": git ends a name holding a space with a tab.
+std::string FileLine(const char* marker, const std::string& label) {
+  std::string line = std::string(marker) + " " + label;
+  if (label != "/dev/null" && label.find(' ') != std::string::npos) line += "\t";
+  return line + "\n";
+}
+
+// One file's section of a git patch: `old_side` / `new_side` absent for an
+// added / deleted file. Returns false when the content is not loaded.
+bool AppendSection(std::string* out, const std::string& path, const Side* old_side, const Side* new_side) {
+  if ((old_side && !old_side->loaded) || (new_side && !new_side->loaded)) return false;
+  const std::string a = GitQuote("a/", path);
+  const std::string b = GitQuote("b/", path);
+  *out += "diff --git " + a + " " + b + "\n";
+  if (!old_side) {
+    *out += "new file mode " + ModeText(new_side->git_mode) + "\n";
+  } else if (!new_side) {
+    *out += "deleted file mode " + ModeText(old_side->git_mode) + "\n";
+  } else if (old_side->git_mode != new_side->git_mode) {
+    *out += "old mode " + ModeText(old_side->git_mode) + "\n";
+    *out += "new mode " + ModeText(new_side->git_mode) + "\n";
+  }
+  const std::string& before = old_side ? old_side->content : std::string();
+  const std::string& after = new_side ? new_side->content : std::string();
+  if (before == after) return true;  // a mode change, or an empty file added or deleted
+  const std::string a_label = old_side ? a : "/dev/null";
+  const std::string b_label = new_side ? b : "/dev/null";
+  if ((old_side && old_side->binary) || (new_side && new_side->binary)) {
+    *out += "Binary files " + a_label + " and " + b_label + " differ\n";
+    return true;
+  }
+  *out += FileLine("---", a_label);
+  *out += FileLine("+++", b_label);
+  *out += UnifiedHunks(before, after, 3);
+  return true;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ snapshots
+
+Result<Json> CreateSnapshot(const LayerStack& stack, const std::string& parent_snapshot_id,
+                            const std::string& dest_dir) {
+  const char* stage = "snapshot";
+  if (mkdir(dest_dir.c_str(), 0700) != 0) return Status::Errno(stage, "mkdir", dest_dir);
+  // A snapshot that fails half-way is removed: without a manifest it would
+  // be taken for an interrupted one anyway, but it would hold the space.
+  struct Cleanup {
+    std::string dir;
+    bool armed = true;
+    ~Cleanup() {
+      if (!armed) return;
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  } cleanup{dest_dir};
+
+  const std::string tree = Join(dest_dir, kTreeName);
+  if (mkdir(tree.c_str(), 0700) != 0) return Status::Errno(stage, "mkdir", tree);
+  TreeCopier::Options options;
+  options.stage = stage;
+  options.overlay_markers = !stack.copy_mode;
+  options.manifest = true;
+  options.chown = geteuid() == 0;
+  std::vector<Json> entries;
+  if (Status s = CopyInto(stack.upper, tree, options, &entries); !s.ok()) return s;
+  std::sort(entries.begin(), entries.end(), [](const Json& x, const Json& y) {
+    return x["path"].get_ref<const std::string&>() < y["path"].get_ref<const std::string&>();
+  });
+
+  Json manifest = {{"version", kSnapshotVersion},
+                   {"created", NowRfc3339()},
+                   {"parent", parent_snapshot_id},
+                   {"mode", stack.copy_mode ? "copy" : "overlay"},
+                   {"entries", std::move(entries)}};
+  if (Status s = WriteFileDurably(dest_dir, kManifestName, manifest.dump(), stage); !s.ok()) return s;
+  std::string parent_dir = std::filesystem::path(dest_dir).lexically_normal().parent_path().string();
+  if (Status s = FsyncPath(parent_dir.empty() ? "." : parent_dir, stage); !s.ok()) return s;
+  cleanup.armed = false;
+  return manifest;
+}
+
+Result<Json> ReadSnapshotManifest(const std::string& dir) {
+  struct stat st {};
+  if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return Status::Error("not_found", "snapshot " + dir + " not found");
+  }
+  const std::string path = Join(dir, kManifestName);
+  UniqueFd fd(open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd.valid()) {
+    if (errno == ENOENT) {
+      return Status::Error("not_found", "snapshot " + dir + " has no " + kManifestName +
+                                            " (not a snapshot, or one interrupted while it was taken)");
+    }
+    return Status::Errno("snapshot", "open", path);
+  }
+  auto text = ReadUpTo(fd.get(), static_cast<std::size_t>(-1), path, "snapshot");
+  if (!text.ok()) return text.status();
+  Json manifest = Json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  auto corrupt = [&](const std::string& why) {
+    return Status::Error("snapshot", "snapshot " + dir + " is corrupt: " + kManifestName + ": " + why);
+  };
+  if (manifest.is_discarded()) return corrupt("not valid JSON");
+  if (!manifest.is_object()) return corrupt("not a JSON object");
+  auto version = manifest.find("version");
+  if (version == manifest.end() || !version->is_number_integer() || *version != kSnapshotVersion) {
+    return corrupt("version is not " + std::to_string(kSnapshotVersion));
+  }
+  auto entries = manifest.find("entries");
+  if (entries == manifest.end() || !entries->is_array()) return corrupt("no \"entries\" array");
+  for (const char* key : {"parent", "mode", "created"}) {
+    auto it = manifest.find(key);
+    if (it == manifest.end() || !it->is_string()) return corrupt(std::string("\"") + key + "\" is not a string");
+  }
+  for (const Json& e : *entries) {
+    auto field = [&](const char* key) -> const Json* {
+      auto it = e.find(key);
+      return it == e.end() ? nullptr : &*it;
+    };
+    const Json* p = e.is_object() ? field("path") : nullptr;
+    const Json* t = e.is_object() ? field("type") : nullptr;
+    if (!p || !p->is_string() || !t || !t->is_string()) return corrupt("an entry without path or type");
+    const std::string& type = t->get_ref<const std::string&>();
+    bool ok = true;
+    if (type == "file") {
+      const Json* size = field("size");
+      const Json* sha = field("sha256");
+      const Json* mode = field("mode");
+      ok = size && size->is_number_unsigned() && sha && sha->is_string() && mode && mode->is_string();
+    } else if (type == "dir") {
+      const Json* mode = field("mode");
+      const Json* opaque = field("opaque");
+      ok = mode && mode->is_string() && opaque && opaque->is_boolean();
+    } else if (type == "symlink") {
+      const Json* target = field("target");
+      ok = target && target->is_string();
+    } else {
+      ok = type == "whiteout";
+    }
+    if (!ok) return corrupt("malformed entry for " + p->get<std::string>());
+  }
+  return manifest;
+}
+
+Status VerifySnapshot(const std::string& dir) {
+  auto manifest = ReadSnapshotManifest(dir);
+  if (!manifest.ok()) return manifest.status();
+  const std::string tree = Join(dir, kTreeName);
+  std::vector<std::string> problems;
+  auto problem = [&](const std::string& path, const std::string& why) { problems.push_back(path + ": " + why); };
+
+  std::map<std::string, const Json*> expected;
+  for (const Json& e : (*manifest)["entries"]) {
+    const std::string& path = e["path"].get_ref<const std::string&>();
+    if (!expected.emplace(path, &e).second) problem(path, "listed twice in the manifest");
+  }
+
+  UniqueFd root(open(tree.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!root.valid()) return Status::Error("snapshot", "snapshot " + dir + " is corrupt: " + kTreeName + ": missing");
+  // Everything in the tree (.git included, unlike a diff).
+  std::set<std::string> all;
+  std::function<Status(const std::string&)> walk = [&](const std::string& rel) -> Status {
+    UniqueFd d(OpenBeneath(root.get(), rel, O_RDONLY | O_DIRECTORY));
+    if (!d.valid()) return Status::Errno("snapshot", "open", Join(tree, rel));
+    auto names = ListNames(d.get(), Join(tree, rel), "snapshot");
+    if (!names.ok()) return names.status();
+    for (const std::string& name : *names) {
+      std::string child = Join(rel, name);
+      all.insert(child);
+      struct stat st {};
+      if (fstatat(d.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode)) {
+        if (Status s = walk(child); !s.ok()) return s;
+      }
+    }
+    return {};
+  };
+  if (Status s = walk(""); !s.ok()) return s;
+
+  for (const std::string& path : all) {
+    if (expected.find(path) == expected.end()) problem(path, "not in the manifest");
+  }
+  for (const auto& [path, entry] : expected) {
+    const Json& e = *entry;
+    const std::string& type = e["type"].get_ref<const std::string&>();
+    struct stat st {};
+    UniqueFd fd(OpenBeneath(root.get(), path, O_PATH));
+    if (!fd.valid() || fstat(fd.get(), &st) != 0) {
+      problem(path, "missing");
+      continue;
+    }
+    const char* actual = S_ISREG(st.st_mode)   ? "file"
+                         : S_ISDIR(st.st_mode) ? "dir"
+                         : S_ISLNK(st.st_mode) ? "symlink"
+                         : IsWhiteout(st)      ? "whiteout"
+                                               : "special file";
+    if (type != actual) {
+      problem(path, std::string("is a ") + actual + ", the manifest says " + type);
+      continue;
+    }
+    if ((type == "file" || type == "dir") && Octal(st.st_mode) != e["mode"].get<std::string>()) {
+      problem(path, "mode " + Octal(st.st_mode) + ", the manifest says " + e["mode"].get<std::string>());
+      continue;
+    }
+    if (type == "file") {
+      std::uint64_t size = e["size"].get<std::uint64_t>();
+      if (static_cast<std::uint64_t>(st.st_size) != size) {
+        problem(path, "size " + std::to_string(st.st_size) + ", the manifest says " + std::to_string(size));
+        continue;
+      }
+      UniqueFd data(OpenBeneath(root.get(), path, O_RDONLY | O_NONBLOCK));
+      if (!data.valid()) return Status::Errno("snapshot", "open", Join(tree, path));
+      auto sha = Sha256OfFile(data.get(), static_cast<std::size_t>(st.st_size), Join(tree, path), "snapshot");
+      if (!sha.ok()) return sha.status();
+      if (*sha != e["sha256"].get<std::string>()) problem(path, "checksum mismatch");
+    } else if (type == "dir") {
+      UniqueFd d(OpenBeneath(root.get(), path, O_RDONLY | O_DIRECTORY));
+      if (d.valid() && IsOpaque(d.get()) != e["opaque"].get<bool>()) {
+        problem(path, e["opaque"].get<bool>() ? "opaque mark missing" : "unexpected opaque mark");
+      }
+    } else if (type == "symlink") {
+      auto target = ReadLinkAt(fd.get(), "", Join(tree, path), "snapshot");
+      if (!target.ok()) return target.status();
+      if (*target != e["target"].get<std::string>()) problem(path, "symlink target differs from the manifest");
+    }
+  }
+  if (problems.empty()) return {};
+  std::sort(problems.begin(), problems.end());
+  std::string message = "snapshot " + dir + " is corrupt: " + problems.front();
+  if (problems.size() > 1) message += " (and " + std::to_string(problems.size() - 1) + " more)";
+  return Status::Error("snapshot", message);
+}
+
+Status CopyTree(const std::string& from, const std::string& to) {
+  if (mkdir(to.c_str(), 0700) != 0 && errno != EEXIST) return Status::Errno("copy", "mkdir", to);
+  TreeCopier::Options options;
+  options.stage = "copy";
+  options.chown = geteuid() == 0;
+  return CopyInto(from, to, options, nullptr);
+}
+
+// ------------------------------------------------------------------ diff
+
+Result<Json> ComputeDiff(const LayerStack& stack, std::size_t max_patch_bytes) {
+  std::vector<std::string> merged_roots;
+  merged_roots.push_back(stack.upper);
+  if (!stack.copy_mode) {
+    merged_roots.insert(merged_roots.end(), stack.lowers.begin(), stack.lowers.end());
+    merged_roots.push_back(stack.base);
+  }
+  auto merged = LayeredView::Open(merged_roots);
+  if (!merged.ok()) return merged.status();
+  auto base = LayeredView::Open({stack.base});
+  if (!base.ok()) return base.status();
+
+  // The paths that can differ: everything in the layers above the base
+  // (the copy, in copy mode, and the base too).
+  std::set<std::string> paths;
+  const int scanned = stack.copy_mode ? 1 : merged->layers() - 1;
+  for (int layer = 0; layer < scanned; ++layer) {
+    if (Status s = CollectPaths(merged->root_fd(layer), merged->root(layer), "", &paths); !s.ok()) return s;
+  }
+  if (stack.copy_mode) {
+    if (Status s = CollectPaths(base->root_fd(0), base->root(0), "", &paths); !s.ok()) return s;
+  } else {
+    // A base directory that the merged view no longer shows whole (deleted,
+    // replaced, made opaque) loses what is below it: look there too.
+    const int base_layer = merged->layers() - 1;
+    std::set<std::string> hidden;
+    for (const std::string& path : paths) {
+      if (base->Lookup(path).kind != Kind::kDir) continue;
+      const std::vector<int>& layers = merged->DirLayers(path);
+      if (std::find(layers.begin(), layers.end(), base_layer) != layers.end()) continue;
+      if (Status s = CollectPaths(base->root_fd(0), base->root(0), path, &hidden); !s.ok()) return s;
+    }
+    paths.insert(hidden.begin(), hidden.end());
+  }
+
+  Json files = Json::array();
+  std::string patch;
+  bool truncated = false;
+  for (const std::string& path : paths) {
+    Node after_node = merged->Lookup(path);
+    Node before_node = base->Lookup(path);
+    auto after = ReadSide(*merged, after_node, path, max_patch_bytes);
+    if (!after.ok()) return after.status();
+    auto before = ReadSide(*base, before_node, path, max_patch_bytes);
+    if (!before.ok()) return before.status();
+    if (!after->tracked && !before->tracked) continue;
+
+    const char* status = nullptr;
+    std::string section;
+    bool complete = true;
+    if (!before->tracked) {
+      status = "added";
+      complete = AppendSection(&section, path, nullptr, &*after);
+    } else if (!after->tracked) {
+      status = "deleted";
+      complete = AppendSection(&section, path, &*before, nullptr);
+    } else if (before->symlink != after->symlink) {
+      // A file became a symlink or back: git writes a deletion and an addition.
+      status = "modified";
+      complete = AppendSection(&section, path, &*before, nullptr) && AppendSection(&section, path, nullptr, &*after);
+    } else {
+      bool same_content;
+      if (before->loaded && after->loaded) {
+        same_content = before->content == after->content;
+      } else if (before->size != after->size) {
+        same_content = false;
+      } else {
+        auto same = SameContent(*base, before_node, *merged, after_node, path);
+        if (!same.ok()) return same.status();
+        same_content = *same;
+      }
+      if (same_content && before->git_mode == after->git_mode) continue;  // copied up, not changed
+      status = "modified";
+      if (same_content) {
+        // A mode change alone needs no content.
+        Side b = *before, a = *after;
+        b.content.clear();
+        a.content.clear();
+        b.loaded = a.loaded = true;
+        AppendSection(&section, path, &b, &a);
+      } else {
+        complete = AppendSection(&section, path, &*before, &*after);
+      }
+    }
+    files.push_back({{"path", path}, {"status", status}, {"binary", before->binary || after->binary}});
+    if (truncated) continue;
+    if (!complete || patch.size() + section.size() > max_patch_bytes) {
+      truncated = true;
+      continue;
+    }
+    patch += section;
+  }
+  return Json{{"files", std::move(files)}, {"patch", std::move(patch)}, {"truncated", truncated}};
+}
+
+}  // namespace agentbox::session

@@ -1,0 +1,111 @@
+// A session's workspace as layers on disk: snapshots of its changes, their
+// verification, and the diff against the base workspace.
+//
+// Overlay mode: the sandbox mounts overlayfs (with `userxattr`, inside its
+// user namespace) with lowerdir = the snapshot layers the session started
+// from (newest first), then the base workspace; upperdir = the session's own
+// upper layer. In a layer a deleted path is a whiteout (a character device
+// 0:0) and a directory that hides everything below it carries the xattr
+// user.overlay.opaque = "y" (trusted.overlay.opaque is honoured when read).
+// Redirects and metacopy are never in play: `userxattr` turns both off, so
+// every upper file holds its whole data and a renamed directory is a copy.
+//
+// Copy mode (no overlayfs): the session works in a full copy of the base.
+//
+// Everything here runs on the host, outside the sandbox, over directories
+// the sandbox can write while it runs: paths are resolved one component at a
+// time below an opened root and no symlink is ever followed, so a layer
+// rearranged under our feet can make a snapshot or a diff inconsistent but
+// never make it read or write outside the layer.
+//
+// Functions are thread-safe (no shared state); two calls writing the same
+// destination are the caller's to avoid.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "agentbox/status.h"
+
+namespace agentbox::session {
+
+using Json = nlohmann::json;
+
+struct LayerStack {
+  std::string base;                 // the base workspace (never written here)
+  std::vector<std::string> lowers;  // snapshot trees (<snapshot>/tree), newest first; overlay mode only
+  std::string upper;                // the session's upper layer, or its full copy in copy mode
+  bool copy_mode = false;           // `upper` is a full copy of the workspace (no layers, no whiteouts)
+};
+
+inline constexpr int kSnapshotVersion = 1;
+
+// Freezes the session's changes into `dest_dir`, which is created (0700; its
+// parent must exist, it must not).
+//   dest_dir/tree           overlay mode: a copy of the upper layer only
+//                           (files, directories with their modes, symlinks,
+//                           whiteouts, the opaque mark), a layer to stack on
+//                           the snapshot named `parent_snapshot_id`; the cost
+//                           is proportional to the changed bytes (reflinks
+//                           where the filesystem has them). Copy mode: a copy
+//                           of the whole workspace, self-contained but not
+//                           cheap (proportional to the workspace size, except
+//                           on filesystems with reflinks).
+//   dest_dir/manifest.json  {version, created (RFC 3339 UTC), parent, mode
+//                           (overlay|copy), entries: [{path, type
+//                           (file|dir|symlink|whiteout), mode, size, sha256,
+//                           target, opaque}]} sorted by path.
+// Sockets, fifos and devices other than whiteouts are not kept; hard links
+// become separate files. Safe while the session runs: every checksum is
+// taken on the copy, so the manifest always describes the bytes kept; but a
+// snapshot of a tree that changes meanwhile is not a point-in-time view
+// (freeze the sandbox first for that). Durability: the tree is flushed
+// (syncfs), then the manifest is written last (temp file, fsync, rename,
+// directory fsync), so a snapshot with a manifest is whole and one without
+// is an interrupted copy. Returns the manifest.
+Result<Json> CreateSnapshot(const LayerStack& stack, const std::string& parent_snapshot_id,
+                            const std::string& dest_dir);
+
+// The manifest of the snapshot in `dir`: stage "not_found" when the directory
+// or its manifest is missing, stage "snapshot" when it does not parse or has
+// the wrong version.
+Result<Json> ReadSnapshotManifest(const std::string& dir);
+
+// Checks the snapshot in `dir` against its manifest: every entry present
+// with its type, mode, size, checksum, target and opaque mark, and nothing
+// else in the tree. Errors name the snapshot and the path, e.g. stage
+// "snapshot": "snapshot /s/abc is corrupt: src/a.c: checksum mismatch".
+Status VerifySnapshot(const std::string& dir);
+
+// Copies the tree `from` into `to` (created when missing, with the mode of
+// `from`): files (reflinked where possible), directories and their modes,
+// symlinks as symlinks, modification times; ownership too when run as
+// root. A symlink is never followed, so nothing outside `from` is read.
+// Sockets, fifos and devices are left out; hard links become separate files.
+Status CopyTree(const std::string& from, const std::string& to);
+
+// The session's changes against the base: the merged view (upper over the
+// lowers over the base, or the copy) compared with the base, as git sees
+// them: regular files and symlinks (directories are not content; an empty
+// new directory is no change), the user-executable bit as mode 100755 vs
+// 100644 and no other permission bits.
+//   {"files": [{"path", "status": added|modified|deleted, "binary": bool}],
+//    "patch": "<git-style diff>", "truncated": bool}
+// Sorted by path. Overlay mode examines only the paths present in a layer
+// (plus the base contents of directories a layer deleted or made opaque):
+// the cost follows the changes, not the workspace. Copy mode walks both
+// trees whole. Paths under a directory named `.git` are repository
+// metadata, left out as git leaves them out (and `git apply` refuses them).
+// `git apply` in a checkout of the base applies the patch; binary files
+// are listed (binary: true) and appear in the patch as "Binary files a/p and
+// b/p differ", which git apply refuses, so a diff with binary changes must
+// be applied with its binary files copied by other means. The patch holds
+// whole file sections only: when the next one would pass `max_patch_bytes`
+// (or a file is bigger than that) it and the rest are left out of the patch
+// (still listed in files) and "truncated" is true.
+Result<Json> ComputeDiff(const LayerStack& stack, std::size_t max_patch_bytes);
+
+}  // namespace agentbox::session

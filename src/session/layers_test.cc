@@ -1,0 +1,771 @@
+// Layers: diffs of hand-built layer stacks (whiteouts, opaque directories,
+// type changes), of real overlay mounts (in a child in its own user and mount
+// namespaces) applied with `git apply`, snapshots and their verification.
+#include "session/layers.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/wait.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <random>
+#include <thread>
+
+namespace agentbox::session {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/agentbox-layers.XXXXXX";
+    if (mkdtemp(tmpl) != nullptr) path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+  std::string operator/(const std::string& rel) const { return path_ + "/" + rel; }
+
+ private:
+  std::string path_;
+};
+
+void Write(const std::string& path, const std::string& content, mode_t mode = 0644) {
+  fs::create_directories(fs::path(path).parent_path());
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << content;
+  ASSERT_EQ(chmod(path.c_str(), mode), 0) << path;
+}
+
+std::string Read(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+void Whiteout(const std::string& path) {
+  fs::create_directories(fs::path(path).parent_path());
+  ASSERT_EQ(mknod(path.c_str(), S_IFCHR, makedev(0, 0)), 0) << path << ": " << std::strerror(errno);
+}
+
+void MakeOpaque(const std::string& dir) {
+  fs::create_directories(dir);
+  ASSERT_EQ(setxattr(dir.c_str(), "user.overlay.opaque", "y", 1, 0), 0) << dir << ": " << std::strerror(errno);
+}
+
+// Runs a shell command; returns its exit status and sets *output to what it printed.
+int Sh(const std::string& command, std::string* output = nullptr) {
+  FILE* p = popen((command + " 2>&1").c_str(), "r");
+  if (p == nullptr) return -1;
+  std::string out;
+  char buf[4096];
+  while (std::size_t n = fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
+  int status = pclose(p);
+  if (output) *output = out;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+const char* kGit = "git -c user.name=t -c user.email=t@example.com -c commit.gpgsign=false -c init.defaultBranch=main";
+
+void CommitAll(const std::string& dir) {
+  std::string out;
+  ASSERT_EQ(Sh(std::string(kGit) + " -C " + dir + " init -q && " + kGit + " -C " + dir + " add -A && " + kGit +
+               " -C " + dir + " commit -q --allow-empty -m base",
+               &out),
+            0)
+      << out;
+}
+
+// What git can carry of a tree: files (content, executable bit) and
+// symlinks, by path; .git left out.
+std::map<std::string, std::string> GitView(const std::string& root) {
+  std::map<std::string, std::string> view;
+  for (auto it = fs::recursive_directory_iterator(root); it != fs::recursive_directory_iterator(); ++it) {
+    if (it->path().filename() == ".git") {
+      it.disable_recursion_pending();
+      continue;
+    }
+    std::string rel = it->path().lexically_relative(root).string();
+    if (it->is_symlink()) {
+      view[rel] = "link:" + fs::read_symlink(it->path()).string();
+    } else if (it->is_regular_file()) {
+      struct stat st {};
+      stat(it->path().c_str(), &st);
+      view[rel] = std::string((st.st_mode & S_IXUSR) ? "x:" : "f:") + Read(it->path());
+    }
+  }
+  return view;
+}
+
+// Clones the git repository `base` into `clone`, applies `patch` there with
+// git apply, and returns what git apply said (empty: success).
+std::string GitApply(const std::string& base, const std::string& clone, const std::string& patch) {
+  std::string out;
+  if (Sh(std::string(kGit) + " clone -q " + base + " " + clone, &out) != 0) return "clone failed: " + out;
+  const std::string patch_file = clone + ".patch";
+  std::ofstream(patch_file, std::ios::binary) << patch;
+  int rc = Sh(std::string(kGit) + " -C " + clone + " apply --whitespace=nowarn " + patch_file, &out);
+  fs::remove(patch_file);
+  return rc == 0 ? "" : "git apply failed: " + out;
+}
+
+std::map<std::string, std::string> Statuses(const Json& diff) {
+  std::map<std::string, std::string> m;
+  for (const Json& f : diff["files"]) m[f["path"]] = f["status"];
+  return m;
+}
+
+Json Diff(const LayerStack& stack, std::size_t max_patch = 1 << 20) {
+  auto d = ComputeDiff(stack, max_patch);
+  EXPECT_TRUE(d.ok()) << d.status().ToString();
+  return d.ok() ? *d : Json();
+}
+
+// ------------------------------------------------------------------ hand-built stacks
+
+TEST(LayersDiff, AddedModifiedDeletedInAHandBuiltUpper) {
+  TempDir t;
+  Write(t / "base/keep.txt", "same\n");
+  Write(t / "base/edit.txt", "one\ntwo\nthree\n");
+  Write(t / "base/gone.txt", "bye\n");
+  Write(t / "upper/edit.txt", "one\nTWO\nthree\n");
+  Write(t / "upper/added.txt", "hello\n");
+  Whiteout(t / "upper/gone.txt");
+  Json d = Diff({t / "base", {}, t / "upper"});
+  EXPECT_EQ(Statuses(d), (std::map<std::string, std::string>{
+                             {"added.txt", "added"}, {"edit.txt", "modified"}, {"gone.txt", "deleted"}}));
+  EXPECT_EQ(d["patch"],
+            "diff --git a/added.txt b/added.txt\nnew file mode 100644\n--- /dev/null\n+++ b/added.txt\n"
+            "@@ -0,0 +1 @@\n+hello\n"
+            "diff --git a/edit.txt b/edit.txt\n--- a/edit.txt\n+++ b/edit.txt\n"
+            "@@ -1,3 +1,3 @@\n one\n-two\n+TWO\n three\n"
+            "diff --git a/gone.txt b/gone.txt\ndeleted file mode 100644\n--- a/gone.txt\n+++ /dev/null\n"
+            "@@ -1 +0,0 @@\n-bye\n");
+  EXPECT_FALSE(d["truncated"].get<bool>());
+}
+
+TEST(LayersDiff, CopiedUpButUnchangedIsNoChange) {
+  TempDir t;
+  Write(t / "base/a/b.txt", "x\n");
+  Write(t / "upper/a/b.txt", "x\n");  // overlay copies a file up when it is opened for writing
+  Json d = Diff({t / "base", {}, t / "upper"});
+  EXPECT_TRUE(d["files"].empty()) << d.dump(1);
+  EXPECT_EQ(d["patch"], "");
+}
+
+TEST(LayersDiff, OpaqueDirectoryDeletesWhatWasBelow) {
+  TempDir t;
+  Write(t / "base/docs/a.md", "a\n");
+  Write(t / "base/docs/sub/b.md", "b\n");
+  Write(t / "base/docs/kept.md", "same\n");
+  MakeOpaque(t / "upper/docs");
+  Write(t / "upper/docs/kept.md", "same\n");
+  Write(t / "upper/docs/new.md", "n\n");
+  Json d = Diff({t / "base", {}, t / "upper"});
+  EXPECT_EQ(Statuses(d), (std::map<std::string, std::string>{
+                             {"docs/a.md", "deleted"}, {"docs/new.md", "added"}, {"docs/sub/b.md", "deleted"}}));
+}
+
+TEST(LayersDiff, WhiteoutOfADirectoryDeletesEveryFileInIt) {
+  TempDir t;
+  Write(t / "base/lib/x.c", "x\n");
+  Write(t / "base/lib/deep/y.c", "y\n");
+  Whiteout(t / "upper/lib");
+  Json d = Diff({t / "base", {}, t / "upper"});
+  EXPECT_EQ(Statuses(d),
+            (std::map<std::string, std::string>{{"lib/deep/y.c", "deleted"}, {"lib/x.c", "deleted"}}));
+}
+
+TEST(LayersDiff, FileReplacedByDirectoryAndBack) {
+  TempDir t;
+  Write(t / "base/was_file", "f\n");
+  Write(t / "base/was_dir/in.txt", "i\n");
+  MakeOpaque(t / "upper/was_file");  // overlay makes a directory created over a whiteout opaque
+  Write(t / "upper/was_file/inside.txt", "new\n");
+  Write(t / "upper/was_dir", "now a file\n");
+  Json d = Diff({t / "base", {}, t / "upper"});
+  EXPECT_EQ(Statuses(d), (std::map<std::string, std::string>{{"was_dir", "added"},
+                                                              {"was_dir/in.txt", "deleted"},
+                                                              {"was_file", "deleted"},
+                                                              {"was_file/inside.txt", "added"}}));
+  CommitAll(t / "base");
+  EXPECT_EQ(GitApply(t / "base", t / "clone", d["patch"]), "");
+  EXPECT_EQ(GitView(t / "clone"), (std::map<std::string, std::string>{{"was_dir", "f:now a file\n"},
+                                                                      {"was_file/inside.txt", "f:new\n"}}));
+}
+
+TEST(LayersDiff, ModeOnlyChange) {
+  TempDir t;
+  Write(t / "base/run.sh", "echo hi\n", 0644);
+  Write(t / "upper/run.sh", "echo hi\n", 0755);
+  Write(t / "base/private.txt", "p\n", 0644);
+  Write(t / "upper/private.txt", "p\n", 0600);  // git carries the executable bit only
+  Json d = Diff({t / "base", {}, t / "upper"});
+  EXPECT_EQ(Statuses(d), (std::map<std::string, std::string>{{"run.sh", "modified"}}));
+  EXPECT_EQ(d["patch"], "diff --git a/run.sh b/run.sh\nold mode 100644\nnew mode 100755\n");
+}
+
+TEST(LayersDiff, SymlinksAddedRetargetedAndTurnedIntoFiles) {
+  TempDir t;
+  Write(t / "base/target.txt", "t\n");
+  fs::create_symlink("target.txt", t / "base/old_link");
+  fs::create_symlink("target.txt", t / "base/becomes_file");
+  fs::create_directories(t / "upper");
+  fs::create_symlink("target.txt", t / "upper/new_link");
+  fs::create_symlink("elsewhere.txt", t / "upper/old_link");
+  Write(t / "upper/becomes_file", "plain\n");
+  Json d = Diff({t / "base", {}, t / "upper"});
+  EXPECT_EQ(Statuses(d), (std::map<std::string, std::string>{
+                             {"becomes_file", "modified"}, {"new_link", "added"}, {"old_link", "modified"}}));
+  const std::string patch = d["patch"];
+  EXPECT_NE(patch.find("diff --git a/new_link b/new_link\nnew file mode 120000\n--- /dev/null\n+++ b/new_link\n"
+                       "@@ -0,0 +1 @@\n+target.txt\n\\ No newline at end of file\n"),
+            std::string::npos)
+      << patch;
+  CommitAll(t / "base");
+  EXPECT_EQ(GitApply(t / "base", t / "clone", patch), "");
+  EXPECT_EQ(GitView(t / "clone"), (std::map<std::string, std::string>{{"becomes_file", "f:plain\n"},
+                                                                      {"new_link", "link:target.txt"},
+                                                                      {"old_link", "link:elsewhere.txt"},
+                                                                      {"target.txt", "f:t\n"}}));
+}
+
+TEST(LayersDiff, BinaryFilesAreListedNotDiffed) {
+  TempDir t;
+  Write(t / "base/blob.bin", std::string("a\0b", 3));
+  Write(t / "upper/blob.bin", std::string("a\0c", 3));
+  Write(t / "upper/new.bin", std::string("\0\1\2", 3));
+  Json d = Diff({t / "base", {}, t / "upper"});
+  ASSERT_EQ(d["files"].size(), 2u);
+  EXPECT_EQ(d["files"][0], (Json{{"path", "blob.bin"}, {"status", "modified"}, {"binary", true}}));
+  EXPECT_EQ(d["files"][1], (Json{{"path", "new.bin"}, {"status", "added"}, {"binary", true}}));
+  EXPECT_EQ(d["patch"],
+            "diff --git a/blob.bin b/blob.bin\nBinary files a/blob.bin and b/blob.bin differ\n"
+            "diff --git a/new.bin b/new.bin\nnew file mode 100644\nBinary files /dev/null and b/new.bin differ\n");
+}
+
+TEST(LayersDiff, LowerLayersStackUnderTheUpper) {
+  TempDir t;
+  Write(t / "base/a.txt", "a\n");
+  Write(t / "base/b.txt", "b\n");
+  Write(t / "base/c.txt", "c\n");
+  // Older snapshot: deletes a and b, adds s.
+  Whiteout(t / "old/a.txt");
+  Whiteout(t / "old/b.txt");
+  Write(t / "old/s.txt", "s\n");
+  // Newer snapshot: brings b back changed.
+  Write(t / "new/b.txt", "B\n");
+  // The session: deletes s, edits c.
+  Whiteout(t / "upper/s.txt");
+  Write(t / "upper/c.txt", "C\n");
+  Json d = Diff({t / "base", {t / "new", t / "old"}, t / "upper"});
+  EXPECT_EQ(Statuses(d), (std::map<std::string, std::string>{
+                             {"a.txt", "deleted"}, {"b.txt", "modified"}, {"c.txt", "modified"}}));
+}
+
+TEST(LayersDiff, QuotedAndSpacedPathsApplyWithGit) {
+  TempDir t;
+  Write(t / "base/with space.txt", "1\n2\n");
+  Write(t / "base/tab\there.txt", "x\n");
+  Write(t / "upper/with space.txt", "1\ntwo\n");
+  Write(t / "upper/h\xc3\xa9llo \"q\".txt", "new\n");
+  Whiteout(t / "upper/tab\there.txt");
+  Json d = Diff({t / "base", {}, t / "upper"});
+  const std::string patch = d["patch"];
+  EXPECT_NE(patch.find("diff --git \"a/h\\303\\251llo \\\"q\\\".txt\" \"b/h\\303\\251llo \\\"q\\\".txt\"\n"),
+            std::string::npos)
+      << patch;
+  EXPECT_NE(patch.find("--- a/with space.txt\t\n"), std::string::npos) << patch;
+  CommitAll(t / "base");
+  EXPECT_EQ(GitApply(t / "base", t / "clone", patch), "");
+  EXPECT_EQ(GitView(t / "clone"), (std::map<std::string, std::string>{
+                                      {"h\xc3\xa9llo \"q\".txt", "f:new\n"}, {"with space.txt", "f:1\ntwo\n"}}));
+}
+
+TEST(LayersDiff, GitMetadataIsLeftOut) {
+  TempDir t;
+  Write(t / "base/.git/index", "old index");
+  Write(t / "base/x.txt", "x\n");
+  Write(t / "upper/.git/index", "new index");
+  Write(t / "upper/sub/.git/HEAD", "ref\n");
+  Write(t / "upper/x.txt", "y\n");
+  Json d = Diff({t / "base", {}, t / "upper"});
+  EXPECT_EQ(Statuses(d), (std::map<std::string, std::string>{{"x.txt", "modified"}}));
+}
+
+TEST(LayersDiff, PatchKeepsWholeSectionsUnderTheCap) {
+  TempDir t;
+  Write(t / "upper/a.txt", "small\n");
+  Write(t / "upper/b.txt", std::string(5000, 'x') + "\n");
+  Write(t / "upper/c.txt", "small too\n");
+  fs::create_directories(t / "base");
+  Json d = Diff({t / "base", {}, t / "upper"}, 1000);
+  EXPECT_EQ(d["files"].size(), 3u);  // all listed
+  EXPECT_TRUE(d["truncated"].get<bool>());
+  const std::string patch = d["patch"];
+  EXPECT_NE(patch.find("+small\n"), std::string::npos);
+  EXPECT_EQ(patch.find("b.txt"), std::string::npos) << patch;
+  EXPECT_EQ(patch.find("c.txt"), std::string::npos) << patch;
+}
+
+TEST(LayersDiff, BigFilesAreComparedWithoutLoading) {
+  TempDir t;
+  std::string big(3 << 20, 'a');
+  Write(t / "base/same.dat", big);
+  Write(t / "upper/same.dat", big);  // copied up, unchanged
+  Write(t / "base/changed.dat", big);
+  big[2 << 20] = 'b';
+  Write(t / "upper/changed.dat", big);
+  Json d = Diff({t / "base", {}, t / "upper"}, 1 << 20);
+  EXPECT_EQ(Statuses(d), (std::map<std::string, std::string>{{"changed.dat", "modified"}}));
+  EXPECT_TRUE(d["truncated"].get<bool>());
+}
+
+// Random trees and random edits in copy mode, applied by git: the patch
+// carries the copy exactly (as far as git carries anything).
+TEST(LayersDiff, CopyModeRandomEditsApplyWithGit) {
+  std::mt19937 rng(4242);
+  for (int round = 0; round < 6; ++round) {
+    TempDir t;
+    const std::string base = t / "base", copy = t / "copy";
+    std::vector<std::string> names;
+    for (int i = 0; i < 40; ++i) {
+      std::string dir = std::vector<std::string>{"", "src/", "src/deep/", "doc/"}[rng() % 4];
+      std::string name = dir + "f" + std::to_string(i) + ".txt";
+      std::string content;
+      for (int l = 0, n = static_cast<int>(rng() % 30); l < n; ++l) content += "line " + std::to_string(rng() % 8) + "\n";
+      if (rng() % 5 == 0 && !content.empty()) content.pop_back();
+      Write(base + "/" + name, content, rng() % 4 == 0 ? 0755 : 0644);
+      names.push_back(name);
+    }
+    CommitAll(base);
+    ASSERT_TRUE(CopyTree(base, copy).ok());
+    fs::remove_all(copy + "/.git");
+    for (const std::string& name : names) {
+      const std::string p = copy + "/" + name;
+      switch (rng() % 6) {
+        case 0: fs::remove(p); break;
+        case 1: {
+          std::string c = Read(p);
+          c.insert(c.size() / 2, "inserted\n");
+          Write(p, c);
+          break;
+        }
+        case 2: chmod(p.c_str(), 0755); break;
+        case 3: Write(p, Read(p) + "tail"); break;
+        default: break;
+      }
+    }
+    Write(copy + "/added/new.txt", "new\n");
+    fs::remove_all(copy + "/doc");
+    Write(copy + "/doc", "doc is a file now\n");
+    Json d = Diff({base, {}, copy, /*copy_mode=*/true});
+    ASSERT_EQ(GitApply(base, t / "clone", d["patch"]), "") << "round " << round;
+    EXPECT_EQ(GitView(t / "clone"), GitView(copy)) << "round " << round;
+  }
+}
+
+// ------------------------------------------------------------------ real overlays
+
+// Runs `body` in a forked child in new user and mount namespaces (root
+// inside, mapped to the caller); the namespaces and every mount in them go
+// away with the child. Returns the child's exit status.
+int InNamespaces(const std::function<int()>& body) {
+  const uid_t uid = getuid();
+  const gid_t gid = getgid();
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0) _exit(90);
+    auto put = [](const char* file, const std::string& text) {
+      int fd = open(file, O_WRONLY | O_CLOEXEC);
+      bool ok = fd >= 0 && write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+      if (fd >= 0) close(fd);
+      return ok;
+    };
+    if (!put("/proc/self/setgroups", "deny") || !put("/proc/self/uid_map", "0 " + std::to_string(uid) + " 1") ||
+        !put("/proc/self/gid_map", "0 " + std::to_string(gid) + " 1")) {
+      _exit(91);
+    }
+    if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) _exit(92);
+    _exit(body());
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+constexpr int kNoOverlay = 93;
+
+int MountOverlay(const std::vector<std::string>& lowers, const std::string& upper, const std::string& work,
+                 const std::string& merged) {
+  std::string lowerdir;
+  for (const std::string& l : lowers) lowerdir += (lowerdir.empty() ? "" : ":") + l;
+  std::string options = "lowerdir=" + lowerdir + ",upperdir=" + upper + ",workdir=" + work + ",userxattr";
+  if (mount("overlay", merged.c_str(), "overlay", 0, options.c_str()) != 0) {
+    std::fprintf(stderr, "mount overlay %s: %s\n", options.c_str(), std::strerror(errno));
+    return kNoOverlay;
+  }
+  return 0;
+}
+
+// Moves a directory as mv does on overlayfs: rename refuses (EXDEV, no
+// redirects with userxattr), so copy and delete.
+bool MoveDir(const std::string& from, const std::string& to) {
+  if (rename(from.c_str(), to.c_str()) == 0) return true;
+  if (errno != EXDEV) return false;
+  if (!CopyTree(from, to).ok()) return false;
+  std::error_code ec;
+  fs::remove_all(from, ec);
+  return !ec;
+}
+
+// A small repository as the base.
+void MakeBase(const std::string& base) {
+  std::string readme;
+  for (int i = 1; i <= 50; ++i) readme += "README line " + std::to_string(i) + "\n";
+  Write(base + "/README.md", readme);
+  Write(base + "/delete_me.txt", "delete me\n");
+  Write(base + "/old_name.txt", "renamed content\n");
+  Write(base + "/docs/guide.md", "guide\n");
+  Write(base + "/docs/sub/deep.md", "deep\n");
+  Write(base + "/script.sh", "#!/bin/sh\necho hi\n");
+  Write(base + "/was_file", "a file\n");
+  Write(base + "/was_dir/one.txt", "1\n");
+  Write(base + "/was_dir/two.txt", "2\n");
+  Write(base + "/lib/a/b/c.txt", "c\n");
+  Write(base + "/lib/a/b/keep.txt", "keep\n");
+  Write(base + "/nonl.txt", "first\nno newline");
+  Write(base + "/tools/build.sh", "make\n", 0755);
+  Write(base + "/tools/lint.sh", "lint\n", 0755);
+  Write(base + "/untouched.txt", "untouched\n");
+  Write(base + "/empty_old.txt", "");
+  Write(base + "/with space.txt", "a\nb\n");
+  fs::create_symlink("README.md", base + "/old_link");
+  CommitAll(base);
+}
+
+// The session's changes, made through the merged view as a shell would.
+int ChangeWorkspace(const std::string& m) {
+  std::string readme = Read(m + "/README.md");
+  readme.replace(readme.find("README line 10\n"), 15, "README line ten\n");
+  readme += "appended\n";
+  std::ofstream(m + "/README.md", std::ios::trunc) << readme;
+  std::ofstream(m + "/new.txt") << "new file\n";
+  fs::create_directories(m + "/src/new_dir");
+  std::ofstream(m + "/src/new_dir/deep.txt") << "deep new\n";
+  fs::remove(m + "/delete_me.txt");
+  fs::rename(m + "/old_name.txt", m + "/new_name.txt");
+  fs::remove_all(m + "/docs");
+  fs::create_directories(m + "/docs");
+  std::ofstream(m + "/docs/only.md") << "only this\n";
+  if (chmod((m + "/script.sh").c_str(), 0755) != 0) return 10;
+  fs::remove(m + "/was_file");
+  fs::create_directories(m + "/was_file");
+  std::ofstream(m + "/was_file/inside.txt") << "inside\n";
+  fs::remove_all(m + "/was_dir");
+  std::ofstream(m + "/was_dir") << "was a dir\n";
+  fs::create_symlink("README.md", m + "/link");
+  fs::remove(m + "/old_link");
+  fs::create_symlink("new.txt", m + "/old_link");
+  fs::remove(m + "/lib/a/b/c.txt");
+  std::ofstream(m + "/nonl.txt", std::ios::trunc) << "first\nstill no newline";
+  if (!MoveDir(m + "/tools", m + "/tools2")) return 11;
+  { std::ofstream(m + "/untouched.txt", std::ios::app); }  // opened for writing: copied up, not changed
+  std::ofstream(m + "/empty.txt") << "";
+  fs::remove(m + "/empty_old.txt");
+  std::ofstream(m + "/with space.txt", std::ios::trunc) << "a\nB\n";
+  std::ofstream(m + "/h\xc3\xa9llo.txt") << "unicode name\n";
+  return 0;
+}
+
+TEST(LayersOverlay, RealOverlayDiffAppliesWithGit) {
+  TempDir t;
+  MakeBase(t / "base");
+  for (const char* d : {"upper", "work", "merged"}) fs::create_directories(t / d);
+  int rc = InNamespaces([&] {
+    if (int m = MountOverlay({t / "base"}, t / "upper", t / "work", t / "merged"); m != 0) return m;
+    if (int c = ChangeWorkspace(t / "merged"); c != 0) return c;
+    return CopyTree(t / "merged", t / "expected").ok() ? 0 : 12;
+  });
+  if (rc == kNoOverlay) GTEST_SKIP() << "overlayfs with userxattr cannot be mounted in a user namespace here";
+  ASSERT_EQ(rc, 0);
+  // The kernel marked the recreated directory opaque and left whiteouts.
+  char value[4] = {};
+  EXPECT_EQ(getxattr((t / "upper/docs").c_str(), "user.overlay.opaque", value, sizeof(value)), 1);
+  struct stat st {};
+  ASSERT_EQ(lstat((t / "upper/delete_me.txt").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode) && st.st_rdev == makedev(0, 0));
+
+  Json d = Diff({t / "base", {}, t / "upper"});
+  auto statuses = Statuses(d);
+  EXPECT_EQ(statuses["README.md"], "modified");
+  EXPECT_EQ(statuses["delete_me.txt"], "deleted");
+  EXPECT_EQ(statuses["old_name.txt"], "deleted");
+  EXPECT_EQ(statuses["new_name.txt"], "added");
+  EXPECT_EQ(statuses["docs/guide.md"], "deleted");
+  EXPECT_EQ(statuses["docs/sub/deep.md"], "deleted");
+  EXPECT_EQ(statuses["docs/only.md"], "added");
+  EXPECT_EQ(statuses["script.sh"], "modified");
+  EXPECT_EQ(statuses["tools/build.sh"], "deleted");
+  EXPECT_EQ(statuses["tools2/build.sh"], "added");
+  EXPECT_EQ(statuses["empty.txt"], "added");
+  EXPECT_EQ(statuses["empty_old.txt"], "deleted");
+  EXPECT_EQ(statuses.count("untouched.txt"), 0u);
+  EXPECT_EQ(statuses.count("lib/a/b/keep.txt"), 0u);
+
+  EXPECT_EQ(GitApply(t / "base", t / "clone", d["patch"]), "") << d["patch"].get<std::string>();
+  EXPECT_EQ(GitView(t / "clone"), GitView(t / "expected"));
+}
+
+TEST(LayersOverlay, SnapshotIsALayerToStartFrom) {
+  TempDir t;
+  MakeBase(t / "base");
+  for (const char* d : {"upper1", "work1", "merged1", "upper2", "work2", "merged2", "snaps"}) {
+    fs::create_directories(t / d);
+  }
+  // First session: changes, then a snapshot of its upper layer.
+  int rc = InNamespaces([&] {
+    if (int m = MountOverlay({t / "base"}, t / "upper1", t / "work1", t / "merged1"); m != 0) return m;
+    if (int c = ChangeWorkspace(t / "merged1"); c != 0) return c;
+    return CopyTree(t / "merged1", t / "expected1").ok() ? 0 : 12;
+  });
+  if (rc == kNoOverlay) GTEST_SKIP() << "overlayfs with userxattr cannot be mounted in a user namespace here";
+  ASSERT_EQ(rc, 0);
+  auto manifest = CreateSnapshot({t / "base", {}, t / "upper1"}, "", t / "snaps/s1");
+  ASSERT_TRUE(manifest.ok()) << manifest.status().ToString();
+  ASSERT_TRUE(VerifySnapshot(t / "snaps/s1").ok()) << VerifySnapshot(t / "snaps/s1").ToString();
+
+  // Second session from the snapshot: it sees the first one's workspace,
+  // then changes it further.
+  rc = InNamespaces([&] {
+    if (int m = MountOverlay({t / "snaps/s1/tree", t / "base"}, t / "upper2", t / "work2", t / "merged2"); m != 0) {
+      return m;
+    }
+    if (!CopyTree(t / "merged2", t / "restored").ok()) return 20;
+    const std::string m = t / "merged2";
+    fs::remove(m + "/new.txt");                        // added by the snapshot, deleted now
+    std::ofstream(m + "/docs/only.md", std::ios::app) << "more\n";
+    fs::remove_all(m + "/src");                        // a directory only the snapshot has
+    std::ofstream(m + "/delete_me.txt") << "back\n";  // deleted by the snapshot, re-created
+    return CopyTree(m, t / "expected2").ok() ? 0 : 21;
+  });
+  ASSERT_EQ(rc, 0);
+  EXPECT_EQ(GitView(t / "restored"), GitView(t / "expected1"));
+
+  Json d = Diff({t / "base", {t / "snaps/s1/tree"}, t / "upper2"});
+  auto statuses = Statuses(d);
+  EXPECT_EQ(statuses.count("new.txt"), 0u);             // never in the base, gone again
+  EXPECT_EQ(statuses.count("src/new_dir/deep.txt"), 0u);
+  EXPECT_EQ(statuses["delete_me.txt"], "modified");
+  EXPECT_EQ(statuses["docs/only.md"], "added");
+  EXPECT_EQ(GitApply(t / "base", t / "clone", d["patch"]), "") << d["patch"].get<std::string>();
+  EXPECT_EQ(GitView(t / "clone"), GitView(t / "expected2"));
+}
+
+// ------------------------------------------------------------------ snapshots
+
+TEST(LayersSnapshot, ManifestDescribesTheUpperLayer) {
+  TempDir t;
+  fs::create_directories(t / "base");
+  Write(t / "upper/a.txt", "hello\n", 0640);
+  Whiteout(t / "upper/gone.txt");
+  MakeOpaque(t / "upper/docs");
+  Write(t / "upper/docs/x.md", "x\n");
+  fs::create_symlink("a.txt", t / "upper/link");
+  ASSERT_EQ(mkfifo((t / "upper/fifo").c_str(), 0600), 0);  // not content: left out
+  auto m = CreateSnapshot({t / "base", {}, t / "upper"}, "parent-id", t / "snap");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ((*m)["version"], kSnapshotVersion);
+  EXPECT_EQ((*m)["parent"], "parent-id");
+  EXPECT_EQ((*m)["mode"], "overlay");
+  Json entries = (*m)["entries"];
+  ASSERT_EQ(entries.size(), 5u) << entries.dump(1);
+  EXPECT_EQ(entries[0], (Json{{"path", "a.txt"}, {"type", "file"}, {"mode", "0640"}, {"size", 6},
+                              {"sha256", "5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03"}}));
+  EXPECT_EQ(entries[1], (Json{{"path", "docs"}, {"type", "dir"}, {"mode", "0755"}, {"opaque", true}}));
+  EXPECT_EQ(entries[2]["path"], "docs/x.md");
+  EXPECT_EQ(entries[3], (Json{{"path", "gone.txt"}, {"type", "whiteout"}}));
+  EXPECT_EQ(entries[4], (Json{{"path", "link"}, {"type", "symlink"}, {"target", "a.txt"}}));
+  // The manifest on disk is the one returned; the tree holds the markers.
+  EXPECT_EQ(Json::parse(Read(t / "snap/manifest.json")), *m);
+  char value[4] = {};
+  EXPECT_EQ(getxattr((t / "snap/tree/docs").c_str(), "user.overlay.opaque", value, sizeof(value)), 1);
+  struct stat st {};
+  ASSERT_EQ(lstat((t / "snap/tree/gone.txt").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode) && st.st_rdev == makedev(0, 0));
+  EXPECT_FALSE(fs::exists(fs::symlink_status(t / "snap/tree/fifo")));
+  EXPECT_TRUE(VerifySnapshot(t / "snap").ok());
+}
+
+TEST(LayersSnapshot, OneCorruptByteIsFoundAndNamed) {
+  TempDir t;
+  fs::create_directories(t / "base");
+  Write(t / "upper/src/main.c", "int main() { return 0; }\n");
+  Write(t / "upper/other.txt", "other\n");
+  ASSERT_TRUE(CreateSnapshot({t / "base", {}, t / "upper"}, "", t / "snap").ok());
+  ASSERT_TRUE(VerifySnapshot(t / "snap").ok());
+  {
+    std::fstream f(t / "snap/tree/src/main.c", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(4);
+    f.put('X');
+  }
+  Status s = VerifySnapshot(t / "snap");
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.stage(), "snapshot");
+  EXPECT_EQ(s.message(), "snapshot " + (t / "snap") + " is corrupt: src/main.c: checksum mismatch");
+}
+
+TEST(LayersSnapshot, MissingExtraAndChangedEntriesAreNamed) {
+  TempDir t;
+  fs::create_directories(t / "base");
+  Write(t / "upper/a.txt", "a\n");
+  Write(t / "upper/b.txt", "b\n");
+  fs::create_symlink("a.txt", t / "upper/l");
+  ASSERT_TRUE(CreateSnapshot({t / "base", {}, t / "upper"}, "", t / "snap").ok());
+
+  fs::remove(t / "snap/tree/b.txt");
+  EXPECT_NE(VerifySnapshot(t / "snap").message().find("is corrupt: b.txt: missing"), std::string::npos);
+  Write(t / "snap/tree/b.txt", "b\n");
+  EXPECT_TRUE(VerifySnapshot(t / "snap").ok()) << VerifySnapshot(t / "snap").ToString();
+
+  Write(t / "snap/tree/intruder", "x");
+  EXPECT_NE(VerifySnapshot(t / "snap").message().find("is corrupt: intruder: not in the manifest"),
+            std::string::npos);
+  fs::remove(t / "snap/tree/intruder");
+
+  Write(t / "snap/tree/a.txt", "a\nlonger\n");
+  EXPECT_NE(VerifySnapshot(t / "snap").message().find("a.txt: size 9, the manifest says 2"), std::string::npos);
+  Write(t / "snap/tree/a.txt", "a\n", 0600);
+  EXPECT_NE(VerifySnapshot(t / "snap").message().find("a.txt: mode 0600, the manifest says 0644"),
+            std::string::npos);
+  Write(t / "snap/tree/a.txt", "a\n");
+
+  fs::remove(t / "snap/tree/l");
+  fs::create_symlink("b.txt", t / "snap/tree/l");
+  EXPECT_NE(VerifySnapshot(t / "snap").message().find("l: symlink target differs"), std::string::npos);
+}
+
+TEST(LayersSnapshot, MissingSnapshotOrManifestIsNotFound) {
+  TempDir t;
+  Status s = VerifySnapshot(t / "nope");
+  EXPECT_EQ(s.stage(), "not_found");
+  EXPECT_NE(s.message().find(t / "nope"), std::string::npos);
+  fs::create_directories(t / "half/tree");  // interrupted before the manifest
+  s = VerifySnapshot(t / "half");
+  EXPECT_EQ(s.stage(), "not_found");
+  EXPECT_NE(s.message().find("has no manifest.json"), std::string::npos) << s.message();
+  Write(t / "half/manifest.json", "{\"version\": 1, \"entries\": [");
+  s = VerifySnapshot(t / "half");
+  EXPECT_EQ(s.stage(), "snapshot");
+  EXPECT_NE(s.message().find("is corrupt: manifest.json: not valid JSON"), std::string::npos) << s.message();
+  Write(t / "half/manifest.json", R"({"version": 1, "parent": "", "mode": "overlay", "created": "",
+                                      "entries": [{"path": "x", "type": "file"}]})");
+  s = VerifySnapshot(t / "half");
+  EXPECT_NE(s.message().find("malformed entry for x"), std::string::npos) << s.message();
+}
+
+TEST(LayersSnapshot, RefusesAnExistingDestination) {
+  TempDir t;
+  fs::create_directories(t / "base");
+  fs::create_directories(t / "upper");
+  fs::create_directories(t / "snap");
+  auto m = CreateSnapshot({t / "base", {}, t / "upper"}, "", t / "snap");
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().err(), EEXIST);
+  EXPECT_EQ(m.status().path(), t / "snap");
+}
+
+TEST(LayersSnapshot, CopyModeKeepsTheWholeCopy) {
+  TempDir t;
+  Write(t / "copy/a/b/c.txt", "c\n");
+  Write(t / "copy/top.txt", "t\n");
+  auto m = CreateSnapshot({t / "base", {}, t / "copy", /*copy_mode=*/true}, "p", t / "snap");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ((*m)["mode"], "copy");
+  EXPECT_EQ((*m)["entries"].size(), 4u);
+  EXPECT_EQ(Read(t / "snap/tree/a/b/c.txt"), "c\n");
+  EXPECT_TRUE(VerifySnapshot(t / "snap").ok());
+}
+
+// While a writer keeps rewriting files in the upper layer, every snapshot
+// still verifies: the checksums describe the bytes copied.
+TEST(LayersSnapshot, ConsistentWhileTheUpperChanges) {
+  TempDir t;
+  fs::create_directories(t / "base");
+  for (int i = 0; i < 20; ++i) Write(t / ("upper/f" + std::to_string(i)), std::string(4096, 'a'));
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {
+    std::mt19937 rng(1);
+    std::string data(8192, 'x');
+    while (!stop) {
+      const std::string p = t / ("upper/f" + std::to_string(rng() % 20));
+      int fd = open(p.c_str(), O_WRONLY);
+      if (fd < 0) continue;
+      data[rng() % data.size()] = static_cast<char>('a' + rng() % 26);
+      (void)!pwrite(fd, data.data(), rng() % data.size(), 0);
+      (void)!ftruncate(fd, static_cast<off_t>(rng() % data.size()));
+      close(fd);
+      if (rng() % 8 == 0) {
+        fs::remove(t / "upper/tmp");
+        std::ofstream(t / "upper/tmp") << "t";
+      }
+    }
+  });
+  for (int i = 0; i < 20; ++i) {
+    const std::string dest = t / ("snap" + std::to_string(i));
+    auto m = CreateSnapshot({t / "base", {}, t / "upper"}, "", dest);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    Status s = VerifySnapshot(dest);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+  }
+  stop = true;
+  writer.join();
+}
+
+// ------------------------------------------------------------------ CopyTree
+
+TEST(LayersCopyTree, KeepsModesAndSymlinksAndNeverFollowsThem) {
+  TempDir t;
+  Write(t / "from/x.sh", "run\n", 0750);
+  Write(t / "from/ro/f.txt", "f\n", 0444);
+  chmod((t / "from/ro").c_str(), 0555);
+  fs::create_symlink("/etc", t / "from/etc_link");
+  fs::create_symlink("/etc/hostname", t / "from/file_link");
+  fs::create_symlink("x.sh", t / "from/rel_link");
+  ASSERT_TRUE(CopyTree(t / "from", t / "to").ok());
+  struct stat st {};
+  ASSERT_EQ(stat((t / "to/x.sh").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0750u);
+  ASSERT_EQ(stat((t / "to/ro").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0555u);
+  EXPECT_TRUE(fs::is_symlink(t / "to/etc_link"));
+  EXPECT_EQ(fs::read_symlink(t / "to/etc_link"), "/etc");
+  EXPECT_TRUE(fs::is_symlink(t / "to/file_link"));
+  EXPECT_EQ(fs::read_symlink(t / "to/rel_link"), "x.sh");
+  chmod((t / "to/ro").c_str(), 0755);  // let the cleanup in
+  chmod((t / "from/ro").c_str(), 0755);
+}
+
+TEST(LayersCopyTree, ErrorsNameThePath) {
+  TempDir t;
+  Status s = CopyTree(t / "missing", t / "to");
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.path(), t / "missing");
+  EXPECT_EQ(s.err(), ENOENT);
+}
+
+}  // namespace
+}  // namespace agentbox::session
