@@ -13,6 +13,10 @@ namespace {
 // linear-space refinement).
 class Myers {
  public:
+  // The search depth past which a split is taken where the search stands
+  // (as xdiff does), bounding the work on large, very different texts.
+  static constexpr long kMaxCost = 1024;
+
   Myers(const std::vector<int>& a, const std::vector<int>& b, std::vector<char>* keep_a,
         std::vector<char>* keep_b)
       : a_(a), b_(b), keep_a_(*keep_a), keep_b_(*keep_b) {}
@@ -46,7 +50,8 @@ class Myers {
     const long m = static_cast<long>(b_hi - b_lo);
     const int* a = a_.data() + a_lo;
     const int* b = b_.data() + b_lo;
-    const long max_d = (n + m + 1) / 2;
+    // Diagonals beyond ±kMaxCost are never reached (the search stops there).
+    const long max_d = std::min((n + m + 1) / 2, kMaxCost + 1);
     const long offset = max_d;
     const long length = 2 * max_d + 2;
     std::vector<long> v1(length, -1), v2(length, -1);
@@ -77,6 +82,19 @@ class Myers {
             return Split(x1, y1, n, m, split_x, split_y);
           }
         }
+      }
+      if (d >= kMaxCost) {
+        // Too costly to be exact (large, very different texts): split at
+        // the forward path that got furthest. Correct, maybe not minimal.
+        long best_x = -1, best_y = -1;
+        for (long k1 = -d + k1start; k1 <= d - k1end; k1 += 2) {
+          const long x = v1[offset + k1], y = x - k1;
+          if (x >= 0 && x <= n && y >= 0 && y <= m && x + y > best_x + best_y) {
+            best_x = x;
+            best_y = y;
+          }
+        }
+        return best_x >= 0 && Split(best_x, best_y, n, m, split_x, split_y);
       }
       for (long k2 = -d + k2start; k2 <= d - k2end; k2 += 2) {
         const long k2o = offset + k2;

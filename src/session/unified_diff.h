@@ -25,12 +25,15 @@ enum class LineOp : unsigned char {
   kInsert,  // the next line of the new side
 };
 
-// A shortest edit script turning `old_lines` into `new_lines`: Equal ops
-// consume a line of each side, Delete one old line, Insert one new line.
-// Within a changed block deletions come before insertions. Lines that occur
-// only on one side are set aside before the search (they cannot be part of a
-// longest common subsequence), so rewriting a whole file stays cheap; the
-// search itself is O((N+M)·D) time and O(N+M) space.
+// An edit script turning `old_lines` into `new_lines`: Equal ops consume a
+// line of each side, Delete one old line, Insert one new line. Within a
+// changed block deletions come before insertions. Lines that occur only on
+// one side are set aside before the search (they cannot be part of a longest
+// common subsequence), so rewriting a whole file stays cheap; the search is
+// O((N+M)·D) time and O(N+M) space. The script is a shortest one unless a
+// stretch of the texts needs more than ~1,000 edits, where the search, as
+// git's xdiff does, splits where it stands to bound the work (the script is
+// still exact, only maybe longer).
 std::vector<LineOp> DiffLines(const std::vector<std::string_view>& old_lines,
                               const std::vector<std::string_view>& new_lines);
 

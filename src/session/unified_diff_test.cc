@@ -198,6 +198,17 @@ TEST(UnifiedDiff, PropertyMinimalScriptAndRoundTrip) {
   }
 }
 
+// Two long texts over a two-line alphabet differ everywhere and match
+// everywhere: an exact search would cost O(N·D) ≈ 10^10 steps. The bounded
+// search still produces a correct script.
+TEST(UnifiedDiff, PathologicalInputsStayCorrect) {
+  std::mt19937 rng(99);
+  std::string a, b;
+  for (int i = 0; i < 100000; ++i) a += rng() % 2 ? "x\n" : "y\n";
+  for (int i = 0; i < 100000; ++i) b += rng() % 2 ? "x\n" : "y\n";
+  ExpectRoundTrip(a, b);
+}
+
 TEST(UnifiedDiff, ApplyRefusesWhatDoesNotMatch) {
   std::string hunks = UnifiedHunks("a\nb\nc\n", "a\nB\nc\n");
   auto applied = ApplyUnifiedHunks("a\nx\nc\n", hunks);
