@@ -16,9 +16,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
-#include <functional>
 #include <map>
-#include <optional>
 #include <set>
 #include <unordered_map>
 
@@ -457,25 +455,28 @@ class LayeredView {
   std::unordered_map<std::string, std::vector<int>> dirs_;
 };
 
-bool IsGitMetadata(const std::string& name) { return name == ".git"; }
+// Whether a walk goes into directories named .git (repository metadata,
+// which diffs leave out).
+enum class GitDirs { kSkip, kInclude };
 
 // Adds every path below `rel` of the tree `root_fd` (not `rel` itself) to
-// `paths`, skipping .git directories, never following a symlink.
-Status CollectPaths(int root_fd, const std::string& root, const std::string& rel, std::set<std::string>* paths) {
+// `paths`, never following a symlink.
+Status CollectPaths(int root_fd, const std::string& root, const std::string& rel, GitDirs git, const char* stage,
+                    std::set<std::string>* paths) {
   UniqueFd dir(OpenBeneath(root_fd, rel, O_RDONLY | O_DIRECTORY));
   if (!dir.valid()) {
     if (errno == ENOENT || errno == ENOTDIR || errno == ELOOP) return {};  // changed meanwhile
-    return Status::Errno("diff", "open", Join(root, rel));
+    return Status::Errno(stage, "open", Join(root, rel));
   }
-  auto names = ListNames(dir.get(), Join(root, rel), "diff");
+  auto names = ListNames(dir.get(), Join(root, rel), stage);
   if (!names.ok()) return names.status();
   for (const std::string& name : *names) {
-    if (IsGitMetadata(name)) continue;
+    if (git == GitDirs::kSkip && name == ".git") continue;
     std::string child = Join(rel, name);
     paths->insert(child);
     struct stat st {};
     if (fstatat(dir.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode)) {
-      if (Status s = CollectPaths(root_fd, root, child, paths); !s.ok()) return s;
+      if (Status s = CollectPaths(root_fd, root, child, git, stage, paths); !s.ok()) return s;
     }
   }
   return {};
@@ -750,24 +751,8 @@ Status VerifySnapshot(const std::string& dir) {
 
   UniqueFd root(open(tree.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!root.valid()) return Status::Error("snapshot", "snapshot " + dir + " is corrupt: " + kTreeName + ": missing");
-  // Everything in the tree (.git included, unlike a diff).
   std::set<std::string> all;
-  std::function<Status(const std::string&)> walk = [&](const std::string& rel) -> Status {
-    UniqueFd d(OpenBeneath(root.get(), rel, O_RDONLY | O_DIRECTORY));
-    if (!d.valid()) return Status::Errno("snapshot", "open", Join(tree, rel));
-    auto names = ListNames(d.get(), Join(tree, rel), "snapshot");
-    if (!names.ok()) return names.status();
-    for (const std::string& name : *names) {
-      std::string child = Join(rel, name);
-      all.insert(child);
-      struct stat st {};
-      if (fstatat(d.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode)) {
-        if (Status s = walk(child); !s.ok()) return s;
-      }
-    }
-    return {};
-  };
-  if (Status s = walk(""); !s.ok()) return s;
+  if (Status s = CollectPaths(root.get(), tree, "", GitDirs::kInclude, "snapshot", &all); !s.ok()) return s;
 
   for (const std::string& path : all) {
     if (expected.find(path) == expected.end()) problem(path, "not in the manifest");
@@ -850,10 +835,12 @@ Result<Json> ComputeDiff(const LayerStack& stack, std::size_t max_patch_bytes) {
   std::set<std::string> paths;
   const int scanned = stack.copy_mode ? 1 : merged->layers() - 1;
   for (int layer = 0; layer < scanned; ++layer) {
-    if (Status s = CollectPaths(merged->root_fd(layer), merged->root(layer), "", &paths); !s.ok()) return s;
+    Status s = CollectPaths(merged->root_fd(layer), merged->root(layer), "", GitDirs::kSkip, "diff", &paths);
+    if (!s.ok()) return s;
   }
   if (stack.copy_mode) {
-    if (Status s = CollectPaths(base->root_fd(0), base->root(0), "", &paths); !s.ok()) return s;
+    Status s = CollectPaths(base->root_fd(0), base->root(0), "", GitDirs::kSkip, "diff", &paths);
+    if (!s.ok()) return s;
   } else {
     // A base directory that the merged view no longer shows whole (deleted,
     // replaced, made opaque) loses what is below it: look there too.
@@ -863,7 +850,8 @@ Result<Json> ComputeDiff(const LayerStack& stack, std::size_t max_patch_bytes) {
       if (base->Lookup(path).kind != Kind::kDir) continue;
       const std::vector<int>& layers = merged->DirLayers(path);
       if (std::find(layers.begin(), layers.end(), base_layer) != layers.end()) continue;
-      if (Status s = CollectPaths(base->root_fd(0), base->root(0), path, &hidden); !s.ok()) return s;
+      Status s = CollectPaths(base->root_fd(0), base->root(0), path, GitDirs::kSkip, "diff", &hidden);
+      if (!s.ok()) return s;
     }
     paths.insert(hidden.begin(), hidden.end());
   }
