@@ -35,7 +35,15 @@ class TempDir {
     if (mkdtemp(tmpl) != nullptr) path_ = tmpl;
   }
   ~TempDir() {
+    // overlayfs leaves work/work with mode 0: give every directory back to
+    // its owner first (root does not need it; anyone else does).
     std::error_code ec;
+    for (auto it = fs::recursive_directory_iterator(path_, ec); it != fs::recursive_directory_iterator();
+         it.increment(ec)) {
+      if (it->is_directory(ec) && !it->is_symlink(ec)) {
+        fs::permissions(it->path(), fs::perms::owner_all, fs::perm_options::add, ec);
+      }
+    }
     fs::remove_all(path_, ec);
   }
   const std::string& path() const { return path_; }
