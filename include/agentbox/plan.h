@@ -29,6 +29,7 @@ enum class MountKind {
   kProtect,     // bind target onto itself read-only (inside a writable tree)
   kPin,         // bind target onto itself unchanged, so it cannot be renamed away
   kReadOnly,    // make an existing mount at target read-only (e.g. /proc/sys)
+  kOverlay,     // sessions: the workspace as an overlay (layers in Plan::workspace_overlay)
 };
 const char* ToString(MountKind);
 
@@ -169,6 +170,15 @@ struct NetworkPlan {
   std::vector<std::uint16_t> sni_ports{443};
 };
 
+// A session's workspace: overlayfs with the base workspace (`source` of the
+// kOverlay mount) at the bottom, snapshot layers above it, and the session's
+// own upper layer on top. Host paths, all of them.
+struct WorkspaceOverlay {
+  std::vector<std::string> lowers;  // snapshot trees, newest first (above the base)
+  std::string upper;
+  std::string work;                 // overlay's work dir, same filesystem as upper
+};
+
 struct Plan {
   bool confined = true;      // false: danger-full-access, run as is
   Backend backend = Backend::kNamespaces;
@@ -187,6 +197,7 @@ struct Plan {
   std::string workspace_source;
   std::string workspace_target;
   bool workspace_writable = true;
+  std::optional<WorkspaceOverlay> workspace_overlay;  // sessions in overlay mode
   ResourceLimits limits;                // cgroup settings and rlimits
   LandlockPlan landlock;                // applied by the runner after the root is built
   NetworkPlan network;                  // egress through the supervisor's proxy, when set

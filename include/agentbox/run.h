@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -20,7 +21,11 @@ struct RunOptions {
   // terminal asks when agentbox is in its foreground, otherwise deny.
   std::string ask_command;
   std::uint64_t ask_timeout_ms = 60000;  // a question unanswered by then is a deny
+  bool ask_on_terminal = true;  // false: never the terminal (a daemon's sandboxes have none of their own)
   std::string network_log;      // every proxied connection as a JSON line to this file ("" = none)
+  // Every proxied connection's record (one JSON line) as it ends, on the
+  // proxy's thread; set, the records are not kept for the report.
+  std::function<void(const std::string&)> on_connection;
 };
 
 // Runs the confined command and classifies what happened (DESIGN §4).

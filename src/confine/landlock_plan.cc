@@ -141,6 +141,7 @@ LandlockPlan PlanLandlock(const Plan& plan, int host_abi, bool required) {
         }
         break;
       case MountKind::kBind:
+      case MountKind::kOverlay:
         add(m.target, m.read_only ? kReadExec : kReadExec | kWrite, m.optional, m.why);
         break;
       case MountKind::kDevice:

@@ -14,6 +14,7 @@ constexpr std::pair<MountKind, const char*> kKinds[] = {
     {MountKind::kDevice, "device"},   {MountKind::kSymlink, "symlink"},
     {MountKind::kMask, "mask"},       {MountKind::kProtect, "protect"},
     {MountKind::kPin, "pin"},         {MountKind::kReadOnly, "read-only"},
+    {MountKind::kOverlay, "overlay"},
 };
 
 std::optional<MountKind> KindFromString(const std::string& s) {
@@ -170,6 +171,11 @@ std::string PlanToJson(const Plan& plan, int indent) {
   j["workspace"] = {{"source", plan.workspace_source},
                     {"target", plan.workspace_target},
                     {"writable", plan.workspace_writable}};
+  if (plan.workspace_overlay) {
+    j["workspace"]["overlay"] = {{"lowers", plan.workspace_overlay->lowers},
+                                 {"upper", plan.workspace_overlay->upper},
+                                 {"work", plan.workspace_overlay->work}};
+  }
   {
     const ResourceLimits& l = plan.limits;
     json lim = {{"nofile", l.nofile}};
@@ -254,6 +260,11 @@ Result<Plan> PlanFromJson(const std::string& text) {
     plan.workspace_source = ws.at("source").get<std::string>();
     plan.workspace_target = ws.at("target").get<std::string>();
     plan.workspace_writable = ws.at("writable").get<bool>();
+    if (ws.contains("overlay")) {
+      const json& o = ws.at("overlay");
+      plan.workspace_overlay = WorkspaceOverlay{o.at("lowers").get<std::vector<std::string>>(),
+                                                o.at("upper").get<std::string>(), o.at("work").get<std::string>()};
+    }
     if (j.contains("limits")) {
       const json& lim = j.at("limits");
       ResourceLimits& l = plan.limits;

@@ -18,7 +18,7 @@
 namespace agentbox::linux {
 
 Result<Launched> Launch(const Plan& plan, const std::vector<std::string>& argv, StderrMode stderr_mode,
-                        const SandboxCgroup* cgroup) {
+                        const SandboxCgroup* cgroup, const SessionLaunch* session) {
   Launched out;
   auto resolved = ResolvePlan(plan);
   if (!resolved.ok()) return resolved.status();
@@ -101,6 +101,10 @@ Result<Launched> Launch(const Plan& plan, const std::vector<std::string>& argv, 
         WriteMessage(status_w.get(), {RunnerMessage::Type::kSetupError, s});
         _exit(125);
       }
+    }
+    if (session) {
+      SessionInitMain(plan, out.resolved, status_w.get(), lifeline_r.get(), filter_recv.get(), proxy_send.get(),
+                      session->control_fd, session->hooks);
     }
     RunnerMain(plan, out.resolved, argv, status_w.get(), lifeline_r.get(), filter_recv.get(), proxy_send.get());
   }

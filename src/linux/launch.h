@@ -11,6 +11,7 @@
 #include "linux/cgroups.h"
 #include "linux/fd.h"
 #include "linux/resolve.h"
+#include "linux/runner.h"
 
 namespace agentbox::linux {
 
@@ -37,7 +38,15 @@ struct Launched {
 // cgroup.procs while it waits on a "go" pipe (only then: without a cgroup
 // the launch pays nothing for this). The runner's rlimits are set first
 // thing in the child (confined plans).
+//
+// With `session`, the runner becomes a session's init (SessionInitMain) on
+// `session->control_fd` instead of running argv.
+struct SessionLaunch {
+  int control_fd = -1;
+  SessionHooks hooks;
+};
 [[nodiscard]] Result<Launched> Launch(const Plan& plan, const std::vector<std::string>& argv,
-                                      StderrMode stderr_mode, const SandboxCgroup* cgroup = nullptr);
+                                      StderrMode stderr_mode, const SandboxCgroup* cgroup = nullptr,
+                                      const SessionLaunch* session = nullptr);
 
 }  // namespace agentbox::linux

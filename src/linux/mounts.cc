@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <string>
+#include <vector>
 
 #include "confine/paths.h"
 #include "linux/compat.h"
@@ -83,15 +84,44 @@ Result<UniqueFd> OpenBeneath(const std::string& root, const std::string& rel) {
 }
 
 // Binds a workspace path onto itself (read-only for protect), resolving both
-// ends without symlinks.
+// ends without symlinks. Over an overlay workspace the source is the merged
+// view itself: a bind of the base would let writes through to the base.
 Status BindInPlace(const ResolvedMount& m, const Plan& plan, std::uint64_t attrs) {
   const std::string& ws = plan.workspace_source;
   std::string rel = m.op.source.substr(ws == "/" ? 1 : ws.size() + 1);
-  auto src = OpenBeneath(Host(ws), rel);
+  auto src = OpenBeneath(plan.workspace_overlay ? plan.workspace_target : Host(ws), rel);
   if (!src.ok()) return src.status();
   auto dst = OpenBeneath(plan.workspace_target, rel);
   if (!dst.ok()) return dst.status();
   return AttachClone(src->get(), "", AT_EMPTY_PATH | AT_RECURSIVE, attrs, dst->get(), "", m.op.target);
+}
+
+// overlayfs's option string separates with ',' and ':' and escapes with '\\':
+// a path holding any of them is refused rather than misread.
+Status MountOverlay(const MountOp& op, const Plan& plan) {
+  if (!plan.workspace_overlay) return Status::Error("mount", "overlay mount without overlay layers in the plan");
+  const WorkspaceOverlay& o = *plan.workspace_overlay;
+  std::string lowers;
+  std::vector<std::string> paths = o.lowers;
+  paths.push_back(op.source);
+  for (const auto& p : paths) lowers += (lowers.empty() ? "" : ":") + Host(p);
+  for (const auto& p : {o.upper, o.work, op.source}) {
+    if (p.find_first_of(",:\\") != std::string::npos) {
+      return Status::Error("mount", "overlay layer path " + p + " holds ',', ':' or '\\', which overlayfs options cannot carry");
+    }
+  }
+  for (const auto& p : o.lowers) {
+    if (p.find_first_of(",:\\") != std::string::npos) {
+      return Status::Error("mount", "overlay layer path " + p + " holds ',', ':' or '\\', which overlayfs options cannot carry");
+    }
+  }
+  const std::string options = "lowerdir=" + lowers + ",upperdir=" + Host(o.upper) + ",workdir=" + Host(o.work) +
+                              ",userxattr";
+  if (Status s = EnsureTarget(op.target, true); !s.ok()) return s;
+  if (mount("overlay", op.target.c_str(), "overlay", MS_NOSUID | MS_NODEV, options.c_str()) != 0) {
+    return Status::Errno("mount", "mount(overlay)", op.target);
+  }
+  return {};
 }
 
 Status Mask(const ResolvedMount& m) {
@@ -187,6 +217,8 @@ Status ApplyMount(const ResolvedMount& m, const Plan& plan) {
       return BindInPlace(m, plan, kSafe | MOUNT_ATTR_RDONLY);
     case MountKind::kPin:
       return BindInPlace(m, plan, kSafe);
+    case MountKind::kOverlay:
+      return MountOverlay(op, plan);
   }
   return Status::Error("mount", "unknown mount kind");
 }

@@ -11,6 +11,8 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -23,7 +25,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <map>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "linux/capabilities.h"
 #include "linux/compat.h"
@@ -62,13 +67,14 @@ Status TieToSupervisor(int lifeline_fd) {
 // Keeps stdio, the status pipe, the lifeline and the filter socket (when
 // there is one); closes every other inherited fd, among them the
 // supervisor's end of the filter socket, so that its EOF reaches us.
-Status CloseInheritedFds(int* status_fd, int* lifeline_fd, int* filter_fd, int* proxy_fd) {
-  // Move them out of the way first: any may already sit at 3, 4, 5 or 6.
+Status CloseInheritedFds(int* status_fd, int* lifeline_fd, int* filter_fd, int* proxy_fd, int* control_fd) {
+  // Move them out of the way first: any may already sit at 3, 4, 5, 6 or 7.
   int s = fcntl(*status_fd, F_DUPFD_CLOEXEC, 10);
   int l = fcntl(*lifeline_fd, F_DUPFD_CLOEXEC, 10);
   int f = *filter_fd >= 0 ? fcntl(*filter_fd, F_DUPFD_CLOEXEC, 10) : -1;
   int x = *proxy_fd >= 0 ? fcntl(*proxy_fd, F_DUPFD_CLOEXEC, 10) : -1;
-  if (s < 0 || l < 0 || (*filter_fd >= 0 && f < 0) || (*proxy_fd >= 0 && x < 0)) {
+  int c = *control_fd >= 0 ? fcntl(*control_fd, F_DUPFD_CLOEXEC, 10) : -1;
+  if (s < 0 || l < 0 || (*filter_fd >= 0 && f < 0) || (*proxy_fd >= 0 && x < 0) || (*control_fd >= 0 && c < 0)) {
     return Status::Errno("fds", "fcntl(F_DUPFD_CLOEXEC)");
   }
   if (dup3(s, 3, O_CLOEXEC) < 0 || dup3(l, 4, O_CLOEXEC) < 0) return Status::Errno("fds", "dup3");
@@ -82,6 +88,10 @@ Status CloseInheritedFds(int* status_fd, int* lifeline_fd, int* filter_fd, int* 
   if (x >= 0) {
     if (dup3(x, next, O_CLOEXEC) < 0) return Status::Errno("fds", "dup3");
     *proxy_fd = next++;
+  }
+  if (c >= 0) {
+    if (dup3(c, next, O_CLOEXEC) < 0) return Status::Errno("fds", "dup3");
+    *control_fd = next++;
   }
   const unsigned first = static_cast<unsigned>(next);
   if (CloseRange(first, ~0U, 0) != 0) {
@@ -271,10 +281,17 @@ __attribute__((noinline)) pid_t SpawnCommand(const ExecRequest& req, bool new_se
   return pid;
 }
 
-}  // namespace
+// What the set-up leaves for the loop: the seccomp listener (invalid: no
+// filter), the signalfd, and the signal mask the command starts with.
+struct SetUpResult {
+  UniqueFd listener;
+  UniqueFd sigfd;
+  sigset_t original;
+};
 
-void RunnerMain(const Plan& plan, const ResolvedPlan& resolved, const std::vector<std::string>& argv,
-                int status_fd, int lifeline_fd, int filter_fd, int proxy_fd) {
+// Every set-up step, in order; a failure is reported and ends the runner.
+SetUpResult SetUpSandbox(const Plan& plan, const ResolvedPlan& resolved, int* status_fd, int* lifeline_fd,
+                         int* filter_fd, int* proxy_fd, int* control_fd) {
   // Step order matters: the id maps come first (nothing else is permitted
   // before them), procfs is mounted while the host root is still attached,
   // and the working directory is entered only once the final root exists.
@@ -282,62 +299,77 @@ void RunnerMain(const Plan& plan, const ResolvedPlan& resolved, const std::vecto
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
-  if (Status s = TieToSupervisor(lifeline_fd); !s.ok()) Fail(status_fd, s);
+  if (Status s = TieToSupervisor(*lifeline_fd); !s.ok()) Fail(*status_fd, s);
   // Out of the supervisor's process group: a terminal's ^C reaches the
   // supervisor alone, which forwards it once.
   setpgid(0, 0);
-  if (Status s = CloseInheritedFds(&status_fd, &lifeline_fd, &filter_fd, &proxy_fd); !s.ok()) Fail(status_fd, s);
+  if (Status s = CloseInheritedFds(status_fd, lifeline_fd, filter_fd, proxy_fd, control_fd); !s.ok()) {
+    Fail(*status_fd, s);
+  }
   // Landlock-only: no namespaces, so no id maps, root, loopback or hostname.
   const bool namespaced = plan.confined && plan.backend == Backend::kNamespaces;
   if (namespaced) {
-    if (Status s = WriteIdMaps(plan.uid, plan.gid); !s.ok()) Fail(status_fd, s);
+    if (Status s = WriteIdMaps(plan.uid, plan.gid); !s.ok()) Fail(*status_fd, s);
   }
   // Nobody inside may ptrace us, read our memory or /proc/1/fd, or forge our
   // status pipe. (After the id maps: a non-dumpable process cannot open its
   // own /proc/self/uid_map.)
-  if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) Fail(status_fd, Status::Errno("runner", "prctl(PR_SET_DUMPABLE)"));
+  if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) Fail(*status_fd, Status::Errno("runner", "prctl(PR_SET_DUMPABLE)"));
   if (plan.confined && !namespaced) {
     // Orphans re-parent to us rather than to the host's init, so that what
     // the command leaves running can be found and killed at the end.
     if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0) {
-      Fail(status_fd, Status::Errno("runner", "prctl(PR_SET_CHILD_SUBREAPER)"));
+      Fail(*status_fd, Status::Errno("runner", "prctl(PR_SET_CHILD_SUBREAPER)"));
     }
-    if (Status s = LeaveSessionKeyring(); !s.ok()) Fail(status_fd, s);
+    if (Status s = LeaveSessionKeyring(); !s.ok()) Fail(*status_fd, s);
   }
   if (namespaced) {
-    if (Status s = BuildRoot(plan, resolved); !s.ok()) Fail(status_fd, s);
-    if (Status s = BringUpLoopback(); !s.ok()) Fail(status_fd, s);
+    if (Status s = BuildRoot(plan, resolved); !s.ok()) Fail(*status_fd, s);
+    if (Status s = BringUpLoopback(); !s.ok()) Fail(*status_fd, s);
     // The egress proxy's listeners, bound on this namespace's loopback and
     // handed to the supervisor; none stays open in here.
-    if (proxy_fd >= 0 && plan.network.proxy) {
-      if (Status s = SendProxyListeners(proxy_fd, *plan.network.proxy); !s.ok()) Fail(status_fd, s);
-      close(proxy_fd);
-      proxy_fd = -1;
+    if (*proxy_fd >= 0 && plan.network.proxy) {
+      if (Status s = SendProxyListeners(*proxy_fd, *plan.network.proxy); !s.ok()) Fail(*status_fd, s);
+      close(*proxy_fd);
+      *proxy_fd = -1;
     }
-    if (Status s = SetHostname(plan.hostname); !s.ok()) Fail(status_fd, s);
-    if (Status s = LeaveSessionKeyring(); !s.ok()) Fail(status_fd, s);
+    if (Status s = SetHostname(plan.hostname); !s.ok()) Fail(*status_fd, s);
+    if (Status s = LeaveSessionKeyring(); !s.ok()) Fail(*status_fd, s);
     prctl(PR_SET_NAME, "agentbox-init", 0, 0, 0);
   }
-  if (chdir(plan.cwd.c_str()) != 0) Fail(status_fd, Status::Errno("cwd", "chdir", plan.cwd));
+  if (chdir(plan.cwd.c_str()) != 0) Fail(*status_fd, Status::Errno("cwd", "chdir", plan.cwd));
 
-  sigset_t mask, original;
+  SetUpResult out;
+  sigset_t mask;
   sigemptyset(&mask);
   for (int sig : kForwarded) sigaddset(&mask, sig);
   sigaddset(&mask, SIGCHLD);
-  sigprocmask(SIG_BLOCK, &mask, &original);
+  sigprocmask(SIG_BLOCK, &mask, &out.original);
 
   // Set-up is done: neither the runner nor the command needs any privilege
   // from here on. Dropped once, before the fork, so that both are covered.
   // DropAllCapabilities also sets no_new_privs, which Landlock and seccomp need.
-  UniqueFd listener;
   if (plan.confined) {
-    if (Status s = DropAllCapabilities(); !s.ok()) Fail(status_fd, s);
-    auto layers = ApplyLayers(plan, status_fd, filter_fd);
-    if (!layers.ok()) Fail(status_fd, layers.status());
-    listener = std::move(*layers);
+    if (Status s = DropAllCapabilities(); !s.ok()) Fail(*status_fd, s);
+    auto layers = ApplyLayers(plan, *status_fd, *filter_fd);
+    if (!layers.ok()) Fail(*status_fd, layers.status());
+    out.listener = std::move(*layers);
   }
-  UniqueFd sigfd(signalfd(-1, &mask, SFD_CLOEXEC));
-  if (!sigfd.valid()) Fail(status_fd, Status::Errno("runner", "signalfd"));
+  out.sigfd.reset(signalfd(-1, &mask, SFD_CLOEXEC));
+  if (!out.sigfd.valid()) Fail(*status_fd, Status::Errno("runner", "signalfd"));
+  return out;
+}
+
+}  // namespace
+
+void RunnerMain(const Plan& plan, const ResolvedPlan& resolved, const std::vector<std::string>& argv,
+                int status_fd, int lifeline_fd, int filter_fd, int proxy_fd) {
+  int no_control = -1;
+  SetUpResult set_up = SetUpSandbox(plan, resolved, &status_fd, &lifeline_fd, &filter_fd, &proxy_fd, &no_control);
+  const bool namespaced = plan.confined && plan.backend == Backend::kNamespaces;
+  UniqueFd& listener = set_up.listener;
+  UniqueFd& sigfd = set_up.sigfd;
+  const sigset_t& original = set_up.original;
 
   ExecRequest request;
   PrepareExec(plan, argv, &request);
@@ -378,6 +410,262 @@ void RunnerMain(const Plan& plan, const ResolvedPlan& resolved, const std::vecto
       // Leaving pid 1 kills whatever the command left running.
       _exit(0);
     }
+  }
+}
+
+
+namespace {
+
+// A session call in flight: a command (its own session and process group,
+// pid == pgid == sid) or a file tool's forked process.
+struct SessionCall {
+  long id = 0;
+  bool command = false;
+  UniqueFd result;   // the caller reads the call's end here (exit line, or the tool's JSON)
+  DenialTally tally;
+};
+
+// A command of a session: stdio from the caller, its own session, then exec.
+// Runs on the init's memory (vfork): syscalls only.
+[[noreturn]] void SessionCommandChild(const ExecRequest& req, const char* cwd, int in_fd, int out_fd,
+                                      int result_fd, const sigset_t& original_mask) {
+  if (setsid() < 0 || dup2(in_fd, STDIN_FILENO) < 0 || dup2(out_fd, STDOUT_FILENO) < 0 ||
+      dup2(out_fd, STDERR_FILENO) < 0) {
+    static const char kMsg[] =
+        "{\"t\":\"exec_error\",\"stage\":\"session\",\"syscall\":\"setsid/dup2\",\"path\":\"\",\"message\":\"\",\"errno\":1}\n";
+    (void)!write(result_fd, kMsg, sizeof(kMsg) - 1);
+    _exit(125);
+  }
+  if (cwd[0] != 0 && chdir(cwd) != 0) {
+    static const char kMsg[] =
+        "{\"t\":\"exec_error\",\"stage\":\"cwd\",\"syscall\":\"chdir\",\"path\":\"\",\"message\":\"\",\"errno\":2}\n";
+    (void)!write(result_fd, kMsg, sizeof(kMsg) - 1);
+    _exit(125);
+  }
+  for (int sig : kForwarded) signal(sig, SIG_DFL);
+  signal(SIGCHLD, SIG_DFL);
+  signal(SIGPIPE, SIG_DFL);
+  sigprocmask(SIG_SETMASK, &original_mask, nullptr);
+  int saved = ENOENT;
+  for (const auto& candidate : req.candidates) {
+    execve(candidate.c_str(), req.cargv.data(), req.cenv.data());
+    if (errno == EACCES || errno == ENOEXEC || errno == EPERM || req.candidates.size() == 1) saved = errno;
+  }
+  char line[600];
+  int n = std::snprintf(line, sizeof(line), "%s%d}\n", req.exec_error_prefix, saved);
+  if (n > 0) (void)!write(result_fd, line, static_cast<size_t>(std::min(n, static_cast<int>(sizeof(line)) - 1)));
+  _exit(saved == ENOENT ? 127 : 126);
+}
+
+__attribute__((noinline)) pid_t SpawnSessionCommand(const ExecRequest& req, const char* cwd, int in_fd, int out_fd,
+                                                    int result_fd, const sigset_t& mask) {
+  pid_t pid = vfork();
+  if (pid == 0) SessionCommandChild(req, cwd, in_fd, out_fd, result_fd, mask);
+  return pid;
+}
+
+void WriteFully(int fd, const std::string& data) {
+  size_t off = 0;
+  while (off < data.size()) {
+    ssize_t w = write(fd, data.data() + off, data.size() - off);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    off += static_cast<size_t>(w);
+  }
+}
+
+std::string ReadAllFrom(int fd, size_t cap) {
+  std::string out;
+  char buf[65536];
+  off_t off = 0;
+  for (;;) {
+    ssize_t r = pread(fd, buf, sizeof(buf), off);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    out.append(buf, static_cast<size_t>(r));
+    off += r;
+    if (out.size() > cap) break;
+  }
+  return out;
+}
+
+std::string JsonEscape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char b[8];
+      std::snprintf(b, sizeof(b), "\\u%04x", c);
+      out += b;
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_fd, int lifeline_fd, int filter_fd,
+                     int proxy_fd, int control_fd, const SessionHooks& hooks) {
+  SetUpResult set_up = SetUpSandbox(plan, resolved, &status_fd, &lifeline_fd, &filter_fd, &proxy_fd, &control_fd);
+  UniqueFd& listener = set_up.listener;
+  UniqueFd& sigfd = set_up.sigfd;
+  const sigset_t& original = set_up.original;
+  {
+    RunnerMessage ready;
+    ready.type = RunnerMessage::Type::kReady;
+    WriteMessage(status_fd, ready);
+  }
+  std::map<pid_t, SessionCall> calls;
+  bool terminating = false;
+  auto find_by_id = [&](long id) -> std::pair<const pid_t, SessionCall>* {
+    for (auto& entry : calls) {
+      if (entry.second.id == id) return &entry;
+    }
+    return nullptr;
+  };
+  auto tally_for = [&](pid_t pid) -> DenialTally* {
+    auto it = calls.find(pid);
+    if (it == calls.end()) {
+      pid_t sid = getsid(pid);
+      if (sid > 0) it = calls.find(sid);
+    }
+    return it == calls.end() ? nullptr : &it->second.tally;
+  };
+
+  for (;;) {
+    struct pollfd fds[3] = {{sigfd.get(), POLLIN, 0}, {control_fd, POLLIN, 0}, {listener.get(), POLLIN, 0}};
+    if (poll(fds, listener.valid() ? 3 : 2, -1) < 0) continue;
+    if (listener.valid() && (fds[2].revents & POLLIN)) DenialTally::AnswerOne(listener.get(), tally_for);
+
+    if (fds[1].revents & (POLLIN | POLLHUP | POLLERR)) {
+      char payload[32768];
+      struct iovec iov = {payload, sizeof(payload) - 1};
+      alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)];
+      struct msghdr msg {};
+      msg.msg_iov = &iov;
+      msg.msg_iovlen = 1;
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof(control);
+      ssize_t n = recvmsg(control_fd, &msg, MSG_CMSG_CLOEXEC);
+      if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) {
+        // The caller is gone: so is the session's sandbox.
+        for (auto& [pid, call] : calls) kill(call.command ? -pid : pid, SIGKILL);
+        _exit(0);
+      }
+      std::vector<UniqueFd> received;
+      for (struct cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        const int* p = reinterpret_cast<const int*>(CMSG_DATA(c));
+        for (size_t i = 0; i < count; ++i) received.emplace_back(p[i]);
+      }
+      if (n > 0 && !(msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+        std::string text(payload, static_cast<size_t>(n));
+        size_t first_io = 0;
+        if (text == "@" && !received.empty()) {  // the request is in a memfd
+          text = ReadAllFrom(received[0].get(), 256u << 20);
+          first_io = 1;
+        }
+        nlohmann::json req = nlohmann::json::parse(text, nullptr, false);
+        const std::string op = req.is_object() ? req.value("op", "") : "";
+        const long id = req.is_object() ? req.value("id", 0L) : 0L;
+        const size_t io = received.size() - first_io;
+        if (op == "exec" && io == 3 && req.contains("argv") && req["argv"].is_array() && !req["argv"].empty()) {
+          std::vector<std::string> argv;
+          for (const auto& a : req["argv"]) argv.push_back(a.is_string() ? a.get<std::string>() : a.dump());
+          const std::string cwd = req.value("cwd", "");
+          ExecRequest exec;
+          PrepareExec(plan, argv, &exec);
+          int in = received[first_io].get(), out = received[first_io + 1].get(), res = received[first_io + 2].get();
+          pid_t child = terminating ? -1 : SpawnSessionCommand(exec, cwd.c_str(), in, out, res, original);
+          if (child > 0) {
+            SessionCall call;
+            call.id = id;
+            call.command = true;
+            call.result = std::move(received[first_io + 2]);
+            calls.emplace(child, std::move(call));
+          } else {
+            WriteFully(res, "{\"t\":\"exec_error\",\"stage\":\"fork\",\"syscall\":\"vfork\",\"path\":\"\",\"message\":\"\",\"errno\":" +
+                                std::to_string(terminating ? ESHUTDOWN : errno) + "}\n");
+          }
+        } else if (op == "file" && io == 1 && hooks.file_op) {
+          pid_t child = terminating ? -1 : fork();
+          if (child == 0) {
+            for (int sig : kForwarded) signal(sig, SIG_DFL);
+            signal(SIGCHLD, SIG_DFL);
+            sigprocmask(SIG_SETMASK, &original, nullptr);
+            std::string answer = hooks.file_op(text);
+            WriteFully(received[first_io].get(), answer);
+            _exit(0);
+          }
+          if (child > 0) {
+            SessionCall call;
+            call.id = id;
+            call.result = std::move(received[first_io]);
+            calls.emplace(child, std::move(call));
+          } else {
+            WriteFully(received[first_io].get(), "{\"kind\":\"sandbox_error\",\"error\":\"fork: " +
+                                                     JsonEscape(std::strerror(terminating ? ESHUTDOWN : errno)) + "\"}");
+          }
+        } else if (op == "kill") {
+          if (auto* entry = find_by_id(id)) {
+            const int sig = req.value("signal", SIGKILL);
+            if (entry->second.command) {
+              if (kill(-entry->first, sig) != 0) kill(entry->first, sig);
+              kill(-entry->first, SIGCONT);
+            } else {
+              kill(entry->first, sig);
+            }
+          }
+        }
+        // Anything else is not ours to answer: its fds close here, which the
+        // caller reads as end of file without a result.
+      }
+    }
+
+    if (!(fds[0].revents & POLLIN)) continue;
+    struct signalfd_siginfo info {};
+    if (read(sigfd.get(), &info, sizeof(info)) != sizeof(info)) continue;
+    const int sig = static_cast<int>(info.ssi_signo);
+    if (sig != SIGCHLD) {
+      for (auto& [pid, call] : calls) {
+        if (call.command && kill(-pid, sig) != 0) kill(pid, sig);
+      }
+      if (sig == SIGTERM || sig == SIGINT || sig == SIGHUP) terminating = true;
+      if (terminating && calls.empty()) _exit(0);
+      continue;
+    }
+    int status = 0;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+      auto it = calls.find(pid);
+      if (it == calls.end()) continue;  // an orphan of some command: reaped, nothing to say
+      if (it->second.command) {
+        // Calls still waiting for an answer count too.
+        struct pollfd pending = {listener.get(), POLLIN, 0};
+        while (listener.valid() && poll(&pending, 1, 0) > 0 && (pending.revents & POLLIN)) {
+          DenialTally::AnswerOne(listener.get(), tally_for);
+        }
+        std::string line = "{\"t\":\"exit\",\"code\":" + std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1) +
+                           ",\"signal\":" + std::to_string(WIFSIGNALED(status) ? WTERMSIG(status) : 0) + ",\"denied\":[";
+        bool first = true;
+        for (const auto& [name, count] : it->second.tally.counts()) {
+          line += std::string(first ? "" : ",") + "{\"syscall\":\"" + JsonEscape(name) +
+                  "\",\"count\":" + std::to_string(count) + "}";
+          first = false;
+        }
+        line += "]}\n";
+        WriteFully(it->second.result.get(), line);
+      }
+      calls.erase(it);
+    }
+    if (terminating && calls.empty()) _exit(0);
   }
 }
 

@@ -17,4 +17,26 @@ namespace agentbox::linux {
                              const std::vector<std::string>& argv, int status_fd, int lifeline_fd,
                              int filter_fd, int proxy_fd);
 
+// A session's init: the same set-up as RunnerMain, then, instead of one
+// command, calls arrive on `control_fd` (SOCK_SEQPACKET) for as long as the
+// session lives: each message is a JSON request (or "@" with the request in
+// the first passed fd) plus fds:
+//   {"op":"exec","id":N,"argv":[...],"cwd":"..."} + [stdin, output, result]
+//       a new process in its own session (stdout and stderr on `output`);
+//       its end is one line on `result`:
+//       {"t":"exit","code":C,"signal":S,"denied":[{"syscall","count"}]}
+//       (preceded by an exec_error line when it could not start)
+//   {"op":"file","id":N,...} + [result]
+//       `hooks.file_op` runs in a forked process (the sandbox's view, its
+//       Landlock domain and seccomp filter) and writes its answer on `result`
+//   {"op":"kill","id":N,"signal":S}
+// The init reports "ready" on the status pipe once set up; it ends when the
+// control socket closes, or on SIGTERM once its calls are gone.
+struct SessionHooks {
+  std::string (*file_op)(const std::string& request) = nullptr;
+};
+
+[[noreturn]] void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_fd, int lifeline_fd,
+                                  int filter_fd, int proxy_fd, int control_fd, const SessionHooks& hooks);
+
 }  // namespace agentbox::linux

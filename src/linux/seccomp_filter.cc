@@ -213,6 +213,11 @@ Result<UniqueFd> InstallSeccomp(const BpfProgram& program) {
 }
 
 void DenialTally::AnswerOne(int listener) {
+  DenialTally* self = this;
+  AnswerOne(listener, [self](pid_t) { return self; });
+}
+
+void DenialTally::AnswerOne(int listener, const std::function<DenialTally*(pid_t)>& tally_for) {
   struct seccomp_notif req;
   std::memset(&req, 0, sizeof(req));  // the kernel insists on a zeroed buffer
   if (ioctl(listener, SECCOMP_IOCTL_NOTIF_RECV, &req) != 0) return;  // ENOENT: the caller died meanwhile
@@ -229,6 +234,11 @@ void DenialTally::AnswerOne(int listener) {
   } else {
     name = "syscall " + std::to_string(req.data.nr);
   }
+  DenialTally* tally = tally_for(static_cast<pid_t>(req.pid));
+  if (tally) tally->Count(name);
+}
+
+void DenialTally::Count(const std::string& name) {
   auto it = counts_.find(name);
   if (it != counts_.end()) {
     ++it->second;

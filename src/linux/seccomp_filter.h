@@ -9,6 +9,9 @@
 #include <linux/filter.h>
 
 #include <cstdint>
+#include <sys/types.h>
+
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -47,6 +50,10 @@ class DenialTally {
  public:
   // Receives and answers one pending notification on `listener`.
   void AnswerOne(int listener);
+  // The same, counting the call on the tally `tally_for` picks for the
+  // caller's pid (as seen in the listener's pid namespace); null: uncounted.
+  static void AnswerOne(int listener, const std::function<DenialTally*(pid_t)>& tally_for);
+  void Count(const std::string& syscall);
   // Syscall name → how many calls were denied (at most kMaxNames names).
   const std::map<std::string, std::uint64_t>& counts() const { return counts_; }
 

@@ -26,6 +26,9 @@ void WriteMessage(int fd, const RunnerMessage& m) {
       j["code"] = m.exit_code;
       j["signal"] = m.signal;
       break;
+    case RunnerMessage::Type::kReady:
+      j["t"] = "ready";
+      break;
     case RunnerMessage::Type::kLandlock:
       j["t"] = "landlock";
       j["abi"] = m.landlock_abi;
@@ -60,6 +63,10 @@ bool ParseMessage(const std::string& line, RunnerMessage* m) {
       for (const auto& d : j.at("denied")) {
         m->denied.emplace_back(d.at("syscall").get<std::string>(), d.at("count").get<std::uint64_t>());
       }
+      return true;
+    }
+    if (t == "ready") {
+      m->type = RunnerMessage::Type::kReady;
       return true;
     }
     if (t == "exit") {

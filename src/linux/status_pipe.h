@@ -16,7 +16,8 @@ struct RunnerMessage {
   // kLandlock: Landlock in force short of the plan (only under require
   // partial; under full the runner refuses with a setup error instead).
   // kSeccompDenials: the calls the filter denied, sent before kExit.
-  enum class Type { kSetupError, kExecError, kExit, kLandlock, kSeccompDenials };
+  // kReady: a session's init is set up and waits for calls.
+  enum class Type { kSetupError, kExecError, kExit, kLandlock, kSeccompDenials, kReady };
   Type type = Type::kSetupError;
   Status status;       // kSetupError, kExecError
   int exit_code = -1;  // kExit: exited with this code

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <fstream>
 #include <future>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -23,9 +24,14 @@ namespace {
 class CollectingSink : public net::RecordSink {
  public:
   void Record(const net::ConnectionRecord& record) override {
+    if (forward_) {  // a long-lived sandbox: handed on as they come, not kept
+      forward_(record.ToJson());
+      return;
+    }
     std::lock_guard<std::mutex> lock(mu_);
     records_.push_back(record);
   }
+  void Forward(std::function<void(const std::string&)> to) { forward_ = std::move(to); }
   std::vector<net::ConnectionRecord> Take() {
     std::lock_guard<std::mutex> lock(mu_);
     return std::move(records_);
@@ -34,6 +40,7 @@ class CollectingSink : public net::RecordSink {
  private:
   std::mutex mu_;
   std::vector<net::ConnectionRecord> records_;
+  std::function<void(const std::string&)> forward_;
 };
 
 }  // namespace
@@ -62,13 +69,14 @@ Result<std::unique_ptr<Egress>> Egress::Start(const Plan& plan, const RunOptions
   e->state_ = std::make_unique<State>();
   State& s = *e->state_;
   s.resolver = std::make_unique<net::SystemResolver>(s.io);
+  if (options.on_connection) s.sink.Forward(options.on_connection);
   const std::chrono::milliseconds ask_timeout(options.ask_timeout_ms);
   if (plan.network.ask_unknown) {
-    // --ask-command first; else the controlling terminal, if there is one;
-    // else no asker, and every question is a deny.
+    // --ask-command first; else the controlling terminal, if there is one
+    // (and the caller may use it); else no asker, and every question is a deny.
     if (!options.ask_command.empty()) {
       s.asker = std::make_unique<net::CommandAsker>(s.io, std::vector<std::string>{options.ask_command}, ask_timeout);
-    } else {
+    } else if (options.ask_on_terminal) {
       s.asker = net::TerminalAsker::OpenControllingTerminal(s.io, ask_timeout);
     }
   }
