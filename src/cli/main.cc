@@ -23,6 +23,7 @@
 #include "agentbox/plan.h"
 #include "agentbox/policy.h"
 #include "agentbox/run.h"
+#include "session/world.h"
 #include "report/report_json.h"
 
 namespace agentbox::cli {
@@ -599,6 +600,8 @@ int CmdExplain(PolicyFlags f, bool as_json) {
 
 int main(int argc, char** argv) {
   using namespace agentbox::cli;
+  // A session's sandbox supervisor (spawned by sessions, never typed).
+  if (argc == 2 && std::strcmp(argv[1], "__world") == 0) return agentbox::session::WorldMain();
   CLI::App app{"agentbox: run commands for AI agents, confined (namespaces, read-only system, no network, "
                "a fail-closed policy and a truthful report)"};
   app.require_subcommand(1);

@@ -36,6 +36,8 @@ struct ManagerOptions {
   std::size_t max_concurrent_calls = 64; // execute calls in flight, daemon-wide
   std::size_t output_cap_bytes = 256 * 1024;  // bash output kept per call
   std::string workspace_mode = "auto";   // auto | overlay | copy
+  std::string agentbox_exe;              // the binary that serves `__world` ("" = this process's own)
+  int ready_timeout_ms = 30000;          // provisioning a sandbox takes at most this
 };
 
 struct CreateRequest {

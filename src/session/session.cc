@@ -1,0 +1,982 @@
+// Sessions on disk and in memory (session.h).
+//
+// State directory:
+//   lock                     flock'd by the one process serving this state dir
+//   sessions/<id>/session.json   the recipe: policy text, base workspace, layers, mode
+//   sessions/<id>/log.jsonl      the durable log: call, then result (each fsync'd)
+//   sessions/<id>/upper, work    overlay mode: the session's own layer
+//   sessions/<id>/copy           copy mode: the session's full copy
+//   snapshots/<id>/manifest.json, tree/    frozen changes (layers.h)
+#include "session/session.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "agentbox/confine.h"
+#include "agentbox/host_caps.h"
+#include "agentbox/outcome.h"
+#include "agentbox/policy.h"
+#include "linux/fd.h"
+#include "session/layers.h"
+#include "session/world.h"
+#include "supervise/denial_scanner.h"
+
+namespace agentbox::session {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using linux::UniqueFd;
+
+constexpr std::size_t kMaxPatchBytes = 8u << 20;
+constexpr int kFileToolTimeoutMs = 60000;
+
+const std::vector<std::string> kTools = {"bash", "read_file", "write_file", "edit_file", "list_dir", "glob"};
+
+std::string RandomId(const char* prefix) {
+  unsigned char raw[8] = {};
+  UniqueFd fd(open("/dev/urandom", O_RDONLY | O_CLOEXEC));
+  if (!fd.valid() || read(fd.get(), raw, sizeof(raw)) != static_cast<ssize_t>(sizeof(raw))) {
+    auto t = static_cast<std::uint64_t>(Clock::now().time_since_epoch().count()) ^ static_cast<std::uint64_t>(getpid());
+    std::memcpy(raw, &t, sizeof(raw));
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string s = prefix;
+  for (unsigned char c : raw) {
+    s += kHex[c >> 4];
+    s += kHex[c & 15];
+  }
+  return s;
+}
+
+bool ValidId(const std::string& id) {
+  if (id.empty() || id.size() > 64) return false;
+  return std::all_of(id.begin(), id.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-'; });
+}
+
+std::string NowRfc3339() {
+  char buf[64];
+  std::time_t t = std::time(nullptr);
+  struct tm tm {};
+  gmtime_r(&t, &tm);
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::string RealPath(const std::string& p) {
+  char buf[PATH_MAX];
+  return realpath(p.c_str(), buf) ? std::string(buf) : std::string();
+}
+
+Status WriteFileDurably(const std::string& path, const std::string& data) {
+  const std::string tmp = path + ".tmp";
+  UniqueFd fd(open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  if (!fd.valid()) return Status::Errno("session", "open", tmp);
+  size_t off = 0;
+  while (off < data.size()) {
+    ssize_t w = write(fd.get(), data.data() + off, data.size() - off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) return Status::Errno("session", "write", tmp);
+    off += static_cast<size_t>(w);
+  }
+  if (fsync(fd.get()) != 0) return Status::Errno("session", "fsync", tmp);
+  if (rename(tmp.c_str(), path.c_str()) != 0) return Status::Errno("session", "rename", path);
+  const std::string dir = path.substr(0, path.rfind('/'));
+  UniqueFd d(open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (d.valid()) fsync(d.get());
+  return {};
+}
+
+Result<std::string> ReadWholeFile(const std::string& path) {
+  UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return Status::Errno(errno == ENOENT ? kNotFound : "session", "open", path);
+  std::string out;
+  char buf[65536];
+  for (;;) {
+    ssize_t r = read(fd.get(), buf, sizeof(buf));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return Status::Errno("session", "read", path);
+    if (r == 0) break;
+    out.append(buf, static_cast<size_t>(r));
+  }
+  return out;
+}
+
+// Removes a tree the sandbox may have left unreadable to us (overlayfs's
+// work directory is mode 0000): permissions are opened as it goes. Never
+// follows a symlink.
+void RemoveTreeAt(int parent, const char* name) {
+  struct stat st {};
+  if (fstatat(parent, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return;
+  if (S_ISDIR(st.st_mode)) {
+    fchmodat(parent, name, 0700, 0);
+    int fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd >= 0) {
+      DIR* dir = fdopendir(fd);
+      if (dir) {
+        std::vector<std::string> names;
+        while (struct dirent* e = readdir(dir)) {
+          if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) names.emplace_back(e->d_name);
+        }
+        for (const auto& n : names) RemoveTreeAt(dirfd(dir), n.c_str());
+        closedir(dir);
+      } else {
+        close(fd);
+      }
+    }
+    unlinkat(parent, name, AT_REMOVEDIR);
+  } else {
+    unlinkat(parent, name, 0);
+  }
+}
+
+void RemoveTree(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return;
+  const std::string parent = slash == 0 ? "/" : path.substr(0, slash);
+  UniqueFd p(open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (p.valid()) RemoveTreeAt(p.get(), path.substr(slash + 1).c_str());
+}
+
+HostCaps ProbeFor(const Policy& policy) {
+  HostCaps host = ProbeHost(ProbeDepth::kQuick);
+  const ResourcesSpec& r = policy.resources;
+  if (r.cpu.requested() || r.memory_limit_bytes || r.memory_guaranteed_bytes || r.max_processes) {
+    host.cgroups = ProbeCgroupCaps();
+  }
+  return host;
+}
+
+std::string HomeDir() {
+  if (const char* h = getenv("HOME"); h && *h == '/') return RealPath(h).empty() ? std::string(h) : RealPath(h);
+  return "";
+}
+
+Result<Policy> BuildPolicy(const std::string& yaml, const std::string& mode) {
+  Result<Policy> base = yaml.empty() ? Result<Policy>(PresetFor(Mode::kWorkspaceWrite)) : ParsePolicy(yaml, "policy");
+  if (!base.ok()) return Status::Error(kBadRequest, base.status().message());
+  if (mode.empty()) return base;
+  PolicyOverrides o;
+  o.mode = ParseMode(mode);
+  if (!o.mode) {
+    return Status::Error(kBadRequest, "mode '" + mode + "' is not one of read-only, workspace-write, danger-full-access");
+  }
+  auto p = ApplyOverrides(std::move(*base), o, !yaml.empty());
+  if (!p.ok()) return Status::Error(kBadRequest, p.status().message());
+  p->sha256.clear();
+  return p;
+}
+
+// The first line of a failed call's output names the kind.
+std::string DenialLine(const Json& d) {
+  const std::string facet = d.value("facet", "");
+  if (facet == "network") return "network egress to " + d.value("target", "") + " refused: " + d.value("reason", "");
+  if (facet == "syscalls") {
+    return "syscall " + d.value("op", "") + " blocked by the seccomp filter (" + std::to_string(d.value("count", 0)) +
+           " call(s))";
+  }
+  std::string line = d.value("op", "access") + " " + d.value("target", "");
+  if (!d.value("reason", "").empty()) line += ": " + d.value("reason", "");
+  return line;
+}
+
+}  // namespace
+
+const std::vector<std::string>& ToolNames() { return kTools; }
+
+// ---------------------------------------------------------------------------
+
+struct SessionState {
+  std::string id;
+  std::string dir;
+  Json recipe;              // session.json
+  std::string workspace;    // base, host path
+  std::string ws_mode;      // overlay | copy | direct
+  std::vector<std::string> lowers;
+
+  std::mutex mu;            // log, results, counters
+  UniqueFd log;
+  std::map<std::string, Json> results;  // call_id → recorded result
+  std::set<std::string> in_flight;
+  std::uint64_t next_seq = 1;
+  std::uint64_t calls = 0;
+  bool removing = false;
+
+  std::mutex world_mu;      // provisioning
+  std::shared_ptr<World> world;
+  std::shared_ptr<const ConfinedCommand> confined;
+  std::uint64_t provisions = 0;
+
+  Status AppendLog(Json entry) {
+    entry["time"] = NowRfc3339();
+    const std::string line = entry.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
+    size_t off = 0;
+    while (off < line.size()) {
+      ssize_t w = write(log.get(), line.data() + off, line.size() - off);
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) return Status::Errno("session", "write", dir + "/log.jsonl");
+      off += static_cast<size_t>(w);
+    }
+    if (fdatasync(log.get()) != 0) return Status::Errno("session", "fdatasync", dir + "/log.jsonl");
+    return {};
+  }
+
+  LayerStack Layers() const {
+    LayerStack s;
+    s.base = workspace;
+    s.lowers = lowers;
+    s.upper = ws_mode == "copy" ? dir + "/copy" : dir + "/upper";
+    s.copy_mode = ws_mode == "copy";
+    return s;
+  }
+};
+
+struct Manager::Impl {
+  ManagerOptions options;
+  UniqueFd lock;
+  std::string exe;
+  mutable std::mutex mu;
+  std::map<std::string, std::shared_ptr<SessionState>> sessions;
+  std::atomic<std::size_t> calls_in_flight{0};
+  std::atomic<bool> shutting_down{false};
+  bool overlay_available = false;
+
+  std::string SessionsDir() const { return options.state_dir + "/sessions"; }
+  std::string SnapshotsDir() const { return options.state_dir + "/snapshots"; }
+
+  std::shared_ptr<SessionState> Find(const std::string& id) const {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = sessions.find(id);
+    return it == sessions.end() ? nullptr : it->second;
+  }
+
+  Status Load(const std::string& id);
+  Result<std::vector<std::string>> SnapshotChain(const std::string& snapshot_id, std::string* mode);
+  Status Provision(SessionState& s);
+  Json RunBash(SessionState& s, World& world, const ConfinedCommand& confined, const Json& input,
+              const OutputSink& sink, const std::atomic<bool>* cancel);
+  Json RunFile(World& world, const ConfinedCommand& confined, const std::string& name, const Json& input);
+  Result<std::string> TakeSnapshot(SessionState& s);
+};
+
+Status Manager::Impl::Load(const std::string& id) {
+  auto s = std::make_shared<SessionState>();
+  s->id = id;
+  s->dir = SessionsDir() + "/" + id;
+  auto text = ReadWholeFile(s->dir + "/session.json");
+  if (!text.ok()) return text.status();
+  s->recipe = Json::parse(*text, nullptr, false);
+  if (!s->recipe.is_object()) return Status::Error("session", s->dir + "/session.json does not parse");
+  s->workspace = s->recipe.value("workspace", "");
+  s->ws_mode = s->recipe.value("workspace_mode", "overlay");
+  s->lowers = s->recipe.value("lowers", std::vector<std::string>{});
+  const std::string log_path = s->dir + "/log.jsonl";
+  // Replay what the log holds: recorded results, and calls a killed
+  // process left without one.
+  std::map<std::uint64_t, Json> open_calls;
+  if (auto log = ReadWholeFile(log_path); log.ok()) {
+    size_t start = 0;
+    while (start < log->size()) {
+      size_t nl = log->find('\n', start);
+      if (nl == std::string::npos) break;  // a torn last line: the call it began never reported
+      Json e = Json::parse(log->substr(start, nl - start), nullptr, false);
+      start = nl + 1;
+      if (!e.is_object()) continue;
+      const std::uint64_t seq = e.value("seq", std::uint64_t{0});
+      s->next_seq = std::max(s->next_seq, seq + 1);
+      const std::string type = e.value("type", "");
+      if (type == "call") {
+        open_calls[seq] = e;
+        ++s->calls;
+      } else if (type == "result") {
+        open_calls.erase(seq);
+        const std::string call_id = e.value("call_id", "");
+        if (!call_id.empty() && e.contains("result")) s->results[call_id] = e["result"];
+      }
+    }
+  }
+  s->log.reset(open(log_path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600));
+  if (!s->log.valid()) return Status::Errno("session", "open", log_path);
+  for (const auto& [seq, call] : open_calls) {
+    Json result = {{"call_id", call.value("call_id", "")},
+                   {"name", call.value("name", "")},
+                   {"output", "interrupted: the call was in flight when agentbox stopped; its effects, if any, are "
+                              "in the workspace"},
+                   {"is_error", true},
+                   {"kind", "interrupted"},
+                   {"outcome", {{"kind", "interrupted"}}},
+                   {"replayed", false},
+                   {"duration_ms", 0}};
+    (void)s->AppendLog({{"type", "result"}, {"seq", seq}, {"call_id", call.value("call_id", "")}, {"result", result}});
+    if (!call.value("call_id", "").empty()) s->results[call.value("call_id", "")] = result;
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  sessions[id] = std::move(s);
+  return {};
+}
+
+Result<std::vector<std::string>> Manager::Impl::SnapshotChain(const std::string& snapshot_id, std::string* mode) {
+  std::vector<std::string> chain;
+  std::string id = snapshot_id;
+  std::set<std::string> seen;
+  while (!id.empty()) {
+    if (!ValidId(id)) return Status::Error(kBadRequest, "snapshot id '" + id + "' is malformed");
+    if (!seen.insert(id).second) return Status::Error("snapshot", "snapshot " + id + " is its own ancestor");
+    const std::string dir = SnapshotsDir() + "/" + id;
+    if (Status v = VerifySnapshot(dir); !v.ok()) {
+      if (v.stage() == "not_found") return Status::Error(kNotFound, "no snapshot " + id + " (" + v.message() + ")");
+      return Status::Error(kConflict, v.message());
+    }
+    auto manifest = ReadSnapshotManifest(dir);
+    if (!manifest.ok()) return Status::Error(kConflict, manifest.status().message());
+    const std::string m = manifest->value("mode", "overlay");
+    if (mode->empty()) *mode = m;
+    if (m != *mode) return Status::Error(kConflict, "snapshot " + id + " is in " + m + " mode, its child in " + *mode);
+    chain.push_back(dir + "/tree");
+    id = manifest->value("parent", "");
+  }
+  return chain;
+}
+
+Status Manager::Impl::Provision(SessionState& s) {
+  auto policy = BuildPolicy(s.recipe.value("policy_yaml", ""), s.recipe.value("mode", ""));
+  if (!policy.ok()) return policy.status();
+  Invocation inv;
+  inv.workspace = s.workspace;
+  inv.cwd = s.workspace;
+  inv.home = HomeDir();
+  inv.self_exe = exe;
+  if (const char* xdg = getenv("XDG_CACHE_HOME"); xdg && *xdg == '/') {
+    inv.cache_dir = std::string(xdg) + "/agentbox";
+  } else if (!inv.home.empty()) {
+    inv.cache_dir = inv.home + "/.cache/agentbox";
+  }
+  inv.nonce = RandomId("");
+  inv.backend = BackendChoice::kNamespaces;
+  auto confined = Confine({"true"}, *policy, ProbeFor(*policy), inv);
+  if (!confined.ok()) return confined.status();
+  Plan& plan = confined->plan;
+  if (!plan.confined) {
+    return Status::Error(kBadRequest, "sessions run confined: a danger-full-access policy has no sandbox to keep");
+  }
+  if (plan.policy_sha256.empty()) plan.policy_sha256 = PolicyDigest(*policy);
+  // The policy's timeout bounds each call, not the session.
+  plan.timeout_ms.reset();
+  if (s.ws_mode != "direct") {
+    auto ws_op = std::find_if(plan.mounts.begin(), plan.mounts.end(), [&](const MountOp& m) {
+      return m.kind == MountKind::kBind && m.source == plan.workspace_source && m.target == plan.workspace_target;
+    });
+    if (ws_op == plan.mounts.end()) {
+      return Status::Error("session", "the plan has no workspace mount to layer (" + plan.workspace_source + ")");
+    }
+    if (s.ws_mode == "overlay") {
+      ws_op->kind = MountKind::kOverlay;
+      mkdir((s.dir + "/upper").c_str(), 0700);
+      mkdir((s.dir + "/work").c_str(), 0700);
+      plan.workspace_overlay = WorkspaceOverlay{s.lowers, s.dir + "/upper", s.dir + "/work"};
+    } else {  // copy: the workspace's host side is the session's copy
+      const std::string copy = s.dir + "/copy";
+      struct stat st {};
+      if (stat(copy.c_str(), &st) != 0) {
+        const std::string from = s.lowers.empty() ? s.workspace : s.lowers.front();
+        if (Status c = CopyTree(from, copy + ".tmp"); !c.ok()) return c;
+        if (rename((copy + ".tmp").c_str(), copy.c_str()) != 0) return Status::Errno("session", "rename", copy);
+      }
+      const std::string old = plan.workspace_source;
+      auto rebase = [&](std::string& p) {
+        if (p == old) {
+          p = copy;
+        } else if (p.size() > old.size() && p.compare(0, old.size(), old) == 0 && p[old.size()] == '/') {
+          p = copy + p.substr(old.size());
+        }
+      };
+      for (auto& m : plan.mounts) rebase(m.source);
+      for (auto& g : plan.deny_globs) rebase(g.source_root);
+      plan.workspace_source = copy;
+    }
+  }
+  auto world = World::Start(exe, plan, options.ready_timeout_ms);
+  if (!world.ok()) return world.status();
+  s.world = std::shared_ptr<World>(std::move(*world));
+  s.confined = std::make_shared<const ConfinedCommand>(std::move(*confined));
+  ++s.provisions;
+  return {};
+}
+
+Json Manager::Impl::RunBash(SessionState& s, World& world, const ConfinedCommand& confined, const Json& input,
+                            const OutputSink& sink, const std::atomic<bool>* cancel) {
+  const Plan& plan = confined.plan;
+  WorldExec exec;
+  exec.argv = {"bash", "-c", input["command"].get<std::string>()};
+  exec.cwd = plan.cwd;
+  if (input.contains("stdin")) exec.stdin_data = input["stdin"].get<std::string>();
+  exec.output_cap = options.output_cap_bytes;
+  exec.kill_grace_ms = plan.kill_grace_ms;
+  // The policy's timeout (resources.timeout), unless the call names one.
+  if (input.contains("timeout")) {
+    const Json& t = input["timeout"];
+    if (t.is_number()) {
+      exec.timeout_ms = static_cast<std::uint64_t>(t.get<double>() * 1000);
+    } else if (auto ms = ParseDurationMs(t.get<std::string>()); ms.ok()) {
+      exec.timeout_ms = *ms;
+    }
+  }
+  auto policy = BuildPolicy(s.recipe.value("policy_yaml", ""), s.recipe.value("mode", ""));
+  if (!exec.timeout_ms && policy.ok() && policy->resources.wall_clock_ms) exec.timeout_ms = policy->resources.wall_clock_ms;
+
+  auto ran = world.Exec(exec, sink, cancel);
+  Outcome o;
+  o.enforcement = confined.enforcement;
+  o.policy_sha256 = plan.policy_sha256;
+  if (!ran.ok()) {
+    o.kind = OutcomeKind::kSandboxError;
+    o.error = ErrorInfo{ran.status().stage(), ran.status().message(), ran.status().err()};
+    Json outcome = Json::parse(ToJson(o, -1));
+    return {{"output", "sandbox_error: " + ran.status().ToString()}, {"is_error", true}, {"kind", "sandbox_error"},
+            {"outcome", outcome}};
+  }
+  WorldExecResult& r = *ran;
+  o.usage.wall_ms = r.wall_ms;
+  if (r.oom_kills) o.usage.oom_kills = r.oom_kills;
+  // Evidence: seccomp first, then the proxy, then what the output says.
+  for (const auto& [name, count] : r.seccomp) {
+    o.denials.push_back({"syscalls", name, "", "blocked by the seccomp filter", "seccomp", count});
+  }
+  if (!r.connections.empty()) {
+    NetworkConnections net;
+    for (const auto& c : r.connections) {
+      const std::string decision = c.value("decision", "");
+      if (decision == "allow") ++net.allowed;
+      if (decision == "deny") ++net.denied;
+      if (decision == "error") ++net.errors;
+      net.bytes_up += c.value("bytes_up", std::uint64_t{0});
+      net.bytes_down += c.value("bytes_down", std::uint64_t{0});
+      if (decision == "deny") {
+        const std::string target = c.value("host", "") + ":" + std::to_string(c.value("port", 0));
+        bool dup = std::any_of(o.denials.begin(), o.denials.end(),
+                               [&](const Denial& d) { return d.facet == "network" && d.target == target; });
+        if (!dup) {
+          std::string reason = c.value("message", "");
+          if (reason.empty()) reason = c.value("reason", "denied");
+          o.denials.push_back({"network", "connect", target, reason, "proxy", 0});
+        }
+      }
+    }
+    o.network = net;
+  } else if (plan.network.proxy) {
+    o.network = NetworkConnections{};
+  }
+  supervise::DenialScanner scanner(confined.denial_signatures);
+  scanner.Feed(r.output.data(), r.output.size());
+  scanner.Finish();
+  for (auto& d : scanner.denials()) o.denials.push_back(std::move(d));
+  if (r.exit_code) o.exit_code = r.exit_code;
+  if (r.signal) o.signal = r.signal;
+
+  std::string kind;
+  std::string headline;
+  if (r.cancelled) {
+    kind = "cancelled";
+    o.kind = OutcomeKind::kSignaled;
+    headline = "cancelled: the call was cancelled and its processes killed";
+  } else if (r.timed_out) {
+    kind = "timed_out";
+    o.kind = OutcomeKind::kTimedOut;
+    o.error = ErrorInfo{"timeout", "wall clock of " + std::to_string(*exec.timeout_ms) + " ms reached", 0};
+    headline = "timed_out after " + std::to_string(*exec.timeout_ms / 1000.0).substr(0, std::to_string(*exec.timeout_ms / 1000.0).find('.') + 2) + "s";
+  } else if (r.oom_kills > 0) {
+    kind = "oom_killed";
+    o.kind = OutcomeKind::kOomKilled;
+    const std::uint64_t limit = plan.limits.memory_max_bytes.value_or(0);
+    o.error = ErrorInfo{"oom", std::to_string(r.oom_kills) + " process(es) killed by the kernel's OOM killer at the "
+                                                             "session's memory limit of " + std::to_string(limit) + " bytes", 0};
+    headline = "oom_killed at " + std::to_string(limit / (1024 * 1024)) + " MiB";
+  } else if (r.world_died) {
+    kind = "sandbox_error";
+    o.kind = OutcomeKind::kSandboxError;
+    const std::string why = world.death().empty() ? "the session's sandbox ended during the call" : world.death();
+    o.error = ErrorInfo{"session", why, 0};
+    headline = "sandbox_error: " + why + " (the next call starts a fresh sandbox from the same recipe)";
+  } else {
+    const bool failed = o.signal.has_value() || o.exit_code.value_or(0) != 0;
+    if (r.exec_error) {
+      std::string msg = r.exec_error->message();
+      if (r.exec_error->err() == ENOENT) msg += " — not found inside the sandbox";
+      o.error = ErrorInfo{"exec", msg, r.exec_error->err()};
+    }
+    if (failed && !o.denials.empty() && plan.denial_outcome) {
+      kind = "sandbox_denied";
+      o.kind = OutcomeKind::kSandboxDenied;
+      Json d = Json::parse(ToJson(o, -1))["denials"][0];
+      headline = "sandbox_denied: " + DenialLine(d);
+    } else {
+      o.kind = o.signal ? OutcomeKind::kSignaled : OutcomeKind::kExited;
+      kind = ToString(o.kind);
+    }
+  }
+  Json outcome = Json::parse(ToJson(o, -1));
+  if (kind == "cancelled") outcome["kind"] = "cancelled";
+  std::string output = r.output;
+  if (!headline.empty()) output = headline + "\n" + output;
+  if (kind == "exited" && o.exit_code.value_or(0) != 0) {
+    if (!output.empty() && output.back() != '\n') output += '\n';
+    output += "[exit code " + std::to_string(*o.exit_code) + "]";
+  } else if (kind == "signaled") {
+    if (!output.empty() && output.back() != '\n') output += '\n';
+    output += "[killed by signal " + std::to_string(o.signal.value_or(0)) + "]";
+  }
+  Json result = {{"output", output},
+                 {"is_error", !(kind == "exited" && o.exit_code.value_or(1) == 0)},
+                 {"kind", kind},
+                 {"truncated", r.truncated},
+                 {"output_bytes", r.output_bytes},
+                 {"outcome", outcome}};
+  if (o.exit_code) result["exit_code"] = *o.exit_code;
+  if (o.signal) result["signal"] = *o.signal;
+  return result;
+}
+
+Json Manager::Impl::RunFile(World& world, const ConfinedCommand& confined, const std::string& name,
+                            const Json& input) {
+  Json req = {{"name", name}, {"input", input}, {"workspace", confined.plan.workspace_target}};
+  auto answer = world.File(req, kFileToolTimeoutMs);
+  if (!answer.ok()) {
+    return {{"output", "sandbox_error: " + answer.status().ToString()},
+            {"is_error", true},
+            {"kind", "sandbox_error"},
+            {"outcome", {{"kind", "sandbox_error"}, {"error", answer.status().ToString()}}}};
+  }
+  Json& a = *answer;
+  const std::string kind = a.value("kind", "tool_error");
+  std::string output = a.value("output", "");
+  if (kind != "ok") {
+    std::string error = a.value("error", "");
+    // The tools' messages already begin with their kind.
+    output = error.rfind(kind, 0) == 0 ? error : kind + ": " + error;
+  }
+  Json outcome = a;
+  outcome.erase("output");
+  return {{"output", output}, {"is_error", kind != "ok"}, {"kind", kind}, {"outcome", outcome}};
+}
+
+Result<std::string> Manager::Impl::TakeSnapshot(SessionState& s) {
+  if (s.ws_mode == "direct") {
+    return Status::Error(kBadRequest, "session " + s.id + " works on its workspace directly (fresh_per_task: false): "
+                                      "there are no session changes to snapshot");
+  }
+  const std::string snap = RandomId("snap-");
+  const std::string dest = SnapshotsDir() + "/" + snap;
+  LayerStack stack = s.Layers();
+  struct stat st {};
+  if (stat(stack.upper.c_str(), &st) != 0) mkdir(stack.upper.c_str(), 0700);  // nothing ran yet: no changes
+  if (s.ws_mode == "copy" && stat(stack.upper.c_str(), &st) == 0 && !s.confined) {
+    // A copy session that never ran holds an empty dir: snapshot the base it would copy.
+    stack.upper = s.lowers.empty() ? s.workspace : s.lowers.front();
+  }
+  auto manifest = CreateSnapshot(stack, s.ws_mode == "copy" ? "" : s.recipe.value("from_snapshot", ""), dest);
+  if (!manifest.ok()) return manifest.status();
+  std::lock_guard<std::mutex> lock(s.mu);
+  (void)s.AppendLog({{"type", "event"}, {"event", "snapshot"}, {"snapshot_id", snap}});
+  return snap;
+}
+
+// ---------------------------------------------------------------------------
+
+Manager::Manager(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Manager::~Manager() {
+  if (impl_) Shutdown(0);
+}
+
+Result<std::unique_ptr<Manager>> Manager::Open(const ManagerOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  if (options.state_dir.empty() || options.state_dir[0] != '/') {
+    return Status::Error(kBadRequest, "the state directory must be an absolute path (got '" + options.state_dir + "')");
+  }
+  if (mkdir(options.state_dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return Status::Errno("session", "mkdir", options.state_dir);
+  }
+  impl->options.state_dir = RealPath(options.state_dir);
+  const std::string& dir = impl->options.state_dir;
+  struct stat st {};
+  if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return Status::Errno("session", "stat", dir);
+  if (st.st_uid != geteuid()) {
+    return Status::Error("session", "state directory " + dir + " belongs to uid " + std::to_string(st.st_uid) +
+                                        ", not to this process's uid " + std::to_string(geteuid()));
+  }
+  if (st.st_mode & 077) chmod(dir.c_str(), st.st_mode & 0700);
+  impl->lock.reset(open((dir + "/lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  if (!impl->lock.valid()) return Status::Errno("session", "open", dir + "/lock");
+  if (flock(impl->lock.get(), LOCK_EX | LOCK_NB) != 0) {
+    return Status::Error(kConflict, "state directory " + dir + " is in use by another agentbox process");
+  }
+  mkdir(impl->SessionsDir().c_str(), 0700);
+  mkdir(impl->SnapshotsDir().c_str(), 0700);
+  impl->exe = options.agentbox_exe.empty() ? RealPath("/proc/self/exe") : options.agentbox_exe;
+  if (access(impl->exe.c_str(), X_OK) != 0) return Status::Errno("session", "access(X_OK)", impl->exe);
+  impl->overlay_available = ProbeHost(ProbeDepth::kQuick).overlayfs;
+  if (DIR* d = opendir(impl->SessionsDir().c_str())) {
+    while (struct dirent* e = readdir(d)) {
+      if (!ValidId(e->d_name)) continue;
+      if (Status s = impl->Load(e->d_name); !s.ok()) {
+        std::fprintf(stderr, "agentbox: session %s not loaded: %s\n", e->d_name, s.ToString().c_str());
+      }
+    }
+    closedir(d);
+  }
+  return std::unique_ptr<Manager>(new Manager(std::move(impl)));
+}
+
+Result<std::string> Manager::Create(const CreateRequest& request) {
+  Impl& m = *impl_;
+  if (m.shutting_down) return Status::Error(kConflict, "agentbox is shutting down");
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    if (m.sessions.size() >= m.options.max_sessions) {
+      return Status::Error(kBusy, "the limit of " + std::to_string(m.options.max_sessions) + " sessions is reached");
+    }
+  }
+  if (request.workspace.empty() || request.workspace[0] != '/') {
+    return Status::Error(kBadRequest, "workspace must be an absolute path (got '" + request.workspace + "')");
+  }
+  const std::string workspace = RealPath(request.workspace);
+  struct stat st {};
+  if (workspace.empty() || stat(workspace.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return Status::Error(kBadRequest, "workspace " + request.workspace + " is not a directory");
+  }
+  auto policy = BuildPolicy(request.policy_yaml, request.mode);
+  if (!policy.ok()) return policy.status();
+  if (policy->mode == Mode::kDangerFullAccess) {
+    return Status::Error(kBadRequest, "sessions run confined: a danger-full-access policy has no sandbox to keep");
+  }
+  std::string ws_mode, mode_reason;
+  if (!policy->sandbox.fresh_per_task) {
+    ws_mode = "direct";
+    mode_reason = "the policy's sandbox.fresh_per_task is false: the session works on the workspace itself";
+  } else if (m.options.workspace_mode == "copy") {
+    ws_mode = "copy";
+    mode_reason = "asked for (workspace_mode copy)";
+  } else if (!m.overlay_available) {
+    if (m.options.workspace_mode == "overlay") {
+      return Status::Error("session", "overlayfs is not available on this host and workspace_mode is overlay");
+    }
+    ws_mode = "copy";
+    mode_reason = "overlayfs is not available on this host";
+  } else if ((workspace + m.options.state_dir).find_first_of(",:\\") != std::string::npos) {
+    if (m.options.workspace_mode == "overlay") {
+      return Status::Error(kBadRequest, "overlayfs cannot take a layer path holding ',', ':' or '\\' (" + workspace +
+                                            " or " + m.options.state_dir + ")");
+    }
+    ws_mode = "copy";
+    mode_reason = "the workspace or state path holds ',', ':' or '\\', which overlayfs options cannot carry";
+  } else {
+    ws_mode = "overlay";
+    mode_reason = "overlayfs";
+  }
+  std::vector<std::string> lowers;
+  if (!request.from_snapshot.empty()) {
+    if (ws_mode == "direct") return Status::Error(kBadRequest, "from_snapshot needs a fresh_per_task session");
+    std::string snap_mode;
+    auto chain = m.SnapshotChain(request.from_snapshot, &snap_mode);
+    if (!chain.ok()) return chain.status();
+    if (snap_mode != ws_mode) {
+      return Status::Error(kConflict, "snapshot " + request.from_snapshot + " was taken in " + snap_mode +
+                                          " mode; this session would be in " + ws_mode + " mode");
+    }
+    lowers = ws_mode == "copy" ? std::vector<std::string>{chain->front()} : *chain;
+  }
+  const std::string id = RandomId("s-");
+  const std::string dir = m.SessionsDir() + "/" + id;
+  if (mkdir(dir.c_str(), 0700) != 0) return Status::Errno("session", "mkdir", dir);
+  Json recipe = {{"id", id},
+                 {"created", NowRfc3339()},
+                 {"workspace", workspace},
+                 {"policy_yaml", request.policy_yaml},
+                 {"mode", request.mode},
+                 {"from_snapshot", request.from_snapshot},
+                 {"lowers", lowers},
+                 {"workspace_mode", ws_mode},
+                 {"workspace_mode_reason", mode_reason},
+                 {"snapshot_on_exit", policy->sandbox.snapshot_on_exit}};
+  if (Status s = WriteFileDurably(dir + "/session.json", recipe.dump(2)); !s.ok()) {
+    RemoveTree(dir);
+    return s;
+  }
+  if (Status s = m.Load(id); !s.ok()) {
+    RemoveTree(dir);
+    return s;
+  }
+  auto session = m.Find(id);
+  std::lock_guard<std::mutex> lock(session->mu);
+  (void)session->AppendLog({{"type", "event"}, {"event", "created"}, {"workspace", workspace},
+                            {"workspace_mode", ws_mode}, {"from_snapshot", request.from_snapshot}});
+  return id;
+}
+
+Result<Json> Manager::Describe(const std::string& id) const {
+  auto s = impl_->Find(id);
+  if (!s) return Status::Error(kNotFound, "no session " + id);
+  Json d = {{"id", id},
+            {"workspace", s->workspace},
+            {"mode", s->ws_mode},
+            {"mode_reason", s->recipe.value("workspace_mode_reason", "")},
+            {"created", s->recipe.value("created", "")},
+            {"from_snapshot", s->recipe.value("from_snapshot", "")}};
+  {
+    std::lock_guard<std::mutex> lock(s->mu);
+    d["calls"] = s->calls;
+    d["calls_in_flight"] = s->in_flight.size();
+  }
+  {
+    std::unique_lock<std::mutex> lock(s->world_mu, std::try_to_lock);
+    d["provisioned"] = lock.owns_lock() ? (s->world && s->world->Alive()) : true;
+    d["provisions"] = s->provisions;
+    if (lock.owns_lock() && s->confined) {
+      d["enforcement"] = Json::parse(ToJson(s->confined->enforcement, -1));
+      d["sandbox_pid"] = s->world ? s->world->supervisor_pid() : -1;
+    }
+  }
+  return d;
+}
+
+std::vector<std::string> Manager::List() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::vector<std::string> ids;
+  for (const auto& [id, s] : impl_->sessions) ids.push_back(id);
+  return ids;
+}
+
+Result<Json> Manager::Execute(const std::string& id, const std::string& name, const Json& input,
+                              const std::string& call_id, const OutputSink& sink, const std::atomic<bool>* cancel) {
+  Impl& m = *impl_;
+  auto s = m.Find(id);
+  if (!s) return Status::Error(kNotFound, "no session " + id);
+  if (std::find(kTools.begin(), kTools.end(), name) == kTools.end()) {
+    std::string names;
+    for (const auto& t : kTools) names += (names.empty() ? "" : ", ") + t;
+    return Status::Error(kBadRequest, "unknown tool '" + name + "'; the tools are: " + names);
+  }
+  if (!input.is_object()) return Status::Error(kBadRequest, name + ": input must be a JSON object");
+  auto require_string = [&](const char* field) -> Status {
+    if (!input.contains(field)) return Status::Error(kBadRequest, name + ": input." + field + " is required");
+    if (!input[field].is_string()) return Status::Error(kBadRequest, name + ": input." + field + " must be a string");
+    return {};
+  };
+  static const std::map<std::string, std::vector<const char*>> kRequired = {
+      {"bash", {"command"}},           {"read_file", {"path"}}, {"write_file", {"path", "content"}},
+      {"edit_file", {"path", "old", "new"}}, {"list_dir", {"path"}}, {"glob", {"pattern"}}};
+  for (const char* field : kRequired.at(name)) {
+    if (Status st = require_string(field); !st.ok()) return st;
+  }
+  if (name == "bash") {
+    if (input.contains("stdin") && !input["stdin"].is_string()) {
+      return Status::Error(kBadRequest, "bash: input.stdin must be a string");
+    }
+    if (input.contains("timeout")) {
+      const Json& t = input["timeout"];
+      if (t.is_number()) {
+        if (t.get<double>() <= 0) return Status::Error(kBadRequest, "bash: input.timeout must be positive");
+      } else if (!t.is_string() || !ParseDurationMs(t.get<std::string>()).ok()) {
+        return Status::Error(kBadRequest, "bash: input.timeout must be seconds or a duration like \"30s\"");
+      }
+    }
+  }
+  if (name == "read_file") {
+    for (const char* f : {"offset", "limit"}) {
+      if (input.contains(f) && !input[f].is_number_unsigned()) {
+        return Status::Error(kBadRequest, std::string("read_file: input.") + f + " must be a non-negative integer");
+      }
+    }
+  }
+
+  {
+    std::lock_guard<std::mutex> lock(s->mu);
+    if (s->removing) return Status::Error(kConflict, "session " + id + " is being removed");
+    if (!call_id.empty()) {
+      auto it = s->results.find(call_id);
+      if (it != s->results.end()) {
+        Json replay = it->second;
+        replay["replayed"] = true;
+        return replay;
+      }
+      if (s->in_flight.count(call_id)) {
+        return Status::Error(kConflict, "call " + call_id + " is running in session " + id);
+      }
+    }
+  }
+  if (m.shutting_down) return Status::Error(kConflict, "agentbox is shutting down");
+  if (m.calls_in_flight.fetch_add(1) >= m.options.max_concurrent_calls) {
+    m.calls_in_flight.fetch_sub(1);
+    return Status::Error(kBusy, "the limit of " + std::to_string(m.options.max_concurrent_calls) +
+                                    " concurrent calls is reached");
+  }
+  struct Release {
+    std::atomic<std::size_t>& n;
+    ~Release() { n.fetch_sub(1); }
+  } release{m.calls_in_flight};
+
+  std::uint64_t seq;
+  {
+    std::lock_guard<std::mutex> lock(s->mu);
+    seq = s->next_seq++;
+    ++s->calls;
+    if (!call_id.empty()) s->in_flight.insert(call_id);
+    if (Status st = s->AppendLog({{"type", "call"}, {"seq", seq}, {"call_id", call_id}, {"name", name}, {"input", input}});
+        !st.ok()) {
+      s->in_flight.erase(call_id);
+      return st;
+    }
+  }
+  const auto started = Clock::now();
+  Json result;
+  std::shared_ptr<World> world;
+  std::shared_ptr<const ConfinedCommand> confined;
+  {
+    // Provision on first use, and again when the sandbox died.
+    std::unique_lock<std::mutex> wl(s->world_mu);
+    if (!s->world || !s->world->Alive()) {
+      std::string event = "provisioned";
+      Json extra;
+      if (s->world) {
+        event = "reprovisioned";
+        extra["reason"] = s->world->death();
+        s->world->Stop(0);
+        s->world.reset();
+      }
+      Status p = m.Provision(*s);
+      std::lock_guard<std::mutex> lock(s->mu);
+      if (!p.ok()) {
+        (void)s->AppendLog({{"type", "event"}, {"event", "provision_failed"}, {"error", p.ToString()}});
+        result = {{"output", "sandbox_error: " + p.ToString()},
+                  {"is_error", true},
+                  {"kind", "sandbox_error"},
+                  {"outcome", {{"kind", "sandbox_error"}, {"error", {{"stage", p.stage()}, {"message", p.message()}, {"errno", p.err()}}}}}};
+      } else {
+        Json e = {{"type", "event"}, {"event", event}, {"sandbox_pid", s->world->supervisor_pid()}};
+        if (!extra.is_null()) e.update(extra);
+        (void)s->AppendLog(e);
+      }
+    }
+    world = s->world;
+    confined = s->confined;
+  }
+  if (result.is_null()) {
+    // The world is used without the provisioning lock: calls run side by side.
+    if (name == "bash") {
+      result = m.RunBash(*s, *world, *confined, input, sink, cancel);
+    } else {
+      result = m.RunFile(*world, *confined, name, input);
+    }
+    if (m.shutting_down && result.value("kind", "") == "sandbox_error") {
+      result["kind"] = "interrupted";
+      result["output"] = "interrupted: agentbox stopped during the call";
+    }
+  }
+  result["call_id"] = call_id;
+  result["name"] = name;
+  result["replayed"] = false;
+  result["duration_ms"] = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started).count();
+  {
+    std::lock_guard<std::mutex> lock(s->mu);
+    (void)s->AppendLog({{"type", "result"}, {"seq", seq}, {"call_id", call_id}, {"result", result}});
+    if (!call_id.empty()) {
+      s->results[call_id] = result;
+      s->in_flight.erase(call_id);
+    }
+  }
+  return result;
+}
+
+Result<std::string> Manager::Snapshot(const std::string& id) {
+  auto s = impl_->Find(id);
+  if (!s) return Status::Error(kNotFound, "no session " + id);
+  return impl_->TakeSnapshot(*s);
+}
+
+Result<Json> Manager::Diff(const std::string& id) {
+  auto s = impl_->Find(id);
+  if (!s) return Status::Error(kNotFound, "no session " + id);
+  if (s->ws_mode == "direct") {
+    return Status::Error(kBadRequest, "session " + id + " works on its workspace directly (fresh_per_task: false): "
+                                      "its changes are already in " + s->workspace);
+  }
+  LayerStack stack = s->Layers();
+  struct stat st {};
+  if (stat(stack.upper.c_str(), &st) != 0) {
+    if (stack.copy_mode) return Json{{"files", Json::array()}, {"patch", ""}, {"truncated", false}};
+    mkdir(stack.upper.c_str(), 0700);
+  }
+  return ComputeDiff(stack, kMaxPatchBytes);
+}
+
+Result<std::string> Manager::LogPath(const std::string& id) const {
+  auto s = impl_->Find(id);
+  if (!s) return Status::Error(kNotFound, "no session " + id);
+  return s->dir + "/log.jsonl";
+}
+
+Status Manager::Remove(const std::string& id) {
+  Impl& m = *impl_;
+  auto s = m.Find(id);
+  if (!s) return Status::Error(kNotFound, "no session " + id);
+  {
+    std::lock_guard<std::mutex> lock(s->mu);
+    if (s->removing) return Status::Error(kConflict, "session " + id + " is being removed");
+    s->removing = true;
+  }
+  if (s->recipe.value("snapshot_on_exit", false)) {
+    auto snap = m.TakeSnapshot(*s);
+    if (!snap.ok()) {
+      std::lock_guard<std::mutex> lock(s->mu);
+      s->removing = false;
+      return Status::Error("snapshot", "snapshot_on_exit: " + snap.status().message() + " (session " + id + " kept)");
+    }
+  }
+  {
+    std::lock_guard<std::mutex> wl(s->world_mu);
+    if (s->world) s->world->Stop(0);
+    s->world.reset();
+  }
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    m.sessions.erase(id);
+  }
+  s->log.reset();
+  RemoveTree(s->dir);
+  return {};
+}
+
+void Manager::Shutdown(int grace_ms) {
+  Impl& m = *impl_;
+  m.shutting_down = true;
+  std::vector<std::shared_ptr<SessionState>> all;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    for (auto& [id, s] : m.sessions) all.push_back(s);
+  }
+  std::vector<std::thread> stoppers;
+  for (auto& s : all) {
+    stoppers.emplace_back([s, grace_ms] {
+      std::lock_guard<std::mutex> wl(s->world_mu);
+      if (s->world) s->world->Stop(grace_ms);
+    });
+  }
+  for (auto& t : stoppers) t.join();
+}
+
+}  // namespace agentbox::session

@@ -1,0 +1,536 @@
+#include "session/world.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "agentbox/confine.h"
+#include "linux/compat.h"
+
+extern char** environ;
+
+namespace agentbox::session {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+using linux::UniqueFd;
+
+constexpr std::size_t kInlineRequest = 16 * 1024;  // larger requests travel in a memfd
+constexpr std::size_t kMaxConnectionsKept = 1000;
+constexpr auto kConnectionsKeptFor = std::chrono::minutes(5);
+
+int MsUntil(Clock::time_point t) {
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t - Clock::now()).count();
+  return static_cast<int>(std::clamp<long long>(ms, 0, 1 << 30));
+}
+
+std::uint64_t MsSince(Clock::time_point t) {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count());
+}
+
+Status Pipe(UniqueFd* r, UniqueFd* w) {
+  int p[2];
+  if (pipe2(p, O_CLOEXEC) != 0) return Status::Errno("session", "pipe2");
+  r->reset(p[0]);
+  w->reset(p[1]);
+  return {};
+}
+
+void SetNonBlocking(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK); }
+
+// One SEQPACKET message from the supervisor, with at most one fd.
+ssize_t ReceiveMessage(int fd, std::string* text, UniqueFd* passed, int flags) {
+  char buf[65536];
+  struct iovec iov = {buf, sizeof(buf)};
+  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
+  struct msghdr msg {};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  ssize_t n = recvmsg(fd, &msg, flags | MSG_CMSG_CLOEXEC);
+  if (n < 0) return n;
+  for (struct cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    const int* p = reinterpret_cast<const int*>(CMSG_DATA(c));
+    for (size_t i = 0; i < count; ++i) {
+      if (passed && !passed->valid()) {
+        passed->reset(p[i]);
+      } else {
+        close(p[i]);
+      }
+    }
+  }
+  text->assign(buf, static_cast<size_t>(n));
+  return n;
+}
+
+Status StatusFromError(const json& m) {
+  const std::string syscall = m.value("syscall", "");
+  const int err = m.value("errno", 0);
+  if (!syscall.empty() || err != 0) {
+    return Status::Syscall(m.value("stage", "world"), syscall, m.value("path", ""), err);
+  }
+  return Status::Error(m.value("stage", "world"), m.value("message", "the session's sandbox failed"));
+}
+
+// Keeps the head and the tail of the output; a marker says what is between.
+class CappedOutput {
+ public:
+  explicit CappedOutput(std::size_t cap) : head_cap_(cap / 4), tail_cap_(cap - cap / 4) {}
+  void Add(const char* data, std::size_t n) {
+    total_ += n;
+    std::size_t to_head = std::min(n, head_cap_ - std::min(head_cap_, head_.size()));
+    head_.append(data, to_head);
+    data += to_head;
+    n -= to_head;
+    if (n == 0) return;
+    tail_.append(data, n);
+    if (tail_.size() > 2 * tail_cap_) tail_.erase(0, tail_.size() - tail_cap_);
+  }
+  std::string Take(bool* truncated) {
+    if (tail_.size() > tail_cap_) {
+      const std::size_t dropped = total_ - head_.size() - tail_cap_;
+      *truncated = true;
+      return head_ + "\n[agentbox: output truncated: " + std::to_string(dropped) + " of " + std::to_string(total_) +
+             " bytes omitted here; the first " + std::to_string(head_.size()) + " and the last " +
+             std::to_string(tail_cap_) + " bytes are kept]\n" + tail_.substr(tail_.size() - tail_cap_);
+    }
+    *truncated = false;
+    return head_ + tail_;
+  }
+  std::uint64_t total() const { return total_; }
+
+ private:
+  std::size_t head_cap_, tail_cap_;
+  std::string head_, tail_;
+  std::uint64_t total_ = 0;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<World>> World::Start(const std::string& exe, const Plan& plan, int ready_timeout_ms) {
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) return Status::Errno("session", "socketpair");
+  UniqueFd ours(sv[0]), theirs(sv[1]);
+
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e; ++e) {
+    if (std::strncmp(*e, kPlanEnv, std::strlen(kPlanEnv)) == 0 && (*e)[std::strlen(kPlanEnv)] == '=') continue;
+    env_strings.emplace_back(*e);
+  }
+  env_strings.push_back(std::string(kPlanEnv) + "=" + PlanToJson(plan));
+  std::vector<char*> envp;
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::string arg0 = "agentbox", arg1 = "__world";
+  char* argv[] = {arg0.data(), arg1.data(), nullptr};
+
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, theirs.get(), 3);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  // Nothing of the world may write on the caller's stdout (an MCP server's
+  // protocol stream): its stdout is the caller's stderr.
+  posix_spawn_file_actions_adddup2(&actions, 2, 1);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t none, all;
+  sigemptyset(&none);
+  sigfillset(&all);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &all);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  pid_t pid = -1;
+  int rc = posix_spawn(&pid, exe.c_str(), &actions, &attr, argv, envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) return Status::Syscall("session", "posix_spawn", exe, rc);
+  theirs.reset();
+
+  std::unique_ptr<World> w(new World());
+  w->supervisor_pid_ = pid;
+  w->supervisor_pidfd_.reset(linux::PidfdOpen(pid));
+  w->channel_ = std::move(ours);
+
+  const auto deadline = Clock::now() + std::chrono::milliseconds(ready_timeout_ms);
+  for (;;) {
+    struct pollfd p = {w->channel_.get(), POLLIN, 0};
+    int r = poll(&p, 1, MsUntil(deadline));
+    if (r < 0 && errno == EINTR) continue;
+    if (r == 0) {
+      w->Stop(0);
+      return Status::Error("session", "the session's sandbox was not ready within " +
+                                          std::to_string(ready_timeout_ms) + " ms");
+    }
+    std::string text;
+    UniqueFd control;
+    ssize_t n = ReceiveMessage(w->channel_.get(), &text, &control, 0);
+    if (n <= 0) {
+      w->Stop(0);
+      return Status::Error("session", "the session's supervisor (" + exe + " __world) ended before the sandbox was ready");
+    }
+    json m = json::parse(text, nullptr, false);
+    const std::string t = m.is_object() ? m.value("t", "") : "";
+    if (t == "error") {
+      Status s = StatusFromError(m);
+      w->Stop(0);
+      return s;
+    }
+    if (t == "ready" && control.valid()) {
+      w->control_ = std::move(control);
+      return w;
+    }
+    // Notes before ready (Landlock short of plan under require: partial) are dropped here.
+  }
+}
+
+World::~World() { Stop(0); }
+
+bool World::Alive() {
+  if (dead_) return false;
+  struct pollfd p = {supervisor_pidfd_.get(), POLLIN, 0};
+  if (supervisor_pidfd_.valid() && poll(&p, 1, 0) > 0) {
+    dead_ = true;
+    std::lock_guard<std::mutex> lock(state_mu_);
+    if (death_.empty()) death_ = "the session's supervisor ended";
+    return false;
+  }
+  if (channel_mu_.try_lock()) {
+    PumpChannel(false, 0);
+    channel_mu_.unlock();
+  }
+  return !dead_;
+}
+
+std::string World::death() const {
+  std::lock_guard<std::mutex> lock(const_cast<std::mutex&>(state_mu_));
+  return death_;
+}
+
+void World::PumpChannel(bool until_stats, int wait_ms) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(wait_ms);
+  if (until_stats) {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    stats_fresh_ = false;
+  }
+  for (;;) {
+    std::string text;
+    ssize_t n = ReceiveMessage(channel_.get(), &text, nullptr, MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+      bool fresh;
+      {
+        std::lock_guard<std::mutex> lock(state_mu_);
+        fresh = stats_fresh_;
+      }
+      if (!until_stats || fresh || dead_ || Clock::now() >= deadline) return;
+      struct pollfd p = {channel_.get(), POLLIN, 0};
+      poll(&p, 1, std::max(1, MsUntil(deadline)));
+      continue;
+    }
+    if (n <= 0) {
+      dead_ = true;
+      std::lock_guard<std::mutex> lock(state_mu_);
+      if (death_.empty()) death_ = "the session's supervisor closed its channel";
+      return;
+    }
+    json m = json::parse(text, nullptr, false);
+    const std::string t = m.is_object() ? m.value("t", "") : "";
+    std::lock_guard<std::mutex> lock(state_mu_);
+    if (t == "net" && m.contains("record")) {
+      connections_.emplace_back(Clock::now(), std::move(m["record"]));
+      while (connections_.size() > kMaxConnectionsKept ||
+             (!connections_.empty() && Clock::now() - connections_.front().first > kConnectionsKeptFor)) {
+        connections_.pop_front();
+      }
+    } else if (t == "stats") {
+      oom_kills_ = m.value("oom_kills", std::uint64_t{0});
+      stats_fresh_ = true;
+    } else if (t == "exited" || t == "error") {
+      dead_ = true;
+      oom_kills_ = std::max(oom_kills_, m.value("oom_kills", std::uint64_t{0}));
+      death_ = t == "error" ? StatusFromError(m).ToString() : m.value("how", "ended");
+      if (m.value("oom_kills", 0) > 0) death_ += " (OOM kills in the session's cgroup: " + std::to_string(m.value("oom_kills", 0)) + ")";
+      stats_fresh_ = true;
+    }
+  }
+}
+
+std::uint64_t World::QueryOomKills() {
+  std::lock_guard<std::mutex> lock(channel_mu_);
+  if (!dead_) {
+    const std::string req = json{{"op", "stats"}}.dump();
+    if (send(channel_.get(), req.data(), req.size(), MSG_NOSIGNAL) > 0) PumpChannel(true, 2000);
+  }
+  std::lock_guard<std::mutex> state(state_mu_);
+  return oom_kills_;
+}
+
+Status World::SendControl(const json& request, const std::vector<int>& fds) {
+  std::string text = request.dump(-1, ' ', false, json::error_handler_t::replace);
+  UniqueFd memfd;
+  std::vector<int> all = fds;
+  if (text.size() > kInlineRequest) {
+    memfd.reset(static_cast<int>(memfd_create("agentbox-request", MFD_CLOEXEC)));
+    if (!memfd.valid()) return Status::Errno("session", "memfd_create");
+    size_t off = 0;
+    while (off < text.size()) {
+      ssize_t w = write(memfd.get(), text.data() + off, text.size() - off);
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) return Status::Errno("session", "write", "memfd");
+      off += static_cast<size_t>(w);
+    }
+    text = "@";
+    all.insert(all.begin(), memfd.get());
+  }
+  struct iovec iov = {text.data(), text.size()};
+  struct msghdr msg {};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)];
+  if (!all.empty()) {
+    msg.msg_control = control;
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * all.size());
+    struct cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * all.size());
+    std::memcpy(CMSG_DATA(c), all.data(), sizeof(int) * all.size());
+  }
+  std::lock_guard<std::mutex> lock(send_mu_);
+  for (;;) {
+    if (sendmsg(control_.get(), &msg, MSG_NOSIGNAL) >= 0) return {};
+    if (errno == EINTR) continue;
+    return Status::Errno("session", "sendmsg", "the session's control socket");
+  }
+}
+
+Result<WorldExecResult> World::Exec(const WorldExec& exec, const OutputSink& sink, const std::atomic<bool>* cancel) {
+  WorldExecResult out;
+  const auto started = Clock::now();
+  if (!Alive()) return Status::Error("session", "the session's sandbox is not running: " + death());
+  std::uint64_t oom_before;
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    oom_before = oom_kills_;
+  }
+  UniqueFd out_r, out_w, res_r, res_w, in_r, in_w;
+  if (Status s = Pipe(&out_r, &out_w); !s.ok()) return s;
+  if (Status s = Pipe(&res_r, &res_w); !s.ok()) return s;
+  if (exec.stdin_data) {
+    if (Status s = Pipe(&in_r, &in_w); !s.ok()) return s;
+    SetNonBlocking(in_w.get());
+  } else {
+    in_r.reset(open("/dev/null", O_RDONLY | O_CLOEXEC));
+    if (!in_r.valid()) return Status::Errno("session", "open", "/dev/null");
+  }
+  SetNonBlocking(out_r.get());
+  const long id = next_id_++;
+  json req = {{"op", "exec"}, {"id", id}, {"argv", exec.argv}, {"cwd", exec.cwd}};
+  if (Status s = SendControl(req, {in_r.get(), out_w.get(), res_w.get()}); !s.ok()) return s;
+  in_r.reset();
+  out_w.reset();
+  res_w.reset();
+
+  CappedOutput output(exec.output_cap);
+  std::string result_buf;
+  std::size_t stdin_off = 0;
+  bool exited = false, out_open = true, res_open = true;
+  std::optional<Clock::time_point> deadline, kill_at;
+  if (exec.timeout_ms) deadline = started + std::chrono::milliseconds(*exec.timeout_ms);
+  auto send_kill = [&](int sig) {
+    (void)SendControl(json{{"op", "kill"}, {"id", id}, {"signal", sig}}, {});
+  };
+  char buf[65536];
+  while (!exited && (res_open || out_open)) {
+    if (cancel && cancel->load() && !out.cancelled) {
+      out.cancelled = true;
+      send_kill(SIGKILL);
+    }
+    const auto now = Clock::now();
+    if (deadline && now >= *deadline && !out.timed_out) {
+      out.timed_out = true;
+      send_kill(SIGTERM);
+      kill_at = now + std::chrono::milliseconds(exec.kill_grace_ms);
+    }
+    if (kill_at && now >= *kill_at) {
+      send_kill(SIGKILL);
+      kill_at.reset();
+    }
+    int timeout = -1;
+    for (const auto& t : {deadline, kill_at}) {
+      if (t && *t > now) timeout = timeout < 0 ? MsUntil(*t) + 1 : std::min(timeout, MsUntil(*t) + 1);
+    }
+    if (deadline && out.timed_out && !kill_at) timeout = timeout < 0 ? 1000 : timeout;
+    if (cancel) timeout = timeout < 0 ? 50 : std::min(timeout, 50);
+
+    struct pollfd fds[5];
+    int n = 0, i_out = -1, i_res = -1, i_in = -1, i_chan = -1, i_sup = -1;
+    if (out_open) fds[i_out = n++] = {out_r.get(), POLLIN, 0};
+    if (res_open) fds[i_res = n++] = {res_r.get(), POLLIN, 0};
+    if (in_w.valid()) fds[i_in = n++] = {in_w.get(), POLLOUT, 0};
+    fds[i_chan = n++] = {channel_.get(), POLLIN, 0};
+    fds[i_sup = n++] = {supervisor_pidfd_.get(), POLLIN, 0};
+    int r = poll(fds, static_cast<nfds_t>(n), timeout);
+    if (r < 0 && errno != EINTR) return Status::Errno("session", "poll");
+    if (r <= 0) continue;
+    if (i_out >= 0 && fds[i_out].revents) {
+      ssize_t got = read(out_r.get(), buf, sizeof(buf));
+      if (got > 0) {
+        output.Add(buf, static_cast<size_t>(got));
+        if (sink) sink(std::string_view(buf, static_cast<size_t>(got)));
+      } else if (got == 0 || (errno != EAGAIN && errno != EINTR)) {
+        out_open = false;
+      }
+    }
+    if (i_res >= 0 && fds[i_res].revents) {
+      ssize_t got = read(res_r.get(), buf, sizeof(buf));
+      if (got > 0) {
+        result_buf.append(buf, static_cast<size_t>(got));
+        size_t nl;
+        while ((nl = result_buf.find('\n')) != std::string::npos) {
+          json m = json::parse(result_buf.substr(0, nl), nullptr, false);
+          result_buf.erase(0, nl + 1);
+          const std::string t = m.is_object() ? m.value("t", "") : "";
+          if (t == "exec_error") {
+            out.exec_error = StatusFromError(m);
+          } else if (t == "exit") {
+            exited = true;
+            const int sig = m.value("signal", 0);
+            if (sig) {
+              out.signal = sig;
+            } else {
+              out.exit_code = m.value("code", -1);
+            }
+            if (m.contains("denied") && m["denied"].is_array()) {
+              for (const auto& d : m["denied"]) {
+                out.seccomp.emplace_back(d.value("syscall", ""), d.value("count", std::uint64_t{0}));
+              }
+            }
+          }
+        }
+      } else if (got == 0 || (errno != EAGAIN && errno != EINTR)) {
+        res_open = false;
+      }
+    }
+    if (i_in >= 0 && fds[i_in].revents) {
+      const std::string& data = *exec.stdin_data;
+      if (fds[i_in].revents & (POLLERR | POLLHUP)) {
+        in_w.reset();
+      } else {
+        ssize_t w = write(in_w.get(), data.data() + stdin_off, data.size() - stdin_off);
+        if (w > 0) stdin_off += static_cast<size_t>(w);
+        if ((w < 0 && errno != EAGAIN && errno != EINTR) || stdin_off >= data.size()) in_w.reset();
+      }
+    }
+    if (fds[i_chan].revents && channel_mu_.try_lock()) {
+      PumpChannel(false, 0);
+      channel_mu_.unlock();
+    }
+    if (fds[i_sup].revents) dead_ = true;
+    if (dead_ && !exited) {
+      // The init (or its supervisor) is gone: nothing more will come.
+      if (!res_open || fds[i_sup].revents) break;
+    }
+    if (!res_open && !exited) break;  // the init closed the call without an exit: it died
+  }
+  // Whatever the command (or what it left running) wrote up to now.
+  for (;;) {
+    ssize_t got = read(out_r.get(), buf, sizeof(buf));
+    if (got <= 0) break;
+    output.Add(buf, static_cast<size_t>(got));
+    if (sink) sink(std::string_view(buf, static_cast<size_t>(got)));
+  }
+  out.output = output.Take(&out.truncated);
+  out.output_bytes = output.total();
+  if (!exited) out.world_died = true;
+  const std::uint64_t oom_after = QueryOomKills();
+  out.oom_kills = oom_after > oom_before ? oom_after - oom_before : 0;
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    for (const auto& [at, record] : connections_) {
+      if (at >= started) out.connections.push_back(record);
+    }
+  }
+  out.wall_ms = MsSince(started);
+  return out;
+}
+
+Result<json> World::File(const json& request, int timeout_ms) {
+  if (!Alive()) return Status::Error("session", "the session's sandbox is not running: " + death());
+  UniqueFd res_r, res_w;
+  if (Status s = Pipe(&res_r, &res_w); !s.ok()) return s;
+  json req = request;
+  req["op"] = "file";
+  req["id"] = next_id_++;
+  if (Status s = SendControl(req, {res_w.get()}); !s.ok()) return s;
+  res_w.reset();
+  std::string answer;
+  char buf[65536];
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    struct pollfd fds[2] = {{res_r.get(), POLLIN, 0}, {supervisor_pidfd_.get(), POLLIN, 0}};
+    int r = poll(fds, 2, MsUntil(deadline));
+    if (r < 0 && errno == EINTR) continue;
+    if (r == 0) {
+      (void)SendControl(json{{"op", "kill"}, {"id", req["id"]}, {"signal", SIGKILL}}, {});
+      return Status::Error("session", "the file tool did not answer within " + std::to_string(timeout_ms) + " ms");
+    }
+    if (fds[0].revents) {
+      ssize_t got = read(res_r.get(), buf, sizeof(buf));
+      if (got > 0) {
+        answer.append(buf, static_cast<size_t>(got));
+        continue;
+      }
+      if (got < 0 && errno == EINTR) continue;
+      break;
+    }
+    if (fds[1].revents) {
+      dead_ = true;
+      break;
+    }
+  }
+  json parsed = json::parse(answer, nullptr, false);
+  if (!parsed.is_object()) {
+    Alive();
+    return Status::Error("session", answer.empty() ? "the file tool ended without an answer (the session's sandbox: " +
+                                                         (death().empty() ? std::string("running") : death()) + ")"
+                                                   : "the file tool's answer is not JSON");
+  }
+  return parsed;
+}
+
+void World::Stop(int grace_ms) {
+  if (stopped_) return;
+  stopped_ = true;
+  if (channel_.valid() && !dead_) {
+    const std::string req = json{{"op", "stop"}, {"grace_ms", grace_ms}}.dump();
+    (void)send(channel_.get(), req.data(), req.size(), MSG_NOSIGNAL);
+  }
+  control_.reset();
+  if (supervisor_pid_ > 0) {
+    // The supervisor kills the init after the grace; give it that plus a margin.
+    struct pollfd p = {supervisor_pidfd_.get(), POLLIN, 0};
+    if (supervisor_pidfd_.valid() && poll(&p, 1, grace_ms + 5000) == 0) kill(supervisor_pid_, SIGKILL);
+    channel_.reset();
+    int ws;
+    while (waitpid(supervisor_pid_, &ws, 0) < 0 && errno == EINTR) {
+    }
+    supervisor_pid_ = -1;
+  }
+  channel_.reset();
+  dead_ = true;
+}
+
+}  // namespace agentbox::session

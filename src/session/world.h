@@ -1,0 +1,119 @@
+// A World: one session's sandbox, alive between calls.
+//
+// Three processes: the caller (the daemon, or `agentbox mcp`), a small
+// supervisor (`agentbox __world`, spawned fresh so that it starts
+// single-threaded and small), and the sandbox's init, which that supervisor
+// launches through the same Launch as `agentbox run` (namespaces, mounts,
+// cgroup, Landlock, seccomp, egress proxy; set up once). Every call is a new
+// process forked by the init: a command (fork+exec) or a file tool (a fork
+// running agentbox's own code under the same mounts, Landlock domain and
+// seccomp filter). So the file tools see exactly what the shell sees.
+//
+// The caller talks to the init directly over a control socket (handed over
+// by the supervisor once the init is ready) and to the supervisor over a
+// channel: readiness, proxy records as they come, OOM-kill counts, and the
+// init's death. Closing the channel ends the world.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "agentbox/plan.h"
+#include "agentbox/status.h"
+#include "linux/fd.h"
+#include "session/session.h"
+
+namespace agentbox::session {
+
+struct WorldExec {
+  std::vector<std::string> argv;          // e.g. {"bash", "-c", command}
+  std::string cwd;                        // inside ("" = the init's)
+  std::optional<std::string> stdin_data;  // none: /dev/null
+  std::optional<std::uint64_t> timeout_ms;
+  std::uint64_t kill_grace_ms = 2000;     // SIGTERM first, SIGKILL after this
+  std::size_t output_cap = 256 * 1024;
+};
+
+struct WorldExecResult {
+  std::string output;                     // capped: head and tail kept, a marker between
+  bool truncated = false;
+  std::uint64_t output_bytes = 0;         // everything the command wrote
+  std::optional<int> exit_code;
+  std::optional<int> signal;
+  bool timed_out = false;
+  bool cancelled = false;
+  bool world_died = false;                // the init went away during the call
+  std::uint64_t oom_kills = 0;            // during the call (the session's cgroup counter)
+  std::vector<std::pair<std::string, std::uint64_t>> seccomp;  // denied syscalls, counted
+  std::vector<nlohmann::json> connections;  // proxy records that ended during the call
+  std::optional<Status> exec_error;       // the command could not start
+  std::uint64_t wall_ms = 0;
+};
+
+class World {
+ public:
+  // Spawns `exe __world` with the plan and waits (up to `ready_timeout_ms`)
+  // for the init to be set up. A setup failure comes back as the runner's
+  // Status (stage, syscall, path, errno).
+  static Result<std::unique_ptr<World>> Start(const std::string& exe, const Plan& plan, int ready_timeout_ms);
+  ~World();  // Stop(0)
+  World(const World&) = delete;
+  World& operator=(const World&) = delete;
+
+  // False once the init or its supervisor is gone.
+  bool Alive();
+  // Why it died ("" while alive), and OOM kills seen at its death.
+  std::string death() const;
+
+  Result<WorldExecResult> Exec(const WorldExec& exec, const OutputSink& sink, const std::atomic<bool>* cancel);
+  // Runs a file tool inside: `request` is {"name", "input", "workspace"};
+  // the answer is the tool's JSON (see file_tools.h).
+  Result<nlohmann::json> File(const nlohmann::json& request, int timeout_ms);
+
+  // SIGTERM to everything inside, SIGKILL after `grace_ms`; waits for the
+  // supervisor to finish (it removes the cgroup). Idempotent.
+  void Stop(int grace_ms);
+
+  pid_t supervisor_pid() const { return supervisor_pid_; }
+
+ private:
+  World() = default;
+  Status SendControl(const nlohmann::json& request, const std::vector<int>& fds);
+  // Reads whatever the supervisor has sent; with `until_stats`, waits (up
+  // to `wait_ms`) for a stats answer. Call with channel_mu_ held.
+  void PumpChannel(bool until_stats, int wait_ms);
+  std::uint64_t QueryOomKills();
+
+  pid_t supervisor_pid_ = -1;
+  linux::UniqueFd supervisor_pidfd_;
+  linux::UniqueFd channel_;  // to the supervisor
+  linux::UniqueFd control_;  // to the init
+  std::mutex send_mu_;
+  std::mutex channel_mu_;
+  std::atomic<long> next_id_{1};
+  std::atomic<bool> dead_{false};
+  bool stopped_ = false;
+  std::mutex state_mu_;      // guards what follows
+  std::string death_;
+  std::uint64_t oom_kills_ = 0;
+  bool stats_fresh_ = false;
+  std::deque<std::pair<std::chrono::steady_clock::time_point, nlohmann::json>> connections_;
+};
+
+// The `agentbox __world` process: fd 3 is the channel, the plan is in
+// AGENTBOX_PLAN. Returns the process's exit status.
+int WorldMain();
+
+}  // namespace agentbox::session

@@ -1,0 +1,278 @@
+// `agentbox __world`: the supervisor of one session's sandbox (world.h).
+//
+// Launches the init, answers on the channel (fd 3), serves the egress proxy,
+// and ends the world when the channel closes, when asked to stop, or when
+// the init dies (then it reports how, with the cgroup's OOM-kill count).
+#include <poll.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "agentbox/confine.h"
+#include "agentbox/run.h"
+#include "linux/compat.h"
+#include "linux/launch.h"
+#include "linux/proxy_listeners.h"
+#include "linux/status_pipe.h"
+#include "session/file_tools.h"
+#include "session/world.h"
+#include "supervise/egress.h"
+#include "supervise/resources.h"
+
+namespace agentbox::session {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kChannelFd = 3;
+
+// Runs in a process forked by the init, inside the sandbox.
+std::string FileOp(const std::string& request) {
+  json req = json::parse(request, nullptr, false);
+  if (!req.is_object() || !req.contains("name") || !req["name"].is_string()) {
+    return json{{"kind", "tool_error"}, {"error", "malformed file tool request"}}.dump();
+  }
+  FileToolLimits limits;
+  limits.workspace = req.value("workspace", std::string("/"));
+  if (req.contains("max_read_bytes")) limits.max_read_bytes = req["max_read_bytes"].get<std::size_t>();
+  json input = req.contains("input") ? req["input"] : json::object();
+  return RunFileTool(req["name"].get<std::string>(), input, limits)
+      .dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+void Send(const json& message, int fd_to_pass = -1) {
+  const std::string text = message.dump(-1, ' ', false, json::error_handler_t::replace);
+  struct iovec iov = {const_cast<char*>(text.data()), text.size()};
+  struct msghdr msg {};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  if (fd_to_pass >= 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    struct cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd_to_pass, sizeof(int));
+  }
+  // Records are dropped rather than block the proxy when nobody reads.
+  const int flags = message.value("t", "") == "net" ? MSG_DONTWAIT | MSG_NOSIGNAL : MSG_NOSIGNAL;
+  while (sendmsg(kChannelFd, &msg, flags) < 0 && errno == EINTR) {
+  }
+}
+
+json ErrorMessage(const Status& s) {
+  return {{"t", "error"}, {"stage", s.stage()}, {"message", s.message()}, {"errno", s.err()},
+          {"syscall", s.syscall()}, {"path", s.path()}};
+}
+
+}  // namespace
+
+int WorldMain() {
+  const char* plan_text = std::getenv(kPlanEnv);
+  if (!plan_text) {
+    Send(ErrorMessage(Status::Error("world", std::string(kPlanEnv) + " is not set")));
+    return 125;
+  }
+  auto parsed = PlanFromJson(plan_text);
+  unsetenv(kPlanEnv);
+  if (!parsed.ok()) {
+    Send(ErrorMessage(parsed.status()));
+    return 125;
+  }
+  const Plan plan = std::move(*parsed);
+  if (!plan.confined || plan.backend != Backend::kNamespaces) {
+    Send(ErrorMessage(Status::Error("world", "sessions need the namespaces backend (a long-lived init in its own "
+                                             "namespaces); this plan is " +
+                                                 std::string(plan.confined ? ToString(plan.backend) : "unconfined"))));
+    return 125;
+  }
+  // SIGTERM: stop gracefully. The channel's end is the other way to stop.
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGTERM);
+  sigaddset(&mask, SIGINT);
+  sigaddset(&mask, SIGHUP);
+  sigprocmask(SIG_BLOCK, &mask, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  linux::UniqueFd sigfd(signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK));
+
+  auto made = supervise::MakeRunCgroup(plan);
+  if (!made.ok()) {
+    Send(ErrorMessage(made.status()));
+    return 125;
+  }
+  std::unique_ptr<linux::SandboxCgroup> cgroup = std::move(*made);
+  if (plan.network.proxy) {
+    struct rlimit nofile {};
+    if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+      nofile.rlim_cur = nofile.rlim_max;
+      setrlimit(RLIMIT_NOFILE, &nofile);
+    }
+  }
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
+    Send(ErrorMessage(Status::Errno("world", "socketpair")));
+    return 125;
+  }
+  linux::UniqueFd ours(sv[0]), theirs(sv[1]);
+  linux::SessionLaunch session;
+  session.control_fd = theirs.get();
+  session.hooks.file_op = &FileOp;
+  auto launched = linux::Launch(plan, {}, linux::StderrMode::kInherit, cgroup.get(), &session);
+  theirs.reset();
+  if (!launched.ok()) {
+    Send(ErrorMessage(launched.status()));
+    return 125;
+  }
+  linux::Launched& child = *launched;
+
+  RunOptions options;
+  options.on_connection = [](const std::string& record) {
+    Send(json{{"t", "net"}, {"record", json::parse(record, nullptr, false)}});
+  };
+  std::unique_ptr<supervise::Egress> egress;
+  bool proxy_open = child.proxy_listeners.valid();
+  bool ready = false, status_open = true, init_gone = false;
+  std::string status_buf;
+  std::optional<Clock::time_point> kill_at;
+  std::optional<Status> failure;
+
+  auto end_world = [&](const std::string& how) {
+    if (cgroup) cgroup->KillAll();
+    linux::PidfdSendSignal(child.pidfd.get(), SIGKILL);
+    int ws = 0;
+    while (waitpid(child.pid, &ws, 0) < 0 && errno == EINTR) {
+    }
+    linux::CgroupStats stats;
+    if (cgroup) stats = cgroup->ReadStats();
+    if (egress) egress->Stop();
+    if (failure) {
+      Send(ErrorMessage(*failure));
+    } else {
+      Send(json{{"t", "exited"}, {"how", how}, {"oom_kills", stats.oom_kills}});
+    }
+  };
+
+  char buf[8192];
+  for (;;) {
+    const auto now = Clock::now();
+    if (kill_at && now >= *kill_at) {
+      end_world("stopped");
+      return 0;
+    }
+    int timeout = kill_at ? static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(*kill_at - now).count()) + 1
+                          : -1;
+    struct pollfd fds[5];
+    int n = 0, i_proxy = -1, i_status = -1, i_pid = -1, i_chan = -1, i_sig = -1;
+    if (proxy_open) fds[i_proxy = n++] = {child.proxy_listeners.get(), POLLIN, 0};
+    if (status_open) fds[i_status = n++] = {child.status.get(), POLLIN, 0};
+    fds[i_pid = n++] = {child.pidfd.get(), POLLIN, 0};
+    fds[i_chan = n++] = {kChannelFd, POLLIN, 0};
+    fds[i_sig = n++] = {sigfd.get(), POLLIN, 0};
+    if (poll(fds, static_cast<nfds_t>(n), timeout) < 0) continue;
+
+    if (i_proxy >= 0 && fds[i_proxy].revents) {
+      proxy_open = false;
+      auto listeners = linux::ReceiveProxyListeners(child.proxy_listeners.get());
+      child.proxy_listeners.reset();
+      if (listeners.ok()) {
+        auto started = supervise::Egress::Start(plan, options, std::move(listeners->first), std::move(listeners->second));
+        if (started.ok()) {
+          egress = std::move(*started);
+        } else {
+          failure = started.status();
+          end_world("proxy");
+          return 125;
+        }
+      }
+    }
+    if (i_status >= 0 && fds[i_status].revents) {
+      ssize_t got = read(child.status.get(), buf, sizeof(buf));
+      if (got <= 0) {
+        status_open = false;
+      } else {
+        status_buf.append(buf, static_cast<size_t>(got));
+        size_t nl;
+        while ((nl = status_buf.find('\n')) != std::string::npos) {
+          linux::RunnerMessage m;
+          if (linux::ParseMessage(status_buf.substr(0, nl), &m)) {
+            if (m.type == linux::RunnerMessage::Type::kSetupError) {
+              Status s = m.status;
+              if (s.stage() == "seccomp" && !child.filter_error.ok()) s = child.filter_error;
+              failure = s;
+            } else if (m.type == linux::RunnerMessage::Type::kLandlock) {
+              std::string what;
+              for (const auto& s : m.short_of_plan) what += (what.empty() ? "" : "; ") + s;
+              Send(json{{"t", "note"},
+                        {"message", "Landlock on this kernel (ABI " + std::to_string(m.landlock_abi) +
+                                        ") is short of the plan: " + what}});
+            } else if (m.type == linux::RunnerMessage::Type::kReady && !ready) {
+              ready = true;
+              Send(json{{"t", "ready"}, {"skipped", child.resolved.skipped}}, ours.get());
+              ours.reset();
+            }
+          }
+          status_buf.erase(0, nl + 1);
+        }
+      }
+    }
+    if (fds[i_pid].revents) {
+      init_gone = true;
+      if (!failure && !ready) failure = Status::Error("runner", "the session's init ended before it was ready");
+      end_world("the session's sandbox (its init) ended");
+      return failure ? 125 : 0;
+    }
+    if (fds[i_chan].revents) {
+      char in[4096];
+      ssize_t got = recv(kChannelFd, in, sizeof(in), MSG_DONTWAIT);
+      if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR)) {
+        end_world("closed");  // the caller is gone
+        return 0;
+      }
+      if (got > 0) {
+        json req = json::parse(std::string(in, static_cast<size_t>(got)), nullptr, false);
+        const std::string op = req.is_object() ? req.value("op", "") : "";
+        if (op == "stats") {
+          linux::CgroupStats stats;
+          if (cgroup) stats = cgroup->ReadStats();
+          Send(json{{"t", "stats"}, {"oom_kills", stats.oom_kills}});
+        } else if (op == "stop" && !kill_at) {
+          const int grace = req.value("grace_ms", 0);
+          linux::PidfdSendSignal(child.pidfd.get(), SIGTERM);
+          if (cgroup) {
+            cgroup->SignalAll(SIGTERM, child.pid);
+            cgroup->SignalAll(SIGCONT, child.pid);
+          }
+          kill_at = Clock::now() + std::chrono::milliseconds(grace);
+        }
+      }
+    }
+    if (fds[i_sig].revents) {
+      struct signalfd_siginfo si {};
+      while (read(sigfd.get(), &si, sizeof(si)) == sizeof(si)) {
+        if (!kill_at) {
+          linux::PidfdSendSignal(child.pidfd.get(), SIGTERM);
+          kill_at = Clock::now() + std::chrono::milliseconds(plan.kill_grace_ms);
+        }
+      }
+    }
+    (void)init_gone;
+  }
+}
+
+}  // namespace agentbox::session
