@@ -100,7 +100,7 @@ class CappedOutput {
     if (tail_.size() > 2 * tail_cap_) tail_.erase(0, tail_.size() - tail_cap_);
   }
   std::string Take(bool* truncated) {
-    if (tail_.size() > tail_cap_) {
+    if (total_ > head_.size() + tail_cap_) {
       const std::size_t dropped = total_ - head_.size() - tail_cap_;
       *truncated = true;
       return head_ + "\n[agentbox: output truncated: " + std::to_string(dropped) + " of " + std::to_string(total_) +

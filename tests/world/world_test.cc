@@ -1,0 +1,427 @@
+// Sessions through the Manager, against real sandboxes: the world's
+// semantics below the daemon (which tests/session covers over HTTP).
+#include <dirent.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "session/session.h"
+
+namespace agentbox::session {
+namespace {
+
+std::string Bin() {
+  const char* b = std::getenv("AGENTBOX_BIN");
+  return b ? b : "";
+}
+
+std::string MakeTemp(const char* what) {
+  std::string t = std::string(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") + "/agentbox-world-" + what + ".XXXXXX";
+  return mkdtemp(t.data()) ? t : "";
+}
+
+void Write(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+std::string Read(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// The pids of this process's children (the worlds' supervisors).
+std::vector<pid_t> Children() {
+  std::vector<pid_t> out;
+  std::string self = "/proc/" + std::to_string(getpid()) + "/task";
+  if (DIR* d = opendir(self.c_str())) {
+    while (struct dirent* e = readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      std::istringstream in(Read(self + "/" + e->d_name + "/children"));
+      pid_t p;
+      while (in >> p) out.push_back(p);
+    }
+    closedir(d);
+  }
+  return out;
+}
+
+class WorldTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_FALSE(Bin().empty()) << "AGENTBOX_BIN must name the agentbox binary";
+    state_ = MakeTemp("state");
+    base_ = MakeTemp("base");
+    ASSERT_FALSE(state_.empty());
+    ASSERT_FALSE(base_.empty());
+    ASSERT_EQ(0, system(("git -C " + base_ + " init -q 2>/dev/null").c_str()));
+    Write(base_ + "/a.txt", "base\n");
+    Open();
+  }
+  void TearDown() override {
+    manager_.reset();
+    system(("rm -rf " + state_ + " " + base_).c_str());
+    EXPECT_TRUE(Children().empty()) << "a world's process outlived its Manager";
+  }
+  void Open(const std::string& mode = "auto") {
+    manager_.reset();
+    ManagerOptions o;
+    o.state_dir = state_;
+    o.agentbox_exe = Bin();
+    o.workspace_mode = mode;
+    o.output_cap_bytes = 64 * 1024;
+    auto m = Manager::Open(o);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    manager_ = std::move(*m);
+  }
+  std::string Create(const std::string& policy = "", const std::string& snapshot = "") {
+    CreateRequest c;
+    c.workspace = base_;
+    c.policy_yaml = policy;
+    c.from_snapshot = snapshot;
+    auto id = manager_->Create(c);
+    EXPECT_TRUE(id.ok()) << id.status().ToString();
+    return id.ok() ? *id : "";
+  }
+  Json Bash(const std::string& id, const std::string& command, Json extra = Json::object()) {
+    extra["command"] = command;
+    auto r = manager_->Execute(id, "bash", extra);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : Json();
+  }
+  Json Tool(const std::string& id, const std::string& name, const Json& input) {
+    auto r = manager_->Execute(id, name, input);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : Json();
+  }
+
+  std::string state_, base_;
+  std::unique_ptr<Manager> manager_;
+};
+
+TEST_F(WorldTest, NothingRunsBeforeTheFirstCall) {
+  std::string id = Create();
+  EXPECT_TRUE(Children().empty());
+  EXPECT_FALSE((*manager_->Describe(id))["provisioned"].get<bool>());
+  Json r = Bash(id, "echo hello");
+  EXPECT_EQ(r["kind"], "exited");
+  EXPECT_EQ(r["output"], "hello\n");
+  EXPECT_EQ(Children().size(), 1u);
+  EXPECT_TRUE((*manager_->Describe(id))["provisioned"].get<bool>());
+}
+
+TEST_F(WorldTest, OneWorldAcrossCalls) {
+  std::string id = Create();
+  // A background process started by one call is there for the next: the
+  // same pid namespace, the same init.
+  Json r = Bash(id, "sleep 30 >/dev/null 2>&1 & echo started");
+  EXPECT_EQ(r["output"], "started\n");
+  r = Bash(id, "ps -eo comm | grep -c '^sleep$'");
+  EXPECT_EQ(r["output"], "1\n");
+  r = Bash(id, "echo $$; readlink /proc/1/exe >/dev/null 2>&1; cat /proc/1/comm");
+  EXPECT_NE(r["output"].get<std::string>().find("agentbox-init"), std::string::npos) << r["output"];
+}
+
+TEST_F(WorldTest, FileToolsAndShellSeeOneWorld) {
+  std::string id = Create();
+  Json w = Tool(id, "write_file", {{"path", "notes/todo.txt"}, {"content", "from the tool\n"}});
+  // The parent is missing: either created or a clear error; make it first.
+  if (w["kind"] != "ok") {
+    Bash(id, "mkdir -p notes");
+    w = Tool(id, "write_file", {{"path", "notes/todo.txt"}, {"content", "from the tool\n"}});
+  }
+  ASSERT_EQ(w["kind"], "ok") << w.dump();
+  EXPECT_EQ(Bash(id, "cat notes/todo.txt")["output"], "from the tool\n");
+  Bash(id, "echo 'from the shell' > shell.txt");
+  Json r = Tool(id, "read_file", {{"path", "shell.txt"}});
+  EXPECT_NE(r["output"].get<std::string>().find("from the shell"), std::string::npos) << r.dump();
+  // /tmp is the sandbox's own: a file the shell puts there is the one the tool reads.
+  Bash(id, "echo private > /tmp/only-inside");
+  r = Tool(id, "read_file", {{"path", "/tmp/only-inside"}});
+  EXPECT_NE(r["output"].get<std::string>().find("private"), std::string::npos) << r.dump();
+  struct stat st {};
+  EXPECT_NE(stat("/tmp/only-inside", &st), 0) << "the sandbox's /tmp reached the host";
+  // The base workspace is untouched until a diff is applied.
+  EXPECT_NE(stat((base_ + "/shell.txt").c_str(), &st), 0);
+  EXPECT_EQ(Read(base_ + "/a.txt"), "base\n");
+}
+
+TEST_F(WorldTest, ProtectedAndDeniedPathsAreDeniedToToolsAsToTheShell) {
+  std::string id = Create();
+  Json shell = Bash(id, "echo x > .git/config");
+  EXPECT_EQ(shell["kind"], "sandbox_denied") << shell.dump();
+  Json tool = Tool(id, "write_file", {{"path", ".git/config"}, {"content", "[core]\n"}});
+  EXPECT_EQ(tool["kind"], "sandbox_denied") << tool.dump();
+  EXPECT_TRUE(tool["is_error"].get<bool>());
+  EXPECT_EQ(tool["output"].get<std::string>().rfind("sandbox_denied", 0), 0u) << tool["output"];
+  Json edit = Tool(id, "edit_file", {{"path", ".git/config"}, {"old", "[core]"}, {"new", "[x]"}});
+  EXPECT_NE(edit["kind"], "ok") << edit.dump();
+  // A path the policy masks: the tool cannot read it either.
+  Json shadow = Tool(id, "read_file", {{"path", "/etc/shadow"}});
+  EXPECT_EQ(shadow["kind"], "sandbox_denied") << shadow.dump();
+  // Outside the workspace and the sandbox's private dirs nothing is writable.
+  Json etc = Tool(id, "write_file", {{"path", "/etc/agentbox-escape"}, {"content", "x"}});
+  EXPECT_EQ(etc["kind"], "sandbox_denied") << etc.dump();
+  struct stat st {};
+  EXPECT_NE(stat("/etc/agentbox-escape", &st), 0);
+}
+
+TEST_F(WorldTest, SessionsOnOneBaseDoNotSeeEachOther) {
+  std::string one = Create(), two = Create();
+  Bash(one, "echo one > a.txt; echo mine > only-one.txt");
+  Json r = Bash(two, "cat a.txt; ls");
+  EXPECT_EQ(r["output"].get<std::string>().substr(0, 5), "base\n");
+  EXPECT_EQ(r["output"].get<std::string>().find("only-one"), std::string::npos);
+  EXPECT_EQ(Read(base_ + "/a.txt"), "base\n");
+  auto diff = manager_->Diff(one);
+  ASSERT_TRUE(diff.ok()) << diff.status().ToString();
+  ASSERT_EQ((*diff)["files"].size(), 2u) << diff->dump();
+  auto diff2 = manager_->Diff(two);
+  ASSERT_TRUE(diff2.ok());
+  EXPECT_TRUE((*diff2)["files"].empty());
+}
+
+TEST_F(WorldTest, DiffAppliesToTheBaseWithGitApply) {
+  std::string id = Create();
+  Bash(id, "printf 'base\\nmore\\n' > a.txt; mkdir -p src && echo 'int main(){}' > src/m.c");
+  auto diff = manager_->Diff(id);
+  ASSERT_TRUE(diff.ok());
+  Write(state_ + "/p.diff", (*diff)["patch"].get<std::string>());
+  ASSERT_EQ(0, system(("cd " + base_ + " && git apply " + state_ + "/p.diff").c_str()));
+  EXPECT_EQ(Read(base_ + "/a.txt"), "base\nmore\n");
+  EXPECT_EQ(Read(base_ + "/src/m.c"), "int main(){}\n");
+}
+
+TEST_F(WorldTest, SnapshotRestoreAndFork) {
+  std::string id = Create();
+  Bash(id, "echo v1 > state.txt; rm a.txt");
+  auto snap = manager_->Snapshot(id);
+  ASSERT_TRUE(snap.ok()) << snap.status().ToString();
+  Bash(id, "echo v2 > state.txt");
+  std::string fork1 = Create("", *snap), fork2 = Create("", *snap);
+  EXPECT_EQ(Bash(fork1, "cat state.txt; ls a.txt 2>&1 | grep -c 'No such'")["output"], "v1\n1\n");
+  Bash(fork1, "echo f1 > state.txt");
+  EXPECT_EQ(Bash(fork2, "cat state.txt")["output"], "v1\n");
+  EXPECT_EQ(Bash(id, "cat state.txt")["output"], "v2\n");
+  // A snapshot of a fork stacks on its parent.
+  auto snap2 = manager_->Snapshot(fork1);
+  ASSERT_TRUE(snap2.ok());
+  std::string grandchild = Create("", *snap2);
+  EXPECT_EQ(Bash(grandchild, "cat state.txt; test -e a.txt || echo gone")["output"], "f1\ngone\n");
+  // The fork's diff against the base includes what the snapshot holds.
+  auto diff = manager_->Diff(fork2);
+  ASSERT_TRUE(diff.ok());
+  std::string files = (*diff)["files"].dump();
+  EXPECT_NE(files.find("state.txt"), std::string::npos) << files;
+  EXPECT_NE(files.find("deleted"), std::string::npos) << files;
+  // Unknown and corrupt snapshots are clear errors.
+  CreateRequest bad;
+  bad.workspace = base_;
+  bad.from_snapshot = "snap-0000000000000000";
+  auto missing = manager_->Create(bad);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().stage(), kNotFound);
+  system(("for f in $(find " + state_ + "/snapshots/" + *snap + "/tree -type f); do echo corrupt >> $f; done").c_str());
+  bad.from_snapshot = *snap;
+  auto corrupt = manager_->Create(bad);
+  ASSERT_FALSE(corrupt.ok());
+  EXPECT_NE(corrupt.status().message().find("corrupt"), std::string::npos) << corrupt.status().ToString();
+}
+
+TEST_F(WorldTest, ReplayReturnsTheRecordedResultWithoutRunningAgain) {
+  std::string id = Create();
+  auto first = manager_->Execute(id, "bash", {{"command", "echo x >> counter; wc -l < counter"}}, "call-1");
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ((*first)["output"], "1\n");
+  auto again = manager_->Execute(id, "bash", {{"command", "echo x >> counter; wc -l < counter"}}, "call-1");
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE((*again)["replayed"].get<bool>());
+  EXPECT_EQ((*again)["output"], "1\n");
+  EXPECT_EQ(Bash(id, "wc -l < counter")["output"], "1\n");
+  // After a restart too: the log is the record.
+  Open();
+  auto after = manager_->Execute(id, "bash", {{"command", "echo x >> counter"}}, "call-1");
+  ASSERT_TRUE(after.ok());
+  EXPECT_TRUE((*after)["replayed"].get<bool>());
+  EXPECT_EQ(Bash(id, "wc -l < counter")["output"], "1\n");
+}
+
+TEST_F(WorldTest, AKilledProcessLeavesInterruptedCallsAndIntactSessions) {
+  std::string id = Create();
+  Bash(id, "echo kept > kept.txt");
+  manager_.reset();
+  // A process serving the session is killed mid-call.
+  pid_t child = fork();
+  if (child == 0) {
+    ManagerOptions o;
+    o.state_dir = state_;
+    o.agentbox_exe = Bin();
+    auto m = Manager::Open(o);
+    if (!m.ok()) _exit(3);
+    (void)(*m)->Execute(id, "bash", {{"command", "sleep 60"}}, "in-flight");
+    _exit(0);
+  }
+  // Wait until the call is in the log, then SIGKILL.
+  const std::string log = state_ + "/sessions/" + id + "/log.jsonl";
+  for (int i = 0; i < 200 && Read(log).find("\"in-flight\"") == std::string::npos; ++i) usleep(25000);
+  usleep(200000);
+  kill(child, SIGKILL);
+  int ws;
+  waitpid(child, &ws, 0);
+  // Its world dies with it (the channel closes); wait for the supervisor to go.
+  for (int i = 0; i < 100 && system("pgrep -f 'agentbox __world' -u $(id -u) >/dev/null 2>&1") == 0; ++i) usleep(50000);
+  Open();
+  auto r = manager_->Execute(id, "bash", {{"command", "sleep 60"}}, "in-flight");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ((*r)["kind"], "interrupted") << r->dump();
+  EXPECT_TRUE((*r)["replayed"].get<bool>());
+  EXPECT_EQ(Bash(id, "cat kept.txt")["output"], "kept\n");
+  EXPECT_NE(Read(log).find("\"interrupted\""), std::string::npos);
+}
+
+TEST_F(WorldTest, TimeoutsAreTimedOutAndTheWorldLivesOn) {
+  std::string id = Create();
+  Json r = Bash(id, "echo before; sleep 30", {{"timeout", 1}});
+  EXPECT_EQ(r["kind"], "timed_out") << r.dump();
+  EXPECT_EQ(r["output"].get<std::string>().rfind("timed_out after 1", 0), 0u) << r["output"];
+  EXPECT_NE(r["output"].get<std::string>().find("before"), std::string::npos);
+  EXPECT_EQ(Bash(id, "echo after")["output"], "after\n");
+}
+
+TEST_F(WorldTest, CancelEndsARunningCall) {
+  std::string id = Create();
+  std::atomic<bool> cancel{false};
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    cancel = true;
+  });
+  auto started = std::chrono::steady_clock::now();
+  auto r = manager_->Execute(id, "bash", {{"command", "sleep 30"}}, "", nullptr, &cancel);
+  canceller.join();
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ((*r)["kind"], "cancelled") << r->dump();
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(10));
+}
+
+TEST_F(WorldTest, OomKillIsNamedAndTheNextCallStillWorks) {
+  std::string id = Create("resources:\n  memory_gib: { limit: 64Mi }\n");
+  Json r = Bash(id, "python3 -c 'x = bytearray(512 * 1024 * 1024)'");
+  if (geteuid() != 0 && r["kind"] == "sandbox_error") {
+    // Without a delegated cgroup the limit cannot be enforced: the session
+    // refuses to run (fail closed) and says why.
+    EXPECT_NE(r["output"].get<std::string>().find("no writable cgroup"), std::string::npos) << r["output"];
+    return;
+  }
+  EXPECT_EQ(r["kind"], "oom_killed") << r.dump();
+  EXPECT_EQ(r["output"].get<std::string>().rfind("oom_killed at 64 MiB", 0), 0u) << r["output"];
+  EXPECT_EQ(Bash(id, "echo alive")["output"], "alive\n");
+}
+
+TEST_F(WorldTest, ADeadInitIsReprovisionedAndLogged) {
+  std::string id = Create();
+  Bash(id, "echo v > f.txt");
+  // Nothing inside can kill pid 1 (it ignores what it does not handle), so
+  // end the world from outside: its supervisor.
+  Json d = *manager_->Describe(id);
+  pid_t sup = d["sandbox_pid"].get<pid_t>();
+  ASSERT_GT(sup, 0);
+  kill(sup, SIGKILL);
+  usleep(100000);
+  Json r = Bash(id, "cat f.txt");
+  EXPECT_EQ(r["output"], "v\n") << r.dump();  // the upper layer outlives the sandbox
+  EXPECT_NE(Read(state_ + "/sessions/" + id + "/log.jsonl").find("\"reprovisioned\""), std::string::npos);
+}
+
+TEST_F(WorldTest, SeccompDenialsAreCountedPerCall) {
+  std::string id = Create();
+  Json r = Bash(id, "python3 -c 'import ctypes,sys; l=ctypes.CDLL(None); sys.exit(0 if l.syscall(165,0,0,0,0,0)==0 else 3)'");
+  EXPECT_EQ(r["kind"], "sandbox_denied") << r.dump();
+  bool mount_denied = false;
+  for (const auto& d : r["outcome"]["denials"]) mount_denied |= d.value("op", "") == "mount";
+  EXPECT_TRUE(mount_denied) << r.dump();
+  // The next call starts with a clean tally.
+  Json clean = Bash(id, "exit 3");
+  EXPECT_EQ(clean["kind"], "exited");
+  EXPECT_TRUE(clean["outcome"]["denials"].empty()) << clean.dump();
+}
+
+TEST_F(WorldTest, NetworkDenialsNameTheHost) {
+  std::string id = Create("network:\n  allow: [\"registry.example.test\"]\n");
+  Json r = Bash(id, "curl -sS -o /dev/null --max-time 10 http://denied.example.test/ -w '%{http_code}\\n'; exit 7");
+  EXPECT_EQ(r["kind"], "sandbox_denied") << r.dump();
+  EXPECT_NE(r["output"].get<std::string>().find("denied.example.test:80"), std::string::npos) << r["output"];
+}
+
+TEST_F(WorldTest, LongOutputIsCappedWithAMarker) {
+  std::string id = Create();
+  Json r = Bash(id, "seq 1 100000");
+  EXPECT_TRUE(r["truncated"].get<bool>());
+  const std::string out = r["output"];
+  EXPECT_LT(out.size(), 70u * 1024);
+  EXPECT_NE(out.find("output truncated"), std::string::npos);
+  EXPECT_EQ(out.substr(0, 2), "1\n");
+  EXPECT_NE(out.find("100000\n"), std::string::npos);  // the tail is kept
+}
+
+TEST_F(WorldTest, BadRequestsAreRefusedWithoutRunning) {
+  std::string id = Create();
+  auto unknown = manager_->Execute(id, "rm_rf", Json::object());
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().stage(), kBadRequest);
+  EXPECT_NE(unknown.status().message().find("bash"), std::string::npos);
+  auto missing = manager_->Execute(id, "bash", Json::object());
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("command"), std::string::npos);
+  auto nosession = manager_->Execute("s-nope", "bash", {{"command", "true"}});
+  ASSERT_FALSE(nosession.ok());
+  EXPECT_EQ(nosession.status().stage(), kNotFound);
+  EXPECT_TRUE(Children().empty()) << "a refused call provisioned a sandbox";
+}
+
+TEST_F(WorldTest, CopyModeWhereOverlayIsNotWanted) {
+  Open("copy");
+  std::string id = Create();
+  EXPECT_EQ((*manager_->Describe(id))["mode"], "copy");
+  Bash(id, "echo changed > a.txt");
+  EXPECT_EQ(Read(base_ + "/a.txt"), "base\n");
+  auto diff = manager_->Diff(id);
+  ASSERT_TRUE(diff.ok());
+  EXPECT_NE((*diff)["patch"].get<std::string>().find("+changed"), std::string::npos) << diff->dump();
+}
+
+TEST_F(WorldTest, RemoveLeavesNothingBehind) {
+  std::string id = Create();
+  Bash(id, "sleep 60 >/dev/null 2>&1 &");
+  ASSERT_TRUE(manager_->Remove(id).ok());
+  struct stat st {};
+  EXPECT_NE(stat((state_ + "/sessions/" + id).c_str(), &st), 0);
+  EXPECT_TRUE(Children().empty());
+  EXPECT_FALSE(manager_->Describe(id).ok());
+}
+
+TEST_F(WorldTest, ConcurrentCallsInOneSession) {
+  std::string id = Create();
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&, i] {
+      auto r = manager_->Execute(id, "bash", {{"command", "sleep 0.2; echo " + std::to_string(i)}});
+      if (r.ok() && (*r)["output"] == std::to_string(i) + "\n") ++ok;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok.load(), 8);
+}
+
+}  // namespace
+}  // namespace agentbox::session
