@@ -37,6 +37,7 @@ struct Invocation {
   std::string cache_dir;   // host dir for agentbox's caches ("" = none)
   std::string runtime_dir; // host dir for landlock-only per-run directories ("" = /tmp)
   BackendChoice backend = BackendChoice::kAuto;
+  bool session = false;    // a session's sandbox (sessions honour snapshot_on_exit, fresh_per_task)
 };
 
 // A stderr classifier: an ECMAScript regex and what a match means. Group 1,
@@ -60,7 +61,7 @@ struct ConfinedCommand {
 
 // What the policy would get on this host, facet by facet. Never fails.
 EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host,
-                                    BackendChoice backend = BackendChoice::kAuto);
+                                    BackendChoice backend = BackendChoice::kAuto, bool session = false);
 
 // Confines argv under the policy, or refuses (stage "confine") when the
 // policy cannot be enforced at the level it requires. Never a silent downgrade.

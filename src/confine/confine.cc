@@ -69,7 +69,7 @@ Result<BackendSelection> SelectBackend(const HostCaps& host, BackendChoice choic
                                       landlock_lack + " for the landlock-only backend");
 }
 
-EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host, BackendChoice choice) {
+EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host, BackendChoice choice, bool session) {
   EnforcementReport r;
   if (!Confines(policy)) {
     r.level = Level::kNone;
@@ -287,13 +287,16 @@ EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host, 
   }
   r.facets.push_back(cred);
 
-  if (policy.sandbox.snapshot_on_exit) {
-    r.missing.push_back({"sessions", "sandbox.snapshot_on_exit needs sessions, which this version "
-                                     "does not provide"});
+  if (policy.sandbox.snapshot_on_exit && !session) {
+    r.missing.push_back({"sessions", "sandbox.snapshot_on_exit is honoured by sessions (agentbox serve, "
+                                     "agentbox mcp), not by a single run"});
   }
 
   // Values that are honoured, but not as their name might suggest: said, not silent.
-  if (!policy.sandbox.fresh_per_task) {
+  if (!policy.sandbox.fresh_per_task && session) {
+    r.notes.push_back("sandbox.fresh_per_task: false: the session works on the workspace itself (no layer of "
+                      "its own, no diff or snapshot)");
+  } else if (!policy.sandbox.fresh_per_task) {
     r.notes.push_back("sandbox.fresh_per_task: false: every run still starts with a fresh /tmp and HOME; "
                       "state that persists between runs belongs in the workspace");
   }
@@ -510,7 +513,7 @@ Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Poli
     if (!selected.ok()) return selected.status();
     landlock_only = selected->backend == Backend::kLandlockOnly;
   }
-  out.enforcement = AssessEnforcement(policy, host, inv.backend);
+  out.enforcement = AssessEnforcement(policy, host, inv.backend, inv.session);
   const bool writable = policy.mode == Mode::kWorkspaceWrite &&
                         policy.filesystem.workspace.access == Access::kReadWrite;
   std::vector<std::string> absent;

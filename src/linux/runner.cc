@@ -633,6 +633,9 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
     struct signalfd_siginfo info {};
     if (read(sigfd.get(), &info, sizeof(info)) != sizeof(info)) continue;
     const int sig = static_cast<int>(info.ssi_signo);
+    // Only the supervisor (outside this pid namespace: sender pid 0 here)
+    // may stop the session; a command signalling pid 1 changes nothing.
+    if (sig != SIGCHLD && info.ssi_pid != 0) continue;
     if (sig != SIGCHLD) {
       for (auto& [pid, call] : calls) {
         if (call.command && kill(-pid, sig) != 0) kill(pid, sig);

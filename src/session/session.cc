@@ -368,6 +368,7 @@ Status Manager::Impl::Provision(SessionState& s) {
   }
   inv.nonce = RandomId("");
   inv.backend = BackendChoice::kNamespaces;
+  inv.session = true;
   auto confined = Confine({"true"}, *policy, ProbeFor(*policy), inv);
   if (!confined.ok()) return confined.status();
   Plan& plan = confined->plan;
@@ -448,7 +449,7 @@ Json Manager::Impl::RunBash(SessionState& s, World& world, const ConfinedCommand
     o.error = ErrorInfo{ran.status().stage(), ran.status().message(), ran.status().err()};
     Json outcome = Json::parse(ToJson(o, -1));
     return {{"output", "sandbox_error: " + ran.status().ToString()}, {"is_error", true}, {"kind", "sandbox_error"},
-            {"outcome", outcome}};
+            {"outcome", outcome}, {"world_gone", ran.status().stage() == kWorldGone}};
   }
   WorldExecResult& r = *ran;
   o.usage.wall_ms = r.wall_ms;
@@ -559,7 +560,8 @@ Json Manager::Impl::RunFile(World& world, const ConfinedCommand& confined, const
     return {{"output", "sandbox_error: " + answer.status().ToString()},
             {"is_error", true},
             {"kind", "sandbox_error"},
-            {"outcome", {{"kind", "sandbox_error"}, {"error", answer.status().ToString()}}}};
+            {"outcome", {{"kind", "sandbox_error"}, {"error", answer.status().ToString()}}},
+            {"world_gone", answer.status().stage() == kWorldGone}};
   }
   Json& a = *answer;
   const std::string kind = a.value("kind", "tool_error");
@@ -629,7 +631,9 @@ Result<std::unique_ptr<Manager>> Manager::Open(const ManagerOptions& options) {
   mkdir(impl->SnapshotsDir().c_str(), 0700);
   impl->exe = options.agentbox_exe.empty() ? RealPath("/proc/self/exe") : options.agentbox_exe;
   if (access(impl->exe.c_str(), X_OK) != 0) return Status::Errno("session", "access(X_OK)", impl->exe);
-  impl->overlay_available = ProbeHost(ProbeDepth::kQuick).overlayfs;
+  if (auto fs = ReadWholeFile("/proc/filesystems"); fs.ok()) {
+    impl->overlay_available = fs->find("\toverlay\n") != std::string::npos;
+  }
   if (DIR* d = opendir(impl->SessionsDir().c_str())) {
     while (struct dirent* e = readdir(d)) {
       if (!ValidId(e->d_name)) continue;
@@ -844,48 +848,54 @@ Result<Json> Manager::Execute(const std::string& id, const std::string& name, co
   }
   const auto started = Clock::now();
   Json result;
-  std::shared_ptr<World> world;
-  std::shared_ptr<const ConfinedCommand> confined;
-  {
-    // Provision on first use, and again when the sandbox died.
-    std::unique_lock<std::mutex> wl(s->world_mu);
-    if (!s->world || !s->world->Alive()) {
-      std::string event = "provisioned";
-      Json extra;
-      if (s->world) {
-        event = "reprovisioned";
-        extra["reason"] = s->world->death();
-        s->world->Stop(0);
-        s->world.reset();
-      }
-      Status p = m.Provision(*s);
-      std::lock_guard<std::mutex> lock(s->mu);
-      if (!p.ok()) {
-        (void)s->AppendLog({{"type", "event"}, {"event", "provision_failed"}, {"error", p.ToString()}});
-        result = {{"output", "sandbox_error: " + p.ToString()},
-                  {"is_error", true},
-                  {"kind", "sandbox_error"},
-                  {"outcome", {{"kind", "sandbox_error"}, {"error", {{"stage", p.stage()}, {"message", p.message()}, {"errno", p.err()}}}}}};
-      } else {
+  // A world found dead when the call is sent ran nothing: provision afresh
+  // and send it again, once.
+  for (int attempt = 0; attempt < 2 && (result.is_null() || result.value("world_gone", false)); ++attempt) {
+    result = Json();
+    std::shared_ptr<World> world;
+    std::shared_ptr<const ConfinedCommand> confined;
+    {
+      // Provision on first use, and again when the sandbox died.
+      std::unique_lock<std::mutex> wl(s->world_mu);
+      if (!s->world || !s->world->Alive()) {
+        std::string event = "provisioned";
+        Json extra;
+        if (s->world) {
+          event = "reprovisioned";
+          extra["reason"] = s->world->death();
+          s->world->Stop(0);
+          s->world.reset();
+        }
+        Status p = m.Provision(*s);
+        std::lock_guard<std::mutex> lock(s->mu);
+        if (!p.ok()) {
+          (void)s->AppendLog({{"type", "event"}, {"event", "provision_failed"}, {"error", p.ToString()}});
+          result = {{"output", "sandbox_error: " + p.ToString()},
+                    {"is_error", true},
+                    {"kind", "sandbox_error"},
+                    {"outcome",
+                     {{"kind", "sandbox_error"},
+                      {"error", {{"stage", p.stage()}, {"message", p.message()}, {"errno", p.err()}}}}}};
+          break;
+        }
         Json e = {{"type", "event"}, {"event", event}, {"sandbox_pid", s->world->supervisor_pid()}};
         if (!extra.is_null()) e.update(extra);
         (void)s->AppendLog(e);
       }
+      world = s->world;
+      confined = s->confined;
     }
-    world = s->world;
-    confined = s->confined;
-  }
-  if (result.is_null()) {
     // The world is used without the provisioning lock: calls run side by side.
     if (name == "bash") {
       result = m.RunBash(*s, *world, *confined, input, sink, cancel);
     } else {
       result = m.RunFile(*world, *confined, name, input);
     }
-    if (m.shutting_down && result.value("kind", "") == "sandbox_error") {
-      result["kind"] = "interrupted";
-      result["output"] = "interrupted: agentbox stopped during the call";
-    }
+  }
+  result.erase("world_gone");
+  if (m.shutting_down && result.value("kind", "") == "sandbox_error") {
+    result["kind"] = "interrupted";
+    result["output"] = "interrupted: agentbox stopped during the call";
   }
   result["call_id"] = call_id;
   result["name"] = name;

@@ -312,6 +312,11 @@ Status World::SendControl(const json& request, const std::vector<int>& fds) {
   for (;;) {
     if (sendmsg(control_.get(), &msg, MSG_NOSIGNAL) >= 0) return {};
     if (errno == EINTR) continue;
+    if (errno == EPIPE || errno == ECONNRESET || errno == ECONNREFUSED || errno == ENOTCONN) {
+      // The init is gone: nothing was started; the caller may start afresh.
+      dead_ = true;
+      return Status::Error(kWorldGone, "the session's sandbox ended before the call was sent");
+    }
     return Status::Errno("session", "sendmsg", "the session's control socket");
   }
 }

@@ -37,6 +37,10 @@
 
 namespace agentbox::session {
 
+// Status stage of a call that could not be sent because the world had
+// already ended: nothing ran, so it may be retried in a fresh world.
+inline constexpr const char* kWorldGone = "world_gone";
+
 struct WorldExec {
   std::vector<std::string> argv;          // e.g. {"bash", "-c", command}
   std::string cwd;                        // inside ("" = the init's)

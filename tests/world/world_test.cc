@@ -178,6 +178,9 @@ TEST_F(WorldTest, ProtectedAndDeniedPathsAreDeniedToToolsAsToTheShell) {
 
 TEST_F(WorldTest, SessionsOnOneBaseDoNotSeeEachOther) {
   std::string one = Create(), two = Create();
+  if (Read("/proc/filesystems").find("\toverlay\n") != std::string::npos) {
+    EXPECT_EQ((*manager_->Describe(one))["mode"], "overlay");
+  }
   Bash(one, "echo one > a.txt; echo mine > only-one.txt");
   Json r = Bash(two, "cat a.txt; ls");
   EXPECT_EQ(r["output"].get<std::string>().substr(0, 5), "base\n");
@@ -421,6 +424,57 @@ TEST_F(WorldTest, ConcurrentCallsInOneSession) {
   }
   for (auto& t : threads) t.join();
   EXPECT_EQ(ok.load(), 8);
+}
+
+}  // namespace
+}  // namespace agentbox::session
+
+namespace agentbox::session {
+namespace {
+
+TEST_F(WorldTest, CommandsCannotReachTheInitOrItsChannels) {
+  std::string id = Create();
+  // The init is not dumpable: its fds (the control socket among them), its
+  // memory and its environment are out of reach of the session's commands.
+  Json r = Bash(id, "ls /proc/1/fd 2>&1; cat /proc/1/environ 2>&1 | head -c 100; echo; "
+                    "ls -l /proc/self/fd | grep -c socket; true");
+  const std::string out = r["output"];
+  EXPECT_NE(out.find("Permission denied"), std::string::npos) << out;
+  EXPECT_EQ(out.find("AGENTBOX_PLAN"), std::string::npos) << out;
+  EXPECT_EQ(out.substr(out.size() - 2), "0\n") << "a command inherited a socket: " << out;
+  // Signals to pid 1 from inside do nothing; the world keeps serving.
+  Bash(id, "kill -9 1; kill -TERM 1; true");
+  EXPECT_EQ(Bash(id, "echo still")["output"], "still\n");
+  // A file tool runs as a forked copy of the init: not traceable either.
+  Json t = Bash(id, "python3 - <<'PY'\nimport ctypes\nl = ctypes.CDLL(None)\nprint(l.ptrace(16, 1, 0, 0))\nPY");
+  EXPECT_NE(t["output"].get<std::string>().find("-1"), std::string::npos) << t.dump();
+}
+
+TEST_F(WorldTest, SnapshotOnExitIsHonouredOnRemove) {
+  std::string id = Create("sandbox:\n  snapshot_on_exit: true\n");
+  Bash(id, "echo last > final.txt");
+  ASSERT_TRUE(manager_->Remove(id).ok());
+  // The snapshot is there, whole, and a new session starts from it.
+  std::string snap;
+  if (DIR* d = opendir((state_ + "/snapshots").c_str())) {
+    while (struct dirent* e = readdir(d)) {
+      if (e->d_name[0] != '.') snap = e->d_name;
+    }
+    closedir(d);
+  }
+  ASSERT_FALSE(snap.empty());
+  std::string next = Create("", snap);
+  EXPECT_EQ(Bash(next, "cat final.txt")["output"], "last\n");
+}
+
+TEST_F(WorldTest, FreshPerTaskFalseWorksOnTheWorkspaceItself) {
+  std::string id = Create("sandbox:\n  fresh_per_task: false\n");
+  EXPECT_EQ((*manager_->Describe(id))["mode"], "direct");
+  Bash(id, "echo direct > direct.txt");
+  EXPECT_EQ(Read(base_ + "/direct.txt"), "direct\n");
+  auto diff = manager_->Diff(id);
+  ASSERT_FALSE(diff.ok());
+  EXPECT_NE(diff.status().message().find("fresh_per_task"), std::string::npos);
 }
 
 }  // namespace
