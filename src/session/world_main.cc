@@ -142,6 +142,7 @@ int WorldMain() {
   linux::Launched& child = *launched;
 
   RunOptions options;
+  options.ask_on_terminal = false;  // on_unknown_domain: ask is a deny in a session (no one to ask)
   options.on_connection = [](const std::string& record) {
     Send(json{{"t", "net"}, {"record", json::parse(record, nullptr, false)}});
   };
