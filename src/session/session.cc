@@ -222,7 +222,9 @@ struct SessionState {
   std::shared_ptr<const ConfinedCommand> confined;
   std::uint64_t provisions = 0;
 
-  Status AppendLog(Json entry) {
+  // `sync`: on disk before returning (calls and results); events that a
+  // later synced line carries along need not wait.
+  Status AppendLog(Json entry, bool sync = true) {
     entry["time"] = NowRfc3339();
     const std::string line = entry.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
     size_t off = 0;
@@ -232,7 +234,7 @@ struct SessionState {
       if (w < 0) return Status::Errno("session", "write", dir + "/log.jsonl");
       off += static_cast<size_t>(w);
     }
-    if (fdatasync(log.get()) != 0) return Status::Errno("session", "fdatasync", dir + "/log.jsonl");
+    if (sync && fdatasync(log.get()) != 0) return Status::Errno("session", "fdatasync", dir + "/log.jsonl");
     return {};
   }
 
@@ -728,7 +730,8 @@ Result<std::string> Manager::Create(const CreateRequest& request) {
   auto session = m.Find(id);
   std::lock_guard<std::mutex> lock(session->mu);
   (void)session->AppendLog({{"type", "event"}, {"event", "created"}, {"workspace", workspace},
-                            {"workspace_mode", ws_mode}, {"from_snapshot", request.from_snapshot}});
+                            {"workspace_mode", ws_mode}, {"from_snapshot", request.from_snapshot}},
+                           /*sync=*/false);
   return id;
 }
 
