@@ -1,0 +1,376 @@
+#include "daemon/api.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "agentbox/outcome.h"
+#include "linux/fd.h"
+
+namespace agentbox::daemon {
+namespace {
+
+using nlohmann::json;
+
+constexpr std::size_t kLogChunk = 64u << 10;
+
+Response ErrorFor(const Status& s) {
+  const std::string& stage = s.stage();
+  if (stage == session::kNotFound) return Response::Error(404, "not_found", s.message());
+  if (stage == session::kBadRequest) return Response::Error(400, "bad_request", s.message());
+  if (stage == session::kBusy) return Response::Error(429, "busy", s.message());
+  if (stage == session::kConflict) return Response::Error(409, "conflict", s.message());
+  return Response::Error(500, "internal", s.ToString());
+}
+
+Response Busy() {
+  return Response::Error(429, "busy", "too many requests in progress; retry later");
+}
+
+// The body as a JSON object ("" counts as {}); else a 400 naming the problem.
+bool ParseObject(const Request& req, json* out, Response* error) {
+  if (req.body.find_first_not_of(" \t\r\n") == std::string::npos) {
+    *out = json::object();
+    return true;
+  }
+  try {
+    *out = json::parse(req.body);
+  } catch (const json::parse_error& e) {
+    std::string what = e.what();
+    if (auto bracket = what.find("] "); what.rfind("[json.exception", 0) == 0 && bracket != std::string::npos) {
+      what = what.substr(bracket + 2);
+    }
+    *error = Response::Error(400, "malformed_json",
+                             "request body is not valid JSON: " + what + " (byte " + std::to_string(e.byte) + ")");
+    return false;
+  }
+  if (!out->is_object()) {
+    *error = Response::Error(400, "bad_request", std::string("request body must be a JSON object, not ") +
+                                                     out->type_name());
+    return false;
+  }
+  return true;
+}
+
+// Checks that `obj` has only `allowed` keys and that each present key in
+// `strings` is a string; names the first offender.
+bool CheckFields(const json& obj, const std::vector<std::string>& allowed, const std::vector<std::string>& strings,
+                 Response* error) {
+  for (auto it = obj.begin(); it != obj.end(); ++it) {
+    if (std::find(allowed.begin(), allowed.end(), it.key()) == allowed.end()) {
+      std::string list;
+      for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+      *error = Response::Error(400, "bad_request", "unknown field '" + it.key() + "' (expected: " + list + ")");
+      return false;
+    }
+  }
+  for (const auto& key : strings) {
+    if (obj.contains(key) && !obj[key].is_string()) {
+      *error = Response::Error(400, "bad_request",
+                               "field '" + key + "' must be a string, not " + std::string(obj[key].type_name()));
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string Str(const json& obj, const char* key) {
+  return obj.contains(key) ? obj[key].get<std::string>() : std::string();
+}
+
+// Running calls that carry a call_id, so that they can be cancelled.
+class CallRegistry {
+ public:
+  // nullptr when the same call is already running.
+  std::shared_ptr<std::atomic<bool>> Register(const std::string& session, const std::string& call_id) {
+    std::lock_guard lock(mu_);
+    auto [it, fresh] = calls_.try_emplace(Key(session, call_id));
+    if (!fresh) return nullptr;
+    it->second = std::make_shared<std::atomic<bool>>(false);
+    return it->second;
+  }
+  void Unregister(const std::string& session, const std::string& call_id) {
+    std::lock_guard lock(mu_);
+    calls_.erase(Key(session, call_id));
+  }
+  bool Cancel(const std::string& session, const std::string& call_id) {
+    std::lock_guard lock(mu_);
+    auto it = calls_.find(Key(session, call_id));
+    if (it == calls_.end()) return false;
+    it->second->store(true);
+    return true;
+  }
+
+ private:
+  static std::string Key(const std::string& session, const std::string& call_id) { return session + '\n' + call_id; }
+  std::mutex mu_;
+  std::map<std::string, std::shared_ptr<std::atomic<bool>>> calls_;
+};
+
+struct Api {
+  Server& server;
+  session::Manager& manager;
+  CallRegistry calls;
+
+  // Runs `work` on a worker; 429 when none is free.
+  void Blocking(const ReplyPtr& reply, std::function<void()> work) {
+    if (!server.RunBlocking(std::move(work))) reply->Send(Busy());
+  }
+
+  void Health(Request, ReplyPtr reply) {
+    Blocking(reply, [this, reply] {
+      reply->Send(Response::Json(200, {{"ok", true}, {"version", Version()}, {"sessions", manager.List().size()}}));
+    });
+  }
+
+  void Create(Request req, ReplyPtr reply) {
+    json body;
+    Response error;
+    if (!ParseObject(req, &body, &error) ||
+        !CheckFields(body, {"policy", "mode", "workspace", "from_snapshot"}, {"policy", "mode", "workspace", "from_snapshot"},
+                     &error)) {
+      return reply->Send(error);
+    }
+    session::CreateRequest cr;
+    cr.policy_yaml = Str(body, "policy");
+    cr.mode = Str(body, "mode");
+    cr.workspace = Str(body, "workspace");
+    cr.from_snapshot = Str(body, "from_snapshot");
+    if (cr.workspace.empty()) {
+      return reply->Send(Response::Error(400, "bad_request", "field 'workspace' (an absolute directory) is required"));
+    }
+    if (cr.workspace[0] != '/') {
+      return reply->Send(Response::Error(400, "bad_request", "workspace '" + cr.workspace + "' is not an absolute path"));
+    }
+    Blocking(reply, [this, reply, cr = std::move(cr)] {
+      auto id = manager.Create(cr);
+      if (!id.ok()) return reply->Send(ErrorFor(id.status()));
+      reply->Note("session", *id);
+      Response r = Response::Json(201, {{"id", *id}});
+      r.headers.emplace_back("Location", "/v1/sessions/" + *id);
+      reply->Send(std::move(r));
+    });
+  }
+
+  void List(Request, ReplyPtr reply) {
+    Blocking(reply, [this, reply] {
+      json sessions = json::array();
+      for (const auto& id : manager.List()) {
+        auto d = manager.Describe(id);
+        if (d.ok()) sessions.push_back(*d);  // removed meanwhile: skipped
+      }
+      reply->Send(Response::Json(200, {{"sessions", sessions}}));
+    });
+  }
+
+  void Describe(Request req, ReplyPtr reply) {
+    reply->Note("session", req.params[0]);
+    Blocking(reply, [this, reply, id = req.params[0]] {
+      auto d = manager.Describe(id);
+      reply->Send(d.ok() ? Response::Json(200, *d) : ErrorFor(d.status()));
+    });
+  }
+
+  void Execute(Request req, ReplyPtr reply) {
+    const std::string id = req.params[0];
+    reply->Note("session", id);
+    json body;
+    Response error;
+    if (!ParseObject(req, &body, &error) ||
+        !CheckFields(body, {"name", "input", "call_id"}, {"name", "call_id"}, &error)) {
+      return reply->Send(error);
+    }
+    if (!body.contains("name")) {
+      return reply->Send(Response::Error(400, "bad_request", "field 'name' (the tool) is required"));
+    }
+    const std::string name = body["name"];
+    const auto& tools = session::ToolNames();
+    if (std::find(tools.begin(), tools.end(), name) == tools.end()) {
+      std::string list;
+      for (const auto& t : tools) list += (list.empty() ? "" : ", ") + t;
+      return reply->Send(Response::Error(400, "unknown_tool", "unknown tool '" + name + "'; the tools are: " + list));
+    }
+    json input = body.contains("input") ? body["input"] : json::object();
+    if (!input.is_object()) {
+      return reply->Send(Response::Error(400, "bad_request", "field 'input' must be an object, not " +
+                                                                 std::string(input.type_name())));
+    }
+    const std::string call_id = Str(body, "call_id");
+    reply->Note("tool", name);
+    if (!call_id.empty()) reply->Note("call_id", call_id);
+
+    std::shared_ptr<std::atomic<bool>> cancel;
+    if (!call_id.empty()) {
+      cancel = calls.Register(id, call_id);
+      if (!cancel) {
+        return reply->Send(Response::Error(409, "conflict", "call '" + call_id + "' is already running in session " + id +
+                                                                 "; send it again when it has finished to get its result"));
+      }
+    } else {
+      cancel = std::make_shared<std::atomic<bool>>(false);
+    }
+    const bool stream = req.QueryFlag("stream");
+    auto work = [this, reply, id, name, input = std::move(input), call_id, cancel, stream] {
+      auto result = stream ? ExecuteStreaming(reply, id, name, input, call_id, cancel.get())
+                           : manager.Execute(id, name, input, call_id, nullptr, cancel.get());
+      if (!call_id.empty()) calls.Unregister(id, call_id);
+      if (!stream) {
+        reply->Send(result.ok() ? Response::Json(200, *result) : ErrorFor(result.status()));
+      }
+    };
+    if (!server.RunBlocking(std::move(work))) {
+      if (!call_id.empty()) calls.Unregister(id, call_id);
+      reply->Send(Busy());
+    }
+  }
+
+  // Output as SSE events as it comes; the headers go out with the first
+  // chunk, so that a call refused before running still gets its status code.
+  Result<json> ExecuteStreaming(const ReplyPtr& reply, const std::string& id, const std::string& name,
+                                const json& input, const std::string& call_id, const std::atomic<bool>* cancel) {
+    bool begun = false;
+    std::string tail;
+    auto begin = [&] {
+      if (begun) return;
+      begun = true;
+      reply->Begin(200, "text/event-stream");
+    };
+    session::OutputSink sink = [&](std::string_view chunk) {
+      std::string text = TakeCompleteUtf8(tail + std::string(chunk), &tail);
+      if (text.empty()) return;
+      begin();
+      reply->Write(SseEvent("output", text));
+    };
+    auto result = manager.Execute(id, name, input, call_id, sink, cancel);
+    if (!result.ok() && !begun) {
+      reply->Send(ErrorFor(result.status()));
+      return result;
+    }
+    begin();
+    if (!tail.empty()) reply->Write(SseEvent("output", tail));
+    if (result.ok()) {
+      reply->Write(SseEvent("result", *result));
+    } else {
+      Response e = ErrorFor(result.status());
+      reply->Write(SseEvent("error", json::parse(e.body)));
+    }
+    reply->End();
+    return result;
+  }
+
+  void Cancel(Request req, ReplyPtr reply) {
+    const std::string& id = req.params[0];
+    const std::string& call_id = req.params[1];
+    reply->Note("session", id);
+    reply->Note("call_id", call_id);
+    if (!calls.Cancel(id, call_id)) {
+      return reply->Send(Response::Error(404, "not_found", "no running call '" + call_id + "' in session " + id));
+    }
+    reply->Send(Response::Json(202, {{"cancelling", true}, {"call_id", call_id}}));
+  }
+
+  void Snapshot(Request req, ReplyPtr reply) {
+    reply->Note("session", req.params[0]);
+    Blocking(reply, [this, reply, id = req.params[0]] {
+      auto s = manager.Snapshot(id);
+      reply->Send(s.ok() ? Response::Json(201, {{"snapshot_id", *s}}) : ErrorFor(s.status()));
+    });
+  }
+
+  void Diff(Request req, ReplyPtr reply) {
+    reply->Note("session", req.params[0]);
+    std::string format = req.query.count("format") ? req.query.at("format") : "json";
+    if (format != "json" && format != "patch") {
+      return reply->Send(Response::Error(400, "bad_request", "format '" + format + "' is not json or patch"));
+    }
+    Blocking(reply, [this, reply, id = req.params[0], format] {
+      auto d = manager.Diff(id);
+      if (!d.ok()) return reply->Send(ErrorFor(d.status()));
+      if (format == "json") return reply->Send(Response::Json(200, *d));
+      Response r;
+      r.content_type = "text/x-diff";
+      r.body = d->value("patch", "");
+      reply->Send(std::move(r));
+    });
+  }
+
+  void Log(Request req, ReplyPtr reply) {
+    reply->Note("session", req.params[0]);
+    Blocking(reply, [this, reply, id = req.params[0]] {
+      auto path = manager.LogPath(id);
+      if (!path.ok()) return reply->Send(ErrorFor(path.status()));
+      linux::UniqueFd fd(open(path->c_str(), O_RDONLY | O_CLOEXEC));
+      if (!fd.valid() && errno != ENOENT) {
+        return reply->Send(ErrorFor(Status::Errno("log", "open", *path)));
+      }
+      reply->Begin(200, "application/x-ndjson");
+      // Up to the size at the start: a log being appended to is sent as it
+      // was, whole lines only.
+      std::string buf(kLogChunk, '\0');
+      while (fd.valid()) {
+        ssize_t n = read(fd.get(), buf.data(), buf.size());
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        if (!reply->Write(buf.substr(0, static_cast<std::size_t>(n)))) break;
+      }
+      reply->End();
+    });
+  }
+
+  void Remove(Request req, ReplyPtr reply) {
+    reply->Note("session", req.params[0]);
+    Blocking(reply, [this, reply, id = req.params[0]] {
+      Status s = manager.Remove(id);
+      reply->Send(s.ok() ? Response::NoContent() : ErrorFor(s));
+    });
+  }
+};
+
+}  // namespace
+
+std::string SseEvent(const std::string& event, const json& data) {
+  return "event: " + event + "\ndata: " + data.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+}
+
+std::string TakeCompleteUtf8(std::string bytes, std::string* tail) {
+  tail->clear();
+  // Look back at most 3 bytes for the lead byte of an unfinished sequence.
+  std::size_t n = bytes.size();
+  for (std::size_t back = 1; back <= 3 && back <= n; ++back) {
+    unsigned char c = static_cast<unsigned char>(bytes[n - back]);
+    if ((c & 0xC0) == 0x80) continue;  // continuation byte: keep looking
+    std::size_t need = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
+    if (need > back) {
+      *tail = bytes.substr(n - back);
+      bytes.resize(n - back);
+    }
+    break;
+  }
+  return bytes;
+}
+
+void RegisterApi(Server& server, session::Manager& manager) {
+  std::shared_ptr<Api> api(new Api{server, manager});
+  auto bind = [api](void (Api::*method)(Request, ReplyPtr)) {
+    return [api, method](Request req, ReplyPtr reply) { ((*api).*method)(std::move(req), std::move(reply)); };
+  };
+  Router& r = server.router();
+  r.Add("GET", "/v1/health", bind(&Api::Health));
+  r.Add("POST", "/v1/sessions", bind(&Api::Create));
+  r.Add("GET", "/v1/sessions", bind(&Api::List));
+  r.Add("GET", "/v1/sessions/{id}", bind(&Api::Describe));
+  r.Add("DELETE", "/v1/sessions/{id}", bind(&Api::Remove));
+  r.Add("POST", "/v1/sessions/{id}/execute", bind(&Api::Execute));
+  r.Add("POST", "/v1/sessions/{id}/calls/{call_id}/cancel", bind(&Api::Cancel));
+  r.Add("POST", "/v1/sessions/{id}/snapshot", bind(&Api::Snapshot));
+  r.Add("GET", "/v1/sessions/{id}/diff", bind(&Api::Diff));
+  r.Add("GET", "/v1/sessions/{id}/log", bind(&Api::Log));
+}
+
+}  // namespace agentbox::daemon

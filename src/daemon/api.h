@@ -1,0 +1,37 @@
+// The v1 HTTP API (DESIGN §5) over a session::Manager:
+//
+//   GET    /v1/health                                   {ok, version, sessions}
+//   POST   /v1/sessions                                 {policy?, mode?, workspace, from_snapshot?} → 201 {id}
+//   GET    /v1/sessions                                 {sessions: [Describe...]}
+//   GET    /v1/sessions/{id}                            Describe
+//   POST   /v1/sessions/{id}/execute[?stream=1]         {name, input, call_id?} → result (or SSE)
+//   POST   /v1/sessions/{id}/calls/{call_id}/cancel     202: a running call is being cancelled
+//   POST   /v1/sessions/{id}/snapshot                   201 {snapshot_id}
+//   GET    /v1/sessions/{id}/diff[?format=patch]        diff JSON, or the raw patch (text/x-diff)
+//   GET    /v1/sessions/{id}/log                        the JSONL log (application/x-ndjson)
+//   DELETE /v1/sessions/{id}                            204
+//
+// Every Manager call runs on a worker thread (Server::RunBlocking): any of
+// them may wait on disk or on a session's lock. docs/daemon.md has the rest.
+#pragma once
+
+#include <string>
+
+#include "daemon/server.h"
+#include "session/session.h"
+
+namespace agentbox::daemon {
+
+// Registers the routes; `manager` must outlive the server's Run().
+void RegisterApi(Server& server, session::Manager& manager);
+
+// The SSE framing of a streamed execute:
+//   "event: output\ndata: <JSON string>\n\n" per chunk of output, then
+//   "event: result\ndata: <result JSON>\n\n" (or "event: error" with {"error"}).
+std::string SseEvent(const std::string& event, const nlohmann::json& data);
+
+// Splits `bytes` at the end of its last complete UTF-8 sequence: the part
+// returned goes out now, `*tail` (at most 3 bytes) waits for the next chunk.
+std::string TakeCompleteUtf8(std::string bytes, std::string* tail);
+
+}  // namespace agentbox::daemon
