@@ -23,6 +23,7 @@
 #include "agentbox/plan.h"
 #include "agentbox/policy.h"
 #include "agentbox/run.h"
+#include "cli/subcommand.h"
 #include "session/world.h"
 #include "report/report_json.h"
 
@@ -657,6 +658,8 @@ int main(int argc, char** argv) {
   explain_flags.Register(explain, true);
   explain->add_flag("--json", explain_json, "JSON output");
 
+  std::vector<Subcommand> subcommands = {AddServeCommand(app), AddSessionCommand(app)};
+
   // Everything after the first `--` is the command, verbatim. Split it off
   // before parsing: otherwise a repeatable option just before `--` (say
   // `--env A=1 -- sh -c x`) lets the parser read the command's own flags.
@@ -690,5 +693,8 @@ int main(int argc, char** argv) {
   if (*validate) return CmdValidate(validate_file);
   if (*explain) return CmdExplain(explain_flags, explain_json);
   if (*gc) return CmdGc(gc_quiet);
+  for (const auto& s : subcommands) {
+    if (*s.app) return s.run(split < argc ? after_dashes : std::vector<std::string>{});
+  }
   return kExitUsage;
 }

@@ -1,0 +1,183 @@
+// `agentbox serve`: the session daemon (DESIGN §5, docs/daemon.md).
+//
+// Start-up is one linear sequence; each step refuses with a message naming
+// the path or address concerned, and nothing is listening until every check
+// has passed:
+//   1. the state directory, made absolute and created (0700);
+//   2. the log (stderr, or --log-file);
+//   3. the state directory's lock: one daemon per directory;
+//   4. TCP: a loopback address and a private token file, both checked;
+//   5. the unix socket (0600; a stale one replaced);
+//   6. the session manager, which finds the sessions on disk;
+//   7. the HTTP server, until SIGTERM/SIGINT; then calls in flight get the
+//      grace period, sandboxes are stopped, sessions stay on disk.
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "agentbox/outcome.h"
+#include "agentbox/policy.h"
+#include "cli/subcommand.h"
+#include "daemon/api.h"
+#include "daemon/listen.h"
+#include "daemon/log.h"
+#include "daemon/server.h"
+#include "session/session.h"
+
+namespace agentbox::cli {
+namespace {
+
+struct ServeFlags {
+  std::string state_dir;
+  std::string socket;
+  std::string listen;
+  std::string token_file;
+  std::size_t max_sessions = 256;
+  std::size_t max_calls = 64;
+  std::string log_file;
+  std::string grace = "10s";
+  std::string workspace_mode = "auto";
+  std::string max_body = "32Mi";
+};
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "agentbox serve: %s\n", message.c_str());
+  return 1;
+}
+
+std::string Absolute(const std::string& path) {
+  if (path.empty() || path[0] == '/') return path;
+  char cwd[PATH_MAX];
+  if (!getcwd(cwd, sizeof(cwd))) return path;
+  return std::string(cwd) + "/" + path;
+}
+
+// mkdir -p, each missing level 0700.
+Status MakeDirs(const std::string& dir) {
+  for (std::size_t slash = 1; slash != std::string::npos;) {
+    slash = dir.find('/', slash + 1);
+    std::string prefix = dir.substr(0, slash);
+    if (mkdir(prefix.c_str(), 0700) != 0 && errno != EEXIST) return Status::Errno("state", "mkdir", prefix);
+  }
+  return Status();
+}
+
+int RunServe(const ServeFlags& f) {
+  // 1. State directory.
+  std::string state_dir = Absolute(f.state_dir.empty() ? daemon::DefaultStateDir() : f.state_dir);
+  if (state_dir.empty()) return Fail("no --state-dir given and no home directory to default to");
+  if (Status s = MakeDirs(state_dir); !s.ok()) return Fail(s.message());
+
+  // 2. Log.
+  std::unique_ptr<daemon::Logger> log;
+  if (f.log_file.empty()) {
+    log = std::make_unique<daemon::Logger>();
+  } else {
+    auto l = daemon::Logger::ToFile(Absolute(f.log_file));
+    if (!l.ok()) return Fail(l.status().message());
+    log = std::move(*l);
+  }
+
+  // 3. One daemon per state directory.
+  auto lock = daemon::LockStateDir(state_dir);
+  if (!lock.ok()) return Fail(lock.status().message());
+
+  // 4. Limits and TCP, all checked before anything listens.
+  auto grace = ParseDurationMs(f.grace);
+  if (!grace.ok()) return Fail("--grace: " + grace.status().message());
+  auto max_body = ParseSize(f.max_body);
+  if (!max_body.ok()) return Fail("--max-body: " + max_body.status().message());
+  if (f.workspace_mode != "auto" && f.workspace_mode != "overlay" && f.workspace_mode != "copy") {
+    return Fail("--workspace-mode: '" + f.workspace_mode + "' is not auto, overlay or copy");
+  }
+  daemon::ServerOptions options;
+  options.grace_ms = static_cast<int>(*grace);
+  options.max_body_bytes = *max_body;
+  options.max_workers = f.max_calls + 64;  // the manager caps calls; this caps threads
+  if (!f.listen.empty() || !f.token_file.empty()) {
+    if (f.listen.empty()) return Fail("--token-file is for --listen; give both");
+    if (f.token_file.empty()) {
+      return Fail("--listen " + f.listen + " needs --token-file FILE: TCP requests must carry a bearer token");
+    }
+    auto address = daemon::ParseLoopbackAddress(f.listen);
+    if (!address.ok()) return Fail(address.status().message());
+    auto token = daemon::ReadTokenFile(Absolute(f.token_file));
+    if (!token.ok()) return Fail(token.status().message());
+    auto tcp = daemon::ListenTcp(*address);
+    if (!tcp.ok()) return Fail(tcp.status().message());
+    options.tcp_listener = std::move(*tcp);
+    options.token = std::move(*token);
+  }
+
+  // 5. The unix socket.
+  const std::string socket_path = Absolute(f.socket.empty() ? daemon::SocketIn(state_dir) : f.socket);
+  auto unix_listener = daemon::ListenUnix(socket_path);
+  if (!unix_listener.ok()) return Fail(unix_listener.status().message());
+  options.unix_listener = std::move(*unix_listener);
+  options.unix_path = socket_path;
+  struct stat socket_stat{};
+  stat(socket_path.c_str(), &socket_stat);
+  struct RemoveSocket {
+    std::string path;
+    ino_t ino;
+    void Now() {
+      // Only the socket we made: a newer daemon may have replaced it.
+      struct stat st{};
+      if (!path.empty() && lstat(path.c_str(), &st) == 0 && st.st_ino == ino) unlink(path.c_str());
+      path.clear();
+    }
+    ~RemoveSocket() { Now(); }
+  } remove_socket{socket_path, socket_stat.st_ino};
+
+  // 6. Sessions.
+  session::ManagerOptions mo;
+  mo.state_dir = state_dir;
+  mo.max_sessions = f.max_sessions;
+  mo.max_concurrent_calls = f.max_calls;
+  mo.workspace_mode = f.workspace_mode;
+  auto manager = session::Manager::Open(mo);
+  if (!manager.ok()) return Fail(manager.status().ToString());
+  log->Log(daemon::Level::kInfo, "sessions_loaded",
+           {{"state_dir", state_dir}, {"sessions", (*manager)->List().size()}});
+
+  // 7. Serve.
+  auto server = daemon::Server::Create(std::move(options), *log);
+  if (!server.ok()) return Fail(server.status().message());
+  daemon::RegisterApi(**server, **manager);
+  std::size_t still_running = (*server)->Run([&](int grace_ms) { (*manager)->Shutdown(grace_ms); });
+  if (still_running > 0) {
+    // Threads still inside the manager: destroying it under them is worse
+    // than leaving now; the sessions are on disk either way.
+    log->Log(daemon::Level::kWarn, "exit_with_calls_running", {{"calls", still_running}});
+    remove_socket.Now();
+    _exit(0);
+  }
+  return 0;
+}
+
+}  // namespace
+
+Subcommand AddServeCommand(CLI::App& app) {
+  auto f = std::make_shared<ServeFlags>();
+  CLI::App* cmd = app.add_subcommand("serve", "run the session daemon: HTTP/JSON on a unix socket (and loopback TCP)");
+  cmd->add_option("--state-dir", f->state_dir,
+                  "sessions, snapshots and logs (default: $XDG_STATE_HOME/agentbox or ~/.local/state/agentbox)");
+  cmd->add_option("--socket", f->socket, "unix socket path (default: STATE_DIR/agentbox.sock), created 0600");
+  cmd->add_option("--listen", f->listen, "also listen on loopback TCP, e.g. 127.0.0.1:7070 (needs --token-file)");
+  cmd->add_option("--token-file", f->token_file, "bearer token for --listen (a file only you can read)");
+  cmd->add_option("--max-sessions", f->max_sessions, "live sessions at most (default 256); past it: 429");
+  cmd->add_option("--max-calls", f->max_calls, "execute calls in flight at most (default 64); past it: 429");
+  cmd->add_option("--log-file", f->log_file, "JSON lines log (default: stderr)");
+  cmd->add_option("--grace", f->grace, "on SIGTERM, calls in flight get this long (default 10s)");
+  cmd->add_option("--workspace-mode", f->workspace_mode, "auto | overlay | copy (default auto)");
+  cmd->add_option("--max-body", f->max_body, "request body limit (default 32Mi); past it: 413");
+  return {cmd, [f](const std::vector<std::string>&) { return RunServe(*f); }};
+}
+
+}  // namespace agentbox::cli

@@ -1,0 +1,371 @@
+// `agentbox session ...`: the daemon's client, so that everything the API
+// offers is usable from a shell (docs/daemon.md).
+//
+//   agentbox session create --workspace DIR [--policy FILE] [--mode M] [--from-snapshot S]
+//   agentbox session exec ID [--json] [--stream] [--call-id X] [--timeout T] [--stdin] -- COMMAND...
+//   agentbox session read ID PATH | write ID PATH < CONTENT
+//   agentbox session snapshot ID | diff ID | log ID | rm ID | ls
+//
+// The daemon is found at --socket, $AGENTBOX_SOCKET, or the state directory's
+// socket; or at --url http://127.0.0.1:PORT with --token-file.
+#include <limits.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <optional>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include "cli/subcommand.h"
+#include "daemon/client.h"
+#include "daemon/listen.h"
+
+namespace agentbox::cli {
+namespace {
+
+using nlohmann::json;
+
+constexpr int kExitFailure = 1;
+constexpr int kExitUsage = 2;
+constexpr int kExitTimedOut = 124;
+constexpr int kExitSandbox = 125;
+constexpr int kExitInterrupted = 130;
+
+struct SessionFlags {
+  // Where the daemon is.
+  std::string socket;
+  std::string url;
+  std::string token_file;
+  std::string state_dir;
+  // Per subcommand.
+  std::string id;
+  std::string path;
+  std::string workspace;
+  std::string policy_file;
+  std::string mode;
+  std::string from_snapshot;
+  std::string command;
+  std::string call_id;
+  std::string timeout;
+  std::optional<long> offset, limit;
+  bool json = false;
+  bool stream = false;
+  bool with_stdin = false;
+};
+
+void Error(const std::string& message) { std::fprintf(stderr, "agentbox session: %s\n", message.c_str()); }
+
+std::string ReadAll(std::istream& in) { return std::string(std::istreambuf_iterator<char>(in), {}); }
+
+void WriteOut(std::string_view text) {
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fflush(stdout);
+}
+
+Result<daemon::Endpoint> ResolveEndpoint(const SessionFlags& f) {
+  if (!f.url.empty()) {
+    auto e = daemon::Endpoint::FromUrl(f.url);
+    if (!e.ok()) return e;
+    if (f.token_file.empty()) return Status::Error("connect", "--url needs --token-file FILE (the daemon's bearer token)");
+    auto token = daemon::ReadTokenFile(f.token_file);
+    if (!token.ok()) return token.status();
+    e->token = *token;
+    return e;
+  }
+  daemon::Endpoint e;
+  if (!f.socket.empty()) {
+    e.unix_socket = f.socket;
+  } else if (const char* env = getenv("AGENTBOX_SOCKET"); env && *env) {
+    e.unix_socket = env;
+  } else {
+    std::string dir = f.state_dir.empty() ? daemon::DefaultStateDir() : f.state_dir;
+    if (dir.empty()) return Status::Error("connect", "no --socket, $AGENTBOX_SOCKET or home directory to find the daemon");
+    e.unix_socket = daemon::SocketIn(dir);
+  }
+  return e;
+}
+
+std::string Absolute(const std::string& path) {
+  char buf[PATH_MAX];
+  if (realpath(path.c_str(), buf)) return buf;
+  return path;
+}
+
+// Quotes one argument for a POSIX shell, only when it needs it.
+std::string ShellQuote(const std::string& arg) {
+  if (!arg.empty() && arg.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_@%+=:,./-") ==
+                          std::string::npos) {
+    return arg;
+  }
+  std::string out = "'";
+  for (char c : arg) {
+    if (c == '\'') {
+      out += "'\\''";
+    } else {
+      out += c;
+    }
+  }
+  return out + "'";
+}
+
+// The exit status `agentbox run` would give for this result.
+int ExitStatusOf(const json& result) {
+  const std::string kind = result.value("kind", "");
+  if (kind == "exited" || (kind == "sandbox_denied" && result.contains("exit_code"))) {
+    return result.value("exit_code", kExitFailure);
+  }
+  if (kind == "ok") return 0;
+  if (kind == "timed_out") return kExitTimedOut;
+  if (kind == "sandbox_error") return kExitSandbox;
+  if (kind == "oom_killed") return 137;
+  if (kind == "signaled") {
+    int sig = result.contains("outcome") && result["outcome"].is_object() ? result["outcome"].value("signal", 9) : 9;
+    return 128 + sig;
+  }
+  if (kind == "cancelled" || kind == "interrupted") return kExitInterrupted;
+  return kExitFailure;
+}
+
+std::string SessionPath(const std::string& id, const std::string& rest = "") {
+  return "/v1/sessions/" + id + rest;
+}
+
+// Runs one tool call; prints per the flags; returns the exit status.
+int Execute(daemon::Client& client, const SessionFlags& f, const std::string& tool, const json& input,
+            bool output_is_data) {
+  json body = {{"name", tool}, {"input", input}};
+  if (!f.call_id.empty()) body["call_id"] = f.call_id;
+  std::string text;
+  try {
+    text = body.dump(-1, ' ', false, json::error_handler_t::strict);
+  } catch (const json::type_error&) {
+    Error("the " + tool + " input is not UTF-8 text (tools carry text; binary content is not supported)");
+    return kExitUsage;
+  }
+  json result;
+  if (f.stream) {
+    bool got_result = false;
+    std::string error;
+    daemon::SseParser sse([&](const std::string& event, const std::string& data) {
+      auto j = json::parse(data, nullptr, false);
+      if (event == "output" && j.is_string()) {
+        if (!f.json) WriteOut(j.get<std::string>());
+      } else if (event == "result") {
+        result = j;
+        got_result = true;
+      } else if (event == "error") {
+        error = j.is_object() ? j["error"].value("message", data) : data;
+      }
+    });
+    auto r = client.Call("POST", SessionPath(f.id, "/execute?stream=1"), text,
+                         [&](std::string_view chunk) { sse.Feed(chunk); });
+    if (!r.ok()) {
+      Error(r.status().message());
+      return kExitSandbox;
+    }
+    if (r->status != 200) {
+      Error(r->ErrorMessage());
+      return kExitSandbox;
+    }
+    if (!got_result) {
+      Error(error.empty() ? "the stream ended without a result" : error);
+      return kExitSandbox;
+    }
+    if (f.json) WriteOut(result.dump(2) + "\n");
+    return ExitStatusOf(result);
+  }
+  auto r = client.CallJson("POST", SessionPath(f.id, "/execute"), body);
+  if (!r.ok()) {
+    Error(r.status().message());
+    return kExitSandbox;
+  }
+  result = std::move(*r);
+  if (f.json) {
+    WriteOut(result.dump(2) + "\n");
+  } else {
+    const std::string output = result.value("output", "");
+    const bool failed = result.value("is_error", false);
+    // A file tool's failure is a message, not file content: stderr.
+    if (output_is_data && failed) {
+      std::fprintf(stderr, "%s%s", output.c_str(), !output.empty() && output.back() != '\n' ? "\n" : "");
+    } else {
+      WriteOut(output);
+    }
+  }
+  return ExitStatusOf(result);
+}
+
+int Run(const std::string& sub, SessionFlags& f, const std::vector<std::string>& after_dashes) {
+  auto endpoint = ResolveEndpoint(f);
+  if (!endpoint.ok()) {
+    Error(endpoint.status().message());
+    return sub == "exec" ? kExitSandbox : kExitFailure;
+  }
+  daemon::Client client(*endpoint);
+  auto fail = [&](const Status& s) {
+    Error(s.message());
+    return kExitFailure;
+  };
+
+  if (sub == "create") {
+    json body = {{"workspace", Absolute(f.workspace.empty() ? "." : f.workspace)}};
+    if (!f.policy_file.empty()) {
+      std::ifstream in(f.policy_file);
+      if (!in) return fail(Status::Error("policy", "cannot read the policy file " + f.policy_file));
+      body["policy"] = ReadAll(in);
+    }
+    if (!f.mode.empty()) body["mode"] = f.mode;
+    if (!f.from_snapshot.empty()) body["from_snapshot"] = f.from_snapshot;
+    auto r = client.CallJson("POST", "/v1/sessions", body);
+    if (!r.ok()) return fail(r.status());
+    WriteOut(f.json ? r->dump(2) + "\n" : r->value("id", "") + "\n");
+    return 0;
+  }
+  if (sub == "exec") {
+    if (!f.command.empty() && !after_dashes.empty()) {
+      Error("give the command either after -- or with --command, not both");
+      return kExitUsage;
+    }
+    std::string command = f.command;
+    for (const auto& a : after_dashes) command += (command.empty() ? "" : " ") + ShellQuote(a);
+    if (command.empty()) {
+      Error("no command: agentbox session exec ID -- COMMAND [ARG...]  (or --command STRING)");
+      return kExitUsage;
+    }
+    json input = {{"command", command}};
+    if (!f.timeout.empty()) input["timeout"] = f.timeout;
+    if (f.with_stdin) input["stdin"] = ReadAll(std::cin);
+    return Execute(client, f, "bash", input, false);
+  }
+  if (sub == "read") {
+    json input = {{"path", f.path}};
+    if (f.offset) input["offset"] = *f.offset;
+    if (f.limit) input["limit"] = *f.limit;
+    return Execute(client, f, "read_file", input, true);
+  }
+  if (sub == "write") {
+    return Execute(client, f, "write_file", {{"path", f.path}, {"content", ReadAll(std::cin)}}, true);
+  }
+  if (sub == "snapshot") {
+    auto r = client.CallJson("POST", SessionPath(f.id, "/snapshot"));
+    if (!r.ok()) return fail(r.status());
+    WriteOut(f.json ? r->dump(2) + "\n" : r->value("snapshot_id", "") + "\n");
+    return 0;
+  }
+  if (sub == "diff") {
+    if (f.json) {
+      auto r = client.CallJson("GET", SessionPath(f.id, "/diff"));
+      if (!r.ok()) return fail(r.status());
+      WriteOut(r->dump(2) + "\n");
+      return 0;
+    }
+    auto r = client.Call("GET", SessionPath(f.id, "/diff?format=patch"));
+    if (!r.ok()) return fail(r.status());
+    if (r->status != 200) return fail(Status::Error("http", r->ErrorMessage()));
+    WriteOut(r->body);
+    return 0;
+  }
+  if (sub == "log") {
+    auto r = client.Call("GET", SessionPath(f.id, "/log"), "", [](std::string_view chunk) { WriteOut(chunk); });
+    if (!r.ok()) return fail(r.status());
+    if (r->status != 200) return fail(Status::Error("http", r->ErrorMessage()));
+    WriteOut(r->body);  // when the daemon sent it unchunked
+    return 0;
+  }
+  if (sub == "rm") {
+    auto r = client.CallJson("DELETE", SessionPath(f.id));
+    if (!r.ok()) return fail(r.status());
+    return 0;
+  }
+  if (sub == "ls") {
+    auto r = client.CallJson("GET", "/v1/sessions");
+    if (!r.ok()) return fail(r.status());
+    if (f.json) {
+      WriteOut(r->dump(2) + "\n");
+      return 0;
+    }
+    for (const auto& s : (*r)["sessions"]) {
+      WriteOut(s.value("id", "") + "\t" + s.value("workspace", "") + "\t" +
+               (s.value("provisioned", false) ? "provisioned" : "idle") + "\t" +
+               std::to_string(s.value("calls", 0)) + " calls\n");
+    }
+    return 0;
+  }
+  return kExitUsage;
+}
+
+}  // namespace
+
+Subcommand AddSessionCommand(CLI::App& app) {
+  auto f = std::make_shared<SessionFlags>();
+  CLI::App* cmd = app.add_subcommand("session", "talk to the session daemon (`agentbox serve`)");
+  cmd->require_subcommand(1);
+  cmd->add_option("--socket", f->socket, "the daemon's unix socket (default: $AGENTBOX_SOCKET, else STATE_DIR/agentbox.sock)");
+  cmd->add_option("--state-dir", f->state_dir, "the daemon's state directory, to find its socket");
+  cmd->add_option("--url", f->url, "the daemon over loopback TCP: http://127.0.0.1:PORT (with --token-file)");
+  cmd->add_option("--token-file", f->token_file, "bearer token for --url");
+
+  auto add = [&](const char* name, const char* help) {
+    CLI::App* sub = cmd->add_subcommand(name, help);
+    sub->fallthrough();  // the connection flags may come after the subcommand
+    return sub;
+  };
+  CLI::App* create = add("create", "create a session (nothing starts before its first call); prints its id");
+  create->add_option("--workspace", f->workspace, "the base workspace (default: current directory)");
+  create->add_option("--policy", f->policy_file, "policy file (YAML)");
+  create->add_option("--mode", f->mode, "read-only | workspace-write | danger-full-access");
+  create->add_option("--from-snapshot", f->from_snapshot, "start from this snapshot");
+  create->add_flag("--json", f->json, "print the answer as JSON");
+
+  CLI::App* exec = add("exec", "run a command in the session; exits with its status (124 timed out, 125 sandbox error)");
+  exec->add_option("id", f->id, "session id")->required();
+  exec->add_option("--command", f->command, "the command as one shell string (instead of -- COMMAND...)");
+  exec->add_option("--call-id", f->call_id, "idempotency key: a call id already in the log returns its result");
+  exec->add_option("--timeout", f->timeout, "wall clock limit, e.g. 30s");
+  exec->add_flag("--stdin", f->with_stdin, "send this process's standard input to the command");
+  exec->add_flag("--stream", f->stream, "print output as it comes");
+  exec->add_flag("--json", f->json, "print the result JSON instead of the output");
+
+  CLI::App* read = add("read", "print a file as the session sees it");
+  read->add_option("id", f->id, "session id")->required();
+  read->add_option("path", f->path, "path (relative to the workspace)")->required();
+  read->add_option("--offset", f->offset, "first line (1-based)");
+  read->add_option("--limit", f->limit, "number of lines");
+  read->add_flag("--json", f->json, "print the result JSON");
+
+  CLI::App* write = add("write", "write standard input to a file in the session");
+  write->add_option("id", f->id, "session id")->required();
+  write->add_option("path", f->path, "path (relative to the workspace)")->required();
+  write->add_flag("--json", f->json, "print the result JSON");
+
+  CLI::App* snapshot = add("snapshot", "freeze the session's changes; prints the snapshot id");
+  snapshot->add_option("id", f->id, "session id")->required();
+  snapshot->add_flag("--json", f->json, "print the answer as JSON");
+
+  CLI::App* diff = add("diff", "the session's changes as a patch (agentbox session diff ID | git apply)");
+  diff->add_option("id", f->id, "session id")->required();
+  diff->add_flag("--json", f->json, "the file list and patch as JSON");
+
+  CLI::App* log = add("log", "print the session's log (JSON lines)");
+  log->add_option("id", f->id, "session id")->required();
+
+  CLI::App* rm = add("rm", "stop and remove a session");
+  rm->add_option("id", f->id, "session id")->required();
+
+  CLI::App* ls = add("ls", "list sessions");
+  ls->add_flag("--json", f->json, "print as JSON");
+
+  return {cmd, [f, cmd](const std::vector<std::string>& after_dashes) {
+            for (CLI::App* sub : cmd->get_subcommands()) {
+              if (sub->parsed()) return Run(sub->get_name(), *f, after_dashes);
+            }
+            return kExitUsage;
+          }};
+}
+
+}  // namespace agentbox::cli

@@ -1,0 +1,23 @@
+// Subcommands that live in their own file: each Add* function registers its
+// CLI11 subcommand on the app; after parsing, main() runs the chosen one.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace agentbox::cli {
+
+struct Subcommand {
+  CLI::App* app = nullptr;
+  // Runs the subcommand; `after_dashes` is everything after the first `--`.
+  std::function<int(const std::vector<std::string>& after_dashes)> run;
+};
+
+// `agentbox serve`: the session daemon (serve_cmd.cc).
+Subcommand AddServeCommand(CLI::App& app);
+// `agentbox session ...`: the daemon's client (session_cmd.cc).
+Subcommand AddSessionCommand(CLI::App& app);
+
+}  // namespace agentbox::cli
