@@ -44,6 +44,7 @@ struct ServeFlags {
   std::string grace = "10s";
   std::string workspace_mode = "auto";
   std::string max_body = "32Mi";
+  std::string read_timeout = "30s";
 };
 
 int Fail(const std::string& message) {
@@ -93,12 +94,17 @@ int RunServe(const ServeFlags& f) {
   if (!grace.ok()) return Fail("--grace: " + grace.status().message());
   auto max_body = ParseSize(f.max_body);
   if (!max_body.ok()) return Fail("--max-body: " + max_body.status().message());
+  auto read_timeout = ParseDurationMs(f.read_timeout);
+  if (!read_timeout.ok() || *read_timeout == 0) {
+    return Fail("--read-timeout: " + (read_timeout.ok() ? std::string("must be positive") : read_timeout.status().message()));
+  }
   if (f.workspace_mode != "auto" && f.workspace_mode != "overlay" && f.workspace_mode != "copy") {
     return Fail("--workspace-mode: '" + f.workspace_mode + "' is not auto, overlay or copy");
   }
   daemon::ServerOptions options;
   options.grace_ms = static_cast<int>(*grace);
   options.max_body_bytes = *max_body;
+  options.read_timeout_ms = static_cast<int>(*read_timeout);
   options.max_workers = f.max_calls + 64;  // the manager caps calls; this caps threads
   if (!f.listen.empty() || !f.token_file.empty()) {
     if (f.listen.empty()) return Fail("--token-file is for --listen; give both");
@@ -177,6 +183,7 @@ Subcommand AddServeCommand(CLI::App& app) {
   cmd->add_option("--grace", f->grace, "on SIGTERM, calls in flight get this long (default 10s)");
   cmd->add_option("--workspace-mode", f->workspace_mode, "auto | overlay | copy (default auto)");
   cmd->add_option("--max-body", f->max_body, "request body limit (default 32Mi); past it: 413");
+  cmd->add_option("--read-timeout", f->read_timeout, "a request must arrive within this (default 30s); else 408");
   return {cmd, [f](const std::vector<std::string>&) { return RunServe(*f); }};
 }
 

@@ -217,12 +217,15 @@ struct Api {
     }
     const bool stream = req.QueryFlag("stream");
     auto work = [this, reply, id, name, input = std::move(input), call_id, cancel, stream] {
-      auto result = stream ? ExecuteStreaming(reply, id, name, input, call_id, cancel.get())
-                           : manager.Execute(id, name, input, call_id, nullptr, cancel.get());
-      if (!call_id.empty()) calls.Unregister(id, call_id);
-      if (!stream) {
-        reply->Send(result.ok() ? Response::Json(200, *result) : ErrorFor(result.status()));
-      }
+      // Unregistered before the answer goes out: once a client has the
+      // result, the call is no longer running.
+      auto finished = [&] {
+        if (!call_id.empty()) calls.Unregister(id, call_id);
+      };
+      if (stream) return ExecuteStreaming(reply, id, name, input, call_id, cancel.get(), finished);
+      auto result = manager.Execute(id, name, input, call_id, nullptr, cancel.get());
+      finished();
+      reply->Send(result.ok() ? Response::Json(200, *result) : ErrorFor(result.status()));
     };
     if (!server.RunBlocking(std::move(work))) {
       if (!call_id.empty()) calls.Unregister(id, call_id);
@@ -232,8 +235,9 @@ struct Api {
 
   // Output as SSE events as it comes; the headers go out with the first
   // chunk, so that a call refused before running still gets its status code.
-  Result<json> ExecuteStreaming(const ReplyPtr& reply, const std::string& id, const std::string& name,
-                                const json& input, const std::string& call_id, const std::atomic<bool>* cancel) {
+  void ExecuteStreaming(const ReplyPtr& reply, const std::string& id, const std::string& name, const json& input,
+                        const std::string& call_id, const std::atomic<bool>* cancel,
+                        const std::function<void()>& finished) {
     bool begun = false;
     std::string tail;
     auto begin = [&] {
@@ -248,10 +252,8 @@ struct Api {
       reply->Write(SseEvent("output", text));
     };
     auto result = manager.Execute(id, name, input, call_id, sink, cancel);
-    if (!result.ok() && !begun) {
-      reply->Send(ErrorFor(result.status()));
-      return result;
-    }
+    finished();
+    if (!result.ok() && !begun) return reply->Send(ErrorFor(result.status()));
     begin();
     if (!tail.empty()) reply->Write(SseEvent("output", tail));
     if (result.ok()) {
@@ -261,7 +263,6 @@ struct Api {
       reply->Write(SseEvent("error", json::parse(e.body)));
     }
     reply->End();
-    return result;
   }
 
   void Cancel(Request req, ReplyPtr reply) {

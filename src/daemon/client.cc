@@ -9,6 +9,9 @@
 
 #include <optional>
 
+#include <sys/socket.h>
+#include <sys/time.h>
+
 #include "agentbox/outcome.h"
 #include "daemon/listen.h"
 
@@ -61,6 +64,13 @@ struct Client::Impl {
 
   bool connected() const { return unix_socket || tcp_socket; }
 
+  void SetTimeouts(int fd) {
+    if (endpoint.timeout_ms <= 0) return;
+    timeval tv{endpoint.timeout_ms / 1000, (endpoint.timeout_ms % 1000) * 1000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  }
+
   void Disconnect() {
     error_code ec;
     if (unix_socket) unix_socket->close(ec);
@@ -85,6 +95,7 @@ struct Client::Impl {
         return Status::Error("connect", "cannot connect to the daemon at " + endpoint.unix_socket + ": " +
                                             ec.message() + " (is `agentbox serve` running?)");
       }
+      SetTimeouts(unix_socket->native_handle());
       return Status();
     }
     auto address = asio::ip::make_address(endpoint.host, ec);
@@ -95,6 +106,7 @@ struct Client::Impl {
       tcp_socket.reset();
       return Status::Error("connect", "cannot connect to the daemon at " + endpoint.Describe() + ": " + ec.message());
     }
+    SetTimeouts(tcp_socket->native_handle());
     return Status();
   }
 

@@ -24,6 +24,9 @@ struct Endpoint {
   // CheckSocketIsPrivate). Only tests turn this off, to reach the daemon's
   // own check.
   bool check_socket = true;
+  // Each send and each receive gives up after this long (0: never). The CLI
+  // waits as long as a command runs; tests set it so that a hang fails.
+  int timeout_ms = 0;
 
   // "http://127.0.0.1:PORT" (a trailing slash allowed; nothing else).
   static Result<Endpoint> FromUrl(const std::string& url);

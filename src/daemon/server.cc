@@ -15,6 +15,8 @@
 #include <boost/beast/http.hpp>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <cctype>
 #include <chrono>
 #include <condition_variable>
@@ -589,40 +591,51 @@ class Connection : public ConnectionBase {
 
 template <class Acceptor>
 void Server::Impl::Accept(Acceptor& acceptor) {
-  acceptor.async_accept([this, &acceptor](error_code ec, typename Acceptor::protocol_type::socket socket) {
+  using Protocol = typename Acceptor::protocol_type;
+  // accept4 with SOCK_CLOEXEC rather than Asio's accept: sandboxes are
+  // spawned from this process while it runs, and a client's connection must
+  // never be inherited by one.
+  acceptor.async_wait(Acceptor::wait_read, [this, &acceptor](error_code ec) {
     if (stopping || ec == asio::error::operation_aborted) return;
-    if (ec) {
+    int fd = ec ? -1 : accept4(acceptor.native_handle(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      if (!ec && (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED)) return Accept(acceptor);
       // Out of descriptors, most likely: try again shortly rather than spin.
-      log.Log(Level::kError, "accept_failed", {{"error", ec.message()}});
+      log.Log(Level::kError, "accept_failed", {{"error", ec ? ec.message() : std::string(strerror(errno))}});
       accept_retry.expires_after(std::chrono::milliseconds(100));
       accept_retry.async_wait([this, &acceptor](error_code e) {
         if (!e && !stopping) Accept(acceptor);
       });
       return;
     }
+    typename Protocol::socket socket(io);
+    error_code assign_ec;
+    socket.assign(acceptor.local_endpoint().protocol(), fd, assign_ec);
+    if (assign_ec) {
+      close(fd);
+      return Accept(acceptor);
+    }
     const bool over = connections.size() >= options.max_connections;
     Peer peer;
-    bool forbidden = false;
-    if constexpr (std::is_same_v<typename Acceptor::protocol_type, asio::local::stream_protocol>) {
+    if constexpr (std::is_same_v<Protocol, asio::local::stream_protocol>) {
       peer.transport = Peer::Transport::kUnix;
       peer.address = "unix";
+      bool forbidden = true;  // unknown peer: refused
       ucred cred{};
       socklen_t len = sizeof(cred);
-      if (getsockopt(socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
-        forbidden = true;  // unknown peer: refused
-      } else {
+      if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
         peer.uid = cred.uid;
         peer.pid = cred.pid;
         forbidden = cred.uid != geteuid() && cred.uid != 0;
       }
-      auto conn = std::make_shared<Connection<asio::local::stream_protocol>>(*this, std::move(socket), peer);
+      auto conn = std::make_shared<Connection<Protocol>>(*this, std::move(socket), peer);
       conn->Start(forbidden, over);
     } else {
       peer.transport = Peer::Transport::kTcp;
       error_code e;
       auto remote = socket.remote_endpoint(e);
       peer.address = e ? "tcp" : remote.address().to_string() + ":" + std::to_string(remote.port());
-      auto conn = std::make_shared<Connection<asio::ip::tcp>>(*this, std::move(socket), peer);
+      auto conn = std::make_shared<Connection<Protocol>>(*this, std::move(socket), peer);
       conn->Start(false, over);
     }
     Accept(acceptor);
