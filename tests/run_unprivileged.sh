@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Runs the end-to-end suite as an unprivileged user, the way most people run
-# agents. As root: creates the user `agentbox-test` if needed and stages the
-# binaries and fixtures where that user can read them. Not root: runs as is.
+# Runs a test suite (e2e, world, session) as an unprivileged user, the way
+# most people run agents. As root: creates the user `agentbox-test` if needed
+# and stages the binaries and fixtures where that user can read them. Not
+# root: runs as is.
 #
-#   tests/run_unprivileged.sh AGENTBOX_BIN E2E_TEST_BIN FIXTURES_DIR
+#   tests/run_unprivileged.sh AGENTBOX_BIN TEST_BIN FIXTURES_DIR [GTEST_FLAGS...]
 set -euo pipefail
 bin="$1" tests="$2" fixtures="$3"
+shift 3
 
 if [ "$(id -u)" -ne 0 ]; then
-  exec env AGENTBOX_BIN="$bin" AGENTBOX_FIXTURES="$fixtures" "$tests"
+  exec env AGENTBOX_BIN="$bin" AGENTBOX_FIXTURES="$fixtures" "$tests" "$@"
 fi
 
 user=agentbox-test
@@ -19,11 +21,12 @@ home="$(getent passwd "$user" | cut -d: -f6)"
 stage="$(mktemp -d /tmp/agentbox-unpriv.XXXXXX)"
 trap 'rm -rf "$stage"' EXIT
 cp "$bin" "$stage/agentbox"
-cp "$tests" "$stage/agentbox_e2e_tests"
+name="$(basename "$tests")"
+cp "$tests" "$stage/$name"
 cp -r "$fixtures" "$stage/fixtures"
 chmod -R a+rX "$stage"
 chmod 755 "$stage"
 cd "$stage"
 runuser -u "$user" -- env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$home" LANG=C.UTF-8 \
   TMPDIR=/tmp AGENTBOX_BIN="$stage/agentbox" AGENTBOX_FIXTURES="$stage/fixtures" \
-  "$stage/agentbox_e2e_tests" --gtest_brief=1
+  "$stage/$name" --gtest_brief=1 "$@"
