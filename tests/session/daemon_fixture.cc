@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -72,7 +73,10 @@ bool Daemon::Start(const std::vector<std::string>& extra) {
   error_.clear();
   client_.reset();
   std::vector<std::string> argv = {e2e::AgentboxBin(), "serve", "--state-dir", state_dir_, "--socket", socket_,
-                                   "--log-file", log_path(), "--grace", "5s"};
+                                   "--log-file", log_path()};
+  if (std::find(extra.begin(), extra.end(), "--grace") == extra.end()) {
+    argv.insert(argv.end(), {"--grace", "5s"});
+  }
   argv.insert(argv.end(), extra.begin(), extra.end());
   std::vector<char*> args, envp;
   for (auto& a : argv) args.push_back(a.data());
