@@ -123,12 +123,47 @@ int ExitStatusOf(const json& result) {
   if (kind == "timed_out") return kExitTimedOut;
   if (kind == "sandbox_error") return kExitSandbox;
   if (kind == "oom_killed") return 137;
-  if (kind == "signaled") {
-    int sig = result.contains("outcome") && result["outcome"].is_object() ? result["outcome"].value("signal", 9) : 9;
-    return 128 + sig;
-  }
+  if (kind == "signaled") return 128 + result.value("signal", 9);
   if (kind == "cancelled" || kind == "interrupted") return kExitInterrupted;
   return kExitFailure;
+}
+
+// A bash result's output is the command's output with agentbox's own lines
+// around it: a first line naming a failure ("timed_out after 1.0s",
+// "sandbox_denied: ..."), a last line "[exit code N]" or "[killed by signal
+// N]". The command's part goes to stdout, agentbox's to stderr, as with
+// `agentbox run`.
+struct SplitOutput {
+  std::string headline;
+  std::string command_output;
+  std::string trailer;
+};
+SplitOutput Split(const json& result) {
+  SplitOutput s;
+  s.command_output = result.value("output", "");
+  const std::string kind = result.value("kind", "");
+  if (kind != "exited" && kind != "signaled" && kind != "ok" && !kind.empty() &&
+      s.command_output.compare(0, kind.size(), kind) == 0) {
+    std::size_t nl = s.command_output.find('\n');
+    s.headline = s.command_output.substr(0, nl);
+    s.command_output = nl == std::string::npos ? "" : s.command_output.substr(nl + 1);
+  }
+  const std::string marker = kind == "exited" && result.value("exit_code", 0) != 0
+                                 ? "[exit code " + std::to_string(result.value("exit_code", 0)) + "]"
+                             : kind == "signaled" ? "[killed by signal " + std::to_string(result.value("signal", 0)) + "]"
+                                                  : "";
+  const std::string& out = s.command_output;
+  if (!marker.empty() && out.size() >= marker.size() && out.compare(out.size() - marker.size(), marker.size(), marker) == 0 &&
+      (out.size() == marker.size() || out[out.size() - marker.size() - 1] == '\n')) {
+    s.trailer = marker;
+    s.command_output.resize(out.size() - marker.size());
+  }
+  return s;
+}
+
+void PrintNotes(const SplitOutput& s) {
+  if (!s.headline.empty()) Error(s.headline);
+  if (!s.trailer.empty()) Error(s.trailer);
 }
 
 std::string SessionPath(const std::string& id, const std::string& rest = "") {
@@ -150,10 +185,12 @@ int Execute(daemon::Client& client, const SessionFlags& f, const std::string& to
   json result;
   if (f.stream) {
     bool got_result = false;
+    bool streamed_any = false;
     std::string error;
     daemon::SseParser sse([&](const std::string& event, const std::string& data) {
       auto j = json::parse(data, nullptr, false);
       if (event == "output" && j.is_string()) {
+        streamed_any = true;
         if (!f.json) WriteOut(j.get<std::string>());
       } else if (event == "result") {
         result = j;
@@ -176,7 +213,14 @@ int Execute(daemon::Client& client, const SessionFlags& f, const std::string& to
       Error(error.empty() ? "the stream ended without a result" : error);
       return kExitSandbox;
     }
-    if (f.json) WriteOut(result.dump(2) + "\n");
+    if (f.json) {
+      WriteOut(result.dump(2) + "\n");
+    } else {
+      SplitOutput split = Split(result);
+      // A replayed result comes whole, without output events.
+      if (!streamed_any) WriteOut(split.command_output);
+      PrintNotes(split);
+    }
     return ExitStatusOf(result);
   }
   auto r = client.CallJson("POST", SessionPath(f.id, "/execute"), body);
@@ -187,15 +231,18 @@ int Execute(daemon::Client& client, const SessionFlags& f, const std::string& to
   result = std::move(*r);
   if (f.json) {
     WriteOut(result.dump(2) + "\n");
-  } else {
+  } else if (output_is_data) {
     const std::string output = result.value("output", "");
-    const bool failed = result.value("is_error", false);
     // A file tool's failure is a message, not file content: stderr.
-    if (output_is_data && failed) {
+    if (result.value("is_error", false)) {
       std::fprintf(stderr, "%s%s", output.c_str(), !output.empty() && output.back() != '\n' ? "\n" : "");
     } else {
       WriteOut(output);
     }
+  } else {
+    SplitOutput split = Split(result);
+    WriteOut(split.command_output);
+    PrintNotes(split);
   }
   return ExitStatusOf(result);
 }

@@ -45,7 +45,11 @@ TEST_F(SessionCliTest, ExecPrintsOutputAndExitsWithTheCommandsStatus) {
 
   e2e::RunResult three = Cli({"exec", id, "--", "sh", "-c", "echo to-stderr >&2; exit 3"});
   EXPECT_EQ(three.status, 3) << three.Describe();
-  EXPECT_TRUE(Contains(three.out, "to-stderr")) << three.Describe();
+  EXPECT_EQ(three.out, "to-stderr\n") << "the command's output only, on stdout: " << three.Describe();
+  EXPECT_TRUE(Contains(three.err, "[exit code 3]")) << three.Describe();
+
+  e2e::RunResult killed = Cli({"exec", id, "--", "sh", "-c", "kill -TERM $$"});
+  EXPECT_EQ(killed.status, 128 + 15) << killed.Describe();
 
   e2e::RunResult quoted = Cli({"exec", id, "--", "printf", "%s|", "a b", "it's", "$HOME"});
   EXPECT_EQ(quoted.out, "a b|it's|$HOME|") << quoted.Describe();
@@ -74,23 +78,41 @@ TEST_F(SessionCliTest, ExecPrintsOutputAndExitsWithTheCommandsStatus) {
 
 TEST_F(SessionCliTest, TimeoutExitsWith124) {
   const std::string id = Create();
-  e2e::RunResult r = Cli({"exec", id, "--timeout", "1s", "--", "sleep", "60"});
+  e2e::RunResult r = Cli({"exec", id, "--timeout", "1s", "--", "sh", "-c", "echo partial; sleep 60"});
   EXPECT_EQ(r.status, 124) << r.Describe();
+  EXPECT_EQ(r.out, "partial\n") << r.Describe();
+  EXPECT_TRUE(Contains(r.err, "timed_out")) << r.Describe();
+  e2e::RunResult streamed = Cli({"exec", id, "--stream", "--timeout", "1s", "--", "sh", "-c", "echo partial; sleep 60"});
+  EXPECT_EQ(streamed.status, 124) << streamed.Describe();
+  EXPECT_EQ(streamed.out, "partial\n") << streamed.Describe();
+}
+
+TEST_F(SessionCliTest, ProtectedPathIsASandboxDenial) {
+  MakeRepo(ws_.path(), {{"README", "x\n"}});
+  const std::string id = Create();
+  e2e::RunResult r = Cli({"exec", id, "--", "sh", "-c", "echo evil >> .git/config"});
+  EXPECT_NE(r.status, 0) << r.Describe();
+  EXPECT_TRUE(Contains(r.err, "sandbox_denied")) << r.Describe();
+  e2e::RunResult replay = Cli({"exec", id, "--call-id", "once", "--", "sh", "-c", "echo once; exit 4"});
+  EXPECT_EQ(replay.status, 4);
+  e2e::RunResult again = Cli({"exec", id, "--stream", "--call-id", "once", "--", "sh", "-c", "echo twice"});
+  EXPECT_EQ(again.status, 4) << "a replay exits as the recorded call did: " << again.Describe();
+  EXPECT_EQ(again.out, "once\n") << again.Describe();
 }
 
 TEST_F(SessionCliTest, WriteThenReadAndTheShellAgrees) {
   const std::string id = Create();
-  e2e::RunResult w = Cli({"write", id, "docs/hello.txt"}, "from stdin\nline two\n");
+  e2e::RunResult w = Cli({"write", id, "hello.txt"}, "from stdin\nline two\n");
   EXPECT_EQ(w.status, 0) << w.Describe();
-  e2e::RunResult r = Cli({"read", id, "docs/hello.txt"});
+  e2e::RunResult r = Cli({"read", id, "hello.txt"});
   EXPECT_EQ(r.status, 0) << r.Describe();
   EXPECT_TRUE(Contains(r.out, "from stdin")) << r.Describe();
   EXPECT_TRUE(Contains(r.out, "line two")) << r.Describe();
-  EXPECT_EQ(Cli({"exec", id, "--", "cat", "docs/hello.txt"}).out, "from stdin\nline two\n");
+  EXPECT_EQ(Cli({"exec", id, "--", "cat", "hello.txt"}).out, "from stdin\nline two\n");
   e2e::RunResult missing = Cli({"read", id, "no/such/file"});
   EXPECT_NE(missing.status, 0) << missing.Describe();
   EXPECT_TRUE(Contains(missing.err, "no/such/file")) << missing.Describe();
-  EXPECT_FALSE(e2e::Exists(ws_ / "docs"));
+  EXPECT_FALSE(e2e::Exists(ws_ / "hello.txt"));
 }
 
 TEST_F(SessionCliTest, DiffPipesIntoGitApply) {

@@ -56,6 +56,7 @@ TEST_F(SessionsTest, WarmCallsReuseTheSameSandbox) {
 
 TEST_F(SessionsTest, FileToolsAndShellSeeTheSameFiles) {
   std::string id = CreateSession(c(), ws_.path());
+  ASSERT_EQ(Bash(c(), id, "mkdir notes").value("exit_code", -1), 0);
   json w = Execute(c(), id, "write_file", {{"path", "notes/from-tool.txt"}, {"content", "written by the tool\n"}});
   ASSERT_EQ(w.value("is_error", true), false) << w.dump();
   json cat = Bash(c(), id, "cat notes/from-tool.txt");
