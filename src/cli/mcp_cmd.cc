@@ -1,0 +1,253 @@
+// `agentbox mcp`: opens a session Manager in this process, creates (or
+// resumes) one session on the workspace and serves it over MCP's stdio
+// transport until EOF on stdin.
+//
+// stdout carries the protocol and nothing else: fd 1 is duplicated away for
+// the protocol at start and then pointed at stderr, so a stray write by any
+// code in the process (or an inherited fd 1) cannot corrupt the stream.
+#include "cli/mcp_cmd.h"
+
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+
+#include "agentbox/outcome.h"
+#include "linux/fd.h"
+#include "mcp/server.h"
+#include "mcp/stdio.h"
+#include "session/session.h"
+
+namespace agentbox::cli {
+namespace {
+
+using linux::UniqueFd;
+
+constexpr int kExitUsage = 2;
+constexpr int kExitFailure = 1;
+constexpr int kShutdownGraceMs = 2000;
+
+// The write end of the self-pipe the signal handler writes the signal
+// number to (a handler can do nothing else safely).
+int g_stop_pipe = -1;
+
+void OnStopSignal(int sig) {
+  const int saved = errno;
+  const unsigned char b = static_cast<unsigned char>(sig);
+  [[maybe_unused]] ssize_t n = ::write(g_stop_pipe, &b, 1);
+  errno = saved;
+}
+
+std::string HomeDir() {
+  if (const char* h = getenv("HOME"); h && *h == '/') return h;
+  // The binary is static (no NSS): read the passwd file itself.
+  std::ifstream passwd("/etc/passwd");
+  const std::string uid = std::to_string(getuid());
+  for (std::string line; std::getline(passwd, line);) {
+    std::vector<std::string> f;
+    std::stringstream ss(line);
+    for (std::string field; std::getline(ss, field, ':');) f.push_back(field);
+    if (f.size() >= 6 && f[2] == uid) return f[5];
+  }
+  return "";
+}
+
+// $XDG_STATE_HOME/agentbox, else ~/.local/state/agentbox.
+std::string DefaultStateDir() {
+  if (const char* x = getenv("XDG_STATE_HOME"); x && *x == '/') return std::string(x) + "/agentbox";
+  const std::string home = HomeDir();
+  return home.empty() ? "" : home + "/.local/state/agentbox";
+}
+
+// mkdir -p for the parents of `dir` (0700 for the ones created).
+void MakeParents(const std::string& dir) {
+  for (std::size_t slash = dir.find('/', 1); slash != std::string::npos; slash = dir.find('/', slash + 1)) {
+    ::mkdir(dir.substr(0, slash).c_str(), 0700);
+  }
+}
+
+std::string RealPath(const std::string& p) {
+  char buf[PATH_MAX];
+  return realpath(p.c_str(), buf) ? std::string(buf) : std::string();
+}
+
+// Log lines with a UTC timestamp, to stderr or a file, from any thread.
+class Logger {
+ public:
+  explicit Logger(int fd) : fd_(fd) {}
+  void operator()(const std::string& line) {
+    char stamp[32];
+    std::time_t now = std::time(nullptr);
+    std::tm tm{};
+    gmtime_r(&now, &tm);
+    std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    const std::string text = std::string(stamp) + " agentbox mcp: " + line + "\n";
+    std::lock_guard<std::mutex> lock(mu_);
+    [[maybe_unused]] ssize_t n = ::write(fd_, text.data(), text.size());
+  }
+
+ private:
+  int fd_;
+  std::mutex mu_;
+};
+
+void Error(const std::string& msg) { std::fprintf(stderr, "agentbox mcp: %s\n", msg.c_str()); }
+
+}  // namespace
+
+McpCommand::McpCommand(CLI::App& app) {
+  sub_ = app.add_subcommand("mcp", "serve one sandbox session to an MCP client over stdio (JSON-RPC, one message a line)");
+  sub_->add_option("--policy", policy_file_, "policy file (YAML)");
+  sub_->add_option("--mode", mode_, "read-only | workspace-write | danger-full-access");
+  sub_->add_option("--workspace", workspace_, "workspace directory (default: current directory)");
+  sub_->add_option("--state-dir", state_dir_, "sessions and snapshots (default: $XDG_STATE_HOME/agentbox or ~/.local/state/agentbox)");
+  sub_->add_option("--session", session_, "resume this session (an id printed by an earlier run) instead of creating one");
+  sub_->add_option("--log-file", log_file_, "append logs to FILE instead of stderr");
+  sub_->add_option("--output-cap", output_cap_, "bytes of text one tool result may carry (default 65536)")
+      ->check(CLI::Range(std::size_t{1024}, std::size_t{16} * 1024 * 1024));
+  sub_->add_option("--max-calls", workers_, "tool calls running at once (default 16; more wait)")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{64}));
+}
+
+int McpCommand::Run() {
+  // The protocol gets its own copies of fds 0 and 1 (close-on-exec, so no
+  // sandboxed command inherits them); fd 1 then points at stderr and fd 0 at
+  // /dev/null.
+  UniqueFd proto_out(::fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 3));
+  UniqueFd proto_in(::fcntl(STDIN_FILENO, F_DUPFD_CLOEXEC, 3));
+  if (!proto_out.valid() || !proto_in.valid()) {
+    Error(std::string("cannot duplicate stdin/stdout: ") + std::strerror(errno));
+    return kExitFailure;
+  }
+  std::fflush(stdout);
+  if (::dup2(STDERR_FILENO, STDOUT_FILENO) < 0) {
+    Error(std::string("dup2(stderr, stdout): ") + std::strerror(errno));
+    return kExitFailure;
+  }
+  if (UniqueFd null(::open("/dev/null", O_RDONLY | O_CLOEXEC)); null.valid()) ::dup2(null.get(), STDIN_FILENO);
+
+  UniqueFd log_fd;
+  if (!log_file_.empty()) {
+    log_fd.reset(::open(log_file_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600));
+    if (!log_fd.valid()) {
+      Error("--log-file " + log_file_ + ": " + std::strerror(errno));
+      return kExitUsage;
+    }
+  }
+  Logger logger(log_fd.valid() ? log_fd.get() : STDERR_FILENO);
+  auto log = [&logger](const std::string& line) { logger(line); };
+
+  std::string workspace = RealPath(workspace_.empty() ? "." : workspace_);
+  if (workspace.empty()) {
+    Error("--workspace " + (workspace_.empty() ? std::string(".") : workspace_) + ": " + std::strerror(errno));
+    return kExitUsage;
+  }
+  std::string state_dir = state_dir_.empty() ? DefaultStateDir() : state_dir_;
+  if (state_dir.empty()) {
+    Error("no state directory: set --state-dir, $XDG_STATE_HOME or $HOME");
+    return kExitUsage;
+  }
+  if (state_dir[0] != '/') {
+    const std::string cwd = RealPath(".");
+    state_dir = cwd + "/" + state_dir;
+  }
+  MakeParents(state_dir);
+  std::string policy_yaml;
+  if (!policy_file_.empty()) {
+    std::ifstream in(policy_file_);
+    if (!in) {
+      Error("--policy " + policy_file_ + ": " + std::strerror(errno));
+      return kExitUsage;
+    }
+    std::stringstream ss;
+    ss << in.rdbuf();
+    policy_yaml = ss.str();
+  }
+
+  // Signals end the server at once (calls in flight are cancelled); a
+  // client that goes away makes writes fail instead of killing the process.
+  int stop_pipe[2];
+  if (::pipe2(stop_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+    Error(std::string("pipe2: ") + std::strerror(errno));
+    return kExitFailure;
+  }
+  UniqueFd stop_read(stop_pipe[0]), stop_write(stop_pipe[1]);
+  g_stop_pipe = stop_write.get();
+  struct sigaction sa {};
+  sa.sa_handler = OnStopSignal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaction(sig, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  session::ManagerOptions manager_options;
+  manager_options.state_dir = state_dir;
+  manager_options.output_cap_bytes = output_cap_;
+  auto manager = session::Manager::Open(manager_options);
+  if (!manager.ok()) {
+    Error("state dir " + state_dir + ": " + manager.status().ToString());
+    return kExitFailure;
+  }
+  std::string id = session_;
+  if (id.empty()) {
+    session::CreateRequest request;
+    request.policy_yaml = policy_yaml;
+    request.mode = mode_;
+    request.workspace = workspace;
+    auto created = (*manager)->Create(request);
+    if (!created.ok()) {
+      Error("cannot create a session on " + workspace + ": " + created.status().ToString());
+      return kExitUsage;
+    }
+    id = *created;
+    log("session " + id + " on " + workspace + " (state dir " + state_dir + ")");
+  } else {
+    auto described = (*manager)->Describe(id);
+    if (!described.ok()) {
+      Error("--session " + id + ": " + described.status().ToString());
+      return kExitUsage;
+    }
+    log("resuming session " + id + " (state dir " + state_dir + ")");
+  }
+
+  mcp::ManagerTools tools(**manager, id);
+  mcp::ServerOptions server_options;
+  server_options.version = Version();
+  server_options.output_cap_bytes = output_cap_;
+  server_options.log = log;
+  mcp::Server server(tools, server_options);
+  mcp::StdioOptions stdio;
+  stdio.in_fd = proto_in.get();
+  stdio.out_fd = proto_out.get();
+  stdio.stop_fd = stop_read.get();
+  stdio.max_workers = workers_;
+  stdio.log = log;
+  auto end = mcp::ServeStdio(server, stdio);
+
+  (*manager)->Shutdown(kShutdownGraceMs);
+  log("session " + id + " kept in " + state_dir + " (resume with --session " + id + ")");
+  if (!end.ok()) {
+    log("stopped: " + end.status().ToString());
+    return kExitFailure;
+  }
+  if (*end == mcp::StdioEnd::kStopped) {
+    unsigned char sig = 0;
+    [[maybe_unused]] ssize_t n = ::read(stop_read.get(), &sig, 1);
+    log("stopped by signal " + std::to_string(sig));
+    return 128 + sig;
+  }
+  log("stdin closed; shut down");
+  return 0;
+}
+
+}  // namespace agentbox::cli

@@ -1,0 +1,377 @@
+#include "mcp/server.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <thread>
+
+namespace agentbox::mcp {
+namespace {
+
+constexpr std::size_t kMaxEarlyCancels = 1024;
+// The quickest progress notifications follow each other on output.
+constexpr std::chrono::milliseconds kProgressMinGap{200};
+constexpr std::size_t kProgressLineBytes = 200;
+
+const char* kInstructions =
+    "agentbox runs your commands and file edits in a sandbox: one session on one workspace, with a "
+    "policy that decides which files are writable, which hosts are reachable and what resources a "
+    "command may use. Use the tools as you would a shell and an editor. A result that starts with "
+    "`sandbox_denied:` is the policy refusing an action, not a bug in your code: do not retry it or "
+    "work around it. Your changes stay in the session until the user applies them; `diff` shows them.";
+
+bool ValidId(const Json& id) { return id.is_string() || id.is_number_integer(); }
+
+Json Ok(const Json& id, Json result) { return {{"jsonrpc", "2.0"}, {"id", id}, {"result", std::move(result)}}; }
+
+std::string IdText(const Json& id) { return id.dump(); }
+
+// Sends notifications/progress for one running call: every interval, and on
+// output (at most every kProgressMinGap), from a thread of its own so that
+// the output sink never waits on the transport. Stops (joined) on
+// destruction: no progress after the response.
+class ProgressReporter {
+ public:
+  ProgressReporter(Json token, const Notify& notify, std::chrono::milliseconds interval)
+      : token_(std::move(token)), notify_(notify), interval_(interval), start_(Clock::now()) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~ProgressReporter() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  void Output(std::string_view chunk) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      bytes_ += chunk.size();
+      // The last complete (or partial) line, for the message.
+      std::string_view s = chunk;
+      while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.remove_suffix(1);
+      if (!s.empty()) {
+        auto nl = s.find_last_of('\n');
+        if (nl != std::string_view::npos) s = s.substr(nl + 1);
+        last_line_ = std::string(s.substr(0, kProgressLineBytes));
+      }
+      fresh_output_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  void Run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    Clock::time_point last = start_;
+    while (!done_) {
+      // Output brings the next notification forward to kProgressMinGap after the last.
+      const bool for_output = fresh_output_;
+      const Clock::time_point deadline = for_output ? last + kProgressMinGap : last + interval_;
+      const bool woken = cv_.wait_until(lock, deadline, [&] { return done_ || (!for_output && fresh_output_); });
+      if (done_) break;
+      if (woken) continue;  // output came during the long wait: recompute the deadline
+      last = Clock::now();
+      fresh_output_ = false;
+      const auto secs = std::chrono::duration_cast<std::chrono::seconds>(last - start_).count();
+      std::string message = "running for " + std::to_string(secs) + "s, " + std::to_string(bytes_) + " bytes of output";
+      if (!last_line_.empty()) message += "; last line: " + last_line_;
+      Json note = {{"jsonrpc", "2.0"},
+                   {"method", "notifications/progress"},
+                   {"params", {{"progressToken", token_}, {"progress", ++count_}, {"message", message}}}};
+      lock.unlock();
+      notify_(note);
+      lock.lock();
+    }
+  }
+
+  const Json token_;
+  const Notify notify_;
+  const std::chrono::milliseconds interval_;
+  const Clock::time_point start_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  bool fresh_output_ = false;
+  std::size_t bytes_ = 0;
+  std::uint64_t count_ = 0;
+  std::string last_line_;
+  std::thread thread_;
+};
+
+// Only records why a text is not JSON (nlohmann's message names the byte).
+struct ErrorSax : nlohmann::json_sax<Json> {
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return true; }
+  bool key(string_t&) override { return true; }
+  bool end_object() override { return true; }
+  bool start_array(std::size_t) override { return true; }
+  bool end_array() override { return true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    error = e.what();
+    return false;
+  }
+  std::string error = "unknown";
+};
+
+}  // namespace
+
+const std::vector<std::string>& SupportedProtocols() {
+  static const std::vector<std::string> versions = {"2024-11-05", "2025-03-26", "2025-06-18"};
+  return versions;
+}
+
+Server::Server(SessionTools& tools, ServerOptions options)
+    : session_(tools), options_(std::move(options)), specs_(Tools(options_.output_cap_bytes)) {}
+
+Server::~Server() = default;
+
+Json Server::Error(const Json& id, int code, const std::string& message) {
+  return {{"jsonrpc", "2.0"}, {"id", id}, {"error", {{"code", code}, {"message", message}}}};
+}
+
+Json Server::TooLarge(std::size_t bytes) {
+  return Error(nullptr, kInvalidRequest,
+               "message of " + std::to_string(bytes) + " bytes exceeds the limit of " +
+                   std::to_string(kMaxMessageBytes) + " bytes; it was not read");
+}
+
+bool Server::MayRunLong(const Json& message) {
+  if (message.is_array()) return true;
+  return message.is_object() && message.contains("id") && message.value("method", Json()) == "tools/call";
+}
+
+bool Server::initialized() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !protocol_.empty();
+}
+
+std::string Server::protocol() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return protocol_;
+}
+
+void Server::Log(const std::string& line) const {
+  if (options_.log) options_.log(line);
+}
+
+std::optional<Json> Server::Handle(std::string_view text, const Notify& notify) {
+  if (text.size() > kMaxMessageBytes) return TooLarge(text.size());
+  Json message = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (message.is_discarded()) {
+    ErrorSax sax;
+    (void)Json::sax_parse(text, &sax, Json::input_format_t::json, /*strict=*/true);
+    return Error(nullptr, kParseError, "parse error: the message is not valid JSON: " + sax.error);
+  }
+  return Handle(message, notify);
+}
+
+std::optional<Json> Server::Handle(const Json& message, const Notify& notify) {
+  if (!message.is_array()) return HandleOne(message, notify);
+  // JSON-RPC batches: part of revision 2025-03-26 only (2025-06-18 removed
+  // them, 2024-11-05 never had them), and never before initialize.
+  const std::string revision = protocol();
+  if (revision != "2025-03-26") {
+    return Error(nullptr, kInvalidRequest,
+                 "JSON-RPC batches are not supported in protocol revision " +
+                     (revision.empty() ? std::string("negotiation (send initialize alone)") : revision) +
+                     "; send one message per line");
+  }
+  if (message.empty()) return Error(nullptr, kInvalidRequest, "empty batch");
+  Json responses = Json::array();
+  for (const auto& one : message) {
+    if (auto r = HandleOne(one, notify)) responses.push_back(std::move(*r));
+  }
+  if (responses.empty()) return std::nullopt;
+  return responses;
+}
+
+std::optional<Json> Server::HandleOne(const Json& message, const Notify& notify) {
+  if (!message.is_object()) {
+    return Error(nullptr, kInvalidRequest, "invalid request: a JSON-RPC message is an object, got " +
+                                               std::string(message.type_name()));
+  }
+  const bool has_id = message.contains("id");
+  const Json id = has_id ? message["id"] : Json();
+  if (has_id && !ValidId(id)) {
+    return Error(nullptr, kInvalidRequest, "invalid request: id must be a string or an integer");
+  }
+  if (message.value("jsonrpc", Json()) != "2.0") {
+    return has_id || message.contains("method")
+               ? std::optional<Json>(Error(id, kInvalidRequest, "invalid request: \"jsonrpc\" must be \"2.0\""))
+               : std::nullopt;
+  }
+  auto method_it = message.find("method");
+  if (method_it == message.end()) {
+    // A response from the client: this server sends no requests, so there
+    // is nothing waiting for it.
+    if (has_id && (message.contains("result") || message.contains("error"))) return std::nullopt;
+    return Error(id, kInvalidRequest, "invalid request: no \"method\"");
+  }
+  if (!method_it->is_string()) return Error(id, kInvalidRequest, "invalid request: \"method\" must be a string");
+  const std::string method = method_it->get<std::string>();
+  const Json params = message.contains("params") ? message["params"] : Json::object();
+
+  if (!has_id) {
+    // Notifications get no answer, not even an error.
+    if (!params.is_object()) return std::nullopt;
+    if (method == "notifications/cancelled") {
+      Cancel(params.value("requestId", Json()));
+    } else if (method == "notifications/initialized") {
+      Log("client ready");
+    }
+    return std::nullopt;
+  }
+  if (!params.is_object()) return Error(id, kInvalidParams, method + ": params must be an object");
+  if (method == "ping") return Ok(id, Json::object());
+  if (method == "initialize") return Initialize(id, params);
+  if (!initialized()) {
+    return Error(id, kNotInitialized, "server not initialized: the first request must be initialize, not " + method);
+  }
+  if (method == "tools/list") {
+    Json list = Json::array();
+    for (const auto& spec : specs_) list.push_back(ToolJson(spec));
+    return Ok(id, {{"tools", list}});
+  }
+  if (method == "tools/call") return CallTool(id, params, notify);
+  return Error(id, kMethodNotFound, "method not found: " + method);
+}
+
+Json Server::Initialize(const Json& id, const Json& params) {
+  auto version = params.find("protocolVersion");
+  if (version == params.end() || !version->is_string()) {
+    return Error(id, kInvalidParams, "initialize: params.protocolVersion: required string");
+  }
+  const auto& supported = SupportedProtocols();
+  const std::string asked = version->get<std::string>();
+  const bool known = std::find(supported.begin(), supported.end(), asked) != supported.end();
+  const std::string chosen = known ? asked : kProtocolLatest;
+  std::string client;
+  if (auto info = params.find("clientInfo"); info != params.end() && info->is_object()) {
+    client = info->value("name", std::string("?")) + " " + info->value("version", std::string("?"));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!protocol_.empty()) return Error(id, kInvalidRequest, "already initialized (protocol " + protocol_ + ")");
+    protocol_ = chosen;
+    client_ = client;
+  }
+  Log("initialize: client " + (client.empty() ? std::string("(unnamed)") : client) + ", protocol " + asked +
+      (known ? "" : " (unsupported; answering " + chosen + ")"));
+  return Ok(id, {{"protocolVersion", chosen},
+                 {"capabilities", {{"tools", {{"listChanged", false}}}}},
+                 {"serverInfo", {{"name", "agentbox"}, {"title", "agentbox sandbox"}, {"version", options_.version}}},
+                 {"instructions", kInstructions}});
+}
+
+void Server::Cancel(const Json& request_id) {
+  if (!ValidId(request_id)) return;
+  const std::string key = IdText(request_id);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = in_flight_.find(key); it != in_flight_.end()) {
+    it->second->store(true);
+    return;
+  }
+  // Not seen yet (or already done: then this entry is never used, since
+  // request ids are not reused within a session).
+  early_cancels_.push_back(key);
+  if (early_cancels_.size() > kMaxEarlyCancels) early_cancels_.pop_front();
+}
+
+void Server::CancelAll() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [_, flag] : in_flight_) flag->store(true);
+}
+
+std::optional<Json> Server::CallTool(const Json& id, const Json& params, const Notify& notify) {
+  auto name_it = params.find("name");
+  if (name_it == params.end() || !name_it->is_string()) {
+    return Error(id, kInvalidParams, "tools/call: params.name: required string");
+  }
+  const std::string name = name_it->get<std::string>();
+  const ToolSpec* tool = FindTool(specs_, name);
+  if (!tool) {
+    std::string names;
+    for (const auto& s : specs_) names += (names.empty() ? "" : ", ") + s.name;
+    return Error(id, kInvalidParams, "tools/call: unknown tool \"" + name + "\" (tools: " + names + ")");
+  }
+  const Json arguments = params.contains("arguments") ? params["arguments"] : Json::object();
+  if (std::string problem = Validate(arguments, tool->input_schema); !problem.empty()) {
+    return Error(id, kInvalidParams, "tools/call " + name + ": " + problem);
+  }
+  Json progress_token;
+  if (auto meta = params.find("_meta"); meta != params.end() && meta->is_object()) {
+    if (auto t = meta->find("progressToken"); t != meta->end() && ValidId(*t)) progress_token = *t;
+  }
+
+  const std::string key = IdText(id);
+  auto cancel = std::make_shared<std::atomic<bool>>(false);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (in_flight_.count(key)) return Error(id, kInvalidRequest, "request id " + key + " is already in flight");
+    if (auto early = std::find(early_cancels_.begin(), early_cancels_.end(), key); early != early_cancels_.end()) {
+      early_cancels_.erase(early);
+      Log("tools/call " + key + " " + name + ": cancelled before it started");
+      return std::nullopt;
+    }
+    in_flight_[key] = cancel;
+  }
+  Log("tools/call " + key + " " + name);
+  const auto start = std::chrono::steady_clock::now();
+  Result<Json> run = RunTool(*tool, arguments, progress_token, notify, cancel.get());
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    in_flight_.erase(key);
+  }
+  if (!run.ok()) {
+    Log("tools/call " + key + " " + name + ": refused by the session: " + run.status().message());
+    return Error(id, kInvalidParams, "tools/call " + name + ": " + run.status().message());
+  }
+  Json result = std::move(run).value();
+  const Json structured = result.value("structuredContent", Json::object());
+  const std::string kind = structured.value("kind", std::string("ok"));
+  Log("tools/call " + key + " " + name + ": " + (cancel->load() ? "cancelled" : kind) + " (" +
+      std::to_string(ms) + " ms)");
+  // A cancelled request gets no response (the client has stopped waiting).
+  if (cancel->load()) return std::nullopt;
+  return Ok(id, std::move(result));
+}
+
+Result<Json> Server::RunTool(const ToolSpec& tool, const Json& arguments, const Json& progress_token,
+                     const Notify& notify, const std::atomic<bool>* cancel) {
+  if (tool.name == "diff") {
+    Result<Json> diff = session_.Diff();
+    return diff.ok() ? RenderDiff(*diff, options_.output_cap_bytes) : RenderFailure(tool.name, diff.status().ToString());
+  }
+  if (tool.name == "snapshot") {
+    Result<std::string> snap = session_.Snapshot();
+    return snap.ok() ? RenderSnapshot(*snap) : RenderFailure(tool.name, snap.status().ToString());
+  }
+  std::unique_ptr<ProgressReporter> progress;
+  session::OutputSink sink;
+  if (!progress_token.is_null() && notify && tool.name == "bash") {
+    progress = std::make_unique<ProgressReporter>(progress_token, notify, options_.progress_interval);
+    sink = [p = progress.get()](std::string_view chunk) { p->Output(chunk); };
+  }
+  Result<Json> result = session_.Execute(tool.name, arguments, sink, cancel);
+  progress.reset();  // the last progress notification goes out before the response
+  if (!result.ok()) {
+    // The session refused the input: the same as a schema violation.
+    if (result.status().stage() == session::kBadRequest) return result.status();
+    return RenderFailure(tool.name, result.status().ToString());
+  }
+  return RenderResult(tool.name, *result, options_.output_cap_bytes);
+}
+
+}  // namespace agentbox::mcp

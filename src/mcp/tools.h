@@ -1,0 +1,74 @@
+// The session's tools as MCP sees them: names, descriptions written for a
+// model, JSON Schemas for input and output, argument validation, and the
+// rendering of a session result into an MCP tool result.
+//
+// Pure functions over JSON; nothing here runs a tool.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace agentbox::mcp {
+
+using Json = nlohmann::json;
+
+struct ToolSpec {
+  std::string name;
+  std::string title;
+  std::string description;  // one paragraph for a model
+  Json input_schema;        // JSON Schema (draft 2020-12 subset, see Validate)
+  Json output_schema;       // the shape of structuredContent
+  bool read_only = false;   // annotations.readOnlyHint
+};
+
+// bash, read_file, write_file, edit_file, list_dir, glob, diff, snapshot.
+// `output_cap_bytes` appears in the descriptions (the limit a model meets).
+std::vector<ToolSpec> Tools(std::size_t output_cap_bytes);
+const ToolSpec* FindTool(const std::vector<ToolSpec>& tools, const std::string& name);
+
+// The MCP `Tool` object (tools/list entry) of a spec.
+Json ToolJson(const ToolSpec& spec);
+
+// Checks `value` against `schema`, for the subset the tool schemas use:
+// type (string | integer | number | boolean | object | array, or a list of
+// them), properties, required, additionalProperties: false, minimum,
+// minLength, items. Returns "" when valid, else the first problem, naming
+// the field: "arguments.timeout: expected integer, got string".
+std::string Validate(const Json& value, const Json& schema, const std::string& where = "arguments");
+
+// Renders a session result (session.h: {output, is_error, kind, outcome, ...})
+// as an MCP CallToolResult: text content with the kind first for a failure,
+// isError, and structuredContent carrying the whole result. Text longer than
+// `cap` bytes is cut with an explicit note (and the same text goes into
+// structuredContent.output, with "truncated": true).
+Json RenderResult(const std::string& tool, const Json& result, std::size_t cap);
+
+// A failure that never reached a tool (the session is gone, a cap, a broken
+// sandbox): isError with "sandbox_error: <message>" first. structuredContent
+// only for the tools whose output schema is the session result (a client
+// validates structuredContent against the declared schema even on errors).
+Json RenderFailure(const std::string& tool, const std::string& message);
+
+// diff {} and snapshot {} results.
+Json RenderDiff(const Json& diff, std::size_t cap);
+Json RenderSnapshot(const std::string& snapshot_id);
+
+// The first line of a failed call's text: "timed_out after 30s",
+// "oom_killed at 512 MiB", "sandbox_denied: network egress to
+// evil.example:443 not in allowlist", "sandbox_error: ...", "exited with
+// code 2", ... Empty for a success.
+std::string Headline(const Json& result);
+
+// Cuts `text` to at most `cap` bytes at a UTF-8 boundary, with `note` after
+// it. Returns std::nullopt when the text fits.
+std::optional<std::string> Cap(const std::string& text, std::size_t cap, const std::string& note);
+
+// Serialises a message for the wire (one line, no newline inside; invalid
+// UTF-8 in strings is replaced, never an exception).
+std::string Serialize(const Json& message);
+
+}  // namespace agentbox::mcp
