@@ -70,7 +70,7 @@ class ProgressReporter {
     while (!done_) {
       // Output brings the next notification forward to kProgressMinGap after the last.
       const bool for_output = fresh_output_;
-      const Clock::time_point deadline = for_output ? last + kProgressMinGap : last + interval_;
+      const Clock::time_point deadline = last + (for_output ? std::min<std::chrono::milliseconds>(kProgressMinGap, interval_) : interval_);
       const bool woken = cv_.wait_until(lock, deadline, [&] { return done_ || (!for_output && fresh_output_); });
       if (done_) break;
       if (woken) continue;  // output came during the long wait: recompute the deadline
@@ -289,6 +289,7 @@ void Server::Cancel(const Json& request_id) {
 
 void Server::CancelAll() {
   std::lock_guard<std::mutex> lock(mu_);
+  closing_ = true;
   for (auto& [_, flag] : in_flight_) flag->store(true);
 }
 
@@ -321,6 +322,10 @@ std::optional<Json> Server::CallTool(const Json& id, const Json& params, const N
     if (auto early = std::find(early_cancels_.begin(), early_cancels_.end(), key); early != early_cancels_.end()) {
       early_cancels_.erase(early);
       Log("tools/call " + key + " " + name + ": cancelled before it started");
+      return std::nullopt;
+    }
+    if (closing_) {
+      Log("tools/call " + key + " " + name + ": not started, the server is closing");
       return std::nullopt;
     }
     in_flight_[key] = cancel;

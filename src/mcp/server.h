@@ -116,7 +116,8 @@ class Server {
   // A JSON-RPC error response.
   static Json Error(const Json& id, int code, const std::string& message);
 
-  // Cancels every call in flight (the transport is closing).
+  // Cancels every call in flight, and every call that would start later
+  // (the transport is closing).
   void CancelAll();
   bool initialized() const;
   // The negotiated revision ("" before initialize).
@@ -145,6 +146,7 @@ class Server {
   // threads); guarded by mu_.
   std::map<std::string, std::shared_ptr<std::atomic<bool>>> in_flight_;
   std::deque<std::string> early_cancels_;
+  bool closing_ = false;  // guarded by mu_
 };
 
 }  // namespace agentbox::mcp
