@@ -18,6 +18,10 @@ packages=(
   jq bubblewrap util-linux iproute2 passwd
 )
 
+# npm installs the MCP tests' client (tests/mcp). Debian packages it apart
+# from nodejs; a Node.js build that ships its own npm conflicts with that package.
+command -v npm >/dev/null 2>&1 || packages+=(npm)
+
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

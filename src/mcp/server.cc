@@ -247,6 +247,9 @@ std::optional<Json> Server::HandleOne(const Json& message, const Notify& notify)
 }
 
 Json Server::Initialize(const Json& id, const Json& params) {
+  if (const std::string current = protocol(); !current.empty()) {
+    return Error(id, kInvalidRequest, "already initialized (protocol " + current + ")");
+  }
   auto version = params.find("protocolVersion");
   if (version == params.end() || !version->is_string()) {
     return Error(id, kInvalidParams, "initialize: params.protocolVersion: required string");
