@@ -37,6 +37,10 @@ using linux::UniqueFd;
 constexpr int kExitUsage = 2;
 constexpr int kExitFailure = 1;
 constexpr int kShutdownGraceMs = 2000;
+// Default state directories: DEFAULT/mcp/1 .. DEFAULT/mcp/kSlots. A state
+// directory serves one process at a time, and an MCP client may start
+// several servers at once (one per window or task).
+constexpr int kSlots = 64;
 
 // The write end of the self-pipe the signal handler writes the signal
 // number to (a handler can do nothing else safely).
@@ -63,18 +67,56 @@ std::string HomeDir() {
   return "";
 }
 
-// $XDG_STATE_HOME/agentbox, else ~/.local/state/agentbox.
-std::string DefaultStateDir() {
-  if (const char* x = getenv("XDG_STATE_HOME"); x && *x == '/') return std::string(x) + "/agentbox";
+// $XDG_STATE_HOME/agentbox/mcp, else ~/.local/state/agentbox/mcp.
+std::string DefaultSlotsDir() {
+  if (const char* x = getenv("XDG_STATE_HOME"); x && *x == '/') return std::string(x) + "/agentbox/mcp";
   const std::string home = HomeDir();
-  return home.empty() ? "" : home + "/.local/state/agentbox";
+  return home.empty() ? "" : home + "/.local/state/agentbox/mcp";
 }
 
-// mkdir -p for the parents of `dir` (0700 for the ones created).
-void MakeParents(const std::string& dir) {
-  for (std::size_t slash = dir.find('/', 1); slash != std::string::npos; slash = dir.find('/', slash + 1)) {
+// mkdir -p (0700 for the directories created).
+void MakeDirs(const std::string& dir) {
+  for (std::size_t slash = dir.find('/', 1);; slash = dir.find('/', slash + 1)) {
     ::mkdir(dir.substr(0, slash).c_str(), 0700);
+    if (slash == std::string::npos) break;
   }
+}
+
+struct OpenedState {
+  std::unique_ptr<session::Manager> manager;
+  std::string dir;
+};
+
+// The Manager on `dir` (made when missing).
+Result<OpenedState> OpenState(const std::string& dir, std::size_t output_cap) {
+  MakeDirs(dir);
+  session::ManagerOptions options;
+  options.state_dir = dir;
+  options.output_cap_bytes = output_cap;
+  auto manager = session::Manager::Open(options);
+  if (!manager.ok()) return manager.status();
+  return OpenedState{std::move(*manager), dir};
+}
+
+// Without --state-dir: the first slot no other process holds, or, to resume
+// `session`, the slot that has it.
+Result<OpenedState> OpenSlot(const std::string& slots, const std::string& session, std::size_t output_cap) {
+  Status last;
+  for (int i = 1; i <= kSlots; ++i) {
+    auto opened = OpenState(slots + "/" + std::to_string(i), output_cap);
+    if (!opened.ok()) {
+      last = opened.status();
+      if (last.stage() == session::kConflict) continue;  // in use by another process
+      return last;
+    }
+    if (session.empty() || opened->manager->Describe(session).ok()) return opened;
+  }
+  if (!session.empty()) {
+    return Status::Error(session::kNotFound, "no session " + session + " in a free state directory under " + slots +
+                                                 " (one in use by another process cannot be resumed)");
+  }
+  return Status::Error(session::kBusy, "every state directory under " + slots + " (" + std::to_string(kSlots) +
+                                           ") is in use; last: " + last.ToString());
 }
 
 std::string RealPath(const std::string& p) {
@@ -111,7 +153,9 @@ McpCommand::McpCommand(CLI::App& app) {
   sub_->add_option("--policy", policy_file_, "policy file (YAML)");
   sub_->add_option("--mode", mode_, "read-only | workspace-write | danger-full-access");
   sub_->add_option("--workspace", workspace_, "workspace directory (default: current directory)");
-  sub_->add_option("--state-dir", state_dir_, "sessions and snapshots (default: $XDG_STATE_HOME/agentbox or ~/.local/state/agentbox)");
+  sub_->add_option("--state-dir", state_dir_,
+                   "sessions and snapshots (default: the first free one of $XDG_STATE_HOME/agentbox/mcp/N, "
+                   "else ~/.local/state/agentbox/mcp/N)");
   sub_->add_option("--session", session_, "resume this session (an id printed by an earlier run) instead of creating one");
   sub_->add_option("--log-file", log_file_, "append logs to FILE instead of stderr");
   sub_->add_option("--output-cap", output_cap_, "bytes of text one tool result may carry (default 65536)")
@@ -153,16 +197,8 @@ int McpCommand::Run() {
     Error("--workspace " + (workspace_.empty() ? std::string(".") : workspace_) + ": " + std::strerror(errno));
     return kExitUsage;
   }
-  std::string state_dir = state_dir_.empty() ? DefaultStateDir() : state_dir_;
-  if (state_dir.empty()) {
-    Error("no state directory: set --state-dir, $XDG_STATE_HOME or $HOME");
-    return kExitUsage;
-  }
-  if (state_dir[0] != '/') {
-    const std::string cwd = RealPath(".");
-    state_dir = cwd + "/" + state_dir;
-  }
-  MakeParents(state_dir);
+  std::string state_dir = state_dir_;
+  if (!state_dir.empty() && state_dir[0] != '/') state_dir = RealPath(".") + "/" + state_dir;
   std::string policy_yaml;
   if (!policy_file_.empty()) {
     std::ifstream in(policy_file_);
@@ -190,21 +226,27 @@ int McpCommand::Run() {
   for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaction(sig, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  session::ManagerOptions manager_options;
-  manager_options.state_dir = state_dir;
-  manager_options.output_cap_bytes = output_cap_;
-  auto manager = session::Manager::Open(manager_options);
-  if (!manager.ok()) {
-    Error("state dir " + state_dir + ": " + manager.status().ToString());
+  auto open_state = [&]() -> Result<OpenedState> {
+    if (!state_dir.empty()) return OpenState(state_dir, output_cap_);
+    const std::string slots = DefaultSlotsDir();
+    if (slots.empty()) return Status::Error("state", "no state directory: set --state-dir, $XDG_STATE_HOME or $HOME");
+    return OpenSlot(slots, session_, output_cap_);
+  };
+  Result<OpenedState> state = open_state();
+  if (!state.ok()) {
+    Error("state directory " + (state_dir.empty() ? DefaultSlotsDir() + "/N" : state_dir) + ": " +
+          state.status().ToString());
     return kExitFailure;
   }
+  state_dir = state->dir;
+  auto& manager = state->manager;
   std::string id = session_;
   if (id.empty()) {
     session::CreateRequest request;
     request.policy_yaml = policy_yaml;
     request.mode = mode_;
     request.workspace = workspace;
-    auto created = (*manager)->Create(request);
+    auto created = manager->Create(request);
     if (!created.ok()) {
       Error("cannot create a session on " + workspace + ": " + created.status().ToString());
       return kExitUsage;
@@ -212,7 +254,7 @@ int McpCommand::Run() {
     id = *created;
     log("session " + id + " on " + workspace + " (state dir " + state_dir + ")");
   } else {
-    auto described = (*manager)->Describe(id);
+    auto described = manager->Describe(id);
     if (!described.ok()) {
       Error("--session " + id + ": " + described.status().ToString());
       return kExitUsage;
@@ -220,7 +262,7 @@ int McpCommand::Run() {
     log("resuming session " + id + " (state dir " + state_dir + ")");
   }
 
-  mcp::ManagerTools tools(**manager, id);
+  mcp::ManagerTools tools(*manager, id);
   mcp::ServerOptions server_options;
   server_options.version = Version();
   server_options.output_cap_bytes = output_cap_;
@@ -234,7 +276,7 @@ int McpCommand::Run() {
   stdio.log = log;
   auto end = mcp::ServeStdio(server, stdio);
 
-  (*manager)->Shutdown(kShutdownGraceMs);
+  manager->Shutdown(kShutdownGraceMs);
   log("session " + id + " kept in " + state_dir + " (resume with --session " + id + ")");
   if (!end.ok()) {
     log("stopped: " + end.status().ToString());

@@ -358,13 +358,19 @@ std::optional<Json> Server::CallTool(const Json& id, const Json& params, const N
 
 Result<Json> Server::RunTool(const ToolSpec& tool, const Json& arguments, const Json& progress_token,
                      const Notify& notify, const std::atomic<bool>* cancel) {
+  // No input to refuse here: a bad_request from the session means "not for
+  // this session" (e.g. one working on its workspace directly has no diff).
+  auto failure = [&](const Status& s) {
+    return s.stage() == session::kBadRequest ? RenderFailure(tool.name, "tool_error", s.message())
+                                             : RenderFailure(tool.name, "sandbox_error", s.ToString());
+  };
   if (tool.name == "diff") {
     Result<Json> diff = session_.Diff();
-    return diff.ok() ? RenderDiff(*diff, options_.output_cap_bytes) : RenderFailure(tool.name, diff.status().ToString());
+    return diff.ok() ? RenderDiff(*diff, options_.output_cap_bytes) : failure(diff.status());
   }
   if (tool.name == "snapshot") {
     Result<std::string> snap = session_.Snapshot();
-    return snap.ok() ? RenderSnapshot(*snap) : RenderFailure(tool.name, snap.status().ToString());
+    return snap.ok() ? RenderSnapshot(*snap) : failure(snap.status());
   }
   std::unique_ptr<ProgressReporter> progress;
   session::OutputSink sink;
@@ -377,7 +383,7 @@ Result<Json> Server::RunTool(const ToolSpec& tool, const Json& arguments, const 
   if (!result.ok()) {
     // The session refused the input: the same as a schema violation.
     if (result.status().stage() == session::kBadRequest) return result.status();
-    return RenderFailure(tool.name, result.status().ToString());
+    return RenderFailure(tool.name, "sandbox_error", result.status().ToString());
   }
   return RenderResult(tool.name, *result, options_.output_cap_bytes);
 }

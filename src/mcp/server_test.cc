@@ -46,7 +46,10 @@ class FakeSession : public SessionTools {
     return next_result;
   }
   Result<std::string> Snapshot() override { return std::string("snap-7"); }
-  Result<Json> Diff() override { return Json{{"files", Json::array()}, {"patch", ""}}; }
+  Result<Json> Diff() override {
+    if (direct) return Status::Error(session::kBadRequest, "session s-1 works on its workspace directly");
+    return Json{{"files", Json::array()}, {"patch", ""}};
+  }
 
   void WaitStarted() {
     std::unique_lock<std::mutex> lock(mu);
@@ -58,6 +61,7 @@ class FakeSession : public SessionTools {
   bool started = false;
   std::vector<std::pair<std::string, Json>> calls;
   std::function<std::size_t()> progress_seen;
+  bool direct = false;  // a session without a diff
   Json next_result = {{"output", "hi\n"}, {"is_error", false}, {"kind", "exited"}, {"exit_code", 0}};
 };
 
@@ -269,6 +273,17 @@ TEST_F(ServerTest, DiffAndSnapshotGoToTheSession) {
   EXPECT_NE((*d)["result"]["content"][0]["text"].get<std::string>().find("no changes"), std::string::npos);
   auto s = Send(Request(5, "tools/call", {{"name", "snapshot"}}));  // arguments may be left out
   EXPECT_EQ((*s)["result"]["structuredContent"]["snapshot_id"], "snap-7");
+}
+
+TEST_F(ServerTest, NoDiffForTheSessionIsAToolErrorResult) {
+  Initialize();
+  session.direct = true;
+  auto d = Send(Call(4, "diff", Json::object()));
+  ASSERT_TRUE(d && d->contains("result")) << d->dump();
+  EXPECT_EQ((*d)["result"]["isError"], true);
+  EXPECT_EQ((*d)["result"]["content"][0]["text"], "tool_error: session s-1 works on its workspace directly");
+  // The diff schema describes a diff: no structuredContent for the failure.
+  EXPECT_FALSE((*d)["result"].contains("structuredContent"));
 }
 
 TEST_F(ServerTest, CancellationEndsTheCallWithoutAResponse) {

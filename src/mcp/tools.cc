@@ -430,12 +430,12 @@ Json RenderResult(const std::string& tool, const Json& result, std::size_t cap) 
           {"isError", is_error}};
 }
 
-Json RenderFailure(const std::string& tool, const std::string& message) {
-  const std::string text = "sandbox_error: " + message;
+Json RenderFailure(const std::string& tool, const std::string& kind, const std::string& message) {
+  const std::string text = kind + ": " + message;
   Json out = {{"content", Json::array({{{"type", "text"}, {"text", text}}})}, {"isError", true}};
   if (tool != "diff" && tool != "snapshot") {
-    out["structuredContent"] = {{"name", tool}, {"output", text}, {"is_error", true}, {"kind", "sandbox_error"},
-                                {"outcome", {{"kind", "sandbox_error"}, {"error", message}}}};
+    out["structuredContent"] = {{"name", tool}, {"output", text}, {"is_error", true}, {"kind", kind},
+                                {"outcome", {{"kind", kind}, {"error", message}}}};
   }
   return out;
 }

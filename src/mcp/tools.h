@@ -47,11 +47,13 @@ std::string Validate(const Json& value, const Json& schema, const std::string& w
 // structuredContent.output, with "truncated": true).
 Json RenderResult(const std::string& tool, const Json& result, std::size_t cap);
 
-// A failure that never reached a tool (the session is gone, a cap, a broken
-// sandbox): isError with "sandbox_error: <message>" first. structuredContent
-// only for the tools whose output schema is the session result (a client
-// validates structuredContent against the declared schema even on errors).
-Json RenderFailure(const std::string& tool, const std::string& message);
+// A call the session could not serve, as an isError result whose text is
+// "<kind>: <message>": kind "sandbox_error" (the session is gone, a cap, a
+// broken sandbox) or "tool_error" (e.g. no diff for a session that works on
+// its workspace directly). structuredContent only for the tools whose
+// output schema is the session result (a client validates
+// structuredContent against the declared schema even on errors).
+Json RenderFailure(const std::string& tool, const std::string& kind, const std::string& message);
 
 // diff {} and snapshot {} results.
 Json RenderDiff(const Json& diff, std::size_t cap);
