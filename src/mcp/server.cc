@@ -19,6 +19,9 @@ const char* kInstructions =
     "`sandbox_denied:` is the policy refusing an action, not a bug in your code: do not retry it or "
     "work around it. Your changes stay in the session until the user applies them; `diff` shows them.";
 
+// structuredContent, outputSchema and titles came with revision 2025-06-18.
+bool Structured(const std::string& revision) { return revision >= "2025-06-18"; }
+
 bool ValidId(const Json& id) { return id.is_string() || id.is_number_integer(); }
 
 Json Ok(const Json& id, Json result) { return {{"jsonrpc", "2.0"}, {"id", id}, {"result", std::move(result)}}; }
@@ -239,7 +242,16 @@ std::optional<Json> Server::HandleOne(const Json& message, const Notify& notify)
   }
   if (method == "tools/list") {
     Json list = Json::array();
-    for (const auto& spec : specs_) list.push_back(ToolJson(spec));
+    const bool structured = Structured(protocol());
+    for (const auto& spec : specs_) {
+      Json tool = ToolJson(spec);
+      if (!structured) {
+        // Revisions before 2025-06-18 have no output schemas or titles.
+        tool.erase("outputSchema");
+        tool.erase("title");
+      }
+      list.push_back(std::move(tool));
+    }
     return Ok(id, {{"tools", list}});
   }
   if (method == "tools/call") return CallTool(id, params, notify);
@@ -353,6 +365,7 @@ std::optional<Json> Server::CallTool(const Json& id, const Json& params, const N
       std::to_string(ms) + " ms)");
   // A cancelled request gets no response (the client has stopped waiting).
   if (cancel->load()) return std::nullopt;
+  if (!Structured(protocol())) result.erase("structuredContent");
   return Ok(id, std::move(result));
 }
 

@@ -344,6 +344,18 @@ TEST_F(ServerTest, NoProgressWithoutAToken) {
   EXPECT_TRUE(notes.empty());
 }
 
+TEST_F(ServerTest, OlderRevisionsGetNoStructuredContentOrOutputSchema) {
+  Initialize("2025-03-26");
+  auto list = Send(Request(2, "tools/list"));
+  for (const auto& t : (*list)["result"]["tools"]) {
+    EXPECT_FALSE(t.contains("outputSchema")) << t["name"];
+    EXPECT_TRUE(t.contains("inputSchema")) << t["name"];
+  }
+  auto r = Send(Call(3, "bash", {{"command", "echo hi"}}));
+  EXPECT_FALSE((*r)["result"].contains("structuredContent"));
+  EXPECT_EQ((*r)["result"]["content"][0]["text"], "hi\n");
+}
+
 TEST_F(ServerTest, BatchesOnlyUnderRevision20250326) {
   Initialize("2025-06-18");
   Json batch = Json::array({Request(40, "ping"), Request(41, "ping")});
