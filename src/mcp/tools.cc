@@ -158,8 +158,8 @@ std::vector<ToolSpec> MakeTools(std::size_t cap) {
       "sandbox sees it): the same file that `bash` would read. `offset` is the first line to return (1-based) "
       "and `limit` the number of lines; use them to page through a long file. The text is capped at " +
           cap_text +
-          " with a note when cut. A missing file or a directory gives a `tool_error:` result; a path the policy "
-          "hides or forbids gives `sandbox_denied:`." +
+          " with a note when cut. A missing file, a directory or a binary file gives a `tool_error:` result; a "
+          "path the policy hides or forbids gives `sandbox_denied:`." +
           DenialNote(),
       {{"type", "object"},
        {"properties",
@@ -173,9 +173,10 @@ std::vector<ToolSpec> MakeTools(std::size_t cap) {
   tools.push_back(ToolSpec{
       "write_file", "Write a file",
       "Creates or replaces the file at `path` (relative to the workspace, or absolute as the shell inside the "
-      "sandbox sees it) with `content`, creating missing parent directories. The write lands in this session's "
-      "view of the workspace, exactly where `bash` sees it. Writing outside the writable places, or to a "
-      "protected path such as `.git/config` or `.git/hooks`, gives `sandbox_denied:`." +
+      "sandbox sees it) with `content`; an existing file is replaced atomically and keeps its mode. The parent "
+      "directory must exist (else a `tool_error:`; create it with bash `mkdir -p`). The write lands in this "
+      "session's view of the workspace, exactly where `bash` sees it. Writing outside the writable places, or to "
+      "a protected path such as `.git/config` or `.git/hooks`, gives `sandbox_denied:`." +
           DenialNote(),
       {{"type", "object"},
        {"properties",
@@ -189,8 +190,9 @@ std::vector<ToolSpec> MakeTools(std::size_t cap) {
       "edit_file", "Replace text in a file",
       "Replaces the text `old` with `new` in the file at `path`. `old` must occur exactly once in the file: "
       "include enough surrounding lines to make it unique. When it is missing or occurs more than once the "
-      "file is left unchanged and the result is a `tool_error:` saying which; read the file again and retry "
-      "with a corrected `old`. Protected or denied paths give `sandbox_denied:`." +
+      "file is left unchanged and the result is a `tool_error:` saying which (`old text not found in PATH`, "
+      "`old text occurs 3 times in PATH`); read the file again and retry with a corrected `old`. Protected or "
+      "denied paths give `sandbox_denied:`." +
           DenialNote(),
       {{"type", "object"},
        {"properties",
@@ -203,20 +205,21 @@ std::vector<ToolSpec> MakeTools(std::size_t cap) {
 
   tools.push_back(ToolSpec{
       "list_dir", "List a directory",
-      "Lists the entries of the directory at `path` (relative to the workspace; \".\" is the workspace "
-      "itself), one per line, directories marked with a trailing `/`. The listing is capped at " +
+      "Lists the entries of the directory at `path` (relative to the workspace; default: the workspace "
+      "itself), sorted, one per line, directories marked with a trailing `/`. The listing is capped at " +
           cap_text + " with a note when cut. Paths the policy hides give `sandbox_denied:`." + DenialNote(),
       {{"type", "object"},
-       {"properties", {{"path", {{"type", "string"}, {"minLength", 1}, {"description", "directory path"}}}}},
-       {"required", {"path"}},
+       {"properties",
+        {{"path", {{"type", "string"}, {"minLength", 1}, {"description", "directory path (default: the workspace)"}}}}},
        {"additionalProperties", false}},
       ResultSchema(), true});
 
   tools.push_back(ToolSpec{
       "glob", "Find files by pattern",
-      "Returns the workspace files matching `pattern`, relative to the workspace, one per line: `*` matches "
-      "within one path component, `**` any number of directories (e.g. `src/**/*.cc`). Files the policy hides "
-      "are not listed. The list is capped at " +
+      "Returns the files matching `pattern`, sorted, one per line: `*`, `?` and `[...]` match within one path "
+      "component, `**` any number of directories (e.g. `src/**/*.cc`); wildcards do not match a leading `.` "
+      "(name dot directories to search them). A relative pattern starts at the workspace and gives "
+      "workspace-relative paths. Files the policy hides are not listed. The list is capped at " +
           cap_text + " with a note when cut: use a narrower pattern.",
       {{"type", "object"},
        {"properties",

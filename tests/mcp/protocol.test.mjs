@@ -44,7 +44,8 @@ test('a request before initialize is refused (-32002); ping is answered', async 
 test('initialize answers a supported older revision, and the latest for an unknown one', async () => {
   const init = await server.initialize('2024-11-05');
   assert.equal(init.result.protocolVersion, '2024-11-05');
-  const again = new RawServer(dirs);
+  // A state directory serves one process at a time: the second server gets its own.
+  const again = new RawServer({ ...dirs, stateDir: dirs.stateDir + '-2' });
   try {
     const r = await again.initialize('1999-12-31');
     assert.equal(r.result.protocolVersion, '2025-06-18');
