@@ -120,7 +120,7 @@ Json ResultSchema() {
 
 std::string DenialNote() {
   return " A refusal by the sandbox comes back with isError and starts with `sandbox_denied:` naming what was "
-         "refused (e.g. `sandbox_denied: write to /workspace/.git/config: read-only (protected path)`): that is the "
+         "refused (e.g. `sandbox_denied: write /workspace/.git/config: Read-only file system (protected or read-only path)`): that is the "
          "sandbox's policy, not a bug in your code or the tool, so do not retry it or try to get around it; choose "
          "another way or ask the user.";
 }
@@ -137,10 +137,10 @@ std::vector<ToolSpec> MakeTools(std::size_t cap) {
           cap_text +
           " (a note says when it was cut: narrow the command, e.g. with head, tail or grep). `timeout` is in "
           "seconds (default: the policy's wall-clock limit); a command that overruns is killed and the result "
-          "starts with `timed_out after 30s`; one that exceeds the memory limit starts with `oom_killed at 512 "
+          "starts with `timed_out after 30.0s`; one that exceeds the memory limit starts with `oom_killed at 512 "
           "MiB`; a non-zero exit starts with `exited with code N`. Network access goes only through the "
           "sandbox's egress proxy, to hosts the policy allows; any other host gives `sandbox_denied: network "
-          "egress to HOST:PORT not in allowlist`." +
+          "egress to HOST:PORT refused: ...`." +
           DenialNote() + " `sandbox_error:` means the sandbox itself failed.",
       {{"type", "object"},
        {"properties",
