@@ -248,7 +248,9 @@ int McpCommand::Run() {
     request.workspace = workspace;
     auto created = manager->Create(request);
     if (!created.ok()) {
-      Error("cannot create a session on " + workspace + ": " + created.status().ToString());
+      Error("cannot create a session on " + workspace +
+            (policy_file_.empty() ? std::string() : " with --policy " + policy_file_) + ": " +
+            created.status().ToString());
       return kExitUsage;
     }
     id = *created;

@@ -2,6 +2,7 @@
 // the right error, and the server still answers ping afterwards.
 import { test, beforeEach, afterEach } from 'node:test';
 import assert from 'node:assert/strict';
+import fs from 'node:fs';
 
 import { makeSandboxDirs, RawServer } from './lib.mjs';
 
@@ -52,6 +53,18 @@ test('initialize answers a supported older revision, and the latest for an unkno
   } finally {
     await again.close();
   }
+});
+
+test('a bad policy file stops the server before any protocol, naming the file', async () => {
+  const bad = dirs.policy.replace(/policy\.yaml$/, 'bad.yaml');
+  fs.writeFileSync(bad, 'version: 1\nmode: bogus\n');
+  const broken = new RawServer({ ...dirs, policy: bad, stateDir: dirs.stateDir + '-bad' });
+  const end = await broken.exited;
+  assert.equal(end.code, 2);
+  assert.match(broken.log.text, /bad\.yaml/);
+  assert.match(broken.log.text, /bogus/);
+  assert.equal(broken.stdoutText, '');
+  assert.equal(broken.lines.length, 0);
 });
 
 test('malformed JSON is a parse error (-32700) with a null id', async () => {
