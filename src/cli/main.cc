@@ -23,7 +23,6 @@
 #include "agentbox/plan.h"
 #include "agentbox/policy.h"
 #include "agentbox/run.h"
-#include "cli/mcp_cmd.h"
 #include "cli/subcommand.h"
 #include "session/world.h"
 #include "report/report_json.h"
@@ -659,8 +658,7 @@ int main(int argc, char** argv) {
   explain_flags.Register(explain, true);
   explain->add_flag("--json", explain_json, "JSON output");
 
-  std::vector<Subcommand> subcommands = {AddServeCommand(app), AddSessionCommand(app)};
-  McpCommand mcp(app);
+  std::vector<Subcommand> subcommands = {AddServeCommand(app), AddSessionCommand(app), AddMcpCommand(app)};
 
   // Everything after the first `--` is the command, verbatim. Split it off
   // before parsing: otherwise a repeatable option just before `--` (say
@@ -698,6 +696,5 @@ int main(int argc, char** argv) {
   for (const auto& s : subcommands) {
     if (*s.app) return s.run(split < argc ? after_dashes : std::vector<std::string>{});
   }
-  if (mcp.chosen()) return mcp.Run();
   return kExitUsage;
 }

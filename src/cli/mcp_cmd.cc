@@ -5,8 +5,6 @@
 // stdout carries the protocol and nothing else: fd 1 is duplicated away for
 // the protocol at start and then pointed at stderr, so a stray write by any
 // code in the process (or an inherited fd 1) cannot corrupt the stream.
-#include "cli/mcp_cmd.h"
-
 #include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
@@ -20,10 +18,12 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <sstream>
 
 #include "agentbox/outcome.h"
+#include "cli/subcommand.h"
 #include "linux/fd.h"
 #include "mcp/server.h"
 #include "mcp/stdio.h"
@@ -33,6 +33,17 @@ namespace agentbox::cli {
 namespace {
 
 using linux::UniqueFd;
+
+struct McpFlags {
+  std::string policy_file;
+  std::string mode;
+  std::string workspace;
+  std::string state_dir;
+  std::string session;
+  std::string log_file;
+  std::size_t output_cap = 64 * 1024;
+  std::size_t workers = 16;
+};
 
 constexpr int kExitUsage = 2;
 constexpr int kExitFailure = 1;
@@ -146,25 +157,7 @@ class Logger {
 
 void Error(const std::string& msg) { std::fprintf(stderr, "agentbox mcp: %s\n", msg.c_str()); }
 
-}  // namespace
-
-McpCommand::McpCommand(CLI::App& app) {
-  sub_ = app.add_subcommand("mcp", "serve one sandbox session to an MCP client over stdio (JSON-RPC, one message a line)");
-  sub_->add_option("--policy", policy_file_, "policy file (YAML)");
-  sub_->add_option("--mode", mode_, "read-only | workspace-write | danger-full-access");
-  sub_->add_option("--workspace", workspace_, "workspace directory (default: current directory)");
-  sub_->add_option("--state-dir", state_dir_,
-                   "sessions and snapshots (default: the first free one of $XDG_STATE_HOME/agentbox/mcp/N, "
-                   "else ~/.local/state/agentbox/mcp/N)");
-  sub_->add_option("--session", session_, "resume this session (an id printed by an earlier run) instead of creating one");
-  sub_->add_option("--log-file", log_file_, "append logs to FILE instead of stderr");
-  sub_->add_option("--output-cap", output_cap_, "bytes of text one tool result may carry (default 65536)")
-      ->check(CLI::Range(std::size_t{1024}, std::size_t{16} * 1024 * 1024));
-  sub_->add_option("--max-calls", workers_, "tool calls running at once (default 16; more wait)")
-      ->check(CLI::Range(std::size_t{1}, std::size_t{64}));
-}
-
-int McpCommand::Run() {
+int RunMcp(const McpFlags& f) {
   // The protocol gets its own copies of fds 0 and 1 (close-on-exec, so no
   // sandboxed command inherits them); fd 1 then points at stderr and fd 0 at
   // /dev/null.
@@ -182,28 +175,28 @@ int McpCommand::Run() {
   if (UniqueFd null(::open("/dev/null", O_RDONLY | O_CLOEXEC)); null.valid()) ::dup2(null.get(), STDIN_FILENO);
 
   UniqueFd log_fd;
-  if (!log_file_.empty()) {
-    log_fd.reset(::open(log_file_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600));
+  if (!f.log_file.empty()) {
+    log_fd.reset(::open(f.log_file.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600));
     if (!log_fd.valid()) {
-      Error("--log-file " + log_file_ + ": " + std::strerror(errno));
+      Error("--log-file " + f.log_file + ": " + std::strerror(errno));
       return kExitUsage;
     }
   }
   Logger logger(log_fd.valid() ? log_fd.get() : STDERR_FILENO);
   auto log = [&logger](const std::string& line) { logger(line); };
 
-  std::string workspace = RealPath(workspace_.empty() ? "." : workspace_);
+  std::string workspace = RealPath(f.workspace.empty() ? "." : f.workspace);
   if (workspace.empty()) {
-    Error("--workspace " + (workspace_.empty() ? std::string(".") : workspace_) + ": " + std::strerror(errno));
+    Error("--workspace " + (f.workspace.empty() ? std::string(".") : f.workspace) + ": " + std::strerror(errno));
     return kExitUsage;
   }
-  std::string state_dir = state_dir_;
+  std::string state_dir = f.state_dir;
   if (!state_dir.empty() && state_dir[0] != '/') state_dir = RealPath(".") + "/" + state_dir;
   std::string policy_yaml;
-  if (!policy_file_.empty()) {
-    std::ifstream in(policy_file_);
+  if (!f.policy_file.empty()) {
+    std::ifstream in(f.policy_file);
     if (!in) {
-      Error("--policy " + policy_file_ + ": " + std::strerror(errno));
+      Error("--policy " + f.policy_file + ": " + std::strerror(errno));
       return kExitUsage;
     }
     std::stringstream ss;
@@ -227,10 +220,10 @@ int McpCommand::Run() {
   signal(SIGPIPE, SIG_IGN);
 
   auto open_state = [&]() -> Result<OpenedState> {
-    if (!state_dir.empty()) return OpenState(state_dir, output_cap_);
+    if (!state_dir.empty()) return OpenState(state_dir, f.output_cap);
     const std::string slots = DefaultSlotsDir();
     if (slots.empty()) return Status::Error("state", "no state directory: set --state-dir, $XDG_STATE_HOME or $HOME");
-    return OpenSlot(slots, session_, output_cap_);
+    return OpenSlot(slots, f.session, f.output_cap);
   };
   Result<OpenedState> state = open_state();
   if (!state.ok()) {
@@ -240,16 +233,16 @@ int McpCommand::Run() {
   }
   state_dir = state->dir;
   auto& manager = state->manager;
-  std::string id = session_;
+  std::string id = f.session;
   if (id.empty()) {
     session::CreateRequest request;
     request.policy_yaml = policy_yaml;
-    request.mode = mode_;
+    request.mode = f.mode;
     request.workspace = workspace;
     auto created = manager->Create(request);
     if (!created.ok()) {
       Error("cannot create a session on " + workspace +
-            (policy_file_.empty() ? std::string() : " with --policy " + policy_file_) + ": " +
+            (f.policy_file.empty() ? std::string() : " with --policy " + f.policy_file) + ": " +
             created.status().ToString());
       return kExitUsage;
     }
@@ -267,14 +260,14 @@ int McpCommand::Run() {
   mcp::ManagerTools tools(*manager, id);
   mcp::ServerOptions server_options;
   server_options.version = Version();
-  server_options.output_cap_bytes = output_cap_;
+  server_options.output_cap_bytes = f.output_cap;
   server_options.log = log;
   mcp::Server server(tools, server_options);
   mcp::StdioOptions stdio;
   stdio.in_fd = proto_in.get();
   stdio.out_fd = proto_out.get();
   stdio.stop_fd = stop_read.get();
-  stdio.max_workers = workers_;
+  stdio.max_workers = f.workers;
   stdio.log = log;
   auto end = mcp::ServeStdio(server, stdio);
 
@@ -292,6 +285,26 @@ int McpCommand::Run() {
   }
   log("stdin closed; shut down");
   return 0;
+}
+
+}  // namespace
+
+Subcommand AddMcpCommand(CLI::App& app) {
+  auto f = std::make_shared<McpFlags>();
+  CLI::App* cmd = app.add_subcommand("mcp", "serve one sandbox session to an MCP client over stdio (JSON-RPC, one message a line)");
+  cmd->add_option("--policy", f->policy_file, "policy file (YAML)");
+  cmd->add_option("--mode", f->mode, "read-only | workspace-write | danger-full-access");
+  cmd->add_option("--workspace", f->workspace, "workspace directory (default: current directory)");
+  cmd->add_option("--state-dir", f->state_dir,
+                  "sessions and snapshots (default: the first free one of $XDG_STATE_HOME/agentbox/mcp/N, "
+                  "else ~/.local/state/agentbox/mcp/N)");
+  cmd->add_option("--session", f->session, "resume this session (an id printed by an earlier run) instead of creating one");
+  cmd->add_option("--log-file", f->log_file, "append logs to FILE instead of stderr");
+  cmd->add_option("--output-cap", f->output_cap, "bytes of text one tool result may carry (default 65536)")
+      ->check(CLI::Range(std::size_t{1024}, std::size_t{16} * 1024 * 1024));
+  cmd->add_option("--max-calls", f->workers, "tool calls running at once (default 16; more wait)")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{64}));
+  return {cmd, [f](const std::vector<std::string>&) { return RunMcp(*f); }};
 }
 
 }  // namespace agentbox::cli

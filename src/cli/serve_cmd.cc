@@ -28,6 +28,7 @@
 #include "daemon/listen.h"
 #include "daemon/log.h"
 #include "daemon/server.h"
+#include "mcp/http.h"
 #include "session/session.h"
 
 namespace agentbox::cli {
@@ -156,6 +157,7 @@ int RunServe(const ServeFlags& f) {
   auto server = daemon::Server::Create(std::move(options), *log);
   if (!server.ok()) return Fail(server.status().message());
   daemon::RegisterApi(**server, **manager);
+  mcp::RegisterHttp(**server, **manager);
   std::size_t still_running = (*server)->Run([&](int grace_ms) { (*manager)->Shutdown(grace_ms); });
   if (still_running > 0) {
     // Threads still inside the manager: destroying it under them is worse

@@ -19,5 +19,7 @@ struct Subcommand {
 Subcommand AddServeCommand(CLI::App& app);
 // `agentbox session ...`: the daemon's client (session_cmd.cc).
 Subcommand AddSessionCommand(CLI::App& app);
+// `agentbox mcp`: the sandbox as an MCP server on stdio (mcp_cmd.cc).
+Subcommand AddMcpCommand(CLI::App& app);
 
 }  // namespace agentbox::cli

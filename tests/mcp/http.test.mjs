@@ -30,7 +30,7 @@ before(async () => {
   daemon = spawn(BIN, ['serve', '--state-dir', dirs.stateDir, '--socket', socket,
     '--listen', '127.0.0.1:0', '--token-file', tokenFile], { stdio: ['ignore', 'ignore', 'pipe'] });
   daemonLog = new LineLog(daemon.stderr);
-  const m = await daemonLog.waitFor(/"event":"listening".*/);
+  const m = await daemonLog.waitFor(/^\{.*"event":"listening".*$/m);
   address = JSON.parse(m[0]).address;
   assert.match(address, /^127\.0\.0\.1:\d+$/);
 });
