@@ -30,7 +30,11 @@ before(async () => {
   daemon = spawn(BIN, ['serve', '--state-dir', dirs.stateDir, '--socket', socket,
     '--listen', '127.0.0.1:0', '--token-file', tokenFile], { stdio: ['ignore', 'ignore', 'pipe'] });
   daemonLog = new LineLog(daemon.stderr);
-  const m = await daemonLog.waitFor(/^\{.*"event":"listening".*$/m);
+  const failed = new Promise((_, reject) => {
+    daemon.on('error', reject);
+    daemon.on('exit', (code) => reject(new Error(`agentbox serve exited (${code}):\n${daemonLog.text}`)));
+  });
+  const m = await Promise.race([daemonLog.waitFor(/^\{.*"event":"listening".*$/m), failed]);
   address = JSON.parse(m[0]).address;
   assert.match(address, /^127\.0\.0\.1:\d+$/);
 });

@@ -10,7 +10,7 @@
 # creates the user agentbox-test if needed and runs the tests as that user
 # from a staged copy (binary, tests, node_modules) it can read.
 set -euo pipefail
-who="$1" bin="$2"
+who="$1" bin="$(realpath "$2")"
 shift 2
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 files=("$@")
