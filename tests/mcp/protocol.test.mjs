@@ -3,6 +3,7 @@
 import { test, beforeEach, afterEach } from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
+import path from 'node:path';
 
 import { makeSandboxDirs, RawServer } from './lib.mjs';
 
@@ -65,6 +66,25 @@ test('a bad policy file stops the server before any protocol, naming the file', 
   assert.match(broken.log.text, /bogus/);
   assert.equal(broken.stdoutText, '');
   assert.equal(broken.lines.length, 0);
+});
+
+test('with fresh_per_task: false the session edits the workspace itself, and has no diff', async () => {
+  const direct = dirs.policy.replace(/policy\.yaml$/, 'direct.yaml');
+  fs.writeFileSync(direct, 'version: 1\nsandbox:\n  fresh_per_task: false\n');
+  const srv = new RawServer({ ...dirs, policy: direct, stateDir: dirs.stateDir + '-direct' });
+  try {
+    await srv.initialize();
+    await srv.request(2, 'tools/call', { name: 'write_file', arguments: { path: 'direct.txt', content: 'in place\n' } });
+    assert.equal((await srv.response(2)).result.isError, false);
+    assert.equal(fs.readFileSync(path.join(dirs.workspace, 'direct.txt'), 'utf8'), 'in place\n');
+    await srv.request(3, 'tools/call', { name: 'diff', arguments: {} });
+    const d = await srv.response(3);
+    assert.equal(d.result.isError, true);
+    assert.match(d.result.content[0].text, /^tool_error: .*works on its workspace directly/);
+    assert.equal(d.result.structuredContent, undefined);
+  } finally {
+    await srv.close();
+  }
 });
 
 test('malformed JSON is a parse error (-32700) with a null id', async () => {
