@@ -40,7 +40,7 @@ before(async () => {
 });
 
 after(async () => {
-  if (daemon && daemon.exitCode === null) {
+  if (daemon && daemon.pid && daemon.exitCode === null && daemon.signalCode === null) {
     const exited = new Promise((resolve) => daemon.on('exit', resolve));
     daemon.kill('SIGTERM');
     const t = setTimeout(() => daemon.kill('SIGKILL'), 30000);

@@ -115,7 +115,10 @@ export class RawServer {
         this.waiters.forEach((w) => w());
       }
     });
-    this.exited = new Promise((resolve) => this.child.on('exit', (code, signal) => resolve({ code, signal })));
+    this.exited = new Promise((resolve) => {
+      this.child.on('exit', (code, signal) => resolve({ code, signal }));
+      this.child.on('error', (error) => resolve({ code: null, signal: null, error }));  // did not start
+    });
   }
 
   send(text) {

@@ -16,13 +16,16 @@ beforeEach(() => {
 });
 
 afterEach(async () => {
-  if (server) {
-    server.child.stdin.end();
-    const t = setTimeout(() => server.child.kill('SIGKILL'), 30000);
-    await server.exited;
-    clearTimeout(t);
+  try {
+    if (server) {
+      server.child.stdin.end();
+      const t = setTimeout(() => server.child.kill('SIGKILL'), 30000);
+      await server.exited;
+      clearTimeout(t);
+    }
+  } finally {
+    dirs.cleanup();
   }
-  dirs.cleanup();
 });
 
 async function assertPing(id) {
