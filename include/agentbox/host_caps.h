@@ -70,4 +70,9 @@ HostCaps ProbeHost(ProbeDepth depth);
 // policy asks for cgroup-backed limits.
 CgroupCaps ProbeCgroupCaps();
 
+// What a run of `policy` needs to know: the quick probe, plus cgroups when
+// the policy asks for a limit that needs one.
+struct Policy;
+HostCaps ProbeHostFor(const Policy& policy);
+
 }  // namespace agentbox

@@ -25,6 +25,7 @@
 #include "agentbox/run.h"
 #include "cli/subcommand.h"
 #include "session/world.h"
+#include "linux/random.h"
 #include "report/report_json.h"
 
 namespace agentbox::cli {
@@ -93,21 +94,7 @@ std::string HomeDir() {
   return "";
 }
 
-std::string Nonce() {
-  unsigned char raw[8] = {};
-  if (getrandom(raw, sizeof(raw), 0) != static_cast<ssize_t>(sizeof(raw))) {
-    // No entropy source: a time- and pid-based value still marks the run.
-    auto v = static_cast<unsigned long long>(getpid()) ^ static_cast<unsigned long long>(time(nullptr));
-    std::memcpy(raw, &v, sizeof(raw));
-  }
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string s;
-  for (unsigned char c : raw) {
-    s += kHex[c >> 4];
-    s += kHex[c & 15];
-  }
-  return s;
-}
+std::string Nonce() { return linux::RandomHex(8); }
 
 Result<Policy> BuildPolicy(const PolicyFlags& f) {
   PolicyOverrides o;
@@ -196,15 +183,6 @@ Result<Invocation> BuildInvocation(const PolicyFlags& f) {
   return inv;
 }
 
-// The quick probe, plus cgroups when the policy asks for a limit that needs one.
-HostCaps ProbeFor(const Policy& policy) {
-  HostCaps host = ProbeHost(ProbeDepth::kQuick);
-  const ResourcesSpec& r = policy.resources;
-  if (r.cpu.requested() || r.memory_limit_bytes || r.memory_guaranteed_bytes || r.max_processes) {
-    host.cgroups = ProbeCgroupCaps();
-  }
-  return host;
-}
 
 // `agentbox gc`: what killed supervisors left behind.
 int CmdGc(bool quiet) {
@@ -300,7 +278,7 @@ int CmdRun(const PolicyFlags& f, const std::vector<std::string>& command, const 
     return kExitSandbox;
   }
   if (!report.empty()) policy->sha256 = PolicyDigest(*policy);
-  HostCaps host = ProbeFor(*policy);
+  HostCaps host = ProbeHostFor(*policy);
   auto inv = BuildInvocation(f);
   if (!inv.ok()) {
     Outcome o = RefusedOutcome(inv.status(), AssessEnforcement(*policy, host), policy->sha256);
@@ -332,7 +310,7 @@ int CmdWrap(const PolicyFlags& f, const std::vector<std::string>& command, const
     return kExitSandbox;
   }
   policy->sha256 = PolicyDigest(*policy);
-  HostCaps host = ProbeFor(*policy);
+  HostCaps host = ProbeHostFor(*policy);
   auto inv = BuildInvocation(f);
   if (!inv.ok()) {
     Error(inv.status().ToString());
@@ -562,7 +540,7 @@ int CmdExplain(PolicyFlags f, bool as_json) {
     Error(policy.status().message());
     return 1;
   }
-  HostCaps host = ProbeFor(*policy);
+  HostCaps host = ProbeHostFor(*policy);
   auto inv = BuildInvocation(f);
   if (!inv.ok()) {
     Error(inv.status().ToString());

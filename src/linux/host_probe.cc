@@ -16,6 +16,7 @@
 #include <string>
 
 #include "agentbox/host_caps.h"
+#include "agentbox/policy.h"
 #include "linux/cgroups.h"
 #include "linux/compat.h"
 #include "linux/fd.h"
@@ -160,6 +161,15 @@ CgroupCaps ProbeCgroupCaps() {
                 "enabled already (run agentbox in a delegated cgroup with them in cgroup.subtree_control)";
   }
   return cg;
+}
+
+HostCaps ProbeHostFor(const Policy& policy) {
+  HostCaps host = ProbeHost(ProbeDepth::kQuick);
+  const ResourcesSpec& r = policy.resources;
+  if (r.cpu.requested() || r.memory_limit_bytes || r.memory_guaranteed_bytes || r.max_processes) {
+    host.cgroups = ProbeCgroupCaps();
+  }
+  return host;
 }
 
 }  // namespace agentbox

@@ -242,6 +242,25 @@ void PrepareExec(const Plan& plan, const std::vector<std::string>& argv, ExecReq
                 name.c_str());
 }
 
+// The end of every command's process: default signals, the original mask,
+// then exec along the PATH candidates; on failure one exec_error line on
+// `report_fd` and exit 127 (not found) or 126. Syscalls only (vfork).
+[[noreturn]] void ExecOrReport(const ExecRequest& req, int report_fd, const sigset_t& original_mask) {
+  for (int sig : kForwarded) signal(sig, SIG_DFL);
+  signal(SIGCHLD, SIG_DFL);
+  signal(SIGPIPE, SIG_DFL);
+  sigprocmask(SIG_SETMASK, &original_mask, nullptr);
+  int saved = ENOENT;
+  for (const auto& candidate : req.candidates) {
+    execve(candidate.c_str(), req.cargv.data(), req.cenv.data());
+    if (errno == EACCES || errno == ENOEXEC || errno == EPERM || req.candidates.size() == 1) saved = errno;
+  }
+  char line[600];
+  int n = std::snprintf(line, sizeof(line), "%s%d}\n", req.exec_error_prefix, saved);
+  if (n > 0) (void)!write(report_fd, line, static_cast<size_t>(std::min(n, static_cast<int>(sizeof(line)) - 1)));
+  _exit(saved == ENOENT ? 127 : 126);
+}
+
 // The command's process: a new session (no controlling terminal to inject
 // keystrokes into), default signals, then exec. No capability to drop: the
 // runner dropped them all (bounding set and securebits included) before the
@@ -256,19 +275,7 @@ void PrepareExec(const Plan& plan, const std::vector<std::string>& argv, ExecReq
     (void)!write(status_fd, kMsg, sizeof(kMsg) - 1);
     _exit(125);
   }
-  for (int sig : kForwarded) signal(sig, SIG_DFL);
-  signal(SIGCHLD, SIG_DFL);
-  signal(SIGPIPE, SIG_DFL);
-  sigprocmask(SIG_SETMASK, &original_mask, nullptr);
-  int saved = ENOENT;
-  for (const auto& candidate : req.candidates) {
-    execve(candidate.c_str(), req.cargv.data(), req.cenv.data());
-    if (errno == EACCES || errno == ENOEXEC || errno == EPERM || req.candidates.size() == 1) saved = errno;
-  }
-  char line[600];
-  int n = std::snprintf(line, sizeof(line), "%s%d}\n", req.exec_error_prefix, saved);
-  if (n > 0) (void)!write(status_fd, line, static_cast<size_t>(std::min(n, static_cast<int>(sizeof(line)) - 1)));
-  _exit(saved == ENOENT ? 127 : 126);
+  ExecOrReport(req, status_fd, original_mask);
 }
 
 // vfork: the child borrows the runner's memory until it execs, which spares
@@ -442,19 +449,7 @@ struct SessionCall {
     (void)!write(result_fd, kMsg, sizeof(kMsg) - 1);
     _exit(125);
   }
-  for (int sig : kForwarded) signal(sig, SIG_DFL);
-  signal(SIGCHLD, SIG_DFL);
-  signal(SIGPIPE, SIG_DFL);
-  sigprocmask(SIG_SETMASK, &original_mask, nullptr);
-  int saved = ENOENT;
-  for (const auto& candidate : req.candidates) {
-    execve(candidate.c_str(), req.cargv.data(), req.cenv.data());
-    if (errno == EACCES || errno == ENOEXEC || errno == EPERM || req.candidates.size() == 1) saved = errno;
-  }
-  char line[600];
-  int n = std::snprintf(line, sizeof(line), "%s%d}\n", req.exec_error_prefix, saved);
-  if (n > 0) (void)!write(result_fd, line, static_cast<size_t>(std::min(n, static_cast<int>(sizeof(line)) - 1)));
-  _exit(saved == ENOENT ? 127 : 126);
+  ExecOrReport(req, result_fd, original_mask);
 }
 
 __attribute__((noinline)) pid_t SpawnSessionCommand(const ExecRequest& req, const char* cwd, int in_fd, int out_fd,

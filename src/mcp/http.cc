@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "agentbox/outcome.h"
+#include "linux/random.h"
 #include "mcp/server.h"
 
 namespace agentbox::mcp {
@@ -66,22 +67,7 @@ Response RpcError(int status, const Json& id, int code, const std::string& messa
   return Rpc(status, Server::Error(id, code, message));
 }
 
-std::string RandomId() {
-  unsigned char raw[16] = {};
-  std::size_t got = 0;
-  while (got < sizeof raw) {
-    ssize_t n = getrandom(raw + got, sizeof raw - got, 0);
-    if (n <= 0) break;
-    got += static_cast<std::size_t>(n);
-  }
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string id;
-  for (unsigned char c : raw) {
-    id += kHex[c >> 4];
-    id += kHex[c & 15];
-  }
-  return id;
-}
+std::string RandomId() { return linux::RandomHex(16); }
 
 // "http://localhost:3000", "http://127.0.0.1", "http://[::1]:8080".
 bool LoopbackOrigin(const std::string& origin) {

@@ -33,6 +33,7 @@
 #include "agentbox/outcome.h"
 #include "agentbox/policy.h"
 #include "linux/fd.h"
+#include "linux/random.h"
 #include "session/layers.h"
 #include "session/world.h"
 #include "supervise/denial_scanner.h"
@@ -48,21 +49,7 @@ constexpr int kFileToolTimeoutMs = 60000;
 
 const std::vector<std::string> kTools = {"bash", "read_file", "write_file", "edit_file", "list_dir", "glob"};
 
-std::string RandomId(const char* prefix) {
-  unsigned char raw[8] = {};
-  UniqueFd fd(open("/dev/urandom", O_RDONLY | O_CLOEXEC));
-  if (!fd.valid() || read(fd.get(), raw, sizeof(raw)) != static_cast<ssize_t>(sizeof(raw))) {
-    auto t = static_cast<std::uint64_t>(Clock::now().time_since_epoch().count()) ^ static_cast<std::uint64_t>(getpid());
-    std::memcpy(raw, &t, sizeof(raw));
-  }
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string s = prefix;
-  for (unsigned char c : raw) {
-    s += kHex[c >> 4];
-    s += kHex[c & 15];
-  }
-  return s;
-}
+std::string RandomId(const char* prefix) { return prefix + linux::RandomHex(8); }
 
 bool ValidId(const std::string& id) {
   if (id.empty() || id.size() > 64) return false;
@@ -151,15 +138,6 @@ void RemoveTree(const std::string& path) {
   const std::string parent = slash == 0 ? "/" : path.substr(0, slash);
   UniqueFd p(open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (p.valid()) RemoveTreeAt(p.get(), path.substr(slash + 1).c_str());
-}
-
-HostCaps ProbeFor(const Policy& policy) {
-  HostCaps host = ProbeHost(ProbeDepth::kQuick);
-  const ResourcesSpec& r = policy.resources;
-  if (r.cpu.requested() || r.memory_limit_bytes || r.memory_guaranteed_bytes || r.max_processes) {
-    host.cgroups = ProbeCgroupCaps();
-  }
-  return host;
 }
 
 std::string HomeDir() {
@@ -371,7 +349,7 @@ Status Manager::Impl::Provision(SessionState& s) {
   inv.nonce = RandomId("");
   inv.backend = BackendChoice::kNamespaces;
   inv.session = true;
-  auto confined = Confine({"true"}, *policy, ProbeFor(*policy), inv);
+  auto confined = Confine({"true"}, *policy, ProbeHostFor(*policy), inv);
   if (!confined.ok()) return confined.status();
   Plan& plan = confined->plan;
   if (!plan.confined) {
