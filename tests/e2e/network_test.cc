@@ -68,8 +68,9 @@ class HostServer {
       }
       std::string resp = "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: " +
                          std::to_string(std::string(kBody).size()) + "\r\nConnection: close\r\n\r\n" + kBody;
-      (void)!send(c, resp.data(), resp.size(), MSG_NOSIGNAL);
+      // Counted before the answer leaves: a client that has it sees the count.
       ++served_;
+      (void)!send(c, resp.data(), resp.size(), MSG_NOSIGNAL);
       close(c);
     }
   }
