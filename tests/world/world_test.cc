@@ -70,7 +70,8 @@ class WorldTest : public ::testing::Test {
   }
   void TearDown() override {
     manager_.reset();
-    system(("rm -rf " + state_ + " " + base_).c_str());
+    // overlayfs leaves its work directory mode 0000: open it up first.
+    system(("chmod -R u+rwx " + state_ + " 2>/dev/null; rm -rf " + state_ + " " + base_).c_str());
     EXPECT_TRUE(Children().empty()) << "a world's process outlived its Manager";
   }
   void Open(const std::string& mode = "auto") {
