@@ -506,7 +506,10 @@ Result<json> World::File(const json& request, int timeout_ms) {
       break;
     }
   }
-  json parsed = json::parse(answer, nullptr, false);
+  // A JSON line, then the output's raw bytes (world_main.cc).
+  const size_t nl = answer.find('\n');
+  json parsed = json::parse(answer.substr(0, nl), nullptr, false);
+  if (parsed.is_object() && nl != std::string::npos) parsed["output"] = answer.substr(nl + 1);
   if (!parsed.is_object()) {
     Alive();
     return Status::Error("session", answer.empty() ? "the file tool ended without an answer (the session's sandbox: " +

@@ -49,8 +49,15 @@ std::string FileOp(const std::string& request) {
   limits.workspace = req.value("workspace", std::string("/"));
   if (req.contains("max_read_bytes")) limits.max_read_bytes = req["max_read_bytes"].get<std::size_t>();
   json input = req.contains("input") ? req["input"] : json::object();
-  return RunFileTool(req["name"].get<std::string>(), input, limits)
-      .dump(-1, ' ', false, json::error_handler_t::replace);
+  // The answer: one JSON line without "output", then the output's bytes as
+  // they are (a 1 MiB file is not escaped here and parsed back there).
+  json answer = RunFileTool(req["name"].get<std::string>(), input, limits);
+  std::string output;
+  if (answer.contains("output") && answer["output"].is_string()) {
+    output = std::move(answer["output"].get_ref<std::string&>());
+    answer.erase("output");
+  }
+  return answer.dump(-1, ' ', false, json::error_handler_t::replace) + "\n" + output;
 }
 
 void Send(const json& message, int fd_to_pass = -1) {
