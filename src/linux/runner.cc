@@ -511,6 +511,16 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
   UniqueFd& listener = set_up.listener;
   UniqueFd& sigfd = set_up.sigfd;
   const sigset_t& original = set_up.original;
+  // The init's own stdio is its caller's (a daemon's log, an MCP server's
+  // stderr): no call may reach it, so the init keeps none of it. Every call
+  // brings its own.
+  {
+    int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+    for (int fd = 0; fd <= 2; ++fd) {
+      if (null >= 0 ? dup2(null, fd) < 0 : close(fd) != 0) Fail(status_fd, Status::Errno("runner", "dup2", "/dev/null"));
+    }
+    if (null > 2) close(null);
+  }
   {
     RunnerMessage ready;
     ready.type = RunnerMessage::Type::kReady;
@@ -595,8 +605,16 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
             for (int sig : kForwarded) signal(sig, SIG_DFL);
             signal(SIGCHLD, SIG_DFL);
             sigprocmask(SIG_SETMASK, &original, nullptr);
+            // Nothing of the init's but the answer's pipe: not the control
+            // socket, the filter's listener or the signalfd, which a path
+            // like /proc/self/fd/N would otherwise reopen.
+            const int answer_fd = fcntl(received[first_io].get(), F_DUPFD_CLOEXEC, 3);
+            if (answer_fd < 0 || dup3(answer_fd, 3, O_CLOEXEC) < 0) _exit(125);
+            if (CloseRange(4, ~0U, 0) != 0) {
+              for (int fd = 4; fd < 65536; ++fd) close(fd);
+            }
             std::string answer = hooks.file_op(text);
-            WriteFully(received[first_io].get(), answer);
+            WriteFully(3, answer);
             _exit(0);
           }
           if (child > 0) {

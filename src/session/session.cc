@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <exception>
 #include <map>
 #include <mutex>
 #include <set>
@@ -570,7 +571,13 @@ Result<std::string> Manager::Impl::TakeSnapshot(SessionState& s) {
     // A copy session that never ran holds an empty dir: snapshot the base it would copy.
     stack.upper = s.lowers.empty() ? s.workspace : s.lowers.front();
   }
-  auto manifest = CreateSnapshot(stack, s.ws_mode == "copy" ? "" : s.recipe.value("from_snapshot", ""), dest);
+  Result<Json> manifest = Status::Error("snapshot", "not taken");
+  try {
+    manifest = CreateSnapshot(stack, s.ws_mode == "copy" ? "" : s.recipe.value("from_snapshot", ""), dest);
+  } catch (const std::exception& e) {  // never past this point: a session must stay usable
+    RemoveTree(dest);
+    return Status::Error("snapshot", "snapshot of session " + s.id + " failed: " + e.what());
+  }
   if (!manifest.ok()) return manifest.status();
   std::lock_guard<std::mutex> lock(s.mu);
   (void)s.AppendLog({{"type", "event"}, {"event", "snapshot"}, {"snapshot_id", snap}});
@@ -912,7 +919,11 @@ Result<Json> Manager::Diff(const std::string& id) {
     if (stack.copy_mode) return Json{{"files", Json::array()}, {"patch", ""}, {"truncated", false}};
     mkdir(stack.upper.c_str(), 0700);
   }
-  return ComputeDiff(stack, kMaxPatchBytes);
+  try {
+    return ComputeDiff(stack, kMaxPatchBytes);
+  } catch (const std::exception& e) {
+    return Status::Error("session", "diff of session " + id + " failed: " + e.what());
+  }
 }
 
 Result<std::string> Manager::LogPath(const std::string& id) const {
@@ -933,9 +944,11 @@ Status Manager::Remove(const std::string& id) {
   if (s->recipe.value("snapshot_on_exit", false)) {
     auto snap = m.TakeSnapshot(*s);
     if (!snap.ok()) {
+      // Kept, and usable: the caller may fix what broke the snapshot and remove it again.
       std::lock_guard<std::mutex> lock(s->mu);
       s->removing = false;
-      return Status::Error("snapshot", "snapshot_on_exit: " + snap.status().message() + " (session " + id + " kept)");
+      return Status::Error(kConflict, "snapshot_on_exit: " + snap.status().message() + " (session " + id +
+                                          " kept; fix the cause and remove it again)");
     }
   }
   {

@@ -1,6 +1,7 @@
 // Sessions through the Manager, against real sandboxes: the world's
 // semantics below the daemon (which tests/session covers over HTTP).
 #include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -476,6 +477,55 @@ TEST_F(WorldTest, FreshPerTaskFalseWorksOnTheWorkspaceItself) {
   auto diff = manager_->Diff(id);
   ASSERT_FALSE(diff.ok());
   EXPECT_NE(diff.status().message().find("fresh_per_task"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace agentbox::session
+
+namespace agentbox::session {
+namespace {
+
+// A file tool is agentbox's own code forked from the init: it must hold no
+// descriptor of the init's that a path like /proc/self/fd/N could reopen
+// (the caller's stdout/stderr above all).
+TEST_F(WorldTest, FileToolsHoldNoDescriptorOfTheCallers) {
+  // The world's processes inherit this process's stderr: point it at a file.
+  const std::string err_path = state_ + "/stderr.txt";
+  int saved = dup(2);
+  int file = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  ASSERT_GE(file, 0);
+  dup2(file, 2);
+  close(file);
+  std::string id = Create();
+  Json list = Tool(id, "list_dir", {{"path", "/proc/self/fd"}});
+  for (const char* fd : {"1", "2"}) {
+    (void)Tool(id, "write_file", {{"path", std::string("/proc/self/fd/") + fd}, {"content", "INJECTED\n"}});
+    (void)Tool(id, "edit_file", {{"path", std::string("/proc/self/fd/") + fd}, {"old", "a"}, {"new", "INJECTED"}});
+  }
+  dup2(saved, 2);
+  close(saved);
+  EXPECT_EQ(Read(err_path).find("INJECTED"), std::string::npos) << Read(err_path);
+  // 0-2 are /dev/null, 3 is the answer's pipe (plus the fd list_dir reads with).
+  std::size_t entries = 0;
+  for (const auto& e : list["outcome"].value("entries", Json::array())) {
+    (void)e;
+    ++entries;
+  }
+  EXPECT_LE(entries, 5u) << list.dump();
+}
+
+// A snapshot that cannot be taken never leaves a session half-removed.
+TEST_F(WorldTest, ARemovalThatCannotSnapshotKeepsAUsableSession) {
+  std::string id = Create("sandbox:\n  snapshot_on_exit: true\n");
+  Bash(id, "touch \"x$(printf '\\303')\"; echo ok > plain.txt");
+  Status removed = manager_->Remove(id);
+  if (!removed.ok()) {
+    EXPECT_EQ(removed.stage(), kConflict) << removed.ToString();
+    EXPECT_EQ(Bash(id, "rm -f x*; echo still")["output"], "still\n");
+    ASSERT_TRUE(manager_->Remove(id).ok());
+  }
+  EXPECT_FALSE(manager_->Describe(id).ok());
+  EXPECT_TRUE(Children().empty());
 }
 
 }  // namespace
