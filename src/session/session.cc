@@ -370,6 +370,10 @@ Status Manager::Impl::Provision(SessionState& s) {
       ws_op->kind = MountKind::kOverlay;
       mkdir((s.dir + "/upper").c_str(), 0700);
       mkdir((s.dir + "/work").c_str(), 0700);
+      // The merged root takes the upper layer's mode: give it the base's
+      // (the state directory above stays 0700).
+      struct stat base_st {};
+      if (stat(s.workspace.c_str(), &base_st) == 0) chmod((s.dir + "/upper").c_str(), base_st.st_mode & 0777);
       plan.workspace_overlay = WorkspaceOverlay{s.lowers, s.dir + "/upper", s.dir + "/work"};
     } else {  // copy: the workspace's host side is the session's copy
       const std::string copy = s.dir + "/copy";

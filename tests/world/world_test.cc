@@ -115,9 +115,13 @@ TEST_F(WorldTest, NothingRunsBeforeTheFirstCall) {
   std::string id = Create();
   EXPECT_TRUE(Children().empty());
   EXPECT_FALSE((*manager_->Describe(id))["provisioned"].get<bool>());
-  Json r = Bash(id, "echo hello");
+  Json r = Bash(id, "echo hello; stat -c %a .");
   EXPECT_EQ(r["kind"], "exited");
-  EXPECT_EQ(r["output"], "hello\n");
+  struct stat base_st {};
+  ASSERT_EQ(stat(base_.c_str(), &base_st), 0);
+  char mode[8];
+  std::snprintf(mode, sizeof(mode), "%o", base_st.st_mode & 0777);
+  EXPECT_EQ(r["output"], std::string("hello\n") + mode + "\n");  // the workspace keeps the base's mode
   EXPECT_EQ(Children().size(), 1u);
   EXPECT_TRUE((*manager_->Describe(id))["provisioned"].get<bool>());
 }
