@@ -16,7 +16,9 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <unordered_map>
 
@@ -47,6 +49,138 @@ std::string Octal(mode_t mode) {
   char buf[16];
   std::snprintf(buf, sizeof(buf), "%04o", static_cast<unsigned>(mode & 07777));
   return buf;
+}
+
+// Whether `s` is well-formed UTF-8 (RFC 3629: no overlong forms, no
+// surrogates, nothing past U+10FFFF), which is what JSON text can carry.
+bool IsUtf8(std::string_view s) {
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    std::size_t more = 0;
+    unsigned char lo = 0x80, hi = 0xbf;  // the range of the first continuation byte
+    if (c >= 0xc2 && c <= 0xdf) {
+      more = 1;
+    } else if (c >= 0xe0 && c <= 0xef) {
+      more = 2;
+      if (c == 0xe0) lo = 0xa0;
+      if (c == 0xed) hi = 0x9f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+      more = 3;
+      if (c == 0xf0) lo = 0x90;
+      if (c == 0xf4) hi = 0x8f;
+    } else {
+      return false;
+    }
+    if (s.size() - i <= more) return false;
+    for (std::size_t k = 1; k <= more; ++k) {
+      const auto b = static_cast<unsigned char>(s[i + k]);
+      if (k == 1 ? (b < lo || b > hi) : (b < 0x80 || b > 0xbf)) return false;
+    }
+    i += more + 1;
+  }
+  return true;
+}
+
+// `s` with every byte that is not part of well-formed UTF-8 replaced by
+// U+FFFD: readable, not exact (exact bytes travel as hex beside it).
+std::string Utf8Lossy(std::string_view s) {
+  if (IsUtf8(s)) return std::string(s);
+  std::string out;
+  for (std::size_t i = 0; i < s.size();) {
+    std::size_t len = 1;
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c >= 0xc2 && c <= 0xf4) {
+      const std::size_t want = c <= 0xdf ? 2 : c <= 0xef ? 3 : 4;
+      if (i + want <= s.size() && IsUtf8(s.substr(i, want))) len = want;
+    }
+    if (len == 1 && c >= 0x80) {
+      out += "\xEF\xBF\xBD";
+    } else {
+      out.append(s.substr(i, len));
+    }
+    i += len;
+  }
+  return out;
+}
+
+std::string Hex(std::string_view bytes) {
+  static const char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (char c : bytes) {
+    const auto u = static_cast<unsigned char>(c);
+    out.push_back(kDigits[u >> 4]);
+    out.push_back(kDigits[u & 15]);
+  }
+  return out;
+}
+
+std::optional<std::string> Unhex(std::string_view hex) {
+  if (hex.size() % 2 != 0) return std::nullopt;
+  auto digit = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  std::string out;
+  for (std::size_t i = 0; i < hex.size(); i += 2) {
+    const int h = digit(hex[i]), l = digit(hex[i + 1]);
+    if (h < 0 || l < 0) return std::nullopt;
+    out.push_back(static_cast<char>(h * 16 + l));
+  }
+  return out;
+}
+
+// File names and symlink targets are bytes; JSON strings are UTF-8. A value
+// that is not UTF-8 is stored as "<key>_hex" (lowercase hex of the bytes)
+// instead of "<key>", so it round-trips exactly.
+void PutBytes(Json& object, const std::string& key, const std::string& value) {
+  if (IsUtf8(value)) {
+    object[key] = value;
+  } else {
+    object[key + "_hex"] = Hex(value);
+  }
+}
+
+// The value PutBytes stored, or nullopt when neither form is there (or the
+// hex is malformed).
+std::optional<std::string> GetBytes(const Json& object, const std::string& key) {
+  if (!object.is_object()) return std::nullopt;
+  auto plain = object.find(key);
+  auto hex = object.find(key + "_hex");
+  if (plain != object.end() && hex == object.end()) {
+    if (!plain->is_string()) return std::nullopt;
+    return plain->get<std::string>();
+  }
+  if (hex != object.end() && plain == object.end() && hex->is_string()) {
+    return Unhex(hex->get_ref<const std::string&>());
+  }
+  return std::nullopt;
+}
+
+// Every path walked or written here, root included, fits in PATH_MAX like
+// any path a process can name: a tree nested deeper (built with *at calls)
+// is refused with its path, so no walk recurses without bound and whatever
+// was written can be removed by path.
+constexpr std::size_t kMaxPath = PATH_MAX - 1;
+
+bool TooLong(const std::string& root, const std::string& rel) { return Join(root, rel).size() > kMaxPath; }
+
+Status PathTooLong(const char* stage, const std::string& root, const std::string& rel) {
+  return Status::Error(stage, Utf8Lossy(Join(root, rel.substr(0, 256))) + "...: path longer than " +
+                                  std::to_string(kMaxPath) + " bytes (directories nested too deep)");
+}
+
+// The permission bits a copy keeps: set-user-ID and set-group-ID never (a
+// layer is written by the sandbox, whose root may be the host's), the
+// sticky bit on directories only.
+mode_t KeptMode(const struct stat& st) {
+  return st.st_mode & (S_ISDIR(st.st_mode) ? 01777 : 0777);
 }
 
 bool IsWhiteout(const struct stat& st) { return S_ISCHR(st.st_mode) && st.st_rdev == makedev(0, 0); }
@@ -231,24 +365,27 @@ class TreeCopier {
     return {};
   }
 
-  std::vector<Json>& entries() { return entries_; }
+  // Manifest entries with the exact path of each.
+  std::vector<std::pair<std::string, Json>>& entries() { return entries_; }
 
  private:
   static bool Vanished(int err) { return err == ENOENT || err == ENOTDIR || err == ELOOP; }
 
   // Ownership, mode and times of a copied file or directory, after its
-  // contents: chown first (it clears set-id bits), times last.
+  // contents: chown first, times last. The mode loses its set-id bits
+  // (KeptMode).
   Status Finish(int fd, const struct stat& st, const std::string& dst) {
     if (o_.chown && fchown(fd, st.st_uid, st.st_gid) != 0 && errno != EPERM && errno != EINVAL) {
       return Status::Errno(o_.stage, "fchown", dst);
     }
-    if (fchmod(fd, st.st_mode & 07777) != 0) return Status::Errno(o_.stage, "fchmod", dst);
+    if (fchmod(fd, KeptMode(st)) != 0) return Status::Errno(o_.stage, "fchmod", dst);
     struct timespec times[2] = {st.st_atim, st.st_mtim};
     if (futimens(fd, times) != 0) return Status::Errno(o_.stage, "futimens", dst);
     return {};
   }
 
   Status CopyEntry(int src_dir, int dst_dir, const std::string& name, const std::string& rel) {
+    if (TooLong(src_root_, rel) || TooLong(dst_root_, rel)) return PathTooLong(o_.stage, src_root_, rel);
     const std::string src = Join(src_root_, rel);
     const std::string dst = Join(dst_root_, rel);
     struct stat st {};
@@ -267,14 +404,23 @@ class TreeCopier {
       if (o_.chown) (void)fchownat(dst_dir, name.c_str(), st.st_uid, st.st_gid, AT_SYMLINK_NOFOLLOW);
       struct timespec times[2] = {st.st_atim, st.st_mtim};
       (void)utimensat(dst_dir, name.c_str(), times, AT_SYMLINK_NOFOLLOW);
-      if (o_.manifest) entries_.push_back({{"path", rel}, {"type", "symlink"}, {"target", *target}});
+      if (o_.manifest) {
+        Json e = {{"type", "symlink"}};
+        PutBytes(e, "path", rel);
+        PutBytes(e, "target", *target);
+        entries_.emplace_back(rel, std::move(e));
+      }
       return {};
     }
     if (o_.overlay_markers && IsWhiteout(st)) {
       if (mknodat(dst_dir, name.c_str(), S_IFCHR, makedev(0, 0)) != 0) {
         return Status::Errno(o_.stage, "mknod (whiteout)", dst);
       }
-      if (o_.manifest) entries_.push_back({{"path", rel}, {"type", "whiteout"}});
+      if (o_.manifest) {
+        Json e = {{"type", "whiteout"}};
+        PutBytes(e, "path", rel);
+        entries_.emplace_back(rel, std::move(e));
+      }
       return {};
     }
     return {};  // sockets, fifos, devices: not workspace content
@@ -297,11 +443,12 @@ class TreeCopier {
       if (fstat(out.get(), &copied) != 0) return Status::Errno(o_.stage, "fstat", dst);
       auto sha = Sha256OfFile(out.get(), static_cast<std::size_t>(copied.st_size), dst, o_.stage);
       if (!sha.ok()) return sha.status();
-      entries_.push_back({{"path", rel},
-                          {"type", "file"},
-                          {"mode", Octal(copied.st_mode)},
-                          {"size", static_cast<std::uint64_t>(copied.st_size)},
-                          {"sha256", *sha}});
+      Json e = {{"type", "file"},
+                {"mode", Octal(copied.st_mode)},
+                {"size", static_cast<std::uint64_t>(copied.st_size)},
+                {"sha256", *sha}};
+      PutBytes(e, "path", rel);
+      entries_.emplace_back(rel, std::move(e));
     }
     return {};
   }
@@ -322,7 +469,10 @@ class TreeCopier {
     }
     if (Status s = Finish(out.get(), st, dst); !s.ok()) return s;
     if (o_.manifest) {
-      entries_.push_back({{"path", rel}, {"type", "dir"}, {"mode", Octal(st.st_mode)}, {"opaque", opaque}});
+      // The mode the copy has (KeptMode), not the source's.
+      Json e = {{"type", "dir"}, {"mode", Octal(KeptMode(st))}, {"opaque", opaque}};
+      PutBytes(e, "path", rel);
+      entries_.emplace_back(rel, std::move(e));
     }
     return {};
   }
@@ -330,13 +480,13 @@ class TreeCopier {
   Options o_;
   std::string src_root_;
   std::string dst_root_;
-  std::vector<Json> entries_;
+  std::vector<std::pair<std::string, Json>> entries_;
 };
 
 // Copies the contents of the directory `from` into the directory `to` (both
 // exist), then gives `to` the mode and times of `from`.
 Status CopyInto(const std::string& from, const std::string& to, const TreeCopier::Options& options,
-                std::vector<Json>* entries) {
+                std::vector<std::pair<std::string, Json>>* entries) {
   UniqueFd src(open(from.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!src.valid()) return Status::Errno(options.stage, "open", from);
   UniqueFd dst(open(to.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
@@ -345,7 +495,7 @@ Status CopyInto(const std::string& from, const std::string& to, const TreeCopier
   if (fstat(src.get(), &st) != 0) return Status::Errno(options.stage, "fstat", from);
   TreeCopier copier(options, from, to);
   if (Status s = copier.CopyContents(src.get(), dst.get(), ""); !s.ok()) return s;
-  if (fchmod(dst.get(), st.st_mode & 07777) != 0) return Status::Errno(options.stage, "fchmod", to);
+  if (fchmod(dst.get(), KeptMode(st)) != 0) return Status::Errno(options.stage, "fchmod", to);
   struct timespec times[2] = {st.st_atim, st.st_mtim};
   if (futimens(dst.get(), times) != 0) return Status::Errno(options.stage, "futimens", to);
   // One flush for the whole tree: a journal commit per file would cost
@@ -473,6 +623,7 @@ Status CollectPaths(int root_fd, const std::string& root, const std::string& rel
   for (const std::string& name : *names) {
     if (git == GitDirs::kSkip && name == ".git") continue;
     std::string child = Join(rel, name);
+    if (TooLong(root, child)) return PathTooLong(stage, root, child);
     paths->insert(child);
     struct stat st {};
     if (fstatat(dir.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode)) {
@@ -519,13 +670,18 @@ Result<Side> ReadSide(LayeredView& view, const Node& node, const std::string& re
   side.git_mode = (st.st_mode & S_IXUSR) ? 0100755 : 0100644;
   side.size = static_cast<std::size_t>(st.st_size);
   if (side.size <= max_load) {
-    // Read to the end (the file may have grown since fstat).
-    auto data = ReadUpTo(fd.get(), static_cast<std::size_t>(-1), path, "diff");
+    // The file may have grown since fstat (the sandbox can write it while
+    // it is read): one byte past the cap tells, and a file that grew past
+    // it is one over the cap, never read whole.
+    const std::size_t limit = max_load < std::numeric_limits<std::size_t>::max() ? max_load + 1 : max_load;
+    auto data = ReadUpTo(fd.get(), limit, path, "diff");
     if (!data.ok()) return data.status();
-    side.content = std::move(*data);
-    side.size = side.content.size();
-    side.loaded = true;
-    side.binary = side.content.find('\0') < kBinaryProbeBytes;
+    side.binary = data->find('\0') < kBinaryProbeBytes;
+    side.size = data->size();
+    if (data->size() <= max_load) {
+      side.content = std::move(*data);
+      side.loaded = true;
+    }
   } else {
     auto head = ReadUpTo(fd.get(), kBinaryProbeBytes, path, "diff");
     if (!head.ok()) return head.status();
@@ -629,12 +785,10 @@ bool AppendSection(std::string* out, const std::string& path, const Side* old_si
   return true;
 }
 
-}  // namespace
-
 // ------------------------------------------------------------------ snapshots
 
-Result<Json> CreateSnapshot(const LayerStack& stack, const std::string& parent_snapshot_id,
-                            const std::string& dest_dir) {
+Result<Json> CreateSnapshotUnguarded(const LayerStack& stack, const std::string& parent_snapshot_id,
+                                     const std::string& dest_dir) {
   const char* stage = "snapshot";
   if (mkdir(dest_dir.c_str(), 0700) != 0) return Status::Errno(stage, "mkdir", dest_dir);
   // A snapshot that fails half-way is removed: without a manifest it would
@@ -656,25 +810,33 @@ Result<Json> CreateSnapshot(const LayerStack& stack, const std::string& parent_s
   options.overlay_markers = !stack.copy_mode;
   options.manifest = true;
   options.chown = geteuid() == 0;
-  std::vector<Json> entries;
-  if (Status s = CopyInto(stack.upper, tree, options, &entries); !s.ok()) return s;
-  std::sort(entries.begin(), entries.end(), [](const Json& x, const Json& y) {
-    return x["path"].get_ref<const std::string&>() < y["path"].get_ref<const std::string&>();
-  });
+  std::vector<std::pair<std::string, Json>> copied;
+  if (Status s = CopyInto(stack.upper, tree, options, &copied); !s.ok()) return s;
+  std::sort(copied.begin(), copied.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+  Json entries = Json::array();
+  for (auto& [path, entry] : copied) entries.push_back(std::move(entry));
 
   Json manifest = {{"version", kSnapshotVersion},
                    {"created", NowRfc3339()},
                    {"parent", parent_snapshot_id},
                    {"mode", stack.copy_mode ? "copy" : "overlay"},
                    {"entries", std::move(entries)}};
-  if (Status s = WriteFileDurably(dest_dir, kManifestName, manifest.dump(), stage); !s.ok()) return s;
+  // Strict: every string in the manifest is UTF-8 (PutBytes), and one that
+  // is not must fail the snapshot rather than be stored altered.
+  std::string text;
+  try {
+    text = manifest.dump();
+  } catch (const Json::exception& e) {
+    return Status::Error(stage, "snapshot " + dest_dir + ": " + kManifestName + " cannot be written: " + e.what());
+  }
+  if (Status s = WriteFileDurably(dest_dir, kManifestName, text, stage); !s.ok()) return s;
   std::string parent_dir = std::filesystem::path(dest_dir).lexically_normal().parent_path().string();
   if (Status s = FsyncPath(parent_dir.empty() ? "." : parent_dir, stage); !s.ok()) return s;
   cleanup.armed = false;
   return manifest;
 }
 
-Result<Json> ReadSnapshotManifest(const std::string& dir) {
+Result<Json> ReadSnapshotManifestUnguarded(const std::string& dir) {
   struct stat st {};
   if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
     return Status::Error("not_found", "snapshot " + dir + " not found");
@@ -711,9 +873,9 @@ Result<Json> ReadSnapshotManifest(const std::string& dir) {
       auto it = e.find(key);
       return it == e.end() ? nullptr : &*it;
     };
-    const Json* p = e.is_object() ? field("path") : nullptr;
+    const std::optional<std::string> p = GetBytes(e, "path");
     const Json* t = e.is_object() ? field("type") : nullptr;
-    if (!p || !p->is_string() || !t || !t->is_string()) return corrupt("an entry without path or type");
+    if (!p || !t || !t->is_string()) return corrupt("an entry without path or type");
     const std::string& type = t->get_ref<const std::string&>();
     bool ok = true;
     if (type == "file") {
@@ -726,26 +888,27 @@ Result<Json> ReadSnapshotManifest(const std::string& dir) {
       const Json* opaque = field("opaque");
       ok = mode && mode->is_string() && opaque && opaque->is_boolean();
     } else if (type == "symlink") {
-      const Json* target = field("target");
-      ok = target && target->is_string();
+      ok = GetBytes(e, "target").has_value();
     } else {
       ok = type == "whiteout";
     }
-    if (!ok) return corrupt("malformed entry for " + p->get<std::string>());
+    if (!ok) return corrupt("malformed entry for " + Utf8Lossy(*p));
   }
   return manifest;
 }
 
-Status VerifySnapshot(const std::string& dir) {
-  auto manifest = ReadSnapshotManifest(dir);
+Status VerifySnapshotUnguarded(const std::string& dir) {
+  auto manifest = ReadSnapshotManifestUnguarded(dir);
   if (!manifest.ok()) return manifest.status();
   const std::string tree = Join(dir, kTreeName);
   std::vector<std::string> problems;
-  auto problem = [&](const std::string& path, const std::string& why) { problems.push_back(path + ": " + why); };
+  auto problem = [&](const std::string& path, const std::string& why) {
+    problems.push_back(Utf8Lossy(path) + ": " + why);
+  };
 
   std::map<std::string, const Json*> expected;
   for (const Json& e : (*manifest)["entries"]) {
-    const std::string& path = e["path"].get_ref<const std::string&>();
+    const std::string path = *GetBytes(e, "path");  // checked by ReadSnapshotManifest
     if (!expected.emplace(path, &e).second) problem(path, "listed twice in the manifest");
   }
 
@@ -798,7 +961,7 @@ Status VerifySnapshot(const std::string& dir) {
     } else if (type == "symlink") {
       auto target = ReadLinkAt(fd.get(), "", Join(tree, path), "snapshot");
       if (!target.ok()) return target.status();
-      if (*target != e["target"].get<std::string>()) problem(path, "symlink target differs from the manifest");
+      if (*target != *GetBytes(e, "target")) problem(path, "symlink target differs from the manifest");
     }
   }
   if (problems.empty()) return {};
@@ -808,7 +971,7 @@ Status VerifySnapshot(const std::string& dir) {
   return Status::Error("snapshot", message);
 }
 
-Status CopyTree(const std::string& from, const std::string& to) {
+Status CopyTreeUnguarded(const std::string& from, const std::string& to) {
   if (mkdir(to.c_str(), 0700) != 0 && errno != EEXIST) return Status::Errno("copy", "mkdir", to);
   TreeCopier::Options options;
   options.stage = "copy";
@@ -818,7 +981,7 @@ Status CopyTree(const std::string& from, const std::string& to) {
 
 // ------------------------------------------------------------------ diff
 
-Result<Json> ComputeDiff(const LayerStack& stack, std::size_t max_patch_bytes) {
+Result<Json> ComputeDiffUnguarded(const LayerStack& stack, std::size_t max_patch_bytes) {
   std::vector<std::string> merged_roots;
   merged_roots.push_back(stack.upper);
   if (!stack.copy_mode) {
@@ -905,7 +1068,11 @@ Result<Json> ComputeDiff(const LayerStack& stack, std::size_t max_patch_bytes) {
         complete = AppendSection(&section, path, &*before, &*after);
       }
     }
-    files.push_back({{"path", path}, {"status", status}, {"binary", before->binary || after->binary}});
+    // A path that is not UTF-8 is listed readable ("path", with U+FFFD for
+    // the bytes that are not UTF-8) and exact ("path_hex").
+    Json file = {{"path", Utf8Lossy(path)}, {"status", status}, {"binary", before->binary || after->binary}};
+    if (!IsUtf8(path)) file["path_hex"] = Hex(path);
+    files.push_back(std::move(file));
     if (truncated) continue;
     if (!complete || patch.size() + section.size() > max_patch_bytes) {
       truncated = true;
@@ -914,6 +1081,41 @@ Result<Json> ComputeDiff(const LayerStack& stack, std::size_t max_patch_bytes) {
     patch += section;
   }
   return Json{{"files", std::move(files)}, {"patch", std::move(patch)}, {"truncated", truncated}};
+}
+
+// Runs `f`, turning any exception (a JSON error, memory exhausted) into an
+// error of `stage` naming `what`: no exception leaves this module.
+template <typename F>
+auto Guarded(const char* stage, const std::string& what, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    return Status::Error(stage, Utf8Lossy(what) + ": " + e.what());
+  }
+}
+
+}  // namespace
+
+Result<Json> CreateSnapshot(const LayerStack& stack, const std::string& parent_snapshot_id,
+                            const std::string& dest_dir) {
+  return Guarded("snapshot", "snapshot " + dest_dir + " of " + stack.upper,
+                 [&] { return CreateSnapshotUnguarded(stack, parent_snapshot_id, dest_dir); });
+}
+
+Result<Json> ReadSnapshotManifest(const std::string& dir) {
+  return Guarded("snapshot", "snapshot " + dir, [&] { return ReadSnapshotManifestUnguarded(dir); });
+}
+
+Status VerifySnapshot(const std::string& dir) {
+  return Guarded("snapshot", "snapshot " + dir, [&] { return VerifySnapshotUnguarded(dir); });
+}
+
+Status CopyTree(const std::string& from, const std::string& to) {
+  return Guarded("copy", "copy of " + from + " to " + to, [&] { return CopyTreeUnguarded(from, to); });
+}
+
+Result<Json> ComputeDiff(const LayerStack& stack, std::size_t max_patch_bytes) {
+  return Guarded("diff", "diff of " + stack.upper, [&] { return ComputeDiffUnguarded(stack, max_patch_bytes); });
 }
 
 }  // namespace agentbox::session

@@ -57,9 +57,14 @@ inline constexpr int kSnapshotVersion = 1;
 //   dest_dir/manifest.json  {version, created (RFC 3339 UTC), parent, mode
 //                           (overlay|copy), entries: [{path, type
 //                           (file|dir|symlink|whiteout), mode, size, sha256,
-//                           target, opaque}]} sorted by path.
+//                           target, opaque}]} sorted by path. A path or a
+//                           target that is not UTF-8 is stored exactly as
+//                           "path_hex" / "target_hex" (lowercase hex of its
+//                           bytes) instead of "path" / "target".
 // Sockets, fifos and devices other than whiteouts are not kept; hard links
-// become separate files. Safe while the session runs: every checksum is
+// become separate files. Set-user-ID and set-group-ID bits are not kept (nor
+// the sticky bit on files): the mode copied and recorded is without them. A
+// tree nested past PATH_MAX is refused with its path. Safe while the session runs: every checksum is
 // taken on the copy, so the manifest always describes the bytes kept; but a
 // snapshot of a tree that changes meanwhile is not a point-in-time view
 // (freeze the sandbox first for that). Durability: the tree is flushed
@@ -84,7 +89,8 @@ Status VerifySnapshot(const std::string& dir);
 // `from`): files (reflinked where possible), directories and their modes,
 // symlinks as symlinks, modification times; ownership too when run as
 // root. A symlink is never followed, so nothing outside `from` is read.
-// Sockets, fifos and devices are left out; hard links become separate files.
+// Sockets, fifos and devices are left out; hard links become separate files;
+// set-user-ID and set-group-ID bits (and the sticky bit on files) are dropped.
 Status CopyTree(const std::string& from, const std::string& to);
 
 // The session's changes against the base: the merged view (upper over the
@@ -94,6 +100,9 @@ Status CopyTree(const std::string& from, const std::string& to);
 // 100644 and no other permission bits.
 //   {"files": [{"path", "status": added|modified|deleted, "binary": bool}],
 //    "patch": "<git-style diff>", "truncated": bool}
+// A path that is not UTF-8 is listed with "path" made readable (U+FFFD for
+// each byte that is not UTF-8) and "path_hex", its exact bytes in hex; the
+// patch quotes such names as git does (octal escapes).
 // Sorted by path. Overlay mode examines only the paths present in a layer
 // (plus the base contents of directories a layer deleted or made opaque):
 // the cost follows the changes, not the workspace. Copy mode walks both
@@ -105,7 +114,12 @@ Status CopyTree(const std::string& from, const std::string& to);
 // be applied with its binary files copied by other means. The patch holds
 // whole file sections only: when the next one would pass `max_patch_bytes`
 // (or a file is bigger than that) it and the rest are left out of the patch
-// (still listed in files) and "truncated" is true.
+// (still listed in files) and "truncated" is true. No file is read past
+// `max_patch_bytes` + 1 bytes, even one growing while it is read (larger
+// files are compared by streaming when their sizes match).
+//
+// None of these functions throws: failures, including JSON and memory
+// errors, come back as a Status naming the path.
 Result<Json> ComputeDiff(const LayerStack& stack, std::size_t max_patch_bytes);
 
 }  // namespace agentbox::session

@@ -21,6 +21,7 @@
 #include <functional>
 #include <map>
 #include <random>
+#include <set>
 #include <thread>
 
 namespace agentbox::session {
@@ -773,6 +774,195 @@ TEST(LayersCopyTree, ErrorsNameThePath) {
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.path(), t / "missing");
   EXPECT_EQ(s.err(), ENOENT);
+}
+
+// ------------------------------------------------------------------ hostile upper layers
+
+// A name that is not UTF-8 (the sandbox can create any bytes but '/' and
+// NUL) round-trips through the manifest exactly, and the diff lists it.
+TEST(LayersHostile, NonUtf8NamesRoundTrip) {
+  TempDir t;
+  fs::create_directories(t / "base");
+  const std::string name = std::string("x") + '\xc3';           // a truncated two-byte sequence
+  const std::string dir = std::string("d") + '\xff' + "\xed\xa0\x80";  // 0xff, then a UTF-16 surrogate
+  const std::string target = std::string("t") + '\xfe';
+  Write(t / ("upper/" + name), "hello\n");
+  Write(t / ("upper/" + dir + "/f.txt"), "f\n");
+  fs::create_symlink(target, t / "upper/link");
+  Write(t / "upper/ok.txt", "ok\n");
+
+  auto m = CreateSnapshot({t / "base", {}, t / "upper"}, "", t / "snap");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_NO_THROW((void)m->dump());  // strict: every string is UTF-8
+  std::map<std::string, Json> by_hex;
+  for (const Json& e : (*m)["entries"]) {
+    if (e.contains("path_hex")) {
+      EXPECT_FALSE(e.contains("path")) << e.dump();
+      by_hex[e["path_hex"]] = e;
+    }
+  }
+  ASSERT_EQ(by_hex.count("78c3"), 1u) << m->dump(1);                       // "x\xc3"
+  EXPECT_EQ(by_hex["78c3"]["type"], "file");
+  ASSERT_EQ(by_hex.count("64ffeda080"), 1u) << m->dump(1);                 // the directory
+  EXPECT_EQ(by_hex.count("64ffeda0802f662e747874"), 1u) << m->dump(1);     // and the file in it
+  bool link_seen = false;
+  for (const Json& e : (*m)["entries"]) {
+    if (e.value("path", "") == "link") {
+      EXPECT_EQ(e.value("target_hex", ""), "74fe") << e.dump();
+      EXPECT_FALSE(e.contains("target"));
+      link_seen = true;
+    }
+  }
+  EXPECT_TRUE(link_seen);
+  EXPECT_EQ(Read(t / ("snap/tree/" + name)), "hello\n");
+  EXPECT_EQ(fs::read_symlink(t / "snap/tree/link").string(), target);
+
+  auto read = ReadSnapshotManifest(t / "snap");
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_EQ(*read, *m);
+  Status v = VerifySnapshot(t / "snap");
+  EXPECT_TRUE(v.ok()) << v.ToString();
+
+  // Verification reads the hex: a changed byte in that file is found.
+  Write(t / ("snap/tree/" + name), "hellO\n");
+  v = VerifySnapshot(t / "snap");
+  EXPECT_FALSE(v.ok());
+  EXPECT_NE(v.message().find("checksum mismatch"), std::string::npos) << v.message();
+  EXPECT_NO_THROW((void)Json(v.message()).dump());
+
+  auto d = ComputeDiff({t / "base", {}, t / "upper"}, 1 << 20);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_NO_THROW((void)(*d)["files"].dump());
+  std::set<std::string> hex_paths;
+  for (const Json& f : (*d)["files"]) {
+    if (f.contains("path_hex")) {
+      hex_paths.insert(f["path_hex"].get<std::string>());
+      EXPECT_NE(f["path"].get<std::string>().find("\xEF\xBF\xBD"), std::string::npos) << f.dump();
+    }
+    EXPECT_EQ(f["status"], "added");
+  }
+  EXPECT_EQ(hex_paths, (std::set<std::string>{"78c3", "64ffeda0802f662e747874"}));
+  EXPECT_EQ((*d)["files"].size(), 4u) << (*d)["files"].dump(1);
+  // git quotes the raw bytes in octal.
+  EXPECT_NE((*d)["patch"].get<std::string>().find("\"b/x\\303\""), std::string::npos) << (*d)["patch"];
+  EXPECT_EQ((*d)["truncated"], false);
+}
+
+// A big sparse file in the upper layer costs no memory: it is listed, left
+// out of the patch, and the patch says it is truncated.
+TEST(LayersHostile, FileOverTheCapIsNotLoaded) {
+  TempDir t;
+  fs::create_directories(t / "base");
+  Write(t / "upper/a.txt", "small\n");
+  Write(t / "upper/big.bin", "");
+  ASSERT_EQ(truncate((t / "upper/big.bin").c_str(), 64 << 20), 0);  // 64 MiB, sparse
+  auto d = ComputeDiff({t / "base", {}, t / "upper"}, 4096);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(Statuses(*d), (std::map<std::string, std::string>{{"a.txt", "added"}, {"big.bin", "added"}}));
+  EXPECT_EQ((*d)["truncated"], true);
+  const std::string patch = (*d)["patch"];
+  EXPECT_NE(patch.find("b/a.txt"), std::string::npos) << patch;
+  EXPECT_EQ(patch.find("big.bin"), std::string::npos) << patch;
+  for (const Json& f : (*d)["files"]) {
+    if (f["path"] == "big.bin") EXPECT_EQ(f["binary"], true);  // NULs in its first bytes
+  }
+
+  // The same file in the base and the upper, both over the cap: compared by
+  // streaming, no change.
+  Write(t / "base/big.bin", "");
+  ASSERT_EQ(truncate((t / "base/big.bin").c_str(), 64 << 20), 0);
+  d = ComputeDiff({t / "base", {}, t / "upper"}, 4096);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(Statuses(*d), (std::map<std::string, std::string>{{"a.txt", "added"}}));
+}
+
+// A set-user-ID root binary in the upper layer (the sandbox's root can be
+// the host's) is kept in a snapshot without its set-id bits.
+TEST(LayersHostile, SnapshotDropsSetIdBits) {
+  TempDir t;
+  fs::create_directories(t / "base");
+  Write(t / "upper/bin/tool", "#!/bin/sh\n", 0755);
+  ASSERT_EQ(chmod((t / "upper/bin/tool").c_str(), 04755), 0);
+  Write(t / "upper/shared/f", "f\n");
+  ASSERT_EQ(chmod((t / "upper/shared").c_str(), 03775), 0);  // setgid + sticky directory
+  Write(t / "upper/sticky", "s\n");
+  ASSERT_EQ(chmod((t / "upper/sticky").c_str(), 01644), 0);
+  struct stat st {};
+  ASSERT_EQ(stat((t / "upper/bin/tool").c_str(), &st), 0);
+  ASSERT_EQ(st.st_mode & 07777, 04755u);  // the source really has the bit
+
+  auto m = CreateSnapshot({t / "base", {}, t / "upper"}, "", t / "snap");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ASSERT_EQ(stat((t / "snap/tree/bin/tool").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0755u);
+  ASSERT_EQ(stat((t / "snap/tree/shared").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 01775u);
+  ASSERT_EQ(stat((t / "snap/tree/sticky").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0644u);
+  std::map<std::string, std::string> modes;
+  for (const Json& e : (*m)["entries"]) {
+    if (e.contains("mode")) modes[e["path"]] = e["mode"];
+  }
+  EXPECT_EQ(modes["bin/tool"], "0755");
+  EXPECT_EQ(modes["shared"], "1775");
+  EXPECT_EQ(modes["sticky"], "0644");
+  Status v = VerifySnapshot(t / "snap");
+  EXPECT_TRUE(v.ok()) << v.ToString();
+
+  ASSERT_TRUE(CopyTree(t / "upper", t / "copy").ok());
+  ASSERT_EQ(stat((t / "copy/bin/tool").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0755u);
+  ASSERT_EQ(stat((t / "copy/shared").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 01775u);
+}
+
+// A tree nested past PATH_MAX (built one directory at a time, as the
+// sandbox can) is refused with its path by snapshot, copy and diff.
+TEST(LayersHostile, TreeDeeperThanPathMaxIsAClearError) {
+  TempDir t;
+  fs::create_directories(t / "base");
+  fs::create_directories(t / "upper");
+  const std::string component(200, 'd');
+  std::vector<int> fds;
+  fds.push_back(open((t / "upper").c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  ASSERT_GE(fds.back(), 0);
+  const int depth = PATH_MAX / 201 + 5;
+  for (int i = 0; i < depth; ++i) {
+    ASSERT_EQ(mkdirat(fds.back(), component.c_str(), 0755), 0) << std::strerror(errno);
+    fds.push_back(openat(fds.back(), component.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    ASSERT_GE(fds.back(), 0);
+  }
+  int leaf = openat(fds.back(), "f", O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_GE(leaf, 0);
+  close(leaf);
+  // Removed bottom-up through the fds (paths are too long for remove_all).
+  struct Remove {
+    std::vector<int>& fds;
+    std::string name;
+    ~Remove() {
+      if (!fds.empty()) unlinkat(fds.back(), "f", 0);
+      for (std::size_t i = fds.size(); i-- > 0;) {
+        if (i + 1 < fds.size()) unlinkat(fds[i], name.c_str(), AT_REMOVEDIR);
+        close(fds[i]);
+      }
+    }
+  } remove{fds, component};
+
+  auto m = CreateSnapshot({t / "base", {}, t / "upper"}, "", t / "snap");
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().stage(), "snapshot");
+  EXPECT_NE(m.status().message().find(t / "upper/" + component), std::string::npos) << m.status().ToString();
+  EXPECT_NE(m.status().message().find("path longer than"), std::string::npos) << m.status().ToString();
+  EXPECT_FALSE(fs::exists(t / "snap"));  // the half-made snapshot is removed
+
+  auto d = ComputeDiff({t / "base", {}, t / "upper"}, 1 << 20);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().stage(), "diff");
+  EXPECT_NE(d.status().message().find("path longer than"), std::string::npos) << d.status().ToString();
+
+  Status c = CopyTree(t / "upper", t / "copy");
+  EXPECT_FALSE(c.ok());
+  EXPECT_NE(c.message().find("path longer than"), std::string::npos) << c.ToString();
 }
 
 }  // namespace
