@@ -19,6 +19,7 @@
 #include <functional>
 
 #include "confine/layers.h"
+#include "session/test_files.h"
 #include "linux/landlock_ruleset.h"
 
 namespace agentbox::session {
@@ -26,38 +27,13 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/agentbox-filetools.XXXXXX";
-    if (mkdtemp(tmpl) != nullptr) path_ = tmpl;
-    chmod(path_.c_str(), 0755);  // reachable by the unprivileged user of the denial tests
-  }
-  ~TempDir() {
-    std::error_code ec;
-    for (auto it = fs::recursive_directory_iterator(path_, ec); it != fs::recursive_directory_iterator();
-         it.increment(ec)) {
-      if (!it->is_symlink(ec)) fs::permissions(it->path(), fs::perms::owner_all, fs::perm_options::add, ec);
-    }
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string operator/(const std::string& rel) const { return path_ + "/" + rel; }
+using testing::Read;
+using testing::Write;
 
- private:
-  std::string path_;
+// Reachable by the unprivileged user of the denial tests.
+struct TempDir : testing::TempDir {
+  TempDir() : testing::TempDir("filetools", 0755) {}
 };
-
-void Write(const std::string& path, const std::string& content, mode_t mode = 0644) {
-  fs::create_directories(fs::path(path).parent_path());
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << content;
-  chmod(path.c_str(), mode);
-}
-
-std::string Read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
-}
 
 mode_t ModeOf(const std::string& path) {
   struct stat st {};

@@ -2,6 +2,7 @@
 // type changes), of real overlay mounts (in a child in its own user and mount
 // namespaces) applied with `git apply`, snapshots and their verification.
 #include "session/layers.h"
+#include "session/test_files.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -29,41 +30,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/agentbox-layers.XXXXXX";
-    if (mkdtemp(tmpl) != nullptr) path_ = tmpl;
-  }
-  ~TempDir() {
-    // overlayfs leaves work/work with mode 0: give every directory back to
-    // its owner first (root does not need it; anyone else does).
-    std::error_code ec;
-    for (auto it = fs::recursive_directory_iterator(path_, ec); it != fs::recursive_directory_iterator();
-         it.increment(ec)) {
-      if (it->is_directory(ec) && !it->is_symlink(ec)) {
-        fs::permissions(it->path(), fs::perms::owner_all, fs::perm_options::add, ec);
-      }
-    }
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string operator/(const std::string& rel) const { return path_ + "/" + rel; }
+using testing::Read;
+using testing::Write;
 
- private:
-  std::string path_;
+struct TempDir : testing::TempDir {
+  TempDir() : testing::TempDir("layers") {}
 };
-
-void Write(const std::string& path, const std::string& content, mode_t mode = 0644) {
-  fs::create_directories(fs::path(path).parent_path());
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << content;
-  ASSERT_EQ(chmod(path.c_str(), mode), 0) << path;
-}
-
-std::string Read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
-}
 
 void Whiteout(const std::string& path) {
   fs::create_directories(fs::path(path).parent_path());
