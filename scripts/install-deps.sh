@@ -11,7 +11,7 @@ packages=(
   # the egress proxy: Asio/Beast (header-only), IDNA host names (static: libunistring too)
   libboost-dev libidn2-dev libunistring-dev
   # tests, fuzzing, benchmarks
-  libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-14-dev python3 curl
+  libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-14-dev python3 curl patch procps
   # the escape battery's compat suite
   nodejs
   # the demo's readable reports; anchors for the benchmarks

@@ -221,7 +221,7 @@ TEST(UnifiedDiff, ApplyRefusesWhatDoesNotMatch) {
 
 // GNU patch, not our applier, agrees with the hunks.
 TEST(UnifiedDiff, GnuPatchAppliesTheHunks) {
-  if (access("/usr/bin/patch", X_OK) != 0) GTEST_SKIP() << "GNU patch is not installed at /usr/bin/patch";
+  ASSERT_EQ(access("/usr/bin/patch", X_OK), 0) << "GNU patch is missing (scripts/install-deps.sh installs it)";
   char tmpl[] = "/tmp/agentbox-udiff.XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   const std::string dir = tmpl;

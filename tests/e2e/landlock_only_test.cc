@@ -32,7 +32,7 @@ TEST(LandlockOnly, RefusedUnderRequireFullWithTheMissingList) {
 }
 
 TEST(LandlockOnly, FilesystemNetworkProcessesAndCleanUp) {
-  if (!HavePython()) GTEST_SKIP() << "python3 not found: the probes are written in Python";
+  ASSERT_TRUE(HavePython()) << "python3 is missing (scripts/install-deps.sh installs it)";
   Sandbox box;
   // A host TCP listener on loopback, and a host process outside the domain.
   int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);

@@ -110,7 +110,7 @@ constexpr Expect kExpected[] = {
 };
 
 TEST(Seccomp, EveryDeniedGroupFailsWithEpermAndIsReportedByName) {
-  if (!HavePython()) GTEST_SKIP() << "python3 is not installed";
+  ASSERT_TRUE(HavePython()) << "python3 is missing (scripts/install-deps.sh installs it)";
   Sandbox sb;
   WriteFile(sb.ws() + "/attacks.py", kAttacks);
   RunResult r = sb.RunArgv({"python3", "attacks.py"});
@@ -129,7 +129,7 @@ TEST(Seccomp, EveryDeniedGroupFailsWithEpermAndIsReportedByName) {
 }
 
 TEST(Seccomp, FailingCommandWithADenialIsSandboxDenied) {
-  if (FindTool("unshare").empty()) GTEST_SKIP() << "unshare is not installed";
+  ASSERT_FALSE(FindTool("unshare").empty()) << "unshare is missing (scripts/install-deps.sh installs it)";
   Sandbox sb;
   RunResult r = sb.Sh("unshare -Ur true");
   EXPECT_NE(r.status, 0) << r.Describe();
@@ -147,7 +147,7 @@ TEST(Seccomp, ForeignArchitecturesAreRefused) {
 #if !defined(__x86_64__)
   GTEST_SKIP() << "x86_64 only";
 #else
-  if (FindTool("cc").empty()) GTEST_SKIP() << "no C compiler";
+  ASSERT_FALSE(FindTool("cc").empty()) << "cc is missing (scripts/install-deps.sh installs it)";
   Sandbox sb;
   WriteFile(sb.scratch() + "/arch.c", R"C(
 #include <stdio.h>

@@ -465,7 +465,7 @@ std::string TlsPolicy(const Sandbox& sb, int port, const std::string& sni_check)
 const char* const kTlsHosts = "127.0.0.1 tls.test front.test\n";
 
 TEST(Network, HttpsThroughConnectWithATestCa) {
-  if (Python().empty()) GTEST_SKIP() << "python3 is not installed";
+  ASSERT_FALSE(Python().empty()) << "python3 is missing (scripts/install-deps.sh installs it)";
   Sandbox sb;
   TestCa ca(sb.scratch());
   ASSERT_TRUE(ca.ok) << ca.log;
@@ -493,7 +493,7 @@ std::string FrontedCurl(int port) {
 }
 
 TEST(Network, TlsSniMismatchIsRefused) {
-  if (Python().empty()) GTEST_SKIP() << "python3 is not installed";
+  ASSERT_FALSE(Python().empty()) << "python3 is missing (scripts/install-deps.sh installs it)";
   Sandbox sb;
   TestCa ca(sb.scratch());
   ASSERT_TRUE(ca.ok) << ca.log;
@@ -516,7 +516,7 @@ TEST(Network, TlsSniMismatchIsRefused) {
 }
 
 TEST(Network, TlsSniCheckSwitchedOffLetsAMismatchThrough) {
-  if (Python().empty()) GTEST_SKIP() << "python3 is not installed";
+  ASSERT_FALSE(Python().empty()) << "python3 is missing (scripts/install-deps.sh installs it)";
   Sandbox sb;
   TestCa ca(sb.scratch());
   ASSERT_TRUE(ca.ok) << ca.log;
@@ -535,7 +535,7 @@ TEST(Network, TlsSniCheckSwitchedOffLetsAMismatchThrough) {
 // The supervisor resolves guarded.test through its /etc/hosts to 127.0.0.1:
 // allowed by name only, the guard refuses; an IP entry admits it.
 TEST(Network, NameResolvingToLoopbackNeedsAnIpEntry) {
-  if (Python().empty()) GTEST_SKIP() << "python3 is not installed";
+  ASSERT_FALSE(Python().empty()) << "python3 is missing (scripts/install-deps.sh installs it)";
   HostServer server;
   ASSERT_GT(server.port(), 0);
   Sandbox sb;
@@ -561,7 +561,7 @@ TEST(Network, NameResolvingToLoopbackNeedsAnIpEntry) {
 // ------------------------------------------------------------ real clients
 
 TEST(Network, GitCloneOverSmartHttp) {
-  if (Python().empty()) GTEST_SKIP() << "python3 is not installed";
+  ASSERT_FALSE(Python().empty()) << "python3 is missing (scripts/install-deps.sh installs it)";
   Sandbox sb;
   const std::string root = sb.scratch() + "/git";
   const std::string marker = "cloned-through-the-proxy-" + RandomHex();
@@ -629,8 +629,8 @@ function viaProxy(options) {
 )JS";
 
 TEST(Network, NodeThroughTheProxy) {
-  if (FindTool("node").empty()) GTEST_SKIP() << "node is not installed";
-  if (Python().empty()) GTEST_SKIP() << "python3 is not installed";
+  ASSERT_FALSE(FindTool("node").empty()) << "node is missing (scripts/install-deps.sh installs it)";
+  ASSERT_FALSE(Python().empty()) << "python3 is missing (scripts/install-deps.sh installs it)";
   HostServer plain;
   ASSERT_GT(plain.port(), 0);
   Sandbox sb;
@@ -657,7 +657,7 @@ TEST(Network, NodeThroughTheProxy) {
 // A UDP socket on the host's 127.0.0.1 receives nothing the sandbox sends
 // to that port: the sandbox's loopback is its own.
 TEST(Network, UdpToAHostLoopbackPortArrivesNowhere) {
-  if (Python().empty()) GTEST_SKIP() << "python3 is not installed";
+  ASSERT_FALSE(Python().empty()) << "python3 is missing (scripts/install-deps.sh installs it)";
   linux::UniqueFd udp(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
   const int u = udp.get();
   ASSERT_GE(u, 0);
@@ -749,7 +749,7 @@ sys.exit(os.waitstatus_to_exitcode(status))
 // sandbox's own loopback, where nothing listens), lookups fail, and the
 // resolver on the host's 127.0.0.1:53 hears nothing, proxy or not.
 TEST(Network, NameResolutionInsideFailsAndSendsNothing) {
-  if (Python().empty()) GTEST_SKIP() << "python3 is not installed";
+  ASSERT_FALSE(Python().empty()) << "python3 is missing (scripts/install-deps.sh installs it)";
   Sandbox sb;
   WriteFile(sb.scratch() + "/resolv.conf", "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n");
   WriteFile(sb.scratch() + "/with_resolver.py", kWithResolver);
@@ -910,7 +910,7 @@ struct TerminalAsk {
 };
 
 TEST(Network, TerminalAskOnceThenDeny) {
-  if (Python().empty()) GTEST_SKIP() << "python3 is not installed";
+  ASSERT_FALSE(Python().empty()) << "python3 is missing (scripts/install-deps.sh installs it)";
   HostServer server;
   ASSERT_GT(server.port(), 0);
   Sandbox sb;
@@ -940,7 +940,7 @@ TEST(Network, TerminalAskOnceThenDeny) {
 }
 
 TEST(Network, TerminalAskAlwaysHoldsForTheRun) {
-  if (Python().empty()) GTEST_SKIP() << "python3 is not installed";
+  ASSERT_FALSE(Python().empty()) << "python3 is missing (scripts/install-deps.sh installs it)";
   HostServer server;
   ASSERT_GT(server.port(), 0);
   Sandbox sb;
@@ -958,7 +958,7 @@ TEST(Network, TerminalAskAlwaysHoldsForTheRun) {
 
 // Silence is a deny once the bound passes; so is anything but a yes.
 TEST(Network, TerminalAskUnansweredIsADeny) {
-  if (Python().empty()) GTEST_SKIP() << "python3 is not installed";
+  ASSERT_FALSE(Python().empty()) << "python3 is missing (scripts/install-deps.sh installs it)";
   HostServer server;
   ASSERT_GT(server.port(), 0);
   Sandbox sb;
@@ -979,7 +979,7 @@ TEST(Network, TerminalAskUnansweredIsADeny) {
 
 // While a question waits on the terminal, the proxy serves everything else.
 TEST(Network, TerminalQuestionDoesNotHoldOtherConnections) {
-  if (Python().empty()) GTEST_SKIP() << "python3 is not installed";
+  ASSERT_FALSE(Python().empty()) << "python3 is missing (scripts/install-deps.sh installs it)";
   HostServer server;
   ASSERT_GT(server.port(), 0);
   Sandbox sb;
@@ -1013,7 +1013,7 @@ sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 // foreground) agentbox does not read the terminal, which would stop it: the
 // question is a deny, at once, and nothing is printed there.
 TEST(Network, TerminalAskInTheBackgroundIsADeny) {
-  if (Python().empty()) GTEST_SKIP() << "python3 is not installed";
+  ASSERT_FALSE(Python().empty()) << "python3 is missing (scripts/install-deps.sh installs it)";
   HostServer server;
   ASSERT_GT(server.port(), 0);
   Sandbox sb;
@@ -1027,7 +1027,7 @@ TEST(Network, TerminalAskInTheBackgroundIsADeny) {
 
 // With --ask-command the program answers, not the terminal.
 TEST(Network, AskCommandTakesPrecedenceOverTheTerminal) {
-  if (Python().empty()) GTEST_SKIP() << "python3 is not installed";
+  ASSERT_FALSE(Python().empty()) << "python3 is missing (scripts/install-deps.sh installs it)";
   HostServer server;
   ASSERT_GT(server.port(), 0);
   Sandbox sb;

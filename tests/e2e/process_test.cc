@@ -87,7 +87,7 @@ TEST(Network, OnlyLoopbackExists) {
 }
 
 TEST(Network, HostLoopbackListenerIsUnreachable) {
-  if (!HavePython()) GTEST_SKIP() << "python3 is not installed";
+  ASSERT_TRUE(HavePython()) << "python3 is missing (scripts/install-deps.sh installs it)";
   Fd listener(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   ASSERT_GE(listener.get(), 0);
   sockaddr_in addr{};
@@ -120,7 +120,7 @@ TEST(Network, HostLoopbackListenerIsUnreachable) {
 }
 
 TEST(Network, LoopbackInsideTheSandboxWorks) {
-  if (!HavePython()) GTEST_SKIP() << "python3 is not installed";
+  ASSERT_TRUE(HavePython()) << "python3 is missing (scripts/install-deps.sh installs it)";
   Sandbox sb;
   RunResult r = sb.RunArgv({"python3", "-c",
                             "import socket\n"
@@ -133,7 +133,7 @@ TEST(Network, LoopbackInsideTheSandboxWorks) {
 }
 
 TEST(Network, NoRouteToTheOutside) {
-  if (!HavePython()) GTEST_SKIP() << "python3 is not installed";
+  ASSERT_TRUE(HavePython()) << "python3 is missing (scripts/install-deps.sh installs it)";
   Sandbox sb;
   // 192.0.2.1 (TEST-NET-1) is never routed: only the absence of a route is
   // tested, the address is never reached from the host either.
@@ -180,7 +180,7 @@ TEST(Fds, InheritedDescriptorsAreClosed) {
 // With a terminal on stdin, TIOCSTI could push keystrokes into the user's
 // shell once the command ends. The command has no controlling terminal.
 TEST(Fds, TerminalInputCannotBeInjected) {
-  if (!HavePython()) GTEST_SKIP() << "python3 is not installed";
+  ASSERT_TRUE(HavePython()) << "python3 is missing (scripts/install-deps.sh installs it)";
   int master = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
   if (master < 0) GTEST_SKIP() << "no pseudo-terminals here";
   Fd m(master);

@@ -313,7 +313,7 @@ struct Pty {
 void TerminalIoctl(const std::string& name, const std::string& what, bool high) {
   Attack a(name, what == "tiocsti" ? Kind::kBoundary : Kind::kSurface, true);
   const std::string setsid = e2e::FindTool("setsid");
-  if (setsid.empty()) GTEST_SKIP() << "setsid (util-linux) is not installed";
+  ASSERT_FALSE(setsid.empty()) << "setsid is missing (util-linux; scripts/install-deps.sh installs it)";
   Sandbox sb;
   const std::string marker = "inj" + RandomHex(4);
   std::vector<std::string> args = {what, "0"};
