@@ -26,6 +26,7 @@
 #include "cli/subcommand.h"
 #include "session/world.h"
 #include "linux/random.h"
+#include "linux/user_dirs.h"
 #include "report/report_json.h"
 
 namespace agentbox::cli {
@@ -76,23 +77,6 @@ std::string RealPath(const std::string& p) {
   return buf;
 }
 
-// $HOME, else the passwd entry (read directly: the binary is static, so no NSS).
-std::string HomeDir() {
-  if (const char* h = getenv("HOME"); h && *h == '/') return h;
-  std::ifstream passwd("/etc/passwd");
-  std::string line;
-  const std::string uid = std::to_string(getuid());
-  while (std::getline(passwd, line)) {
-    std::vector<std::string> f;
-    size_t start = 0;
-    for (size_t colon; (colon = line.find(':', start)) != std::string::npos; start = colon + 1) {
-      f.push_back(line.substr(start, colon - start));
-    }
-    f.push_back(line.substr(start));
-    if (f.size() >= 6 && f[2] == uid) return f[5];
-  }
-  return "";
-}
 
 std::string Nonce() { return linux::RandomHex(8); }
 
@@ -168,17 +152,13 @@ Result<Invocation> BuildInvocation(const PolicyFlags& f) {
   std::string ws = f.workspace.empty() ? std::string(cwd) : f.workspace;
   inv.workspace = RealPath(ws);
   if (inv.workspace.empty()) return Status::Errno("workspace", "realpath", ws);
-  inv.home = HomeDir();
+  inv.home = linux::HomeDir();
   if (!inv.home.empty()) {
     std::string real = RealPath(inv.home);
     if (!real.empty()) inv.home = real;
   }
   inv.self_exe = RealPath("/proc/self/exe");
-  if (const char* xdg = getenv("XDG_CACHE_HOME"); xdg && *xdg == '/') {
-    inv.cache_dir = std::string(xdg) + "/agentbox";
-  } else if (!inv.home.empty()) {
-    inv.cache_dir = inv.home + "/.cache/agentbox";
-  }
+  inv.cache_dir = linux::CacheDir(inv.home);
   inv.nonce = Nonce();
   return inv;
 }

@@ -25,6 +25,7 @@
 #include "agentbox/outcome.h"
 #include "cli/subcommand.h"
 #include "linux/fd.h"
+#include "linux/user_dirs.h"
 #include "mcp/server.h"
 #include "mcp/stdio.h"
 #include "session/session.h"
@@ -64,25 +65,11 @@ void OnStopSignal(int sig) {
   errno = saved;
 }
 
-std::string HomeDir() {
-  if (const char* h = getenv("HOME"); h && *h == '/') return h;
-  // The binary is static (no NSS): read the passwd file itself.
-  std::ifstream passwd("/etc/passwd");
-  const std::string uid = std::to_string(getuid());
-  for (std::string line; std::getline(passwd, line);) {
-    std::vector<std::string> f;
-    std::stringstream ss(line);
-    for (std::string field; std::getline(ss, field, ':');) f.push_back(field);
-    if (f.size() >= 6 && f[2] == uid) return f[5];
-  }
-  return "";
-}
 
 // $XDG_STATE_HOME/agentbox/mcp, else ~/.local/state/agentbox/mcp.
 std::string DefaultSlotsDir() {
-  if (const char* x = getenv("XDG_STATE_HOME"); x && *x == '/') return std::string(x) + "/agentbox/mcp";
-  const std::string home = HomeDir();
-  return home.empty() ? "" : home + "/.local/state/agentbox/mcp";
+  const std::string state = linux::StateDir();
+  return state.empty() ? "" : state + "/mcp";
 }
 
 // mkdir -p (0700 for the directories created).

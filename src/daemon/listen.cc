@@ -16,6 +16,8 @@
 #include <cstring>
 #include <fstream>
 
+#include "linux/user_dirs.h"
+
 namespace agentbox::daemon {
 namespace {
 
@@ -223,27 +225,7 @@ bool BearerMatches(std::string_view header, std::string_view token) {
   return diff == 0 && !token.empty();
 }
 
-std::string DefaultStateDir() {
-  if (const char* xdg = getenv("XDG_STATE_HOME"); xdg && *xdg == '/') return std::string(xdg) + "/agentbox";
-  std::string home;
-  if (const char* h = getenv("HOME"); h && *h == '/') {
-    home = h;
-  } else {
-    // The binary is static (no NSS): the passwd file itself.
-    std::ifstream passwd("/etc/passwd");
-    const std::string uid = std::to_string(getuid());
-    for (std::string line; home.empty() && std::getline(passwd, line);) {
-      std::vector<std::string> f;
-      std::size_t start = 0;
-      for (std::size_t colon; (colon = line.find(':', start)) != std::string::npos; start = colon + 1) {
-        f.push_back(line.substr(start, colon - start));
-      }
-      f.push_back(line.substr(start));
-      if (f.size() >= 6 && f[2] == uid) home = f[5];
-    }
-  }
-  return home.empty() ? "" : home + "/.local/state/agentbox";
-}
+std::string DefaultStateDir() { return linux::StateDir(); }
 
 std::string SocketIn(const std::string& state_dir) { return state_dir + "/agentbox.sock"; }
 

@@ -35,6 +35,7 @@
 #include "agentbox/policy.h"
 #include "linux/fd.h"
 #include "linux/random.h"
+#include "linux/user_dirs.h"
 #include "session/layers.h"
 #include "session/world.h"
 #include "supervise/denial_scanner.h"
@@ -139,11 +140,6 @@ void RemoveTree(const std::string& path) {
   const std::string parent = slash == 0 ? "/" : path.substr(0, slash);
   UniqueFd p(open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (p.valid()) RemoveTreeAt(p.get(), path.substr(slash + 1).c_str());
-}
-
-std::string HomeDir() {
-  if (const char* h = getenv("HOME"); h && *h == '/') return RealPath(h).empty() ? std::string(h) : RealPath(h);
-  return "";
 }
 
 Result<Policy> BuildPolicy(const std::string& yaml, const std::string& mode) {
@@ -340,13 +336,10 @@ Status Manager::Impl::Provision(SessionState& s) {
   Invocation inv;
   inv.workspace = s.workspace;
   inv.cwd = s.workspace;
-  inv.home = HomeDir();
+  inv.home = linux::HomeDir();
+  if (!inv.home.empty() && !RealPath(inv.home).empty()) inv.home = RealPath(inv.home);
   inv.self_exe = exe;
-  if (const char* xdg = getenv("XDG_CACHE_HOME"); xdg && *xdg == '/') {
-    inv.cache_dir = std::string(xdg) + "/agentbox";
-  } else if (!inv.home.empty()) {
-    inv.cache_dir = inv.home + "/.cache/agentbox";
-  }
+  inv.cache_dir = linux::CacheDir(inv.home);
   inv.nonce = RandomId("");
   inv.backend = BackendChoice::kNamespaces;
   inv.session = true;
