@@ -88,4 +88,21 @@ bool ParseMessage(const std::string& line, RunnerMessage* m) {
   }
 }
 
+bool StatusReader::Read(int fd, std::vector<RunnerMessage>* out) {
+  char buf[8192];
+  ssize_t got;
+  do {
+    got = read(fd, buf, sizeof(buf));
+  } while (got < 0 && errno == EINTR);
+  if (got <= 0) return false;
+  partial_.append(buf, static_cast<size_t>(got));
+  size_t start = 0;
+  for (size_t nl; (nl = partial_.find('\n', start)) != std::string::npos; start = nl + 1) {
+    RunnerMessage m;
+    if (ParseMessage(partial_.substr(start, nl - start), &m)) out->push_back(std::move(m));
+  }
+  partial_.erase(0, start);
+  return true;
+}
+
 }  // namespace agentbox::linux

@@ -31,4 +31,15 @@ struct RunnerMessage {
 void WriteMessage(int fd, const RunnerMessage& message);
 bool ParseMessage(const std::string& line, RunnerMessage* message);
 
+// Splits the status pipe into messages as it is read.
+class StatusReader {
+ public:
+  // One read(2) of `fd`: the whole lines in it are parsed and appended to
+  // `out` (unparseable lines are dropped). False at end of file or on error.
+  bool Read(int fd, std::vector<RunnerMessage>* out);
+
+ private:
+  std::string partial_;
+};
+
 }  // namespace agentbox::linux

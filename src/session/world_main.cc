@@ -155,8 +155,8 @@ int WorldMain() {
   };
   std::unique_ptr<supervise::Egress> egress;
   bool proxy_open = child.proxy_listeners.valid();
-  bool ready = false, status_open = true, init_gone = false;
-  std::string status_buf;
+  bool ready = false, status_open = true;
+  linux::StatusReader status;
   std::optional<Clock::time_point> kill_at;
   std::optional<Status> failure;
 
@@ -176,7 +176,6 @@ int WorldMain() {
     }
   };
 
-  char buf[8192];
   for (;;) {
     const auto now = Clock::now();
     if (kill_at && now >= *kill_at) {
@@ -210,37 +209,27 @@ int WorldMain() {
       }
     }
     if (i_status >= 0 && fds[i_status].revents) {
-      ssize_t got = read(child.status.get(), buf, sizeof(buf));
-      if (got <= 0) {
-        status_open = false;
-      } else {
-        status_buf.append(buf, static_cast<size_t>(got));
-        size_t nl;
-        while ((nl = status_buf.find('\n')) != std::string::npos) {
-          linux::RunnerMessage m;
-          if (linux::ParseMessage(status_buf.substr(0, nl), &m)) {
-            if (m.type == linux::RunnerMessage::Type::kSetupError) {
-              Status s = m.status;
-              if (s.stage() == "seccomp" && !child.filter_error.ok()) s = child.filter_error;
-              failure = s;
-            } else if (m.type == linux::RunnerMessage::Type::kLandlock) {
-              std::string what;
-              for (const auto& s : m.short_of_plan) what += (what.empty() ? "" : "; ") + s;
-              Send(json{{"t", "note"},
-                        {"message", "Landlock on this kernel (ABI " + std::to_string(m.landlock_abi) +
-                                        ") is short of the plan: " + what}});
-            } else if (m.type == linux::RunnerMessage::Type::kReady && !ready) {
-              ready = true;
-              Send(json{{"t", "ready"}, {"skipped", child.resolved.skipped}}, ours.get());
-              ours.reset();
-            }
-          }
-          status_buf.erase(0, nl + 1);
+      std::vector<linux::RunnerMessage> messages;
+      status_open = status.Read(child.status.get(), &messages);
+      for (const auto& m : messages) {
+        if (m.type == linux::RunnerMessage::Type::kSetupError) {
+          Status s = m.status;
+          if (s.stage() == "seccomp" && !child.filter_error.ok()) s = child.filter_error;
+          failure = s;
+        } else if (m.type == linux::RunnerMessage::Type::kLandlock) {
+          std::string what;
+          for (const auto& s : m.short_of_plan) what += (what.empty() ? "" : "; ") + s;
+          Send(json{{"t", "note"},
+                    {"message", "Landlock on this kernel (ABI " + std::to_string(m.landlock_abi) +
+                                    ") is short of the plan: " + what}});
+        } else if (m.type == linux::RunnerMessage::Type::kReady && !ready) {
+          ready = true;
+          Send(json{{"t", "ready"}, {"skipped", child.resolved.skipped}}, ours.get());
+          ours.reset();
         }
       }
     }
     if (fds[i_pid].revents) {
-      init_gone = true;
       if (!failure && !ready) failure = Status::Error("runner", "the session's init ended before it was ready");
       end_world("the session's sandbox (its init) ended");
       return failure ? 125 : 0;
@@ -279,7 +268,6 @@ int WorldMain() {
         }
       }
     }
-    (void)init_gone;
   }
 }
 

@@ -123,7 +123,7 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
   std::optional<Status> proxy_error;
   bool proxy_open = child.proxy_listeners.valid();
   std::vector<linux::RunnerMessage> messages;
-  std::string status_buf;
+  linux::StatusReader status;
   bool status_open = true, stderr_open = child.stderr_pipe.valid(), exited = false;
   bool timed_out = false, killed = false;
   std::optional<Clock::time_point> deadline, kill_at, drain_until;
@@ -196,20 +196,7 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
       }
       // Nothing received: the runner failed before, and says why on the status pipe.
     }
-    if (i_status >= 0 && fds[i_status].revents) {
-      ssize_t got = read(child.status.get(), buf, sizeof(buf));
-      if (got <= 0) {
-        status_open = false;
-      } else {
-        status_buf.append(buf, static_cast<size_t>(got));
-        size_t nl;
-        while ((nl = status_buf.find('\n')) != std::string::npos) {
-          linux::RunnerMessage m;
-          if (linux::ParseMessage(status_buf.substr(0, nl), &m)) messages.push_back(m);
-          status_buf.erase(0, nl + 1);
-        }
-      }
-    }
+    if (i_status >= 0 && fds[i_status].revents) status_open = status.Read(child.status.get(), &messages);
     if (i_err >= 0 && fds[i_err].revents) {
       ssize_t got = read(child.stderr_pipe.get(), buf, sizeof(buf));
       if (got <= 0) {
