@@ -158,7 +158,13 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   // Stop(): ends the connection now; the record is delivered here.
-  void Abort() { Finish("error", "proxy-stopped", "the proxy was stopped"); }
+  // The sandbox ended while this connection was open. An allowed tunnel
+  // that carried data was allowed, whoever closed it (the proxy often sees
+  // the run end before it sees the client's close).
+  void Abort() {
+    const bool relayed = phase_ == Phase::kRelay && (pumps_[0].bytes > 0 || pumps_[1].bytes > 0);
+    Finish(relayed ? "allow" : "error", "proxy-stopped", "the proxy was stopped");
+  }
 
  private:
   enum class Phase { kHttpHead, kSocksGreeting, kSocksRequest, kDeciding, kConnecting, kSni, kRelay, kDone };

@@ -218,6 +218,15 @@ class Harness {
     proxy_.reset();
     asker_.reset();
   }
+  // Stops the proxy now, with whatever connections are open (as a run's end does).
+  void StopNow() {
+    std::promise<void> done;
+    asio::post(io_, [&] {
+      proxy_->Stop();
+      done.set_value();
+    });
+    done.get_future().wait();
+  }
   StaticResolver& resolver() { return resolver_; }  // fill before Start()
   void Start() {
     thread_ = std::thread([this] { io_.run(); });
@@ -319,6 +328,28 @@ TEST(ProxyHttp, ConnectTunnelEchoesAndHalfCloses) {
   auto j = nlohmann::json::parse(records[0].ToJson());
   EXPECT_EQ(j["bytes_down"], 23);
   EXPECT_EQ(j["decision"], "allow");
+}
+
+// The run ends while a tunnel is still open (its client's close not yet
+// seen): a tunnel that carried data was allowed, and is counted so.
+TEST(ProxyHttp, ATunnelOpenWhenTheProxyStopsIsRecordedAsAllowed) {
+  EchoServer echo;
+  Harness h({"echo.test", "127.0.0.1"});
+  h.resolver().Add("echo.test", {kLoop});
+  h.Start();
+  int fd = -1;
+  std::string head = Connect(h, "echo.test:" + std::to_string(echo.port()), &fd);
+  ASSERT_EQ(head.rfind("HTTP/1.1 200", 0), 0u) << head;
+  SendAll(fd, "still open");
+  char buf[16];
+  ASSERT_EQ(::recv(fd, buf, 10, MSG_WAITALL), 10);
+  h.StopNow();
+  auto records = h.sink().WaitFor(1);
+  ::close(fd);
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0].decision, "allow");
+  EXPECT_EQ(records[0].reason, "proxy-stopped");
+  EXPECT_EQ(records[0].bytes_down, 10u);
 }
 
 TEST(ProxyHttp, NameResolvingToLoopbackIsRefusedWhenAllowedOnlyByName) {
