@@ -123,11 +123,17 @@ struct SeccompArgCheck {
   bool has_except = false;
   std::uint64_t except = 0;
   std::vector<std::uint64_t> values;
+  // A second condition that must hold too: (arg `also_arg` & also_mask) == also_value.
+  bool has_also = false;
+  unsigned also_arg = 0;
+  std::uint64_t also_mask = 0;
+  std::uint64_t also_value = 0;
 };
 
 enum class SeccompAction {
   kNotifyEperm,  // the runner answers -EPERM through the user-notification fd and records the call
   kErrnoEnosys,  // answered in the kernel: -ENOSYS (so that libc falls back; not a denial)
+  kNotifyMediate,  // the runner decides and makes the call itself (connect: unix sockets)
 };
 
 struct SeccompRule {
@@ -192,6 +198,7 @@ struct Plan {
   std::vector<GlobScan> deny_globs;
   std::string scan_cache_dir;           // host dir caching deny-glob scans ("" = none)
   std::vector<std::string> absent;      // deny entries that are absent by construction
+  std::vector<std::string> unix_sockets;  // sockets outside the sandbox it may connect to, as paths inside
   EnvRules env;
   std::string home;                     // HOME inside
   std::string workspace_source;

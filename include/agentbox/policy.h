@@ -50,6 +50,11 @@ struct FilesystemSpec {
   std::vector<std::string> deny;
   // Read-only inside a writable workspace. Absolute or relative to the workspace.
   std::vector<std::string> protect;
+  // Pathname unix sockets outside the sandbox that it may connect to
+  // (absolute or `~/…`). Every other socket bound outside the sandbox is
+  // refused, on every backend: a same-uid service behind a socket (a session
+  // bus, an ssh agent, docker.sock, agentbox's own daemon) is a way out.
+  std::vector<std::string> unix_sockets;
 };
 
 struct NetworkSpec {

@@ -148,6 +148,15 @@ EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host, 
   } else {
     missing(fs, "user namespaces unavailable: " + host.userns_reason);
   }
+  // Pathname unix sockets: a same-uid service behind one (a session bus, an
+  // ssh agent, agentbox's daemon) acts outside every fence. Neither mounts
+  // nor Landlock fence connect(); the seccomp filter hands each to the runner.
+  if (host.seccomp_filter) {
+    fs.mechanisms.push_back("seccomp-unix-connect");
+  } else {
+    missing(fs, "no seccomp filter: connect() to pathname unix sockets the sandbox can see (host services "
+                "of this uid) is not fenced");
+  }
   r.facets.push_back(fs);
 
   // Network: only loopback, unless the policy needs the egress proxy.
@@ -583,6 +592,10 @@ Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Poli
     }
     // Landlock is the only filesystem fence here: a kernel without it refuses.
     plan.landlock = PlanLandlockOnly(read_only, inv.workspace, writable, host.landlock_abi, true);
+    for (const auto& entry : policy.filesystem.unix_sockets) {
+      std::string p = paths::ExpandHome(entry, inv.home);
+      if (!p.empty()) plan.unix_sockets.push_back(p);
+    }
     plan.seccomp = PlanSeccomp(host.seccomp_filter);
     plan.seccomp.cache_dir = CacheDirFor(inv, "seccomp");
     plan.cwd = paths::IsWithin(inv.cwd, inv.workspace) ? inv.cwd : inv.workspace;
@@ -748,6 +761,19 @@ Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Poli
                           true, false, "", "filesystem.protect: " + entry});
         protect_rel.push_back(p.substr(inv.workspace == "/" ? 1 : inv.workspace.size() + 1));
       }
+    }
+
+    // unix_sockets: each socket the policy names is bound in at its own
+    // path (inside a private HOME, say); connect() to it is then allowed.
+    for (const auto& entry : policy.filesystem.unix_sockets) {
+      std::string p = paths::ExpandHome(entry, inv.home);
+      if (p.empty()) continue;
+      auto inner = InnerPath(mounted, p);
+      const std::string target = inner ? *inner : p;
+      if (!inner) {
+        mounts.push_back({MountKind::kBind, p, p, false, true, "", "filesystem.unix_sockets: " + entry});
+      }
+      plan.unix_sockets.push_back(target);
     }
 
     // Parents before children; the root tmpfs stays first.

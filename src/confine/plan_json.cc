@@ -65,12 +65,17 @@ json SeccompToJson(const SeccompPlan& sp) {
       if (k == r.when.kind) kind = n;
     }
     json o = {{"syscall", r.syscall},
-              {"action", r.action == SeccompAction::kErrnoEnosys ? "enosys" : "notify_eperm"},
+              {"action", r.action == SeccompAction::kErrnoEnosys    ? "enosys"
+                         : r.action == SeccompAction::kNotifyMediate ? "notify_mediate"
+                                                                     : "notify_eperm"},
               {"why", r.why}};
     if (r.when.kind != Kind::kAlways) {
       o["when"] = {{"kind", kind}, {"arg", r.when.arg}, {"mask", r.when.mask}, {"value", r.when.value}};
       if (r.when.has_except) o["when"]["except"] = r.when.except;
       if (!r.when.values.empty()) o["when"]["values"] = r.when.values;
+      if (r.when.has_also) {
+        o["when"]["also"] = {{"arg", r.when.also_arg}, {"mask", r.when.also_mask}, {"value", r.when.also_value}};
+      }
     }
     rules.push_back(o);
   }
@@ -89,10 +94,12 @@ Result<SeccompPlan> SeccompFromJson(const json& j) {
     SeccompRule r;
     r.syscall = o.at("syscall").get<std::string>();
     std::string action = o.at("action").get<std::string>();
-    if (action != "enosys" && action != "notify_eperm") {
+    if (action != "enosys" && action != "notify_eperm" && action != "notify_mediate") {
       return Status::Error("plan", "unknown seccomp action " + action);
     }
-    r.action = action == "enosys" ? SeccompAction::kErrnoEnosys : SeccompAction::kNotifyEperm;
+    r.action = action == "enosys"           ? SeccompAction::kErrnoEnosys
+               : action == "notify_mediate" ? SeccompAction::kNotifyMediate
+                                            : SeccompAction::kNotifyEperm;
     r.why = o.value("why", "");
     if (o.contains("when")) {
       const json& w = o.at("when");
@@ -113,6 +120,13 @@ Result<SeccompPlan> SeccompFromJson(const json& j) {
         r.when.except = w.at("except").get<std::uint64_t>();
       }
       r.when.values = w.value("values", std::vector<std::uint64_t>{});
+      if (w.contains("also")) {
+        const json& a = w.at("also");
+        r.when.has_also = true;
+        r.when.also_arg = a.at("arg").get<unsigned>();
+        r.when.also_mask = a.at("mask").get<std::uint64_t>();
+        r.when.also_value = a.at("value").get<std::uint64_t>();
+      }
     }
     sp.rules.push_back(std::move(r));
   }
@@ -164,6 +178,7 @@ std::string PlanToJson(const Plan& plan, int indent) {
   j["deny_globs"] = globs;
   j["scan_cache_dir"] = plan.scan_cache_dir;
   j["absent"] = plan.absent;
+  j["unix_sockets"] = plan.unix_sockets;
   json set = json::array();
   for (const auto& [k, v] : plan.env.set) set.push_back({k, v});
   j["env"] = {{"pass_all", plan.env.pass_all}, {"pass", plan.env.pass}, {"set", set}};
@@ -248,6 +263,7 @@ Result<Plan> PlanFromJson(const std::string& text) {
                                  g.at("patterns").get<std::vector<std::string>>()});
     }
     plan.absent = j.at("absent").get<std::vector<std::string>>();
+    plan.unix_sockets = j.value("unix_sockets", std::vector<std::string>{});
     plan.scan_cache_dir = j.value("scan_cache_dir", "");
     const json& env = j.at("env");
     plan.env.pass_all = env.at("pass_all").get<bool>();

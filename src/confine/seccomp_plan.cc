@@ -27,7 +27,7 @@ constexpr std::uint64_t kCloneNamespaceFlags = 0x00020000 /*NEWNS*/ | 0x02000000
 constexpr std::uint64_t kWeakPersonality = 0x0400000 | 0x0040000 | 0x0100000;
 constexpr std::uint64_t kTiocsti = 0x5412, kTioclinux = 0x541C;
 constexpr std::uint64_t kAfUnix = 1, kAfInet = 2, kAfInet6 = 10, kAfMax = 46;
-constexpr std::uint64_t kSockRaw = 3, kSockPacket = 10, kSockTypeMask = 0xf;
+constexpr std::uint64_t kSockDgram = 2, kSockRaw = 3, kSockPacket = 10, kSockTypeMask = 0xf;
 
 struct Group {
   const char* why;
@@ -83,6 +83,22 @@ SeccompPlan PlanSeccomp(bool host_has_seccomp) {
   domain.values = {kAfUnix, kAfInet, kAfInet6};
   sp.rules.push_back({"socket", SeccompAction::kNotifyEperm, domain,
                       "socket families other than unix, inet and inet6: rarely used, often buggy"});
+  // Unix datagram sockets send to any bound path, connected or not
+  // (sendto/sendmsg carry the address in memory the filter cannot read):
+  // none is made, so no datagram reaches a host service's socket.
+  for (const char* call : {"socket", "socketpair"}) {
+    SeccompArgCheck dgram{Kind::kLow32Equals, 0, 0, kAfUnix};
+    dgram.has_also = true;
+    dgram.also_arg = 1;
+    dgram.also_mask = kSockTypeMask;
+    dgram.also_value = kSockDgram;
+    sp.rules.push_back({call, SeccompAction::kNotifyEperm, dgram,
+                        "unix datagram sockets reach any bound path (host services' sockets) with each send"});
+  }
+  // connect(): the runner looks at every pathname unix socket the command
+  // names and makes the connection itself (filesystem.unix_sockets).
+  sp.rules.push_back({"connect", SeccompAction::kNotifyMediate, {},
+                      "pathname unix sockets outside the sandbox are reached only when the policy names them"});
   for (std::uint64_t type : {kSockRaw, kSockPacket}) {
     SeccompArgCheck t{Kind::kMaskedEquals, 1, kSockTypeMask, type};
     sp.rules.push_back({"socket", SeccompAction::kNotifyEperm, t,
@@ -120,9 +136,14 @@ std::string Describe(const SeccompRule& r) {
       break;
     }
   }
+  if (w.has_also) {
+    cond += " and arg" + std::to_string(w.also_arg) + " & " + hex(w.also_mask) + " == " + std::to_string(w.also_value);
+  }
   std::string out = r.syscall;
   if (!cond.empty()) out += " if " + cond;
-  out += r.action == SeccompAction::kErrnoEnosys ? " → ENOSYS" : " → EPERM, reported";
+  out += r.action == SeccompAction::kErrnoEnosys     ? " → ENOSYS"
+         : r.action == SeccompAction::kNotifyMediate ? " → decided by the runner"
+                                                     : " → EPERM, reported";
   return out + " (" + r.why + ")";
 }
 

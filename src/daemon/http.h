@@ -29,6 +29,7 @@ struct Peer {
   Transport transport = Transport::kUnix;
   uid_t uid = static_cast<uid_t>(-1);  // unix socket: from SO_PEERCRED
   pid_t pid = 0;                       // unix socket: from SO_PEERCRED
+  pid_t runner = 0;                    // unix socket: the agentbox sandbox the peer runs in (0: none)
   std::string address;                 // "unix" or "127.0.0.1:PORT"
 };
 

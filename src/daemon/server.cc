@@ -28,6 +28,7 @@
 
 #include "agentbox/outcome.h"
 #include "daemon/listen.h"
+#include "linux/descendants.h"
 
 namespace agentbox::daemon {
 namespace {
@@ -465,7 +466,13 @@ class Connection : public ConnectionBase {
     }
     if (forbidden_) {
       server_.log.Log(Level::kWarn, "peer_refused",
-                      {{"uid", peer_.uid}, {"pid", peer_.pid}, {"method", method_}, {"path", path_}});
+                      {{"uid", peer_.uid}, {"pid", peer_.pid}, {"runner", peer_.runner}, {"method", method_},
+                       {"path", path_}});
+      if (peer_.runner > 0) {
+        return Reject(403, "forbidden",
+                      "pid " + std::to_string(peer_.pid) + " runs inside an agentbox sandbox (runner pid " +
+                          std::to_string(peer_.runner) + "): no sandbox may use the daemon");
+      }
       return Reject(403, "forbidden",
                     "uid " + std::to_string(peer_.uid) + " may not use this daemon (only uid " +
                         std::to_string(geteuid()) + " and root may)");
@@ -626,7 +633,12 @@ void Server::Impl::Accept(Acceptor& acceptor) {
       if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
         peer.uid = cred.uid;
         peer.pid = cred.pid;
-        forbidden = cred.uid != geteuid() && cred.uid != 0;
+        // A second fence behind the sandbox's own: a process below an
+        // agentbox runner never drives the daemon (it would run anything,
+        // anywhere). pid 0 is a peer whose pid namespace is not below ours
+        // (a container's client): the sandboxes the daemon can meet are.
+        peer.runner = cred.pid > 0 ? linux::EnclosingRunner(cred.pid) : 0;
+        forbidden = (cred.uid != geteuid() && cred.uid != 0) || peer.runner != 0;
       }
       auto conn = std::make_shared<Connection<Protocol>>(*this, std::move(socket), peer);
       conn->Start(forbidden, over);

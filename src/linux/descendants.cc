@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
+#include <string>
 #include <unordered_map>
 
 #include "linux/fd.h"
@@ -51,7 +53,49 @@ std::unordered_map<pid_t, ProcInfo> ReadProcTable() {
   return table;
 }
 
+// comm and parent of one process, from /proc/PID/stat.
+bool ReadStat(pid_t pid, std::string* comm, pid_t* ppid) {
+  char path[64], buf[512];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
+  UniqueFd fd(open(path, O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return false;
+  ssize_t n = read(fd.get(), buf, sizeof(buf) - 1);
+  if (n <= 0) return false;
+  buf[n] = '\0';
+  const char* open_paren = std::strchr(buf, '(');
+  const char* close_paren = std::strrchr(buf, ')');
+  if (!open_paren || !close_paren || close_paren < open_paren) return false;
+  comm->assign(open_paren + 1, close_paren);
+  char state = '?';
+  long parent = 0;
+  if (std::sscanf(close_paren + 1, " %c %ld", &state, &parent) != 2) return false;
+  *ppid = static_cast<pid_t>(parent);
+  return true;
+}
+
+// The runners at or above `pid`, nearest first.
+std::vector<pid_t> RunnersAbove(pid_t pid) {
+  std::vector<pid_t> out;
+  std::string comm;
+  pid_t parent = 0;
+  for (int depth = 0; depth < 4096 && pid > 0; ++depth) {
+    if (!ReadStat(pid, &comm, &parent)) break;
+    if (comm == kRunnerName) out.push_back(pid);
+    if (pid == 1) break;
+    pid = parent;
+  }
+  return out;
+}
+
 }  // namespace
+
+pid_t EnclosingRunner(pid_t pid) {
+  const auto ours = RunnersAbove(getpid());
+  for (pid_t r : RunnersAbove(pid)) {
+    if (std::find(ours.begin(), ours.end(), r) == ours.end()) return r;
+  }
+  return 0;
+}
 
 std::vector<pid_t> Descendants(pid_t root) {
   auto table = ReadProcTable();

@@ -22,4 +22,14 @@ std::vector<pid_t> Descendants(pid_t root);
 // dozen rounds.
 size_t KillDescendants(pid_t root);
 
+// The name every agentbox runner and session init gives itself (comm).
+inline constexpr const char kRunnerName[] = "agentbox-init";
+
+// The pid of the nearest process at or above `pid` (following parents, in
+// this pid namespace) that is an agentbox runner, not counting runners that
+// are also above the caller itself; 0 when there is none. A process inside
+// a sandbox cannot leave its runner's tree: the runner is its pid
+// namespace's init, or a child subreaper that outlives it.
+pid_t EnclosingRunner(pid_t pid);
+
 }  // namespace agentbox::linux

@@ -113,4 +113,15 @@ Result<LandlockOutcome> ApplyLandlock(const LandlockPlan& plan) {
   return out;
 }
 
+Result<UniqueFd> SignalScopeRuleset() {
+  if (LandlockAbiVersion() < 6) return UniqueFd();
+  LandlockRulesetAttr attr{};
+  attr.scoped = LANDLOCK_SCOPE_SIGNAL;
+  UniqueFd fd(CreateRuleset(&attr, sizeof(attr), 0));
+  if (!fd.valid()) return Status::Errno("landlock", "landlock_create_ruleset(LANDLOCK_SCOPE_SIGNAL)");
+  return fd;
+}
+
+int RestrictSelfTo(int ruleset) { return RestrictSelf(ruleset); }
+
 }  // namespace agentbox::linux

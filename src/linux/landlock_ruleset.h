@@ -7,6 +7,7 @@
 
 #include "agentbox/plan.h"
 #include "agentbox/status.h"
+#include "linux/fd.h"
 
 namespace agentbox::linux {
 
@@ -26,5 +27,13 @@ struct LandlockOutcome {
 // Besides the plan's rules, stdio that is a file or device outside those
 // rules stays reopenable (/dev/stdout on a host terminal or a report file).
 [[nodiscard]] Result<LandlockOutcome> ApplyLandlock(const LandlockPlan& plan);
+
+// A ruleset that scopes signals and nothing else (ABI 6 and later; an
+// invalid fd below that). A process that restricts itself to it can no
+// longer signal any process outside its new, nested domain: the runner
+// above it included.
+[[nodiscard]] Result<UniqueFd> SignalScopeRuleset();
+// landlock_restrict_self(ruleset): syscalls only, for a vfork child.
+int RestrictSelfTo(int ruleset);
 
 }  // namespace agentbox::linux

@@ -38,6 +38,7 @@
 #include "linux/namespaces.h"
 #include "linux/proxy_listeners.h"
 #include "linux/seccomp_filter.h"
+#include "linux/seccomp_notify.h"
 #include "linux/status_pipe.h"
 
 extern char** environ;
@@ -134,8 +135,10 @@ Status BuildRoot(const Plan& plan, const ResolvedPlan& resolved) {
 
 // The layers stacked on the namespaces, Landlock first: the seccomp filter
 // may forbid Landlock's own syscalls. Both cover the runner and, through
-// the vfork, the command. Returns the seccomp listener (invalid: no filter).
-Result<UniqueFd> ApplyLayers(const Plan& plan, int status_fd, int filter_fd) {
+// the vfork, the command; the thread that answers the filter's
+// notifications starts in between, inside Landlock and outside the filter.
+// Returns that responder (null: no filter).
+Result<std::unique_ptr<NotifyResponder>> ApplyLayers(const Plan& plan, int status_fd, int filter_fd) {
   if (plan.landlock.abi > 0) {
     auto ll = ApplyLandlock(plan.landlock);
     if (!ll.ok()) return ll.status();
@@ -154,11 +157,20 @@ Result<UniqueFd> ApplyLayers(const Plan& plan, int status_fd, int filter_fd) {
       WriteMessage(status_fd, m);
     }
   }
-  if (!plan.seccomp.enabled) return UniqueFd();
+  if (!plan.seccomp.enabled) return std::unique_ptr<NotifyResponder>();
   auto program = ReceiveProgram(filter_fd);
   close(filter_fd);
   if (!program.ok()) return program.status();
-  return InstallSeccomp(*program);
+  UnixConnectRules rules;
+  rules.allowed = plan.unix_sockets;
+  rules.private_netns = plan.backend == Backend::kNamespaces &&
+                        std::find(plan.namespaces.begin(), plan.namespaces.end(), "net") != plan.namespaces.end();
+  auto responder = NotifyResponder::Start(std::move(rules));
+  if (!responder.ok()) return responder.status();
+  auto listener = InstallSeccomp(*program);
+  if (!listener.ok()) return listener.status();
+  (*responder)->Serve(std::move(*listener));
+  return std::move(*responder);
 }
 
 // The seccomp denials so far, on the status pipe (before the exit message).
@@ -205,6 +217,7 @@ struct ExecRequest {
   std::vector<std::string> candidates;  // execve() targets, in PATH order
   std::vector<char*> cargv, cenv;
   char exec_error_prefix[512];          // the status line, up to the errno
+  int signal_scope = -1;                // a Landlock ruleset the command restricts itself to (-1: none)
 };
 
 // execvpe() searches the caller's PATH, not the new environment's: search
@@ -275,6 +288,12 @@ void PrepareExec(const Plan& plan, const std::vector<std::string>& argv, ExecReq
     (void)!write(status_fd, kMsg, sizeof(kMsg) - 1);
     _exit(125);
   }
+  if (req.signal_scope >= 0 && RestrictSelfTo(req.signal_scope) != 0) {
+    static const char kMsg[] =
+        "{\"t\":\"setup_error\",\"stage\":\"landlock\",\"syscall\":\"landlock_restrict_self\",\"path\":\"\",\"message\":\"the command's signal scope\",\"errno\":1}\n";
+    (void)!write(status_fd, kMsg, sizeof(kMsg) - 1);
+    _exit(125);
+  }
   ExecOrReport(req, status_fd, original_mask);
 }
 
@@ -288,10 +307,10 @@ __attribute__((noinline)) pid_t SpawnCommand(const ExecRequest& req, bool new_se
   return pid;
 }
 
-// What the set-up leaves for the loop: the seccomp listener (invalid: no
+// What the set-up leaves for the loop: the filter's responder (null: no
 // filter), the signalfd, and the signal mask the command starts with.
 struct SetUpResult {
-  UniqueFd listener;
+  std::unique_ptr<NotifyResponder> responder;
   UniqueFd sigfd;
   sigset_t original;
 };
@@ -342,8 +361,10 @@ SetUpResult SetUpSandbox(const Plan& plan, const ResolvedPlan& resolved, int* st
     }
     if (Status s = SetHostname(plan.hostname); !s.ok()) Fail(*status_fd, s);
     if (Status s = LeaveSessionKeyring(); !s.ok()) Fail(*status_fd, s);
-    prctl(PR_SET_NAME, "agentbox-init", 0, 0, 0);
   }
+  // On both backends: the daemon knows a sandbox's processes by this name
+  // above them (EnclosingRunner), and refuses them.
+  if (plan.confined) prctl(PR_SET_NAME, kRunnerName, 0, 0, 0);
   if (chdir(plan.cwd.c_str()) != 0) Fail(*status_fd, Status::Errno("cwd", "chdir", plan.cwd));
 
   SetUpResult out;
@@ -360,7 +381,7 @@ SetUpResult SetUpSandbox(const Plan& plan, const ResolvedPlan& resolved, int* st
     if (Status s = DropAllCapabilities(); !s.ok()) Fail(*status_fd, s);
     auto layers = ApplyLayers(plan, *status_fd, *filter_fd);
     if (!layers.ok()) Fail(*status_fd, layers.status());
-    out.listener = std::move(*layers);
+    out.responder = std::move(*layers);
   }
   out.sigfd.reset(signalfd(-1, &mask, SFD_CLOEXEC));
   if (!out.sigfd.valid()) Fail(*status_fd, Status::Errno("runner", "signalfd"));
@@ -374,21 +395,36 @@ void RunnerMain(const Plan& plan, const ResolvedPlan& resolved, const std::vecto
   int no_control = -1;
   SetUpResult set_up = SetUpSandbox(plan, resolved, &status_fd, &lifeline_fd, &filter_fd, &proxy_fd, &no_control);
   const bool namespaced = plan.confined && plan.backend == Backend::kNamespaces;
-  UniqueFd& listener = set_up.listener;
+  NotifyResponder* responder = set_up.responder.get();
   UniqueFd& sigfd = set_up.sigfd;
   const sigset_t& original = set_up.original;
 
   ExecRequest request;
   PrepareExec(plan, argv, &request);
+  // Landlock-only: no pid namespace makes the runner the command's init, and
+  // a command that could kill it would leave the runner's tree (and with it
+  // what the daemon knows a sandbox by). The command gets a nested domain
+  // that scopes its signals: the runner is outside it.
+  UniqueFd signal_scope;
+  if (plan.confined && !namespaced && plan.landlock.abi >= 6) {
+    auto scope = SignalScopeRuleset();
+    if (!scope.ok()) Fail(status_fd, scope.status());
+    signal_scope = std::move(*scope);
+    request.signal_scope = signal_scope.get();
+  }
   pid_t child = SpawnCommand(request, plan.confined, status_fd, original);
   if (child < 0) Fail(status_fd, Status::Errno("fork", "vfork"));
   // Reap everything; forward termination signals to the command's group;
   // answer the filter's notifications (the callers wait for us).
   DenialTally tally;
+  auto count_records = [&] {
+    if (!responder) return;
+    for (const auto& r : responder->Take()) tally.Count(r.denial);
+  };
   for (;;) {
-    struct pollfd fds[2] = {{sigfd.get(), POLLIN, 0}, {listener.get(), POLLIN, 0}};
-    if (poll(fds, listener.valid() ? 2 : 1, -1) < 0) continue;
-    if (listener.valid() && (fds[1].revents & POLLIN)) tally.AnswerOne(listener.get());
+    struct pollfd fds[2] = {{sigfd.get(), POLLIN, 0}, {responder ? responder->ready_fd() : -1, POLLIN, 0}};
+    if (poll(fds, responder ? 2 : 1, -1) < 0) continue;
+    if (fds[1].revents & POLLIN) count_records();
     if (!(fds[0].revents & POLLIN)) continue;
     struct signalfd_siginfo info {};
     if (read(sigfd.get(), &info, sizeof(info)) != sizeof(info)) continue;
@@ -401,11 +437,8 @@ void RunnerMain(const Plan& plan, const ResolvedPlan& resolved, const std::vecto
     pid_t pid;
     while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
       if (pid != child) continue;
-      // Calls still waiting for an answer count too.
-      struct pollfd pending = {listener.get(), POLLIN, 0};
-      while (listener.valid() && poll(&pending, 1, 0) > 0 && (pending.revents & POLLIN)) {
-        tally.AnswerOne(listener.get());
-      }
+      // The command's calls were all recorded before they were answered.
+      count_records();
       // No pid namespace to end with us: kill what the command left running.
       if (plan.confined && !namespaced) KillDescendants(getpid());
       ReportDenials(status_fd, tally);
@@ -508,7 +541,7 @@ std::string JsonEscape(const std::string& s) {
 void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_fd, int lifeline_fd, int filter_fd,
                      int proxy_fd, int control_fd, const SessionHooks& hooks) {
   SetUpResult set_up = SetUpSandbox(plan, resolved, &status_fd, &lifeline_fd, &filter_fd, &proxy_fd, &control_fd);
-  UniqueFd& listener = set_up.listener;
+  NotifyResponder* responder = set_up.responder.get();
   UniqueFd& sigfd = set_up.sigfd;
   const sigset_t& original = set_up.original;
   // The init's own stdio is its caller's (a daemon's log, an MCP server's
@@ -534,19 +567,22 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
     }
     return nullptr;
   };
-  auto tally_for = [&](pid_t pid) -> DenialTally* {
-    auto it = calls.find(pid);
-    if (it == calls.end()) {
-      pid_t sid = getsid(pid);
-      if (sid > 0) it = calls.find(sid);
+  // A record belongs to the call whose process made it, or whose session
+  // it was in when it made it (a command's children are in its session).
+  auto count_records = [&] {
+    if (!responder) return;
+    for (const auto& r : responder->Take()) {
+      auto it = calls.find(r.pid);
+      if (it == calls.end() && r.sid > 0) it = calls.find(r.sid);
+      if (it != calls.end()) it->second.tally.Count(r.denial);
     }
-    return it == calls.end() ? nullptr : &it->second.tally;
   };
 
   for (;;) {
-    struct pollfd fds[3] = {{sigfd.get(), POLLIN, 0}, {control_fd, POLLIN, 0}, {listener.get(), POLLIN, 0}};
-    if (poll(fds, listener.valid() ? 3 : 2, -1) < 0) continue;
-    if (listener.valid() && (fds[2].revents & POLLIN)) DenialTally::AnswerOne(listener.get(), tally_for);
+    struct pollfd fds[3] = {
+        {sigfd.get(), POLLIN, 0}, {control_fd, POLLIN, 0}, {responder ? responder->ready_fd() : -1, POLLIN, 0}};
+    if (poll(fds, responder ? 3 : 2, -1) < 0) continue;
+    if (fds[2].revents & POLLIN) count_records();
 
     if (fds[1].revents & (POLLIN | POLLHUP | POLLERR)) {
       char payload[32768];
@@ -663,11 +699,8 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
       auto it = calls.find(pid);
       if (it == calls.end()) continue;  // an orphan of some command: reaped, nothing to say
       if (it->second.command) {
-        // Calls still waiting for an answer count too.
-        struct pollfd pending = {listener.get(), POLLIN, 0};
-        while (listener.valid() && poll(&pending, 1, 0) > 0 && (pending.revents & POLLIN)) {
-          DenialTally::AnswerOne(listener.get(), tally_for);
-        }
+        // The command's calls were all recorded before they were answered.
+        count_records();
         std::string line = "{\"t\":\"exit\",\"code\":" + std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1) +
                            ",\"signal\":" + std::to_string(WIFSIGNALED(status) ? WTERMSIG(status) : 0) + ",\"denied\":[";
         bool first = true;

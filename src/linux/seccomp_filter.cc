@@ -35,6 +35,9 @@ constexpr std::size_t kMaxInsns = 4096;
 
 Status AddRule(scmp_filter_ctx ctx, uint32_t action, int nr, const SeccompRule& rule,
                std::vector<scmp_arg_cmp> cmps) {
+  if (rule.when.has_also) {
+    cmps.push_back({rule.when.also_arg, SCMP_CMP_MASKED_EQ, rule.when.also_mask, rule.when.also_value});
+  }
   int rc = seccomp_rule_add_array(ctx, action, nr, static_cast<unsigned>(cmps.size()),
                                   cmps.empty() ? nullptr : cmps.data());
   if (rc != 0) return Status::Syscall("seccomp", "seccomp_rule_add", rule.syscall, -rc);
@@ -210,32 +213,6 @@ Result<UniqueFd> InstallSeccomp(const BpfProgram& program) {
   long fd = syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER, &prog);
   if (fd < 0) return Status::Errno("seccomp", "seccomp(SECCOMP_SET_MODE_FILTER, NEW_LISTENER)");
   return UniqueFd(static_cast<int>(fd));
-}
-
-void DenialTally::AnswerOne(int listener) {
-  DenialTally* self = this;
-  AnswerOne(listener, [self](pid_t) { return self; });
-}
-
-void DenialTally::AnswerOne(int listener, const std::function<DenialTally*(pid_t)>& tally_for) {
-  struct seccomp_notif req;
-  std::memset(&req, 0, sizeof(req));  // the kernel insists on a zeroed buffer
-  if (ioctl(listener, SECCOMP_IOCTL_NOTIF_RECV, &req) != 0) return;  // ENOENT: the caller died meanwhile
-  struct seccomp_notif_resp resp;
-  std::memset(&resp, 0, sizeof(resp));
-  resp.id = req.id;
-  resp.error = -EPERM;
-  // ENOENT: the caller was killed while waiting; nothing to answer.
-  (void)ioctl(listener, SECCOMP_IOCTL_NOTIF_SEND, &resp);
-  std::string name;
-  if (char* n = seccomp_syscall_resolve_num_arch(req.data.arch, req.data.nr)) {
-    name = n;
-    std::free(n);
-  } else {
-    name = "syscall " + std::to_string(req.data.nr);
-  }
-  DenialTally* tally = tally_for(static_cast<pid_t>(req.pid));
-  if (tally) tally->Count(name);
 }
 
 void DenialTally::Count(const std::string& name) {

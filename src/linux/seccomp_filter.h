@@ -45,16 +45,12 @@ using BpfProgram = std::vector<struct sock_filter>;
 // the filter notifies about: the kernel would wait for its own answer.
 [[nodiscard]] Result<UniqueFd> InstallSeccomp(const BpfProgram& program);
 
-// Answers notifications with -EPERM and counts them by syscall name.
+// Denied calls counted by name: a syscall's, or a refused unix socket's
+// (UnixConnectDenial). NotifyResponder answers the calls.
 class DenialTally {
  public:
-  // Receives and answers one pending notification on `listener`.
-  void AnswerOne(int listener);
-  // The same, counting the call on the tally `tally_for` picks for the
-  // caller's pid (as seen in the listener's pid namespace); null: uncounted.
-  static void AnswerOne(int listener, const std::function<DenialTally*(pid_t)>& tally_for);
-  void Count(const std::string& syscall);
-  // Syscall name → how many calls were denied (at most kMaxNames names).
+  void Count(const std::string& name);
+  // Name → how many calls were denied (at most kMaxNames names).
   const std::map<std::string, std::uint64_t>& counts() const { return counts_; }
 
   static constexpr std::size_t kMaxNames = 64;

@@ -411,7 +411,7 @@ Status Parser::ParseSandbox(const Field& f, SandboxSpec& out) const {
 
 Status Parser::ParseFilesystem(const Field& f, FilesystemSpec& out) const {
   return ForEachKey(
-      f, {"workspace", "read_only", "deny", "protect"},
+      f, {"workspace", "read_only", "deny", "protect", "unix_sockets"},
       [&](const std::string& key, const Field& v) -> Status {
         if (key == "workspace") {
           return ForEachKey(v, {"path", "mode"}, [&](const std::string& wkey, const Field& w) {
@@ -427,6 +427,7 @@ Status Parser::ParseFilesystem(const Field& f, FilesystemSpec& out) const {
         }
         if (key == "read_only") return ReadPaths(v, PathRule::kReadOnly, out.read_only);
         if (key == "deny") return ReadPaths(v, PathRule::kDeny, out.deny);
+        if (key == "unix_sockets") return ReadPaths(v, PathRule::kReadOnly, out.unix_sockets);
         return ReadPaths(v, PathRule::kProtect, out.protect);
       });
 }

@@ -154,6 +154,16 @@ TEST(ParsePolicyTest, PathsAreNormalisedAndTildeKept) {
   EXPECT_EQ(p.filesystem.protect, std::vector<std::string>{".git/hooks"});
 }
 
+TEST(ParsePolicyTest, UnixSocketsAreAbsoluteOrHomePathsAndDefaultEmpty) {
+  EXPECT_TRUE(MustParse("version: 1\n").filesystem.unix_sockets.empty());
+  Policy p = MustParse("filesystem:\n  unix_sockets: [~/.ssh/agent.sock, //run/user/1000//bus]\n");
+  EXPECT_EQ(p.filesystem.unix_sockets, (std::vector<std::string>{"~/.ssh/agent.sock", "/run/user/1000/bus"}));
+  Result<Policy> relative = ParsePolicy("filesystem:\n  unix_sockets: [agent.sock]\n", "p.yaml");
+  ASSERT_FALSE(relative.ok());
+  EXPECT_NE(relative.status().message().find("p.yaml:2:"), std::string::npos) << relative.status().message();
+  EXPECT_FALSE(ParsePolicy("filesystem:\n  unix_sockets: [\"/run/*.sock\"]\n", "p.yaml").ok());
+}
+
 TEST(ParsePolicyTest, NetworkPatterns) {
   Policy p = MustParse(
       "network:\n"

@@ -264,6 +264,7 @@ std::string ToYaml(const Policy& p) {
   EmitList(out, "read_only", fs.read_only);
   EmitList(out, "deny", fs.deny);
   EmitList(out, "protect", fs.protect);
+  EmitList(out, "unix_sockets", fs.unix_sockets);
   out << YAML::EndMap;
 
   const NetworkSpec& net = p.network;

@@ -35,6 +35,7 @@
 #include "agentbox/policy.h"
 #include "linux/fd.h"
 #include "linux/random.h"
+#include "linux/seccomp_notify.h"
 #include "linux/user_dirs.h"
 #include "session/layers.h"
 #include "session/world.h"
@@ -434,7 +435,7 @@ Json Manager::Impl::RunBash(SessionState& s, World& world, const ConfinedCommand
   if (r.oom_kills) o.usage.oom_kills = r.oom_kills;
   // Evidence: seccomp first, then the proxy, then what the output says.
   for (const auto& [name, count] : r.seccomp) {
-    o.denials.push_back({"syscalls", name, "", "blocked by the seccomp filter", "seccomp", count});
+    o.denials.push_back(linux::SeccompDenial(name, count));
   }
   if (!r.connections.empty()) {
     NetworkConnections net;

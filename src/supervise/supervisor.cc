@@ -22,6 +22,7 @@
 #include "linux/descendants.h"
 #include "linux/launch.h"
 #include "linux/proxy_listeners.h"
+#include "linux/seccomp_notify.h"
 #include "linux/status_pipe.h"
 #include "net/proxy.h"
 #include "supervise/denial_scanner.h"
@@ -257,7 +258,7 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
       // First, so that a flood of stderr lines cannot crowd them out.
       std::vector<Denial> seccomp;
       for (const auto& [name, count] : m.denied) {
-        seccomp.push_back({"syscalls", name, "", "blocked by the seccomp filter", "seccomp", count});
+        seccomp.push_back(linux::SeccompDenial(name, count));
       }
       out.denials.insert(out.denials.begin(), seccomp.begin(), seccomp.end());
     }

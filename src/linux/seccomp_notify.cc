@@ -1,0 +1,368 @@
+#include "linux/seccomp_notify.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
+#include <linux/seccomp.h>
+#include <linux/sock_diag.h>
+#include <linux/unix_diag.h>
+#include <seccomp.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "linux/compat.h"
+#include "linux/descendants.h"
+
+#ifndef SYS_pidfd_getfd
+#define SYS_pidfd_getfd 438
+#endif
+
+namespace agentbox::linux {
+
+struct NotifyResponder::State {
+  UnixConnectRules rules;
+  UniqueFd ready;
+  std::mutex mu;
+  std::condition_variable cv;
+  int listener = -1;
+  std::vector<NotifyRecord> records;
+  std::atomic<int> workers{0};
+};
+
+namespace {
+
+constexpr const char kUnixConnectPrefix[] = "connect unix:";
+// Records waiting for the runner's loop; past this a flood of denied calls
+// is still denied, only no longer counted one by one.
+constexpr std::size_t kMaxRecords = 1 << 16;
+// Blocking connects in flight, each on a thread of its own.
+constexpr int kMaxWorkers = 64;
+
+void Respond(int listener, std::uint64_t id, int error) {
+  struct seccomp_notif_resp resp;
+  std::memset(&resp, 0, sizeof(resp));
+  resp.id = id;
+  resp.error = error;
+  // ENOENT: the caller was killed while waiting; nothing to answer.
+  (void)ioctl(listener, SECCOMP_IOCTL_NOTIF_SEND, &resp);
+}
+
+void Record(NotifyResponder::State& st, pid_t pid, std::string denial) {
+  {
+    std::lock_guard<std::mutex> lock(st.mu);
+    if (st.records.size() >= kMaxRecords) return;
+    st.records.push_back({pid, getsid(pid), std::move(denial)});
+  }
+  const std::uint64_t one = 1;
+  (void)!write(st.ready.get(), &one, sizeof(one));
+}
+
+std::string SyscallName(const struct seccomp_data& data) {
+  std::string name;
+  if (char* n = seccomp_syscall_resolve_num_arch(data.arch, data.nr)) {
+    name = n;
+    std::free(n);
+  } else {
+    name = "syscall " + std::to_string(data.nr);
+  }
+  return name;
+}
+
+// Where the kernel keeps an inode: its superblock's device (major, minor)
+// and its inode number, as sock_diag reports a bound socket's. stat(2)
+// will not do: overlayfs reports another filesystem's device and inode.
+struct KernelInode {
+  unsigned major = 0, minor = 0;
+  std::uint64_t ino = 0;
+  bool operator==(const KernelInode&) const = default;
+};
+
+std::optional<KernelInode> IdentityOf(int fd) {
+  std::ifstream info("/proc/self/fdinfo/" + std::to_string(fd));
+  std::string key;
+  long mnt_id = -1;
+  std::uint64_t ino = 0;
+  bool have_ino = false;
+  while (info >> key) {
+    if (key == "mnt_id:") info >> mnt_id;
+    else if (key == "ino:") have_ino = static_cast<bool>(info >> ino);
+    else info.ignore(4096, '\n');
+  }
+  if (mnt_id < 0 || !have_ino) return std::nullopt;
+  std::ifstream mounts("/proc/self/mountinfo");
+  std::string line;
+  while (std::getline(mounts, line)) {
+    std::istringstream in(line);
+    long id = -1, parent = -1;
+    std::string dev;
+    if (!(in >> id >> parent >> dev) || id != mnt_id) continue;
+    unsigned major = 0, minor = 0;
+    if (std::sscanf(dev.c_str(), "%u:%u", &major, &minor) != 2) return std::nullopt;
+    return KernelInode{major, minor, ino};
+  }
+  return std::nullopt;
+}
+
+// The socket inodes of the listening unix sockets bound to `node`, in this
+// network namespace (sock_diag).
+std::vector<std::uint32_t> ListenersBoundTo(const KernelInode& node) {
+  std::vector<std::uint32_t> out;
+  UniqueFd nl(socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_SOCK_DIAG));
+  if (!nl.valid()) return out;
+  struct {
+    struct nlmsghdr nlh;
+    struct unix_diag_req req;
+  } msg;
+  std::memset(&msg, 0, sizeof(msg));
+  msg.nlh.nlmsg_len = sizeof(msg);
+  msg.nlh.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+  msg.nlh.nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP;
+  msg.req.sdiag_family = AF_UNIX;
+  msg.req.udiag_states = 1u << 10;  // TCP_LISTEN
+  msg.req.udiag_show = UDIAG_SHOW_VFS;
+  if (send(nl.get(), &msg, sizeof(msg), 0) != static_cast<ssize_t>(sizeof(msg))) return out;
+  alignas(struct nlmsghdr) char buf[32768];
+  for (;;) {
+    ssize_t n = recv(nl.get(), buf, sizeof(buf), 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return out;
+    for (auto* h = reinterpret_cast<struct nlmsghdr*>(buf); NLMSG_OK(h, static_cast<unsigned>(n));
+         h = NLMSG_NEXT(h, n)) {
+      if (h->nlmsg_type == NLMSG_DONE || h->nlmsg_type == NLMSG_ERROR) return out;
+      auto* m = static_cast<struct unix_diag_msg*>(NLMSG_DATA(h));
+      int len = static_cast<int>(h->nlmsg_len - NLMSG_LENGTH(sizeof(*m)));
+      for (auto* a = reinterpret_cast<struct rtattr*>(m + 1); RTA_OK(a, len); a = RTA_NEXT(a, len)) {
+        if (a->rta_type != UNIX_DIAG_VFS || RTA_PAYLOAD(a) < sizeof(struct unix_diag_vfs)) continue;
+        struct unix_diag_vfs vfs;
+        std::memcpy(&vfs, RTA_DATA(a), sizeof(vfs));
+        // The kernel's own dev_t: 12 bits of major above 20 of minor.
+        const KernelInode bound{vfs.udiag_vfs_dev >> 20, vfs.udiag_vfs_dev & 0xfffff, vfs.udiag_vfs_ino};
+        if (bound == node) out.push_back(m->udiag_ino);
+      }
+    }
+  }
+}
+
+// Whether a process below the runner holds one of `sockets` (landlock-only,
+// where the network namespace is the host's).
+bool HeldBySandbox(const std::vector<std::uint32_t>& sockets) {
+  for (pid_t p : Descendants(getpid())) {
+    const std::string dir = "/proc/" + std::to_string(p) + "/fd";
+    int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) continue;
+    DIR* d = fdopendir(dfd);
+    if (!d) {
+      close(dfd);
+      continue;
+    }
+    bool held = false;
+    while (struct dirent* e = readdir(d)) {
+      char link[64];
+      ssize_t n = readlinkat(dfd, e->d_name, link, sizeof(link) - 1);
+      if (n <= 0) continue;
+      link[n] = 0;
+      unsigned long ino = 0;
+      if (std::sscanf(link, "socket:[%lu]", &ino) != 1) continue;
+      for (auto s : sockets) held = held || s == ino;
+      if (held) break;
+    }
+    closedir(d);
+    if (held) return true;
+  }
+  return false;
+}
+
+// The decision on a connect() to the pathname socket `path`, looked up as
+// the caller would: from its working directory, and from a root that must
+// be ours. `node` receives the socket's inode to connect through.
+struct Decision {
+  int err = 0;          // non-zero: answer this errno (the lookup failed as the caller's would)
+  bool refused = false; // outside the sandbox and not named by the policy
+};
+
+Decision DecideUnix(const UnixConnectRules& rules, pid_t pid, const std::string& path, UniqueFd* node) {
+  const std::string proc = "/proc/" + std::to_string(pid);
+  struct stat ours {}, theirs {};
+  if (stat("/", &ours) != 0 || stat((proc + "/root").c_str(), &theirs) != 0 || ours.st_dev != theirs.st_dev ||
+      ours.st_ino != theirs.st_ino) {
+    return {0, true};  // a caller with a root of its own (or gone): nothing to look up safely
+  }
+  UniqueFd cwd(open((proc + "/cwd").c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!cwd.valid()) return {0, true};
+  // O_PATH opens nothing: a FIFO or a device is not touched.
+  node->reset(openat(cwd.get(), path.c_str(), O_PATH | O_CLOEXEC));
+  if (!node->valid()) return {errno, false};
+  struct stat st {};
+  if (fstat(node->get(), &st) != 0) return {errno, false};
+  if (!S_ISSOCK(st.st_mode)) return {ECONNREFUSED, false};
+  const auto id = IdentityOf(node->get());
+  if (!id) return {0, true};
+  for (const auto& allowed : rules.allowed) {
+    UniqueFd a(open(allowed.c_str(), O_PATH | O_CLOEXEC));
+    if (a.valid() && IdentityOf(a.get()) == id) return {};
+  }
+  const auto listeners = ListenersBoundTo(*id);
+  if (!listeners.empty() && (rules.private_netns || HeldBySandbox(listeners))) return {};
+  return {0, true};
+}
+
+void Connect(const std::shared_ptr<NotifyResponder::State>& st, int listener, const struct seccomp_notif& req) {
+  const pid_t pid = static_cast<pid_t>(req.pid);
+  const int fd = static_cast<int>(req.data.args[0]);
+  // The kernel reads the length as an int and refuses more than a sockaddr_storage.
+  const int len = static_cast<int>(req.data.args[2]);
+  if (len < 0 || static_cast<std::size_t>(len) > sizeof(struct sockaddr_storage)) {
+    return Respond(listener, req.id, -EINVAL);
+  }
+  struct sockaddr_storage addr;
+  std::memset(&addr, 0, sizeof(addr));
+  if (len > 0) {
+    struct iovec local = {&addr, static_cast<std::size_t>(len)};
+    struct iovec remote = {reinterpret_cast<void*>(req.data.args[1]), static_cast<std::size_t>(len)};
+    const ssize_t got = process_vm_readv(pid, &local, 1, &remote, 1, 0);
+    if (got < 0 && (errno == EPERM || errno == EACCES)) {
+      // A caller that made itself non-dumpable cannot be looked at, and
+      // letting its call through unseen would let anyone do the same.
+      Record(*st, pid, "connect");
+      return Respond(listener, req.id, -EPERM);
+    }
+    if (got != len) return Respond(listener, req.id, -EFAULT);
+  }
+  UniqueFd pidfd(static_cast<int>(syscall(SYS_pidfd_open, pid, 0)));
+  if (!pidfd.valid()) return Respond(listener, req.id, -EPERM);
+  UniqueFd sock(static_cast<int>(syscall(SYS_pidfd_getfd, pidfd.get(), fd, 0)));
+  const int getfd_err = errno;
+  // The pid may have been reused between the notification and pidfd_open:
+  // the notification still pending proves the pidfd is the caller's.
+  std::uint64_t id = req.id;
+  if (ioctl(listener, SECCOMP_IOCTL_NOTIF_ID_VALID, &id) != 0) return;
+  if (!sock.valid()) return Respond(listener, req.id, getfd_err == EBADF ? -EBADF : -EPERM);
+  int domain = 0;
+  socklen_t dlen = sizeof(domain);
+  if (getsockopt(sock.get(), SOL_SOCKET, SO_DOMAIN, &domain, &dlen) != 0) {
+    return Respond(listener, req.id, -errno);
+  }
+  socklen_t addr_len = static_cast<socklen_t>(len);
+  UniqueFd node;
+  auto* un = reinterpret_cast<struct sockaddr_un*>(&addr);
+  constexpr std::size_t kPathOffset = offsetof(struct sockaddr_un, sun_path);
+  if (domain == AF_UNIX && static_cast<std::size_t>(len) > kPathOffset && addr.ss_family == AF_UNIX &&
+      un->sun_path[0] != '\0') {
+    const std::string path(un->sun_path, strnlen(un->sun_path, static_cast<std::size_t>(len) - kPathOffset));
+    const Decision d = DecideUnix(st->rules, pid, path, &node);
+    if (d.refused) {
+      Record(*st, pid, UnixConnectDenial(path));
+      return Respond(listener, req.id, -EACCES);
+    }
+    if (d.err != 0) return Respond(listener, req.id, -d.err);
+    // Through the inode that was checked, whatever the path names by now.
+    std::memset(&addr, 0, sizeof(addr));
+    un->sun_family = AF_UNIX;
+    const int n = std::snprintf(un->sun_path, sizeof(un->sun_path), "/proc/self/fd/%d", node.get());
+    addr_len = static_cast<socklen_t>(kPathOffset + static_cast<std::size_t>(n) + 1);
+  }
+  const int flags = fcntl(sock.get(), F_GETFL);
+  if (flags >= 0 && (flags & O_NONBLOCK)) {
+    const int rc = connect(sock.get(), reinterpret_cast<struct sockaddr*>(&addr), addr_len);
+    return Respond(listener, req.id, rc == 0 ? 0 : -errno);
+  }
+  // A blocking connect may take as long as the far end makes it: on a
+  // thread of its own, so that other calls are answered meanwhile.
+  if (st->workers.fetch_add(1) >= kMaxWorkers) {
+    st->workers.fetch_sub(1);
+    return Respond(listener, req.id, -EAGAIN);
+  }
+  std::thread([st, listener, id = req.id, s = std::move(sock), n = std::move(node), addr, addr_len]() {
+    const int rc = connect(s.get(), reinterpret_cast<const struct sockaddr*>(&addr), addr_len);
+    Respond(listener, id, rc == 0 ? 0 : -errno);
+    st->workers.fetch_sub(1);
+  }).detach();
+}
+
+void AnswerLoop(std::shared_ptr<NotifyResponder::State> st) {
+  int listener;
+  {
+    std::unique_lock<std::mutex> lock(st->mu);
+    st->cv.wait(lock, [&] { return st->listener >= 0; });
+    listener = st->listener;
+  }
+  for (;;) {
+    struct seccomp_notif req;
+    std::memset(&req, 0, sizeof(req));  // the kernel insists on a zeroed buffer
+    if (ioctl(listener, SECCOMP_IOCTL_NOTIF_RECV, &req) != 0) {
+      if (errno == EINTR || errno == ENOENT) continue;  // ENOENT: the caller died meanwhile
+      return;
+    }
+    if (static_cast<long>(req.data.nr) == SYS_connect && req.data.arch == seccomp_arch_native()) {
+      Connect(st, listener, req);
+      continue;
+    }
+    // Recorded before the answer: the caller cannot have exited unrecorded.
+    Record(*st, static_cast<pid_t>(req.pid), SyscallName(req.data));
+    Respond(listener, req.id, -EPERM);
+  }
+}
+
+}  // namespace
+
+Result<std::unique_ptr<NotifyResponder>> NotifyResponder::Start(UnixConnectRules rules) {
+  auto st = std::make_shared<State>();
+  st->rules = std::move(rules);
+  st->ready.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!st->ready.valid()) return Status::Errno("seccomp", "eventfd");
+  std::thread(AnswerLoop, st).detach();
+  return std::unique_ptr<NotifyResponder>(new NotifyResponder(st));
+}
+
+NotifyResponder::~NotifyResponder() = default;
+
+void NotifyResponder::Serve(UniqueFd listener) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->listener = listener.release();
+  state_->cv.notify_all();
+}
+
+int NotifyResponder::ready_fd() const { return state_->ready.get(); }
+
+std::vector<NotifyRecord> NotifyResponder::Take() {
+  std::uint64_t n;
+  (void)!read(state_->ready.get(), &n, sizeof(n));
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return std::exchange(state_->records, {});
+}
+
+std::string UnixConnectDenial(const std::string& path) { return kUnixConnectPrefix + path; }
+
+std::optional<std::string> UnixConnectTarget(const std::string& tally_name) {
+  const std::size_t n = sizeof(kUnixConnectPrefix) - 1;
+  if (tally_name.compare(0, n, kUnixConnectPrefix) != 0) return std::nullopt;
+  return tally_name.substr(n);
+}
+
+Denial SeccompDenial(const std::string& tally_name, std::uint64_t count) {
+  if (auto path = UnixConnectTarget(tally_name)) {
+    return {"filesystem", "connect", *path,
+            "a unix socket outside the sandbox that filesystem.unix_sockets does not name", "seccomp", count};
+  }
+  return {"syscalls", tally_name, "", "blocked by the seccomp filter", "seccomp", count};
+}
+
+}  // namespace agentbox::linux

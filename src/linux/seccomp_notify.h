@@ -1,0 +1,85 @@
+// The seccomp filter's user notifications, answered by a thread of the
+// runner's that the filter does not cover.
+//
+// Two kinds of call reach it:
+//  - calls the plan denies (kNotifyEperm): answered -EPERM and recorded;
+//  - connect() (kNotifyMediate): every pathname unix socket the command
+//    names is checked, and the connect is made here, on the command's own
+//    socket (pidfd_getfd), with the address as it was checked. Answering
+//    "continue" instead would let another thread of the command rewrite the
+//    address, or swap the descriptor, between the check and the kernel's
+//    own read of them. A socket outside the sandbox is refused (EACCES)
+//    unless the policy names it (filesystem.unix_sockets); a socket that a
+//    process of the sandbox listens on is the sandbox's own and allowed.
+//
+// The peer of a connection made here sees the runner's pid in
+// SO_PEERCRED, with the command's uid and gid.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "agentbox/outcome.h"
+#include "agentbox/status.h"
+#include "linux/fd.h"
+
+namespace agentbox::linux {
+
+// What the sandbox's connect()s to pathname unix sockets may reach.
+struct UnixConnectRules {
+  // Sockets outside the sandbox that the policy names, as paths inside.
+  std::vector<std::string> allowed;
+  // True: the sandbox has its own network namespace, and the sockets it
+  // listens on are exactly the unix sockets of that namespace. False
+  // (landlock-only): a listener is the sandbox's when one of the runner's
+  // descendants holds it.
+  bool private_netns = false;
+};
+
+// One answered notification that the runner reports.
+struct NotifyRecord {
+  pid_t pid = 0;        // the caller, in the runner's pid namespace
+  pid_t sid = 0;        // its session when it called (sessions attribute calls by it)
+  std::string denial;   // a DenialTally name: the syscall, or UnixConnectDenial(path)
+};
+
+class NotifyResponder {
+ public:
+  // Starts the answering thread. Call after Landlock is in force (the
+  // thread inherits the domain) and before the seccomp filter is installed
+  // (the thread must stay outside it: it makes the calls the filter sends
+  // it). `rules` are read by that thread alone from here on.
+  [[nodiscard]] static Result<std::unique_ptr<NotifyResponder>> Start(UnixConnectRules rules);
+  ~NotifyResponder();
+  NotifyResponder(const NotifyResponder&) = delete;
+  NotifyResponder& operator=(const NotifyResponder&) = delete;
+
+  // Hands over the listener that InstallSeccomp returned; answering starts.
+  void Serve(UniqueFd listener);
+  // Readable (an eventfd, close-on-exec) while records are waiting.
+  int ready_fd() const;
+  // The records so far, oldest first. A call's record is queued before
+  // the call is answered: once a process has exited, all of its are here.
+  std::vector<NotifyRecord> Take();
+
+  struct State;
+
+ private:
+  explicit NotifyResponder(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  std::shared_ptr<State> state_;
+};
+
+// The tally name of a refused connect() to the unix socket at `path`, and
+// back. Both supervisors turn such names into filesystem denials.
+std::string UnixConnectDenial(const std::string& path);
+std::optional<std::string> UnixConnectTarget(const std::string& tally_name);
+
+// A tally entry (syscall name or UnixConnectDenial) as a report denial.
+Denial SeccompDenial(const std::string& tally_name, std::uint64_t count);
+
+}  // namespace agentbox::linux
