@@ -3,7 +3,9 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -369,6 +371,39 @@ TEST_F(WorldTest, NetworkDenialsNameTheHost) {
   Json r = Bash(id, "curl -sS -o /dev/null --max-time 10 http://denied.example.test/ -w '%{http_code}\\n'; exit 7");
   EXPECT_EQ(r["kind"], "sandbox_denied") << r.dump();
   EXPECT_NE(r["output"].get<std::string>().find("denied.example.test:80"), std::string::npos) << r["output"];
+}
+
+// A host service's socket in the base workspace shows through the
+// session's workspace; connecting to it is refused and named, while a
+// listener the session makes itself in the same workspace is reachable.
+TEST_F(WorldTest, HostSocketsInTheWorkspaceAreRefusedByPath) {
+  int host = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  ASSERT_GE(host, 0);
+  struct sockaddr_un a {};
+  a.sun_family = AF_UNIX;
+  const std::string path = base_ + "/host.sock";
+  path.copy(a.sun_path, sizeof(a.sun_path) - 1);
+  ASSERT_EQ(bind(host, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(listen(host, 4), 0);
+  std::string id = Create();
+  Json own = Bash(id,
+                  "python3 -c 'import socket, threading\n"
+                  "s = socket.socket(socket.AF_UNIX); s.bind(\"own.sock\"); s.listen(1)\n"
+                  "threading.Thread(target=lambda: s.accept()[0].sendall(b\"own-ok\")).start()\n"
+                  "c = socket.socket(socket.AF_UNIX); c.connect(\"own.sock\"); print(c.recv(8).decode())'");
+  EXPECT_EQ(own["kind"], "exited") << own.dump();
+  EXPECT_NE(own["output"].get<std::string>().find("own-ok"), std::string::npos) << own.dump();
+  Json r = Bash(id, "python3 -c 'import socket; socket.socket(socket.AF_UNIX).connect(\"host.sock\")'");
+  EXPECT_EQ(r["kind"], "sandbox_denied") << r.dump();
+  EXPECT_NE(r["output"].get<std::string>().find("connect host.sock"), std::string::npos) << r["output"];
+  bool named = false;
+  for (const auto& d : r["outcome"]["denials"]) {
+    named |= d.value("op", "") == "connect" && d.value("target", "") == "host.sock";
+  }
+  EXPECT_TRUE(named) << r.dump();
+  EXPECT_LT(accept4(host, nullptr, nullptr, SOCK_CLOEXEC), 0) << "a connection reached the host's listener";
+  close(host);
+  unlink(path.c_str());
 }
 
 TEST_F(WorldTest, LongOutputIsCappedWithAMarker) {
