@@ -27,6 +27,8 @@ constexpr std::uint64_t kCloneNamespaceFlags = 0x00020000 /*NEWNS*/ | 0x02000000
 constexpr std::uint64_t kWeakPersonality = 0x0400000 | 0x0040000 | 0x0100000;
 constexpr std::uint64_t kTiocsti = 0x5412, kTioclinux = 0x541C;
 constexpr std::uint64_t kAfUnix = 1, kAfInet = 2, kAfInet6 = 10, kAfMax = 46;
+constexpr std::uint64_t kSetIdBits = 06000;                 // S_ISUID | S_ISGID
+constexpr std::uint64_t kOCreat = 0100, kOTmpfile = 020000000;  // O_CREAT, __O_TMPFILE
 constexpr std::uint64_t kSockDgram = 2, kSockRaw = 3, kSockPacket = 10, kSockTypeMask = 0xf;
 
 struct Group {
@@ -83,6 +85,40 @@ SeccompPlan PlanSeccomp(bool host_has_seccomp) {
   domain.values = {kAfUnix, kAfInet, kAfInet6};
   sp.rules.push_back({"socket", SeccompAction::kNotifyEperm, domain,
                       "socket families other than unix, inet and inet6: rarely used, often buggy"});
+  // Set-id bits: a file the sandbox marks set-uid or set-gid stays so on
+  // the host (the workspace is nosuid only inside), and as root it is owned
+  // by root. Every call that sets a mode is filtered on the mode's set-id
+  // bits: chmod and its kin, and the create modes of open, openat, creat,
+  // mknod, mknodat, mkdir and mkdirat. openat2's mode is in memory the
+  // filter cannot read: it answers ENOSYS (libc and most programs then use
+  // openat). io_uring, which could open behind the filter's back, is denied.
+  struct ModeArg {
+    const char* syscall;
+    unsigned mode_arg;
+    int flags_arg;  // -1: no flags (the mode always applies)
+  };
+  for (const ModeArg& m : {ModeArg{"chmod", 1, -1}, ModeArg{"fchmod", 1, -1}, ModeArg{"fchmodat", 2, -1},
+                           ModeArg{"fchmodat2", 2, -1}, ModeArg{"creat", 1, -1}, ModeArg{"mknod", 1, -1},
+                           ModeArg{"mknodat", 2, -1}, ModeArg{"mkdir", 1, -1}, ModeArg{"mkdirat", 2, -1},
+                           ModeArg{"open", 2, 1}, ModeArg{"openat", 3, 2}}) {
+    if (m.flags_arg < 0) {
+      sp.rules.push_back({m.syscall, SeccompAction::kNotifyEperm, {Kind::kAnyBitSet, m.mode_arg, kSetIdBits},
+                          "set-uid or set-gid bits would stay on the file on the host"});
+      continue;
+    }
+    // The mode counts only with O_CREAT or O_TMPFILE: otherwise it is noise.
+    for (std::uint64_t create : {kOCreat, kOTmpfile}) {
+      SeccompArgCheck c{Kind::kAnyBitSet, m.mode_arg, kSetIdBits};
+      c.has_also = true;
+      c.also_arg = static_cast<unsigned>(m.flags_arg);
+      c.also_mask = create;
+      c.also_value = create;
+      sp.rules.push_back({m.syscall, SeccompAction::kNotifyEperm, c,
+                          "set-uid or set-gid bits would stay on the file on the host"});
+    }
+  }
+  sp.rules.push_back({"openat2", SeccompAction::kErrnoEnosys, {},
+                      "its create mode is out of the filter's reach: callers fall back to openat"});
   // Unix datagram sockets send to any bound path, connected or not
   // (sendto/sendmsg carry the address in memory the filter cannot read):
   // none is made, so no datagram reaches a host service's socket.

@@ -17,6 +17,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
@@ -50,6 +51,7 @@ struct NotifyResponder::State {
 namespace {
 
 constexpr const char kUnixConnectPrefix[] = "connect unix:";
+constexpr const char kSetIdPrefix[] = "set-id ";
 // Records waiting for the runner's loop; past this a flood of denied calls
 // is still denied, only no longer counted one by one.
 constexpr std::size_t kMaxRecords = 1 << 16;
@@ -224,6 +226,52 @@ Decision DecideUnix(const UnixConnectRules& rules, pid_t pid, const std::string&
   return {0, true};
 }
 
+// A NUL-terminated string from the caller's memory, for the report only
+// (what is denied is decided by the filter, not by this copy).
+std::string ReadString(pid_t pid, std::uint64_t address) {
+  std::string out;
+  char buf[256];
+  while (address != 0 && out.size() < 4096) {
+    // Never across a page boundary in one read: the next page may be unmapped.
+    const std::size_t room = 4096 - (address % 4096);
+    const std::size_t want = std::min(sizeof(buf), room);
+    struct iovec local = {buf, want};
+    struct iovec remote = {reinterpret_cast<void*>(address), want};
+    const ssize_t n = process_vm_readv(pid, &local, 1, &remote, 1, 0);
+    if (n <= 0) break;
+    const std::size_t len = strnlen(buf, static_cast<std::size_t>(n));
+    out.append(buf, len);
+    if (len < static_cast<std::size_t>(n)) break;
+    address += static_cast<std::uint64_t>(n);
+  }
+  return out;
+}
+
+// The tally name of a denied call: its syscall's, or for a call that set
+// set-id bits, SetIdDenial with the path it named.
+std::string DenialName(const struct seccomp_notif& req) {
+  const std::string name = SyscallName(req.data);
+  const pid_t pid = static_cast<pid_t>(req.pid);
+  const auto& a = req.data.args;
+  if (req.data.arch != seccomp_arch_native()) return name;
+  const bool chmod = name == "chmod" || name == "fchmod" || name == "fchmodat" || name == "fchmodat2";
+  const bool create = name == "open" || name == "openat" || name == "creat" || name == "mknod" ||
+                      name == "mknodat" || name == "mkdir" || name == "mkdirat";
+  if (!chmod && !create) return name;
+  std::string path;
+  if (name == "fchmod") {
+    char link[4096];
+    const std::string fd = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(static_cast<int>(a[0]));
+    const ssize_t n = readlink(fd.c_str(), link, sizeof(link));
+    if (n > 0) path.assign(link, static_cast<std::size_t>(n));
+  } else {
+    const bool at = name == "fchmodat" || name == "fchmodat2" || name == "openat" || name == "mknodat" ||
+                    name == "mkdirat";
+    path = ReadString(pid, at ? a[1] : a[0]);
+  }
+  return SetIdDenial(chmod ? "chmod" : "create", path.empty() ? "(unknown path)" : path);
+}
+
 void Connect(const std::shared_ptr<NotifyResponder::State>& st, int listener, const struct seccomp_notif& req) {
   const pid_t pid = static_cast<pid_t>(req.pid);
   const int fd = static_cast<int>(req.data.args[0]);
@@ -316,7 +364,7 @@ void AnswerLoop(std::shared_ptr<NotifyResponder::State> st) {
       continue;
     }
     // Recorded before the answer: the caller cannot have exited unrecorded.
-    Record(*st, static_cast<pid_t>(req.pid), SyscallName(req.data));
+    Record(*st, static_cast<pid_t>(req.pid), DenialName(req));
     Respond(listener, req.id, -EPERM);
   }
 }
@@ -351,6 +399,8 @@ std::vector<NotifyRecord> NotifyResponder::Take() {
 
 std::string UnixConnectDenial(const std::string& path) { return kUnixConnectPrefix + path; }
 
+std::string SetIdDenial(const std::string& op, const std::string& path) { return kSetIdPrefix + op + ":" + path; }
+
 std::optional<std::string> UnixConnectTarget(const std::string& tally_name) {
   const std::size_t n = sizeof(kUnixConnectPrefix) - 1;
   if (tally_name.compare(0, n, kUnixConnectPrefix) != 0) return std::nullopt;
@@ -361,6 +411,14 @@ Denial SeccompDenial(const std::string& tally_name, std::uint64_t count) {
   if (auto path = UnixConnectTarget(tally_name)) {
     return {"filesystem", "connect", *path,
             "a unix socket outside the sandbox that filesystem.unix_sockets does not name", "seccomp", count};
+  }
+  const std::size_t n = sizeof(kSetIdPrefix) - 1;
+  if (tally_name.compare(0, n, kSetIdPrefix) == 0) {
+    const std::size_t colon = tally_name.find(':', n);
+    if (colon != std::string::npos) {
+      return {"filesystem", tally_name.substr(n, colon - n), tally_name.substr(colon + 1), "set-id bits", "seccomp",
+              count};
+    }
   }
   return {"syscalls", tally_name, "", "blocked by the seccomp filter", "seccomp", count};
 }

@@ -2,7 +2,8 @@
 // runner's that the filter does not cover.
 //
 // Two kinds of call reach it:
-//  - calls the plan denies (kNotifyEperm): answered -EPERM and recorded;
+//  - calls the plan denies (kNotifyEperm): answered -EPERM and recorded (a
+//    call refused for set-id bits with the path it named);
 //  - connect() (kNotifyMediate): every pathname unix socket the command
 //    names is checked, and the connect is made here, on the command's own
 //    socket (pidfd_getfd), with the address as it was checked. Answering
@@ -77,6 +78,9 @@ class NotifyResponder {
 // The tally name of a refused connect() to the unix socket at `path`, and
 // back. Both supervisors turn such names into filesystem denials.
 std::string UnixConnectDenial(const std::string& path);
+// The tally name of a call refused for setting set-id bits: `op` is
+// "chmod" (chmod and its kin) or "create" (a create mode with them).
+std::string SetIdDenial(const std::string& op, const std::string& path);
 std::optional<std::string> UnixConnectTarget(const std::string& tally_name);
 
 // A tally entry (syscall name or UnixConnectDenial) as a report denial.
