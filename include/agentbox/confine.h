@@ -38,6 +38,10 @@ struct Invocation {
   std::string runtime_dir; // host dir for landlock-only per-run directories ("" = /tmp)
   BackendChoice backend = BackendChoice::kAuto;
   bool session = false;    // a session's sandbox (sessions honour snapshot_on_exit, fresh_per_task)
+  // agentbox's own directories (state, caches, daemons' and MCP servers'
+  // state dirs): absent from the sandbox whatever the policy says, and a
+  // workspace inside one is refused. Host paths, absolute.
+  std::vector<std::string> own_dirs;
 };
 
 // A stderr classifier: an ECMAScript regex and what a match means. Group 1,

@@ -159,6 +159,7 @@ Result<Invocation> BuildInvocation(const PolicyFlags& f) {
   }
   inv.self_exe = RealPath("/proc/self/exe");
   inv.cache_dir = linux::CacheDir(inv.home);
+  inv.own_dirs = linux::OwnDirs(inv.home);
   inv.nonce = Nonce();
   return inv;
 }

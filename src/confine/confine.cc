@@ -503,6 +503,32 @@ std::vector<MissingFacet> LandlockOnlyGaps(const Policy& policy, const Invocatio
 
 // A cache directory for `what`, unless the sandbox could write there: what
 // is cached decides what is masked or filtered.
+// agentbox's own directories (Invocation::own_dirs) are never in a sandbox:
+// a workspace or read_only tree inside one is refused, and on the
+// landlock-only backend (which cannot hide a path inside a tree it allows)
+// so is one inside an allowed tree.
+Status CheckOwnDirs(const Policy& policy, const Invocation& inv, bool landlock_only) {
+  std::vector<std::pair<std::string, std::string>> trees = {{inv.workspace, "the workspace"}};
+  for (const auto& entry : policy.filesystem.read_only) {
+    std::string p = paths::ExpandHome(entry, inv.home);
+    if (!p.empty()) trees.emplace_back(p, "filesystem.read_only '" + entry + "'");
+  }
+  for (const auto& d : inv.own_dirs) {
+    for (const auto& [tree, what] : trees) {
+      if (paths::IsWithin(tree, d)) {
+        return Status::Error("confine", what + " (" + tree + ") is inside agentbox's own state directory " + d +
+                                            ", which no sandbox may see");
+      }
+      if (landlock_only && paths::IsWithin(d, tree)) {
+        return Status::Error("confine", "agentbox's own state directory " + d + " is inside " + what + " (" + tree +
+                                            "), and the landlock-only backend cannot hide a path inside a tree it "
+                                            "allows; use the namespaces backend or a workspace that does not hold it");
+      }
+    }
+  }
+  return {};
+}
+
 std::string CacheDirFor(const Invocation& inv, const char* what) {
   if (inv.cache_dir.empty() || inv.cache_dir[0] != '/' || paths::IsWithin(inv.cache_dir, inv.workspace)) return "";
   return paths::Join(inv.cache_dir, what);
@@ -526,7 +552,11 @@ Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Poli
   const bool writable = policy.mode == Mode::kWorkspaceWrite &&
                         policy.filesystem.workspace.access == Access::kReadWrite;
   std::vector<std::string> absent;
+  if (Confines(policy)) {
+    if (Status s = CheckOwnDirs(policy, inv, landlock_only); !s.ok()) return s;
+  }
   if (landlock_only) {
+    for (const auto& d : inv.own_dirs) absent.push_back(d);
     for (auto& gap : LandlockOnlyGaps(policy, inv, writable, &absent)) {
       out.enforcement.missing.push_back(std::move(gap));
     }
@@ -715,6 +745,16 @@ Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Poli
         continue;
       }
       mounts.push_back({MountKind::kMask, p, *inner, true, true, "", "filesystem.deny: " + entry});
+    }
+    // agentbox's own directories: a policy cannot lift this (CheckOwnDirs
+    // made sure none holds a mounted tree).
+    for (const auto& d : inv.own_dirs) {
+      auto inner = InnerPath(mounted, d);
+      if (!inner) {
+        plan.absent.push_back(d);
+        continue;
+      }
+      mounts.push_back({MountKind::kMask, d, *inner, true, true, "", "agentbox's own state (always hidden)"});
     }
     // Merge scans of the same root.
     std::vector<GlobScan> merged;

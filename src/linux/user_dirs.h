@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace agentbox::linux {
 
@@ -12,5 +13,14 @@ std::string HomeDir();
 std::string CacheDir(const std::string& home);
 // $XDG_STATE_HOME/agentbox, else ~/.local/state/agentbox ("" without either).
 std::string StateDir();
+
+// agentbox's own directories for this user, which no sandbox may see: the
+// state and cache directories, and every state directory a daemon or MCP
+// server registered. Canonical where they exist.
+std::vector<std::string> OwnDirs(const std::string& home);
+// Records `dir` (absolute) in StateDir()/state-dirs for OwnDirs. Best
+// effort: a state directory that could not be recorded is still hidden
+// from the sandboxes of the process that uses it.
+void RegisterStateDir(const std::string& dir);
 
 }  // namespace agentbox::linux

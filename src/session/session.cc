@@ -33,6 +33,7 @@
 #include "agentbox/host_caps.h"
 #include "agentbox/outcome.h"
 #include "agentbox/policy.h"
+#include "confine/paths.h"
 #include "linux/fd.h"
 #include "linux/random.h"
 #include "linux/seccomp_notify.h"
@@ -66,6 +67,13 @@ std::string NowRfc3339() {
   gmtime_r(&t, &tm);
   std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
   return buf;
+}
+
+// agentbox's own directories, this Manager's state directory among them.
+std::vector<std::string> OwnDirsWith(const std::string& state_dir) {
+  auto dirs = linux::OwnDirs(linux::HomeDir());
+  if (std::find(dirs.begin(), dirs.end(), state_dir) == dirs.end()) dirs.push_back(state_dir);
+  return dirs;
 }
 
 std::string RealPath(const std::string& p) {
@@ -341,6 +349,7 @@ Status Manager::Impl::Provision(SessionState& s) {
   if (!inv.home.empty() && !RealPath(inv.home).empty()) inv.home = RealPath(inv.home);
   inv.self_exe = exe;
   inv.cache_dir = linux::CacheDir(inv.home);
+  inv.own_dirs = OwnDirsWith(options.state_dir);
   inv.nonce = RandomId("");
   inv.backend = BackendChoice::kNamespaces;
   inv.session = true;
@@ -614,6 +623,8 @@ Result<std::unique_ptr<Manager>> Manager::Open(const ManagerOptions& options) {
   }
   mkdir(impl->SessionsDir().c_str(), 0700);
   mkdir(impl->SnapshotsDir().c_str(), 0700);
+  // Every sandbox of this user's hides it (linux::OwnDirs).
+  linux::RegisterStateDir(dir);
   impl->exe = options.agentbox_exe.empty() ? RealPath("/proc/self/exe") : options.agentbox_exe;
   if (access(impl->exe.c_str(), X_OK) != 0) return Status::Errno("session", "access(X_OK)", impl->exe);
   if (auto fs = ReadWholeFile("/proc/filesystems"); fs.ok()) {
@@ -647,6 +658,14 @@ Result<std::string> Manager::Create(const CreateRequest& request) {
   struct stat st {};
   if (workspace.empty() || stat(workspace.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
     return Status::Error(kBadRequest, "workspace " + request.workspace + " is not a directory");
+  }
+  // A session on agentbox's own state would hand the sandbox the daemon's
+  // socket, other sessions' logs and layers.
+  for (const auto& own : OwnDirsWith(m.options.state_dir)) {
+    if (paths::IsWithin(workspace, own)) {
+      return Status::Error(kBadRequest, "workspace " + workspace + " is inside agentbox's own state directory " + own +
+                                            ": no session may work on it");
+    }
   }
   auto policy = BuildPolicy(request.policy_yaml, request.mode);
   if (!policy.ok()) return policy.status();
