@@ -100,7 +100,7 @@ TEST(LandlockOnly, FilesystemNetworkProcessesAndCleanUp) {
   EXPECT_TRUE(Contains(r.out, "home=" + tmp.substr(0, tmp.size() - 4) + "/home")) << r.Describe();
   EXPECT_FALSE(Exists(tmp.substr(0, tmp.size() - 4))) << tmp;
   // The detached background process was killed with the run.
-  EXPECT_TRUE(WaitUntilNoProcess("sleep " + marker, 3000));
+  EXPECT_TRUE(WaitUntilNoProcess("sleep " + marker, 30000));
   // The host process outside the domain is untouched.
   EXPECT_EQ(kill(victim.pid(), 0), 0);
 }

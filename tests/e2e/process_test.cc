@@ -256,7 +256,7 @@ TEST(Cleanup, BackgroundProcessesDieWithTheRun) {
   ASSERT_EQ(r.status, 0) << r.Describe();
   EXPECT_EQ(r.out, "started\n");
   EXPECT_LT(r.elapsed_ms, 60000) << "agentbox waited for the background sleep (1000 s)";
-  EXPECT_TRUE(WaitUntilNoProcess("sleep " + marker, 2000)) << "a background process outlived the run";
+  EXPECT_TRUE(WaitUntilNoProcess("sleep " + marker, 30000)) << "a background process outlived the run";
 }
 
 TEST(Cleanup, KillingTheSupervisorKillsTheSandbox) {
@@ -271,7 +271,7 @@ TEST(Cleanup, KillingTheSupervisorKillsTheSandbox) {
   ASSERT_EQ(kill(p.pid(), SIGKILL), 0);
   RunResult r = p.Wait();
   EXPECT_EQ(r.status, 128 + SIGKILL);
-  EXPECT_TRUE(WaitUntilNoProcess("sleep " + marker, 5000)) << "the sandbox outlived its supervisor";
+  EXPECT_TRUE(WaitUntilNoProcess("sleep " + marker, 30000)) << "the sandbox outlived its supervisor";
 }
 
 TEST(Signals, InterruptIsForwardedToTheCommand) {

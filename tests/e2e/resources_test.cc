@@ -130,7 +130,7 @@ TEST(Processes, ForkBombIsCappedAndTheRunEndsCleanly) {
   ASSERT_TRUE(r.report) << r.Describe();
   EXPECT_EQ(OutcomeOf(r), "exited") << "the run ended with the command, not at its deadline\n" << r.Describe();
   EXPECT_LT(r.elapsed_ms, 100000) << "the run waited for the sleepers\n" << r.Describe();
-  EXPECT_TRUE(WaitUntilNoProcess("sleep " + marker, 5000)) << "the sleepers outlived the run";
+  EXPECT_TRUE(WaitUntilNoProcess("sleep " + marker, 30000)) << "the sleepers outlived the run";
   const auto& u = Usage(r);
   EXPECT_EQ(u["limits"]["pids_max"], 32);
   // pids.peak is kept by newer kernels only (checked above, without agentbox).
@@ -160,7 +160,7 @@ TEST(Processes, RealForkBombEndsAtTheDeadline) {
   ASSERT_TRUE(r.report) << r.Describe();
   EXPECT_EQ(OutcomeOf(r), "timed_out") << r.Describe();
   EXPECT_EQ(r.status, 124);
-  EXPECT_TRUE(WaitUntilNoProcess(marker, 2000));
+  EXPECT_TRUE(WaitUntilNoProcess(marker, 30000));
 }
 
 // --------------------------------------------------------------------- cpu
@@ -196,8 +196,8 @@ void ExpectDeadlineKillsSleeperAndStoppedChild(const std::vector<std::string>& e
   EXPECT_EQ(r.status, 124) << r.Describe();
   ASSERT_TRUE(r.report) << r.Describe();
   EXPECT_EQ(OutcomeOf(r), "timed_out");
-  EXPECT_LT(r.elapsed_ms, 8000) << r.Describe();
-  EXPECT_TRUE(WaitUntilNoProcess(marker, 2000)) << "a sandbox process survived the deadline";
+  EXPECT_LT(r.elapsed_ms, 60000) << "never killed (sleep 1000)\n" << r.Describe();
+  EXPECT_TRUE(WaitUntilNoProcess(marker, 30000)) << "a sandbox process survived the deadline";
 }
 
 TEST(Deadline, SleeperAndStoppedChildDieWithoutCgroup) { ExpectDeadlineKillsSleeperAndStoppedChild({}); }
@@ -292,7 +292,7 @@ TEST(Cleanup, KilledSupervisorLeavesNoProcessAndGcRemovesItsCgroup) {
   ASSERT_EQ(kill(supervisor, SIGKILL), 0);
   RunResult killed = p.Wait();
   EXPECT_EQ(killed.status, 128 + SIGKILL);
-  EXPECT_TRUE(WaitUntilNoProcess(marker, 3000)) << "a sandbox process outlived its supervisor";
+  EXPECT_TRUE(WaitUntilNoProcess(marker, 30000)) << "a sandbox process outlived its supervisor";
   EXPECT_EQ(ReadFile("/proc/self/mountinfo").value_or(""), mounts_before);
   if (cgroups) {
     RunResult gc = RunCommand(sb.AgentboxCommand({"gc"}));

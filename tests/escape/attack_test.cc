@@ -430,7 +430,7 @@ TEST(Attack, DoubleForkedDaemonSurvivesTheRun) {
     for (pid_t p : e2e::PidsWithCmdline("sleep " + host_marker)) kill(p, SIGKILL);
   }
   a.InsideSh(sb, script(marker), "daemon");
-  const bool gone = e2e::WaitUntilNoProcess("sleep " + marker, 3000);
+  const bool gone = e2e::WaitUntilNoProcess("sleep " + marker, 30000);
   EXPECT_TRUE(gone) << "a daemon started inside outlived the run";
   if (!gone) {
     a.Escaped("a daemon outlived the run");
@@ -846,7 +846,7 @@ TEST(Attack, ForkBomb) {
     EXPECT_FALSE(a.run().timed_out) << a.run().Describe();
     a.Refused("--max-processes is refused here (exit 125, fail closed): the bomb ran unlimited, bounded by itself");
   }
-  EXPECT_TRUE(e2e::WaitUntilNoProcess("escape_probe forkbomb", 3000));
+  EXPECT_TRUE(e2e::WaitUntilNoProcess("escape_probe forkbomb", 30000));
 }
 
 TEST(Attack, MemoryBomb) {
