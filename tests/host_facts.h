@@ -4,6 +4,7 @@
 // session suites share it.
 #pragma once
 
+#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -73,14 +74,29 @@ inline bool HasWord(const std::string& text, const std::string& word, char sep) 
   return false;
 }
 
-// Makes and removes a child of `dir`; tells whether `file` (if not empty) is in it.
-inline bool ChildCgroupWorks(const std::string& dir, const std::string& file, std::optional<bool>* has_file) {
+// True if `dir` holds a file named `prefix`* (a controller's interface files).
+inline bool HasFileWithPrefix(const std::string& dir, const std::string& prefix) {
+  DIR* d = opendir(dir.c_str());
+  if (!d) return false;
+  bool found = false;
+  while (struct dirent* e = readdir(d)) found = found || std::string(e->d_name).rfind(prefix, 0) == 0;
+  closedir(d);
+  return found;
+}
+
+// Makes and removes a child of `dir`. It counts only if the kernel made it a
+// cgroup (cgroup.procs appears) with `controller`'s files in it, when
+// `controller` is not empty; tells whether `file` (if not empty) is in it.
+inline bool ChildCgroupWorks(const std::string& dir, const std::string& controller, const std::string& file,
+                             std::optional<bool>* has_file) {
   const std::string child = dir + "/agentbox-hostcheck-" + std::to_string(getpid()) + "-" +
                             std::to_string(std::random_device{}() % 100000);
   if (mkdir(child.c_str(), 0755) != 0) return false;
-  if (has_file && !file.empty()) *has_file = access((child + "/" + file).c_str(), F_OK) == 0;
+  const bool works = access((child + "/cgroup.procs").c_str(), F_OK) == 0 &&
+                     (controller.empty() || HasFileWithPrefix(child, controller + "."));
+  if (works && has_file && !file.empty()) *has_file = access((child + "/" + file).c_str(), F_OK) == 0;
   rmdir(child.c_str());
-  return true;
+  return works;
 }
 
 }  // namespace detail
@@ -91,8 +107,10 @@ inline bool ChildCgroupWorks(const std::string& dir, const std::string& file, st
 // hierarchy that carries the controller: a v1 hierarchy mounted with it, or
 // the v2 hierarchy with it in cgroup.controllers and either enabled for
 // children (subtree_control) or the cgroup being the hierarchy's root (which
-// may enable it). A writable-looking directory alone proves nothing: the
-// controller may be absent, or the cgroupfs refuse in practice (a container).
+// may enable it), and the kernel must make the new directory a cgroup with
+// the controller's files. A writable-looking directory alone proves nothing:
+// the controller may be absent, the cgroupfs refuse in practice (a
+// container), or the path be another filesystem mounted over it.
 // `has_file`: whether such a child shows `file` (for example pids.peak); left
 // empty when that cannot be told without enabling the controller.
 inline bool CgroupControllerDelegated(const std::string& controller, const std::string& file = "",
@@ -113,12 +131,13 @@ inline bool CgroupControllerDelegated(const std::string& controller, const std::
       const bool enabled = HasWord(ReadAll(dir + "/cgroup.subtree_control"), controller, ' ');
       const bool is_root = rel[""] == "/" && m.root == "/";
       if (!enabled && !is_root) continue;
-      if (ChildCgroupWorks(dir, enabled ? file : "", has_file)) return true;
+      // A child of the v2 root gets the controller only once the root enables it.
+      if (ChildCgroupWorks(dir, enabled ? controller : "", enabled ? file : "", has_file)) return true;
     } else if (HasWord(m.options, controller, ',')) {
       for (const auto& [list, path] : rel) {
         if (!HasWord(list, controller, ',')) continue;
         const std::string dir = Through(m, path);
-        if (!dir.empty() && ChildCgroupWorks(dir, file, has_file)) return true;
+        if (!dir.empty() && ChildCgroupWorks(dir, controller, file, has_file)) return true;
       }
     }
   }
