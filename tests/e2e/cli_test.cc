@@ -161,12 +161,25 @@ TEST(Check, ReportsAPolicyItCannotEnforce) {
   RunResult r = Agentbox(sb, {"check", "--json", "--policy", kFixtures + "/design_policy.yaml"});
   auto j = nlohmann::json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.Describe();
-  if (j["enforcement"]["level"] == "full") {
+  const auto& e = j["enforcement"];
+  bool resources_missing = false;
+  for (const auto& m : e["missing"]) resources_missing |= m.value("facet", "") == "resources";
+  // The design policy limits cpu, memory and processes: this host can give
+  // them only with those cgroup controllers (checked without agentbox).
+  if (!CgroupsExpected({"cpu", "memory", "pids"})) {
+    EXPECT_NE(e["level"], "full") << r.out;
+    EXPECT_TRUE(resources_missing) << "the resources this host cannot limit are not named\n" << r.out;
+  } else {
+    EXPECT_FALSE(resources_missing) << "this host delegates cpu, memory and pids\n" << r.out;
+  }
+  // Whatever the host: the exit status and the missing list agree with the level.
+  if (e["level"] == "full") {
     EXPECT_EQ(r.status, 0) << r.Describe();
+    EXPECT_TRUE(e["missing"].empty()) << r.out;
   } else {
     EXPECT_NE(r.status, 0) << "check must not succeed for a policy this host cannot fully enforce\n"
                            << r.Describe();
-    EXPECT_FALSE(j["enforcement"]["missing"].empty()) << r.out;
+    EXPECT_FALSE(e["missing"].empty()) << r.out;
   }
 }
 

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "host_facts.h"
+
 namespace agentbox::e2e {
 
 // The agentbox binary under test: $AGENTBOX_BIN.
@@ -133,6 +135,9 @@ long NowMs();
 std::vector<pid_t> PidsWithCmdline(const std::string& marker);
 // Polls until no process carries `marker`, or `timeout_ms` passes.
 bool WaitUntilNoProcess(const std::string& marker, int timeout_ms);
+
+using host_facts::CgroupControllerDelegated;
+using host_facts::CgroupsExpected;
 
 // A fake user: a workspace, a HOME with fake credentials, and a place for
 // reports outside both. Runs `agentbox run` the way an agent harness would.

@@ -983,12 +983,16 @@ TEST(Network, TerminalQuestionDoesNotHoldOtherConnections) {
   HostServer server;
   ASSERT_GT(server.port(), 0);
   Sandbox sb;
-  const std::string script = "(" + FetchAsk(server.port(), 1) + ") & sleep 0.5; " +
+  // The direct fetches start only once the question is on the terminal: the
+  // test says so by creating `go` in the workspace (shared with the host).
+  const std::string script = "(" + FetchAsk(server.port(), 1) + ") & while [ ! -e go ]; do sleep 0.05; done; " +
                              Fetch("direct", "127.0.0.1", server.port()) + "; " + Fetch("again", "127.0.0.1", server.port()) +
                              "; wait";
   TerminalAsk ask(sb, server.port(), script);
   ASSERT_TRUE(ask.run->started());
   ASSERT_TRUE(ask.run->Expect(ask.question)) << ask.run->text();
+  EXPECT_FALSE(Contains(ask.run->text(), "direct:")) << ask.run->text();
+  WriteFile(sb.ws() + "/go", "");
   ASSERT_TRUE(ask.run->Expect("again: 200")) << ask.run->text();  // both served, the question still open
   EXPECT_FALSE(Contains(ask.run->text(), "fetch 0:")) << ask.run->text();
   ask.run->Type("o\n");

@@ -11,29 +11,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <fstream>
+#include <optional>
 #include <string>
 
 #include "harness.h"
 
 namespace agentbox::e2e {
 namespace {
-
-// Our own memory cgroup (v1) or v2 cgroup, as the kernel lists it.
-std::string OwnCgroupDir() {
-  std::ifstream in("/proc/self/cgroup");
-  std::string line, v2;
-  while (std::getline(in, line)) {
-    if (line.rfind("4:memory:", 0) == 0 || line.find(":memory:") != std::string::npos) {
-      return "/sys/fs/cgroup/memory" + line.substr(line.find(":memory:") + 8);
-    }
-    if (line.rfind("0::", 0) == 0) v2 = "/sys/fs/cgroup" + line.substr(3);
-  }
-  return v2;
-}
-
-// A writable cgroup of ours: limits are enforced. Otherwise they cannot be.
-bool CgroupsExpected() { return access(OwnCgroupDir().c_str(), W_OK) == 0; }
 
 const nlohmann::json& Usage(const RunResult& r) { return (*r.report)["usage"]; }
 const nlohmann::json& ResourcesFacet(const RunResult& r) {
@@ -81,7 +65,7 @@ void ExpectRefusedThenPartial(const Sandbox& sb, const std::string& script, cons
 
 TEST(Memory, BombIsOomKilledWithPeakNearTheLimit) {
   Sandbox sb;
-  if (!CgroupsExpected()) {
+  if (!CgroupsExpected({"memory"})) {
     ExpectRefusedThenPartial(sb, kMemoryHog, {"--memory", "64Mi"}, "memory_gib");
     return;
   }
@@ -108,7 +92,7 @@ TEST(Memory, BombIsOomKilledWithPeakNearTheLimit) {
 TEST(Memory, OomInsidePipelineReportedThoughTopExitsZero) {
   Sandbox sb;
   const std::string script = std::string("bash -c '") + kMemoryHog + "; exit 0'";
-  if (!CgroupsExpected()) {
+  if (!CgroupsExpected({"memory"})) {
     ExpectRefusedThenPartial(sb, script, {"--memory", "64Mi"}, "memory_gib");
     return;
   }
@@ -132,26 +116,39 @@ TEST(Memory, GuaranteedAboveLimitIsRejected) {
 TEST(Processes, ForkBombIsCappedAndTheRunEndsCleanly) {
   Sandbox sb;
   // Bounded on purpose: without the cap (no cgroup) it would still end.
-  const std::string script = "i=0; while [ $i -lt 200 ]; do sleep 3 & i=$((i+1)); done 2>/dev/null; echo spawned; exit 0";
-  if (!CgroupsExpected()) {
+  // The sleepers would outlive the command by far: the run must end with
+  // the command, and take them along.
+  const std::string marker = "300." + std::to_string(100000 + std::stoul(RandomHex(2), nullptr, 16));
+  const std::string script = "i=0; while [ $i -lt 200 ]; do sleep " + marker +
+                             " & i=$((i+1)); done 2>/dev/null; echo spawned; exit 0";
+  std::optional<bool> keeps_peak;
+  if (!CgroupControllerDelegated("pids", "pids.peak", &keeps_peak)) {
     ExpectRefusedThenPartial(sb, script, {"--max-processes", "32"}, "max_processes");
     return;
   }
-  RunResult r = sb.Sh(script, {"--max-processes", "32", "--timeout", "20s"});
+  RunResult r = sb.Sh(script, {"--max-processes", "32", "--timeout", "120s"}, {}, 180000);
   ASSERT_TRUE(r.report) << r.Describe();
-  EXPECT_EQ(OutcomeOf(r), "exited") << r.Describe();
+  EXPECT_EQ(OutcomeOf(r), "exited") << "the run ended with the command, not at its deadline\n" << r.Describe();
+  EXPECT_LT(r.elapsed_ms, 100000) << "the run waited for the sleepers\n" << r.Describe();
+  EXPECT_TRUE(WaitUntilNoProcess("sleep " + marker, 30000)) << "the sleepers outlived the run";
   const auto& u = Usage(r);
   EXPECT_EQ(u["limits"]["pids_max"], 32);
-  if (u["peak_processes"].is_number()) {
+  // pids.peak is kept by newer kernels only (checked above, without agentbox).
+  if (keeps_peak.value_or(false)) {
+    ASSERT_TRUE(u["peak_processes"].is_number()) << "this kernel keeps pids.peak\n" << r.Describe();
     EXPECT_LE(u["peak_processes"].get<int>(), 32) << r.Describe();
     EXPECT_GE(u["peak_processes"].get<int>(), 20) << r.Describe();
+  } else if (keeps_peak.has_value()) {
+    EXPECT_TRUE(u["peak_processes"].is_null()) << "this kernel keeps no pids.peak\n" << r.Describe();
+  } else if (u["peak_processes"].is_number()) {
+    // The v2 root, where only enabling the controller would tell: the bound still holds.
+    EXPECT_LE(u["peak_processes"].get<int>(), 32) << r.Describe();
   }
-  EXPECT_LT(r.elapsed_ms, 3000) << "the sleeps outlived the command\n" << r.Describe();
 }
 
 TEST(Processes, RealForkBombEndsAtTheDeadline) {
   Sandbox sb;
-  if (!CgroupsExpected()) {
+  if (!CgroupsExpected({"pids"})) {
     // Never run an uncapped fork bomb: only the refusal is asserted here.
     RunResult refused = sb.Sh("true", {"--max-processes", "64"});
     EXPECT_EQ(refused.status, 125) << refused.Describe();
@@ -163,14 +160,14 @@ TEST(Processes, RealForkBombEndsAtTheDeadline) {
   ASSERT_TRUE(r.report) << r.Describe();
   EXPECT_EQ(OutcomeOf(r), "timed_out") << r.Describe();
   EXPECT_EQ(r.status, 124);
-  EXPECT_TRUE(WaitUntilNoProcess(marker, 2000));
+  EXPECT_TRUE(WaitUntilNoProcess(marker, 30000));
 }
 
 // --------------------------------------------------------------------- cpu
 
 TEST(Cpu, HalfACoreLimitUsesAboutHalfACore) {
   Sandbox sb;
-  if (!CgroupsExpected()) {
+  if (!CgroupsExpected({"cpu"})) {
     ExpectRefusedThenPartial(sb, "true", {"--cpus", "0.5"}, "cpu");
     return;
   }
@@ -181,7 +178,8 @@ TEST(Cpu, HalfACoreLimitUsesAboutHalfACore) {
   EXPECT_EQ(u["source"], "cgroup");
   double cpu = u["cpu_user_ms"].get<double>() + u["cpu_sys_ms"].get<double>();
   double share = cpu / u["wall_ms"].get<double>();
-  EXPECT_GT(share, 0.3) << r.Describe();
+  // The limit promises a ceiling; a loaded host may give the loop less.
+  EXPECT_GT(cpu, 0) << r.Describe();
   EXPECT_LT(share, 0.7) << r.Describe();
   EXPECT_EQ(u["limits"]["cpu_max_cores"], 0.5);
 }
@@ -198,14 +196,14 @@ void ExpectDeadlineKillsSleeperAndStoppedChild(const std::vector<std::string>& e
   EXPECT_EQ(r.status, 124) << r.Describe();
   ASSERT_TRUE(r.report) << r.Describe();
   EXPECT_EQ(OutcomeOf(r), "timed_out");
-  EXPECT_LT(r.elapsed_ms, 8000) << r.Describe();
-  EXPECT_TRUE(WaitUntilNoProcess(marker, 2000)) << "a sandbox process survived the deadline";
+  EXPECT_LT(r.elapsed_ms, 60000) << "never killed (sleep 1000)\n" << r.Describe();
+  EXPECT_TRUE(WaitUntilNoProcess(marker, 30000)) << "a sandbox process survived the deadline";
 }
 
 TEST(Deadline, SleeperAndStoppedChildDieWithoutCgroup) { ExpectDeadlineKillsSleeperAndStoppedChild({}); }
 
 TEST(Deadline, SleeperAndStoppedChildDieWithCgroup) {
-  if (!CgroupsExpected()) {
+  if (!CgroupsExpected({"memory"})) {
     ExpectDeadlineKillsSleeperAndStoppedChild({"--require", "partial", "--memory", "256Mi"});
     return;
   }
@@ -240,7 +238,7 @@ TEST(Disk, TmpFillStopsAtDiskGib) {
 
 TEST(Usage, LimitsInForceAreReportedAndNoCgroupRemains) {
   Sandbox sb;
-  if (!CgroupsExpected()) {
+  if (!CgroupsExpected({"memory", "pids"})) {
     ExpectRefusedThenPartial(sb, "true", {"--memory", "512Mi", "--max-processes", "64"}, "memory_gib");
     return;
   }
@@ -278,7 +276,8 @@ TEST(Cleanup, KilledSupervisorLeavesNoProcessAndGcRemovesItsCgroup) {
   Sandbox sb;
   const std::string marker = "orphan-" + RandomHex(4);
   std::vector<std::string> args = {"run"};
-  if (CgroupsExpected()) {
+  const bool cgroups = CgroupsExpected({"memory", "pids"});
+  if (cgroups) {
     args.insert(args.end(), {"--memory", "128Mi", "--max-processes", "32"});
   }
   args.insert(args.end(), {"--", "sh", "-c", "sleep 1000 & echo ready; sleep 1000 # " + marker});
@@ -287,15 +286,15 @@ TEST(Cleanup, KilledSupervisorLeavesNoProcessAndGcRemovesItsCgroup) {
   ASSERT_TRUE(p.started());
   ASSERT_TRUE(p.WaitForStdout("ready", 10000)) << p.err();
   const pid_t supervisor = p.pid();
-  if (CgroupsExpected()) {
+  if (cgroups) {
     EXPECT_FALSE(RunCgroupsOf(supervisor).empty()) << "the run has no cgroup";
   }
   ASSERT_EQ(kill(supervisor, SIGKILL), 0);
   RunResult killed = p.Wait();
   EXPECT_EQ(killed.status, 128 + SIGKILL);
-  EXPECT_TRUE(WaitUntilNoProcess(marker, 3000)) << "a sandbox process outlived its supervisor";
+  EXPECT_TRUE(WaitUntilNoProcess(marker, 30000)) << "a sandbox process outlived its supervisor";
   EXPECT_EQ(ReadFile("/proc/self/mountinfo").value_or(""), mounts_before);
-  if (CgroupsExpected()) {
+  if (cgroups) {
     RunResult gc = RunCommand(sb.AgentboxCommand({"gc"}));
     EXPECT_EQ(gc.status, 0) << gc.Describe();
     EXPECT_TRUE(RunCgroupsOf(supervisor).empty()) << gc.Describe();

@@ -4,7 +4,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -13,8 +16,9 @@ namespace agentbox::escape {
 namespace {
 
 struct Entry {
+  std::string test;  // the gtest test that recorded it
   std::string name;
-  Verdict verdict;
+  Decision decision;
   bool seccomp_layer;
   bool seccomp_evidence;
   std::string host;
@@ -32,69 +36,94 @@ std::string Who() {
   return "unprivileged uid " + std::to_string(getuid());
 }
 
-const char* VerdictName(Verdict v) {
-  switch (v) {
-    case Verdict::kBlocked: return "blocked";
-    case Verdict::kEscaped: return "ESCAPED";
-    case Verdict::kReachable: return "reachable";
-    case Verdict::kNotJudged: return "not-judged";
-  }
-  return "?";
+std::string CurrentTest() {
+  const testing::TestInfo* t = testing::UnitTest::GetInstance()->current_test_info();
+  return t ? std::string(t->test_suite_name()) + "." + t->name() : "";
 }
 
 // Prints the battery's summary after the last test, and appends it to
 // $ESCAPE_SUMMARY_FILE so the test script can show it even when ctest hides
-// the output of passing tests.
+// the output of passing tests. The verdicts and gtest's results are counted
+// apart and must agree: a blocked attack is a passed test, a not applicable
+// one (or one whose limit the product refused) a skipped test, an escaped or
+// otherwise not judged one a failed test.
 class Summary : public testing::Environment {
  public:
   void TearDown() override {
-    int tried = 0, blocked = 0, escaped = 0, reachable = 0, not_judged = 0, awaiting = 0;
-    std::ostringstream detail;
+    int tried = 0, blocked = 0, escaped = 0, not_applicable = 0, not_judged = 0, awaiting = 0;
+    std::ostringstream detail, reasons;
+    std::map<std::string, char> expected;  // test → 'p'assed, 's'kipped, 'f'ailed, from the verdicts
     for (const Entry& e : Entries()) {
       ++tried;
-      switch (e.verdict) {
+      char want = 'p';
+      switch (e.decision.verdict) {
         case Verdict::kBlocked: ++blocked; break;
-        case Verdict::kEscaped: ++escaped; break;
-        case Verdict::kReachable: ++reachable; break;
-        case Verdict::kNotJudged: ++not_judged; break;
+        case Verdict::kEscaped: ++escaped; want = 'f'; break;
+        case Verdict::kNotApplicable: ++not_applicable; want = 's'; break;
+        case Verdict::kNotJudged: ++not_judged; want = e.decision.skip ? 's' : 'f'; break;
       }
+      if (e.decision.verdict != Verdict::kBlocked) {
+        reasons << "  " << VerdictName(e.decision.verdict) << ": " << e.test << " (" << e.name
+                << "): " << e.decision.why << "\n";
+      }
+      char& slot = expected[e.test];
+      if (slot == 0 || want == 'f' || (want == 's' && slot == 'p')) slot = want;
       if (e.seccomp_layer && !e.seccomp_evidence) ++awaiting;
-      detail << "  " << VerdictName(e.verdict) << " " << e.name << "\n      host:   " << e.host
-             << "\n      inside: " << e.inside << (e.note.empty() ? "" : "\n      note:   " + e.note) << "\n";
+      detail << "  " << VerdictName(e.decision.verdict) << " " << e.name << "  [" << e.test << "]"
+             << "\n      host:    " << e.host << "\n      inside:  " << e.inside
+             << "\n      verdict: " << e.decision.why << (e.note.empty() ? "" : "\n      note:    " + e.note)
+             << "\n";
     }
-    int compat = 0, compat_passed = 0, attack_tests = 0, attack_passed = 0;
+    int compat = 0, compat_passed = 0, compat_skipped = 0;
+    int attack_tests = 0, attack_passed = 0, attack_skipped = 0, attack_failed = 0;
+    std::ostringstream disagree;
     const testing::UnitTest* u = testing::UnitTest::GetInstance();
     for (int i = 0; i < u->total_test_suite_count(); ++i) {
       const testing::TestSuite* s = u->GetTestSuite(i);
       for (int j = 0; j < s->total_test_count(); ++j) {
         const testing::TestInfo* t = s->GetTestInfo(j);
         if (!t->should_run()) continue;
-        const bool passed = t->result()->Passed() || t->result()->Skipped();
+        const testing::TestResult* r = t->result();
+        // A skip is not a pass, and a failure that also skipped is a failure.
+        const char got = r->Failed() ? 'f' : r->Skipped() ? 's' : 'p';
         if (std::string(s->name()) == "Compat") {
           ++compat;
-          compat_passed += passed;
+          compat_passed += got == 'p';
+          compat_skipped += got == 's';
         } else if (std::string(s->name()) == "Attack") {
           ++attack_tests;
-          attack_passed += passed;
+          attack_passed += got == 'p';
+          attack_skipped += got == 's';
+          attack_failed += got == 'f';
+          const std::string name = std::string(s->name()) + "." + t->name();
+          auto it = expected.find(name);
+          if (it == expected.end()) {
+            disagree << "  " << name << ": no verdict recorded\n";
+          } else if (it->second != got) {
+            disagree << "  " << name << ": the verdicts say " << it->second << ", gtest says " << got << "\n";
+          }
         }
       }
     }
     std::ostringstream line;
-    line << "escape battery (" << Who() << "): " << tried << " attacks tried, " << blocked << " blocked, "
-         << escaped << " escaped";
-    if (reachable) line << ", " << reachable << " reachable (kernel interface usable inside, no host effect)";
-    if (not_judged) line << ", " << not_judged << " not judged (resource limits refused by this build)";
-    line << "; compat " << compat_passed << "/" << compat << " passed";
+    line << "escape battery (" << Who() << "): " << tried << " attacks tried: " << blocked << " blocked, "
+         << escaped << " escaped, " << not_applicable << " not applicable, " << not_judged << " not judged"
+         << "; compat " << compat_passed << "/" << compat << " passed";
+    if (compat_skipped) line << " (" << compat_skipped << " skipped)";
     std::ostringstream extra;
-    extra << "  attack tests passed " << attack_passed << "/" << attack_tests;
+    extra << "  attack tests passed " << attack_passed << "/" << attack_tests << ", skipped " << attack_skipped
+          << ", failed " << attack_failed;
     if (awaiting) extra << "; " << awaiting << " seccomp-layer classes without a seccomp denial in the report";
-    const std::string text = detail.str() + line.str() + "\n" + extra.str() + "\n";
+    extra << "\n" << reasons.str();
+    if (!disagree.str().empty()) extra << "  VERDICTS AND TEST RESULTS DISAGREE:\n" << disagree.str();
+    const std::string text = detail.str() + line.str() + "\n" + extra.str();
     std::printf("\n--- escape battery verdicts ---\n%s", text.c_str());
     std::fflush(stdout);
     if (const char* f = std::getenv("ESCAPE_SUMMARY_FILE"); f && *f) {
       std::ofstream out(f, std::ios::app);
-      out << line.str() << "\n" << extra.str() << "\n";
+      out << line.str() << "\n" << extra.str();
     }
+    EXPECT_TRUE(disagree.str().empty()) << "the battery's verdicts and gtest's results disagree:\n" << disagree.str();
   }
 };
 
@@ -137,6 +166,58 @@ std::string Hostname() {
 
 }  // namespace
 
+const char* VerdictName(Verdict v) {
+  switch (v) {
+    case Verdict::kBlocked: return "blocked";
+    case Verdict::kEscaped: return "ESCAPED";
+    case Verdict::kNotApplicable: return "not-applicable";
+    case Verdict::kNotJudged: return "NOT-JUDGED";
+  }
+  return "?";
+}
+
+Decision Decide(const Facts& f) {
+  if (!f.escaped.empty()) return {Verdict::kEscaped, f.escaped};
+  // Without the limit it aims at, the attack running to its own bound proves nothing.
+  if (!f.refused.empty()) {
+    if (f.test_failed) return {Verdict::kNotJudged, "the test failed (see its assertions); " + f.refused};
+    return {Verdict::kNotJudged, f.refused, true};
+  }
+  if (f.inside_ran && f.inside.ok && f.blocked.empty()) {
+    return {Verdict::kEscaped, f.kind == Kind::kBoundary
+                                   ? "the attack worked inside: " + f.inside.detail
+                                   : "a kernel interface the seccomp layer closes was usable inside: " +
+                                         f.inside.detail};
+  }
+  if (f.test_failed) return {Verdict::kNotJudged, "the test failed (see its assertions)"};
+  if (!f.not_applicable.empty()) return {Verdict::kNotApplicable, f.not_applicable, true};
+  if (!f.inside_ran) return {Verdict::kNotJudged, "the attack was never tried inside"};
+  if (f.inside_timed_out) return {Verdict::kNotJudged, "the run inside timed out"};
+  if (!f.blocked.empty()) return {Verdict::kBlocked, f.blocked};
+  if (!f.inside.present) {
+    return {Verdict::kNotJudged, "the probe printed no result inside (exit " + std::to_string(f.inside_status) + ")"};
+  }
+  if (f.inside.crashed) {
+    return {Verdict::kNotJudged,
+            "the attempt inside was killed by signal " + std::to_string(f.inside.signal) + ": " + f.inside.detail};
+  }
+  std::string err = "errno=" + std::to_string(f.inside.err);
+  if (f.inside.err > 0) err += " (" + std::string(std::strerror(f.inside.err)) + ")";
+  return {Verdict::kBlocked, err + ": " + f.inside.detail};
+}
+
+std::string HostRefusal(const Probe& host, const std::string& why) {
+  if (host.ok) return "";
+  if (!host.present) return why + ": the host check printed no result (" + host.line + ")";
+  if (host.crashed && host.signal == SIGSEGV && host.line.find(" i386_unshare ") != std::string::npos) {
+    return "the kernel serves no i386 syscalls (int 0x80 dies with SIGSEGV unconfined)";
+  }
+  if (host.crashed) return why + ": the host check was killed by signal " + std::to_string(host.signal);
+  if (host.err == ENOSYS) return "this kernel does not provide it (ENOSYS unconfined): " + host.detail;
+  if (host.err == ENOENT) return "this host does not have it (ENOENT unconfined): " + host.detail;
+  return why + ": " + host.detail;
+}
+
 std::map<std::string, std::string> SnapshotTree(const std::string& root) {
   std::map<std::string, std::string> out;
   Walk(root, "", out);
@@ -161,7 +242,9 @@ Probe ParseProbe(const std::string& out, const std::string& attack) {
     std::string verdict, err;
     in >> verdict >> err;
     p.ok = verdict == "ok";
+    p.crashed = verdict == "crashed";
     if (err.rfind("errno=", 0) == 0) p.err = std::atoi(err.c_str() + 6);
+    if (auto sig = l.find(" signal="); sig != std::string::npos) p.signal = std::atoi(l.c_str() + sig + 8);
     auto d = l.find(" detail=");
     if (d != std::string::npos) p.detail = l.substr(d + 8);
   }
@@ -169,16 +252,37 @@ Probe ParseProbe(const std::string& out, const std::string& attack) {
 }
 
 Attack::Attack(std::string name, Kind kind, bool seccomp_layer)
-    : name_(std::move(name)), kind_(kind), seccomp_layer_(seccomp_layer) {}
+    : name_(std::move(name)), kind_(kind), seccomp_layer_(seccomp_layer) {
+  facts_.kind = kind;
+}
 
 Attack::~Attack() {
-  Verdict v = Verdict::kBlocked;
-  if (escaped_ || (inside_ok_ && kind_ == Kind::kBoundary)) v = Verdict::kEscaped;
-  else if (inside_ok_) v = Verdict::kReachable;
-  else if (not_judged_) v = Verdict::kNotJudged;
-  if (!inside_ran_ && !not_judged_) v = Verdict::kNotJudged;
+  facts_.inside = inside_;
+  facts_.test_failed = testing::Test::HasFailure();
+  const Decision d = Decide(facts_);
+  // Only a blocked attack passes: an escape or a verdict that could not be
+  // reached fails the test (unless it failed already), and a host on which
+  // the attack cannot work, or a limit the product refused, is a skip.
+  if (d.verdict == Verdict::kEscaped || (d.verdict == Verdict::kNotJudged && !d.skip)) {
+    if (!facts_.test_failed) ADD_FAILURE() << name_ << ": " << VerdictName(d.verdict) << ": " << d.why;
+  } else if (d.skip) {
+    const std::string msg =
+        std::string(d.verdict == Verdict::kNotApplicable ? "not applicable here: " : "not judged: ") + d.why;
+    GTEST_MESSAGE_AT_(__FILE__, __LINE__, msg.c_str(), testing::TestPartResult::kSkip);
+  }
   std::string host = host_.Describe() + (host_note_.empty() ? "" : "  [" + host_note_ + "]");
-  Entries().push_back({name_, v, seccomp_layer_, seccomp_evidence_, host, inside_.Describe(), note_});
+  Entries().push_back({CurrentTest(), name_, d, seccomp_layer_, seccomp_evidence_, host, inside_.Describe(), note_});
+}
+
+void Attack::NotApplicable(const std::string& why) {
+  if (why.empty()) return;
+  facts_.not_applicable += (facts_.not_applicable.empty() ? "" : "; ") + why;
+}
+
+bool Attack::RequireHost(const Probe& host, const std::string& why) {
+  const std::string refusal = HostRefusal(host, why);
+  NotApplicable(refusal);
+  return refusal.empty();
 }
 
 Probe Attack::Host(const Sandbox& sb, const std::vector<std::string>& args,
@@ -247,10 +351,11 @@ Probe Attack::InsideSh(const Sandbox& sb, const std::string& script, const std::
       if (!j.is_discarded()) run_.report = std::move(j);
     }
   }
-  inside_ran_ = true;
+  facts_.inside_ran = true;
+  facts_.inside_timed_out = run_.timed_out;
+  facts_.inside_status = run_.status;
   inside_ = ParseProbe(run_.out, attack);
   if (!inside_.present) inside_.line = "(no RESULT line) exit " + std::to_string(run_.status);
-  inside_ok_ = inside_.ok;
   EXPECT_EQ(home_before, SnapshotTree(sb.home())) << name_ << ": the fake HOME changed\n" << run_.Describe();
   EXPECT_EQ(git_before, SnapshotTree(sb.ws() + "/.git/hooks")) << name_ << ": .git/hooks changed";
   EXPECT_EQ(config_before, e2e::ReadFile(sb.ws() + "/.git/config")) << name_ << ": .git/config changed";
@@ -263,13 +368,15 @@ Probe Attack::InsideSh(const Sandbox& sb, const std::string& script, const std::
 }
 
 void Attack::Escaped(const std::string& why) {
-  escaped_ = true;
-  note_ += (note_.empty() ? "" : "; ") + why;
+  facts_.escaped += (facts_.escaped.empty() ? "" : "; ") + why;
 }
 
-void Attack::NotJudged(const std::string& why) {
-  not_judged_ = true;
-  note_ += (note_.empty() ? "" : "; ") + why;
+void Attack::Blocked(const std::string& evidence) {
+  facts_.blocked += (facts_.blocked.empty() ? "" : "; ") + evidence;
+}
+
+void Attack::Refused(const std::string& why) {
+  facts_.refused += (facts_.refused.empty() ? "" : "; ") + why;
 }
 
 void Attack::ExpectSeccomp(const Probe& inside, int expected_errno, const std::string& syscall, bool reported) {

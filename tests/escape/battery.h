@@ -5,13 +5,22 @@
 // attack is expected to work (so the test is real), and inside `agentbox run`,
 // where it must be blocked. The probe prints
 //   RESULT <attack> ok|blocked errno=<n> detail=<text>
-// and the test turns the pair into a verdict:
-//   blocked    the attack failed inside and nothing changed on the host
-//   escaped    it crossed the boundary: a secret read, a host file, process,
-//              socket or setting reached or changed
-//   reachable  a kernel interface the seccomp layer is meant to close was
-//              usable inside, with no effect on the host
-//   not judged a resource attack whose limit this build refuses to apply
+//   RESULT <attack> crashed errno=0 signal=<n> detail=<text>
+// and the test turns the pair into one of four verdicts:
+//   blocked         the attack's effect was refused inside, shown by the errno
+//                   the probe got or by a check of the host object it aimed at
+//   escaped         it crossed the boundary: a secret read, a host file,
+//                   process, socket or setting reached or changed, or a kernel
+//                   interface the seccomp layer closes was usable inside
+//   not applicable  the attack cannot be shown to work on this host (the host
+//                   check, run unconfined, failed for the host's own reason)
+//   not judged      nothing can be concluded: the probe crashed or timed out
+//                   or printed nothing, the test failed, or the product
+//                   refused (fail closed) the limit the attack is aimed at
+// A test whose verdict is blocked passes; not applicable and the product's
+// refusal are recorded as skips with the reason; escaped and every other not
+// judged fail the test. The summary counts each and checks that they agree
+// with gtest's own results.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -35,6 +44,8 @@ std::string ProbeBin();
 struct Probe {
   bool present = false;  // a RESULT line for the attack was printed
   bool ok = false;       // the attack worked
+  bool crashed = false;  // the attempt was killed by a signal (neither ok nor blocked)
+  int signal = 0;        // that signal
   int err = -1;
   std::string detail;
   std::string line;
@@ -48,7 +59,35 @@ enum class Kind {
   kSurface,   // "ok" inside means a kernel interface is reachable
 };
 
-enum class Verdict { kBlocked, kEscaped, kReachable, kNotJudged };
+enum class Verdict { kBlocked, kEscaped, kNotApplicable, kNotJudged };
+const char* VerdictName(Verdict v);
+
+// Everything a verdict is decided from (kept apart from Attack so the rules
+// have unit tests of their own: battery_test.cc).
+struct Facts {
+  Kind kind = Kind::kBoundary;
+  bool inside_ran = false;
+  bool inside_timed_out = false;
+  int inside_status = -1;
+  Probe inside;
+  std::string escaped;         // a host check saw the boundary crossed
+  std::string blocked;         // a host check that proves the effect was refused
+  std::string not_applicable;  // the host's reason the attack cannot work here
+  std::string refused;         // the product refused the limit the attack aims at
+  bool test_failed = false;
+};
+struct Decision {
+  Verdict verdict;
+  std::string why;
+  bool skip = false;  // the test is recorded as skipped with `why`
+};
+Decision Decide(const Facts& f);
+
+// The host check of an attack that the host itself may forbid (privileges,
+// kernel features, devices): the reason it cannot be shown here, or "" when
+// the host check worked. A crash of int 0x80 means the kernel serves no i386
+// syscalls.
+std::string HostRefusal(const Probe& host, const std::string& why);
 
 // How to start a run when the plain Sh() is not enough.
 struct Extra {
@@ -66,8 +105,15 @@ class Attack {
   // The probe on the host, in the workspace, with the sandbox's environment.
   Probe Host(const Sandbox& sb, const std::vector<std::string>& args,
              const std::vector<std::string>& extra_env = {}, const Extra& x = {});
-  // The host result, for the record: why this class proves less here.
+  // The host result, for the record: how the host check was made.
   void HostNote(const std::string& why) { host_note_ = why; }
+  // The attack cannot be shown to work on this host, for `why` (a host fact,
+  // checked without agentbox). The inside run still happens and an escape
+  // still fails the test; otherwise the test is skipped as not applicable.
+  void NotApplicable(const std::string& why);
+  // NotApplicable(HostRefusal(host, why)) when the host check failed.
+  // Returns true when the host check worked.
+  bool RequireHost(const Probe& host, const std::string& why);
   // A host result obtained some other way (a wrapper, another uid).
   void SetHost(const Probe& p) { host_ = p; }
 
@@ -87,8 +133,10 @@ class Attack {
 
   // Overrides the verdict the inside probe implies.
   void Escaped(const std::string& why);
-  void Blocked() { inside_ok_ = false; }
-  void NotJudged(const std::string& why);
+  // The effect was refused, as `evidence` (a check of the host object) shows.
+  void Blocked(const std::string& evidence);
+  // The product refused (fail closed) the limit this attack is aimed at.
+  void Refused(const std::string& why);
 
   // For attacks the seccomp layer owns: the inside errno is `expected_errno`
   // and the report lists a denial with source "seccomp" naming `syscall`.
@@ -103,10 +151,7 @@ class Attack {
   std::string name_;
   Kind kind_;
   bool seccomp_layer_;
-  bool inside_ran_ = false;
-  bool inside_ok_ = false;
-  bool escaped_ = false;
-  bool not_judged_ = false;
+  Facts facts_;
   bool seccomp_evidence_ = false;
   std::string note_;
   std::string host_note_;

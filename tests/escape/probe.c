@@ -6,7 +6,13 @@
 //
 //   RESULT <attack> ok|blocked errno=<n> detail=<text>
 //
-// and exits 0 for ok, 1 for blocked, 2 for a usage error. Every argument that
+// or, when the process that made the attempt was killed by a signal,
+//
+//   RESULT <attack> crashed errno=0 signal=<n> detail=<text>
+//
+// (a crash proves nothing about the sandbox: the kernel may lack the
+// interface, so it is never reported as blocked). It exits 0 for ok, 1 for
+// blocked, 2 for a usage error, 3 for a crash. Every argument that
 // could touch the host names something the test created (a temp dir, its own
 // listener, its own child process), and every kernel interface is called with
 // arguments that make it fail or do nothing harmful: kexec_load with no
@@ -79,6 +85,14 @@ static int Report(int ok, int err, const char* fmt, ...) {
 }
 #define OK(...) Report(1, 0, __VA_ARGS__)
 #define BLOCKED(e, ...) Report(0, (e), __VA_ARGS__)
+
+// The attempt died of signal `sig`: neither ok nor blocked.
+static int Crashed(int sig, const char* what) {
+  printf("RESULT %s crashed errno=0 signal=%d detail=%s killed by signal %d (%s)\n", g_attack, sig, what, sig,
+         strsignal(sig));
+  fflush(stdout);
+  return 3;
+}
 
 static int Usage(void) {
   fprintf(stderr, "escape_probe: bad arguments for %s\n", g_attack);
@@ -431,7 +445,9 @@ static int UnshareUser(void* arg) {
 static int DoUnshare(void) {
   int e = InChild(UnshareUser, NULL);
   if (e == 0) return OK("unshare(CLONE_NEWUSER) succeeded");
-  return BLOCKED(e, "unshare(CLONE_NEWUSER): %s", e > 0 ? strerror(e) : "child killed");
+  if (e <= -1000) return Crashed(-e - 1000, "unshare(CLONE_NEWUSER):");
+  if (e < 0) return BLOCKED(-e, "fork: %s", strerror(-e));
+  return BLOCKED(e, "unshare(CLONE_NEWUSER): %s", strerror(e));
 }
 
 // clone3 with CLONE_NEWUSER (raw syscall).
@@ -487,7 +503,9 @@ static int DoChroot(int argc, char** argv) {
   if (argc < 1) return Usage();
   int e = InChild(ChrootChild, argv[0]);
   if (e == 0) return OK("chroot(%s) succeeded", argv[0]);
-  return BLOCKED(e, "chroot(%s): %s", argv[0], strerror(e > 0 ? e : 0));
+  if (e <= -1000) return Crashed(-e - 1000, "chroot:");
+  if (e < 0) return BLOCKED(-e, "fork: %s", strerror(-e));
+  return BLOCKED(e, "chroot(%s): %s", argv[0], strerror(e));
 }
 
 // sethostname NAME [--newuts]: with --newuts, in a fresh uts namespace (the
@@ -615,20 +633,41 @@ static int DoPersonality(void) {
   return OK("ADDR_NO_RANDOMIZE set (0x%x)", now);
 }
 
-// i386 syscalls from a 64-bit process: unshare(CLONE_NEWUSER) as i386 nr 310.
+// i386 syscalls from a 64-bit process through int 0x80: getpid (i386 nr 20),
+// which cannot fail, shows whether the i386 table is served at all; then
+// unshare(CLONE_NEWUSER) (i386 nr 310), which a filter that checks only
+// x86_64 numbers lets through. A kernel without i386 emulation
+// (CONFIG_IA32_EMULATION off, or ia32_emulation=0) answers int 0x80 with
+// SIGSEGV: reported as a crash, since it says nothing about a sandbox.
+#if defined(__x86_64__)
+static long I386Call(long nr, long arg) {
+  long r;
+  __asm__ volatile("int $0x80" : "=a"(r) : "a"(nr), "b"(arg) : "memory");
+  return r;
+}
+static int I386Getpid(void* arg) {
+  (void)arg;
+  long r = I386Call(20, 0);
+  return r == getpid() ? 0 : r < 0 ? (int)-r : 255;
+}
 static int I386Unshare(void* arg) {
   (void)arg;
-  long r;
-  long nr = 310, flags = CLONE_NEWUSER;
-  __asm__ volatile("int $0x80" : "=a"(r) : "a"(nr), "b"(flags) : "memory");
+  long r = I386Call(310, CLONE_NEWUSER);
   return r == 0 ? 0 : (int)-r;
 }
 static int DoI386(void) {
-  int e = InChild(I386Unshare, NULL);
-  if (e == 0) return OK("i386 unshare(CLONE_NEWUSER) through int 0x80 succeeded");
-  if (e <= -1000) return BLOCKED(EPERM, "killed by signal %d", -e - 1000);
-  return BLOCKED(e, "i386 unshare: %s", strerror(e));
+  int e = InChild(I386Getpid, NULL);
+  if (e <= -1000) return Crashed(-e - 1000, "i386 getpid through int 0x80:");
+  if (e == 255) return BLOCKED(0, "i386 getpid returned something other than the pid");
+  if (e != 0) return BLOCKED(e, "i386 getpid: %s", strerror(e));
+  e = InChild(I386Unshare, NULL);
+  if (e == 0) return OK("i386 getpid and unshare(CLONE_NEWUSER) through int 0x80 succeeded");
+  if (e <= -1000) return Crashed(-e - 1000, "i386 unshare through int 0x80:");
+  return BLOCKED(e, "i386 getpid served, i386 unshare: %s", strerror(e));
 }
+#else
+static int DoI386(void) { return BLOCKED(ENOSYS, "not an x86_64 build: no int 0x80"); }
+#endif
 
 // open_by_handle: name_to_handle_at + open_by_handle_at on PATH ("shocker").
 static int DoOpenByHandle(int argc, char** argv) {

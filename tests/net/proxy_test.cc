@@ -21,9 +21,11 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "net/ask.h"
@@ -653,10 +655,12 @@ TEST(ProxyBadInput, MalformedOversizeAndSlow) {
   while (big.size() < 40 * 1024) big += "X-Filler: " + std::string(100, 'f') + "\r\n";
   EXPECT_EQ(status_of(big), "HTTP/1.1 431");
   EXPECT_EQ(status_of(big + "\r\n"), "HTTP/1.1 431");
-  // Slow client: a partial head, then silence → 408 after the header timeout.
+  // Slow client: a partial head, then silence → 408 after the header timeout
+  // (300 ms; the client's own receive timeout, 10 s, bounds a proxy that
+  // never answers, so the bound here only needs to stay below that).
   auto t0 = std::chrono::steady_clock::now();
   EXPECT_EQ(status_of("GET http://web.test/ HTTP/1.1\r\nX-Slow: "), "HTTP/1.1 408");
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(8));
   // Connect and say nothing at all.
   EXPECT_EQ(status_of(""), "HTTP/1.1 408");
   auto records = h.sink().WaitFor(13);
@@ -664,18 +668,64 @@ TEST(ProxyBadInput, MalformedOversizeAndSlow) {
   EXPECT_EQ(h.Stats().active, 0u);
 }
 
-TEST(ProxyBadInput, ConnectTimeoutWhenUpstreamNeverAnswers) {
+TEST(ProxyBadInput, ConnectTimeoutWhenTheResolverNeverAnswers) {
   ProxyOptions options;
   options.connect_timeout = std::chrono::milliseconds(300);
-  Harness h({"hang.test", "slow.test", "127.0.0.1"}, {}, options);
+  Harness h({"hang.test"}, {}, options);
   h.resolver().Hang("hang.test");
-  h.resolver().Add("slow.test", {kLoop});
   h.Start();
-  // A resolver that never answers.
   int fd = -1;
+  auto t0 = std::chrono::steady_clock::now();
   std::string r = Connect(h, "hang.test:443", &fd) + RecvUntil(fd);
   ::close(fd);
   EXPECT_EQ(r.substr(0, 12), "HTTP/1.1 504") << r;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(8));  // below the client's 10 s
+  auto records = h.sink().WaitFor(1);
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0].reason, "connect-timeout");
+}
+
+// The host fact the next test leans on, checked without the proxy: a connect
+// to a listener whose accept queue is full stays pending (the kernel drops
+// the SYN and the client retries) instead of completing or being reset
+// (net.ipv4.tcp_abort_on_overflow, or a kernel that queues more than asked).
+// "" when it stays pending, else what happened.
+std::string PendingConnectTo(std::uint16_t port) {
+  int f = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(port);
+  std::string what;
+  if (::connect(f, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+    what = "the connect completed at once";
+  } else if (errno != EINPROGRESS) {
+    what = std::string("the connect failed: ") + std::strerror(errno);
+  } else {
+    pollfd p{f, POLLOUT, 0};
+    if (::poll(&p, 1, 1000) > 0) {
+      int err = 0;
+      socklen_t len = sizeof err;
+      ::getsockopt(f, SOL_SOCKET, SO_ERROR, &err, &len);
+      what = err == 0 ? "the connect completed" : std::string("the connect failed: ") + std::strerror(err);
+    }
+  }
+  ::close(f);
+  if (what.empty()) return "";
+  std::ifstream in("/proc/sys/net/ipv4/tcp_abort_on_overflow");
+  std::string v = "?";
+  in >> v;
+  return what + " (net.ipv4.tcp_abort_on_overflow = " + v + ")";
+}
+
+TEST(ProxyBadInput, ConnectTimeoutWhenUpstreamNeverAnswers) {
+  ProxyOptions options;
+  options.connect_timeout = std::chrono::milliseconds(300);
+  Harness h({"slow.test", "127.0.0.1"}, {}, options);
+  h.resolver().Add("slow.test", {kLoop});
+  h.Start();
+  int fd = -1;
+  std::string r;
   // A listener whose accept queue is full: the SYN is dropped and retried,
   // the connect never completes.
   std::uint16_t port;
@@ -691,18 +741,22 @@ TEST(ProxyBadInput, ConnectTimeoutWhenUpstreamNeverAnswers) {
     fillers.push_back(f);
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  if (std::string why = PendingConnectTo(port); !why.empty()) {
+    for (int f : fillers) ::close(f);
+    ::close(full);
+    GTEST_SKIP() << "not applicable here: a full accept queue does not leave a connect pending: " << why;
+  }
   auto t0 = std::chrono::steady_clock::now();
   r = Connect(h, "slow.test:" + std::to_string(port), &fd);
   r += RecvUntil(fd);
   ::close(fd);
   EXPECT_EQ(r.substr(0, 12), "HTTP/1.1 504") << r;
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(8));  // below the client's 10 s
   for (int f : fillers) ::close(f);
   ::close(full);
-  auto records = h.sink().WaitFor(2);
-  ASSERT_EQ(records.size(), 2u);
+  auto records = h.sink().WaitFor(1);
+  ASSERT_EQ(records.size(), 1u);
   EXPECT_EQ(records[0].reason, "connect-timeout");
-  EXPECT_EQ(records[1].reason, "connect-timeout");
 }
 
 TEST(ProxyBadInput, ConnectionRefusedIs502) {
@@ -723,7 +777,7 @@ TEST(ProxyLoad, TwoThousandConcurrentTunnels) {
   // Per tunnel: a client and a server socket here, two sockets and two
   // pipes in the proxy.
   constexpr int kTunnels = 2000;
-  if (lim.rlim_max < kTunnels * 9 + 200) GTEST_SKIP() << "RLIMIT_NOFILE hard limit " << lim.rlim_max << " too low";
+  if (lim.rlim_max < kTunnels * 9 + 200) GTEST_SKIP() << "not applicable here: RLIMIT_NOFILE hard limit " << lim.rlim_max << " is too low";
   lim.rlim_cur = lim.rlim_max;
   ::setrlimit(RLIMIT_NOFILE, &lim);
   EchoServer echo;
@@ -852,7 +906,9 @@ TEST(ProxyAsk, SlowCommandIsADeny) {
   std::string r = Connect(h, "slow.test:443", &fd) + RecvUntil(fd);
   ::close(fd);
   EXPECT_EQ(Header(r, "X-Agentbox-Denied"), "ask-denied") << r;
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  // Denied at the ask timeout (300 ms), not when the command answers (3 s):
+  // the clock only rules out having waited for the command.
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(2900));
 }
 
 TEST(ProxyAsk, TerminalAlwaysThisRun) {

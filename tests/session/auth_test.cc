@@ -129,7 +129,7 @@ TEST(DaemonAuth, ClientRefusesASocketOthersCanUse) {
 }
 
 TEST(DaemonAuth, ClientRefusesASocketOwnedBySomeoneElse) {
-  if (geteuid() != 0) GTEST_SKIP() << "needs root to give the socket to another uid";
+  if (geteuid() != 0) GTEST_SKIP() << "not applicable here: only root can give the socket to another uid";
   Daemon d;
   ASSERT_TRUE(d.Start()) << d.error();
   ASSERT_EQ(chown(d.socket().c_str(), kOtherUid, kOtherUid), 0);
@@ -145,7 +145,7 @@ TEST(DaemonAuth, ClientRefusesASocketOwnedBySomeoneElse) {
 }
 
 TEST(DaemonAuth, AnotherUidGets403EvenThroughAnOpenSocket) {
-  if (geteuid() != 0) GTEST_SKIP() << "needs root to connect as another uid";
+  if (geteuid() != 0) GTEST_SKIP() << "not applicable here: only root can connect as another uid";
   Daemon d;
   // The socket in a directory others may traverse, so that only the
   // daemon's own peer check stands between them and the API.

@@ -188,8 +188,21 @@ TEST_F(SessionCliTest, EnvironmentVariableFindsTheSocket) {
   c.env = d_.Env();
   c.env.push_back("AGENTBOX_SOCKET=" + d_.socket());
   e2e::RunResult r = e2e::RunCommand(c);
-  EXPECT_EQ(r.status, 0) << r.Describe();
-  EXPECT_FALSE(r.out.empty());
+  ASSERT_EQ(r.status, 0) << r.Describe();
+  std::string id = r.out.substr(0, r.out.find('\n'));
+  ASSERT_FALSE(id.empty()) << r.Describe();
+  // The session exists at the daemon behind that socket: it runs commands
+  // there, and that daemon lists it.
+  EXPECT_TRUE(Contains(Cli({"ls"}).out, id));
+  e2e::RunResult ran = Cli({"exec", id, "--", "echo", "via-env"});
+  EXPECT_EQ(ran.status, 0) << ran.Describe();
+  EXPECT_EQ(ran.out, "via-env\n");
+  // Without the variable (and without --socket) the same command finds no daemon there.
+  c.env.pop_back();
+  c.env.push_back("AGENTBOX_SOCKET=" + (ws_ / "nothing.sock"));
+  e2e::RunResult elsewhere = e2e::RunCommand(c);
+  EXPECT_NE(elsewhere.status, 0) << elsewhere.Describe();
+  EXPECT_TRUE(Contains(elsewhere.err, "nothing.sock")) << elsewhere.Describe();
 }
 
 TEST_F(SessionCliTest, TcpWithTokenFile) {

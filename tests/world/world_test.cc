@@ -20,6 +20,7 @@
 
 #include <gtest/gtest.h>
 
+#include "host_facts.h"
 #include "session/session.h"
 
 namespace agentbox::session {
@@ -317,19 +318,22 @@ TEST_F(WorldTest, CancelEndsARunningCall) {
     cancel = true;
   });
   auto started = std::chrono::steady_clock::now();
-  auto r = manager_->Execute(id, "bash", {{"command", "sleep 30"}}, "", nullptr, &cancel);
+  auto r = manager_->Execute(id, "bash", {{"command", "sleep 300"}}, "", nullptr, &cancel);
   canceller.join();
   ASSERT_TRUE(r.ok());
   EXPECT_EQ((*r)["kind"], "cancelled") << r->dump();
-  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(10));
+  // Only "never cancelled" (300 s) is ruled out; a loaded host gets a minute.
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(60));
 }
 
 TEST_F(WorldTest, OomKillIsNamedAndTheNextCallStillWorks) {
   std::string id = Create("resources:\n  memory_gib: { limit: 64Mi }\n");
   Json r = Bash(id, "python3 -c 'x = bytearray(512 * 1024 * 1024)'");
-  if (geteuid() != 0 && r["kind"] == "sandbox_error") {
-    // Without a delegated cgroup the limit cannot be enforced: the session
-    // refuses to run (fail closed) and says why.
+  // The host fact, checked without agentbox: a child cgroup with the memory controller.
+  if (!host_facts::CgroupsExpected({"memory"})) {
+    // Without one the limit cannot be enforced: the session refuses to run
+    // (fail closed) and says why.
+    EXPECT_EQ(r["kind"], "sandbox_error") << r.dump();
     EXPECT_NE(r["output"].get<std::string>().find("no writable cgroup"), std::string::npos) << r["output"];
     return;
   }
@@ -355,7 +359,7 @@ TEST_F(WorldTest, ADeadInitIsReprovisionedAndLogged) {
 
 TEST_F(WorldTest, SeccompDenialsAreCountedPerCall) {
   std::string id = Create();
-  Json r = Bash(id, "python3 -c 'import ctypes,sys; l=ctypes.CDLL(None); sys.exit(0 if l.syscall(165,0,0,0,0,0)==0 else 3)'");
+  Json r = Bash(id, "python3 -c 'import ctypes,sys; l=ctypes.CDLL(None); sys.exit(0 if l.mount(None,None,None,0,None)==0 else 3)'");
   EXPECT_EQ(r["kind"], "sandbox_denied") << r.dump();
   bool mount_denied = false;
   for (const auto& d : r["outcome"]["denials"]) mount_denied |= d.value("op", "") == "mount";
