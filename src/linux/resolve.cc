@@ -86,6 +86,7 @@ std::vector<std::string> Components(const std::string& rel) {
 struct ProtectResolution {
   MountOp op;             // what to mount (may be a placeholder now)
   bool is_dir = false;
+  bool placeholder_inside = false;
   std::string drop_below; // pins at or below this host path are dropped (missing)
 };
 
@@ -103,6 +104,18 @@ Result<ProtectResolution> ResolveProtect(const Plan& plan, const MountOp& op, Re
     struct stat st {};
     bool found = fstatat(dir.get(), parts[i].c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0;
     if (!found && errno != ENOENT) return Status::Errno("protect", "fstatat", host);
+    if (!found && plan.workspace_overlay) {
+      // Sessions never write into their base: the runner creates this
+      // placeholder in the merged view, which lands in the upper layer.
+      ProtectResolution r;
+      r.op = op;
+      r.op.source = host;
+      r.op.target = paths::Rebase(host, ws, plan.workspace_target);
+      r.op.why = op.why + " (missing: placeholder in the session's layer)";
+      r.placeholder_inside = true;
+      r.drop_below = host;
+      return r;
+    }
     // A placeholder (ours for another protected path, a concurrent run's, or
     // one left by a killed run) counts as missing: join it.
     if (!found || IsPlaceholder(st)) {
@@ -248,6 +261,7 @@ Result<ResolvedPlan> ResolvePlan(const Plan& plan) {
         if (!protected_targets.insert(r.op.target).second) continue;
         rm.op = r.op;
         rm.is_dir = r.is_dir;
+        rm.placeholder_inside = r.placeholder_inside;
         break;
       }
       default:

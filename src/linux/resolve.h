@@ -20,6 +20,10 @@ namespace agentbox::linux {
 struct ResolvedMount {
   MountOp op;
   bool is_dir = true;
+  // A protected path missing from an overlay workspace: the runner creates
+  // its placeholder in the merged view (so in the session's upper layer),
+  // never in the base.
+  bool placeholder_inside = false;
 };
 
 // An empty mode-0000 file created where a protected path was missing, so
