@@ -163,6 +163,7 @@ std::string PlanToJson(const Plan& plan, int indent) {
   }
   j["deny_globs"] = globs;
   j["scan_cache_dir"] = plan.scan_cache_dir;
+  j["protect_git"] = plan.protect_git;
   j["absent"] = plan.absent;
   json set = json::array();
   for (const auto& [k, v] : plan.env.set) set.push_back({k, v});
@@ -249,6 +250,7 @@ Result<Plan> PlanFromJson(const std::string& text) {
     }
     plan.absent = j.at("absent").get<std::vector<std::string>>();
     plan.scan_cache_dir = j.value("scan_cache_dir", "");
+    if (j.contains("protect_git")) plan.protect_git = j.at("protect_git").get<std::vector<std::string>>();
     const json& env = j.at("env");
     plan.env.pass_all = env.at("pass_all").get<bool>();
     plan.env.pass = env.at("pass").get<std::vector<std::string>>();

@@ -17,6 +17,7 @@
 
 #include "confine/paths.h"
 #include "linux/deny_scan.h"
+#include "linux/git_repos.h"
 
 namespace agentbox::linux {
 namespace {
@@ -169,6 +170,51 @@ Result<ProtectResolution> ResolveProtect(const Plan& plan, const MountOp& op, Re
   return Status::Error("protect", op.why + ": empty path");
 }
 
+// Every other repository of the workspace gets the root's protection:
+// `<git dir>/NAME` read-only for each NAME in plan.protect_git, its
+// ancestors pinned. A `.git` file is protected (and pinned) itself.
+Status ProtectGitRepos(const Plan& plan, ResolvedPlan* rp, std::set<std::string>* protected_targets) {
+  if (plan.protect_git.empty() || !plan.workspace_writable) return {};
+  const std::string& ws = plan.workspace_source;
+  auto dirs = FindGitDirs(ws, plan.scan_cache_dir);
+  if (!dirs.ok()) return dirs.status();
+  std::set<std::string> pinned;
+  for (const auto& m : rp->mounts) {
+    if (m.op.kind == MountKind::kPin) pinned.insert(m.op.source);
+  }
+  const std::string root_git = paths::Join(ws, ".git");
+  for (const auto& d : *dirs) {
+    rp->git_dirs.insert(d.host_path);
+    if (d.host_path == root_git || d.host_path == ws) continue;  // the policy's own entries
+    std::vector<std::string> names;
+    if (d.is_file) {
+      names.push_back("");
+    } else {
+      names = plan.protect_git;
+    }
+    for (const auto& name : names) {
+      MountOp op{MountKind::kProtect, name.empty() ? d.host_path : d.host_path + "/" + name, "", true, false, "",
+                 "filesystem.protect: .git/" + (name.empty() ? plan.protect_git.front() : name) + " (repository " +
+                     d.host_path + ")"};
+      op.target = paths::Rebase(op.source, ws, plan.workspace_target);
+      auto r = ResolveProtect(plan, op, rp);
+      if (!r.ok()) return r.status();
+      if (!protected_targets->insert(r->op.target).second) continue;
+      for (std::string a = paths::Parent(r->op.source); a != ws && paths::IsWithin(a, ws); a = paths::Parent(a)) {
+        if (!r->drop_below.empty() && paths::IsWithin(a, r->drop_below)) continue;
+        if (!pinned.insert(a).second) continue;
+        rp->mounts.push_back({MountOp{MountKind::kPin, a, paths::Rebase(a, ws, plan.workspace_target), false, false,
+                                      "", "ancestor of protected " + r->op.source},
+                              true});
+      }
+      ResolvedMount rm{r->op, r->is_dir};
+      rm.placeholder_inside = r->placeholder_inside;
+      rp->mounts.push_back(std::move(rm));
+    }
+  }
+  return {};
+}
+
 }  // namespace
 
 Placeholder::~Placeholder() {
@@ -269,6 +315,7 @@ Result<ResolvedPlan> ResolvePlan(const Plan& plan) {
     }
     rp.mounts.push_back(std::move(rm));
   }
+  if (Status s = ProtectGitRepos(plan, &rp, &protected_targets); !s.ok()) return s;
 
   for (const auto& scan : plan.deny_globs) {
     std::vector<DenyMatch> matches;

@@ -8,6 +8,7 @@
 
 #include <sys/types.h>
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,7 @@ struct ResolvedPlan {
   std::vector<ResolvedMount> mounts;
   std::vector<std::string> skipped;        // optional entries absent on this host
   std::vector<Placeholder> placeholders;
+  std::set<std::string> git_dirs;          // repositories protected at launch (host paths)
   std::size_t glob_matches = 0;
   std::size_t scanned_entries = 0;
 };
