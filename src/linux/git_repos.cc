@@ -160,15 +160,21 @@ void AuditHooks(int gitfd, const std::string& git_path, std::vector<GitFinding>*
     const bool link = S_ISLNK(st.st_mode);
     if (!link && !(S_ISREG(st.st_mode) && (st.st_mode & 0111))) continue;
     std::string what = link ? "symlink in hooks/" : "executable hook";
-    if (!link) {
+    bool chmodded = false;
+    if (!link && st.st_nlink > 1) {
+      // Another name of the same file (a script of the workspace linked in
+      // as a hook) keeps its mode: renaming this name is what disarms it.
+      what += " (hard-linked elsewhere: renamed only)";
+    } else if (!link) {
       UniqueFd f(openat(hooks.get(), name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
-      if (!f.valid() || fchmod(f.get(), st.st_mode & 07666) != 0) what += " (could not be made non-executable)";
+      chmodded = f.valid() && fchmod(f.get(), st.st_mode & 07666) == 0;
+      if (!chmodded) what += " (could not be made non-executable)";
     }
     std::string to = Quarantine(hooks.get(), name);
     const int err = errno;
     out->push_back({"git-hook", hooks_path + "/" + name, to.empty() ? "" : hooks_path + "/" + to,
                     what + " written during the run in a repository that was not protected at its start" +
-                        (link ? "" : ", made non-executable") + Moved(hooks_path, name, to, err)});
+                        (chmodded ? ", made non-executable" : "") + Moved(hooks_path, name, to, err)});
   }
 }
 

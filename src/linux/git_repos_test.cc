@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -108,6 +109,28 @@ TEST_F(GitAuditTest, ASymlinkedHookIsQuarantinedToo) {
   struct stat st {};
   ASSERT_EQ(stat((ws_ + "/payload.sh").c_str(), &st), 0);
   EXPECT_NE(st.st_mode & 0111, 0u) << "the link's target is the user's file, not touched";
+}
+
+TEST_F(GitAuditTest, AHardLinkedHookIsRenamedAndTheOtherNameKeepsItsMode) {
+  Repo("new/.git");
+  Write("tools/build.sh", "#!/bin/sh\n", 0755);
+  ASSERT_EQ(link((ws_ + "/tools/build.sh").c_str(), (ws_ + "/new/.git/hooks/pre-push").c_str()), 0);
+  auto found = AuditGitRepos(ws_, {}, true, false, "");
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  ASSERT_EQ(found->size(), 1u);
+  EXPECT_FALSE(fs::exists(ws_ + "/new/.git/hooks/pre-push"));
+  EXPECT_TRUE(fs::exists(ws_ + "/new/.git/hooks/pre-push.agentbox-quarantine"));
+  struct stat st {};
+  ASSERT_EQ(stat((ws_ + "/tools/build.sh").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0755u) << "the workspace's own script lost its mode";
+}
+
+TEST_F(GitAuditTest, TheWorkspaceItselfAsABareRepositoryIsFound) {
+  Repo("");
+  auto dirs = FindGitDirs(ws_, "");
+  ASSERT_TRUE(dirs.ok()) << dirs.status().ToString();
+  ASSERT_EQ(dirs->size(), 1u);
+  EXPECT_EQ((*dirs)[0].host_path, ws_);
 }
 
 }  // namespace

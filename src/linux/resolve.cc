@@ -185,7 +185,7 @@ Status ProtectGitRepos(const Plan& plan, ResolvedPlan* rp, std::set<std::string>
   const std::string root_git = paths::Join(ws, ".git");
   for (const auto& d : *dirs) {
     rp->git_dirs.insert(d.host_path);
-    if (d.host_path == root_git || d.host_path == ws) continue;  // the policy's own entries
+    if (d.host_path == root_git) continue;  // the policy's own entries
     std::vector<std::string> names;
     if (d.is_file) {
       names.push_back("");
