@@ -182,10 +182,18 @@ Status ProtectGitRepos(const Plan& plan, ResolvedPlan* rp, std::set<std::string>
   for (const auto& m : rp->mounts) {
     if (m.op.kind == MountKind::kPin) pinned.insert(m.op.source);
   }
+  std::vector<std::string> masked;
+  for (const auto& m : rp->mounts) {
+    if (m.op.kind == MountKind::kMask && !m.op.source.empty()) masked.push_back(m.op.source);
+  }
   const std::string root_git = paths::Join(ws, ".git");
   for (const auto& d : *dirs) {
     rp->git_dirs.insert(d.host_path);
     if (d.host_path == root_git) continue;  // the policy's own entries
+    auto hidden = [&](const std::string& p) {
+      return std::any_of(masked.begin(), masked.end(), [&](const std::string& m) { return paths::IsWithin(p, m); });
+    };
+    if (hidden(d.host_path)) continue;  // filesystem.deny hides it whole: nothing to bind
     std::vector<std::string> names;
     if (d.is_file) {
       names.push_back("");
@@ -197,6 +205,7 @@ Status ProtectGitRepos(const Plan& plan, ResolvedPlan* rp, std::set<std::string>
                  "filesystem.protect: .git/" + (name.empty() ? plan.protect_git.front() : name) + " (repository " +
                      d.host_path + ")"};
       op.target = paths::Rebase(op.source, ws, plan.workspace_target);
+      if (hidden(op.source)) continue;  // masked, so read-only and empty already
       auto r = ResolveProtect(plan, op, rp);
       if (!r.ok()) return r.status();
       if (!protected_targets->insert(r->op.target).second) continue;
@@ -315,7 +324,6 @@ Result<ResolvedPlan> ResolvePlan(const Plan& plan) {
     }
     rp.mounts.push_back(std::move(rm));
   }
-  if (Status s = ProtectGitRepos(plan, &rp, &protected_targets); !s.ok()) return s;
 
   for (const auto& scan : plan.deny_globs) {
     std::vector<DenyMatch> matches;
@@ -333,6 +341,9 @@ Result<ResolvedPlan> ResolvePlan(const Plan& plan) {
                            m.is_dir});
     }
   }
+  // After the masks: a repository inside a masked directory is hidden
+  // whole, and there is nothing to bind in it.
+  if (Status s = ProtectGitRepos(plan, &rp, &protected_targets); !s.ok()) return s;
   // Parents before children, so that a mask inside a pinned or protected
   // directory is mounted after (on top of) that directory's own bind.
   std::stable_sort(rp.mounts.begin() + 1, rp.mounts.end(),

@@ -236,6 +236,22 @@ TEST(Protect, RepositoriesInSubfoldersAreProtectedLikeTheRoot) {
   EXPECT_EQ(OutcomeOf(r), "exited") << "nothing was planted\n" << r.Describe();
 }
 
+// A repository inside a denied directory is hidden whole: nothing of it
+// to bind, and the run goes on.
+TEST(Protect, ARepositoryInsideADeniedDirectoryStaysHidden) {
+  Sandbox sb;
+  ASSERT_EQ(sb.Git({"init", "-q", "secret/repo"}).status, 0);
+  ASSERT_EQ(sb.Git({"init", "-q", "vendor"}).status, 0);
+  WriteFile(sb.scratch() + "/policy.yaml", "mode: workspace-write\nfilesystem:\n  deny: [\"secret/\"]\n");
+  RunResult r = sb.Sh("ls secret/repo/.git; echo \"ls=$?\"; echo x > vendor/.git/hooks/pre-commit; echo \"plant=$?\"",
+                      {"--policy", sb.scratch() + "/policy.yaml"});
+  ASSERT_EQ(r.status, 0) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, "ls=")) << r.Describe();
+  EXPECT_FALSE(Contains(r.out, "ls=0")) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, "plant=")) << r.Describe();
+  EXPECT_FALSE(Contains(r.out, "plant=0")) << r.Describe();
+}
+
 // A repository the command creates was not there to protect: at the end,
 // its executable hooks and dangerous settings are reported and quarantined.
 TEST(Protect, RepositoryCreatedDuringTheRunIsAuditedAndQuarantined) {
