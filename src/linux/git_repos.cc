@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "agentbox/plan.h"
@@ -86,6 +87,32 @@ void AddModules(int gitfd, const std::string& path, int depth, std::vector<GitDi
     }
     pending = std::move(next);
   }
+}
+
+// The git directory a `.git` file names (`gitdir: PATH`, relative to the
+// file's directory), resolved; "" unless it is a directory in `workspace`.
+// Git follows the file wherever it points, so what it names is a
+// repository of the workspace too.
+std::string GitdirTarget(const std::string& gitfile, const std::string& workspace) {
+  UniqueFd f(open(gitfile.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  if (!f.valid()) return "";
+  char buf[4096];
+  ssize_t n = pread(f.get(), buf, sizeof(buf) - 1, 0);
+  if (n <= 0) return "";
+  std::string text(buf, static_cast<size_t>(n));
+  if (text.rfind("gitdir:", 0) != 0) return "";
+  std::string path = text.substr(7, text.find('\n') == std::string::npos ? std::string::npos : text.find('\n') - 7);
+  while (!path.empty() && (path.front() == ' ' || path.front() == '\t')) path.erase(0, 1);
+  while (!path.empty() && (path.back() == '\r' || path.back() == ' ' || path.back() == '\t')) path.pop_back();
+  if (path.empty()) return "";
+  if (path[0] != '/') path = paths::Parent(gitfile) + "/" + path;
+  char* real = realpath(path.c_str(), nullptr);
+  if (!real) return "";
+  std::string resolved(real);
+  free(real);
+  struct stat st {};
+  if (!paths::IsWithin(resolved, workspace) || lstat(resolved.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return "";
+  return resolved;
 }
 
 Result<UniqueFd> OpenBeneath(int rootfd, const std::string& rel, int flags) {
@@ -167,7 +194,10 @@ void AuditHooks(int gitfd, const std::string& git_path, std::vector<GitFinding>*
       what += " (hard-linked elsewhere: renamed only)";
     } else if (!link) {
       UniqueFd f(openat(hooks.get(), name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
-      chmodded = f.valid() && fchmod(f.get(), st.st_mode & 07666) == 0;
+      struct stat now {};
+      // The file opened is the one looked at (same inode, still one name).
+      chmodded = f.valid() && fstat(f.get(), &now) == 0 && now.st_ino == st.st_ino && now.st_dev == st.st_dev &&
+                 now.st_nlink == 1 && fchmod(f.get(), now.st_mode & 07666) == 0;
       if (!chmodded) what += " (could not be made non-executable)";
     }
     std::string to = Quarantine(hooks.get(), name);
@@ -347,6 +377,12 @@ Result<std::vector<GitDir>> FindGitDirs(const std::string& workspace, const std:
       if (fd.valid()) AddModules(fd.get(), m.host_path, 0, &out);
     } else {
       out.push_back({m.host_path, true});
+      const std::string target = GitdirTarget(m.host_path, workspace);
+      if (!target.empty()) {
+        out.push_back({target, false});
+        UniqueFd fd(open(target.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+        if (fd.valid()) AddModules(fd.get(), target, 0, &out);
+      }
     }
     if (out.size() > kMaxGitDirs) {
       return Status::Error("protect", "more than " + std::to_string(kMaxGitDirs) + " git repositories in the workspace " +

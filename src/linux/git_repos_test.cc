@@ -111,6 +111,19 @@ TEST_F(GitAuditTest, ASymlinkedHookIsQuarantinedToo) {
   EXPECT_NE(st.st_mode & 0111, 0u) << "the link's target is the user's file, not touched";
 }
 
+// A git directory hidden where the walk does not look (inside another
+// `.git`) is still found through the `.git` file that names it.
+TEST_F(GitAuditTest, AGitDirectoryNamedByAGitFileIsAuditedWhereverItLies) {
+  Repo("new/.git");
+  Repo("new/.git/stash/x");
+  Write("new/.git/stash/x/hooks/pre-commit", "#!/bin/sh\n", 0755);
+  Write("wt/.git", "gitdir: ../new/.git/stash/x\n");
+  auto found = AuditGitRepos(ws_, {}, true, true, "");
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  ASSERT_EQ(found->size(), 1u);
+  EXPECT_EQ((*found)[0].host_path, ws_ + "/new/.git/stash/x/hooks/pre-commit");
+}
+
 TEST_F(GitAuditTest, AHardLinkedHookIsRenamedAndTheOtherNameKeepsItsMode) {
   Repo("new/.git");
   Write("tools/build.sh", "#!/bin/sh\n", 0755);
