@@ -138,6 +138,19 @@ TEST_F(GitAuditTest, AHardLinkedHookIsRenamedAndTheOtherNameKeepsItsMode) {
   EXPECT_EQ(st.st_mode & 0777, 0755u) << "the workspace's own script lost its mode";
 }
 
+// Each repository costs a few mounts: past the cap the run is refused,
+// rather than some repositories left unprotected.
+TEST_F(GitAuditTest, TooManyRepositoriesAreRefusedNotHalfProtected) {
+  for (std::size_t i = 0; i <= kMaxGitDirs; ++i) fs::create_directories(ws_ + "/r" + std::to_string(i) + "/.git");
+  auto dirs = FindGitDirs(ws_, "");
+  ASSERT_FALSE(dirs.ok());
+  EXPECT_EQ(dirs.status().stage(), "protect");
+  EXPECT_NE(dirs.status().message().find("more than " + std::to_string(kMaxGitDirs)), std::string::npos)
+      << dirs.status().ToString();
+  fs::remove_all(ws_ + "/r0");
+  EXPECT_TRUE(FindGitDirs(ws_, "").ok()) << "exactly the cap is allowed";
+}
+
 TEST_F(GitAuditTest, TheWorkspaceItselfAsABareRepositoryIsFound) {
   Repo("");
   auto dirs = FindGitDirs(ws_, "");
