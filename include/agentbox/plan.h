@@ -197,6 +197,11 @@ struct Plan {
   std::vector<MountOp> mounts;          // in the order they are applied
   std::vector<GlobScan> deny_globs;
   std::string scan_cache_dir;           // host dir caching deny-glob scans ("" = none)
+  // Names below every git directory of the workspace that protect covers
+  // ("hooks", "config": from `.git/NAME` protect entries). Repositories found
+  // at launch get them protected like the root's; ones that appear during
+  // the run are audited at its end (linux/git_repos.h).
+  std::vector<std::string> protect_git;
   std::vector<std::string> absent;      // deny entries that are absent by construction
   std::vector<std::string> unix_sockets;  // sockets outside the sandbox it may connect to, as paths inside
   EnvRules env;

@@ -466,6 +466,13 @@ void PrintPlan(const Plan& plan) {
     for (const auto& p : g.patterns) pats += (pats.empty() ? "" : ", ") + p;
     std::printf("  deny globs: scanned in %s at launch, each match masked: %s\n", g.source_root.c_str(), pats.c_str());
   }
+  if (!plan.protect_git.empty()) {
+    std::string names;
+    for (const auto& n : plan.protect_git) names += (names.empty() ? "" : ", ") + n;
+    std::printf("  git repositories: every one found in %s at launch gets %s protected like the root's; "
+                "ones created during the run are audited at its end\n",
+                plan.workspace_source.c_str(), names.c_str());
+  }
   for (const auto& a : plan.absent) std::printf("  absent (never mounted): %s\n", a.c_str());
   std::printf("  cwd: %s   HOME: %s\n", plan.cwd.c_str(), plan.home.c_str());
   }

@@ -800,6 +800,18 @@ Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Poli
         mounts.push_back({MountKind::kProtect, p, paths::Rebase(p, inv.workspace, plan.workspace_target),
                           true, false, "", "filesystem.protect: " + entry});
         protect_rel.push_back(p.substr(inv.workspace == "/" ? 1 : inv.workspace.size() + 1));
+        // `.git/NAME` at the workspace root: the same NAME in every other
+        // repository of the workspace (a clone in a subfolder runs its hooks
+        // on the host just as well).
+        const std::string& rel = protect_rel.back();
+        if (rel.rfind(".git/", 0) == 0 && rel.find('/', 5) == std::string::npos && rel.size() > 5 &&
+            std::find(plan.protect_git.begin(), plan.protect_git.end(), rel.substr(5)) == plan.protect_git.end()) {
+          plan.protect_git.push_back(rel.substr(5));
+        }
+      }
+      // Finding the repositories shares the deny scan's cache.
+      if (!plan.protect_git.empty() && plan.scan_cache_dir.empty()) {
+        plan.scan_cache_dir = CacheDirFor(inv, "deny-scan");
       }
     }
 

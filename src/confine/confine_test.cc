@@ -125,6 +125,29 @@ TEST(Confine, ProtectPinsEveryAncestorBeforeTheProtectedPath) {
             1);
 }
 
+// `.git/NAME` entries name what every repository of the workspace gets
+// protected; other entries stay where they are.
+TEST(Confine, GitEntriesOfProtectCoverEveryRepository) {
+  Invocation inv = Inv();
+  inv.cache_dir = "/home/u/.cache/agentbox";
+  auto c = Confine({"true"}, PresetFor(Mode::kWorkspaceWrite), FullHost(), inv);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->plan.protect_git, (std::vector<std::string>{"hooks", "config"}));
+  EXPECT_FALSE(c->plan.scan_cache_dir.empty()) << "finding repositories shares the deny scan's cache";
+  Policy pol = PresetFor(Mode::kWorkspaceWrite);
+  pol.filesystem.protect = {".git/hooks", "docs/keep", ".git/a/b"};
+  auto d = Confine({"true"}, pol, FullHost(), Inv());
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->plan.protect_git, (std::vector<std::string>{"hooks"}));
+  pol.filesystem.protect = {};
+  auto e = Confine({"true"}, pol, FullHost(), Inv());
+  ASSERT_TRUE(e.ok());
+  EXPECT_TRUE(e->plan.protect_git.empty());
+  auto ro = Confine({"true"}, PresetFor(Mode::kReadOnly), FullHost(), Inv());
+  ASSERT_TRUE(ro.ok());
+  EXPECT_TRUE(ro->plan.protect_git.empty()) << "a read-only workspace needs no protection";
+}
+
 TEST(Confine, DenyInsideMountedTreeIsMaskedAndOutsideIsAbsent) {
   Policy pol = PresetFor(Mode::kWorkspaceWrite);
   pol.filesystem.deny = {"~/.ssh", "/etc/shadow", "secrets/key.pem", "/opt/vault"};
@@ -481,6 +504,7 @@ TEST(PlanJson, RoundTripsAndRejectsGarbage) {
   auto back = PlanFromJson(PlanToJson(c->plan));
   ASSERT_TRUE(back.ok());
   EXPECT_EQ(PlanToJson(*back), PlanToJson(c->plan));
+  EXPECT_EQ(back->protect_git, (std::vector<std::string>{"hooks", "config"}));
   EXPECT_FALSE(PlanFromJson("{").ok());
   EXPECT_FALSE(PlanFromJson("{\"confined\": true}").ok());
   EXPECT_FALSE(PlanFromJson("[]").ok());

@@ -177,6 +177,7 @@ std::string PlanToJson(const Plan& plan, int indent) {
   }
   j["deny_globs"] = globs;
   j["scan_cache_dir"] = plan.scan_cache_dir;
+  j["protect_git"] = plan.protect_git;
   j["absent"] = plan.absent;
   j["unix_sockets"] = plan.unix_sockets;
   json set = json::array();
@@ -265,6 +266,7 @@ Result<Plan> PlanFromJson(const std::string& text) {
     plan.absent = j.at("absent").get<std::vector<std::string>>();
     plan.unix_sockets = j.value("unix_sockets", std::vector<std::string>{});
     plan.scan_cache_dir = j.value("scan_cache_dir", "");
+    if (j.contains("protect_git")) plan.protect_git = j.at("protect_git").get<std::vector<std::string>>();
     const json& env = j.at("env");
     plan.env.pass_all = env.at("pass_all").get<bool>();
     plan.env.pass = env.at("pass").get<std::vector<std::string>>();

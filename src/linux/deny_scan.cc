@@ -63,6 +63,9 @@ struct LinuxDirent64 {
 // What one directory held, as far as the deny globs care.
 struct DirVerdict {
   std::int64_t mtime_s = 0, mtime_ns = 0;
+  // The command can set a directory's mtime back (utimensat) after adding an
+  // entry; not its ctime, which every change moves to the current time.
+  std::int64_t ctime_s = 0, ctime_ns = 0;
   std::uint64_t ino = 0, dev = 0;
   bool cacheable = false;
   std::vector<std::string> subdirs;
@@ -71,7 +74,7 @@ struct DirVerdict {
 
 using Cache = std::unordered_map<std::string, DirVerdict>;
 
-constexpr char kMagic[] = "agentbox-deny-scan-1\n";
+constexpr char kMagic[] = "agentbox-deny-scan-2\n";
 
 // Binary, machine-local: length-prefixed fields, every length checked.
 class Reader {
@@ -123,7 +126,8 @@ Cache LoadCache(const std::string& path) {
     DirVerdict v;
     unsigned char cacheable = 0;
     std::uint32_t nsub = 0, nmatch = 0;
-    if (!r.Str(&rel) || !r.I64(&v.mtime_s) || !r.I64(&v.mtime_ns) || !r.U64(&v.ino) || !r.U64(&v.dev) ||
+    if (!r.Str(&rel) || !r.I64(&v.mtime_s) || !r.I64(&v.mtime_ns) || !r.I64(&v.ctime_s) || !r.I64(&v.ctime_ns) ||
+        !r.U64(&v.ino) || !r.U64(&v.dev) ||
         !r.U8(&cacheable) || !r.U32(&nsub)) {
       return {};
     }
@@ -152,6 +156,8 @@ void SaveCache(const std::string& dir, const std::string& path, const Cache& cac
     PutStr(&out, rel);
     PutRaw(&out, &v.mtime_s, 8);
     PutRaw(&out, &v.mtime_ns, 8);
+    PutRaw(&out, &v.ctime_s, 8);
+    PutRaw(&out, &v.ctime_ns, 8);
     PutRaw(&out, &v.ino, 8);
     PutRaw(&out, &v.dev, 8);
     unsigned char one = 1;
@@ -264,7 +270,8 @@ Status ScanDenyGlobs(const GlobScan& scan, const std::string& workspace_source,
     auto hit = old_cache.find(rel);
     if (hit != old_cache.end() && hit->second.cacheable && hit->second.ino == st.st_ino &&
         hit->second.dev == st.st_dev && hit->second.mtime_s == st.st_mtim.tv_sec &&
-        hit->second.mtime_ns == st.st_mtim.tv_nsec) {
+        hit->second.mtime_ns == st.st_mtim.tv_nsec && hit->second.ctime_s == st.st_ctim.tv_sec &&
+        hit->second.ctime_ns == st.st_ctim.tv_nsec) {
       v = std::move(hit->second);
     } else {
       UniqueFd dir(rel.empty() ? fcntl(root.get(), F_DUPFD_CLOEXEC, 0)
@@ -275,7 +282,9 @@ Status ScanDenyGlobs(const GlobScan& scan, const std::string& workspace_source,
       v.dev = st.st_dev;
       v.mtime_s = st.st_mtim.tv_sec;
       v.mtime_ns = st.st_mtim.tv_nsec;
-      v.cacheable = st.st_mtim.tv_sec < settled_before;
+      v.ctime_s = st.st_ctim.tv_sec;
+      v.ctime_ns = st.st_ctim.tv_nsec;
+      v.cacheable = st.st_mtim.tv_sec < settled_before && st.st_ctim.tv_sec < settled_before;
       ReadDir(dir.get(), rel, scan, matchers, &v, stats);
       // The file changes only if what it would hold changes.
       if (v.cacheable || (hit != old_cache.end() && hit->second.cacheable)) changed = true;

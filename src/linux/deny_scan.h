@@ -3,8 +3,9 @@
 // A full walk reads every directory entry (getdents64, no stat per entry,
 // no symlink followed). To keep the per-command cost from growing with the
 // workspace, each directory's verdict — its subdirectories and its matches —
-// is cached by the directory's identity and mtime: a directory whose entries
-// changed has a new mtime, so an unchanged one need not be read again. A
+// is cached by the directory's identity, mtime and ctime: a directory whose
+// entries changed has a new ctime (which, unlike the mtime, the command
+// cannot set back), so an unchanged one need not be read again. A
 // directory modified within a second of being read is never cached (the
 // kernel's coarse timestamps could hide a later change in the same tick).
 // The cache lives outside every tree the sandbox can write; a damaged or

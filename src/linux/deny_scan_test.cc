@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <ctime>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -39,6 +41,10 @@ class DenyScanTest : public ::testing::Test {
     for (const auto& e : fs::recursive_directory_iterator(ws_)) {
       if (e.is_directory() && !e.is_symlink()) utimensat(AT_FDCWD, e.path().c_str(), old, AT_SYMLINK_NOFOLLOW);
     }
+    // Setting the mtime moved the ctime to now, which cannot be set back:
+    // wait until it counts as settled (older than the last whole second).
+    const time_t changed = time(nullptr);
+    while (time(nullptr) < changed + 2) usleep(100 * 1000);
   }
 
   std::vector<std::string> Scan(const std::vector<std::string>& patterns, const std::string& cache,
@@ -109,6 +115,21 @@ TEST_F(DenyScanTest, CacheNoticesANewSecretInAnOldDirectory) {
   EXPECT_EQ(s3.directories_read, 1u);
 }
 
+// The command can add an entry and set the directory's mtime back to what
+// the cache holds: the ctime still moves, and gives it away.
+TEST_F(DenyScanTest, CacheNoticesAnEntryHiddenBehindAnMtimeSetBack) {
+  AgeAllDirectories();
+  ScanStats s1, s2;
+  Scan({"**/.env"}, cache_, &s1);
+  struct stat before {};
+  ASSERT_EQ(stat((ws_ + "/c").c_str(), &before), 0);
+  Touch(ws_ + "/c/.env");
+  struct timespec back[2] = {before.st_atim, before.st_mtim};
+  ASSERT_EQ(utimensat(AT_FDCWD, (ws_ + "/c").c_str(), back, AT_SYMLINK_NOFOLLOW), 0);
+  auto after = Scan({"**/.env"}, cache_, &s2);
+  EXPECT_NE(std::find(after.begin(), after.end(), "/inside/c/.env"), after.end());
+}
+
 TEST_F(DenyScanTest, CacheNoticesANewDirectoryHoldingASecret) {
   AgeAllDirectories();
   ScanStats s1, s2;
@@ -124,7 +145,7 @@ TEST_F(DenyScanTest, ADamagedCacheIsIgnored) {
   ScanStats s1, s2;
   Scan({"**/.env"}, cache_, &s1);
   for (const auto& e : fs::directory_iterator(cache_)) {
-    std::ofstream(e.path(), std::ios::binary | std::ios::trunc) << "agentbox-deny-scan-1\n\xff\xff\xff\xff garbage";
+    std::ofstream(e.path(), std::ios::binary | std::ios::trunc) << "agentbox-deny-scan-2\n\xff\xff\xff\xff garbage";
   }
   auto b = Scan({"**/.env"}, cache_, &s2);
   EXPECT_EQ(b, (std::vector<std::string>{"/inside/.env", "/inside/a/b/.env"}));

@@ -96,6 +96,22 @@ Status BindInPlace(const ResolvedMount& m, const Plan& plan, std::uint64_t attrs
   return AttachClone(src->get(), "", AT_EMPTY_PATH | AT_RECURSIVE, attrs, dst->get(), "", m.op.target);
 }
 
+// A protected path missing from an overlay workspace: an empty, mode-0400
+// file created in the merged view (the session's upper layer, never the
+// base), so that there is something to mount read-only over. One already
+// there (from an earlier world of the session) is protected as it is.
+Status CreatePlaceholderInside(const ResolvedMount& m, const Plan& plan) {
+  const std::string& ws = plan.workspace_source;
+  std::string rel = m.op.source.substr(ws == "/" ? 1 : ws.size() + 1);
+  const std::string parent = rel.find('/') == std::string::npos ? "." : rel.substr(0, rel.rfind('/'));
+  const std::string name = rel.substr(rel.rfind('/') + 1);
+  auto dir = OpenBeneath(plan.workspace_target, parent);
+  if (!dir.ok()) return dir.status();
+  UniqueFd fd(openat(dir->get(), name.c_str(), O_RDONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0400));
+  if (!fd.valid() && errno != EEXIST) return Status::Errno("protect", "openat(O_CREAT)", m.op.target);
+  return {};
+}
+
 // overlayfs's option string separates with ',' and ':' and escapes with '\\':
 // a path holding any of them is refused rather than misread.
 Status MountOverlay(const MountOp& op, const Plan& plan) {
@@ -214,6 +230,9 @@ Status ApplyMount(const ResolvedMount& m, const Plan& plan) {
     case MountKind::kMask:
       return Mask(m);
     case MountKind::kProtect:
+      if (m.placeholder_inside) {
+        if (Status s = CreatePlaceholderInside(m, plan); !s.ok()) return s;
+      }
       return BindInPlace(m, plan, kSafe | MOUNT_ATTR_RDONLY);
     case MountKind::kPin:
       return BindInPlace(m, plan, kSafe);

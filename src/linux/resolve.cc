@@ -17,6 +17,7 @@
 
 #include "confine/paths.h"
 #include "linux/deny_scan.h"
+#include "linux/git_repos.h"
 
 namespace agentbox::linux {
 namespace {
@@ -86,6 +87,7 @@ std::vector<std::string> Components(const std::string& rel) {
 struct ProtectResolution {
   MountOp op;             // what to mount (may be a placeholder now)
   bool is_dir = false;
+  bool placeholder_inside = false;
   std::string drop_below; // pins at or below this host path are dropped (missing)
 };
 
@@ -103,6 +105,18 @@ Result<ProtectResolution> ResolveProtect(const Plan& plan, const MountOp& op, Re
     struct stat st {};
     bool found = fstatat(dir.get(), parts[i].c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0;
     if (!found && errno != ENOENT) return Status::Errno("protect", "fstatat", host);
+    if (!found && plan.workspace_overlay) {
+      // Sessions never write into their base: the runner creates this
+      // placeholder in the merged view, which lands in the upper layer.
+      ProtectResolution r;
+      r.op = op;
+      r.op.source = host;
+      r.op.target = paths::Rebase(host, ws, plan.workspace_target);
+      r.op.why = op.why + " (missing: placeholder in the session's layer)";
+      r.placeholder_inside = true;
+      r.drop_below = host;
+      return r;
+    }
     // A placeholder (ours for another protected path, a concurrent run's, or
     // one left by a killed run) counts as missing: join it.
     if (!found || IsPlaceholder(st)) {
@@ -154,6 +168,60 @@ Result<ProtectResolution> ResolveProtect(const Plan& plan, const MountOp& op, Re
     dir = std::move(next);
   }
   return Status::Error("protect", op.why + ": empty path");
+}
+
+// Every other repository of the workspace gets the root's protection:
+// `<git dir>/NAME` read-only for each NAME in plan.protect_git, its
+// ancestors pinned. A `.git` file is protected (and pinned) itself.
+Status ProtectGitRepos(const Plan& plan, ResolvedPlan* rp, std::set<std::string>* protected_targets) {
+  if (plan.protect_git.empty() || !plan.workspace_writable) return {};
+  const std::string& ws = plan.workspace_source;
+  auto dirs = FindGitDirs(ws, plan.scan_cache_dir);
+  if (!dirs.ok()) return dirs.status();
+  std::set<std::string> pinned;
+  for (const auto& m : rp->mounts) {
+    if (m.op.kind == MountKind::kPin) pinned.insert(m.op.source);
+  }
+  std::vector<std::string> masked;
+  for (const auto& m : rp->mounts) {
+    if (m.op.kind == MountKind::kMask && !m.op.source.empty()) masked.push_back(m.op.source);
+  }
+  const std::string root_git = paths::Join(ws, ".git");
+  for (const auto& d : *dirs) {
+    rp->git_dirs.insert(d.host_path);
+    if (d.host_path == root_git) continue;  // the policy's own entries
+    auto hidden = [&](const std::string& p) {
+      return std::any_of(masked.begin(), masked.end(), [&](const std::string& m) { return paths::IsWithin(p, m); });
+    };
+    if (hidden(d.host_path)) continue;  // filesystem.deny hides it whole: nothing to bind
+    std::vector<std::string> names;
+    if (d.is_file) {
+      names.push_back("");
+    } else {
+      names = plan.protect_git;
+    }
+    for (const auto& name : names) {
+      MountOp op{MountKind::kProtect, name.empty() ? d.host_path : d.host_path + "/" + name, "", true, false, "",
+                 "filesystem.protect: .git/" + (name.empty() ? plan.protect_git.front() : name) + " (repository " +
+                     d.host_path + ")"};
+      op.target = paths::Rebase(op.source, ws, plan.workspace_target);
+      if (hidden(op.source)) continue;  // masked, so read-only and empty already
+      auto r = ResolveProtect(plan, op, rp);
+      if (!r.ok()) return r.status();
+      if (!protected_targets->insert(r->op.target).second) continue;
+      for (std::string a = paths::Parent(r->op.source); a != ws && paths::IsWithin(a, ws); a = paths::Parent(a)) {
+        if (!r->drop_below.empty() && paths::IsWithin(a, r->drop_below)) continue;
+        if (!pinned.insert(a).second) continue;
+        rp->mounts.push_back({MountOp{MountKind::kPin, a, paths::Rebase(a, ws, plan.workspace_target), false, false,
+                                      "", "ancestor of protected " + r->op.source},
+                              true});
+      }
+      ResolvedMount rm{r->op, r->is_dir};
+      rm.placeholder_inside = r->placeholder_inside;
+      rp->mounts.push_back(std::move(rm));
+    }
+  }
+  return {};
 }
 
 }  // namespace
@@ -248,6 +316,7 @@ Result<ResolvedPlan> ResolvePlan(const Plan& plan) {
         if (!protected_targets.insert(r.op.target).second) continue;
         rm.op = r.op;
         rm.is_dir = r.is_dir;
+        rm.placeholder_inside = r.placeholder_inside;
         break;
       }
       default:
@@ -272,6 +341,9 @@ Result<ResolvedPlan> ResolvePlan(const Plan& plan) {
                            m.is_dir});
     }
   }
+  // After the masks: a repository inside a masked directory is hidden
+  // whole, and there is nothing to bind in it.
+  if (Status s = ProtectGitRepos(plan, &rp, &protected_targets); !s.ok()) return s;
   // Parents before children, so that a mask inside a pinned or protected
   // directory is mounted after (on top of) that directory's own bind.
   std::stable_sort(rp.mounts.begin() + 1, rp.mounts.end(),

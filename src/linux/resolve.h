@@ -8,6 +8,7 @@
 
 #include <sys/types.h>
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,10 @@ namespace agentbox::linux {
 struct ResolvedMount {
   MountOp op;
   bool is_dir = true;
+  // A protected path missing from an overlay workspace: the runner creates
+  // its placeholder in the merged view (so in the session's upper layer),
+  // never in the base.
+  bool placeholder_inside = false;
 };
 
 // An empty mode-0000 file created where a protected path was missing, so
@@ -42,6 +47,7 @@ struct ResolvedPlan {
   std::vector<ResolvedMount> mounts;
   std::vector<std::string> skipped;        // optional entries absent on this host
   std::vector<Placeholder> placeholders;
+  std::set<std::string> git_dirs;          // repositories protected at launch (host paths)
   std::size_t glob_matches = 0;
   std::size_t scanned_entries = 0;
 };

@@ -35,6 +35,7 @@
 #include "agentbox/policy.h"
 #include "confine/paths.h"
 #include "linux/fd.h"
+#include "linux/git_repos.h"
 #include "linux/random.h"
 #include "linux/seccomp_notify.h"
 #include "linux/user_dirs.h"
@@ -179,6 +180,42 @@ std::string DenialLine(const Json& d) {
   return line;
 }
 
+// Direct mode: the session works on its base, so a repository that a call
+// created there is audited after the call, as `agentbox run` audits at its
+// end (linux/git_repos.h): what could run code on the host is quarantined
+// and the call is a sandbox denial.
+void AuditGitAfterCall(const Plan& plan, const std::set<std::string>& known, Json* result) {
+  auto has = [&](const char* name) {
+    return std::find(plan.protect_git.begin(), plan.protect_git.end(), name) != plan.protect_git.end();
+  };
+  auto found = linux::AuditGitRepos(plan.workspace_source, known, has("hooks"), has("config"), plan.scan_cache_dir);
+  Json denials = Json::array();
+  if (!found.ok()) {
+    denials.push_back({{"facet", "filesystem"}, {"op", "git-audit"}, {"target", plan.workspace_target},
+                       {"reason", "the audit of git repositories after the call failed: " + found.status().ToString()},
+                       {"source", "git-audit"}});
+  } else {
+    for (const auto& f : *found) {
+      denials.push_back({{"facet", "filesystem"}, {"op", f.op},
+                         {"target", paths::Rebase(f.host_path, plan.workspace_source, plan.workspace_target)},
+                         {"reason", f.reason}, {"source", "git-audit"}});
+    }
+  }
+  if (denials.empty()) return;
+  Json& outcome = (*result)["outcome"];
+  if (!outcome.is_object()) outcome = Json::object();
+  if (!outcome["denials"].is_array()) outcome["denials"] = Json::array();
+  for (const auto& d : denials) outcome["denials"].push_back(d);
+  const std::string kind = result->value("kind", "");
+  if (plan.denial_outcome && (kind == "exited" || kind == "signaled" || kind == "ok" || kind == "tool_error")) {
+    (*result)["kind"] = "sandbox_denied";
+    (*result)["is_error"] = true;
+    if (outcome.contains("outcome")) outcome["outcome"] = "sandbox_denied";
+    if (outcome.contains("kind")) outcome["kind"] = "sandbox_denied";
+    (*result)["output"] = "sandbox_denied: " + DenialLine(denials[0]) + "\n" + result->value("output", "");
+  }
+}
+
 }  // namespace
 
 const std::vector<std::string>& ToolNames() { return kTools; }
@@ -204,6 +241,8 @@ struct SessionState {
   std::mutex world_mu;      // provisioning
   std::shared_ptr<World> world;
   std::shared_ptr<const ConfinedCommand> confined;
+  // Direct mode: the repositories the world protects (audited after calls: the others).
+  std::shared_ptr<const std::set<std::string>> git_known;
   std::uint64_t provisions = 0;
 
   // `sync`: on disk before returning (calls and results); events that a
@@ -398,6 +437,14 @@ Status Manager::Impl::Provision(SessionState& s) {
       for (auto& g : plan.deny_globs) rebase(g.source_root);
       plan.workspace_source = copy;
     }
+  }
+  s.git_known.reset();
+  if (s.ws_mode == "direct" && plan.workspace_writable && !plan.protect_git.empty()) {
+    auto found = linux::FindGitDirs(plan.workspace_source, plan.scan_cache_dir);
+    if (!found.ok()) return found.status();
+    auto known = std::make_shared<std::set<std::string>>();
+    for (const auto& d : *found) known->insert(d.host_path);
+    s.git_known = std::move(known);
   }
   auto world = World::Start(exe, plan, options.ready_timeout_ms);
   if (!world.ok()) return world.status();
@@ -859,6 +906,7 @@ Result<Json> Manager::Execute(const std::string& id, const std::string& name, co
     result = Json();
     std::shared_ptr<World> world;
     std::shared_ptr<const ConfinedCommand> confined;
+    std::shared_ptr<const std::set<std::string>> git_known;
     {
       // Provision on first use, and again when the sandbox died.
       std::unique_lock<std::mutex> wl(s->world_mu);
@@ -889,6 +937,7 @@ Result<Json> Manager::Execute(const std::string& id, const std::string& name, co
       }
       world = s->world;
       confined = s->confined;
+      git_known = s->git_known;
     }
     // The world is used without the provisioning lock: calls run side by side.
     if (name == "bash") {
@@ -896,6 +945,7 @@ Result<Json> Manager::Execute(const std::string& id, const std::string& name, co
     } else {
       result = m.RunFile(*world, *confined, name, input);
     }
+    if (git_known && !result.value("world_gone", false)) AuditGitAfterCall(confined->plan, *git_known, &result);
   }
   result.erase("world_gone");
   if (m.shutting_down && result.value("kind", "") == "sandbox_error") {

@@ -13,13 +13,16 @@
 #include <cstring>
 #include <memory>
 #include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "agentbox/run.h"
 #include "confine/layers.h"
+#include "confine/paths.h"
 #include "linux/compat.h"
 #include "linux/descendants.h"
+#include "linux/git_repos.h"
 #include "linux/launch.h"
 #include "linux/proxy_listeners.h"
 #include "linux/seccomp_notify.h"
@@ -54,6 +57,37 @@ std::uint64_t Ms(Clock::duration d) {
 }
 
 constexpr int kForwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+
+// Repositories that appeared in the workspace during the run were not
+// protected: once nothing of the sandbox runs any more, whatever in them
+// would run code on the host is reported and quarantined. Returns whether
+// anything was found.
+bool AuditGitRepos(const Plan& plan, const std::set<std::string>& known, Outcome* out) {
+  if (!plan.confined || plan.backend != Backend::kNamespaces || !plan.workspace_writable ||
+      plan.protect_git.empty()) {
+    return false;
+  }
+  auto has = [&](const char* name) {
+    return std::find(plan.protect_git.begin(), plan.protect_git.end(), name) != plan.protect_git.end();
+  };
+  auto found = linux::AuditGitRepos(plan.workspace_source, known, has("hooks"), has("config"), plan.scan_cache_dir);
+  if (!found.ok()) {
+    // Not knowing is not clean: say so, as a denial.
+    out->denials.push_back({"filesystem", "git-audit", plan.workspace_target,
+                            "the end-of-run audit of git repositories failed: " + found.status().ToString(),
+                            "git-audit", 0});
+    return true;
+  }
+  for (const auto& f : *found) {
+    std::string reason = f.reason;
+    if (!f.quarantined.empty() && plan.workspace_target != plan.workspace_source) {
+      reason += " (on the host)";
+    }
+    out->denials.push_back({"filesystem", f.op, paths::Rebase(f.host_path, plan.workspace_source, plan.workspace_target),
+                            reason, "git-audit", 0});
+  }
+  return !found->empty();
+}
 
 }  // namespace
 
@@ -264,6 +298,8 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
     }
   }
 
+  const bool git_denied = AuditGitRepos(plan, child.resolved.git_dirs, &out);
+
   // The runner is gone: close the proxy (every connection's record is in),
   // before the report is built.
   if (egress) {
@@ -334,7 +370,9 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
     out.error = ErrorInfo{"exec", msg, exec_error->status.err()};
   }
   const bool failed = out.signal.has_value() || out.exit_code.value_or(0) != 0;
-  if (failed && !out.denials.empty() && plan.denial_outcome) {
+  // A repository's hook or config written during the run is a denial even
+  // when the command succeeded: it was planted, and is now quarantined.
+  if (((failed && !out.denials.empty()) || git_denied) && plan.denial_outcome) {
     out.kind = OutcomeKind::kSandboxDenied;
   } else {
     out.kind = out.signal ? OutcomeKind::kSignaled : OutcomeKind::kExited;

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <set>
 #include <string>
 
 #include "harness.h"
@@ -201,6 +202,98 @@ TEST(Protect, SymlinkedHooksOnTheHostAreNotWritableThrough) {
     EXPECT_EQ(OutcomeOf(r), "sandbox_error") << r.Describe();
     EXPECT_EQ(ErrorStage(r), "protect") << r.Describe();
   }
+}
+
+
+// A repository in a subfolder (a clone, a `git init`, a bare repository, a
+// submodule's git directory) runs its hooks on the host as the root's do:
+// the same protection, for every one present at the start.
+TEST(Protect, RepositoriesInSubfoldersAreProtectedLikeTheRoot) {
+  Sandbox sb;
+  ASSERT_EQ(sb.Git({"init", "-q", "sub"}).status, 0);
+  ASSERT_EQ(sb.Git({"clone", "-q", sb.ws() + "/sub", "deep/cloned"}).status, 0);
+  ASSERT_EQ(sb.Git({"init", "-q", "--bare", "bare.git"}).status, 0);
+  ASSERT_EQ(sb.Git({"init", "-q", "--bare", ".git/modules/lib"}).status, 0);
+  ASSERT_TRUE(IsDir(sb.ws() + "/deep/cloned/.git/hooks"));
+  const std::string config_before = ReadFile(sb.ws() + "/sub/.git/config").value_or("<missing>");
+  RunResult r = sb.Sh(
+      "for d in sub/.git deep/cloned/.git bare.git .git/modules/lib; do"
+      "  echo evil > $d/hooks/pre-commit && echo \"planted=$d\";"
+      "  echo '[core] hooksPath = /tmp' >> $d/config && echo \"configured=$d\";"
+      "done;"
+      "git -C sub config core.fsmonitor /tmp/evil && echo configured=git;"
+      "mv sub/.git sub/.git2 && echo moved=sub; mv deep other && echo moved=deep; exit 0");
+  ASSERT_EQ(r.status, 0) << r.Describe();
+  EXPECT_FALSE(Contains(r.out, "planted=")) << r.Describe();
+  EXPECT_FALSE(Contains(r.out, "configured=")) << r.Describe();
+  EXPECT_FALSE(Contains(r.out, "moved=")) << r.Describe();
+  for (const char* d : {"sub/.git", "deep/cloned/.git", "bare.git", ".git/modules/lib"}) {
+    EXPECT_FALSE(Exists(sb.ws() + "/" + d + "/hooks/pre-commit")) << d;
+    EXPECT_FALSE(Contains(ReadFile(sb.ws() + "/" + d + "/config").value_or(""), "hooksPath")) << d;
+  }
+  EXPECT_EQ(ReadFile(sb.ws() + "/sub/.git/config").value_or("<missing>"), config_before);
+  EXPECT_TRUE(IsDir(sb.ws() + "/sub/.git/objects"));
+  EXPECT_EQ(OutcomeOf(r), "exited") << "nothing was planted\n" << r.Describe();
+}
+
+// A repository inside a denied directory is hidden whole: nothing of it
+// to bind, and the run goes on.
+TEST(Protect, ARepositoryInsideADeniedDirectoryStaysHidden) {
+  Sandbox sb;
+  ASSERT_EQ(sb.Git({"init", "-q", "secret/repo"}).status, 0);
+  ASSERT_EQ(sb.Git({"init", "-q", "vendor"}).status, 0);
+  WriteFile(sb.scratch() + "/policy.yaml", "mode: workspace-write\nfilesystem:\n  deny: [\"secret/\"]\n");
+  RunResult r = sb.Sh("ls secret/repo/.git; echo \"ls=$?\"; echo x > vendor/.git/hooks/pre-commit; echo \"plant=$?\"",
+                      {"--policy", sb.scratch() + "/policy.yaml"});
+  ASSERT_EQ(r.status, 0) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, "ls=")) << r.Describe();
+  EXPECT_FALSE(Contains(r.out, "ls=0")) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, "plant=")) << r.Describe();
+  EXPECT_FALSE(Contains(r.out, "plant=0")) << r.Describe();
+}
+
+// A repository the command creates was not there to protect: at the end,
+// its executable hooks and dangerous settings are reported and quarantined.
+TEST(Protect, RepositoryCreatedDuringTheRunIsAuditedAndQuarantined) {
+  Sandbox sb;
+  RunResult r = sb.Sh(
+      "git init -q fresh && printf '#!/bin/sh\necho pwned\n' > fresh/.git/hooks/pre-commit &&"
+      " chmod +x fresh/.git/hooks/pre-commit && git -C fresh config core.hooksPath /tmp/evil &&"
+      " git init -q --bare fresh-bare.git && printf '#!/bin/sh\n' > fresh-bare.git/hooks/post-update &&"
+      " chmod 755 fresh-bare.git/hooks/post-update && git init -q tame && echo all-done");
+  ASSERT_TRUE(Contains(r.out, "all-done")) << r.Describe();
+  EXPECT_EQ(OutcomeOf(r), "sandbox_denied") << r.Describe();
+  ASSERT_TRUE(r.report) << r.Describe();
+  std::set<std::string> ops;
+  for (const auto& d : (*r.report)["denials"]) {
+    const std::string target = d.value("target", "");
+    if (Contains(target, "fresh/.git/hooks/pre-commit")) {
+      ops.insert(d.value("op", "") + ":hook");
+      EXPECT_TRUE(Contains(d.value("reason", ""), "pre-commit.agentbox-quarantine")) << d.dump();
+    }
+    if (Contains(target, "fresh/.git/config")) {
+      ops.insert(d.value("op", "") + ":config");
+      EXPECT_TRUE(Contains(d.value("reason", ""), "core.hookspath")) << d.dump();
+      EXPECT_TRUE(Contains(d.value("reason", ""), "config.agentbox-quarantine")) << d.dump();
+    }
+    if (Contains(target, "fresh-bare.git/hooks/post-update")) ops.insert(d.value("op", "") + ":bare");
+    EXPECT_FALSE(Contains(target, "tame")) << "a plain `git init` is not a denial: " << d.dump();
+  }
+  EXPECT_EQ(ops, (std::set<std::string>{"git-hook:hook", "git-config:config", "git-hook:bare"})) << r.Describe();
+  const std::string hooks = sb.ws() + "/fresh/.git/hooks/";
+  EXPECT_FALSE(Exists(hooks + "pre-commit"));
+  struct stat st {};
+  ASSERT_EQ(lstat((hooks + "pre-commit.agentbox-quarantine").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0111, 0u) << "the quarantined hook is still executable";
+  EXPECT_FALSE(Exists(sb.ws() + "/fresh/.git/config"));
+  EXPECT_TRUE(Contains(ReadFile(sb.ws() + "/fresh/.git/config.agentbox-quarantine").value_or(""), "hooksPath"));
+  EXPECT_FALSE(Exists(sb.ws() + "/fresh-bare.git/hooks/post-update"));
+  EXPECT_TRUE(Exists(sb.ws() + "/tame/.git/config")) << "a clean config stays";
+  // A second run protects the quarantined repository like any other.
+  RunResult again = sb.Sh("echo evil > fresh/.git/hooks/pre-commit; echo \"plant=$?\"; exit 0");
+  EXPECT_FALSE(Contains(again.out, "plant=0")) << again.Describe();
+  EXPECT_EQ(OutcomeOf(again), "exited") << again.Describe();
 }
 
 }  // namespace

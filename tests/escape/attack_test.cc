@@ -144,6 +144,20 @@ TEST(Attack, PlantAGitHook) {
   EXPECT_FALSE(Exists(sb.ws() + "/.git/hooks/pre-commit"));
 }
 
+// A repository cloned into a subfolder runs its hooks on the host as well.
+TEST(Attack, PlantAGitHookInANestedRepository) {
+  Attack a("git: plant sub/.git/hooks/pre-commit (a repository in a subfolder)", Kind::kBoundary);
+  Sandbox sb;
+  ASSERT_EQ(sb.Git({"init", "-q", "sub"}).status, 0);
+  const std::string host_check = sb.ws() + "/sub/.git/hooks/host-check";
+  EXPECT_TRUE(a.Host(sb, {"write", host_check, "#!/bin/sh\n"}).ok);
+  unlink(host_check.c_str());
+  Probe in = a.Inside(sb, {"write", "sub/.git/hooks/pre-commit", "#!/bin/sh\ntouch /tmp/pwned\n"});
+  EXPECT_FALSE(in.ok) << in.Describe();
+  EXPECT_EQ(in.err, EROFS) << in.Describe();
+  EXPECT_FALSE(Exists(sb.ws() + "/sub/.git/hooks/pre-commit"));
+}
+
 TEST(Attack, AppendToGitConfig) {
   Attack a("git: append to .git/config", Kind::kBoundary);
   Sandbox sb;

@@ -1,6 +1,9 @@
 // `agentbox session ...` against a real daemon, the way a shell user works.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <filesystem>
+
 #include "daemon_fixture.h"
 
 namespace agentbox::session_test {
@@ -98,6 +101,33 @@ TEST_F(SessionCliTest, ProtectedPathIsASandboxDenial) {
   e2e::RunResult again = Cli({"exec", id, "--stream", "--call-id", "once", "--", "sh", "-c", "echo twice"});
   EXPECT_EQ(again.status, 4) << "a replay exits as the recorded call did: " << again.Describe();
   EXPECT_EQ(again.out, "once\n") << again.Describe();
+}
+
+// A session never writes into its base: the placeholder that keeps a
+// missing `.git` from being created lives in the session's own layer.
+TEST_F(SessionCliTest, AWorkspaceWithoutGitGetsNoPlaceholderOnTheHost) {
+  auto entries = [&] {
+    std::vector<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(ws_.path())) names.push_back(e.path().filename());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  e2e::WriteFile(ws_ / "README", "x\n");
+  const std::vector<std::string> before = entries();
+  const std::string id = Create();
+  EXPECT_EQ(entries(), before);
+  e2e::RunResult r = Cli({"exec", id, "--", "sh", "-c",
+                          "ls -A; mkdir -p .git/hooks && echo evil > .git/hooks/pre-commit; echo \"plant=$?\"; exit 0"});
+  EXPECT_EQ(r.status, 0) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, "plant=")) << r.Describe();
+  EXPECT_FALSE(Contains(r.out, "plant=0")) << "a .git was created inside the session\n" << r.Describe();
+  EXPECT_EQ(entries(), before) << "the session wrote into its base while it lives";
+  e2e::RunResult again = Cli({"exec", id, "--", "sh", "-c", "git init -q . ; echo \"init=$?\"; exit 0"});
+  EXPECT_FALSE(Contains(again.out, "init=0")) << again.Describe();
+  EXPECT_EQ(entries(), before) << "the session wrote into its base while it lives";
+  e2e::RunResult diff = Cli({"diff", id});
+  EXPECT_EQ(diff.status, 0) << diff.Describe();
+  EXPECT_FALSE(Contains(diff.out, ".git")) << "the placeholder is no change of the session's\n" << diff.Describe();
 }
 
 TEST_F(SessionCliTest, WriteThenReadAndTheShellAgrees) {

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -520,6 +521,31 @@ TEST_F(WorldTest, FreshPerTaskFalseWorksOnTheWorkspaceItself) {
   auto diff = manager_->Diff(id);
   ASSERT_FALSE(diff.ok());
   EXPECT_NE(diff.status().message().find("fresh_per_task"), std::string::npos);
+}
+
+// In direct mode a call writes the base itself: a repository it creates
+// there is audited after the call, as `agentbox run` does at its end.
+TEST_F(WorldTest, DirectModeAuditsRepositoriesACallCreates) {
+  ASSERT_EQ(0, system(("git -C " + base_ + " init -q old 2>/dev/null").c_str()));
+  std::string id = Create("sandbox:\n  fresh_per_task: false\n");
+  Json r = Bash(id, "git init -q fresh && printf '#!/bin/sh\\n' > fresh/.git/hooks/pre-commit && "
+                    "chmod +x fresh/.git/hooks/pre-commit && echo x > old/.git/hooks/pre-commit; echo done");
+  EXPECT_EQ(r.value("kind", ""), "sandbox_denied") << r.dump();
+  bool hook = false;
+  for (const auto& d : r["outcome"]["denials"]) {
+    if (d.value("op", "") == "git-hook" && d.value("target", "").find("fresh/.git/hooks/pre-commit") != std::string::npos) {
+      hook = true;
+    }
+  }
+  EXPECT_TRUE(hook) << r.dump();
+  EXPECT_FALSE(std::filesystem::exists(base_ + "/fresh/.git/hooks/pre-commit"));
+  EXPECT_TRUE(std::filesystem::exists(base_ + "/fresh/.git/hooks/pre-commit.agentbox-quarantine"));
+  EXPECT_FALSE(std::filesystem::exists(base_ + "/old/.git/hooks/pre-commit")) << "a repository there at the start is protected";
+  Json config = Tool(id, "write_file", {{"path", "fresh/.git/config"}, {"content", "[core]\n\thooksPath = /tmp\n"}});
+  EXPECT_EQ(config.value("kind", ""), "sandbox_denied") << config.dump();
+  EXPECT_TRUE(std::filesystem::exists(base_ + "/fresh/.git/config.agentbox-quarantine")) << config.dump();
+  Json clean = Bash(id, "echo fine");
+  EXPECT_EQ(clean.value("kind", ""), "exited") << "what is quarantined is not reported again: " << clean.dump();
 }
 
 }  // namespace
