@@ -137,9 +137,9 @@ TEST_P(UnixSockets, HostServicesAreRefusedAndNamed) {
     EXPECT_TRUE(Contains(r.out, targets[i] + " errno=13")) << targets[i] << "\n" << r.Describe();
   }
   const auto denied = ConnectDenials(r);
-  for (const char* name : {"/state/agentbox.sock", "/bus"}) {
-    EXPECT_TRUE(Has(denied, box.ws() + name)) << name << "\n" << r.Describe();
-  }
+  // The daemon's state directory is agentbox's own (it registered it): it
+  // is masked, so the path walk fails before connect() is asked.
+  EXPECT_TRUE(Has(denied, box.ws() + "/bus")) << r.Describe();
   EXPECT_TRUE(Has(denied, "agent.sock")) << r.Describe();
   EXPECT_TRUE(Has(denied, "link.sock")) << r.Describe();
   if (landlock_only()) {
