@@ -170,6 +170,33 @@ TEST(Check, ReportsAPolicyItCannotEnforce) {
   }
 }
 
+// An isolation this host does not offer: `check` fails and names the same
+// reason `policy explain` gives (and `run` refuses with).
+TEST(Check, NamesTheRefusalExplainGives) {
+  Sandbox sb;
+  for (const char* isolation : {"microvm", "container", "remote"}) {
+    const std::string file = sb.scratch() + "/" + isolation + ".yaml";
+    WriteFile(file, std::string("version: 1\nsandbox:\n  isolation: ") + isolation + "\n");
+    RunResult e = Agentbox(sb, {"policy", "explain", "--json", "--policy", file});
+    auto ej = nlohmann::json::parse(e.out, nullptr, false);
+    ASSERT_FALSE(ej.is_discarded()) << e.Describe();
+    // This version offers only `os`: the others are refused, never downgraded.
+    EXPECT_EQ(ej["would_run"], false) << e.Describe();
+    ASSERT_TRUE(ej["refusal"].is_string()) << e.Describe();
+    const std::string refusal = ej["refusal"].get<std::string>();
+    EXPECT_TRUE(Contains(refusal, std::string("sandbox.isolation: ") + isolation)) << refusal;
+
+    RunResult t = Agentbox(sb, {"check", "--policy", file});
+    EXPECT_EQ(t.status, 1) << t.Describe();
+    EXPECT_TRUE(Contains(t.out + t.err, refusal)) << isolation << ": check does not say why\n" << t.Describe();
+    RunResult j = Agentbox(sb, {"check", "--json", "--policy", file});
+    EXPECT_EQ(j.status, 1) << j.Describe();
+    auto jj = nlohmann::json::parse(j.out, nullptr, false);
+    ASSERT_FALSE(jj.is_discarded()) << j.Describe();
+    EXPECT_EQ(jj.value("refusal", ""), refusal) << j.Describe();
+  }
+}
+
 TEST(Policy, ValidateAcceptsTheSeedPolicy) {
   Sandbox sb;
   RunResult r = Agentbox(sb, {"policy", "validate", kFixtures + "/seed_policy.yaml"});
