@@ -222,6 +222,25 @@ TEST(Policy, ValidateReportsFileLineColumn) {
   EXPECT_TRUE(Contains(u.out + u.err, "unknown_key")) << u.Describe();
 }
 
+// `read_only: ["/"]` is refused where the policy is read, with the key and
+// its place, rather than validating and then failing every run.
+TEST(Policy, ReadOnlyRootIsRejectedWithTheReason) {
+  Sandbox sb;
+  const std::string file = sb.scratch() + "/root.yaml";
+  WriteFile(file, "version: 1\nfilesystem:\n  read_only: [\"/\"]\n");
+  RunResult v = Agentbox(sb, {"policy", "validate", file});
+  EXPECT_EQ(v.status, 1) << v.Describe();
+  EXPECT_TRUE(Contains(v.out + v.err, file + ":3:15: filesystem.read_only[0]: \"/\" would bind the host's whole root"))
+      << v.Describe();
+  RunResult e = Agentbox(sb, {"policy", "explain", "--policy", file});
+  EXPECT_NE(e.status, 0) << e.Describe();
+  EXPECT_TRUE(Contains(e.out + e.err, file + ":3:15: filesystem.read_only[0]")) << e.Describe();
+  RunResult r = sb.Sh("echo ran", {"--policy", file});
+  EXPECT_EQ(r.status, 125) << r.Describe();
+  EXPECT_FALSE(Contains(r.out, "ran")) << r.Describe();
+  EXPECT_TRUE(Contains(r.err, file + ":3:15: filesystem.read_only[0]")) << r.Describe();
+}
+
 TEST(Policy, ValidateRejectsBrokenYaml) {
   Sandbox sb;
   const std::string file = sb.scratch() + "/broken.yaml";
