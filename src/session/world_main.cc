@@ -25,6 +25,7 @@
 #include "linux/compat.h"
 #include "linux/launch.h"
 #include "linux/proxy_listeners.h"
+#include "linux/rlimits.h"
 #include "linux/status_pipe.h"
 #include "session/file_tools.h"
 #include "session/world.h"
@@ -224,7 +225,13 @@ int WorldMain() {
                                     ") is short of the plan: " + what}});
         } else if (m.type == linux::RunnerMessage::Type::kReady && !ready) {
           ready = true;
-          Send(json{{"t", "ready"}, {"skipped", child.resolved.skipped}}, ours.get());
+          // The cgroup the calls run in and the rlimits the runner set (it
+          // was cloned from this process), for their reports' limits.
+          const linux::RlimitsSet rl = linux::RlimitsFor(plan.limits);
+          json ready = {{"t", "ready"}, {"skipped", child.resolved.skipped},
+                        {"cgroup", cgroup ? cgroup->Mechanism() : ""}, {"nofile", rl.nofile_soft}};
+          if (rl.fsize) ready["fsize"] = *rl.fsize;
+          Send(ready, ours.get());
           ours.reset();
         }
       }

@@ -226,9 +226,7 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
   while (wait4(child.pid, &wstatus, 0, &ru) < 0 && errno == EINTR) {
   }
   out.usage.wall_ms = Ms(Clock::now() - started);
-  out.usage.cpu_user_ms = static_cast<std::uint64_t>(ru.ru_utime.tv_sec) * 1000 + ru.ru_utime.tv_usec / 1000;
-  out.usage.cpu_sys_ms = static_cast<std::uint64_t>(ru.ru_stime.tv_sec) * 1000 + ru.ru_stime.tv_usec / 1000;
-  out.usage.peak_memory_bytes = static_cast<std::uint64_t>(ru.ru_maxrss) * 1024;
+  supervise::FillRusage(ru, &out.usage);
   // Pid 1 is reaped: its namespace is empty. Read the counters before the
   // cgroup goes (KillAll first: an unconfined plan's stragglers).
   linux::CgroupStats cg_stats;

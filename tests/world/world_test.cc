@@ -336,6 +336,33 @@ TEST_F(WorldTest, OomKillIsNamedAndTheNextCallStillWorks) {
   EXPECT_EQ(Bash(id, "echo alive")["output"], "alive\n");
 }
 
+// A call's report names the limits in force as `run`'s does, and they are
+// the ones a command reads inside: core dumps off, the NOFILE soft limit,
+// RLIMIT_FSIZE from disk_gib, the call's wall clock.
+TEST_F(WorldTest, CallReportLimitsAreTheOnesInForceInside) {
+  std::string id = Create("resources:\n  disk_gib: 1\n  wall_clock_min: 2\n");
+  Json r = Bash(id, "echo core=$(ulimit -c) nofile=$(ulimit -n) fsize=$(ulimit -f)");
+  ASSERT_EQ(r["kind"], "exited") << r.dump();
+  const std::string out = r["output"].get<std::string>();
+  const Json& usage = r["outcome"]["usage"];
+  const Json& limits = usage["limits"];
+  ASSERT_TRUE(limits.is_object()) << r.dump();
+  ASSERT_TRUE(limits["core_dumps"].is_boolean()) << r.dump();
+  EXPECT_EQ(out.find("core=0 ") != std::string::npos, !limits["core_dumps"].get<bool>()) << out << limits.dump();
+  EXPECT_FALSE(limits["core_dumps"].get<bool>()) << limits.dump();
+  ASSERT_TRUE(limits["nofile"].is_number_unsigned()) << limits.dump();
+  EXPECT_NE(out.find("nofile=" + std::to_string(limits["nofile"].get<std::uint64_t>()) + " "), std::string::npos)
+      << out << limits.dump();
+  ASSERT_TRUE(limits["fsize_bytes"].is_number_unsigned()) << limits.dump();
+  // `ulimit -f` counts 1024-byte blocks.
+  EXPECT_NE(out.find("fsize=" + std::to_string(limits["fsize_bytes"].get<std::uint64_t>() / 1024)), std::string::npos)
+      << out << limits.dump();
+  EXPECT_EQ(limits["wall_clock_ms"], 120000) << limits.dump();
+  // Usage as `run` reports it: from the command's rusage.
+  EXPECT_TRUE(usage["peak_memory_bytes"].is_number_unsigned()) << usage.dump();
+  EXPECT_GT(usage["peak_memory_bytes"].get<std::uint64_t>(), 0u) << usage.dump();
+}
+
 TEST_F(WorldTest, ADeadInitIsReprovisionedAndLogged) {
   std::string id = Create();
   Bash(id, "echo v > f.txt");
