@@ -422,6 +422,7 @@ Json Manager::Impl::RunBash(SessionState& s, World& world, const ConfinedCommand
   auto ran = world.Exec(exec, sink, cancel);
   Outcome o;
   o.enforcement = confined.enforcement;
+  o.enforcement.skipped = world.skipped();  // as `run` reports them, from the world's set-up
   o.policy_sha256 = plan.policy_sha256;
   if (!ran.ok()) {
     o.kind = OutcomeKind::kSandboxError;

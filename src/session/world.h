@@ -88,6 +88,9 @@ class World {
   // report names.
   const std::string& cgroup_mechanism() const { return cgroup_mechanism_; }
   const linux::RlimitsSet& rlimits() const { return rlimits_; }
+  // read_only entries absent on this host, skipped at set-up (the report's
+  // enforcement.skipped).
+  const std::vector<std::string>& skipped() const { return skipped_; }
 
   Result<WorldExecResult> Exec(const WorldExec& exec, const OutputSink& sink, const std::atomic<bool>* cancel);
   // Runs a file tool inside: `request` is {"name", "input", "workspace"};
@@ -111,6 +114,7 @@ class World {
   pid_t supervisor_pid_ = -1;
   std::string cgroup_mechanism_;
   linux::RlimitsSet rlimits_;
+  std::vector<std::string> skipped_;
   linux::UniqueFd supervisor_pidfd_;
   linux::UniqueFd channel_;  // to the supervisor
   linux::UniqueFd control_;  // to the init

@@ -363,6 +363,22 @@ TEST_F(WorldTest, CallReportLimitsAreTheOnesInForceInside) {
   EXPECT_GT(usage["peak_memory_bytes"].get<std::uint64_t>(), 0u) << usage.dump();
 }
 
+// A read_only entry absent on this host is skipped, and a call's report
+// says so as `run`'s does.
+TEST_F(WorldTest, CallReportNamesSkippedReadOnlyEntries) {
+  const std::string absent = "/nonexistent-agentbox-" + std::to_string(getpid());
+  struct stat st {};
+  ASSERT_NE(stat(absent.c_str(), &st), 0) << absent << " exists on this host";
+  std::string id = Create("filesystem:\n  read_only: [/usr, /bin, /sbin, /lib, /lib64, /etc, " + absent + "]\n");
+  Json r = Bash(id, "echo ok");
+  ASSERT_EQ(r["kind"], "exited") << r.dump();
+  const Json& skipped = r["outcome"]["enforcement"]["skipped"];
+  ASSERT_TRUE(skipped.is_array()) << r["outcome"]["enforcement"].dump();
+  bool named = false;
+  for (const auto& s : skipped) named = named || s.get<std::string>().find(absent) != std::string::npos;
+  EXPECT_TRUE(named) << skipped.dump();
+}
+
 TEST_F(WorldTest, ADeadInitIsReprovisionedAndLogged) {
   std::string id = Create();
   Bash(id, "echo v > f.txt");
