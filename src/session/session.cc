@@ -423,6 +423,7 @@ Json Manager::Impl::RunBash(SessionState& s, World& world, const ConfinedCommand
   Outcome o;
   o.enforcement = confined.enforcement;
   o.enforcement.skipped = world.skipped();  // as `run` reports them, from the world's set-up
+  for (const auto& m : world.short_of_plan()) AddMissing(&o.enforcement, m);
   o.policy_sha256 = plan.policy_sha256;
   if (!ran.ok()) {
     o.kind = OutcomeKind::kSandboxError;

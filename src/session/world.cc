@@ -200,7 +200,11 @@ Result<std::unique_ptr<World>> World::Start(const std::string& exe, const Plan& 
       }
       return w;
     }
-    // Notes before ready (Landlock short of plan under require: partial) are dropped here.
+    // Before ready: what the runner found short of the plan (Landlock under
+    // require: partial), for the calls' reports.
+    if (t == "note" && m.contains("facet")) {
+      w->short_of_plan_.push_back({m.value("facet", ""), m.value("message", "")});
+    }
   }
 }
 

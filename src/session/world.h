@@ -31,6 +31,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "agentbox/outcome.h"
 #include "agentbox/plan.h"
 #include "agentbox/status.h"
 #include "linux/fd.h"
@@ -91,6 +92,10 @@ class World {
   // read_only entries absent on this host, skipped at set-up (the report's
   // enforcement.skipped).
   const std::vector<std::string>& skipped() const { return skipped_; }
+  // What the runner found short of the plan at set-up (a kernel whose
+  // Landlock gives less than planned, under require: partial): entries for
+  // the report's enforcement.missing.
+  const std::vector<MissingFacet>& short_of_plan() const { return short_of_plan_; }
 
   Result<WorldExecResult> Exec(const WorldExec& exec, const OutputSink& sink, const std::atomic<bool>* cancel);
   // Runs a file tool inside: `request` is {"name", "input", "workspace"};
@@ -115,6 +120,7 @@ class World {
   std::string cgroup_mechanism_;
   linux::RlimitsSet rlimits_;
   std::vector<std::string> skipped_;
+  std::vector<MissingFacet> short_of_plan_;
   linux::UniqueFd supervisor_pidfd_;
   linux::UniqueFd channel_;  // to the supervisor
   linux::UniqueFd control_;  // to the init

@@ -221,8 +221,10 @@ int WorldMain() {
           std::string what;
           for (const auto& s : m.short_of_plan) what += (what.empty() ? "" : "; ") + s;
           Send(json{{"t", "note"},
+                    {"facet", "filesystem"},
                     {"message", "Landlock on this kernel (ABI " + std::to_string(m.landlock_abi) +
-                                    ") is short of the plan: " + what}});
+                                    ") is short of the plan (ABI " + std::to_string(plan.landlock.abi) +
+                                    "): " + what}});
         } else if (m.type == linux::RunnerMessage::Type::kReady && !ready) {
           ready = true;
           // The cgroup the calls run in and the rlimits the runner set (it

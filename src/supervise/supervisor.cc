@@ -365,13 +365,7 @@ Outcome Run(const ConfinedCommand& command, const RunOptions& options) {
   out.enforcement = command.enforcement;
   out.enforcement.skipped = std::move(skipped);
   // What the runner found short of the plan lowers the facet and the level.
-  for (auto& m : found_at_run) {
-    for (auto& f : out.enforcement.facets) {
-      if (f.name == m.facet && f.level == Level::kFull) f.level = Level::kPartial;
-    }
-    if (out.enforcement.level == Level::kFull) out.enforcement.level = Level::kPartial;
-    out.enforcement.missing.push_back(std::move(m));
-  }
+  for (auto& m : found_at_run) AddMissing(&out.enforcement, std::move(m));
   return out;
 }
 

@@ -18,7 +18,11 @@
 
 #include <gtest/gtest.h>
 
+#include "agentbox/confine.h"
+#include "agentbox/host_caps.h"
+#include "agentbox/policy.h"
 #include "session/session.h"
+#include "session/world.h"
 
 namespace agentbox::session {
 namespace {
@@ -377,6 +381,40 @@ TEST_F(WorldTest, CallReportNamesSkippedReadOnlyEntries) {
   bool named = false;
   for (const auto& s : skipped) named = named || s.get<std::string>().find(absent) != std::string::npos;
   EXPECT_TRUE(named) << skipped.dump();
+}
+
+// A kernel whose Landlock gives less than the plan asks (here: a right no
+// kernel knows), under require: partial: the world starts, and says what is
+// short, for the calls' reports.
+TEST_F(WorldTest, LandlockShortOfThePlanIsKeptForTheReports) {
+  Policy policy = PresetFor(Mode::kWorkspaceWrite);
+  policy.sandbox.require = Requirement::kPartial;
+  HostCaps host = ProbeHostFor(policy);
+  if (!host.user_namespaces || host.landlock_abi < 2) {
+    GTEST_SKIP() << "not applicable here: sessions need user namespaces and this test Landlock (ABI "
+                 << host.landlock_abi << ")";
+  }
+  Invocation inv;
+  inv.workspace = base_;
+  inv.cwd = base_;
+  inv.home = "/nonexistent-home";
+  inv.self_exe = Bin();
+  inv.nonce = "0123456789abcdef";
+  inv.session = true;
+  auto confined = Confine({"true"}, policy, host, inv);
+  ASSERT_TRUE(confined.ok()) << confined.status().ToString();
+  Plan plan = confined->plan;
+  plan.timeout_ms.reset();
+  ASSERT_GT(plan.landlock.abi, 0);
+  plan.landlock.handled_fs |= std::uint64_t{1} << 40;
+  plan.landlock.required = false;
+  auto world = World::Start(Bin(), plan, 10000);
+  ASSERT_TRUE(world.ok()) << world.status().ToString();
+  const auto& short_of = (*world)->short_of_plan();
+  ASSERT_EQ(short_of.size(), 1u);
+  EXPECT_EQ(short_of[0].facet, "filesystem");
+  EXPECT_NE(short_of[0].reason.find("short of the plan"), std::string::npos) << short_of[0].reason;
+  (*world)->Stop(0);
 }
 
 TEST_F(WorldTest, ADeadInitIsReprovisionedAndLogged) {
