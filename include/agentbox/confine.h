@@ -63,9 +63,22 @@ struct ConfinedCommand {
   Plan plan;
 };
 
-// What the policy would get on this host, facet by facet. Never fails.
+// What the policy would get on this host, facet by facet, for this
+// invocation: where the workspace and HOME lie decides which deny and
+// protect entries a backend can fence (the landlock-only backend cannot hide
+// a path inside a tree it grants). Every facet's level follows from what is
+// fenced: a facet named in `missing` is never `full`. Never fails.
+EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host, const Invocation& invocation);
+// The same without an invocation (`check`, refusals before one is known): the
+// workspace and HOME are unknown, so entries relative to the workspace count
+// as inside it and `~` entries are left out of the per-entry list.
 EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host,
                                     BackendChoice backend = BackendChoice::kAuto, bool session = false);
+
+// Asks of the policy that no host of this version can give, whatever the
+// backend and `require` (sandbox.isolation other than os, an image other
+// than host): the refusal `run` gives, for `check` and `explain` to show.
+Status CheckAvailable(const Policy& policy);
 
 // Confines argv under the policy, or refuses (stage "confine") when the
 // policy cannot be enforced at the level it requires. Never a silent downgrade.

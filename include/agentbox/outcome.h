@@ -34,6 +34,10 @@ struct EnforcementReport {
   std::vector<std::string> notes;        // policy values honoured differently than named, and why
 };
 
+// Adds `missing` to the report, lowering its facet and the report's level
+// from full: what a run finds short of the plan after planning.
+void AddMissing(EnforcementReport* report, MissingFacet missing);
+
 struct Denial {
   std::string facet;                     // filesystem, network, syscalls
   std::string op;                        // read, write, connect, ...

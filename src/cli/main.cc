@@ -269,7 +269,7 @@ int CmdRun(const PolicyFlags& f, const std::vector<std::string>& command, const 
   }
   auto confined = Confine(command, *policy, host, *inv);
   if (!confined.ok()) {
-    Outcome o = RefusedOutcome(confined.status(), AssessEnforcement(*policy, host, inv->backend), policy->sha256);
+    Outcome o = RefusedOutcome(confined.status(), AssessEnforcement(*policy, host, *inv), policy->sha256);
     Error("refusing to run: " + confined.status().message());
     WriteReport(report, o);
     return kExitSandbox;
@@ -366,7 +366,14 @@ int CmdCheck(const std::string& policy_file, const std::string& backend_flag, bo
     return kExitUsage;
   }
   HostCaps h = ProbeHost(ProbeDepth::kDeep);
-  EnforcementReport r = AssessEnforcement(*policy, h, *choice);
+  // The current directory as the workspace, as `run` would take it: which
+  // deny entries a backend can fence depends on where it and HOME lie.
+  f.backend = backend_flag;
+  auto inv = BuildInvocation(f);
+  EnforcementReport r = inv.ok() ? AssessEnforcement(*policy, h, *inv) : AssessEnforcement(*policy, h, *choice);
+  // What no backend of this version gives (sandbox.isolation, sandbox.image):
+  // the same refusal `run` and `policy explain` give.
+  const Status available = CheckAvailable(*policy);
   auto selected = SelectBackend(h, *choice);
   const std::string backend_line =
       !selected.ok() ? "none (" + selected.status().message() + ")"
@@ -388,9 +395,10 @@ int CmdCheck(const std::string& policy_file, const std::string& backend_flag, bo
                    {"reason", h.cgroups.reason}}},
   };
   if (as_json) {
-    std::cout << json({{"host", host}, {"backend", backend_line}, {"policy", policy->source},
-                       {"enforcement", ToJsonValue(r)}}).dump(2) << "\n";
-    return r.missing.empty() && selected.ok() ? 0 : 1;
+    json out = {{"host", host}, {"backend", backend_line}, {"policy", policy->source}, {"enforcement", ToJsonValue(r)}};
+    if (!available.ok()) out["refusal"] = available.message();
+    std::cout << out.dump(2) << "\n";
+    return r.missing.empty() && selected.ok() && available.ok() ? 0 : 1;
   }
   std::printf("host: Linux %s, uid %u\n", h.kernel_release.c_str(), h.uid);
   std::printf("  user namespaces   %s%s%s\n", h.user_namespaces ? "available" : "unavailable",
@@ -420,7 +428,8 @@ int CmdCheck(const std::string& policy_file, const std::string& backend_flag, bo
   }
   for (const auto& m : r.missing) std::printf("  missing: %s: %s\n", m.facet.c_str(), m.reason.c_str());
   for (const auto& n : r.notes) std::printf("  note: %s\n", n.c_str());
-  return r.missing.empty() && selected.ok() ? 0 : 1;
+  if (!available.ok()) std::printf("`agentbox run` would refuse: %s\n", available.message().c_str());
+  return r.missing.empty() && selected.ok() && available.ok() ? 0 : 1;
 }
 
 int CmdValidate(const std::string& file) {
@@ -541,7 +550,7 @@ int CmdExplain(PolicyFlags f, bool as_json) {
   auto confined = Confine({"COMMAND"}, relaxed, host, *inv);
   if (as_json) {
     json out = {{"policy_yaml", ToYaml(*policy)},
-                {"enforcement", ToJsonValue(AssessEnforcement(*policy, host, inv->backend))},
+                {"enforcement", ToJsonValue(AssessEnforcement(*policy, host, *inv))},
                 {"would_run", strict.ok()}};
     if (!strict.ok()) out["refusal"] = strict.status().message();
     if (confined.ok()) out["plan"] = json::parse(PlanToJson(confined->plan));
@@ -549,7 +558,7 @@ int CmdExplain(PolicyFlags f, bool as_json) {
     return 0;
   }
   std::printf("# effective policy (%s)\n%s\n", policy->source.c_str(), ToYaml(*policy).c_str());
-  EnforcementReport r = AssessEnforcement(*policy, host, inv->backend);
+  EnforcementReport r = AssessEnforcement(*policy, host, *inv);
   std::printf("enforcement on this host: %s (backend %s)\n", ToString(r.level), r.backend.c_str());
   for (const auto& m : r.missing) std::printf("  missing: %s: %s\n", m.facet.c_str(), m.reason.c_str());
   for (const auto& n : r.notes) std::printf("  note: %s\n", n.c_str());

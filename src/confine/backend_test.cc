@@ -92,14 +92,73 @@ TEST(LandlockOnly, MissingFacetsListedExactly) {
   EXPECT_TRUE(Missing(r, "network", "UDP"));
   EXPECT_TRUE(Missing(r, "filesystem", "no private /tmp"));
   // Inside allowed trees: listed by name. Outside: absent by construction.
-  EXPECT_TRUE(Missing(r, "filesystem", "filesystem.deny '**/.env' overlaps the allowed tree /home/u/proj"));
-  EXPECT_TRUE(Missing(r, "filesystem", "filesystem.deny '/etc/shadow' overlaps the allowed tree /etc"));
+  EXPECT_TRUE(Missing(r, "credentials",
+                      "filesystem.deny '**/.env' (/home/u/proj/**/.env) is not fenced: it lies in the workspace "
+                      "/home/u/proj"));
+  EXPECT_TRUE(Missing(r, "credentials",
+                      "filesystem.deny '/etc/shadow' is not fenced: it lies in the read_only entry /etc"));
   EXPECT_TRUE(Missing(r, "filesystem", "filesystem.protect '.git/hooks' stays writable"));
+  EXPECT_FALSE(Missing(r, "credentials", "'~/.ssh'"));
   EXPECT_FALSE(Missing(r, "filesystem", "'~/.ssh'"));
   const auto& absent = c->plan.absent;
   EXPECT_NE(std::find(absent.begin(), absent.end(), "/home/u/.ssh"), absent.end());
   // Nothing about syscalls is lost.
   EXPECT_FALSE(Missing(r, "syscalls", ""));
+}
+
+const FacetReport* FacetOf(const EnforcementReport& r, const std::string& name) {
+  for (const auto& f : r.facets) {
+    if (f.name == name) return &f;
+  }
+  return nullptr;
+}
+
+// A deny entry the backend cannot hide leaves the credentials facet short
+// of full, with the entry named, so that `--require full` refuses.
+TEST(LandlockOnly, CredentialsFacetIsPartialWhenADenyEntryStaysReadable) {
+  auto c = Confine({"true"}, Partial(), Host(false), Inv());
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  const FacetReport* cred = FacetOf(c->enforcement, "credentials");
+  ASSERT_NE(cred, nullptr);
+  EXPECT_EQ(cred->level, Level::kPartial);
+  // `check` knows no workspace: a workspace-relative entry is inside it all the same.
+  EnforcementReport checked = AssessEnforcement(Partial(), Host(false));
+  ASSERT_NE(FacetOf(checked, "credentials"), nullptr);
+  EXPECT_EQ(FacetOf(checked, "credentials")->level, Level::kPartial);
+  EXPECT_TRUE(Missing(checked, "credentials", "filesystem.deny '**/.env' is not fenced: it lies in the workspace"));
+  // Deny entries all outside the granted trees: nothing to name, full.
+  Policy outside = Partial();
+  outside.filesystem.deny = {"~/.ssh", "~/.aws"};
+  auto o = Confine({"true"}, outside, Host(false), Inv());
+  ASSERT_TRUE(o.ok()) << o.status().message();
+  EXPECT_EQ(FacetOf(o->enforcement, "credentials")->level, Level::kFull);
+  EXPECT_FALSE(Missing(o->enforcement, "credentials", ""));
+  // The namespaces backend masks what the landlock-only one cannot.
+  auto ns = Confine({"true"}, Partial(), Host(true), Inv());
+  ASSERT_TRUE(ns.ok()) << ns.status().message();
+  EXPECT_EQ(FacetOf(ns->enforcement, "credentials")->level, Level::kFull);
+  EXPECT_FALSE(Missing(ns->enforcement, "credentials", ""));
+}
+
+// Whatever the host, a facet named in `missing` never claims full, and the
+// report is full only when nothing is missing.
+TEST(AssessEnforcement, EveryFacetLevelFollowsWhatIsMissing) {
+  std::vector<HostCaps> hosts = {Host(true), Host(false), Host(false, 3), Host(true, 0), Host(true, 7, false)};
+  for (size_t i = 0; i < hosts.size(); ++i) {
+    for (Mode mode : {Mode::kReadOnly, Mode::kWorkspaceWrite}) {
+      Policy p = Partial(mode);
+      p.resources.memory_limit_bytes = 1u << 30;
+      p.resources.max_processes = 64;
+      auto c = Confine({"true"}, p, hosts[i], Inv());
+      ASSERT_TRUE(c.ok()) << i << ": " << c.status().message();
+      const EnforcementReport& r = c->enforcement;
+      for (const auto& m : r.missing) {
+        const FacetReport* f = FacetOf(r, m.facet);
+        if (f) EXPECT_NE(f->level, Level::kFull) << "host " << i << ": " << m.facet << ": " << m.reason;
+      }
+      EXPECT_EQ(r.level == Level::kFull, r.missing.empty()) << "host " << i;
+    }
+  }
 }
 
 TEST(LandlockOnly, OlderAbisSayWhatTheyLose) {

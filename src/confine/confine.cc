@@ -39,7 +39,103 @@ std::string UsernsWhy(const HostCaps& host) {
   return "user namespaces unavailable" + (host.userns_reason.empty() ? std::string() : ": " + host.userns_reason);
 }
 
+bool Writable(const Policy& p) {
+  return p.mode == Mode::kWorkspaceWrite && p.filesystem.workspace.access == Access::kReadWrite;
+}
+
+// What the landlock-only backend can and cannot fence of the deny and
+// protect entries. Landlock rules only add access: a path beneath a granted
+// tree (a read_only entry, the workspace) cannot be taken away again, so a
+// deny entry that overlaps one stays readable, and a protect entry inside a
+// writable workspace stays writable. Deny entries outside every granted tree
+// are denied by construction (EACCES): `absent`.
+struct LandlockOnlyFences {
+  std::vector<MissingFacet> gaps;   // deny entries: facet credentials; protect entries: facet filesystem
+  std::vector<std::string> absent;  // host paths
+};
+
+LandlockOnlyFences FenceLandlockOnly(const Policy& policy, const Invocation& inv) {
+  std::vector<std::string> trees;
+  for (const auto& entry : policy.filesystem.read_only) {
+    std::string p = paths::ExpandHome(entry, inv.home);
+    if (!p.empty()) trees.push_back(p);
+  }
+  LandlockOnlyFences out;
+  for (const auto& entry : policy.filesystem.deny) {
+    std::string p = paths::ExpandHome(entry, inv.home);
+    if (p.empty()) continue;  // `~` with no HOME to expand against: nothing it could name
+    std::string tree;
+    if (p[0] != '/') {
+      // Relative entries lie in the workspace by definition, known or not.
+      tree = inv.workspace.empty() ? "the workspace" : "the workspace " + inv.workspace;
+      if (!inv.workspace.empty()) p = paths::Join(inv.workspace, p);
+    } else {
+      const std::string root =
+          paths::HasGlob(p) ? paths::Parent(p.substr(0, p.find_first_of("*?[") + 1)) : p;
+      auto overlaps = [&](const std::string& t) { return paths::IsWithin(root, t) || paths::IsWithin(t, root); };
+      auto it = std::find_if(trees.begin(), trees.end(), overlaps);
+      if (it != trees.end()) {
+        tree = "the read_only entry " + *it;
+      } else if (!inv.workspace.empty() && overlaps(inv.workspace)) {
+        tree = "the workspace " + inv.workspace;
+      }
+    }
+    if (tree.empty()) {
+      out.absent.push_back(p);
+      continue;
+    }
+    const std::string named = p == entry ? "'" + entry + "'" : "'" + entry + "' (" + p + ")";
+    out.gaps.push_back({"credentials", "filesystem.deny " + named + " is not fenced: it lies in " +
+                                           tree + ", which Landlock grants, and Landlock rules only add "
+                                           "access, so what it names stays readable (file permissions alone "
+                                           "guard it; the namespaces backend masks it)"});
+  }
+  if (Writable(policy)) {
+    for (const auto& entry : policy.filesystem.protect) {
+      std::string p = entry[0] == '/' ? entry : paths::Join(inv.workspace, entry);
+      if (!inv.workspace.empty() && !paths::IsWithin(p, inv.workspace)) continue;  // outside: not granted writable
+      out.gaps.push_back({"filesystem", "filesystem.protect '" + entry +
+                                            "' stays writable: the workspace is granted read-write and "
+                                            "Landlock rules only add access"});
+    }
+  }
+  return out;
+}
+
+// Each facet's level from what is missing: a facet with an entry in
+// `missing` is partial (none without any mechanism), never full; the whole
+// report is full only when nothing is missing.
+void SettleLevels(EnforcementReport* r) {
+  for (auto& f : r->facets) {
+    const bool short_of = std::any_of(r->missing.begin(), r->missing.end(),
+                                      [&](const MissingFacet& m) { return m.facet == f.name; });
+    if (short_of && f.level == Level::kFull) f.level = f.mechanisms.empty() ? Level::kNone : Level::kPartial;
+  }
+  r->level = r->missing.empty() ? Level::kFull : Level::kPartial;
+}
+
 }  // namespace
+
+Status CheckAvailable(const Policy& policy) {
+  const Isolation iso = policy.sandbox.isolation;
+  if (policy.mode == Mode::kDangerFullAccess) return {};
+  if (iso == Isolation::kHost) {
+    return Status::Error("confine",
+                         "sandbox.isolation: host means no isolation; ask for it by name with "
+                         "mode danger-full-access");
+  }
+  if (iso != Isolation::kOs) {
+    return Status::Error("confine", std::string("sandbox.isolation: ") + ToString(iso) +
+                                        " is not available on this host (available: os); "
+                                        "refusing rather than downgrading");
+  }
+  if (policy.sandbox.image != "host") {
+    return Status::Error("confine", "sandbox.image: '" + policy.sandbox.image +
+                                        "' is not available (only 'host' is: no image store in "
+                                        "this version)");
+  }
+  return {};
+}
 
 Result<BackendSelection> SelectBackend(const HostCaps& host, BackendChoice choice) {
   const bool landlock_ok = host.landlock_abi >= kMinLandlockAbi && host.seccomp_filter;
@@ -70,6 +166,15 @@ Result<BackendSelection> SelectBackend(const HostCaps& host, BackendChoice choic
 }
 
 EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host, BackendChoice choice, bool session) {
+  Invocation inv;
+  inv.backend = choice;
+  inv.session = session;
+  return AssessEnforcement(policy, host, inv);
+}
+
+EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host, const Invocation& inv) {
+  const BackendChoice choice = inv.backend;
+  const bool session = inv.session;
   EnforcementReport r;
   if (!Confines(policy)) {
     r.level = Level::kNone;
@@ -284,10 +389,25 @@ EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host, 
   }
   r.facets.push_back(rf);
 
-  // Credentials: none enter the sandbox (scrubbed env, private HOME); proxies are not built yet.
+  // Credentials: none enter the sandbox (scrubbed env, private HOME, the
+  // deny entries hidden); proxies are not built yet. The landlock-only
+  // backend hides only deny entries outside every tree it grants: each one
+  // inside is named in `missing`.
   FacetReport cred = Facet("credentials", true);
-  cred.mechanisms = {"env-scrub", "private-home", landlock_only ? "landlock-deny" : "deny-masks"};
+  cred.mechanisms = {"env-scrub"};
+  const bool home_in_workspace = !inv.home.empty() && !inv.workspace.empty() &&
+                                 paths::IsWithin(inv.home, inv.workspace);
+  if (home_in_workspace && !landlock_only) {
+    cred.notes.push_back("HOME " + inv.home + " lies in the workspace: it is the workspace's, not a private one; "
+                         "the deny entries in it are masked");
+  } else {
+    cred.mechanisms.push_back("private-home");
+  }
+  cred.mechanisms.push_back(landlock_only ? "landlock-deny" : "deny-masks");
   cred.level = Level::kFull;
+  if (landlock_only) {
+    for (auto& gap : FenceLandlockOnly(policy, inv).gaps) r.missing.push_back(std::move(gap));
+  }
   if (policy.credentials.git != GitCredentials::kNone ||
       policy.credentials.tools != ToolCredentials::kNone) {
     missing(cred, std::string("credentials.git: ") + ToString(policy.credentials.git) +
@@ -320,7 +440,7 @@ EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host, 
     r.notes.push_back("on_violation.report_as: task_failure: denials are listed, but the outcome "
                       "stays exited/signaled");
   }
-  r.level = r.missing.empty() ? Level::kFull : Level::kPartial;
+  SettleLevels(&r);
   return r;
 }
 
@@ -328,23 +448,8 @@ namespace {
 
 // Hard refusals: asks that no `require: partial` can soften.
 Status CheckHardRequirements(const Policy& policy, const Invocation& inv) {
-  const Isolation iso = policy.sandbox.isolation;
   if (policy.mode == Mode::kDangerFullAccess) return {};
-  if (iso == Isolation::kHost) {
-    return Status::Error("confine",
-                         "sandbox.isolation: host means no isolation; ask for it by name with "
-                         "mode danger-full-access");
-  }
-  if (iso != Isolation::kOs) {
-    return Status::Error("confine", std::string("sandbox.isolation: ") + ToString(iso) +
-                                        " is not available on this host (available: os); "
-                                        "refusing rather than downgrading");
-  }
-  if (policy.sandbox.image != "host") {
-    return Status::Error("confine", "sandbox.image: '" + policy.sandbox.image +
-                                        "' is not available (only 'host' is: no image store in "
-                                        "this version)");
-  }
+  if (Status s = CheckAvailable(policy); !s.ok()) return s;
   if (inv.workspace.empty() || inv.workspace[0] != '/') {
     return Status::Error("confine", "workspace '" + inv.workspace + "' is not an absolute path");
   }
@@ -460,47 +565,6 @@ std::vector<Signature> DenialSignatures(const Plan& plan, const std::vector<std:
   return sigs;
 }
 
-// The landlock-only backend's filesystem gaps, entry by entry: deny entries
-// inside an allowed tree (Landlock rules only add access, nothing can be
-// masked) and protect entries inside a writable workspace. Deny entries
-// outside every allowed tree are absent by construction: into `absent`.
-std::vector<MissingFacet> LandlockOnlyGaps(const Policy& policy, const Invocation& inv, bool writable,
-                                           std::vector<std::string>* absent) {
-  std::vector<std::string> trees;
-  for (const auto& entry : policy.filesystem.read_only) {
-    std::string p = paths::ExpandHome(entry, inv.home);
-    if (!p.empty()) trees.push_back(p);
-  }
-  trees.push_back(inv.workspace);
-  std::vector<MissingFacet> gaps;
-  for (const auto& entry : policy.filesystem.deny) {
-    std::string p = paths::ExpandHome(entry, inv.home);
-    if (p.empty()) continue;
-    if (p[0] != '/') p = paths::Join(inv.workspace, p);
-    const std::string root = paths::HasGlob(p) ? paths::Parent(p.substr(0, p.find_first_of("*?[") + 1)) : p;
-    auto tree = std::find_if(trees.begin(), trees.end(), [&](const std::string& t) {
-      return paths::IsWithin(root, t) || paths::IsWithin(t, root);
-    });
-    if (tree == trees.end()) {
-      absent->push_back(p);
-    } else {
-      gaps.push_back({"filesystem", "filesystem.deny '" + entry + "' overlaps the allowed tree " + *tree +
-                                        ": Landlock rules only add access, so it cannot be hidden "
-                                        "(file permissions alone guard it)"});
-    }
-  }
-  if (writable) {
-    for (const auto& entry : policy.filesystem.protect) {
-      std::string p = entry[0] == '/' ? entry : paths::Join(inv.workspace, entry);
-      if (!paths::IsWithin(p, inv.workspace)) continue;  // outside: read-only or not granted at all
-      gaps.push_back({"filesystem", "filesystem.protect '" + entry +
-                                        "' stays writable: the workspace is granted read-write and "
-                                        "Landlock rules only add access"});
-    }
-  }
-  return gaps;
-}
-
 // A cache directory for `what`, unless the sandbox could write there: what
 // is cached decides what is masked or filtered.
 // agentbox's own directories (Invocation::own_dirs) are never in a sandbox:
@@ -548,18 +612,15 @@ Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Poli
     if (!selected.ok()) return selected.status();
     landlock_only = selected->backend == Backend::kLandlockOnly;
   }
-  out.enforcement = AssessEnforcement(policy, host, inv.backend, inv.session);
-  const bool writable = policy.mode == Mode::kWorkspaceWrite &&
-                        policy.filesystem.workspace.access == Access::kReadWrite;
+  out.enforcement = AssessEnforcement(policy, host, inv);
+  const bool writable = Writable(policy);
   std::vector<std::string> absent;
   if (Confines(policy)) {
     if (Status s = CheckOwnDirs(policy, inv, landlock_only); !s.ok()) return s;
   }
   if (landlock_only) {
+    absent = FenceLandlockOnly(policy, inv).absent;
     for (const auto& d : inv.own_dirs) absent.push_back(d);
-    for (auto& gap : LandlockOnlyGaps(policy, inv, writable, &absent)) {
-      out.enforcement.missing.push_back(std::move(gap));
-    }
     if (!policy.filesystem.workspace.path.empty() && policy.filesystem.workspace.path != inv.workspace) {
       out.enforcement.notes.push_back("filesystem.workspace.path '" + policy.filesystem.workspace.path +
                                       "': without a mount namespace the workspace stays at its host path " +

@@ -6,20 +6,35 @@
 
 namespace agentbox::linux {
 
+RlimitsSet RlimitsFor(const ResourceLimits& limits) {
+  RlimitsSet out;
+  out.nofile_soft = limits.nofile;
+  struct rlimit nofile {};
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0) out.nofile_soft = std::min<rlim_t>(nofile.rlim_max, limits.nofile);
+  if (limits.fsize_bytes) {
+    out.fsize = *limits.fsize_bytes;
+    struct rlimit fsize {};
+    if (getrlimit(RLIMIT_FSIZE, &fsize) == 0) {
+      out.fsize = std::min<rlim_t>(fsize.rlim_cur, static_cast<rlim_t>(*limits.fsize_bytes));
+    }
+  }
+  return out;
+}
+
 Status ApplyRlimits(const ResourceLimits& limits) {
+  const RlimitsSet want = RlimitsFor(limits);
   struct rlimit none = {0, 0};
   if (setrlimit(RLIMIT_CORE, &none) != 0) return Status::Errno("rlimits", "setrlimit(RLIMIT_CORE)");
   struct rlimit nofile {};
   if (getrlimit(RLIMIT_NOFILE, &nofile) == 0) {
-    nofile.rlim_cur = std::min<rlim_t>(nofile.rlim_max, limits.nofile);
+    nofile.rlim_cur = static_cast<rlim_t>(want.nofile_soft);
     if (setrlimit(RLIMIT_NOFILE, &nofile) != 0) return Status::Errno("rlimits", "setrlimit(RLIMIT_NOFILE)");
   }
-  if (limits.fsize_bytes) {
+  if (want.fsize) {
     struct rlimit fsize {};
     if (getrlimit(RLIMIT_FSIZE, &fsize) == 0) {
-      rlim_t want = static_cast<rlim_t>(*limits.fsize_bytes);
-      fsize.rlim_cur = std::min(fsize.rlim_cur, want);
-      fsize.rlim_max = std::min(fsize.rlim_max, want);
+      fsize.rlim_cur = static_cast<rlim_t>(*want.fsize);
+      fsize.rlim_max = std::min(fsize.rlim_max, static_cast<rlim_t>(*want.fsize));
       if (setrlimit(RLIMIT_FSIZE, &fsize) != 0) return Status::Errno("rlimits", "setrlimit(RLIMIT_FSIZE)");
     }
   }

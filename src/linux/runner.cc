@@ -16,6 +16,7 @@
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -695,14 +696,18 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
     }
     int status = 0;
     pid_t pid;
-    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+    struct rusage ru {};
+    while ((pid = wait4(-1, &status, WNOHANG, &ru)) > 0) {
       auto it = calls.find(pid);
       if (it == calls.end()) continue;  // an orphan of some command: reaped, nothing to say
       if (it->second.command) {
         // The command's calls were all recorded before they were answered.
         count_records();
         std::string line = "{\"t\":\"exit\",\"code\":" + std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1) +
-                           ",\"signal\":" + std::to_string(WIFSIGNALED(status) ? WTERMSIG(status) : 0) + ",\"denied\":[";
+                           ",\"signal\":" + std::to_string(WIFSIGNALED(status) ? WTERMSIG(status) : 0) +
+                           ",\"cpu_user_us\":" + std::to_string(ru.ru_utime.tv_sec * 1000000L + ru.ru_utime.tv_usec) +
+                           ",\"cpu_sys_us\":" + std::to_string(ru.ru_stime.tv_sec * 1000000L + ru.ru_stime.tv_usec) +
+                           ",\"maxrss_kb\":" + std::to_string(ru.ru_maxrss) + ",\"denied\":[";
         bool first = true;
         for (const auto& [name, count] : it->second.tally.counts()) {
           line += std::string(first ? "" : ",") + "{\"syscall\":\"" + JsonEscape(name) +

@@ -138,6 +138,13 @@ std::optional<std::string> CheckPath(std::string& path, PathRule rule) {
     normal.push_back(c);
   }
   if (normal.size() > 1 && normal.back() == '/') normal.pop_back();
+  if (rule == PathRule::kReadOnly && normal == "/") {
+    // The mount plan builds a fresh root from named trees; the host's own
+    // root in their place would bring in everything the policy does not name.
+    return "\"/\" would bind the host's whole root into the sandbox: every user's files, and every unix "
+           "socket on the host (a read-only mount does not stop connect() to a daemon's socket); list the "
+           "directories the command needs instead";
+  }
   path = std::move(normal);
   return std::nullopt;
 }

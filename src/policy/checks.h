@@ -24,7 +24,7 @@ std::optional<std::string> EnvNameProblem(std::string_view name);
 // Which filesystem list a path belongs to; each accepts different forms.
 enum class PathRule {
   kWorkspace,  // absolute only
-  kReadOnly,   // absolute or ~, ~/...
+  kReadOnly,   // absolute or ~, ~/...; not "/" (the host root would replace the fresh one)
   kDeny,       // absolute, ~/..., or workspace-relative; globs allowed
   kProtect,    // absolute or workspace-relative
 };

@@ -144,12 +144,12 @@ TEST(ParsePolicyTest, PathsAreNormalisedAndTildeKept) {
   Policy p = MustParse(
       "filesystem:\n"
       "  workspace: {path: /work//space/}\n"
-      "  read_only: [//usr//lib/, /, ~, ~/, ~/.local/bin/]\n"
+      "  read_only: [//usr//lib/, ~, ~/, ~/.local/bin/]\n"
       "  deny: [secrets/, \"**/*.pem\", \"[ab].key\"]\n"
       "  protect: [.git/hooks/]\n");
   EXPECT_EQ(p.filesystem.workspace.path, "/work/space");
   EXPECT_EQ(p.filesystem.read_only,
-            (std::vector<std::string>{"/usr/lib", "/", "~", "~", "~/.local/bin"}));
+            (std::vector<std::string>{"/usr/lib", "~", "~", "~/.local/bin"}));
   EXPECT_EQ(p.filesystem.deny, (std::vector<std::string>{"secrets", "**/*.pem", "[ab].key"}));
   EXPECT_EQ(p.filesystem.protect, std::vector<std::string>{".git/hooks"});
 }
@@ -283,6 +283,10 @@ const BadCase kBadCases[] = {
      "policy.yaml:2:13: filesystem.protect[0]: empty path"},
     {"EmptyWorkspacePath", "filesystem: {workspace: {path: \"\"}}\n",
      "policy.yaml:1:32: filesystem.workspace.path: empty path"},
+    {"ReadOnlyRoot", "filesystem:\n  read_only: [/usr, //]\n",
+     "policy.yaml:2:21: filesystem.read_only[1]: \"/\" would bind the host's whole root into the sandbox: "
+     "every user's files, and every unix socket on the host (a read-only mount does not stop connect() to a "
+     "daemon's socket); list the directories the command needs instead"},
     {"GlobInReadOnly", "filesystem:\n  read_only: [\"/opt/*\"]\n",
      "policy.yaml:2:15: filesystem.read_only[0]: globs are not allowed here (\"/opt/*\")"},
     {"GlobInProtect", "filesystem:\n  protect: [\".git/hook?\"]\n",

@@ -1,5 +1,7 @@
 #include <nlohmann/json.hpp>
 
+#include <utility>
+
 #include "agentbox/outcome.h"
 #include "report/report_json.h"
 
@@ -32,6 +34,14 @@ const char* ToString(OutcomeKind kind) {
     case OutcomeKind::kSandboxError: return "sandbox_error";
   }
   return "?";
+}
+
+void AddMissing(EnforcementReport* report, MissingFacet missing) {
+  for (auto& f : report->facets) {
+    if (f.name == missing.facet && f.level == Level::kFull) f.level = Level::kPartial;
+  }
+  if (report->level == Level::kFull) report->level = Level::kPartial;
+  report->missing.push_back(std::move(missing));
 }
 
 int Outcome::ExitStatus() const {

@@ -42,6 +42,7 @@
 #include "session/layers.h"
 #include "session/world.h"
 #include "supervise/denial_scanner.h"
+#include "supervise/resources.h"
 
 namespace agentbox::session {
 namespace {
@@ -463,7 +464,7 @@ Json Manager::Impl::RunBash(SessionState& s, World& world, const ConfinedCommand
   if (input.contains("stdin")) exec.stdin_data = input["stdin"].get<std::string>();
   exec.output_cap = options.output_cap_bytes;
   exec.kill_grace_ms = plan.kill_grace_ms;
-  // The policy's timeout (resources.timeout), unless the call names one.
+  // The policy's timeout (resources.wall_clock_min), unless the call names one.
   if (input.contains("timeout")) {
     const Json& t = input["timeout"];
     if (t.is_number()) {
@@ -478,6 +479,8 @@ Json Manager::Impl::RunBash(SessionState& s, World& world, const ConfinedCommand
   auto ran = world.Exec(exec, sink, cancel);
   Outcome o;
   o.enforcement = confined.enforcement;
+  o.enforcement.skipped = world.skipped();  // as `run` reports them, from the world's set-up
+  for (const auto& m : world.short_of_plan()) AddMissing(&o.enforcement, m);
   o.policy_sha256 = plan.policy_sha256;
   if (!ran.ok()) {
     o.kind = OutcomeKind::kSandboxError;
@@ -487,7 +490,12 @@ Json Manager::Impl::RunBash(SessionState& s, World& world, const ConfinedCommand
             {"outcome", outcome}, {"world_gone", ran.status().stage() == kWorldGone}};
   }
   WorldExecResult& r = *ran;
+  // Usage and limits by the same code as `run`'s: the rlimits the session's
+  // runner set, the session's cgroup, the wall clock this call ran under.
   o.usage.wall_ms = r.wall_ms;
+  if (r.rusage) supervise::FillRusage(*r.rusage, &o.usage);
+  o.usage.limits = supervise::LimitsFor(plan, world.cgroup_mechanism(), world.rlimits());
+  o.usage.limits.wall_clock_ms = exec.timeout_ms;
   if (r.oom_kills) o.usage.oom_kills = r.oom_kills;
   // Evidence: seccomp first, then the proxy, then what the output says.
   for (const auto& [name, count] : r.seccomp) {

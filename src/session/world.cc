@@ -190,9 +190,21 @@ Result<std::unique_ptr<World>> World::Start(const std::string& exe, const Plan& 
     }
     if (t == "ready" && control.valid()) {
       w->control_ = std::move(control);
+      w->cgroup_mechanism_ = m.value("cgroup", "");
+      w->rlimits_.nofile_soft = m.value("nofile", std::uint64_t{0});
+      if (m.contains("fsize")) w->rlimits_.fsize = m.value("fsize", std::uint64_t{0});
+      if (m.contains("skipped") && m["skipped"].is_array()) {
+        for (const auto& e : m["skipped"]) {
+          if (e.is_string()) w->skipped_.push_back(e.get<std::string>());
+        }
+      }
       return w;
     }
-    // Notes before ready (Landlock short of plan under require: partial) are dropped here.
+    // Before ready: what the runner found short of the plan (Landlock under
+    // require: partial), for the calls' reports.
+    if (t == "note" && m.contains("facet")) {
+      w->short_of_plan_.push_back({m.value("facet", ""), m.value("message", "")});
+    }
   }
 }
 
@@ -417,6 +429,18 @@ Result<WorldExecResult> World::Exec(const WorldExec& exec, const OutputSink& sin
               out.signal = sig;
             } else {
               out.exit_code = m.value("code", -1);
+            }
+            if (m.contains("cpu_user_us")) {
+              struct rusage ru {};
+              auto us = [&](const char* key, struct timeval* tv) {
+                const std::uint64_t v = m.value(key, std::uint64_t{0});
+                tv->tv_sec = static_cast<time_t>(v / 1000000);
+                tv->tv_usec = static_cast<suseconds_t>(v % 1000000);
+              };
+              us("cpu_user_us", &ru.ru_utime);
+              us("cpu_sys_us", &ru.ru_stime);
+              ru.ru_maxrss = static_cast<long>(m.value("maxrss_kb", std::uint64_t{0}));
+              out.rusage = ru;
             }
             if (m.contains("denied") && m["denied"].is_array()) {
               for (const auto& d : m["denied"]) {

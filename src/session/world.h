@@ -15,6 +15,7 @@
 // init's death. Closing the channel ends the world.
 #pragma once
 
+#include <sys/resource.h>
 #include <sys/types.h>
 
 #include <atomic>
@@ -30,9 +31,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "agentbox/outcome.h"
 #include "agentbox/plan.h"
 #include "agentbox/status.h"
 #include "linux/fd.h"
+#include "linux/rlimits.h"
 #include "session/session.h"
 
 namespace agentbox::session {
@@ -64,6 +67,7 @@ struct WorldExecResult {
   std::vector<nlohmann::json> connections;  // proxy records that ended during the call
   std::optional<Status> exec_error;       // the command could not start
   std::uint64_t wall_ms = 0;
+  std::optional<struct rusage> rusage;    // the command's, as its init reaped it (wait4)
 };
 
 class World {
@@ -80,6 +84,18 @@ class World {
   bool Alive();
   // Why it died ("" while alive), and OOM kills seen at its death.
   std::string death() const;
+  // The cgroup its processes run in ("cgroup-v2", ...; "" = none) and the
+  // rlimits its runner set, as its supervisor says: for the limits a call's
+  // report names.
+  const std::string& cgroup_mechanism() const { return cgroup_mechanism_; }
+  const linux::RlimitsSet& rlimits() const { return rlimits_; }
+  // read_only entries absent on this host, skipped at set-up (the report's
+  // enforcement.skipped).
+  const std::vector<std::string>& skipped() const { return skipped_; }
+  // What the runner found short of the plan at set-up (a kernel whose
+  // Landlock gives less than planned, under require: partial): entries for
+  // the report's enforcement.missing.
+  const std::vector<MissingFacet>& short_of_plan() const { return short_of_plan_; }
 
   Result<WorldExecResult> Exec(const WorldExec& exec, const OutputSink& sink, const std::atomic<bool>* cancel);
   // Runs a file tool inside: `request` is {"name", "input", "workspace"};
@@ -101,6 +117,10 @@ class World {
   std::uint64_t QueryOomKills();
 
   pid_t supervisor_pid_ = -1;
+  std::string cgroup_mechanism_;
+  linux::RlimitsSet rlimits_;
+  std::vector<std::string> skipped_;
+  std::vector<MissingFacet> short_of_plan_;
   linux::UniqueFd supervisor_pidfd_;
   linux::UniqueFd channel_;  // to the supervisor
   linux::UniqueFd control_;  // to the init

@@ -25,6 +25,7 @@
 #include "linux/compat.h"
 #include "linux/launch.h"
 #include "linux/proxy_listeners.h"
+#include "linux/rlimits.h"
 #include "linux/status_pipe.h"
 #include "session/file_tools.h"
 #include "session/world.h"
@@ -220,11 +221,19 @@ int WorldMain() {
           std::string what;
           for (const auto& s : m.short_of_plan) what += (what.empty() ? "" : "; ") + s;
           Send(json{{"t", "note"},
+                    {"facet", "filesystem"},
                     {"message", "Landlock on this kernel (ABI " + std::to_string(m.landlock_abi) +
-                                    ") is short of the plan: " + what}});
+                                    ") is short of the plan (ABI " + std::to_string(plan.landlock.abi) +
+                                    "): " + what}});
         } else if (m.type == linux::RunnerMessage::Type::kReady && !ready) {
           ready = true;
-          Send(json{{"t", "ready"}, {"skipped", child.resolved.skipped}}, ours.get());
+          // The cgroup the calls run in and the rlimits the runner set (it
+          // was cloned from this process), for their reports' limits.
+          const linux::RlimitsSet rl = linux::RlimitsFor(plan.limits);
+          json ready = {{"t", "ready"}, {"skipped", child.resolved.skipped},
+                        {"cgroup", cgroup ? cgroup->Mechanism() : ""}, {"nofile", rl.nofile_soft}};
+          if (rl.fsize) ready["fsize"] = *rl.fsize;
+          Send(ready, ours.get());
           ours.reset();
         }
       }

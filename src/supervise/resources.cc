@@ -14,22 +14,36 @@ Result<std::unique_ptr<linux::SandboxCgroup>> MakeRunCgroup(const Plan& plan) {
   return std::move(*cg);
 }
 
-void FillUsage(const Plan& plan, const linux::SandboxCgroup* cgroup, const linux::CgroupStats& stats,
-               Usage* usage) {
-  LimitsInForce& l = usage->limits;
+LimitsInForce LimitsFor(const Plan& plan, const std::string& cgroup_mechanism, const linux::RlimitsSet& rlimits) {
+  LimitsInForce l;
   l.wall_clock_ms = plan.timeout_ms;
   if (plan.confined) {
+    // ApplyRlimits sets these in the runner, before the command and every
+    // session call, which inherit them.
     l.core_dumps = false;
-    l.nofile = plan.limits.nofile;
-    l.fsize_bytes = plan.limits.fsize_bytes;
+    l.nofile = rlimits.nofile_soft;
+    l.fsize_bytes = rlimits.fsize;
   }
-  if (!cgroup) return;
-  l.cgroup = cgroup->Mechanism();
+  if (cgroup_mechanism.empty()) return l;
+  l.cgroup = cgroup_mechanism;
   l.memory_max_bytes = plan.limits.memory_max_bytes;
   l.memory_low_bytes = plan.limits.memory_low_bytes;
   l.cpu_max_cores = plan.limits.cpu_max_cores;
   l.cpu_weight_cores = plan.limits.cpu_weight_cores;
   l.pids_max = plan.limits.pids_max;
+  return l;
+}
+
+void FillRusage(const struct rusage& ru, Usage* usage) {
+  usage->cpu_user_ms = static_cast<std::uint64_t>(ru.ru_utime.tv_sec) * 1000 + ru.ru_utime.tv_usec / 1000;
+  usage->cpu_sys_ms = static_cast<std::uint64_t>(ru.ru_stime.tv_sec) * 1000 + ru.ru_stime.tv_usec / 1000;
+  usage->peak_memory_bytes = static_cast<std::uint64_t>(ru.ru_maxrss) * 1024;
+}
+
+void FillUsage(const Plan& plan, const linux::SandboxCgroup* cgroup, const linux::CgroupStats& stats,
+               Usage* usage) {
+  usage->limits = LimitsFor(plan, cgroup ? cgroup->Mechanism() : std::string(), linux::RlimitsFor(plan.limits));
+  if (!cgroup) return;
   if (stats.peak_memory_bytes) {
     usage->peak_memory_bytes = stats.peak_memory_bytes;
     usage->source = "cgroup";

@@ -2,12 +2,16 @@
 // tells after the run (usage, OOM kills, the limits that were in force).
 #pragma once
 
+#include <sys/resource.h>
+
 #include <memory>
+#include <string>
 
 #include "agentbox/outcome.h"
 #include "agentbox/plan.h"
 #include "agentbox/status.h"
 #include "linux/cgroups.h"
+#include "linux/rlimits.h"
 
 namespace agentbox::supervise {
 
@@ -16,8 +20,19 @@ namespace agentbox::supervise {
 // supervisors under ours are removed on the way.
 [[nodiscard]] Result<std::unique_ptr<linux::SandboxCgroup>> MakeRunCgroup(const Plan& plan);
 
+// The limits in force for a command launched from `plan`: the rlimits its
+// runner set (`rlimits`, as linux::RlimitsFor gives them in the process the
+// runner comes from), and the cgroup's limits when `cgroup_mechanism` names
+// the cgroup it runs in ("" = none). The one place that says so, for `run`
+// and for a session's calls alike.
+LimitsInForce LimitsFor(const Plan& plan, const std::string& cgroup_mechanism, const linux::RlimitsSet& rlimits);
+
+// Usage from a wait4() rusage of what ran (cpu times, peak RSS).
+void FillRusage(const struct rusage& ru, Usage* usage);
+
 // Fills usage from the cgroup's counters (where it has them; rusage stays
-// for the rest) and records the limits in force.
+// for the rest) and records the limits in force (LimitsFor, with the
+// rlimits computed in this process: call it where the runner came from).
 void FillUsage(const Plan& plan, const linux::SandboxCgroup* cgroup, const linux::CgroupStats& stats,
                Usage* usage);
 

@@ -261,9 +261,7 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
   while (wait4(child.pid, &wstatus, 0, &ru) < 0 && errno == EINTR) {
   }
   out.usage.wall_ms = Ms(Clock::now() - started);
-  out.usage.cpu_user_ms = static_cast<std::uint64_t>(ru.ru_utime.tv_sec) * 1000 + ru.ru_utime.tv_usec / 1000;
-  out.usage.cpu_sys_ms = static_cast<std::uint64_t>(ru.ru_stime.tv_sec) * 1000 + ru.ru_stime.tv_usec / 1000;
-  out.usage.peak_memory_bytes = static_cast<std::uint64_t>(ru.ru_maxrss) * 1024;
+  supervise::FillRusage(ru, &out.usage);
   // Pid 1 is reaped: its namespace is empty. Read the counters before the
   // cgroup goes (KillAll first: an unconfined plan's stragglers).
   linux::CgroupStats cg_stats;
@@ -406,13 +404,7 @@ Outcome Run(const ConfinedCommand& command, const RunOptions& options) {
   out.enforcement = command.enforcement;
   out.enforcement.skipped = std::move(skipped);
   // What the runner found short of the plan lowers the facet and the level.
-  for (auto& m : found_at_run) {
-    for (auto& f : out.enforcement.facets) {
-      if (f.name == m.facet && f.level == Level::kFull) f.level = Level::kPartial;
-    }
-    if (out.enforcement.level == Level::kFull) out.enforcement.level = Level::kPartial;
-    out.enforcement.missing.push_back(std::move(m));
-  }
+  for (auto& m : found_at_run) AddMissing(&out.enforcement, std::move(m));
   return out;
 }
 

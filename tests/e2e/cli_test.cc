@@ -183,6 +183,33 @@ TEST(Check, ReportsAPolicyItCannotEnforce) {
   }
 }
 
+// An isolation this host does not offer: `check` fails and names the same
+// reason `policy explain` gives (and `run` refuses with).
+TEST(Check, NamesTheRefusalExplainGives) {
+  Sandbox sb;
+  for (const char* isolation : {"microvm", "container", "remote"}) {
+    const std::string file = sb.scratch() + "/" + isolation + ".yaml";
+    WriteFile(file, std::string("version: 1\nsandbox:\n  isolation: ") + isolation + "\n");
+    RunResult e = Agentbox(sb, {"policy", "explain", "--json", "--policy", file});
+    auto ej = nlohmann::json::parse(e.out, nullptr, false);
+    ASSERT_FALSE(ej.is_discarded()) << e.Describe();
+    // This version offers only `os`: the others are refused, never downgraded.
+    EXPECT_EQ(ej["would_run"], false) << e.Describe();
+    ASSERT_TRUE(ej["refusal"].is_string()) << e.Describe();
+    const std::string refusal = ej["refusal"].get<std::string>();
+    EXPECT_TRUE(Contains(refusal, std::string("sandbox.isolation: ") + isolation)) << refusal;
+
+    RunResult t = Agentbox(sb, {"check", "--policy", file});
+    EXPECT_EQ(t.status, 1) << t.Describe();
+    EXPECT_TRUE(Contains(t.out + t.err, refusal)) << isolation << ": check does not say why\n" << t.Describe();
+    RunResult j = Agentbox(sb, {"check", "--json", "--policy", file});
+    EXPECT_EQ(j.status, 1) << j.Describe();
+    auto jj = nlohmann::json::parse(j.out, nullptr, false);
+    ASSERT_FALSE(jj.is_discarded()) << j.Describe();
+    EXPECT_EQ(jj.value("refusal", ""), refusal) << j.Describe();
+  }
+}
+
 TEST(Policy, ValidateAcceptsTheSeedPolicy) {
   Sandbox sb;
   RunResult r = Agentbox(sb, {"policy", "validate", kFixtures + "/seed_policy.yaml"});
@@ -206,6 +233,25 @@ TEST(Policy, ValidateReportsFileLineColumn) {
   EXPECT_EQ(u.status, 1) << u.Describe();
   EXPECT_TRUE(Contains(u.out + u.err, file + ":4:")) << u.Describe();
   EXPECT_TRUE(Contains(u.out + u.err, "unknown_key")) << u.Describe();
+}
+
+// `read_only: ["/"]` is refused where the policy is read, with the key and
+// its place, rather than validating and then failing every run.
+TEST(Policy, ReadOnlyRootIsRejectedWithTheReason) {
+  Sandbox sb;
+  const std::string file = sb.scratch() + "/root.yaml";
+  WriteFile(file, "version: 1\nfilesystem:\n  read_only: [\"/\"]\n");
+  RunResult v = Agentbox(sb, {"policy", "validate", file});
+  EXPECT_EQ(v.status, 1) << v.Describe();
+  EXPECT_TRUE(Contains(v.out + v.err, file + ":3:15: filesystem.read_only[0]: \"/\" would bind the host's whole root"))
+      << v.Describe();
+  RunResult e = Agentbox(sb, {"policy", "explain", "--policy", file});
+  EXPECT_NE(e.status, 0) << e.Describe();
+  EXPECT_TRUE(Contains(e.out + e.err, file + ":3:15: filesystem.read_only[0]")) << e.Describe();
+  RunResult r = sb.Sh("echo ran", {"--policy", file});
+  EXPECT_EQ(r.status, 125) << r.Describe();
+  EXPECT_FALSE(Contains(r.out, "ran")) << r.Describe();
+  EXPECT_TRUE(Contains(r.err, file + ":3:15: filesystem.read_only[0]")) << r.Describe();
 }
 
 TEST(Policy, ValidateRejectsBrokenYaml) {

@@ -236,6 +236,28 @@ TEST(Disk, TmpFillStopsAtDiskGib) {
 
 // ------------------------------------------------------------------- usage
 
+// The rlimits a report names are the ones a command reads inside, also when
+// agentbox starts under a hard NOFILE limit below the plan's 65536.
+TEST(Usage, RlimitsInTheReportAreTheOnesReadInside) {
+  Sandbox sb;
+  WriteFile(sb.scratch() + "/p.yaml", "version: 1\nresources:\n  disk_gib: 16Mi\n");
+  Command c = sb.AgentboxCommand({"run", "--report", sb.report_path(), "--policy", sb.scratch() + "/p.yaml", "--",
+                                  "sh", "-c", "echo nofile=$(ulimit -n) core=$(ulimit -c) fsize=$(ulimit -f)"});
+  // sh's `ulimit -n` sets the soft and the hard limit alike.
+  c.argv.insert(c.argv.begin(), {"/bin/sh", "-c", "ulimit -n 4096 && exec \"$@\"", "sh"});
+  RunResult r = RunCommand(c);
+  ASSERT_EQ(r.status, 0) << r.Describe();
+  auto report = ReadFile(sb.report_path());
+  ASSERT_TRUE(report) << r.Describe();
+  const nlohmann::json l = nlohmann::json::parse(*report)["usage"]["limits"];
+  EXPECT_TRUE(Contains(r.out, "nofile=4096 ")) << r.Describe();
+  EXPECT_EQ(l["nofile"], 4096) << l.dump();
+  EXPECT_TRUE(Contains(r.out, "core=0 ")) << r.Describe();
+  EXPECT_EQ(l["core_dumps"], false) << l.dump();
+  EXPECT_TRUE(Contains(r.out, "fsize=32768\n")) << r.Describe();  // 512-byte blocks
+  EXPECT_EQ(l["fsize_bytes"], 16ull << 20) << l.dump();
+}
+
 TEST(Usage, LimitsInForceAreReportedAndNoCgroupRemains) {
   Sandbox sb;
   if (!CgroupsExpected({"memory", "pids"})) {

@@ -21,8 +21,12 @@
 
 #include <gtest/gtest.h>
 
+#include "agentbox/confine.h"
+#include "agentbox/host_caps.h"
+#include "agentbox/policy.h"
 #include "host_facts.h"
 #include "session/session.h"
+#include "session/world.h"
 
 namespace agentbox::session {
 namespace {
@@ -341,6 +345,83 @@ TEST_F(WorldTest, OomKillIsNamedAndTheNextCallStillWorks) {
   EXPECT_EQ(r["kind"], "oom_killed") << r.dump();
   EXPECT_EQ(r["output"].get<std::string>().rfind("oom_killed at 64 MiB", 0), 0u) << r["output"];
   EXPECT_EQ(Bash(id, "echo alive")["output"], "alive\n");
+}
+
+// A call's report names the limits in force as `run`'s does, and they are
+// the ones a command reads inside: core dumps off, the NOFILE soft limit,
+// RLIMIT_FSIZE from disk_gib, the call's wall clock.
+TEST_F(WorldTest, CallReportLimitsAreTheOnesInForceInside) {
+  std::string id = Create("resources:\n  disk_gib: 1\n  wall_clock_min: 2\n");
+  Json r = Bash(id, "echo core=$(ulimit -c) nofile=$(ulimit -n) fsize=$(ulimit -f)");
+  ASSERT_EQ(r["kind"], "exited") << r.dump();
+  const std::string out = r["output"].get<std::string>();
+  const Json& usage = r["outcome"]["usage"];
+  const Json& limits = usage["limits"];
+  ASSERT_TRUE(limits.is_object()) << r.dump();
+  ASSERT_TRUE(limits["core_dumps"].is_boolean()) << r.dump();
+  EXPECT_EQ(out.find("core=0 ") != std::string::npos, !limits["core_dumps"].get<bool>()) << out << limits.dump();
+  EXPECT_FALSE(limits["core_dumps"].get<bool>()) << limits.dump();
+  ASSERT_TRUE(limits["nofile"].is_number_unsigned()) << limits.dump();
+  EXPECT_NE(out.find("nofile=" + std::to_string(limits["nofile"].get<std::uint64_t>()) + " "), std::string::npos)
+      << out << limits.dump();
+  ASSERT_TRUE(limits["fsize_bytes"].is_number_unsigned()) << limits.dump();
+  // `ulimit -f` counts 1024-byte blocks.
+  EXPECT_NE(out.find("fsize=" + std::to_string(limits["fsize_bytes"].get<std::uint64_t>() / 1024)), std::string::npos)
+      << out << limits.dump();
+  EXPECT_EQ(limits["wall_clock_ms"], 120000) << limits.dump();
+  // Usage as `run` reports it: from the command's rusage.
+  EXPECT_TRUE(usage["peak_memory_bytes"].is_number_unsigned()) << usage.dump();
+  EXPECT_GT(usage["peak_memory_bytes"].get<std::uint64_t>(), 0u) << usage.dump();
+}
+
+// A read_only entry absent on this host is skipped, and a call's report
+// says so as `run`'s does.
+TEST_F(WorldTest, CallReportNamesSkippedReadOnlyEntries) {
+  const std::string absent = "/nonexistent-agentbox-" + std::to_string(getpid());
+  struct stat st {};
+  ASSERT_NE(stat(absent.c_str(), &st), 0) << absent << " exists on this host";
+  std::string id = Create("filesystem:\n  read_only: [/usr, /bin, /sbin, /lib, /lib64, /etc, " + absent + "]\n");
+  Json r = Bash(id, "echo ok");
+  ASSERT_EQ(r["kind"], "exited") << r.dump();
+  const Json& skipped = r["outcome"]["enforcement"]["skipped"];
+  ASSERT_TRUE(skipped.is_array()) << r["outcome"]["enforcement"].dump();
+  bool named = false;
+  for (const auto& s : skipped) named = named || s.get<std::string>().find(absent) != std::string::npos;
+  EXPECT_TRUE(named) << skipped.dump();
+}
+
+// A kernel whose Landlock gives less than the plan asks (here: a right no
+// kernel knows), under require: partial: the world starts, and says what is
+// short, for the calls' reports.
+TEST_F(WorldTest, LandlockShortOfThePlanIsKeptForTheReports) {
+  Policy policy = PresetFor(Mode::kWorkspaceWrite);
+  policy.sandbox.require = Requirement::kPartial;
+  HostCaps host = ProbeHostFor(policy);
+  if (!host.user_namespaces || host.landlock_abi < 2) {
+    GTEST_SKIP() << "not applicable here: sessions need user namespaces and this test Landlock (ABI "
+                 << host.landlock_abi << ")";
+  }
+  Invocation inv;
+  inv.workspace = base_;
+  inv.cwd = base_;
+  inv.home = "/nonexistent-home";
+  inv.self_exe = Bin();
+  inv.nonce = "0123456789abcdef";
+  inv.session = true;
+  auto confined = Confine({"true"}, policy, host, inv);
+  ASSERT_TRUE(confined.ok()) << confined.status().ToString();
+  Plan plan = confined->plan;
+  plan.timeout_ms.reset();
+  ASSERT_GT(plan.landlock.abi, 0);
+  plan.landlock.handled_fs |= std::uint64_t{1} << 40;
+  plan.landlock.required = false;
+  auto world = World::Start(Bin(), plan, 10000);
+  ASSERT_TRUE(world.ok()) << world.status().ToString();
+  const auto& short_of = (*world)->short_of_plan();
+  ASSERT_EQ(short_of.size(), 1u);
+  EXPECT_EQ(short_of[0].facet, "filesystem");
+  EXPECT_NE(short_of[0].reason.find("short of the plan"), std::string::npos) << short_of[0].reason;
+  (*world)->Stop(0);
 }
 
 TEST_F(WorldTest, ADeadInitIsReprovisionedAndLogged) {
