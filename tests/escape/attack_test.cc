@@ -674,6 +674,45 @@ TEST(Attack, PathnameUnixSocketOfTheHost) {
   EXPECT_FALSE(in.ok) << in.Describe();
 }
 
+// A host service's socket the sandbox can see (here: in the workspace, on
+// both backends): connect() is decided by the runner and refused.
+void UnixSocketInTheWorkspace(const std::vector<std::string>& options, const char* name) {
+  Attack a(name, Kind::kBoundary);
+  Sandbox sb;
+  const std::string path = sb.ws() + "/service.sock";
+  Fd l(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  ASSERT_LT(path.size(), sizeof(addr.sun_path));
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  ASSERT_EQ(bind(l.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(l.get(), 8), 0);
+  EXPECT_TRUE(a.Host(sb, {"unix_path", path}).ok);
+  while (true) {  // drain the host check's connection
+    int c = accept4(l.get(), nullptr, nullptr, SOCK_CLOEXEC);
+    if (c < 0) break;
+    close(c);
+  }
+  Probe in = a.Inside(sb, {"unix_path", "service.sock"}, options);
+  EXPECT_FALSE(in.ok) << in.Describe();
+  EXPECT_EQ(in.err, EACCES) << in.Describe();
+  const int reached = accept4(l.get(), nullptr, nullptr, SOCK_CLOEXEC);
+  if (reached >= 0) {
+    close(reached);
+    a.Escaped("a connection from inside reached the host listener");
+  }
+  a.ExpectDenial("filesystem", "connect", "service.sock");
+}
+
+TEST(Attack, UnixSocketOfAHostServiceInTheWorkspace) {
+  UnixSocketInTheWorkspace({}, "unix socket of a host service in the workspace");
+}
+
+TEST(Attack, UnixSocketOfAHostServiceLandlockOnly) {
+  UnixSocketInTheWorkspace({"--backend", "landlock", "--require", "partial"},
+                           "unix socket of a host service in the workspace (landlock-only)");
+}
+
 TEST(Attack, DnsResolutionOfAnOutsideName) {
   Attack a("DNS resolution of example.com", Kind::kBoundary);
   Sandbox sb;
@@ -758,6 +797,24 @@ class PrivStage {
   std::unique_ptr<TempDir> own_;
   std::string dir_;
 };
+
+// A set-id bit set inside stays on the host file (the workspace is nosuid
+// only inside): refused, and the host file keeps its mode.
+TEST(Attack, SetIdBitOnAWorkspaceFile) {
+  Attack a("set-id bit on a workspace file", Kind::kBoundary);
+  Sandbox sb;
+  e2e::WriteFile(sb.ws() + "/host-check", "#!/bin/sh\n", 0755);
+  a.RequireHost(a.Host(sb, {"chmod_setid", sb.ws() + "/host-check"}), "chmod 06755 fails on the host's filesystem");
+  unlink((sb.ws() + "/host-check").c_str());
+  e2e::WriteFile(sb.ws() + "/tool", "#!/bin/sh\nid\n", 0755);
+  Probe in = a.Inside(sb, {"chmod_setid", "tool"});
+  EXPECT_FALSE(in.ok) << in.Describe();
+  EXPECT_EQ(in.err, EPERM) << in.Describe();
+  struct stat st {};
+  ASSERT_EQ(stat((sb.ws() + "/tool").c_str(), &st), 0);
+  if (st.st_mode & (S_ISUID | S_ISGID)) a.Escaped("the host file is set-id");
+  a.ExpectDenial("filesystem", "chmod", "tool");
+}
 
 TEST(Attack, SetuidBinary) {
   Attack a("setuid binary", Kind::kBoundary);

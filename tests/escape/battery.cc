@@ -410,4 +410,16 @@ void Attack::ExpectSeccomp(const Probe& inside, int expected_errno, const std::s
                      << run_.Describe();
 }
 
+void Attack::ExpectDenial(const std::string& facet, const std::string& op, const std::string& target) {
+  bool found = false;
+  if (run_.report && (*run_.report)["denials"].is_array()) {
+    for (const auto& d : (*run_.report)["denials"]) {
+      found = found || (d.value("source", "") == "seccomp" && d.value("facet", "") == facet &&
+                        d.value("op", "") == op && d.value("target", "") == target);
+    }
+  }
+  EXPECT_TRUE(found) << name_ << ": no " << facet << "/" << op << " denial naming " << target << " in the report\n"
+                     << run_.Describe();
+}
+
 }  // namespace agentbox::escape

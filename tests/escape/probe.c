@@ -157,6 +157,17 @@ static int DoWrite(int argc, char** argv) {
   return OK("wrote %s", argv[0]);
 }
 
+// chmod_setid PATH: chmod(PATH, 06755); ok when the file then carries a
+// set-id bit.
+static int DoChmodSetid(int argc, char** argv) {
+  if (argc < 1) return Usage();
+  if (chmod(argv[0], 06755) != 0) return BLOCKED(errno, "chmod(%s, 06755): %s", argv[0], strerror(errno));
+  struct stat st;
+  if (stat(argv[0], &st) != 0) return BLOCKED(errno, "stat(%s): %s", argv[0], strerror(errno));
+  if (st.st_mode & (S_ISUID | S_ISGID)) return OK("%s is now mode %o", argv[0], (unsigned)(st.st_mode & 07777));
+  return BLOCKED(0, "%s kept no set-id bit (mode %o)", argv[0], (unsigned)(st.st_mode & 07777));
+}
+
 // append PATH TEXT
 static int DoAppend(int argc, char** argv) {
   if (argc < 2) return Usage();
@@ -916,6 +927,7 @@ int main(int argc, char** argv) {
   if (!strcmp(c, "env")) return DoEnv(n, a);
   if (!strcmp(c, "write")) return DoWrite(n, a);
   if (!strcmp(c, "append")) return DoAppend(n, a);
+  if (!strcmp(c, "chmod_setid")) return DoChmodSetid(n, a);
   if (!strcmp(c, "rewrite")) return DoRewrite(n, a);
   if (!strcmp(c, "open_wr")) return DoOpenWr(n, a);
   if (!strcmp(c, "open_rw")) return DoOpenRw(n, a);
