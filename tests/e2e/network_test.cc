@@ -440,6 +440,34 @@ TEST(Network, AskCommandIsConsulted) {
   EXPECT_EQ(server.served(), 0);
 }
 
+// The ask command runs on the host while the sandbox's connection is open:
+// it gets stdin, stdout and stderr, and no descriptor of agentbox's (the
+// sandbox's client connection above all).
+TEST(Network, AskCommandGetsOnlyStdio) {
+  ASSERT_FALSE(Python().empty()) << "python3 is missing (scripts/install-deps.sh installs it)";
+  HostServer server;
+  ASSERT_GT(server.port(), 0);
+  Sandbox sb;
+  std::string policy = PolicyFile(sb, "  on_unknown_domain: ask\n");
+  std::string fds = sb.scratch() + "/fds.txt";
+  std::string ask = sb.scratch() + "/ask.sh";
+  // The listing's own descriptor is closed again by the time the check runs.
+  WriteFile(ask,
+            "#!/bin/sh\nexec " + Python() +
+                " -I -c '\nimport os\nfds = sorted(int(f) for f in os.listdir(\"/proc/self/fd\"))\n"
+                "def is_open(fd):\n    try:\n        os.fstat(fd)\n        return True\n    except OSError:\n"
+                "        return False\nlisted = \" \".join(str(f) for f in fds if is_open(f))\n"
+                "open(\"" + fds + "\", \"w\").write(listed)\n"
+                "print(\"deny\")\n'\n",
+            0755);
+  RunResult r = sb.Sh(kUseProxy + "curl -s " + server.url() + "; true", {"--policy", policy, "--ask-command", ask});
+  EXPECT_EQ(r.status, 0) << r.Describe();
+  auto listed = ReadFile(fds);
+  ASSERT_TRUE(listed) << r.Describe();
+  EXPECT_EQ(*listed, "0 1 2");
+  EXPECT_TRUE(HasDenial(r, server.target())) << r.Describe();
+}
+
 TEST(Network, UnknownDomainWithoutAskCommandIsDenied) {
   HostServer server;
   ASSERT_GT(server.port(), 0);
