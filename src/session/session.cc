@@ -779,7 +779,10 @@ Result<Json> Manager::Execute(const std::string& id, const std::string& name, co
     if (input.contains("timeout")) {
       const Json& t = input["timeout"];
       if (t.is_number()) {
-        if (t.get<double>() <= 0) return Status::Error(kBadRequest, "bash: input.timeout must be positive");
+        if (!(t.get<double>() > 0)) return Status::Error(kBadRequest, "bash: input.timeout must be positive");
+        if (!(t.get<double>() * 1000 <= static_cast<double>(kMaxDurationMs))) {
+          return Status::Error(kBadRequest, "bash: input.timeout is longer than the maximum, 168h");
+        }
       } else if (!t.is_string() || !ParseDurationMs(t.get<std::string>()).ok()) {
         return Status::Error(kBadRequest, "bash: input.timeout must be seconds or a duration like \"30s\"");
       }
