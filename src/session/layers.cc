@@ -31,6 +31,7 @@ namespace agentbox::session {
 namespace {
 
 using linux::UniqueFd;
+using linux::OpenBeneath;
 
 constexpr const char* kOpaqueXattr = "user.overlay.opaque";
 constexpr const char* kTrustedOpaqueXattr = "trusted.overlay.opaque";
@@ -193,15 +194,6 @@ bool IsOpaque(int dir_fd) {
     if (n == 1 && value[0] == 'y') return true;
   }
   return false;
-}
-
-// Opens `rel` below the directory `root_fd` without following any symlink on
-// the way (a symlink as the last component is opened itself with O_PATH).
-int OpenBeneath(int root_fd, const std::string& rel, std::uint64_t flags) {
-  linux::OpenHow how{};
-  how.flags = flags | O_CLOEXEC | O_NOFOLLOW;
-  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
-  return linux::Openat2(root_fd, rel.empty() ? "." : rel.c_str(), &how);
 }
 
 // The names in the directory `dir_fd` (not "." or ".."), sorted.
@@ -587,7 +579,8 @@ class LayeredView {
   // Opens a file or symlink of the view (O_PATH for a symlink).
   int OpenNode(const Node& node, const std::string& rel) const {
     return OpenBeneath(fds_[node.layer].get(), rel,
-                       node.kind == Kind::kSymlink ? O_PATH : O_RDONLY | O_NONBLOCK | O_NOCTTY);
+                       node.kind == Kind::kSymlink ? O_PATH : O_RDONLY | O_NONBLOCK | O_NOCTTY)
+        .release();
   }
 
  private:
