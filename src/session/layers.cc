@@ -974,7 +974,7 @@ Status CopyTreeUnguarded(const std::string& from, const std::string& to) {
 
 // ------------------------------------------------------------------ diff
 
-Result<Json> ComputeDiffUnguarded(const LayerStack& stack, std::size_t max_patch_bytes) {
+Result<Json> ComputeDiffUnguarded(const LayerStack& stack, std::size_t max_patch_bytes, std::size_t max_files) {
   std::vector<std::string> merged_roots;
   merged_roots.push_back(stack.upper);
   if (!stack.copy_mode) {
@@ -1015,6 +1015,7 @@ Result<Json> ComputeDiffUnguarded(const LayerStack& stack, std::size_t max_patch
   Json files = Json::array();
   std::string patch;
   bool truncated = false;
+  bool files_truncated = false;
   for (const std::string& path : paths) {
     Node after_node = merged->Lookup(path);
     Node before_node = base->Lookup(path);
@@ -1063,6 +1064,10 @@ Result<Json> ComputeDiffUnguarded(const LayerStack& stack, std::size_t max_patch
     }
     // A path that is not UTF-8 is listed readable ("path", with U+FFFD for
     // the bytes that are not UTF-8) and exact ("path_hex").
+    if (files.size() >= max_files) {  // one changed path too many: the rest is left out
+      files_truncated = truncated = true;
+      break;
+    }
     Json file = {{"path", Utf8Lossy(path)}, {"status", status}, {"binary", before->binary || after->binary}};
     if (!IsUtf8(path)) file["path_hex"] = Hex(path);
     files.push_back(std::move(file));
@@ -1073,7 +1078,10 @@ Result<Json> ComputeDiffUnguarded(const LayerStack& stack, std::size_t max_patch
     }
     patch += section;
   }
-  return Json{{"files", std::move(files)}, {"patch", std::move(patch)}, {"truncated", truncated}};
+  return Json{{"files", std::move(files)},
+              {"patch", std::move(patch)},
+              {"truncated", truncated},
+              {"files_truncated", files_truncated}};
 }
 
 // Runs `f`, turning any exception (a JSON error, memory exhausted) into an
@@ -1107,8 +1115,9 @@ Status CopyTree(const std::string& from, const std::string& to) {
   return Guarded("copy", "copy of " + from + " to " + to, [&] { return CopyTreeUnguarded(from, to); });
 }
 
-Result<Json> ComputeDiff(const LayerStack& stack, std::size_t max_patch_bytes) {
-  return Guarded("diff", "diff of " + stack.upper, [&] { return ComputeDiffUnguarded(stack, max_patch_bytes); });
+Result<Json> ComputeDiff(const LayerStack& stack, std::size_t max_patch_bytes, std::size_t max_files) {
+  return Guarded("diff", "diff of " + stack.upper,
+                 [&] { return ComputeDiffUnguarded(stack, max_patch_bytes, max_files); });
 }
 
 }  // namespace agentbox::session

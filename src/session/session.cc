@@ -916,7 +916,7 @@ Result<Json> Manager::Diff(const std::string& id) {
   LayerStack stack = s->Layers();
   struct stat st {};
   if (stat(stack.upper.c_str(), &st) != 0) {
-    if (stack.copy_mode) return Json{{"files", Json::array()}, {"patch", ""}, {"truncated", false}};
+    if (stack.copy_mode) return Json{{"files", Json::array()}, {"patch", ""}, {"truncated", false}, {"files_truncated", false}};
     mkdir(stack.upper.c_str(), 0700);
   }
   try {
