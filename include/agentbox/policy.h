@@ -152,7 +152,18 @@ Result<Policy> ApplyOverrides(Policy policy, const PolicyOverrides& overrides, b
 // The policy's digest for reports: the file's sha256, or that of ToYaml().
 std::string PolicyDigest(const Policy& policy);
 
-// Units shared by the file and the command line.
+// The largest values the policy file and the command line accept, checked
+// when the text is parsed. Beyond them a number is a typo, not a wish, and
+// would wrap further on: a 3000000h timeout overflowed std::chrono's
+// nanoseconds and fired after 30 ms; a disk size past 2^63 made every write
+// fail with SIGXFSZ; pids.max refuses more than PID_MAX_LIMIT.
+inline constexpr std::uint64_t kMaxDurationMs = 7ULL * 24 * 60 * 60 * 1000;  // 7 days ("168h")
+inline constexpr std::uint64_t kMaxSizeBytes = 1ULL << 50;                   // 1 PiB ("1024Ti")
+inline constexpr std::uint64_t kMaxProcesses = 4194304;                      // PID_MAX_LIMIT
+inline constexpr double kMaxCpus = 4096;
+
+// Units shared by the file and the command line. Both refuse 0 and values
+// above kMaxSizeBytes / kMaxDurationMs; the error says which bound.
 Result<std::uint64_t> ParseSize(const std::string& text);       // "512Mi", "2Gi", "1.5G", "4096"
 Result<std::uint64_t> ParseDurationMs(const std::string& text);  // "30s", "5m", "1h", "250ms"
 

@@ -1,6 +1,7 @@
 #include "daemon/api.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -311,14 +312,10 @@ struct Api {
         return reply->Send(ErrorFor(Status::Errno("log", "open", *path)));
       }
       reply->Begin(200, "application/x-ndjson");
-      // Up to the size at the start: a log being appended to is sent as it
-      // was, whole lines only.
-      std::string buf(kLogChunk, '\0');
-      while (fd.valid()) {
-        ssize_t n = read(fd.get(), buf.data(), buf.size());
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        if (!reply->Write(buf.substr(0, static_cast<std::size_t>(n)))) break;
+      struct stat st {};
+      if (fd.valid() && fstat(fd.get(), &st) == 0) {
+        SendLogPrefix(fd.get(), static_cast<std::uint64_t>(st.st_size),
+                      [&](std::string chunk) { return reply->Write(std::move(chunk)); });
       }
       reply->End();
     });
@@ -334,6 +331,23 @@ struct Api {
 };
 
 }  // namespace
+
+void SendLogPrefix(int fd, std::uint64_t limit, const std::function<bool(std::string)>& write) {
+  std::string pending;  // read, not yet sent: the last line, until its '\n' comes
+  std::uint64_t left = limit;
+  std::string buf(kLogChunk, '\0');
+  while (left > 0) {
+    ssize_t n = read(fd, buf.data(), static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), left)));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    left -= static_cast<std::uint64_t>(n);
+    pending.append(buf, 0, static_cast<std::size_t>(n));
+    const std::size_t end = pending.rfind('\n');
+    if (end == std::string::npos) continue;
+    if (!write(pending.substr(0, end + 1))) return;
+    pending.erase(0, end + 1);
+  }
+}
 
 std::string SseEvent(const std::string& event, const json& data) {
   return "event: " + event + "\ndata: " + data.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";

@@ -15,6 +15,8 @@
 // them may wait on disk or on a session's lock. docs/daemon.md has the rest.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <string>
 
 #include "daemon/server.h"
@@ -29,6 +31,12 @@ void RegisterApi(Server& server, session::Manager& manager);
 //   "event: output\ndata: <JSON string>\n\n" per chunk of output, then
 //   "event: result\ndata: <result JSON>\n\n" (or "event: error" with {"error"}).
 std::string SseEvent(const std::string& event, const nlohmann::json& data);
+
+// The log endpoint's body: the file `fd` from its current offset up to
+// `limit` bytes (its size when the request came), whole lines only, in
+// chunks through `write` (false: stop). What is appended meanwhile is not
+// sent, so a log that grows faster than it is read still ends.
+void SendLogPrefix(int fd, std::uint64_t limit, const std::function<bool(std::string)>& write);
 
 // Splits `bytes` at the end of its last complete UTF-8 sequence: the part
 // returned goes out now, `*tail` (at most 3 bytes) waits for the next chunk.

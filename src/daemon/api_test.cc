@@ -1,11 +1,43 @@
 #include "daemon/api.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 #include "daemon/client.h"
 
 namespace agentbox::daemon {
 namespace {
+
+// The log endpoint sends the log as it was when the request came: lines
+// appended while it is being sent (a busy session) are not, and a log that
+// keeps growing cannot keep the answer going.
+TEST(LogEndpoint, StopsAtTheSizeSeenAtTheStart) {
+  char path[] = "/tmp/agentbox-log-test-XXXXXX";
+  int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  unlink(path);
+  std::string start;
+  for (int i = 0; i < 3000; ++i) start += "{\"line\":" + std::to_string(i) + "}\n";
+  start += "{\"partial";  // a line still being written
+  ASSERT_EQ(pwrite(fd, start.data(), start.size(), 0), static_cast<ssize_t>(start.size()));
+  const std::uint64_t size = start.size();
+  std::string sent;
+  int chunks = 0;
+  SendLogPrefix(fd, size, [&](std::string chunk) {
+    sent += chunk;
+    ++chunks;
+    // The session goes on logging while the answer is sent.
+    std::string more(100000, 'x');
+    more += '\n';
+    EXPECT_EQ(pwrite(fd, more.data(), more.size(), static_cast<off_t>(size + (chunks - 1) * more.size())),
+              static_cast<ssize_t>(more.size()));
+    return true;
+  });
+  close(fd);
+  EXPECT_EQ(sent, start.substr(0, start.rfind('\n') + 1));
+}
 
 TEST(Sse, EventsSurviveAnySplit) {
   const std::string stream = SseEvent("output", "line one\n") + SseEvent("output", "é\nx") +

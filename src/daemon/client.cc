@@ -11,6 +11,7 @@
 
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <unistd.h>
 
 #include "agentbox/outcome.h"
 #include "daemon/listen.h"
@@ -24,6 +25,21 @@ namespace http = beast::http;
 using boost::system::error_code;
 
 constexpr std::uint64_t kMaxResponseBody = 1ull << 32;
+
+// Gives `socket` a descriptor that is close-on-exec from its creation: a
+// process the caller spawns must not inherit its connection to the daemon.
+template <typename Socket, typename Protocol>
+Status AssignCloexec(Socket& socket, const Protocol& protocol, int family) {
+  int fd = ::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Status::Errno("connect", "socket", "");
+  boost::system::error_code ec;
+  socket.assign(protocol, fd, ec);
+  if (ec) {
+    ::close(fd);
+    return Status::Syscall("connect", "assign socket", "", ec.value());
+  }
+  return Status();
+}
 
 }  // namespace
 
@@ -89,6 +105,8 @@ struct Client::Impl {
         if (!s.ok()) return s;
       }
       unix_socket.emplace(io);
+      // Opened here with SOCK_CLOEXEC (Asio's connect would open it without).
+      if (Status s = AssignCloexec(*unix_socket, asio::local::stream_protocol(), AF_UNIX); !s.ok()) return s;
       unix_socket->connect(asio::local::stream_protocol::endpoint(endpoint.unix_socket), ec);
       if (ec) {
         unix_socket.reset();
@@ -101,7 +119,9 @@ struct Client::Impl {
     auto address = asio::ip::make_address(endpoint.host, ec);
     if (ec) return Status::Error("connect", "'" + endpoint.host + "' is not an IP address");
     tcp_socket.emplace(io);
-    tcp_socket->connect(asio::ip::tcp::endpoint(address, endpoint.port), ec);
+    const asio::ip::tcp::endpoint target(address, endpoint.port);
+    if (Status s = AssignCloexec(*tcp_socket, target.protocol(), target.protocol().family()); !s.ok()) return s;
+    tcp_socket->connect(target, ec);
     if (ec) {
       tcp_socket.reset();
       return Status::Error("connect", "cannot connect to the daemon at " + endpoint.Describe() + ": " + ec.message());

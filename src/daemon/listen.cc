@@ -67,18 +67,34 @@ Result<linux::UniqueFd> ListenUnix(const std::string& path) {
   }
   linux::UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd.valid()) return Status::Errno("listen", "socket(AF_UNIX)");
-  // The umask makes the socket 0600 from the moment it exists; the chmod
-  // states it explicitly whatever the umask did.
-  mode_t old = umask(0177);
-  int rc = bind(fd.get(), reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr));
-  int bind_errno = errno;
-  umask(old);
-  if (rc != 0) return Status::Syscall("listen", "bind", path, bind_errno);
-  if (chmod(path.c_str(), 0600) != 0) {
-    Status s = Status::Errno("listen", "chmod 0600", path);
-    unlink(path.c_str());
+  // Bound inside a fresh 0700 directory beside `path`, made 0600 there and
+  // only then renamed into place: nobody else can connect in between, and
+  // no umask(2) is needed (the umask is the whole process's, and the daemon
+  // has other threads creating files).
+  const std::size_t slash = path.rfind('/');
+  std::string staging = (slash == std::string::npos ? std::string(".") : path.substr(0, slash + 1)) +
+                        ".agentbox-listen-XXXXXX";
+  if (!mkdtemp(staging.data())) return Status::Errno("listen", "mkdtemp", staging);
+  linux::UniqueFd dir(open(staging.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  auto fail = [&](const char* call, const std::string& what) {
+    Status s = Status::Errno("listen", call, what);
+    if (dir.valid()) unlinkat(dir.get(), "socket", 0);
+    rmdir(staging.c_str());
     return s;
+  };
+  if (!dir.valid()) return fail("open", staging);
+  // Through the directory's descriptor: short whatever `path`'s length.
+  auto staged = UnixAddress("/proc/self/fd/" + std::to_string(dir.get()) + "/socket");
+  if (!staged.ok()) return fail("bind", staging + "/socket");
+  if (bind(fd.get(), reinterpret_cast<const sockaddr*>(&*staged), sizeof(*staged)) != 0) {
+    return fail("bind", staging + "/socket");
   }
+  if (fchmodat(dir.get(), "socket", 0600, 0) != 0) return fail("chmod 0600", staging + "/socket");
+  // RENAME_NOREPLACE: a socket that appeared at `path` meanwhile is not replaced.
+  if (renameat2(dir.get(), "socket", AT_FDCWD, path.c_str(), RENAME_NOREPLACE) != 0) {
+    return fail("renameat2(RENAME_NOREPLACE)", path);
+  }
+  rmdir(staging.c_str());
   if (listen(fd.get(), kBacklog) != 0) {
     Status s = Status::Errno("listen", "listen", path);
     unlink(path.c_str());

@@ -16,7 +16,9 @@
 namespace agentbox::daemon {
 
 // Creates, binds and listens on a unix stream socket at `path`, mode 0600
-// (bound under umask 0177, then chmod: no window where others may connect).
+// (bound in a private 0700 directory beside it, made 0600 and renamed into
+// place: no window where others may connect, and the process's umask is
+// never touched).
 // An existing socket nobody answers on is stale and replaced; one that
 // answers (a running daemon), or anything that is not a socket, is refused.
 Result<linux::UniqueFd> ListenUnix(const std::string& path);

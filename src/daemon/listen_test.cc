@@ -1,12 +1,15 @@
 #include "daemon/listen.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
+#include <thread>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -29,6 +32,16 @@ class TempDirectory {
  private:
   std::string path_;
 };
+
+// The umask as this test started, read once (reading it means setting it).
+mode_t CurrentUmask() {
+  static const mode_t mask = [] {
+    mode_t m = umask(022);
+    umask(m);
+    return m;
+  }();
+  return mask;
+}
 
 void Write(const std::string& path, const std::string& text, mode_t mode) {
   std::ofstream(path) << text;
@@ -115,6 +128,35 @@ TEST(Listen, UnixSocketIsPrivateStaleOnesReplacedOthersRefused) {
   EXPECT_NE(loose.message().find("0660"), std::string::npos) << loose.message();
 
   EXPECT_FALSE(ListenUnix(dir / std::string(120, 'x')).ok());
+}
+
+// The umask belongs to the whole process: the daemon's other threads create
+// files while a socket is being bound. Binding must never change it (it
+// used to be 0177 for the duration of a bind).
+TEST(Listen, BindingLeavesTheProcessUmaskAlone) {
+  TempDirectory dir;
+  std::atomic<bool> done{false};
+  std::atomic<int> narrowed{0};
+  const mode_t mask = CurrentUmask();  // read before any other thread runs
+  std::thread creator([&] {
+    int i = 0;
+    while (!done) {
+      const std::string file = dir / ("f" + std::to_string(i++ % 64));
+      int fd = open(file.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+      struct stat st {};
+      if (fd >= 0 && fstat(fd, &st) == 0 && (st.st_mode & 0777) != (0644 & ~mask)) ++narrowed;
+      if (fd >= 0) close(fd);
+      unlink(file.c_str());
+    }
+  });
+  for (int i = 0; i < 400 && narrowed == 0; ++i) {
+    auto fd = ListenUnix(dir / "agentbox.sock");
+    ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+    unlink((dir / "agentbox.sock").c_str());
+  }
+  done = true;
+  creator.join();
+  EXPECT_EQ(narrowed, 0) << "files created while a socket was bound got a narrower mode";
 }
 
 TEST(Listen, OneLockPerStateDirectory) {

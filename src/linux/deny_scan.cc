@@ -12,8 +12,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <sstream>
+#include <memory>
 #include <unordered_map>
 
 #include "confine/paths.h"
@@ -111,13 +110,24 @@ void PutStr(std::string* out, const std::string& s) {
   out->append(s);
 }
 
+// The cache file whole, or "" (a missing or unreadable file is an empty cache).
+std::string ReadCacheFile(const std::string& path) {
+  std::string data;
+  UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd.valid()) return data;
+  char chunk[64 * 1024];
+  for (;;) {
+    ssize_t n = read(fd.get(), chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    data.append(chunk, static_cast<size_t>(n));
+  }
+  return data;
+}
+
 Cache LoadCache(const std::string& path) {
   Cache cache;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return cache;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string data = ss.str();
+  std::string data = ReadCacheFile(path);
   if (data.compare(0, sizeof(kMagic) - 1, kMagic) != 0) return cache;
   data.erase(0, sizeof(kMagic) - 1);
   Reader r(data);
@@ -185,12 +195,18 @@ void SaveCache(const std::string& dir, const std::string& path, const Cache& cac
   if (!ok || rename(tmp.c_str(), path.c_str()) != 0) unlink(tmp.c_str());
 }
 
+// getdents64's buffer, one per scan (scans run on several threads at once
+// in the daemon).
+struct DirentBuffer {
+  alignas(8) char bytes[64 * 1024];
+};
+
 // Reads one directory's entries and settles its verdict.
 void ReadDir(int dirfd, const std::string& rel, const GlobScan& scan, const std::vector<Matcher>& matchers,
-             DirVerdict* v, ScanStats* stats) {
-  alignas(8) static char buf[64 * 1024];
+             DirentBuffer* buffer, DirVerdict* v, ScanStats* stats) {
+  char* buf = buffer->bytes;
   for (;;) {
-    long n = syscall(SYS_getdents64, dirfd, buf, sizeof(buf));
+    long n = syscall(SYS_getdents64, dirfd, buf, sizeof(buffer->bytes));
     if (n <= 0) break;
     for (long off = 0; off < n;) {
       auto* d = reinterpret_cast<LinuxDirent64*>(buf + off);
@@ -252,6 +268,7 @@ Status ScanDenyGlobs(const GlobScan& scan, const std::string& workspace_source,
     old_cache = LoadCache(cache_path);
   }
   Cache new_cache;
+  auto buffer = std::make_unique<DirentBuffer>();
   bool changed = false;
   // A directory changed in the last second may change again within the same
   // timestamp tick without its mtime moving: read it again next time.
@@ -261,10 +278,12 @@ Status ScanDenyGlobs(const GlobScan& scan, const std::string& workspace_source,
   while (!pending.empty()) {
     std::string rel = std::move(pending.back());
     pending.pop_back();
-    // An unchanged directory costs one stat: no open, no read.
+    // An unchanged directory costs one O_PATH open and a stat, no read.
+    // The workspace is the sandbox's: a directory swapped for a symlink
+    // since its parent was read must not lead the scan out of it.
     struct stat st {};
-    int r = rel.empty() ? fstat(root.get(), &st) : fstatat(root.get(), rel.c_str(), &st, AT_SYMLINK_NOFOLLOW);
-    if (r != 0 || !S_ISDIR(st.st_mode)) continue;  // vanished: nothing of it is visible either
+    UniqueFd node = OpenBeneath(root.get(), rel, O_PATH | O_DIRECTORY);
+    if (!node.valid() || fstat(node.get(), &st) != 0) continue;  // vanished: nothing of it is visible either
     ++stats->directories;
     DirVerdict v;
     auto hit = old_cache.find(rel);
@@ -274,8 +293,7 @@ Status ScanDenyGlobs(const GlobScan& scan, const std::string& workspace_source,
         hit->second.ctime_ns == st.st_ctim.tv_nsec) {
       v = std::move(hit->second);
     } else {
-      UniqueFd dir(rel.empty() ? fcntl(root.get(), F_DUPFD_CLOEXEC, 0)
-                               : openat(root.get(), rel.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+      UniqueFd dir = OpenBeneath(node.get(), "", O_RDONLY | O_DIRECTORY);
       if (!dir.valid() || fstat(dir.get(), &st) != 0) continue;  // unreadable: not visible inside either
       ++stats->directories_read;
       v.ino = st.st_ino;
@@ -285,7 +303,7 @@ Status ScanDenyGlobs(const GlobScan& scan, const std::string& workspace_source,
       v.ctime_s = st.st_ctim.tv_sec;
       v.ctime_ns = st.st_ctim.tv_nsec;
       v.cacheable = st.st_mtim.tv_sec < settled_before && st.st_ctim.tv_sec < settled_before;
-      ReadDir(dir.get(), rel, scan, matchers, &v, stats);
+      ReadDir(dir.get(), rel, scan, matchers, buffer.get(), &v, stats);
       // The file changes only if what it would hold changes.
       if (v.cacheable || (hit != old_cache.end() && hit->second.cacheable)) changed = true;
     }

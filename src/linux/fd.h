@@ -1,9 +1,14 @@
-// RAII for file descriptors.
+// RAII for file descriptors, and the one way a path the sandbox controls
+// is opened.
 #pragma once
 
+#include <fcntl.h>
 #include <unistd.h>
 
+#include <string>
 #include <utility>
+
+#include "linux/compat.h"
 
 namespace agentbox::linux {
 
@@ -31,5 +36,19 @@ class UniqueFd {
  private:
   int fd_ = -1;
 };
+
+// Opens `rel` below the directory `root_fd` with openat2(RESOLVE_BENEATH |
+// RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS): no symlink is followed on
+// the way and nothing outside `root_fd` is reached ("..", absolute paths,
+// a directory swapped for a link meanwhile). A symlink as the last
+// component fails with ELOOP, or with O_PATH is opened itself (O_NOFOLLOW).
+// "" opens `root_fd` itself. Always O_CLOEXEC. Invalid with errno set on
+// failure.
+inline UniqueFd OpenBeneath(int root_fd, const std::string& rel, int flags) {
+  OpenHow how{};
+  how.flags = static_cast<std::uint64_t>(flags) | O_CLOEXEC | O_NOFOLLOW;
+  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+  return UniqueFd(Openat2(root_fd, rel.empty() ? "." : rel.c_str(), &how));
+}
 
 }  // namespace agentbox::linux

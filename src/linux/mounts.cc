@@ -70,15 +70,17 @@ Status BindPath(const std::string& source, const std::string& target, std::uint6
                      target.c_str(), target);
 }
 
-// Opens `rel` below `root` refusing every symlink on the way: protected paths
-// and their pins must land exactly where the policy says.
-Result<UniqueFd> OpenBeneath(const std::string& root, const std::string& rel) {
+// Opens `rel` below `root` refusing every symlink on the way and at the
+// end: protected paths and their pins must land exactly where the policy says.
+Result<UniqueFd> OpenInWorkspace(const std::string& root, const std::string& rel) {
   UniqueFd dir(open(root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
   if (!dir.valid()) return Status::Errno("protect", "open", root);
-  OpenHow how{};
-  how.flags = O_PATH | O_CLOEXEC;
-  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
-  UniqueFd fd(Openat2(dir.get(), rel.c_str(), &how));
+  UniqueFd fd = OpenBeneath(dir.get(), rel, O_PATH);
+  struct stat st {};
+  if (fd.valid() && fstat(fd.get(), &st) == 0 && S_ISLNK(st.st_mode)) {
+    fd.reset();
+    errno = ELOOP;
+  }
   if (!fd.valid()) return Status::Errno("protect", "openat2(RESOLVE_NO_SYMLINKS)", paths::Join(root, rel));
   return fd;
 }
@@ -89,9 +91,9 @@ Result<UniqueFd> OpenBeneath(const std::string& root, const std::string& rel) {
 Status BindInPlace(const ResolvedMount& m, const Plan& plan, std::uint64_t attrs) {
   const std::string& ws = plan.workspace_source;
   std::string rel = m.op.source.substr(ws == "/" ? 1 : ws.size() + 1);
-  auto src = OpenBeneath(plan.workspace_overlay ? plan.workspace_target : Host(ws), rel);
+  auto src = OpenInWorkspace(plan.workspace_overlay ? plan.workspace_target : Host(ws), rel);
   if (!src.ok()) return src.status();
-  auto dst = OpenBeneath(plan.workspace_target, rel);
+  auto dst = OpenInWorkspace(plan.workspace_target, rel);
   if (!dst.ok()) return dst.status();
   return AttachClone(src->get(), "", AT_EMPTY_PATH | AT_RECURSIVE, attrs, dst->get(), "", m.op.target);
 }
@@ -140,20 +142,19 @@ Status MountOverlay(const MountOp& op, const Plan& plan) {
   return {};
 }
 
+// The mask goes on the target itself, never where a symlink put there
+// since the scan points (O_NOFOLLOW: a link is masked as the link).
 Status Mask(const ResolvedMount& m) {
+  UniqueFd target(open(m.op.target.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
+  if (!target.valid()) {
+    if (m.op.optional && errno == ENOENT) return {};
+    return Status::Errno("mount", "open(O_NOFOLLOW)", m.op.target);
+  }
   bool is_dir = m.is_dir;
   if (m.op.source.empty()) {  // an inside path: look at it now
     struct stat st {};
-    if (stat(m.op.target.c_str(), &st) != 0) {
-      if (m.op.optional && errno == ENOENT) return {};
-      return Status::Errno("mount", "stat", m.op.target);
-    }
+    if (fstat(target.get(), &st) != 0) return Status::Errno("mount", "fstat", m.op.target);
     is_dir = S_ISDIR(st.st_mode);
-  }
-  UniqueFd target(open(m.op.target.c_str(), O_PATH | O_CLOEXEC));
-  if (!target.valid()) {
-    if (m.op.optional && errno == ENOENT) return {};
-    return Status::Errno("mount", "open", m.op.target);
   }
   return AttachClone(AT_FDCWD, is_dir ? kMaskDir : kMaskFile, 0,
                      MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,

@@ -335,6 +335,14 @@ Result<ResolvedPlan> ResolvePlan(const Plan& plan) {
     }
     rp.scanned_entries += stats.entries;
     rp.glob_matches += matches.size();
+    // Each match is a mount: thousands of them slow every launch and press
+    // on the kernel's mount limits. Past the cap the run is refused, not
+    // started with some secrets left visible.
+    if (rp.glob_matches > kMaxGlobMasks) {
+      return Status::Error("deny-scan", "filesystem.deny globs match at least " + std::to_string(rp.glob_matches) +
+                                            " paths in the workspace; at most " + std::to_string(kMaxGlobMasks) +
+                                            " can be masked (one mount each): narrow the globs or move the files");
+    }
     for (auto& m : matches) {
       rp.mounts.push_back({MountOp{MountKind::kMask, m.host_path, m.target, true, true, "",
                                    "filesystem.deny: " + scan.patterns.front()},

@@ -43,6 +43,9 @@ class Placeholder {
   UniqueFd fd_;
 };
 
+// The most paths the deny globs may match: each is masked by a mount.
+inline constexpr std::size_t kMaxGlobMasks = 1024;
+
 struct ResolvedPlan {
   std::vector<ResolvedMount> mounts;
   std::vector<std::string> skipped;        // optional entries absent on this host

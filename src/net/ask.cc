@@ -108,6 +108,9 @@ void CommandAsker::Ask(const std::string& host, std::uint16_t port, std::functio
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, in[0], 0);
   posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+  // stdin, stdout and stderr only: whatever this process holds (a
+  // descriptor it inherited without close-on-exec included) stays here.
+  posix_spawn_file_actions_addclosefrom_np(&actions, 3);
   std::vector<char*> args;
   for (auto& a : argv_) args.push_back(a.data());
   args.push_back(nullptr);
@@ -133,7 +136,7 @@ void CommandAsker::Ask(const std::string& host, std::uint16_t port, std::functio
 // --- TerminalAsker --------------------------------------------------------------
 
 TerminalAsker::TerminalAsker(asio::io_context& io, int in_fd, int out_fd, std::chrono::milliseconds timeout)
-    : io_(io), in_(io, in_fd), out_fd_(out_fd == in_fd ? ::dup(out_fd) : out_fd), timeout_(timeout), timer_(io) {
+    : io_(io), in_(io, in_fd), out_fd_(out_fd == in_fd ? ::fcntl(out_fd, F_DUPFD_CLOEXEC, 0) : out_fd), timeout_(timeout), timer_(io) {
 }
 
 TerminalAsker::~TerminalAsker() {

@@ -90,18 +90,25 @@ struct Proxy::Impl : std::enable_shared_from_this<Proxy::Impl> {
     tcp::acceptor acceptor;
     asio::steady_timer retry;
     ListenerKind kind;
+    tcp protocol = tcp::v4();
   };
 
   struct Question {
-    explicit Question(asio::io_context& io) : timer(io) {}
+    Question(asio::io_context& io, std::string key, std::string host, std::uint16_t port)
+        : timer(io), key(std::move(key)), host(std::move(host)), port(port) {}
     std::vector<std::function<void(AskAnswer)>> waiters;
     asio::steady_timer timer;
-    bool done = false;
-    bool grown = false;
+    std::string key;
+    std::string host;
+    std::uint16_t port;
+    bool asked = false;  // put to the asker (else waiting for a turn)
+    bool done = false;   // answered, by the asker or the timer
   };
 
   void Accept(Listener* listener);
-  void Ask(const std::string& host, std::uint16_t port, std::function<void(AskAnswer)> done);
+  // False when the question would be one too many (nothing was queued).
+  bool Ask(const std::string& host, std::uint16_t port, std::function<void(AskAnswer)> done);
+  void PutWaitingQuestions();
   void Answer(const std::string& key, AskAnswer answer);
 
   asio::io_context& io;
@@ -113,7 +120,9 @@ struct Proxy::Impl : std::enable_shared_from_this<Proxy::Impl> {
   bool stopped = false;
   std::vector<std::unique_ptr<Listener>> listeners;
   std::unordered_set<Session*> sessions;
-  std::map<std::string, std::shared_ptr<Question>> questions;
+  std::map<std::string, std::shared_ptr<Question>> questions;  // open, by "host:port"
+  std::deque<std::shared_ptr<Question>> waiting;  // open, not yet asked, oldest first
+  std::size_t asking = 0;  // put to the asker and not yet answered by it
   std::unordered_set<std::string> always;  // "host:port" answered "always" this run
   ProxyStats stats;
 };
@@ -302,7 +311,7 @@ class Session : public std::enable_shared_from_this<Session> {
     const std::string key = TargetText(host_, port_);
     if (impl_->always.count(key)) return Resolve(Decision::Allow("ask: always"));
     if (!impl_->options.ask_unknown || impl_->asker == nullptr) return Deny(d);
-    impl_->Ask(host_, port_, [self = shared_from_this(), d](AskAnswer a) {
+    const bool queued = impl_->Ask(host_, port_, [self = shared_from_this(), d](AskAnswer a) {
       if (self->done()) return;
       if (a == AskAnswer::kDeny) {
         return self->Deny(Decision::Deny(DenyReason::kAskDenied, "on_unknown_domain: ask",
@@ -310,6 +319,13 @@ class Session : public std::enable_shared_from_this<Session> {
       }
       self->Resolve(Decision::Allow(a == AskAnswer::kAlways ? "ask: always" : "ask: once"));
     });
+    if (!queued) {
+      const ProxyOptions& o = impl_->options;
+      return Deny(Decision::Deny(DenyReason::kAskBusy, "on_unknown_domain: ask",
+                                 key + " was not asked: " + std::to_string(o.max_asking) +
+                                     " questions are open and " + std::to_string(o.max_waiting_questions) +
+                                     " more wait"));
+    }
   }
 
   void Resolve(Decision by_name) {
@@ -366,7 +382,22 @@ class Session : public std::enable_shared_from_this<Session> {
     record_.rule = rule;
     error_code ec;
     upstream_.close(ec);
-    upstream_.async_connect(tcp::endpoint(ToAsio(address), port_), [self = shared_from_this()](error_code ec) {
+    // Opened here, not by async_connect: Asio's socket() has no
+    // SOCK_CLOEXEC, and an --ask-command helper spawned meanwhile would
+    // inherit the connection.
+    const tcp::endpoint endpoint(ToAsio(address), port_);
+    int fd = ::socket(endpoint.protocol().family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) {
+      last_connect_error_ = std::string("socket: ") + std::strerror(errno);
+      return DialNext();
+    }
+    upstream_.assign(endpoint.protocol(), fd, ec);
+    if (ec) {
+      ::close(fd);
+      last_connect_error_ = "socket: " + ec.message();
+      return DialNext();
+    }
+    upstream_.async_connect(endpoint, [self = shared_from_this()](error_code ec) {
       if (self->done()) return;
       if (ec) {
         self->last_connect_error_ = ec.message();
@@ -675,10 +706,15 @@ class Session : public std::enable_shared_from_this<Session> {
 // --- Impl -------------------------------------------------------------------
 
 void Proxy::Impl::Accept(Listener* listener) {
-  listener->acceptor.async_accept([self = shared_from_this(), listener](error_code ec, tcp::socket socket) {
+  // accept4 with SOCK_CLOEXEC rather than Asio's accept (plain accept(2)):
+  // the --ask-command helper is spawned from this process while connections
+  // are open, and must not inherit the sandbox's.
+  listener->acceptor.async_wait(tcp::acceptor::wait_read, [self = shared_from_this(), listener](error_code ec) {
     if (self->stopped) return;
     if (ec == asio::error::operation_aborted) return;
-    if (ec) {
+    int fd = ec ? -1 : ::accept4(listener->acceptor.native_handle(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      if (!ec && (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED)) return self->Accept(listener);
       // Out of fds (EMFILE/ENFILE) or a transient error: pause instead of
       // spinning on a listener that stays readable.
       listener->retry.expires_after(std::chrono::milliseconds(50));
@@ -686,6 +722,13 @@ void Proxy::Impl::Accept(Listener* listener) {
         if (!ec2 && !self->stopped) self->Accept(listener);
       });
       return;
+    }
+    tcp::socket socket(self->io);
+    error_code assign_ec;
+    socket.assign(listener->protocol, fd, assign_ec);
+    if (assign_ec) {
+      ::close(fd);
+      return self->Accept(listener);
     }
     ++self->stats.accepted;
     if (self->sessions.size() >= self->options.max_connections) {
@@ -699,25 +742,46 @@ void Proxy::Impl::Accept(Listener* listener) {
   });
 }
 
-void Proxy::Impl::Ask(const std::string& host, std::uint16_t port, std::function<void(AskAnswer)> done) {
+bool Proxy::Impl::Ask(const std::string& host, std::uint16_t port, std::function<void(AskAnswer)> done) {
   const std::string key = TargetText(host, port);
   auto it = questions.find(key);
   if (it != questions.end()) {  // the same question is already open: wait for its answer
     it->second->waiters.push_back(std::move(done));
-    return;
+    return true;
   }
-  auto q = std::make_shared<Question>(io);
+  if (asking >= options.max_asking && waiting.size() >= options.max_waiting_questions) return false;
+  auto q = std::make_shared<Question>(io, key, host, port);
   q->waiters.push_back(std::move(done));
   questions[key] = q;
+  // The bound covers the wait for a turn too: a connection never waits
+  // longer than ask_timeout for its answer.
   q->timer.expires_after(options.ask_timeout);
   q->timer.async_wait([self = shared_from_this(), key](error_code ec) {
     if (!ec) self->Answer(key, AskAnswer::kDeny);
   });
-  asker->Ask(host, port, [weak = weak_from_this(), key, q](AskAnswer a) {
-    auto self = weak.lock();
-    if (!self || q->done) return;
-    self->Answer(key, a);
-  });
+  waiting.push_back(std::move(q));
+  PutWaitingQuestions();
+  return true;
+}
+
+// A question's turn ends when the asker answers it (the ask command has
+// exited and been reaped by then), not when the proxy's timer gave up on
+// it: the count is of what the asker really has open.
+void Proxy::Impl::PutWaitingQuestions() {
+  while (!stopped && asking < options.max_asking && !waiting.empty()) {
+    std::shared_ptr<Question> q = std::move(waiting.front());
+    waiting.pop_front();
+    if (q->done) continue;
+    q->asked = true;
+    ++asking;
+    asker->Ask(q->host, q->port, [weak = weak_from_this(), q](AskAnswer a) {
+      auto self = weak.lock();
+      if (!self) return;
+      --self->asking;
+      if (!q->done) self->Answer(q->key, a);
+      self->PutWaitingQuestions();
+    });
+  }
 }
 
 void Proxy::Impl::Answer(const std::string& key, AskAnswer answer) {
@@ -727,6 +791,7 @@ void Proxy::Impl::Answer(const std::string& key, AskAnswer answer) {
   questions.erase(it);
   q->done = true;
   q->timer.cancel();
+  if (!q->asked) waiting.erase(std::remove(waiting.begin(), waiting.end(), q), waiting.end());
   if (answer == AskAnswer::kAlways) always.insert(key);
   for (auto& waiter : q->waiters) waiter(answer);
 }
@@ -753,7 +818,8 @@ Status Proxy::Serve(int fd, ListenerKind kind) {
   }
   auto listener = std::make_unique<Impl::Listener>(impl_->io, kind);
   error_code ec;
-  listener->acceptor.assign(addr.ss_family == AF_INET ? tcp::v4() : tcp::v6(), fd, ec);
+  listener->protocol = addr.ss_family == AF_INET ? tcp::v4() : tcp::v6();
+  listener->acceptor.assign(listener->protocol, fd, ec);
   if (ec) {
     ::close(fd);
     return Status::Syscall("proxy", "assign listener", "fd " + std::to_string(fd), ec.value());
@@ -781,6 +847,7 @@ void Proxy::Stop() {
     q->timer.cancel();
   }
   impl_->questions.clear();
+  impl_->waiting.clear();
   impl_->stopped = true;
   impl_->sink = nullptr;
 }

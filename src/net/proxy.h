@@ -86,9 +86,11 @@ const char* ToString(AskAnswer a);
 class Asker {
  public:
   virtual ~Asker() = default;
-  // Asks about one target. `done` runs at most once on the io_context
-  // thread; the proxy bounds the wait itself and treats silence as kDeny.
-  // The proxy asks one question per host:port at a time.
+  // Asks about one target. `done` runs once on the io_context thread, within
+  // the asker's own bound (the proxy counts a question as open until then);
+  // the proxy bounds the wait itself too and treats silence as kDeny.
+  // The proxy asks one question per host:port at a time, and at most
+  // ProxyOptions::max_asking questions at once.
   virtual void Ask(const std::string& host, std::uint16_t port, std::function<void(AskAnswer)> done) = 0;
 };
 
@@ -124,6 +126,11 @@ struct ProxyOptions {
   std::chrono::milliseconds header_timeout{10000};   // request head, SOCKS handshake, ClientHello
   std::chrono::milliseconds connect_timeout{10000};  // resolution plus dialling
   std::chrono::milliseconds ask_timeout{60000};      // a question unanswered by then is a deny
+  // An asker may start a process per question: at most this many questions
+  // are put at once, and at most max_waiting_questions more (distinct
+  // host:port) wait for a turn; beyond, a new target is refused (ask-busy).
+  std::size_t max_asking = 4;
+  std::size_t max_waiting_questions = 64;
   std::size_t header_limit = 32 * 1024;              // request line + fields; beyond → 431
   std::size_t max_connections = 8192;                // beyond: accepted and closed at once
 };

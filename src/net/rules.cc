@@ -273,6 +273,7 @@ const char* ToString(DenyReason r) {
     case DenyReason::kNotAllowed: return "not-allowed";
     case DenyReason::kAddressGuard: return "address-guard";
     case DenyReason::kAskDenied: return "ask-denied";
+    case DenyReason::kAskBusy: return "ask-busy";
     case DenyReason::kSniMismatch: return "sni-mismatch";
     case DenyReason::kBadRequest: return "bad-request";
   }

@@ -91,6 +91,7 @@ enum class DenyReason {
   kNotAllowed,    // no allow entry, default deny, nobody said yes
   kAddressGuard,  // resolved to a non-public address not admitted by an IP entry
   kAskDenied,     // the person or --ask-command said no, or did not answer in time
+  kAskBusy,       // too many questions open already: refused without asking
   kSniMismatch,   // TLS SNI names another host than the CONNECT target
   kBadRequest,    // unusable target (bad name, port 0)
 };

@@ -33,6 +33,7 @@ using policy_internal::CredentialsInSandboxName;
 using policy_internal::DomainList;
 using policy_internal::DomainProblem;
 using policy_internal::EnvNameProblem;
+using policy_internal::FormatNumber;
 using policy_internal::IsValidUtf8;
 using policy_internal::PathRule;
 
@@ -62,10 +63,10 @@ std::optional<double> AsNumber(const std::string& text) {
 
 // `value * unit`, rounded, if it is a positive count that fits in 64 bits.
 enum class ScaleResult { kOk, kNotPositive, kTooLarge };
-ScaleResult ScalePositive(double value, double unit, std::uint64_t& out) {
+ScaleResult ScalePositive(double value, double unit, std::uint64_t max, std::uint64_t& out) {
   if (!(value > 0)) return ScaleResult::kNotPositive;
   double scaled = std::round(value * unit);
-  if (scaled >= 18446744073709551616.0) return ScaleResult::kTooLarge;  // 2^64
+  if (!(scaled <= static_cast<double>(max))) return ScaleResult::kTooLarge;
   if (scaled < 1) return ScaleResult::kNotPositive;
   out = static_cast<std::uint64_t>(scaled);
   return ScaleResult::kOk;
@@ -145,8 +146,8 @@ class Parser {
   Status ReadBool(const Field& f, bool& out) const;
   template <typename E>
   Status ReadEnum(const Field& f, std::initializer_list<E> values, E& out) const;
-  Status ReadPositive(const Field& f, double& out) const;
-  Status ReadCount(const Field& f, std::uint64_t& out) const;
+  Status ReadPositive(const Field& f, double max, double& out) const;
+  Status ReadCount(const Field& f, std::uint64_t max, std::uint64_t& out) const;
   Status ReadBytes(const Field& f, std::uint64_t& out) const;
   Status ReadDuration(const Field& f, std::uint64_t& out) const;
   Status ReadPaths(const Field& f, PathRule rule, std::vector<std::string>& out) const;
@@ -287,24 +288,30 @@ Status Parser::ReadEnum(const Field& f, std::initializer_list<E> values, E& out)
   return Fail(f, "unknown value " + Describe(f) + " (expected one of: " + expected + ")");
 }
 
-Status Parser::ReadPositive(const Field& f, double& out) const {
+Status Parser::ReadPositive(const Field& f, double max, double& out) const {
   std::optional<double> value = f.node.IsScalar() ? AsNumber(f.node.Scalar()) : std::nullopt;
   if (!value) return Fail(f, "expected a number, got " + Describe(f));
   if (!(*value > 0)) return Fail(f, "must be > 0");
+  if (!(*value <= max)) return Fail(f, "is larger than the maximum, " + FormatNumber(max));
   out = *value;
   return Status();
 }
 
-Status Parser::ReadCount(const Field& f, std::uint64_t& out) const {
+Status Parser::ReadCount(const Field& f, std::uint64_t max, std::uint64_t& out) const {
   const std::string text = f.node.IsScalar() ? f.node.Scalar() : "";
   std::uint64_t value = 0;
   auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   bool digits_only = !text.empty() && std::all_of(text.begin(), text.end(),
                                                   [](char c) { return c >= '0' && c <= '9'; });
-  if (!digits_only || ec != std::errc() || ptr != text.data() + text.size()) {
+  if (!digits_only || (ec != std::errc() && ec != std::errc::result_out_of_range) ||
+      ptr != text.data() + text.size()) {
     return Fail(f, "expected a whole number ≥ 1, got " + Describe(f));
   }
+  if (ec == std::errc::result_out_of_range) {
+    return Fail(f, "is larger than the maximum, " + std::to_string(max));
+  }
   if (value == 0) return Fail(f, "must be ≥ 1");
+  if (value > max) return Fail(f, "is larger than the maximum, " + std::to_string(max));
   out = value;
   return Status();
 }
@@ -314,10 +321,10 @@ Status Parser::ReadBytes(const Field& f, std::uint64_t& out) const {
   if (!f.node.IsScalar()) return Fail(f, "expected a number of GiB or a size, got " + Describe(f));
   const std::string& text = f.node.Scalar();
   if (std::optional<double> gib = AsNumber(text)) {
-    switch (ScalePositive(*gib, 1024.0 * 1024.0 * 1024.0, out)) {
+    switch (ScalePositive(*gib, 1024.0 * 1024.0 * 1024.0, kMaxSizeBytes, out)) {
       case ScaleResult::kOk: return Status();
       case ScaleResult::kNotPositive: return Fail(f, "must be > 0");
-      case ScaleResult::kTooLarge: return Fail(f, "too large");
+      case ScaleResult::kTooLarge: return Fail(f, "is larger than the maximum, 1048576 GiB (1024Ti)");
     }
   }
   Result<std::uint64_t> bytes = ParseSize(text);
@@ -333,10 +340,10 @@ Status Parser::ReadDuration(const Field& f, std::uint64_t& out) const {
   }
   const std::string& text = f.node.Scalar();
   if (std::optional<double> minutes = AsNumber(text)) {
-    switch (ScalePositive(*minutes, 60.0 * 1000.0, out)) {
+    switch (ScalePositive(*minutes, 60.0 * 1000.0, kMaxDurationMs, out)) {
       case ScaleResult::kOk: return Status();
       case ScaleResult::kNotPositive: return Fail(f, "must be > 0");
-      case ScaleResult::kTooLarge: return Fail(f, "too large");
+      case ScaleResult::kTooLarge: return Fail(f, "is longer than the maximum, 10080 minutes (168h)");
     }
   }
   Result<std::uint64_t> ms = ParseDurationMs(text);
@@ -497,7 +504,7 @@ Status Parser::ParseResources(const Field& f, ResourcesSpec& out) const {
           Status s =
               ForEachKey(v, {"guaranteed", "limit"}, [&](const std::string& k, const Field& c) {
                 double cores = 0;
-                if (Status r = ReadPositive(c, cores); !r.ok()) return r;
+                if (Status r = ReadPositive(c, kMaxCpus, cores); !r.ok()) return r;
                 (k == "guaranteed" ? guaranteed : limit) = c;
                 (k == "guaranteed" ? out.cpu.guaranteed : out.cpu.limit) = cores;
                 return Status();
@@ -542,7 +549,7 @@ Status Parser::ParseResources(const Field& f, ResourcesSpec& out) const {
             s = Fail(v, ms.status().message());
           }
         } else {
-          s = ReadCount(v, value);
+          s = ReadCount(v, kMaxProcesses, value);
           if (s.ok()) out.max_processes = value;
         }
         return s;

@@ -171,14 +171,17 @@ Result<Policy> ApplyOverrides(Policy policy, const PolicyOverrides& o, bool from
   ResourcesSpec& r = policy.resources;
   if (o.timeout_ms) {
     if (*o.timeout_ms == 0) return flag_error("--timeout", "must be > 0");
+    if (*o.timeout_ms > kMaxDurationMs) return flag_error("--timeout", "is longer than the maximum, 168h");
     r.wall_clock_ms = *o.timeout_ms;
   }
   if (o.kill_grace_ms) {
     if (*o.kill_grace_ms == 0) return flag_error("--kill-grace", "must be > 0");
+    if (*o.kill_grace_ms > kMaxDurationMs) return flag_error("--kill-grace", "is longer than the maximum, 168h");
     r.kill_grace_ms = *o.kill_grace_ms;
   }
   if (o.memory_bytes) {
     if (*o.memory_bytes == 0) return flag_error("--memory", "must be > 0");
+    if (*o.memory_bytes > kMaxSizeBytes) return flag_error("--memory", "is larger than the maximum, 1024Ti");
     if (r.memory_guaranteed_bytes && *r.memory_guaranteed_bytes > *o.memory_bytes) {
       return flag_error("--memory", "must be ≥ the policy's guaranteed memory (" +
                                         FormatSize(*r.memory_guaranteed_bytes) + ")");
@@ -187,10 +190,14 @@ Result<Policy> ApplyOverrides(Policy policy, const PolicyOverrides& o, bool from
   }
   if (o.max_processes) {
     if (*o.max_processes == 0) return flag_error("--max-processes", "must be ≥ 1");
+    if (*o.max_processes > kMaxProcesses) {
+      return flag_error("--max-processes", "is larger than the maximum, " + std::to_string(kMaxProcesses));
+    }
     r.max_processes = *o.max_processes;
   }
   if (o.cpus) {
     if (!std::isfinite(*o.cpus) || *o.cpus <= 0) return flag_error("--cpus", "must be > 0");
+    if (*o.cpus > kMaxCpus) return flag_error("--cpus", "is larger than the maximum, " + FormatNumber(kMaxCpus));
     if (r.cpu.guaranteed && *r.cpu.guaranteed > *o.cpus) {
       return flag_error("--cpus", "must be ≥ the policy's guaranteed cpu (" +
                                       FormatNumber(*r.cpu.guaranteed) + ")");

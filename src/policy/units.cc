@@ -64,6 +64,11 @@ bool Scale(const Decimal& number, std::uint64_t multiplier, std::uint64_t& out) 
 
 Status UnitsError(std::string message) { return Status::Error("policy", std::move(message)); }
 
+static_assert(kMaxSizeBytes == 1024ULL << 40 && kMaxDurationMs == 168ULL * 60 * 60 * 1000,
+              "the texts below name the bounds");
+constexpr std::string_view kMaxSizeText = "1024Ti";
+constexpr std::string_view kMaxDurationText = "168h (7 days)";
+
 }  // namespace
 
 Result<std::uint64_t> ParseSize(const std::string& text) {
@@ -107,6 +112,9 @@ Result<std::uint64_t> ParseSize(const std::string& text) {
       return UnitsError("size \"" + text + "\" is too large");
     }
     if (bytes == 0) return UnitsError("size \"" + text + "\" must be > 0");
+    if (bytes > kMaxSizeBytes) {
+      return UnitsError("size \"" + text + "\" is larger than the maximum, " + std::string(kMaxSizeText));
+    }
     return bytes;
   }
   return UnitsError(bad);
@@ -136,6 +144,9 @@ Result<std::uint64_t> ParseDurationMs(const std::string& text) {
   std::uint64_t ms = 0;
   if (!Scale(number, multiplier, ms)) return UnitsError("duration \"" + text + "\" is too long");
   if (ms == 0) return UnitsError("duration \"" + text + "\" must be > 0");
+  if (ms > kMaxDurationMs) {
+    return UnitsError("duration \"" + text + "\" is longer than the maximum, " + std::string(kMaxDurationText));
+  }
   return ms;
 }
 

@@ -33,7 +33,7 @@ TEST(ParseSizeTest, AcceptsSuffixes) {
       {"2GiB", 2ULL << 30},
       {"1Ti", 1ULL << 40},
       {"1TiB", 1ULL << 40},
-      {"16777215Ti", 16777215ULL << 40},
+      {"1024Ti", 1024ULL << 40},
   };
   for (const UnitCase& c : cases) {
     Result<std::uint64_t> r = ParseSize(c.text);
@@ -69,9 +69,24 @@ TEST(ParseSizeTest, RejectsBadSizes) {
 }
 
 TEST(ParseSizeTest, LargestValueFits) {
-  Result<std::uint64_t> r = ParseSize("18446744073709551615");
-  ASSERT_TRUE(r.ok());
-  EXPECT_EQ(*r, UINT64_MAX);
+  Result<std::uint64_t> r = ParseSize("1024Ti");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, kMaxSizeBytes);
+  r = ParseSize(std::to_string(kMaxSizeBytes));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, kMaxSizeBytes);
+}
+
+// Sizes that fit in 64 bits but no sandbox could mean are refused when
+// parsed, not passed on to wrap in a limit (a file size past 2^63 made
+// every write fail with SIGXFSZ).
+TEST(ParseSizeTest, RefusesAboveTheMaximum) {
+  for (const std::string text : {std::to_string(kMaxSizeBytes + 1), std::string("1025Ti"),
+                                 std::string("16000000000Gi"), std::string("18446744073709551615")}) {
+    Result<std::uint64_t> r = ParseSize(text);
+    ASSERT_FALSE(r.ok()) << text;
+    EXPECT_EQ(r.status().message(), "size \"" + text + "\" is larger than the maximum, 1024Ti");
+  }
 }
 
 TEST(ParseDurationMsTest, AcceptsUnits) {
@@ -83,6 +98,19 @@ TEST(ParseDurationMsTest, AcceptsUnits) {
     Result<std::uint64_t> r = ParseDurationMs(c.text);
     ASSERT_TRUE(r.ok()) << c.text << ": " << r.status().ToString();
     EXPECT_EQ(*r, c.value) << c.text;
+  }
+}
+
+// A duration past the bound used to wrap in std::chrono's nanoseconds:
+// --timeout 3000000h timed out after 30 ms.
+TEST(ParseDurationMsTest, RefusesAboveTheMaximum) {
+  Result<std::uint64_t> r = ParseDurationMs("168h");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, kMaxDurationMs);
+  for (const std::string text : {"3000000h", "169h", "604800001ms", "10081m"}) {
+    r = ParseDurationMs(text);
+    ASSERT_FALSE(r.ok()) << text;
+    EXPECT_EQ(r.status().message(), "duration \"" + text + "\" is longer than the maximum, 168h (7 days)");
   }
 }
 

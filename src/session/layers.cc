@@ -31,6 +31,7 @@ namespace agentbox::session {
 namespace {
 
 using linux::UniqueFd;
+using linux::OpenBeneath;
 
 constexpr const char* kOpaqueXattr = "user.overlay.opaque";
 constexpr const char* kTrustedOpaqueXattr = "trusted.overlay.opaque";
@@ -193,15 +194,6 @@ bool IsOpaque(int dir_fd) {
     if (n == 1 && value[0] == 'y') return true;
   }
   return false;
-}
-
-// Opens `rel` below the directory `root_fd` without following any symlink on
-// the way (a symlink as the last component is opened itself with O_PATH).
-int OpenBeneath(int root_fd, const std::string& rel, std::uint64_t flags) {
-  linux::OpenHow how{};
-  how.flags = flags | O_CLOEXEC | O_NOFOLLOW;
-  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
-  return linux::Openat2(root_fd, rel.empty() ? "." : rel.c_str(), &how);
 }
 
 // The names in the directory `dir_fd` (not "." or ".."), sorted.
@@ -587,7 +579,8 @@ class LayeredView {
   // Opens a file or symlink of the view (O_PATH for a symlink).
   int OpenNode(const Node& node, const std::string& rel) const {
     return OpenBeneath(fds_[node.layer].get(), rel,
-                       node.kind == Kind::kSymlink ? O_PATH : O_RDONLY | O_NONBLOCK | O_NOCTTY);
+                       node.kind == Kind::kSymlink ? O_PATH : O_RDONLY | O_NONBLOCK | O_NOCTTY)
+        .release();
   }
 
  private:
@@ -981,7 +974,7 @@ Status CopyTreeUnguarded(const std::string& from, const std::string& to) {
 
 // ------------------------------------------------------------------ diff
 
-Result<Json> ComputeDiffUnguarded(const LayerStack& stack, std::size_t max_patch_bytes) {
+Result<Json> ComputeDiffUnguarded(const LayerStack& stack, std::size_t max_patch_bytes, std::size_t max_files) {
   std::vector<std::string> merged_roots;
   merged_roots.push_back(stack.upper);
   if (!stack.copy_mode) {
@@ -1022,6 +1015,7 @@ Result<Json> ComputeDiffUnguarded(const LayerStack& stack, std::size_t max_patch
   Json files = Json::array();
   std::string patch;
   bool truncated = false;
+  bool files_truncated = false;
   for (const std::string& path : paths) {
     Node after_node = merged->Lookup(path);
     Node before_node = base->Lookup(path);
@@ -1070,6 +1064,10 @@ Result<Json> ComputeDiffUnguarded(const LayerStack& stack, std::size_t max_patch
     }
     // A path that is not UTF-8 is listed readable ("path", with U+FFFD for
     // the bytes that are not UTF-8) and exact ("path_hex").
+    if (files.size() >= max_files) {  // one changed path too many: the rest is left out
+      files_truncated = truncated = true;
+      break;
+    }
     Json file = {{"path", Utf8Lossy(path)}, {"status", status}, {"binary", before->binary || after->binary}};
     if (!IsUtf8(path)) file["path_hex"] = Hex(path);
     files.push_back(std::move(file));
@@ -1080,7 +1078,10 @@ Result<Json> ComputeDiffUnguarded(const LayerStack& stack, std::size_t max_patch
     }
     patch += section;
   }
-  return Json{{"files", std::move(files)}, {"patch", std::move(patch)}, {"truncated", truncated}};
+  return Json{{"files", std::move(files)},
+              {"patch", std::move(patch)},
+              {"truncated", truncated},
+              {"files_truncated", files_truncated}};
 }
 
 // Runs `f`, turning any exception (a JSON error, memory exhausted) into an
@@ -1114,8 +1115,9 @@ Status CopyTree(const std::string& from, const std::string& to) {
   return Guarded("copy", "copy of " + from + " to " + to, [&] { return CopyTreeUnguarded(from, to); });
 }
 
-Result<Json> ComputeDiff(const LayerStack& stack, std::size_t max_patch_bytes) {
-  return Guarded("diff", "diff of " + stack.upper, [&] { return ComputeDiffUnguarded(stack, max_patch_bytes); });
+Result<Json> ComputeDiff(const LayerStack& stack, std::size_t max_patch_bytes, std::size_t max_files) {
+  return Guarded("diff", "diff of " + stack.upper,
+                 [&] { return ComputeDiffUnguarded(stack, max_patch_bytes, max_files); });
 }
 
 }  // namespace agentbox::session

@@ -99,7 +99,7 @@ Status CopyTree(const std::string& from, const std::string& to);
 // new directory is no change), the user-executable bit as mode 100755 vs
 // 100644 and no other permission bits.
 //   {"files": [{"path", "status": added|modified|deleted, "binary": bool}],
-//    "patch": "<git-style diff>", "truncated": bool}
+//    "patch": "<git-style diff>", "truncated": bool, "files_truncated": bool}
 // A path that is not UTF-8 is listed with "path" made readable (U+FFFD for
 // each byte that is not UTF-8) and "path_hex", its exact bytes in hex; the
 // patch quotes such names as git does (octal escapes).
@@ -118,8 +118,13 @@ Status CopyTree(const std::string& from, const std::string& to);
 // `max_patch_bytes` + 1 bytes, even one growing while it is read (larger
 // files are compared by streaming when their sizes match).
 //
+// The list of files is capped too: past `max_files` changed paths the rest
+// are left out of both, and "files_truncated" (and "truncated") is true.
+//
 // None of these functions throws: failures, including JSON and memory
 // errors, come back as a Status naming the path.
-Result<Json> ComputeDiff(const LayerStack& stack, std::size_t max_patch_bytes);
+inline constexpr std::size_t kMaxDiffFiles = 10000;
+Result<Json> ComputeDiff(const LayerStack& stack, std::size_t max_patch_bytes,
+                         std::size_t max_files = kMaxDiffFiles);
 
 }  // namespace agentbox::session

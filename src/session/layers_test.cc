@@ -820,6 +820,26 @@ TEST(LayersHostile, NonUtf8NamesRoundTrip) {
   EXPECT_EQ((*d)["truncated"], false);
 }
 
+// The list of files is capped as the patch is: a sandbox that touches
+// ten thousand and more files gets a bounded answer, marked truncated.
+TEST(LayersHostile, FileListIsCapped) {
+  TempDir t;
+  fs::create_directories(t / "base");
+  constexpr int kChanged = 10050;
+  for (int i = 0; i < kChanged; ++i) Write(t / ("upper/f" + std::to_string(i)), "x\n");
+  auto d = ComputeDiff({t / "base", {}, t / "upper"}, 1 << 20);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ((*d)["files"].size(), 10000u);
+  EXPECT_EQ((*d)["files_truncated"], true);
+  EXPECT_EQ((*d)["truncated"], true);
+  const std::string patch = (*d)["patch"];
+  std::size_t sections = 0;
+  for (std::size_t at = patch.find("diff --git "); at != std::string::npos; at = patch.find("diff --git ", at + 1)) {
+    ++sections;
+  }
+  EXPECT_LE(sections, 10000u);  // nothing in the patch that the list leaves out
+}
+
 // A big sparse file in the upper layer costs no memory: it is listed, left
 // out of the patch, and the patch says it is truncated.
 TEST(LayersHostile, FileOverTheCapIsNotLoaded) {

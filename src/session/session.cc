@@ -854,7 +854,10 @@ Result<Json> Manager::Execute(const std::string& id, const std::string& name, co
     if (input.contains("timeout")) {
       const Json& t = input["timeout"];
       if (t.is_number()) {
-        if (t.get<double>() <= 0) return Status::Error(kBadRequest, "bash: input.timeout must be positive");
+        if (!(t.get<double>() > 0)) return Status::Error(kBadRequest, "bash: input.timeout must be positive");
+        if (!(t.get<double>() * 1000 <= static_cast<double>(kMaxDurationMs))) {
+          return Status::Error(kBadRequest, "bash: input.timeout is longer than the maximum, 168h");
+        }
       } else if (!t.is_string() || !ParseDurationMs(t.get<std::string>()).ok()) {
         return Status::Error(kBadRequest, "bash: input.timeout must be seconds or a duration like \"30s\"");
       }
@@ -991,7 +994,7 @@ Result<Json> Manager::Diff(const std::string& id) {
   LayerStack stack = s->Layers();
   struct stat st {};
   if (stat(stack.upper.c_str(), &st) != 0) {
-    if (stack.copy_mode) return Json{{"files", Json::array()}, {"patch", ""}, {"truncated", false}};
+    if (stack.copy_mode) return Json{{"files", Json::array()}, {"patch", ""}, {"truncated", false}, {"files_truncated", false}};
     mkdir(stack.upper.c_str(), 0700);
   }
   try {

@@ -16,8 +16,13 @@ namespace {
 // (what the sandbox left there is untrusted), granting ourselves search and
 // write permission on directories the command locked.
 void RemoveContents(int dirfd) {
-  DIR* dir = fdopendir(dup(dirfd));
-  if (!dir) return;
+  int copy = fcntl(dirfd, F_DUPFD_CLOEXEC, 0);
+  if (copy < 0) return;
+  DIR* dir = fdopendir(copy);
+  if (!dir) {
+    close(copy);
+    return;
+  }
   std::vector<std::string> names;
   while (struct dirent* e = readdir(dir)) {
     std::string n = e->d_name;

@@ -336,6 +336,26 @@ TEST(Cli, RepeatableOptionBeforeDoubleDash) {
   EXPECT_EQ(w.status, 0) << w.Describe();
 }
 
+// Durations and sizes past their bound are refused naming the flag, before
+// anything runs (125, as for any bad flag value): --timeout 3000000h used to
+// wrap and time the command out after 30 ms.
+TEST(Cli, HugeDurationsAndSizesAreRefusedByFlag) {
+  Sandbox sb;
+  const std::pair<std::string, std::string> flags[] = {
+      {"--timeout", "3000000h"}, {"--kill-grace", "200h"}, {"--memory", "2048Ti"}, {"--max-processes", "99999999"}};
+  for (const auto& [flag, value] : flags) {
+    RunResult r = sb.Sh("sleep 0.2; echo ran", {flag, value});
+    EXPECT_EQ(r.status, 125) << r.Describe();
+    EXPECT_FALSE(Contains(r.out, "ran")) << r.Describe();
+    EXPECT_TRUE(Contains(r.err, flag)) << r.Describe();
+    EXPECT_TRUE(Contains(r.err, "maximum")) << r.Describe();
+  }
+  RunResult ask = sb.Sh("echo ran", {"--ask-timeout", "3000000h"});
+  EXPECT_NE(ask.status, 0) << ask.Describe();
+  EXPECT_FALSE(Contains(ask.out, "ran")) << ask.Describe();
+  EXPECT_TRUE(Contains(ask.err, "--ask-timeout")) << ask.Describe();
+}
+
 TEST(Cli, VersionAndUsage) {
   Sandbox sb;
   RunResult v = Agentbox(sb, {"--version"});

@@ -301,6 +301,18 @@ TEST(DenyGlob, EnvFilesAtAnyDepthAreMasked) {
   EXPECT_FALSE(Contains(r.out + r.err, secret)) << r.Describe();
 }
 
+// Every match is a mount; past the cap the run is refused with the count
+// and the cap, not started with thousands of mounts.
+TEST(DenyGlob, TooManyMatchesAreRefusedNamingTheCap) {
+  Sandbox sb;
+  for (int i = 0; i < 1100; ++i) WriteFile(sb.ws() + "/d" + std::to_string(i) + "/.env", "S=1\n");
+  RunResult r = sb.Sh("echo ran");
+  EXPECT_EQ(r.status, 125) << r.Describe();
+  EXPECT_FALSE(Contains(r.out, "ran")) << r.Describe();
+  EXPECT_TRUE(Contains(r.err, "1100")) << r.Describe();
+  EXPECT_TRUE(Contains(r.err, "at most 1024")) << r.Describe();
+}
+
 TEST(DenyGlob, SecretAddedAfterACachedScanIsStillMasked) {
   Sandbox sb;
   WriteFile(sb.ws() + "/old/deep/notes.txt", "x");

@@ -10,9 +10,11 @@
 #include <stdlib.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <string>
 #include <thread>
@@ -438,6 +440,76 @@ TEST(Network, AskCommandIsConsulted) {
   EXPECT_TRUE(Contains(*question, "\"port\":" + std::to_string(server.port()))) << *question;
   EXPECT_TRUE(HasDenial(r, server.target())) << r.Describe();
   EXPECT_EQ(server.served(), 0);
+}
+
+// The ask command runs on the host while the sandbox's connection is open:
+// it gets stdin, stdout and stderr, and no descriptor of agentbox's (the
+// sandbox's client connection above all).
+TEST(Network, AskCommandGetsOnlyStdio) {
+  ASSERT_FALSE(Python().empty()) << "python3 is missing (scripts/install-deps.sh installs it)";
+  HostServer server;
+  ASSERT_GT(server.port(), 0);
+  Sandbox sb;
+  std::string policy = PolicyFile(sb, "  on_unknown_domain: ask\n");
+  std::string fds = sb.scratch() + "/fds.txt";
+  std::string ask = sb.scratch() + "/ask.sh";
+  // The listing's own descriptor is closed again by the time the check runs.
+  WriteFile(ask,
+            "#!/bin/sh\nexec " + Python() +
+                " -I -c '\nimport os\nfds = sorted(int(f) for f in os.listdir(\"/proc/self/fd\"))\n"
+                "def is_open(fd):\n    try:\n        os.fstat(fd)\n        return True\n    except OSError:\n"
+                "        return False\nlisted = \" \".join(str(f) for f in fds if is_open(f))\n"
+                "open(\"" + fds + "\", \"w\").write(listed)\n"
+                "print(\"deny\")\n'\n",
+            0755);
+  RunResult r = sb.Sh(kUseProxy + "curl -s " + server.url() + "; true", {"--policy", policy, "--ask-command", ask});
+  EXPECT_EQ(r.status, 0) << r.Describe();
+  auto listed = ReadFile(fds);
+  ASSERT_TRUE(listed) << r.Describe();
+  EXPECT_EQ(*listed, "0 1 2");
+  EXPECT_TRUE(HasDenial(r, server.target())) << r.Describe();
+}
+
+// A sandbox cannot make the host run an ask command per connection: 50
+// connections at once to 25 unknown targets (each twice) start at most 4
+// commands at a time, one per target.
+TEST(Network, AskCommandsAreBoundedAndOnePerTarget) {
+  Sandbox sb;
+  std::string policy = PolicyFile(sb, "  on_unknown_domain: ask\n");
+  const std::string live = sb.scratch() + "/live", log = sb.scratch() + "/asked", peak = sb.scratch() + "/peak";
+  ASSERT_EQ(mkdir(live.c_str(), 0700), 0);
+  std::string ask = sb.scratch() + "/ask.sh";
+  // Marks itself live, notes how many are live, unmarks itself before
+  // answering. A second, a long time for the same target's second
+  // connection (started right after the first) to join the open question.
+  WriteFile(ask,
+            "#!/bin/sh\nread q\necho \"$q\" >> '" + log + "'\ntouch '" + live + "/'$$\nls '" + live +
+                "' | wc -l >> '" + peak + "'\nsleep 1\nrm -f '" + live + "/'$$\necho deny\n",
+            0755);
+  std::string script = "for i in $(seq 25); do for j in 1 2; do " + kUseProxy +
+                       "curl -s -o /dev/null -w '%{http_code}\\n' http://host$i.test/ & done; done; wait";
+  RunResult r = sb.Sh(script, {"--policy", policy, "--ask-command", ask, "--ask-timeout", "30s"}, {}, 120000);
+  EXPECT_EQ(r.status, 0) << r.Describe();
+  int refused = 0;
+  for (std::size_t at = r.out.find("403"); at != std::string::npos; at = r.out.find("403", at + 1)) ++refused;
+  EXPECT_EQ(refused, 50) << r.Describe();
+  auto asked = ReadFile(log);
+  ASSERT_TRUE(asked) << r.Describe();
+  std::vector<std::string> lines;
+  for (std::size_t start = 0, nl; (nl = asked->find('\n', start)) != std::string::npos; start = nl + 1) {
+    lines.push_back(asked->substr(start, nl - start));
+  }
+  EXPECT_EQ(lines.size(), 25u) << *asked;
+  std::sort(lines.begin(), lines.end());
+  EXPECT_EQ(std::unique(lines.begin(), lines.end()), lines.end()) << "a target was asked twice:\n" << *asked;
+  int most = 0;
+  auto peaks = ReadFile(peak);
+  ASSERT_TRUE(peaks);
+  for (std::size_t start = 0, nl; (nl = peaks->find('\n', start)) != std::string::npos; start = nl + 1) {
+    most = std::max(most, std::atoi(peaks->substr(start, nl - start).c_str()));
+  }
+  EXPECT_GE(most, 1);
+  EXPECT_LE(most, 4) << "ask commands running at once";
 }
 
 TEST(Network, UnknownDomainWithoutAskCommandIsDenied) {

@@ -4,7 +4,9 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <fcntl.h>
 #include <poll.h>
+#include <sys/stat.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -21,6 +23,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <future>
@@ -84,6 +87,7 @@ std::string RecvUntil(int fd, std::string_view marker = {}) {
   char buf[4096];
   while (marker.empty() || out.find(marker) == std::string::npos) {
     ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n < 0 && errno == EINTR) continue;  // a child of the test (an ask command) ended
     if (n <= 0) break;
     out.append(buf, static_cast<std::size_t>(n));
   }
@@ -940,6 +944,160 @@ TEST(ProxyAsk, TerminalAlwaysThisRun) {
   ::close(pair[1]);
   auto records = h.sink().WaitFor(2);
   ASSERT_EQ(records.size(), 2u);
+}
+
+// A directory for one test's scripts and records, removed with what it holds.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    char tmpl[] = "/tmp/agentbox-proxy-test-XXXXXX";
+    if (::mkdtemp(tmpl) != nullptr) path_ = tmpl;
+  }
+  ~ScratchDir() {
+    if (!path_.empty()) std::filesystem::remove_all(path_);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+std::vector<std::string> Lines(const std::string& path) {
+  std::vector<std::string> lines;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// Sends a CONNECT for each target on its own connection, all before reading
+// any answer, and returns each connection's whole response.
+std::vector<std::string> ConnectAll(Harness& h, const std::vector<std::string>& targets) {
+  std::vector<int> fds;
+  for (const auto& t : targets) {
+    int fd = Connect(h.http_port());
+    timeval tv{60, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    SendAll(fd, "CONNECT " + t + " HTTP/1.1\r\nHost: " + t + "\r\n\r\n");
+    fds.push_back(fd);
+  }
+  std::vector<std::string> responses;
+  for (int fd : fds) {
+    responses.push_back(RecvUntil(fd));
+    ::close(fd);
+  }
+  return responses;
+}
+
+// The ask command is a process on the host: a sandbox that opens many
+// connections to unknown targets must not make the host start a process per
+// connection. At most four questions are put at once, one per host:port
+// (connections to the same target share the answer), the rest wait.
+TEST(ProxyAsk, AtMostFourQuestionsAtOnceAndOnePerTarget) {
+  ScratchDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  const std::string live = dir.path() + "/live", log = dir.path() + "/asked", peak = dir.path() + "/peak";
+  ASSERT_EQ(::mkdir(live.c_str(), 0700), 0);
+  // Each run marks itself live, notes how many runs are live, and removes
+  // its mark before it answers: a count never includes a finished run. Half
+  // a second: every connection has arrived long before the first answer.
+  const std::string script = "read q; echo \"$q\" >> '" + log + "'; touch '" + live + "/'$$; ls '" + live +
+                             "' | wc -l >> '" + peak + "'; sleep 0.5; rm -f '" + live + "/'$$; echo deny";
+  ProxyOptions options;
+  options.ask_unknown = true;
+  options.ask_timeout = std::chrono::seconds(60);
+  Harness h({}, {}, options, NetDefault::kDeny, [&](asio::io_context& io) -> std::unique_ptr<Asker> {
+    return std::make_unique<CommandAsker>(io, std::vector<std::string>{"/bin/sh", "-c", script},
+                                           std::chrono::seconds(30));
+  });
+  h.Start();
+  std::vector<std::string> targets;
+  for (int i = 0; i < 24; ++i) {
+    targets.push_back("host" + std::to_string(i) + ".test:443");
+    targets.push_back("host" + std::to_string(i) + ".test:443");  // the same question, asked once
+  }
+  std::vector<std::string> responses = ConnectAll(h, targets);
+  for (const auto& r : responses) EXPECT_EQ(Header(r, "X-Agentbox-Denied"), "ask-denied") << r;
+  for (const auto& rec : h.sink().WaitFor(targets.size())) {
+    EXPECT_EQ(rec.reason, "ask-denied") << rec.ToJson();
+  }
+  std::vector<std::string> asked = Lines(log);
+  EXPECT_EQ(asked.size(), 24u);
+  std::sort(asked.begin(), asked.end());
+  EXPECT_EQ(std::unique(asked.begin(), asked.end()), asked.end()) << "a target was asked twice";
+  int most = 0;
+  for (const auto& line : Lines(peak)) most = std::max(most, std::atoi(line.c_str()));
+  EXPECT_GE(most, 1);
+  EXPECT_LE(most, 4) << "ask commands running at once";
+}
+
+// Beyond the questions that may wait, a new target is refused at once with
+// its own reason, not left to pile up.
+TEST(ProxyAsk, TooManyWaitingQuestionsAreRefusedByName) {
+  ProxyOptions options;
+  options.ask_unknown = true;
+  options.ask_timeout = std::chrono::seconds(60);
+  options.max_asking = 1;
+  options.max_waiting_questions = 2;
+  Harness h({}, {}, options, NetDefault::kDeny, [&](asio::io_context& io) -> std::unique_ptr<Asker> {
+    return std::make_unique<CommandAsker>(io, std::vector<std::string>{"/bin/sh", "-c", "sleep 2; echo deny"},
+                                           std::chrono::seconds(30));
+  });
+  h.Start();
+  std::vector<std::string> targets;
+  for (int i = 0; i < 5; ++i) targets.push_back("busy" + std::to_string(i) + ".test:443");
+  std::vector<std::string> responses = ConnectAll(h, targets);
+  int denied = 0, busy = 0;
+  for (const auto& r : responses) {
+    std::string reason = Header(r, "X-Agentbox-Denied");
+    if (reason == "ask-denied") ++denied;
+    if (reason == "ask-busy") ++busy;
+  }
+  EXPECT_EQ(denied, 3);  // one asked, two waited
+  EXPECT_EQ(busy, 2);
+  auto records = h.sink().WaitFor(5);
+  ASSERT_EQ(records.size(), 5u);
+  EXPECT_EQ(std::count_if(records.begin(), records.end(), [](const auto& r) { return r.reason == "ask-busy"; }), 2);
+}
+
+// --- descriptors ---------------------------------------------------------------------------
+
+// The descriptors of this process without FD_CLOEXEC, stdio aside.
+std::vector<int> InheritableFds() {
+  std::vector<int> fds;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    int fd = std::atoi(e.path().filename().c_str());
+    if (fd <= 2) continue;
+    int flags = ::fcntl(fd, F_GETFD);
+    if (flags >= 0 && !(flags & FD_CLOEXEC)) fds.push_back(fd);
+  }
+  return fds;
+}
+
+// Processes are spawned from the proxy's process (the ask command): every
+// socket and pipe it holds for a connection is close-on-exec from creation.
+TEST(ProxyFds, ConnectionDescriptorsAreCloseOnExec) {
+  // An upstream that holds no inheritable descriptor of its own (accept4).
+  ScriptServer echo([](int c) {
+    SendAll(c, RecvN(c, 4));
+    RecvUntil(c);
+  });
+  const std::vector<int> before = InheritableFds();
+  Harness h({"127.0.0.1/32"});
+  h.Start();
+  int fd = -1;
+  std::string r = Connect(h, "127.0.0.1:" + std::to_string(echo.port()), &fd);
+  ASSERT_EQ(r.rfind("HTTP/1.1 200", 0), 0u) << r;
+  SendAll(fd, "ping");
+  EXPECT_EQ(RecvN(fd, 4), "ping");  // relaying: client socket, upstream socket and pipes are open
+  std::vector<int> after = InheritableFds();
+  ::close(fd);
+  std::vector<int> leaked;
+  for (int f : after) {
+    if (std::find(before.begin(), before.end(), f) == before.end() && f != fd) leaked.push_back(f);
+  }
+  std::string shown;
+  for (int f : leaked) shown += std::to_string(f) + " ";
+  EXPECT_TRUE(leaked.empty()) << "descriptors without FD_CLOEXEC: " << shown;
 }
 
 // --- real clients --------------------------------------------------------------------------
