@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,10 +14,15 @@
 #include <sstream>
 #include <thread>
 
+#include "linux/random.h"
+
 namespace agentbox::linux {
 namespace {
 
 constexpr const char* kPrefix = "agentbox-";
+// Who owns a run's cgroup, on the directory rather than in its name: the
+// name shows inside the sandbox (/proc/self/cgroup), the tag does not.
+constexpr const char* kOwnerTag = "user.agentbox.owner";
 constexpr std::uint64_t kCpuPeriodUs = 100000;
 
 std::vector<std::string> Split(const std::string& s, char sep) {
@@ -123,6 +129,20 @@ Result<std::string> CgroupFs::Read(const std::string& path) const {
     out.append(buf, static_cast<size_t>(n));
   }
   return out;
+}
+
+Status CgroupFs::SetTag(const std::string& path, const std::string& name, const std::string& value) const {
+  if (setxattr(Real(path).c_str(), name.c_str(), value.data(), value.size(), XATTR_CREATE) != 0) {
+    return Status::Errno("cgroup", "setxattr(" + name + ")", path);
+  }
+  return {};
+}
+
+std::optional<std::string> CgroupFs::Tag(const std::string& path, const std::string& name) const {
+  char buf[256];
+  ssize_t n = getxattr(Real(path).c_str(), name.c_str(), buf, sizeof(buf));
+  if (n < 0) return std::nullopt;
+  return std::string(buf, static_cast<size_t>(n));
 }
 
 Result<UniqueFd> CgroupFs::OpenDir(const std::string& path) const {
@@ -245,12 +265,12 @@ std::optional<std::uint64_t> KeyedValue(const std::string& text, const std::stri
   return std::nullopt;
 }
 
-std::string SandboxCgroupName(const std::string& nonce) {
-  CgroupFs fs;
+std::string SandboxCgroupName() { return std::string(kPrefix) + RandomHex(8); }
+
+std::string CgroupOwner(const CgroupFs& fs) {
   auto stat = fs.Read("/proc/self/stat");
   auto start = stat.ok() ? StartTime(*stat) : std::nullopt;
-  return std::string(kPrefix) + OwnPidNs(fs) + "-" + std::to_string(getpid()) + "-" +
-         std::to_string(start.value_or(0)) + "-" + nonce;
+  return OwnPidNs(fs) + "-" + std::to_string(getpid()) + "-" + std::to_string(start.value_or(0));
 }
 
 // ------------------------------------------------------------ SandboxCgroup
@@ -259,6 +279,7 @@ Result<std::unique_ptr<SandboxCgroup>> SandboxCgroup::Create(const CgroupFs& fs,
                                                             const ResourceLimits& limits,
                                                             const std::string& name) {
   std::unique_ptr<SandboxCgroup> cg(new SandboxCgroup(fs));  // its destructor undoes a partial set-up
+  const std::string owner = CgroupOwner(fs);
   std::vector<std::string> needed;
   if (limits.memory_max_bytes || limits.memory_low_bytes) needed.push_back("memory");
   if (limits.pids_max) needed.push_back("pids");
@@ -293,6 +314,7 @@ Result<std::unique_ptr<SandboxCgroup>> SandboxCgroup::Create(const CgroupFs& fs,
     std::string dir = Join(layout.v2_dir, name);
     if (Status s = fs.MakeDir(dir); !s.ok()) return s;
     cg->v2_dir_ = dir;
+    if (Status s = fs.SetTag(dir, kOwnerTag, owner); !s.ok()) return s;
     auto fd = fs.OpenDir(dir);
     if (!fd.ok()) return fd.status();
     cg->v2_fd_ = std::move(*fd);
@@ -304,6 +326,7 @@ Result<std::unique_ptr<SandboxCgroup>> SandboxCgroup::Create(const CgroupFs& fs,
     std::string dir = Join(layout.v1_dirs.at(c), name);
     if (Status s = fs.MakeDir(dir); !s.ok()) return s;
     cg->v1_dirs_[c] = dir;
+    if (Status s = fs.SetTag(dir, kOwnerTag, owner); !s.ok()) return s;
   }
 
   auto set = [&](const std::string& controller, const std::string& file, const std::string& value) -> Status {
@@ -525,9 +548,12 @@ std::vector<std::string> CollectStaleCgroups(const CgroupFs& fs, const CgroupLay
   for (const auto& parent : parents) {
     for (const auto& name : fs.List(parent)) {
       if (name.rfind(kPrefix, 0) != 0) continue;
-      // agentbox-<pidns>-<pid>-<starttime>-<nonce>
-      auto parts = Split(name.substr(std::string(kPrefix).size()), '-');
-      if (parts.size() != 4 || parts[0] != own_ns) continue;  // another pid namespace's: not ours to judge
+      // The owner's <pidns>-<pid>-<starttime>: in the directory's tag, or in
+      // the name itself for cgroups of older versions
+      // (agentbox-<pidns>-<pid>-<starttime>-<nonce>).
+      auto tag = fs.Tag(Join(parent, name), kOwnerTag);
+      auto parts = Split(tag ? *tag : name.substr(std::string(kPrefix).size()), '-');
+      if (parts.size() != (tag ? 3u : 4u) || parts[0] != own_ns) continue;  // untagged, or another pid namespace's
       auto pid = Number(parts[1]);
       auto start = Number(parts[2]);
       if (!pid || !start) continue;

@@ -39,6 +39,9 @@ class CgroupFs {
   Result<UniqueFd> OpenDir(const std::string& path) const;  // O_PATH|O_DIRECTORY, for clone3
   Result<UniqueFd> OpenForWrite(const std::string& path) const;
   std::vector<std::string> List(const std::string& dir) const;  // subdirectory names
+  // An extended attribute of a directory (user.*: cgroupfs keeps them since 5.7).
+  Status SetTag(const std::string& path, const std::string& name, const std::string& value) const;
+  std::optional<std::string> Tag(const std::string& path, const std::string& name) const;
 
   const std::string& root() const { return root_; }
 
@@ -83,10 +86,14 @@ struct CgroupStats {
 // Parsers of the counter files, exposed for the tests.
 std::optional<std::uint64_t> KeyedValue(const std::string& text, const std::string& key);
 
-// The name of a run's cgroup: agentbox-<pidns>-<pid>-<starttime>-<nonce>.
-// Who owns it is in the name, so a stale one (its supervisor gone) can be
-// told from a live one without any state file.
-std::string SandboxCgroupName(const std::string& nonce);
+// The name of a run's cgroup: agentbox-<random>. The name shows inside the
+// sandbox (/proc/self/cgroup), so it carries nothing of the host: no pid,
+// no pid namespace, not the run's nonce. Its owner is a tag on the
+// directory instead (CgroupOwner, user.agentbox.owner), from which a stale
+// one (its supervisor gone) is told from a live one without any state file.
+std::string SandboxCgroupName();
+// This process as a cgroup's owner: <pidns>-<pid>-<starttime>.
+std::string CgroupOwner(const CgroupFs& fs);
 
 // One run's cgroup in every hierarchy it needs. Created with its limits
 // written; destroyed (leftover processes killed, directories removed, with

@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 namespace agentbox::linux {
 namespace {
@@ -297,11 +298,44 @@ TEST_F(Hybrid, StaleCgroupsOfDeadSupervisorsAreRemovedLiveOnesKept) {
   EXPECT_TRUE(root_.Has("/sys/fs/cgroup/pids/not-ours"));
 }
 
-TEST(CgroupName, NamesItsOwner) {
-  std::string n = SandboxCgroupName("0123abcd");
+TEST_F(Hybrid, StaleCgroupsAreToldByTheirOwnerTagNotTheirName) {
+  CgroupFs fs(root_.root());
+  CgroupLayout l = DiscoverCgroupLayout(fs);
+  root_.Put("/proc/100/stat", "100 (agentbox) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 555 0 0\n");
+  const std::map<std::string, std::string> owners = {{"agentbox-live", "4026531836-100-555"},
+                                                     {"agentbox-dead", "4026531836-200-556"},
+                                                     {"agentbox-otherns", "4026532000-200-556"},
+                                                     {"agentbox-untagged", ""}};
+  for (const auto& [n, owner] : owners) {
+    root_.Dir("/sys/fs/cgroup/pids/" + n);
+    if (!owner.empty()) ASSERT_TRUE(fs.SetTag("/sys/fs/cgroup/pids/" + n, "user.agentbox.owner", owner).ok());
+  }
+  auto removed = CollectStaleCgroups(fs, l);
+  EXPECT_EQ(removed, std::vector<std::string>{"/sys/fs/cgroup/pids/agentbox-dead"});
+  EXPECT_TRUE(root_.Has("/sys/fs/cgroup/pids/agentbox-live"));
+  EXPECT_TRUE(root_.Has("/sys/fs/cgroup/pids/agentbox-otherns"));
+  EXPECT_TRUE(root_.Has("/sys/fs/cgroup/pids/agentbox-untagged"));  // its owner unknown: never judged
+}
+
+TEST_F(Hybrid, CreateTagsEachDirectoryWithItsOwner) {
+  CgroupFs fs(root_.root());
+  CgroupLayout l = DiscoverCgroupLayout(fs);
+  ResourceLimits lim;
+  lim.pids_max = 5;
+  auto cg = SandboxCgroup::Create(fs, l, lim, "agentbox-tagged");
+  ASSERT_TRUE(cg.ok()) << cg.status().ToString();
+  auto tag = fs.Tag("/sys/fs/cgroup/pids/agentbox-tagged", "user.agentbox.owner");
+  ASSERT_TRUE(tag.has_value());
+  EXPECT_EQ(*tag, CgroupOwner(fs));
+  EXPECT_NE(tag->find("-" + std::to_string(getpid()) + "-"), std::string::npos) << *tag;
+}
+
+TEST(CgroupName, NamesNothingOfTheHost) {
+  std::string n = SandboxCgroupName();
   EXPECT_EQ(n.rfind("agentbox-", 0), 0u);
-  EXPECT_NE(n.find("-" + std::to_string(getpid()) + "-"), std::string::npos);
-  EXPECT_EQ(n.substr(n.size() - 9), "-0123abcd");
+  EXPECT_EQ(n.size(), std::string("agentbox-").size() + 16) << n;
+  EXPECT_EQ(n.find("-" + std::to_string(getpid())), std::string::npos) << n;
+  EXPECT_NE(SandboxCgroupName(), n);
 }
 
 }  // namespace

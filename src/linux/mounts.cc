@@ -12,6 +12,7 @@
 #include "confine/paths.h"
 #include "linux/compat.h"
 #include "linux/fd.h"
+#include "linux/random.h"
 
 namespace agentbox::linux {
 namespace {
@@ -19,6 +20,8 @@ namespace {
 constexpr const char* kOldRoot = "/oldroot";
 constexpr const char* kMaskDir = "/.agentbox-mask/dir";
 constexpr const char* kMaskFile = "/.agentbox-mask/file";
+constexpr const char* kIdsDir = "/.agentbox-ids";
+constexpr const char* kLayersDir = "/.agentbox-layers";
 
 std::string Host(const std::string& path) { return std::string(kOldRoot) + (path == "/" ? "" : path); }
 
@@ -114,31 +117,68 @@ Status CreatePlaceholderInside(const ResolvedMount& m, const Plan& plan) {
   return {};
 }
 
-// overlayfs's option string separates with ',' and ':' and escapes with '\\':
-// a path holding any of them is refused rather than misread.
+// The overlay's options show in /proc/self/mountinfo as given: host paths
+// there would tell the command the state directory and the session's id.
+// Each layer is first bound at a neutral name in the staging root and the
+// overlay is mounted with paths relative to it ("lowerdir=l0:l1,upperdir=
+// rw/upper,workdir=rw/work"); the overlay keeps its own references to the
+// layers, so the staging binds go again at once. Upper and work share the
+// bound directory: overlayfs wants them on one mount. The names that remain
+// are the last components of upper and work, which the option string
+// separates with ',' and ':' and escapes with '\\': such names are refused.
 Status MountOverlay(const MountOp& op, const Plan& plan) {
   if (!plan.workspace_overlay) return Status::Error("mount", "overlay mount without overlay layers in the plan");
   const WorkspaceOverlay& o = *plan.workspace_overlay;
-  std::string lowers;
-  std::vector<std::string> paths = o.lowers;
-  paths.push_back(op.source);
-  for (const auto& p : paths) lowers += (lowers.empty() ? "" : ":") + Host(p);
-  for (const auto& p : {o.upper, o.work, op.source}) {
-    if (p.find_first_of(",:\\") != std::string::npos) {
-      return Status::Error("mount", "overlay layer path " + p + " holds ',', ':' or '\\', which overlayfs options cannot carry");
+  const std::string rw = paths::Parent(o.upper);
+  if (paths::Parent(o.work) != rw) {
+    return Status::Error("mount", "overlay upper " + o.upper + " and work " + o.work + " are not in one directory");
+  }
+  const std::string upper = o.upper.substr(o.upper.rfind('/') + 1), work = o.work.substr(o.work.rfind('/') + 1);
+  for (const auto& name : {upper, work}) {
+    if (name.find_first_of(",:\\") != std::string::npos) {
+      return Status::Error("mount", "overlay layer name " + name + " holds ',', ':' or '\\', which overlayfs options cannot carry");
     }
   }
-  for (const auto& p : o.lowers) {
-    if (p.find_first_of(",:\\") != std::string::npos) {
-      return Status::Error("mount", "overlay layer path " + p + " holds ',', ':' or '\\', which overlayfs options cannot carry");
+  if (mkdir(kLayersDir, 0700) != 0) return Status::Errno("mount", "mkdir", kLayersDir);
+  std::vector<std::string> staged;
+  // Unbinds and removes the staging names whatever happens below.
+  struct Unstage {
+    std::vector<std::string>* names;
+    ~Unstage() {
+      for (const auto& n : *names) {
+        umount2(n.c_str(), MNT_DETACH);
+        rmdir(n.c_str());
+      }
+      rmdir(kLayersDir);
     }
+  } unstage{&staged};
+  auto stage = [&](const std::string& host, const std::string& name) -> Status {
+    const std::string at = std::string(kLayersDir) + "/" + name;
+    if (Status s = BindPath(Host(host), at, 0, /*recursive=*/false, /*is_dir=*/true); !s.ok()) {
+      rmdir(at.c_str());
+      return s;
+    }
+    staged.push_back(at);
+    return {};
+  };
+  std::vector<std::string> lowers = o.lowers;
+  lowers.push_back(op.source);
+  std::string lowerdir;
+  for (size_t i = 0; i < lowers.size(); ++i) {
+    const std::string name = "l" + std::to_string(i);
+    if (Status s = stage(lowers[i], name); !s.ok()) return s;
+    lowerdir += (i == 0 ? "" : ":") + name;
   }
-  const std::string options = "lowerdir=" + lowers + ",upperdir=" + Host(o.upper) + ",workdir=" + Host(o.work) +
-                              ",userxattr";
+  if (Status s = stage(rw, "rw"); !s.ok()) return s;
+  const std::string options =
+      "lowerdir=" + lowerdir + ",upperdir=rw/" + upper + ",workdir=rw/" + work + ",userxattr";
   if (Status s = EnsureTarget(op.target, true); !s.ok()) return s;
-  if (mount("overlay", op.target.c_str(), "overlay", MS_NOSUID | MS_NODEV, options.c_str()) != 0) {
-    return Status::Errno("mount", "mount(overlay)", op.target);
-  }
+  // Relative layer paths resolve against the working directory.
+  if (chdir(kLayersDir) != 0) return Status::Errno("mount", "chdir", kLayersDir);
+  const int rc = mount("overlay", op.target.c_str(), "overlay", MS_NOSUID | MS_NODEV, options.c_str());
+  const int err = errno;
+  if (chdir("/") != 0) return Status::Errno("mount", "chdir", "/");
+  if (rc != 0) return Status::Syscall("mount", "mount(overlay)", op.target, err);
   return {};
 }
 
@@ -161,7 +201,53 @@ Status Mask(const ResolvedMount& m) {
                      target.get(), "", m.op.target);
 }
 
+// A file with `content` in the staging root, bound read-only over `target`
+// (resolved from the new root, which is already the process's root: a
+// symlink there, such as /var/lib/dbus/machine-id -> /etc/machine-id,
+// resolves inside it).
+// Absent targets are left absent. The file is unlinked at once: the mount
+// keeps it.
+Status BindContentOver(const std::string& target, const std::string& content) {
+  UniqueFd root(open("/", O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!root.valid()) return Status::Errno("ids", "open", "/");
+  OpenHow how{};
+  how.flags = O_PATH | O_CLOEXEC;
+  how.resolve = RESOLVE_NO_MAGICLINKS;
+  UniqueFd dst(Openat2(root.get(), target.c_str() + 1, &how));
+  if (!dst.valid()) return errno == ENOENT ? Status{} : Status::Errno("ids", "openat2", target);
+  struct stat st {};
+  if (fstat(dst.get(), &st) != 0) return Status::Errno("ids", "fstat", target);
+  if (!S_ISREG(st.st_mode)) return {};
+  const std::string source = std::string(kIdsDir) + "/id";
+  UniqueFd fd(open(source.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0444));
+  if (!fd.valid()) return Status::Errno("ids", "open(O_CREAT)", source);
+  if (write(fd.get(), content.data(), content.size()) != static_cast<ssize_t>(content.size())) {
+    return Status::Errno("ids", "write", source);
+  }
+  Status s = AttachClone(AT_FDCWD, source.c_str(), 0,
+                         MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC, dst.get(), "",
+                         target);
+  unlink(source.c_str());
+  return s;
+}
+
 }  // namespace
+
+Status ReplaceHostIds() {
+  if (mkdir(kIdsDir, 0700) != 0) return Status::Errno("ids", "mkdir", kIdsDir);
+  std::string boot = RandomHex(16);
+  boot[12] = '4';  // a version-4 uuid, as the kernel's
+  boot[16] = "89ab"[boot[16] % 4];
+  boot = boot.substr(0, 8) + "-" + boot.substr(8, 4) + "-" + boot.substr(12, 4) + "-" + boot.substr(16, 4) + "-" +
+         boot.substr(20);
+  const std::string machine = RandomHex(16);
+  Status s = BindContentOver("/proc/sys/kernel/random/boot_id", boot + "\n");
+  for (const char* path : {"/etc/machine-id", "/var/lib/dbus/machine-id"}) {
+    if (s.ok()) s = BindContentOver(path, machine + "\n");
+  }
+  rmdir(kIdsDir);
+  return s;
+}
 
 Status MakeMountsPrivate() {
   if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {

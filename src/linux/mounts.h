@@ -18,6 +18,11 @@ namespace agentbox::linux {
 // One mount step. Host sources are read through /oldroot.
 [[nodiscard]] Status ApplyMount(const ResolvedMount& mount, const Plan& plan);
 
+// Binds per-sandbox random values over the host's identifiers where they
+// show inside the new root: /proc/sys/kernel/random/boot_id, /etc/machine-id
+// and /var/lib/dbus/machine-id. After the plan's mounts (procfs, /etc).
+[[nodiscard]] Status ReplaceHostIds();
+
 // Detaches the host root: after this nothing of the host is reachable except
 // what was bound. procfs must be mounted before (the kernel checks that a
 // fully visible procfs exists in the namespace).

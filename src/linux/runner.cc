@@ -112,6 +112,43 @@ Status CloseInheritedFds(int* status_fd, int* lifeline_fd, int* filter_fd, int* 
   return {};
 }
 
+// The runner is a clone of the supervisor: its argv area holds the
+// supervisor's command line (the policy, report and workspace paths), which
+// the command reads in /proc/1/cmdline (or /proc/$PPID/cmdline without a pid
+// namespace). Overwritten in place, in the runner's copy-on-write copy
+// (PR_SET_MM would need CAP_SYS_RESOURCE in the host's user namespace). The
+// area's last byte is left non-zero: the kernel then reads the area as a
+// setproctitle(3) title, up to the first NUL.
+Status HideSupervisorArgv() {
+  UniqueFd fd(open("/proc/self/stat", O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return Status::Errno("runner", "open", "/proc/self/stat");
+  char buf[2048];
+  ssize_t n = read(fd.get(), buf, sizeof(buf) - 1);
+  if (n <= 0) return Status::Errno("runner", "read", "/proc/self/stat");
+  buf[n] = 0;
+  // Fields after the command name (which may hold spaces and parentheses):
+  // state is field 3, arg_start and arg_end are fields 48 and 49.
+  const char* p = strrchr(buf, ')');
+  unsigned long arg_start = 0, arg_end = 0;
+  for (int field = 2; p && *p && field < 49;) {
+    p = strchr(p, ' ');
+    if (!p) break;
+    ++p;
+    ++field;
+    if (field == 48) arg_start = strtoul(p, nullptr, 10);
+    if (field == 49) arg_end = strtoul(p, nullptr, 10);
+  }
+  if (arg_start == 0 || arg_end <= arg_start + 1) {
+    return Status::Error("runner", "no argv area in /proc/self/stat (fields arg_start/arg_end)");
+  }
+  char* area = reinterpret_cast<char*>(arg_start);
+  const size_t len = arg_end - arg_start;
+  memset(area, 0, len);
+  memcpy(area, kRunnerName, std::min(len - 2, strlen(kRunnerName)));  // a NUL stays before the last byte
+  area[len - 1] = ' ';
+  return {};
+}
+
 // The inherited session keyring would let the command use the caller's keys
 // (possession grants access whatever the uid): start a fresh, empty one.
 Status LeaveSessionKeyring() {
@@ -130,6 +167,7 @@ Status BuildRoot(const Plan& plan, const ResolvedPlan& resolved) {
       return s.WithContext(std::string(ToString(m.op.kind)) + " " + m.op.target + " (" + m.op.why + ")");
     }
   }
+  if (Status s = ReplaceHostIds(); !s.ok()) return s;
   if (Status s = DetachOldRoot(); !s.ok()) return s;
   return SealRoot();
 }
@@ -327,6 +365,7 @@ SetUpResult SetUpSandbox(const Plan& plan, const ResolvedPlan& resolved, int* st
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
   if (Status s = TieToSupervisor(*lifeline_fd); !s.ok()) Fail(*status_fd, s);
+  if (Status s = HideSupervisorArgv(); !s.ok()) Fail(*status_fd, s);
   // Out of the supervisor's process group: a terminal's ^C reaches the
   // supervisor alone, which forwards it once.
   setpgid(0, 0);

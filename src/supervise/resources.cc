@@ -9,7 +9,7 @@ Result<std::unique_ptr<linux::SandboxCgroup>> MakeRunCgroup(const Plan& plan) {
   linux::CgroupFs fs;
   linux::CgroupLayout layout = linux::DiscoverCgroupLayout(fs);
   (void)linux::CollectStaleCgroups(fs, layout);
-  auto cg = linux::SandboxCgroup::Create(fs, layout, plan.limits, linux::SandboxCgroupName(plan.nonce));
+  auto cg = linux::SandboxCgroup::Create(fs, layout, plan.limits, linux::SandboxCgroupName());
   if (!cg.ok()) return cg.status();
   return std::move(*cg);
 }

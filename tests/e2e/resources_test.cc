@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <optional>
@@ -29,11 +30,26 @@ std::string MissingText(const RunResult& r) {
   return out;
 }
 
-// Run cgroups (agentbox-*) anywhere under /sys/fs/cgroup whose name carries `pid`.
+// The supervisor pid a run cgroup's owner tag names ("" when untagged):
+// user.agentbox.owner = <pidns>-<pid>-<starttime>.
+std::string OwnerPid(const std::string& dir) {
+  char buf[256];
+  ssize_t n = getxattr(dir.c_str(), "user.agentbox.owner", buf, sizeof(buf));
+  if (n <= 0) return "";
+  std::string tag(buf, static_cast<size_t>(n));
+  auto a = tag.find('-'), b = tag.rfind('-');
+  return a == std::string::npos || b <= a ? "" : tag.substr(a + 1, b - a - 1);
+}
+
+// Run cgroups (agentbox-*) anywhere under /sys/fs/cgroup owned by `pid`.
 std::vector<std::string> RunCgroupsOf(pid_t pid) {
   RunResult r = RunCommand({{"/usr/bin/find", "/sys/fs/cgroup", "-maxdepth", "5", "-type", "d", "-name",
-                             "agentbox-*-" + std::to_string(pid) + "-*"}});
-  return Lines(r.out);
+                             "agentbox-*"}});
+  std::vector<std::string> out;
+  for (const auto& dir : Lines(r.out)) {
+    if (OwnerPid(dir) == std::to_string(pid)) out.push_back(dir);
+  }
+  return out;
 }
 
 // A memory hog with no interpreter: tail keeps a line with no newline whole.
@@ -277,9 +293,8 @@ TEST(Usage, LimitsInForceAreReportedAndNoCgroupRemains) {
                                 "agentbox-*"}});
   // Other suites may run in parallel: only cgroups of dead supervisors would be ours to blame.
   for (const auto& dir : Lines(left.out)) {
-    auto parts = dir.substr(dir.rfind("/agentbox-") + 10);
-    std::string pid = parts.substr(parts.find('-') + 1);
-    pid = pid.substr(0, pid.find('-'));
+    const std::string pid = OwnerPid(dir);
+    if (pid.empty()) continue;  // another version's (its owner in its name), or still being set up
     EXPECT_EQ(access(("/proc/" + pid).c_str(), F_OK), 0) << "stale cgroup " << dir;
   }
 }

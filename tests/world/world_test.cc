@@ -219,6 +219,28 @@ TEST_F(WorldTest, DiffAppliesToTheBaseWithGitApply) {
   EXPECT_EQ(Read(base_ + "/src/m.c"), "int main(){}\n");
 }
 
+// What a world shows of the host: its overlay's layers and its init's
+// command line name neither the state directory nor the session.
+TEST_F(WorldTest, MountinfoAndInitCmdlineNameNoStatePathNorSession) {
+  std::string id = Create();
+  if ((*manager_->Describe(id))["mode"] != "overlay") {
+    GTEST_SKIP() << "not applicable here: the session's workspace is not an overlay";
+  }
+  Bash(id, "echo v1 > state.txt");
+  auto snap = manager_->Snapshot(id);  // a lower layer of the fork below
+  ASSERT_TRUE(snap.ok()) << snap.status().ToString();
+  for (const std::string& s : {id, Create("", *snap)}) {
+    Json r = Bash(s, "cat /proc/self/mountinfo; tr '\\0' ' ' < /proc/1/cmdline; echo");
+    ASSERT_EQ(r["kind"], "exited") << r.dump();
+    const std::string out = r["output"].get<std::string>();
+    EXPECT_NE(out.find(" overlay "), std::string::npos) << out;
+    EXPECT_EQ(out.find(state_), std::string::npos) << "the state directory shows inside:\n" << out;
+    EXPECT_EQ(out.find(s), std::string::npos) << "the session id shows inside:\n" << out;
+    EXPECT_EQ(out.find(*snap), std::string::npos) << "the snapshot id shows inside:\n" << out;
+    EXPECT_EQ(out.find("upperdir=/"), std::string::npos) << out;
+  }
+}
+
 TEST_F(WorldTest, SnapshotRestoreAndFork) {
   std::string id = Create();
   Bash(id, "echo v1 > state.txt; rm a.txt");
