@@ -115,15 +115,6 @@ std::string GitdirTarget(const std::string& gitfile, const std::string& workspac
   return resolved;
 }
 
-Result<UniqueFd> OpenBeneath(int rootfd, const std::string& rel, int flags) {
-  OpenHow how{};
-  how.flags = static_cast<std::uint64_t>(flags | O_CLOEXEC);
-  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
-  UniqueFd fd(Openat2(rootfd, rel.empty() ? "." : rel.c_str(), &how));
-  if (!fd.valid()) return Status::Errno("git-audit", "openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS)", rel);
-  return fd;
-}
-
 // Renames `name` in `dirfd` to NAME.agentbox-quarantine (or .2, .3, ...,
 // never replacing anything); returns the new name, "" when it failed.
 std::string Quarantine(int dirfd, const std::string& name) {
@@ -408,10 +399,10 @@ Result<std::vector<GitFinding>> AuditGitRepos(const std::string& workspace, cons
     if (d.is_file || known.count(d.host_path)) continue;
     if (!paths::IsWithin(d.host_path, workspace)) continue;
     const std::string rel = d.host_path == workspace ? "" : d.host_path.substr(workspace == "/" ? 1 : workspace.size() + 1);
-    auto git = OpenBeneath(ws.get(), rel, O_RDONLY | O_DIRECTORY);
-    if (!git.ok()) continue;  // moved, or reached through a symlink: git finds it there
-    if (hooks) AuditHooks(git->get(), d.host_path, &out);
-    if (config) AuditConfig(git->get(), d.host_path, &out);
+    UniqueFd git = OpenBeneath(ws.get(), rel, O_RDONLY | O_DIRECTORY);
+    if (!git.valid()) continue;  // moved, or reached through a symlink: git finds it there
+    if (hooks) AuditHooks(git.get(), d.host_path, &out);
+    if (config) AuditConfig(git.get(), d.host_path, &out);
   }
   return out;
 }

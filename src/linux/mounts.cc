@@ -110,7 +110,7 @@ Status CreatePlaceholderInside(const ResolvedMount& m, const Plan& plan) {
   std::string rel = m.op.source.substr(ws == "/" ? 1 : ws.size() + 1);
   const std::string parent = rel.find('/') == std::string::npos ? "." : rel.substr(0, rel.rfind('/'));
   const std::string name = rel.substr(rel.rfind('/') + 1);
-  auto dir = OpenBeneath(plan.workspace_target, parent);
+  auto dir = OpenInWorkspace(plan.workspace_target, parent);
   if (!dir.ok()) return dir.status();
   UniqueFd fd(openat(dir->get(), name.c_str(), O_RDONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0400));
   if (!fd.valid() && errno != EEXIST) return Status::Errno("protect", "openat(O_CREAT)", m.op.target);
