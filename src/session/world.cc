@@ -490,7 +490,8 @@ Result<json> World::File(const json& request, int timeout_ms) {
     if (r < 0 && errno == EINTR) continue;
     if (r == 0) {
       (void)SendControl(json{{"op", "kill"}, {"id", req["id"]}, {"signal", SIGKILL}}, {});
-      return Status::Error("session", "the file tool did not answer within " + std::to_string(timeout_ms) + " ms");
+      return Status::Error(kFileToolTimedOut, "the file tool did not answer within " + std::to_string(timeout_ms) +
+                                                  " ms; its process was killed");
     }
     if (fds[0].revents) {
       ssize_t got = read(res_r.get(), buf, sizeof(buf));

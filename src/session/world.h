@@ -40,6 +40,9 @@ namespace agentbox::session {
 // Status stage of a call that could not be sent because the world had
 // already ended: nothing ran, so it may be retried in a fresh world.
 inline constexpr const char* kWorldGone = "world_gone";
+// The stage of World::File's error when the tool did not answer in time
+// (its process is killed).
+inline constexpr const char* kFileToolTimedOut = "file_tool_timed_out";
 
 struct WorldExec {
   std::vector<std::string> argv;          // e.g. {"bash", "-c", command}

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -132,12 +133,13 @@ TEST_F(WorldTest, NothingRunsBeforeTheFirstCall) {
 
 TEST_F(WorldTest, OneWorldAcrossCalls) {
   std::string id = Create();
-  // A background process started by one call is there for the next: the
-  // same pid namespace, the same init.
-  Json r = Bash(id, "sleep 30 >/dev/null 2>&1 & echo started");
-  EXPECT_EQ(r["output"], "started\n");
-  r = Bash(id, "ps -eo comm | grep -c '^sleep$'");
-  EXPECT_EQ(r["output"], "1\n");
+  // What one call leaves in the world's own /tmp is there for the next: the
+  // same mount namespace, the same init. (Its processes are not: a call's
+  // processes end with it, ACallsProcessesEndWithTheCall.)
+  Json r = Bash(id, "echo kept > /tmp/one-world; stat -c %i /proc/1");
+  const std::string init_inode = r["output"];
+  r = Bash(id, "cat /tmp/one-world; stat -c %i /proc/1");
+  EXPECT_EQ(r["output"], "kept\n" + init_inode);
   r = Bash(id, "echo $$; readlink /proc/1/exe >/dev/null 2>&1; cat /proc/1/comm");
   EXPECT_NE(r["output"].get<std::string>().find("agentbox-init"), std::string::npos) << r["output"];
 }
@@ -581,6 +583,58 @@ TEST_F(WorldTest, FileToolsHoldNoDescriptorOfTheCallers) {
     ++entries;
   }
   EXPECT_LE(entries, 5u) << list.dump();
+}
+
+// A call's processes end with it: a double-forked child that ignores SIGTERM
+// and left the call's session, and a stopped process group, do not survive
+// a timed-out call, nor does a background process a finished call left.
+TEST_F(WorldTest, ACallsProcessesEndWithTheCall) {
+  std::string id = Create();
+  Json r = Bash(id,
+                "(trap '' TERM; setsid sh -c 'trap \"\" TERM; exec sleep 1000' & ) ; "
+                "setsid sh -c 'kill -STOP $$; sleep 1001' & "
+                "sleep 1002 & sleep 30",
+                {{"timeout", 1}});
+  EXPECT_EQ(r["kind"], "timed_out") << r.dump();
+  Json finished = Bash(id, "sleep 1003 & (setsid sleep 1004 &); echo done");
+  EXPECT_EQ(finished["output"], "done\n") << finished.dump();
+  Json ps = Bash(id, "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done");
+  const std::string out = ps["output"];
+  EXPECT_NE(out.find("for p in"), std::string::npos) << out;
+  for (const char* left : {"sleep 1000", "sleep 1001", "sleep 1002", "sleep 1003", "sleep 1004"}) {
+    EXPECT_EQ(out.find(left), std::string::npos) << left << " survived its call:\n" << out;
+  }
+}
+
+// The kernel's Landlock ABI (0: none), as the sandbox would see it.
+int LandlockAbi() {
+  long abi = syscall(444 /* landlock_create_ruleset */, nullptr, 0, 1 /* LANDLOCK_CREATE_RULESET_VERSION */);
+  return abi < 0 ? 0 : static_cast<int>(abi);
+}
+
+// A session's processes cannot stop a file tool (whose call would then
+// hang) nor the process that ends their own call when it ends.
+TEST_F(WorldTest, CommandsCannotStopFileToolsOrTheirCallsKeeper) {
+  if (LandlockAbi() < 6) GTEST_SKIP() << "not applicable here: Landlock ABI " << LandlockAbi() << " has no signal scope";
+  std::string id = Create();
+  Json parent = Bash(id, "kill -STOP $PPID; echo rc=$?");
+  EXPECT_NE(parent["output"].get<std::string>().find("rc=1"), std::string::npos) << parent.dump();
+  std::atomic<bool> done{false};
+  std::thread stopper([&] {
+    Bash(id, "end=$((SECONDS+4)); while [ $SECONDS -lt $end ]; do for p in /proc/[0-9]*; do "
+             "read -r c < $p/comm 2>/dev/null; [ \"$c\" = agentbox-init ] && kill -STOP ${p#/proc/} 2>/dev/null; "
+             "done; done; true");
+    done = true;
+  });
+  int calls = 0;
+  while (!done) {
+    Json r = Tool(id, "read_file", {{"path", "a.txt"}});
+    EXPECT_EQ(r["kind"], "ok") << r.dump();
+    ++calls;
+  }
+  stopper.join();
+  EXPECT_GT(calls, 0);
+  EXPECT_EQ(Bash(id, "echo alive")["output"], "alive\n");
 }
 
 // A snapshot that cannot be taken never leaves a session half-removed.
