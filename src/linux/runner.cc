@@ -735,12 +735,15 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
             call.result = std::move(received[first_io + 2]);
             calls.emplace(child, std::move(call));
           } else {
-            WriteFully(res, "{\"t\":\"exec_error\",\"stage\":\"fork\",\"syscall\":\"vfork\",\"path\":\"\",\"message\":\"\",\"errno\":" +
+            WriteFully(res, "{\"t\":\"exec_error\",\"stage\":\"fork\",\"syscall\":\"fork\",\"path\":\"\",\"message\":\"\",\"errno\":" +
                                 std::to_string(terminating ? ESHUTDOWN : errno) + "}\n");
           }
         } else if (op == "file" && io == 1 && hooks.file_op) {
           pid_t child = terminating ? -1 : fork();
           if (child == 0) {
+            // As the init: not traceable, its memory and /proc files closed
+            // to the session's commands (inherited across fork; said again).
+            prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
             for (int sig : kForwarded) signal(sig, SIG_DFL);
             signal(SIGCHLD, SIG_DFL);
             sigprocmask(SIG_SETMASK, &original, nullptr);

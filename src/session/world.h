@@ -119,8 +119,16 @@ class World {
   std::deque<std::pair<std::chrono::steady_clock::time_point, nlohmann::json>> connections_;
 };
 
-// The `agentbox __world` process: fd 3 is the channel, the plan is in
-// AGENTBOX_PLAN. Returns the process's exit status.
+// The `agentbox __world` process: fd 3 is the channel, fd 4 the plan; its
+// environment is empty. Returns the process's exit status.
 int WorldMain();
+
+// The fd on which `agentbox __world` finds its plan (a memfd, as JSON).
+inline constexpr int kWorldPlanFd = 4;
+
+// `plan` with the variables its env.pass (or pass_all) takes from this
+// process's environment resolved into env.set: nothing below the caller
+// reads an environment of its own.
+Plan WithResolvedEnv(const Plan& plan);
 
 }  // namespace agentbox::session

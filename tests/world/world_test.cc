@@ -585,6 +585,56 @@ TEST_F(WorldTest, FileToolsHoldNoDescriptorOfTheCallers) {
   EXPECT_LE(entries, 5u) << list.dump();
 }
 
+// Nothing of the caller's (the daemon's) environment reaches a session: not
+// its commands, not its file tools, not /proc/*/environ or cmdline of any
+// process a session can see, and the plan is not an environment variable.
+TEST_F(WorldTest, TheCallersEnvironmentReachesNoSessionProcess) {
+  const std::string secret = "agentbox-planted-" + std::to_string(getpid()) + "-Zq7xKw";
+  // Set while the world starts (at its first call) and runs.
+  ASSERT_EQ(0, setenv("AGENTBOX_TEST_PLANTED_SECRET", secret.c_str(), 1));
+  struct Unset {
+    ~Unset() { unsetenv("AGENTBOX_TEST_PLANTED_SECRET"); }
+  } unset;
+  std::string id = Create();
+  ASSERT_EQ(0, symlink("/proc/self/environ", (base_ + "/env-link").c_str()));
+  std::vector<Json> answers;
+  answers.push_back(Bash(id, "env; for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline /proc/self/environ; do "
+                             "echo \"== $f\"; tr '\\0' '\\n' < $f 2>&1; done; true"));
+  for (const std::string path : {"/proc/self/environ", "/proc/1/environ", "env-link", "/proc/self/cmdline"}) {
+    SCOPED_TRACE(path);
+    Json r = Tool(id, "read_file", {{"path", path}});
+    EXPECT_EQ(r["kind"], "tool_error") << r.dump();
+    answers.push_back(r);
+    // edit_file was an oracle: "not found" for a wrong guess, a write denial for a right one.
+    Json right = Tool(id, "edit_file", {{"path", path}, {"old", "AGENTBOX_TEST_PLANTED_SECRET="}, {"new", "x"}});
+    Json wrong = Tool(id, "edit_file", {{"path", path}, {"old", "NO_SUCH_VARIABLE_ANYWHERE="}, {"new", "x"}});
+    EXPECT_EQ(right["kind"], "tool_error") << right.dump();
+    EXPECT_EQ(right["output"], wrong["output"]) << "a right guess answers differently from a wrong one";
+    EXPECT_EQ(right["output"].get<std::string>().find("not found"), std::string::npos) << right.dump();
+    EXPECT_EQ(wrong["output"].get<std::string>().find("not found"), std::string::npos) << wrong.dump();
+    answers.push_back(right);
+    answers.push_back(wrong);
+    Json w = Tool(id, "write_file", {{"path", path}, {"content", "x"}});
+    EXPECT_EQ(w["kind"], "tool_error") << w.dump();
+    answers.push_back(w);
+  }
+  for (const std::string path : {"/proc/self", "/proc", "/sys/kernel"}) {
+    Json l = Tool(id, "list_dir", {{"path", path}});
+    EXPECT_EQ(l["kind"], "tool_error") << l.dump();
+    answers.push_back(l);
+  }
+  answers.push_back(Tool(id, "glob", {{"pattern", "/proc/self/*"}}));
+  answers.push_back(Tool(id, "glob", {{"pattern", "/proc/*/environ"}}));
+  for (const Json& a : answers) {
+    const std::string text = a.dump();
+    EXPECT_EQ(text.find(secret), std::string::npos) << text;
+    EXPECT_EQ(text.find("AGENTBOX_PLAN"), std::string::npos) << text;
+  }
+  const std::string bash_out = answers.front()["output"];
+  EXPECT_NE(bash_out.find("== /proc/self/environ"), std::string::npos) << bash_out;
+  EXPECT_NE(bash_out.find("PATH="), std::string::npos) << "the policy's env.pass must still reach commands: " << bash_out;
+}
+
 // A call's processes end with it: a double-forked child that ignores SIGTERM
 // and left the call's session, and a stopped process group, do not survive
 // a timed-out call, nor does a background process a finished call left.
