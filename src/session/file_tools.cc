@@ -294,7 +294,9 @@ Json WriteContent(const std::string& path, const std::string& data) {
   for (int attempt = 0; attempt < 16 && !out.valid(); ++attempt) {
     struct timespec now {};
     clock_gettime(CLOCK_MONOTONIC, &now);
-    temp = dir + "/." + Basename(target) + ".agentbox-" + std::to_string(getpid()) + "-" +
+    // A short name of fixed length whatever the target's (a 255-byte name
+    // leaves no room for a prefix and a suffix).
+    temp = dir + "/.agentbox-" + std::to_string(getpid()) + "-" +
            std::to_string(static_cast<unsigned long>(now.tv_nsec) + static_cast<unsigned long>(attempt));
     // 0666 & ~umask for a new file, as the shell creates it; an existing
     // file's mode is copied below.

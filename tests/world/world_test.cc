@@ -687,6 +687,18 @@ TEST_F(WorldTest, CommandsCannotStopFileToolsOrTheirCallsKeeper) {
   EXPECT_EQ(Bash(id, "echo alive")["output"], "alive\n");
 }
 
+// A file tool's temporary name stays short whatever the target's length.
+TEST_F(WorldTest, WriteFileCreatesNamesUpToTheFilesystemsLimit) {
+  std::string id = Create();
+  const std::string name(250, 'n');
+  Json w = Tool(id, "write_file", {{"path", name}, {"content", "long\n"}});
+  EXPECT_EQ(w["kind"], "ok") << w.dump();
+  EXPECT_EQ(Bash(id, "cat " + name)["output"], "long\n");
+  Json again = Tool(id, "write_file", {{"path", name}, {"content", "again\n"}});
+  EXPECT_EQ(again["kind"], "ok") << again.dump();
+  EXPECT_EQ(Bash(id, "cat " + name + "; ls -a | grep -c agentbox; true")["output"], "again\n0\n");
+}
+
 // A snapshot that cannot be taken never leaves a session half-removed.
 TEST_F(WorldTest, ARemovalThatCannotSnapshotKeepsAUsableSession) {
   std::string id = Create("sandbox:\n  snapshot_on_exit: true\n");
