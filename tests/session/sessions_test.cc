@@ -354,5 +354,28 @@ TEST(SessionsEnvironmentTest, TheDaemonsEnvironmentReachesNoSession) {
   EXPECT_TRUE(Contains(Output(answers.front()), "PATH=")) << answers.front().dump();
 }
 
+// A session's tree nested deeper than its host layer's path can name: diff
+// and snapshot answer a named error, not 500 internal.
+TEST_F(SessionsTest, DiffAndSnapshotOfATooDeepTreeAnswerANamedError) {
+  std::string id = CreateSession(c(), ws_.path());
+  const std::string pwd = Output(Bash(c(), id, "pwd"));
+  ASSERT_FALSE(pwd.empty());
+  const std::size_t inside = pwd.size() - 1;
+  const std::size_t depth = (4080 - inside) / 201;
+  const std::size_t last = 4080 - inside - depth * 201 - 1;
+  json made = Bash(c(), id, "d=$(printf 'd%.0s' $(seq 200)); for i in $(seq " + std::to_string(depth) +
+                                "); do mkdir $d && cd $d || exit 1; done; l=$(printf 'e%.0s' $(seq " +
+                                std::to_string(last) + ")); echo deep > $l && echo made");
+  ASSERT_TRUE(Contains(Output(made), "made")) << made.dump();
+  for (const auto& [method, route] : {std::pair<std::string, std::string>{"GET", "/diff"}, {"POST", "/snapshot"}}) {
+    Answer a = Call(c(), method, "/v1/sessions/" + id + route);
+    EXPECT_NE(a.status, 500) << route << ": " << a.text;
+    if (a.status != 200) {
+      EXPECT_EQ(a.status, 422) << a.text;
+      EXPECT_EQ(a.body["error"].value("code", ""), "path_too_long") << a.text;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace agentbox::session_test

@@ -687,6 +687,31 @@ TEST_F(WorldTest, CommandsCannotStopFileToolsOrTheirCallsKeeper) {
   EXPECT_EQ(Bash(id, "echo alive")["output"], "alive\n");
 }
 
+// A tree that fits under PATH_MAX inside the session but not under the
+// longer host path of its layer: diff and snapshot work or name the problem.
+TEST_F(WorldTest, DiffAndSnapshotOfATreeDeeperThanTheHostPathAllows) {
+  std::string id = Create();
+  const std::string pwd = Bash(id, "pwd")["output"];
+  ASSERT_FALSE(pwd.empty());
+  // Nested 200-byte names up to 4080 bytes of path inside.
+  const std::size_t inside = pwd.size() - 1;
+  const std::size_t depth = (4080 - inside) / 201;
+  const std::size_t last = 4080 - inside - depth * 201 - 1;
+  Json made = Bash(id, "d=$(printf 'd%.0s' $(seq 200)); for i in $(seq " + std::to_string(depth) +
+                           "); do mkdir $d && cd $d || exit 1; done; l=$(printf 'e%.0s' $(seq " + std::to_string(last) +
+                           ")); echo deep > $l && echo made ${#PWD}");
+  ASSERT_NE(made["output"].get<std::string>().find("made"), std::string::npos) << made.dump();
+  auto diff = manager_->Diff(id);
+  if (!diff.ok()) {
+    EXPECT_EQ(diff.status().stage(), "path_too_long") << diff.status().ToString();
+  } else {
+    EXPECT_NE((*diff)["patch"].get<std::string>().find("+deep"), std::string::npos);
+  }
+  auto snap = manager_->Snapshot(id);
+  if (!snap.ok()) EXPECT_EQ(snap.status().stage(), "path_too_long") << snap.status().ToString();
+  EXPECT_EQ(Bash(id, "echo alive")["output"], "alive\n");
+}
+
 // A file tool's temporary name stays short whatever the target's length.
 TEST_F(WorldTest, WriteFileCreatesNamesUpToTheFilesystemsLimit) {
   std::string id = Create();
