@@ -13,6 +13,7 @@
 
 #include "agentbox/outcome.h"
 #include "linux/fd.h"
+#include "session/layers.h"
 
 namespace agentbox::daemon {
 namespace {
@@ -27,6 +28,7 @@ Response ErrorFor(const Status& s) {
   if (stage == session::kBadRequest) return Response::Error(400, "bad_request", s.message());
   if (stage == session::kBusy) return Response::Error(429, "busy", s.message());
   if (stage == session::kConflict) return Response::Error(409, "conflict", s.message());
+  if (stage == session::kPathTooLong) return Response::Error(422, "path_too_long", s.message());
   return Response::Error(500, "internal", s.ToString());
 }
 

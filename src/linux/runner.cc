@@ -496,41 +496,14 @@ void RunnerMain(const Plan& plan, const ResolvedPlan& resolved, const std::vecto
 
 namespace {
 
-// A session call in flight: a command (its own session and process group,
-// pid == pgid == sid) or a file tool's forked process.
+// A session call in flight: a command's keeper (CallKeeper: the leader of
+// the call's session, sid == its pid) or a file tool's forked process.
 struct SessionCall {
   long id = 0;
   bool command = false;
   UniqueFd result;   // the caller reads the call's end here (exit line, or the tool's JSON)
   DenialTally tally;
 };
-
-// A command of a session: stdio from the caller, its own session, then exec.
-// Runs on the init's memory (vfork): syscalls only.
-[[noreturn]] void SessionCommandChild(const ExecRequest& req, const char* cwd, int in_fd, int out_fd,
-                                      int result_fd, const sigset_t& original_mask) {
-  if (setsid() < 0 || dup2(in_fd, STDIN_FILENO) < 0 || dup2(out_fd, STDOUT_FILENO) < 0 ||
-      dup2(out_fd, STDERR_FILENO) < 0) {
-    static const char kMsg[] =
-        "{\"t\":\"exec_error\",\"stage\":\"session\",\"syscall\":\"setsid/dup2\",\"path\":\"\",\"message\":\"\",\"errno\":1}\n";
-    (void)!write(result_fd, kMsg, sizeof(kMsg) - 1);
-    _exit(125);
-  }
-  if (cwd[0] != 0 && chdir(cwd) != 0) {
-    static const char kMsg[] =
-        "{\"t\":\"exec_error\",\"stage\":\"cwd\",\"syscall\":\"chdir\",\"path\":\"\",\"message\":\"\",\"errno\":2}\n";
-    (void)!write(result_fd, kMsg, sizeof(kMsg) - 1);
-    _exit(125);
-  }
-  ExecOrReport(req, result_fd, original_mask);
-}
-
-__attribute__((noinline)) pid_t SpawnSessionCommand(const ExecRequest& req, const char* cwd, int in_fd, int out_fd,
-                                                    int result_fd, const sigset_t& mask) {
-  pid_t pid = vfork();
-  if (pid == 0) SessionCommandChild(req, cwd, in_fd, out_fd, result_fd, mask);
-  return pid;
-}
 
 void WriteFully(int fd, const std::string& data) {
   size_t off = 0;
@@ -542,6 +515,126 @@ void WriteFully(int fd, const std::string& data) {
     }
     off += static_cast<size_t>(w);
   }
+}
+
+// A command of a session: stdio from the caller, its own process group in
+// its keeper's session, its own signal scope, then exec.
+// Runs on the keeper's memory (vfork): syscalls only.
+[[noreturn]] void SessionCommandChild(const ExecRequest& req, const char* cwd, int in_fd, int out_fd,
+                                      int result_fd, const sigset_t& original_mask) {
+  if (setpgid(0, 0) < 0 || dup2(in_fd, STDIN_FILENO) < 0 || dup2(out_fd, STDOUT_FILENO) < 0 ||
+      dup2(out_fd, STDERR_FILENO) < 0) {
+    static const char kMsg[] =
+        "{\"t\":\"exec_error\",\"stage\":\"session\",\"syscall\":\"setpgid/dup2\",\"path\":\"\",\"message\":\"\",\"errno\":1}\n";
+    (void)!write(result_fd, kMsg, sizeof(kMsg) - 1);
+    _exit(125);
+  }
+  if (cwd[0] != 0 && chdir(cwd) != 0) {
+    static const char kMsg[] =
+        "{\"t\":\"exec_error\",\"stage\":\"cwd\",\"syscall\":\"chdir\",\"path\":\"\",\"message\":\"\",\"errno\":2}\n";
+    (void)!write(result_fd, kMsg, sizeof(kMsg) - 1);
+    _exit(125);
+  }
+  if (req.signal_scope >= 0 && RestrictSelfTo(req.signal_scope) != 0) {
+    static const char kMsg[] =
+        "{\"t\":\"exec_error\",\"stage\":\"landlock\",\"syscall\":\"landlock_restrict_self\",\"path\":\"\",\"message\":\"the command's signal scope\",\"errno\":1}\n";
+    (void)!write(result_fd, kMsg, sizeof(kMsg) - 1);
+    _exit(125);
+  }
+  ExecOrReport(req, result_fd, original_mask);
+}
+
+// The keeper's signal to end its call: everything the call started dies.
+constexpr int kEndCallSignal = SIGUSR1;
+
+// A session call's keeper: a process of the init's (outside the command's
+// signal scope, so the command cannot stop or kill it) that leads the call's
+// session and is a child subreaper, so every process the call starts stays
+// below it however it forks, double-forks or leaves the session. It forwards
+// the init's signals to the command's group; when the command ends, or on
+// kEndCallSignal, it SIGKILLs everything below it, stopped processes
+// included, and ends the way the command ended. A call's processes end with
+// the call, whether it exited, timed out or was cancelled. Runs in a forked
+// copy of the init, with the init's signals (kForwarded, SIGCHLD) blocked.
+[[noreturn]] void CallKeeper(const ExecRequest& req, const char* cwd, int in_fd, int out_fd, int result_fd,
+                             const sigset_t& original_mask) {
+  // Nothing of the init's or of the other calls' descriptors (their answer
+  // pipes: a file tool's caller waits for the end of its pipe) stays open
+  // here: stdio (/dev/null), this call's three pipes and the signal scope.
+  {
+    auto close_from_to = [](unsigned first, unsigned last) {
+      if (CloseRange(first, last, 0) == 0) return;
+      for (unsigned fd = first; fd <= last && fd < 65536; ++fd) close(static_cast<int>(fd));
+    };
+    int keep[] = {0, 1, 2, in_fd, out_fd, result_fd, req.signal_scope};
+    std::sort(std::begin(keep), std::end(keep));
+    unsigned next = 0;
+    for (int fd : keep) {
+      if (fd < 0 || static_cast<unsigned>(fd) < next) continue;
+      if (static_cast<unsigned>(fd) > next) close_from_to(next, static_cast<unsigned>(fd) - 1);
+      next = static_cast<unsigned>(fd) + 1;
+    }
+    close_from_to(next, ~0U);
+  }
+  if (setsid() < 0 || prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0) {
+    WriteFully(result_fd, std::string("{\"t\":\"exec_error\",\"stage\":\"session\",\"syscall\":\"setsid/prctl\",") +
+                              "\"path\":\"\",\"message\":\"\",\"errno\":" + std::to_string(errno) + "}\n");
+    _exit(125);
+  }
+  sigset_t wait_for;
+  sigemptyset(&wait_for);
+  for (int sig : kForwarded) sigaddset(&wait_for, sig);
+  sigaddset(&wait_for, SIGCHLD);
+  const pid_t command = vfork();
+  if (command == 0) SessionCommandChild(req, cwd, in_fd, out_fd, result_fd, original_mask);
+  if (command < 0) {
+    WriteFully(result_fd, "{\"t\":\"exec_error\",\"stage\":\"fork\",\"syscall\":\"vfork\",\"path\":\"\","
+                          "\"message\":\"\",\"errno\":" + std::to_string(errno) + "}\n");
+    _exit(125);
+  }
+  int status = 0;
+  bool ended = false;
+  while (!ended) {
+    siginfo_t info {};
+    const int sig = sigwaitinfo(&wait_for, &info);
+    if (sig < 0) continue;
+    if (sig == SIGCHLD) {
+      int ws = 0;
+      pid_t pid;
+      while ((pid = waitpid(-1, &ws, WNOHANG)) > 0) {
+        if (pid == command) {
+          status = ws;
+          ended = true;
+        }
+      }
+    } else if (sig == kEndCallSignal) {
+      status = SIGKILL;  // as if the command had been SIGKILLed
+      kill(-command, SIGKILL);
+      ended = true;
+    } else {
+      if (kill(-command, sig) != 0) kill(command, sig);
+      kill(-command, SIGCONT);
+    }
+  }
+  KillDescendants(getpid());
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    signal(sig, SIG_DFL);
+    sigset_t just;
+    sigemptyset(&just);
+    sigaddset(&just, sig);
+    sigprocmask(SIG_UNBLOCK, &just, nullptr);
+    kill(getpid(), sig);
+    _exit(128 + sig);
+  }
+  _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 125);
+}
+
+pid_t SpawnCallKeeper(const ExecRequest& req, const char* cwd, int in_fd, int out_fd, int result_fd,
+                      const sigset_t& mask) {
+  pid_t pid = fork();
+  if (pid == 0) CallKeeper(req, cwd, in_fd, out_fd, result_fd, mask);
+  return pid;
 }
 
 std::string ReadAllFrom(int fd, size_t cap) {
@@ -593,6 +686,15 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
       if (null >= 0 ? dup2(null, fd) < 0 : close(fd) != 0) Fail(status_fd, Status::Errno("runner", "dup2", "/dev/null"));
     }
     if (null > 2) close(null);
+  }
+  // Every command restricts itself to a nested Landlock domain that scopes
+  // its signals (ABI 6 and later): it cannot stop or kill the init, a file
+  // tool or its own call's keeper, nor another call's processes.
+  UniqueFd signal_scope;
+  if (plan.confined) {
+    auto scope = SignalScopeRuleset();
+    if (!scope.ok()) Fail(status_fd, scope.status());
+    signal_scope = std::move(*scope);
   }
   {
     RunnerMessage ready;
@@ -664,7 +766,8 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
           ExecRequest exec;
           PrepareExec(plan, argv, &exec);
           int in = received[first_io].get(), out = received[first_io + 1].get(), res = received[first_io + 2].get();
-          pid_t child = terminating ? -1 : SpawnSessionCommand(exec, cwd.c_str(), in, out, res, original);
+          exec.signal_scope = signal_scope.valid() ? signal_scope.get() : -1;
+          pid_t child = terminating ? -1 : SpawnCallKeeper(exec, cwd.c_str(), in, out, res, original);
           if (child > 0) {
             SessionCall call;
             call.id = id;
@@ -672,12 +775,15 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
             call.result = std::move(received[first_io + 2]);
             calls.emplace(child, std::move(call));
           } else {
-            WriteFully(res, "{\"t\":\"exec_error\",\"stage\":\"fork\",\"syscall\":\"vfork\",\"path\":\"\",\"message\":\"\",\"errno\":" +
+            WriteFully(res, "{\"t\":\"exec_error\",\"stage\":\"fork\",\"syscall\":\"fork\",\"path\":\"\",\"message\":\"\",\"errno\":" +
                                 std::to_string(terminating ? ESHUTDOWN : errno) + "}\n");
           }
         } else if (op == "file" && io == 1 && hooks.file_op) {
           pid_t child = terminating ? -1 : fork();
           if (child == 0) {
+            // As the init: not traceable, its memory and /proc files closed
+            // to the session's commands (inherited across fork; said again).
+            prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
             for (int sig : kForwarded) signal(sig, SIG_DFL);
             signal(SIGCHLD, SIG_DFL);
             sigprocmask(SIG_SETMASK, &original, nullptr);
@@ -706,8 +812,9 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
           if (auto* entry = find_by_id(id)) {
             const int sig = req.value("signal", SIGKILL);
             if (entry->second.command) {
-              if (kill(-entry->first, sig) != 0) kill(entry->first, sig);
-              kill(-entry->first, SIGCONT);
+              // The keeper forwards the signal to the command's group; a
+              // SIGKILL ends the call and everything it started.
+              kill(entry->first, sig == SIGKILL ? kEndCallSignal : sig);
             } else {
               kill(entry->first, sig);
             }
@@ -727,7 +834,7 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
     if (sig != SIGCHLD && info.ssi_pid != 0) continue;
     if (sig != SIGCHLD) {
       for (auto& [pid, call] : calls) {
-        if (call.command && kill(-pid, sig) != 0) kill(pid, sig);
+        if (call.command) kill(pid, sig);  // the keeper forwards it
       }
       if (sig == SIGTERM || sig == SIGINT || sig == SIGHUP) terminating = true;
       if (terminating && calls.empty()) _exit(0);

@@ -3,7 +3,9 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <fnmatch.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -145,6 +147,44 @@ std::string Resolve(const std::string& path, const FileToolLimits& limits) {
   return limits.workspace.back() == '/' ? limits.workspace + path : limits.workspace + "/" + path;
 }
 
+// /proc and /sys (and the kernel's other pseudo-filesystems mounted under
+// /sys) are the kernel's view of processes and devices, not files: a file
+// tool's /proc/self is the tool's own process, whose environment and memory
+// are not the session's to read or to probe with edit_file. The file tools
+// refuse them by the filesystem an opened fd is on, so a symlink or a bind
+// mount leading there is refused too; the shell still reads them.
+bool IsKernelFs(const struct statfs& fs) {
+  switch (static_cast<unsigned long>(fs.f_type)) {
+    case PROC_SUPER_MAGIC:
+    case SYSFS_MAGIC:
+    case CGROUP_SUPER_MAGIC:
+    case CGROUP2_SUPER_MAGIC:
+    case DEBUGFS_MAGIC:
+    case TRACEFS_MAGIC:
+    case SECURITYFS_MAGIC:
+    case BPF_FS_MAGIC:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool FdOnKernelFs(int fd) {
+  struct statfs fs {};
+  return fstatfs(fd, &fs) == 0 && IsKernelFs(fs);
+}
+
+bool PathOnKernelFs(const std::string& path) {
+  struct statfs fs {};
+  return statfs(path.c_str(), &fs) == 0 && IsKernelFs(fs);
+}
+
+Json KernelFsRefusal(const std::string& verb, const std::string& path) {
+  return ToolError(verb + " " + path +
+                   ": refused: /proc and /sys are not open to the file tools (they would show the tool's own "
+                   "process, not the session's files); use the shell");
+}
+
 std::string Dirname(const std::string& path) {
   std::size_t slash = path.find_last_not_of('/');
   if (slash == std::string::npos) return "/";
@@ -217,8 +257,10 @@ Json WriteContent(const std::string& path, const std::string& data) {
         return WriteInPlace(fd.get(), path, data, true);
       }
       if (errno == EISDIR) return ToolError("write " + path + ": is a directory");
+      if (PathOnKernelFs(path) || PathOnKernelFs(Dirname(path))) return KernelFsRefusal("write", path);
       return FromErrno(errno, "write", "write", path);
     }
+    if (FdOnKernelFs(existing.get())) return KernelFsRefusal("write", path);
     if (fstat(existing.get(), &st) != 0) return FromErrno(errno, "write", "write", path);
     if (!S_ISREG(st.st_mode)) return ToolError("write " + path + ": not a regular file");
   } else {
@@ -232,6 +274,7 @@ Json WriteContent(const std::string& path, const std::string& data) {
       return FromErrno(errno, "write", "write", path);
     }
     if (!S_ISDIR(pst.st_mode)) return ToolError("write " + path + ": " + parent + " is not a directory");
+    if (PathOnKernelFs(parent)) return KernelFsRefusal("write", path);
   }
 
   // Several names for one file: replacing one name would split them.
@@ -251,7 +294,9 @@ Json WriteContent(const std::string& path, const std::string& data) {
   for (int attempt = 0; attempt < 16 && !out.valid(); ++attempt) {
     struct timespec now {};
     clock_gettime(CLOCK_MONOTONIC, &now);
-    temp = dir + "/." + Basename(target) + ".agentbox-" + std::to_string(getpid()) + "-" +
+    // A short name of fixed length whatever the target's (a 255-byte name
+    // leaves no room for a prefix and a suffix).
+    temp = dir + "/.agentbox-" + std::to_string(getpid()) + "-" +
            std::to_string(static_cast<unsigned long>(now.tv_nsec) + static_cast<unsigned long>(attempt));
     // 0666 & ~umask for a new file, as the shell creates it; an existing
     // file's mode is copied below.
@@ -291,7 +336,11 @@ Json WriteContent(const std::string& path, const std::string& data) {
 // Opens a regular file for reading; a Json failure otherwise.
 std::optional<Json> OpenForRead(const std::string& path, UniqueFd* fd, struct stat* st) {
   fd->reset(open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK));
-  if (!fd->valid()) return FromErrno(errno, "read", "read", path);
+  if (!fd->valid()) {
+    if (PathOnKernelFs(path)) return KernelFsRefusal("read", path);
+    return FromErrno(errno, "read", "read", path);
+  }
+  if (FdOnKernelFs(fd->get())) return KernelFsRefusal("read", path);
   if (fstat(fd->get(), st) != 0) return FromErrno(errno, "read", "read", path);
   if (S_ISDIR(st->st_mode)) return ToolError("read " + path + ": is a directory (list it with list_dir)");
   if (!S_ISREG(st->st_mode)) return ToolError("read " + path + ": not a regular file");
@@ -461,9 +510,11 @@ Json ListDir(const Json& input, const FileToolLimits& limits) {
   const std::string path = Resolve(path_in ? *path_in : "", limits);
   UniqueFd fd(open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!fd.valid()) {
+    if (PathOnKernelFs(path)) return KernelFsRefusal("list", path);
     if (errno == ENOTDIR) return ToolError("list " + path + ": not a directory");
     return FromErrno(errno, "read", "list", path);
   }
+  if (FdOnKernelFs(fd.get())) return KernelFsRefusal("list", path);
   DIR* dir = fdopendir(fd.get());
   if (dir == nullptr) return FromErrno(errno, "read", "list", path);
   fd.release();
@@ -517,6 +568,7 @@ class Globber {
   // `dir`: the directory to match parts_[index] in; `shown`: its name in results.
   void Match(const std::string& dir, const std::string& shown, std::size_t index) {
     if (full()) return;
+    if (PathOnKernelFs(dir)) return;  // not listed (see IsKernelFs)
     if (index == parts_.size()) {
       if (!shown.empty()) Add(shown);  // the start directory itself is no match
       return;
@@ -617,6 +669,13 @@ Json Glob(const Json& input, const FileToolLimits& limits) {
   UniqueFd probe(open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!probe.valid()) return FromErrno(errno, "read", "glob in", root);
   probe.reset();
+  // The pattern's literal start (no wildcard yet) leading into /proc or /sys.
+  std::string literal = absolute ? "" : root;
+  for (const std::string& part : parts) {
+    if (HasWildcard(part)) break;
+    literal += "/" + part;
+    if (PathOnKernelFs(literal)) return KernelFsRefusal("glob", *pattern);
+  }
 
   Globber globber(parts, limits.max_entries);
   globber.Match(root, absolute ? "/" : "", 0);

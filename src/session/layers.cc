@@ -173,8 +173,9 @@ constexpr std::size_t kMaxPath = PATH_MAX - 1;
 bool TooLong(const std::string& root, const std::string& rel) { return Join(root, rel).size() > kMaxPath; }
 
 Status PathTooLong(const char* stage, const std::string& root, const std::string& rel) {
-  return Status::Error(stage, Utf8Lossy(Join(root, rel.substr(0, 256))) + "...: path longer than " +
-                                  std::to_string(kMaxPath) + " bytes (directories nested too deep)");
+  return Status::Error(kPathTooLong, std::string(stage) + ": " + Utf8Lossy(Join(root, rel.substr(0, 256))) +
+                                         "...: path longer than " + std::to_string(kMaxPath) +
+                                         " bytes (directories nested too deep)");
 }
 
 // The permission bits a copy keeps: set-user-ID and set-group-ID never (a

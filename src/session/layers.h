@@ -43,6 +43,11 @@ struct LayerStack {
 
 inline constexpr int kSnapshotVersion = 1;
 
+// The stage of the error for a tree nested deeper than a host path can name
+// (PATH_MAX under the layer's host directory, which is longer than the path
+// the session sees): the daemon answers it as 422 `path_too_long`.
+inline constexpr const char* kPathTooLong = "path_too_long";
+
 // Freezes the session's changes into `dest_dir`, which is created (0700; its
 // parent must exist, it must not).
 //   dest_dir/tree           overlay mode: a copy of the upper layer only

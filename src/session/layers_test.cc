@@ -942,14 +942,16 @@ TEST(LayersHostile, TreeDeeperThanPathMaxIsAClearError) {
 
   auto m = CreateSnapshot({t / "base", {}, t / "upper"}, "", t / "snap");
   ASSERT_FALSE(m.ok());
-  EXPECT_EQ(m.status().stage(), "snapshot");
+  EXPECT_EQ(m.status().stage(), kPathTooLong);
+  EXPECT_EQ(m.status().message().rfind("snapshot: ", 0), 0u) << m.status().ToString();
   EXPECT_NE(m.status().message().find(t / "upper/" + component), std::string::npos) << m.status().ToString();
   EXPECT_NE(m.status().message().find("path longer than"), std::string::npos) << m.status().ToString();
   EXPECT_FALSE(fs::exists(t / "snap"));  // the half-made snapshot is removed
 
   auto d = ComputeDiff({t / "base", {}, t / "upper"}, 1 << 20);
   ASSERT_FALSE(d.ok());
-  EXPECT_EQ(d.status().stage(), "diff");
+  EXPECT_EQ(d.status().stage(), kPathTooLong);
+  EXPECT_EQ(d.status().message().rfind("diff: ", 0), 0u) << d.status().ToString();
   EXPECT_NE(d.status().message().find("path longer than"), std::string::npos) << d.status().ToString();
 
   Status c = CopyTree(t / "upper", t / "copy");

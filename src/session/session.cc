@@ -51,7 +51,7 @@ using Clock = std::chrono::steady_clock;
 using linux::UniqueFd;
 
 constexpr std::size_t kMaxPatchBytes = 8u << 20;
-constexpr int kFileToolTimeoutMs = 60000;
+constexpr int kFileToolTimeoutMs = 30000;  // a file tool's deadline: then timed_out, its process killed
 
 const std::vector<std::string> kTools = {"bash", "read_file", "write_file", "edit_file", "list_dir", "glob"};
 
@@ -599,6 +599,13 @@ Json Manager::Impl::RunFile(World& world, const ConfinedCommand& confined, const
                             const Json& input) {
   Json req = {{"name", name}, {"input", input}, {"workspace", confined.plan.workspace_target}};
   auto answer = world.File(req, kFileToolTimeoutMs);
+  if (!answer.ok() && answer.status().stage() == kFileToolTimedOut) {
+    const std::string error = answer.status().message();
+    return {{"output", "timed_out: " + error},
+            {"is_error", true},
+            {"kind", "timed_out"},
+            {"outcome", {{"kind", "timed_out"}, {"error", error}}}};
+  }
   if (!answer.ok()) {
     return {{"output", "sandbox_error: " + answer.status().ToString()},
             {"is_error", true},

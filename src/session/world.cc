@@ -120,26 +120,56 @@ class CappedOutput {
 
 }  // namespace
 
+Plan WithResolvedEnv(const Plan& plan) {
+  Plan out = plan;
+  std::vector<std::pair<std::string, std::string>> set;
+  auto overridden = [&](const std::string& name) {
+    return std::any_of(plan.env.set.begin(), plan.env.set.end(), [&](const auto& kv) { return kv.first == name; });
+  };
+  if (plan.env.pass_all) {
+    for (char** e = environ; *e; ++e) {
+      const char* eq = std::strchr(*e, '=');
+      if (!eq) continue;
+      std::string name(*e, static_cast<size_t>(eq - *e));
+      if (!overridden(name)) set.emplace_back(std::move(name), eq + 1);
+    }
+  } else {
+    for (const auto& name : plan.env.pass) {
+      if (const char* v = getenv(name.c_str()); v && !overridden(name)) set.emplace_back(name, v);
+    }
+  }
+  set.insert(set.end(), plan.env.set.begin(), plan.env.set.end());
+  out.env.set = std::move(set);
+  out.env.pass.clear();
+  out.env.pass_all = false;
+  return out;
+}
+
 Result<std::unique_ptr<World>> World::Start(const std::string& exe, const Plan& plan, int ready_timeout_ms) {
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) return Status::Errno("session", "socketpair");
   UniqueFd ours(sv[0]), theirs(sv[1]);
 
-  std::vector<std::string> env_strings;
-  for (char** e = environ; *e; ++e) {
-    if (std::strncmp(*e, kPlanEnv, std::strlen(kPlanEnv)) == 0 && (*e)[std::strlen(kPlanEnv)] == '=') continue;
-    env_strings.emplace_back(*e);
+  // The plan travels in a memfd on fd 4, never in the environment (where it
+  // would stay readable in /proc/PID/environ), and the supervisor starts with
+  // an empty environment: the variables the plan passes are resolved here.
+  const std::string plan_text = PlanToJson(WithResolvedEnv(plan));
+  UniqueFd plan_fd(static_cast<int>(memfd_create("agentbox-plan", MFD_CLOEXEC)));
+  if (!plan_fd.valid()) return Status::Errno("session", "memfd_create", "agentbox-plan");
+  for (size_t off = 0; off < plan_text.size();) {
+    ssize_t w = write(plan_fd.get(), plan_text.data() + off, plan_text.size() - off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) return Status::Errno("session", "write", "agentbox-plan");
+    off += static_cast<size_t>(w);
   }
-  env_strings.push_back(std::string(kPlanEnv) + "=" + PlanToJson(plan));
-  std::vector<char*> envp;
-  for (auto& s : env_strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
+  char* envp[] = {nullptr};
   std::string arg0 = "agentbox", arg1 = "__world";
   char* argv[] = {arg0.data(), arg1.data(), nullptr};
 
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, theirs.get(), 3);
+  posix_spawn_file_actions_adddup2(&actions, plan_fd.get(), kWorldPlanFd);
   posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
   // Nothing of the world may write on the caller's stdout (an MCP server's
   // protocol stream): its stdout is the caller's stderr.
@@ -153,7 +183,7 @@ Result<std::unique_ptr<World>> World::Start(const std::string& exe, const Plan& 
   posix_spawnattr_setsigdefault(&attr, &all);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
   pid_t pid = -1;
-  int rc = posix_spawn(&pid, exe.c_str(), &actions, &attr, argv, envp.data());
+  int rc = posix_spawn(&pid, exe.c_str(), &actions, &attr, argv, envp);
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
   if (rc != 0) return Status::Syscall("session", "posix_spawn", exe, rc);
@@ -514,7 +544,8 @@ Result<json> World::File(const json& request, int timeout_ms) {
     if (r < 0 && errno == EINTR) continue;
     if (r == 0) {
       (void)SendControl(json{{"op", "kill"}, {"id", req["id"]}, {"signal", SIGKILL}}, {});
-      return Status::Error("session", "the file tool did not answer within " + std::to_string(timeout_ms) + " ms");
+      return Status::Error(kFileToolTimedOut, "the file tool did not answer within " + std::to_string(timeout_ms) +
+                                                  " ms; its process was killed");
     }
     if (fds[0].revents) {
       ssize_t got = read(res_r.get(), buf, sizeof(buf));

@@ -43,6 +43,9 @@ namespace agentbox::session {
 // Status stage of a call that could not be sent because the world had
 // already ended: nothing ran, so it may be retried in a fresh world.
 inline constexpr const char* kWorldGone = "world_gone";
+// The stage of World::File's error when the tool did not answer in time
+// (its process is killed).
+inline constexpr const char* kFileToolTimedOut = "file_tool_timed_out";
 
 struct WorldExec {
   std::vector<std::string> argv;          // e.g. {"bash", "-c", command}
@@ -136,8 +139,16 @@ class World {
   std::deque<std::pair<std::chrono::steady_clock::time_point, nlohmann::json>> connections_;
 };
 
-// The `agentbox __world` process: fd 3 is the channel, the plan is in
-// AGENTBOX_PLAN. Returns the process's exit status.
+// The `agentbox __world` process: fd 3 is the channel, fd 4 the plan; its
+// environment is empty. Returns the process's exit status.
 int WorldMain();
+
+// The fd on which `agentbox __world` finds its plan (a memfd, as JSON).
+inline constexpr int kWorldPlanFd = 4;
+
+// `plan` with the variables its env.pass (or pass_all) takes from this
+// process's environment resolved into env.set: nothing below the caller
+// reads an environment of its own.
+Plan WithResolvedEnv(const Plan& plan);
 
 }  // namespace agentbox::session

@@ -91,13 +91,25 @@ json ErrorMessage(const Status& s) {
 }  // namespace
 
 int WorldMain() {
-  const char* plan_text = std::getenv(kPlanEnv);
-  if (!plan_text) {
-    Send(ErrorMessage(Status::Error("world", std::string(kPlanEnv) + " is not set")));
+  // The plan is in a memfd on fd 4 (world.cc), which nothing below inherits.
+  std::string plan_text;
+  {
+    char buf[65536];
+    off_t off = 0;
+    for (;;) {
+      ssize_t r = pread(kWorldPlanFd, buf, sizeof(buf), off);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) break;
+      plan_text.append(buf, static_cast<size_t>(r));
+      off += r;
+    }
+    close(kWorldPlanFd);
+  }
+  if (plan_text.empty()) {
+    Send(ErrorMessage(Status::Error("world", "no plan on fd " + std::to_string(kWorldPlanFd))));
     return 125;
   }
   auto parsed = PlanFromJson(plan_text);
-  unsetenv(kPlanEnv);
   if (!parsed.ok()) {
     Send(ErrorMessage(parsed.status()));
     return 125;

@@ -66,7 +66,9 @@ Daemon::~Daemon() {
 }
 
 std::vector<std::string> Daemon::Env() const {
-  return {"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + home_.path(), "LANG=C.UTF-8"};
+  std::vector<std::string> env = {"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + home_.path(), "LANG=C.UTF-8"};
+  env.insert(env.end(), extra_env.begin(), extra_env.end());
+  return env;
 }
 
 bool Daemon::Start(const std::vector<std::string>& extra) {

@@ -69,6 +69,8 @@ class Daemon {
 
   // Environment for agentbox commands (PATH, HOME, LANG).
   std::vector<std::string> Env() const;
+  // Variables added to the daemon's environment (set before Start).
+  std::vector<std::string> extra_env;
 
  private:
   void Stop();

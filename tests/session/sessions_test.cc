@@ -2,6 +2,7 @@
 // world for file tools and the shell, isolation, diff, snapshots, replay.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 
@@ -316,6 +317,64 @@ TEST_F(SessionsTest, FiftyConcurrentSessionsEachRunCommands) {
   for (int i = 0; i < kSessions; ++i) EXPECT_EQ(failures[i], "") << "session " << i;
   EXPECT_EQ(Call(c(), "GET", "/v1/health").body.value("sessions", 0), kSessions);
   EXPECT_FALSE(e2e::Exists(ws_ / "mine.txt"));
+}
+
+
+// A secret in the daemon's environment is nowhere a session can look: not
+// in a command's environment, not in /proc/*/environ or cmdline, and not
+// through any file tool (edit_file was an oracle on /proc/self/environ).
+TEST(SessionsEnvironmentTest, TheDaemonsEnvironmentReachesNoSession) {
+  const std::string secret = "daemon-planted-" + std::to_string(getpid()) + "-Hq3vXb";
+  Daemon d;
+  d.extra_env = {"AGENTBOX_TEST_DAEMON_SECRET=" + secret};
+  ASSERT_TRUE(d.Start()) << d.error();
+  TempDir ws{"agentbox-session-ws-"};
+  std::string id = CreateSession(d.client(), ws.path());
+  ASSERT_FALSE(id.empty());
+  ASSERT_EQ(0, symlink("/proc/self/environ", (ws.path() + "/env-link").c_str()));
+  std::vector<json> answers;
+  answers.push_back(Bash(d.client(), id,
+                         "env; for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do echo \"== $f\"; "
+                         "tr '\\0' '\\n' < $f 2>&1; done; true"));
+  for (const std::string path : {"/proc/self/environ", "env-link"}) {
+    answers.push_back(Execute(d.client(), id, "read_file", {{"path", path}}));
+    json right = Execute(d.client(), id, "edit_file", {{"path", path}, {"old", "AGENTBOX_TEST_DAEMON_SECRET="}, {"new", "x"}});
+    json wrong = Execute(d.client(), id, "edit_file", {{"path", path}, {"old", "NO_SUCH_VARIABLE_ANYWHERE="}, {"new", "x"}});
+    EXPECT_EQ(right.value("output", ""), wrong.value("output", "")) << "a right guess answers differently";
+    EXPECT_EQ(right.value("kind", ""), "tool_error") << right.dump();
+    answers.push_back(right);
+    answers.push_back(Execute(d.client(), id, "write_file", {{"path", path}, {"content", "x"}}));
+  }
+  answers.push_back(Execute(d.client(), id, "list_dir", {{"path", "/proc/self"}}));
+  answers.push_back(Execute(d.client(), id, "glob", {{"pattern", "/proc/*/environ"}}));
+  for (const json& a : answers) {
+    EXPECT_EQ(a.dump().find(secret), std::string::npos) << a.dump();
+    EXPECT_EQ(a.dump().find("AGENTBOX_PLAN"), std::string::npos) << a.dump();
+  }
+  EXPECT_TRUE(Contains(Output(answers.front()), "PATH=")) << answers.front().dump();
+}
+
+// A session's tree nested deeper than its host layer's path can name: diff
+// and snapshot answer a named error, not 500 internal.
+TEST_F(SessionsTest, DiffAndSnapshotOfATooDeepTreeAnswerANamedError) {
+  std::string id = CreateSession(c(), ws_.path());
+  const std::string pwd = Output(Bash(c(), id, "pwd"));
+  ASSERT_FALSE(pwd.empty());
+  const std::size_t inside = pwd.size() - 1;
+  const std::size_t depth = (4080 - inside) / 201;
+  const std::size_t last = 4080 - inside - depth * 201 - 1;
+  json made = Bash(c(), id, "d=$(printf 'd%.0s' $(seq 200)); for i in $(seq " + std::to_string(depth) +
+                                "); do mkdir $d && cd $d || exit 1; done; l=$(printf 'e%.0s' $(seq " +
+                                std::to_string(last) + ")); echo deep > $l && echo made");
+  ASSERT_TRUE(Contains(Output(made), "made")) << made.dump();
+  for (const auto& [method, route] : {std::pair<std::string, std::string>{"GET", "/diff"}, {"POST", "/snapshot"}}) {
+    Answer a = Call(c(), method, "/v1/sessions/" + id + route);
+    EXPECT_NE(a.status, 500) << route << ": " << a.text;
+    if (a.status != 200) {
+      EXPECT_EQ(a.status, 422) << a.text;
+      EXPECT_EQ(a.body["error"].value("code", ""), "path_too_long") << a.text;
+    }
+  }
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -136,12 +137,13 @@ TEST_F(WorldTest, NothingRunsBeforeTheFirstCall) {
 
 TEST_F(WorldTest, OneWorldAcrossCalls) {
   std::string id = Create();
-  // A background process started by one call is there for the next: the
-  // same pid namespace, the same init.
-  Json r = Bash(id, "sleep 30 >/dev/null 2>&1 & echo started");
-  EXPECT_EQ(r["output"], "started\n");
-  r = Bash(id, "ps -eo comm | grep -c '^sleep$'");
-  EXPECT_EQ(r["output"], "1\n");
+  // What one call leaves in the world's own /tmp is there for the next: the
+  // same mount namespace, the same init. (Its processes are not: a call's
+  // processes end with it, ACallsProcessesEndWithTheCall.)
+  Json r = Bash(id, "echo kept > /tmp/one-world; stat -c %i /proc/1");
+  const std::string init_inode = r["output"];
+  r = Bash(id, "cat /tmp/one-world; stat -c %i /proc/1");
+  EXPECT_EQ(r["output"], "kept\n" + init_inode);
   r = Bash(id, "echo $$; readlink /proc/1/exe >/dev/null 2>&1; cat /proc/1/comm");
   EXPECT_NE(r["output"].get<std::string>().find("agentbox-init"), std::string::npos) << r["output"];
 }
@@ -684,6 +686,145 @@ TEST_F(WorldTest, FileToolsHoldNoDescriptorOfTheCallers) {
     ++entries;
   }
   EXPECT_LE(entries, 5u) << list.dump();
+}
+
+// Nothing of the caller's (the daemon's) environment reaches a session: not
+// its commands, not its file tools, not /proc/*/environ or cmdline of any
+// process a session can see, and the plan is not an environment variable.
+TEST_F(WorldTest, TheCallersEnvironmentReachesNoSessionProcess) {
+  const std::string secret = "agentbox-planted-" + std::to_string(getpid()) + "-Zq7xKw";
+  // Set while the world starts (at its first call) and runs.
+  ASSERT_EQ(0, setenv("AGENTBOX_TEST_PLANTED_SECRET", secret.c_str(), 1));
+  struct Unset {
+    ~Unset() { unsetenv("AGENTBOX_TEST_PLANTED_SECRET"); }
+  } unset;
+  std::string id = Create();
+  ASSERT_EQ(0, symlink("/proc/self/environ", (base_ + "/env-link").c_str()));
+  std::vector<Json> answers;
+  answers.push_back(Bash(id, "env; for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline /proc/self/environ; do "
+                             "echo \"== $f\"; tr '\\0' '\\n' < $f 2>&1; done; true"));
+  for (const std::string path : {"/proc/self/environ", "/proc/1/environ", "env-link", "/proc/self/cmdline"}) {
+    SCOPED_TRACE(path);
+    Json r = Tool(id, "read_file", {{"path", path}});
+    EXPECT_EQ(r["kind"], "tool_error") << r.dump();
+    answers.push_back(r);
+    // edit_file was an oracle: "not found" for a wrong guess, a write denial for a right one.
+    Json right = Tool(id, "edit_file", {{"path", path}, {"old", "AGENTBOX_TEST_PLANTED_SECRET="}, {"new", "x"}});
+    Json wrong = Tool(id, "edit_file", {{"path", path}, {"old", "NO_SUCH_VARIABLE_ANYWHERE="}, {"new", "x"}});
+    EXPECT_EQ(right["kind"], "tool_error") << right.dump();
+    EXPECT_EQ(right["output"], wrong["output"]) << "a right guess answers differently from a wrong one";
+    EXPECT_EQ(right["output"].get<std::string>().find("not found"), std::string::npos) << right.dump();
+    EXPECT_EQ(wrong["output"].get<std::string>().find("not found"), std::string::npos) << wrong.dump();
+    answers.push_back(right);
+    answers.push_back(wrong);
+    Json w = Tool(id, "write_file", {{"path", path}, {"content", "x"}});
+    EXPECT_EQ(w["kind"], "tool_error") << w.dump();
+    answers.push_back(w);
+  }
+  for (const std::string path : {"/proc/self", "/proc", "/sys/kernel"}) {
+    Json l = Tool(id, "list_dir", {{"path", path}});
+    EXPECT_EQ(l["kind"], "tool_error") << l.dump();
+    answers.push_back(l);
+  }
+  answers.push_back(Tool(id, "glob", {{"pattern", "/proc/self/*"}}));
+  answers.push_back(Tool(id, "glob", {{"pattern", "/proc/*/environ"}}));
+  for (const Json& a : answers) {
+    const std::string text = a.dump();
+    EXPECT_EQ(text.find(secret), std::string::npos) << text;
+    EXPECT_EQ(text.find("AGENTBOX_PLAN"), std::string::npos) << text;
+  }
+  const std::string bash_out = answers.front()["output"];
+  EXPECT_NE(bash_out.find("== /proc/self/environ"), std::string::npos) << bash_out;
+  EXPECT_NE(bash_out.find("PATH="), std::string::npos) << "the policy's env.pass must still reach commands: " << bash_out;
+}
+
+// A call's processes end with it: a double-forked child that ignores SIGTERM
+// and left the call's session, and a stopped process group, do not survive
+// a timed-out call, nor does a background process a finished call left.
+TEST_F(WorldTest, ACallsProcessesEndWithTheCall) {
+  std::string id = Create();
+  Json r = Bash(id,
+                "(trap '' TERM; setsid sh -c 'trap \"\" TERM; exec sleep 1000' & ) ; "
+                "setsid sh -c 'kill -STOP $$; sleep 1001' & "
+                "sleep 1002 & sleep 30",
+                {{"timeout", 1}});
+  EXPECT_EQ(r["kind"], "timed_out") << r.dump();
+  Json finished = Bash(id, "sleep 1003 & (setsid sleep 1004 &); echo done");
+  EXPECT_EQ(finished["output"], "done\n") << finished.dump();
+  Json ps = Bash(id, "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done");
+  const std::string out = ps["output"];
+  EXPECT_NE(out.find("for p in"), std::string::npos) << out;
+  for (const char* left : {"sleep 1000", "sleep 1001", "sleep 1002", "sleep 1003", "sleep 1004"}) {
+    EXPECT_EQ(out.find(left), std::string::npos) << left << " survived its call:\n" << out;
+  }
+}
+
+// The kernel's Landlock ABI (0: none), as the sandbox would see it.
+int LandlockAbi() {
+  long abi = syscall(444 /* landlock_create_ruleset */, nullptr, 0, 1 /* LANDLOCK_CREATE_RULESET_VERSION */);
+  return abi < 0 ? 0 : static_cast<int>(abi);
+}
+
+// A session's processes cannot stop a file tool (whose call would then
+// hang) nor the process that ends their own call when it ends.
+TEST_F(WorldTest, CommandsCannotStopFileToolsOrTheirCallsKeeper) {
+  if (LandlockAbi() < 6) GTEST_SKIP() << "not applicable here: Landlock ABI " << LandlockAbi() << " has no signal scope";
+  std::string id = Create();
+  Json parent = Bash(id, "kill -STOP $PPID; echo rc=$?");
+  EXPECT_NE(parent["output"].get<std::string>().find("rc=1"), std::string::npos) << parent.dump();
+  std::atomic<bool> done{false};
+  std::thread stopper([&] {
+    Bash(id, "end=$((SECONDS+4)); while [ $SECONDS -lt $end ]; do for p in /proc/[0-9]*; do "
+             "read -r c < $p/comm 2>/dev/null; [ \"$c\" = agentbox-init ] && kill -STOP ${p#/proc/} 2>/dev/null; "
+             "done; done; true");
+    done = true;
+  });
+  int calls = 0;
+  while (!done) {
+    Json r = Tool(id, "read_file", {{"path", "a.txt"}});
+    EXPECT_EQ(r["kind"], "ok") << r.dump();
+    ++calls;
+  }
+  stopper.join();
+  EXPECT_GT(calls, 0);
+  EXPECT_EQ(Bash(id, "echo alive")["output"], "alive\n");
+}
+
+// A tree that fits under PATH_MAX inside the session but not under the
+// longer host path of its layer: diff and snapshot work or name the problem.
+TEST_F(WorldTest, DiffAndSnapshotOfATreeDeeperThanTheHostPathAllows) {
+  std::string id = Create();
+  const std::string pwd = Bash(id, "pwd")["output"];
+  ASSERT_FALSE(pwd.empty());
+  // Nested 200-byte names up to 4080 bytes of path inside.
+  const std::size_t inside = pwd.size() - 1;
+  const std::size_t depth = (4080 - inside) / 201;
+  const std::size_t last = 4080 - inside - depth * 201 - 1;
+  Json made = Bash(id, "d=$(printf 'd%.0s' $(seq 200)); for i in $(seq " + std::to_string(depth) +
+                           "); do mkdir $d && cd $d || exit 1; done; l=$(printf 'e%.0s' $(seq " + std::to_string(last) +
+                           ")); echo deep > $l && echo made ${#PWD}");
+  ASSERT_NE(made["output"].get<std::string>().find("made"), std::string::npos) << made.dump();
+  auto diff = manager_->Diff(id);
+  if (!diff.ok()) {
+    EXPECT_EQ(diff.status().stage(), "path_too_long") << diff.status().ToString();
+  } else {
+    EXPECT_NE((*diff)["patch"].get<std::string>().find("+deep"), std::string::npos);
+  }
+  auto snap = manager_->Snapshot(id);
+  if (!snap.ok()) EXPECT_EQ(snap.status().stage(), "path_too_long") << snap.status().ToString();
+  EXPECT_EQ(Bash(id, "echo alive")["output"], "alive\n");
+}
+
+// A file tool's temporary name stays short whatever the target's length.
+TEST_F(WorldTest, WriteFileCreatesNamesUpToTheFilesystemsLimit) {
+  std::string id = Create();
+  const std::string name(250, 'n');
+  Json w = Tool(id, "write_file", {{"path", name}, {"content", "long\n"}});
+  EXPECT_EQ(w["kind"], "ok") << w.dump();
+  EXPECT_EQ(Bash(id, "cat " + name)["output"], "long\n");
+  Json again = Tool(id, "write_file", {{"path", name}, {"content", "again\n"}});
+  EXPECT_EQ(again["kind"], "ok") << again.dump();
+  EXPECT_EQ(Bash(id, "cat " + name + "; ls -a | grep -c agentbox; true")["output"], "again\n0\n");
 }
 
 // A snapshot that cannot be taken never leaves a session half-removed.
