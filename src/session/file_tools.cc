@@ -194,13 +194,6 @@ std::string Dirname(const std::string& path) {
   return end == std::string::npos ? "/" : path.substr(0, end + 1);
 }
 
-std::string Basename(const std::string& path) {
-  std::size_t end = path.find_last_not_of('/');
-  if (end == std::string::npos) return "/";
-  std::size_t slash = path.rfind('/', end);
-  return path.substr(slash == std::string::npos ? 0 : slash + 1, end - (slash == std::string::npos ? 0 : slash + 1) + 1);
-}
-
 // ------------------------------------------------------------------ io
 
 bool WriteAll(int fd, const std::string& data) {

@@ -132,16 +132,23 @@ TEST(Attack, WriteIntoTheRealHome) {
 
 // ------------------------------------------------------------ git
 
+// Plants a pre-commit hook in the repository at `repo` ("" for the
+// workspace's own): the host check writes beside it first.
+void PlantHook(Attack& a, const Sandbox& sb, const std::string& repo) {
+  const std::string hooks = (repo.empty() ? "" : repo + "/") + ".git/hooks";
+  const std::string host_check = sb.ws() + "/" + hooks + "/host-check";
+  EXPECT_TRUE(a.Host(sb, {"write", host_check, "#!/bin/sh\n"}).ok);
+  unlink(host_check.c_str());
+  Probe in = a.Inside(sb, {"write", hooks + "/pre-commit", "#!/bin/sh\ntouch /tmp/pwned\n"});
+  EXPECT_FALSE(in.ok) << in.Describe();
+  EXPECT_EQ(in.err, EROFS) << in.Describe();
+  EXPECT_FALSE(Exists(sb.ws() + "/" + hooks + "/pre-commit"));
+}
+
 TEST(Attack, PlantAGitHook) {
   Attack a("git: plant .git/hooks/pre-commit", Kind::kBoundary);
   Sandbox sb;
-  const std::string host_check = sb.ws() + "/.git/hooks/host-check";
-  EXPECT_TRUE(a.Host(sb, {"write", host_check, "#!/bin/sh\n"}).ok);
-  unlink(host_check.c_str());
-  Probe in = a.Inside(sb, {"write", ".git/hooks/pre-commit", "#!/bin/sh\ntouch /tmp/pwned\n"});
-  EXPECT_FALSE(in.ok) << in.Describe();
-  EXPECT_EQ(in.err, EROFS) << in.Describe();
-  EXPECT_FALSE(Exists(sb.ws() + "/.git/hooks/pre-commit"));
+  PlantHook(a, sb, "");
 }
 
 // A repository cloned into a subfolder runs its hooks on the host as well.
@@ -149,13 +156,7 @@ TEST(Attack, PlantAGitHookInANestedRepository) {
   Attack a("git: plant sub/.git/hooks/pre-commit (a repository in a subfolder)", Kind::kBoundary);
   Sandbox sb;
   ASSERT_EQ(sb.Git({"init", "-q", "sub"}).status, 0);
-  const std::string host_check = sb.ws() + "/sub/.git/hooks/host-check";
-  EXPECT_TRUE(a.Host(sb, {"write", host_check, "#!/bin/sh\n"}).ok);
-  unlink(host_check.c_str());
-  Probe in = a.Inside(sb, {"write", "sub/.git/hooks/pre-commit", "#!/bin/sh\ntouch /tmp/pwned\n"});
-  EXPECT_FALSE(in.ok) << in.Describe();
-  EXPECT_EQ(in.err, EROFS) << in.Describe();
-  EXPECT_FALSE(Exists(sb.ws() + "/sub/.git/hooks/pre-commit"));
+  PlantHook(a, sb, "sub");
 }
 
 TEST(Attack, AppendToGitConfig) {
