@@ -619,8 +619,9 @@ Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Poli
     if (Status s = CheckOwnDirs(policy, inv, landlock_only); !s.ok()) return s;
   }
   if (landlock_only) {
+    // agentbox's own directories lie outside every allowed tree
+    // (CheckOwnDirs): Landlock denies them like anything else there.
     absent = FenceLandlockOnly(policy, inv).absent;
-    for (const auto& d : inv.own_dirs) absent.push_back(d);
     if (!policy.filesystem.workspace.path.empty() && policy.filesystem.workspace.path != inv.workspace) {
       out.enforcement.notes.push_back("filesystem.workspace.path '" + policy.filesystem.workspace.path +
                                       "': without a mount namespace the workspace stays at its host path " +
@@ -810,11 +811,10 @@ Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Poli
     // agentbox's own directories: a policy cannot lift this (CheckOwnDirs
     // made sure none holds a mounted tree).
     for (const auto& d : inv.own_dirs) {
+      // Outside every mounted tree: absent, with nothing to plan (and no
+      // stderr signature: there may be many, and no command names them).
       auto inner = InnerPath(mounted, d);
-      if (!inner) {
-        plan.absent.push_back(d);
-        continue;
-      }
+      if (!inner) continue;
       mounts.push_back({MountKind::kMask, d, *inner, true, true, "", "agentbox's own state (always hidden)"});
     }
     // Merge scans of the same root.

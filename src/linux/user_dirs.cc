@@ -49,23 +49,30 @@ std::string Canonical(const std::string& path) {
   return realpath(path.c_str(), buf) ? std::string(buf) : path;
 }
 
+// The registry's entries (canonical when written), oldest first.
+std::vector<std::string> ReadRegistry(const std::string& state) {
+  std::vector<std::string> out;
+  if (state.empty()) return out;
+  std::ifstream registry(state + "/state-dirs");
+  std::string line;
+  for (std::size_t n = 0; n < kMaxRegistered && std::getline(registry, line); ++n) {
+    if (!line.empty() && line[0] == '/') out.push_back(line);
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<std::string> OwnDirs(const std::string& home) {
   std::vector<std::string> out;
   auto add = [&out](const std::string& dir) {
-    if (dir.empty() || dir[0] != '/') return;
-    const std::string c = Canonical(dir);
-    if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
+    if (std::find(out.begin(), out.end(), dir) == out.end()) out.push_back(dir);
   };
   const std::string state = StateDir();
-  add(state);
-  add(CacheDir(home));
-  if (!state.empty()) {
-    std::ifstream registry(state + "/state-dirs");
-    std::string line;
-    for (std::size_t n = 0; n < kMaxRegistered && std::getline(registry, line); ++n) add(line);
-  }
+  if (!state.empty()) add(Canonical(state));
+  if (const std::string cache = CacheDir(home); !cache.empty()) add(Canonical(cache));
+  // Registered paths were canonical when written: no lookup per run.
+  for (const auto& dir : ReadRegistry(state)) add(dir);
   return out;
 }
 
@@ -73,18 +80,29 @@ void RegisterStateDir(const std::string& dir) {
   const std::string state = StateDir();
   if (state.empty() || dir.empty() || dir[0] != '/' || dir.find('\n') != std::string::npos) return;
   const std::string c = Canonical(dir);
-  for (const auto& known : OwnDirs(HomeDir())) {
-    if (known == c) return;
+  if (c == Canonical(state) || c == Canonical(CacheDir(HomeDir()))) return;
+  // Rewritten whole, keeping the entries that still exist: state
+  // directories come and go (tests, throw-away daemons), the list stays short.
+  std::string text;
+  std::size_t kept = 0;
+  for (const auto& known : ReadRegistry(state)) {
+    struct stat st {};
+    if (known == c || stat(known.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
+    if (++kept >= kMaxRegistered) break;
+    text += known + "\n";
   }
+  text += c + "\n";
   for (std::size_t slash = state.find('/', 1);; slash = state.find('/', slash + 1)) {
     mkdir(state.substr(0, slash).c_str(), 0700);
     if (slash == std::string::npos) break;
   }
-  const std::string line = c + "\n";
-  int fd = open((state + "/state-dirs").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
+  // Written beside and renamed over: a reader sees the old list or the new.
+  const std::string tmp = state + "/.state-dirs." + std::to_string(getpid());
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) return;
-  (void)!write(fd, line.data(), line.size());
+  const bool written = write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
   close(fd);
+  if (!written || rename(tmp.c_str(), (state + "/state-dirs").c_str()) != 0) unlink(tmp.c_str());
 }
 
 }  // namespace agentbox::linux
