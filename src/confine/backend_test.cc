@@ -154,7 +154,9 @@ TEST(AssessEnforcement, EveryFacetLevelFollowsWhatIsMissing) {
       const EnforcementReport& r = c->enforcement;
       for (const auto& m : r.missing) {
         const FacetReport* f = FacetOf(r, m.facet);
-        if (f) EXPECT_NE(f->level, Level::kFull) << "host " << i << ": " << m.facet << ": " << m.reason;
+        if (f) {
+          EXPECT_NE(f->level, Level::kFull) << "host " << i << ": " << m.facet << ": " << m.reason;
+        }
       }
       EXPECT_EQ(r.level == Level::kFull, r.missing.empty()) << "host " << i;
     }

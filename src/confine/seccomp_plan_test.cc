@@ -121,7 +121,9 @@ TEST(SeccompPlanProperty, RandomPoliciesAlwaysDenyTheListOnBothBackends) {
       ExpectDenies(c->plan, context);
       // The plan itself never asks for a namespace on the landlock-only backend.
       EXPECT_EQ(c->plan.backend, landlock ? Backend::kLandlockOnly : Backend::kNamespaces) << context;
-      if (landlock) EXPECT_TRUE(c->plan.namespaces.empty()) << context;
+      if (landlock) {
+        EXPECT_TRUE(c->plan.namespaces.empty()) << context;
+      }
       // It survives the trip through `wrap`.
       auto back = PlanFromJson(PlanToJson(c->plan));
       ASSERT_TRUE(back.ok()) << back.status().message();

@@ -60,7 +60,9 @@ TEST(Listen, OnlyNumericLoopbackAddresses) {
                           "127.0.0.1", "127.0.0.1:", "127.0.0.1:65536", "127.0.0.1:-1", ":80", "[::1]80"}) {
     auto r = ParseLoopbackAddress(bad);
     EXPECT_FALSE(r.ok()) << bad;
-    if (!r.ok()) EXPECT_NE(r.status().message().find(bad), std::string::npos) << r.status().message();
+    if (!r.ok()) {
+      EXPECT_NE(r.status().message().find(bad), std::string::npos) << r.status().message();
+    }
   }
 }
 

@@ -308,7 +308,9 @@ TEST_F(Hybrid, StaleCgroupsAreToldByTheirOwnerTagNotTheirName) {
                                                      {"agentbox-untagged", ""}};
   for (const auto& [n, owner] : owners) {
     root_.Dir("/sys/fs/cgroup/pids/" + n);
-    if (!owner.empty()) ASSERT_TRUE(fs.SetTag("/sys/fs/cgroup/pids/" + n, "user.agentbox.owner", owner).ok());
+    if (!owner.empty()) {
+      ASSERT_TRUE(fs.SetTag("/sys/fs/cgroup/pids/" + n, "user.agentbox.owner", owner).ok());
+    }
   }
   auto removed = CollectStaleCgroups(fs, l);
   EXPECT_EQ(removed, std::vector<std::string>{"/sys/fs/cgroup/pids/agentbox-dead"});

@@ -81,7 +81,7 @@ TEST(ParseSizeTest, LargestValueFits) {
 // parsed, not passed on to wrap in a limit (a file size past 2^63 made
 // every write fail with SIGXFSZ).
 TEST(ParseSizeTest, RefusesAboveTheMaximum) {
-  for (const std::string text : {std::to_string(kMaxSizeBytes + 1), std::string("1025Ti"),
+  for (const std::string& text : {std::to_string(kMaxSizeBytes + 1), std::string("1025Ti"),
                                  std::string("16000000000Gi"), std::string("18446744073709551615")}) {
     Result<std::uint64_t> r = ParseSize(text);
     ASSERT_FALSE(r.ok()) << text;

@@ -856,7 +856,9 @@ TEST(LayersHostile, FileOverTheCapIsNotLoaded) {
   EXPECT_NE(patch.find("b/a.txt"), std::string::npos) << patch;
   EXPECT_EQ(patch.find("big.bin"), std::string::npos) << patch;
   for (const Json& f : (*d)["files"]) {
-    if (f["path"] == "big.bin") EXPECT_EQ(f["binary"], true);  // NULs in its first bytes
+    if (f["path"] == "big.bin") {
+      EXPECT_EQ(f["binary"], true);  // NULs in its first bytes
+    }
   }
 
   // The same file in the base and the upper, both over the cap: compared by
