@@ -100,24 +100,37 @@ TempDir::~TempDir() {
 
 std::string TempDir::operator/(const std::string& rel) const { return path_ + "/" + rel; }
 
-bool RemoveTree(const std::string& path) {
+namespace {
+
+// Removes `name` below the directory `dirfd`, relative all the way down: a
+// tree deeper than PATH_MAX (a session's, say) goes as well.
+bool RemoveAt(int dirfd, const char* name) {
   struct stat st {};
-  if (lstat(path.c_str(), &st) != 0) return errno == ENOENT;
-  if (!S_ISDIR(st.st_mode)) return unlink(path.c_str()) == 0 || errno == ENOENT;
+  if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return errno == ENOENT;
+  if (!S_ISDIR(st.st_mode)) return unlinkat(dirfd, name, 0) == 0 || errno == ENOENT;
   // A masked or locked-down directory: make it listable and writable first.
-  chmod(path.c_str(), 0700);
+  fchmodat(dirfd, name, 0700, 0);
   bool ok = true;
-  if (DIR* d = opendir(path.c_str())) {
-    std::vector<std::string> names;
-    while (struct dirent* e = readdir(d)) {
-      std::string n = e->d_name;
-      if (n != "." && n != "..") names.push_back(n);
+  int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd >= 0) {
+    if (DIR* d = fdopendir(fd)) {
+      std::vector<std::string> names;
+      while (struct dirent* e = readdir(d)) {
+        std::string n = e->d_name;
+        if (n != "." && n != "..") names.push_back(n);
+      }
+      for (const auto& n : names) ok = RemoveAt(dirfd(d), n.c_str()) && ok;
+      closedir(d);
+    } else {
+      close(fd);
     }
-    closedir(d);
-    for (const auto& n : names) ok = RemoveTree(path + "/" + n) && ok;
   }
-  return rmdir(path.c_str()) == 0 && ok;
+  return unlinkat(dirfd, name, AT_REMOVEDIR) == 0 && ok;
 }
+
+}  // namespace
+
+bool RemoveTree(const std::string& path) { return RemoveAt(AT_FDCWD, path.c_str()); }
 
 void MakeDirs(const std::string& path, mode_t mode) {
   for (size_t pos = 1; pos <= path.size(); ++pos) {
