@@ -102,16 +102,16 @@ std::string TempDir::operator/(const std::string& rel) const { return path_ + "/
 
 namespace {
 
-// Removes `name` below the directory `dirfd`, relative all the way down: a
+// Removes `name` below the directory `parent`, relative all the way down: a
 // tree deeper than PATH_MAX (a session's, say) goes as well.
-bool RemoveAt(int dirfd, const char* name) {
+bool RemoveAt(int parent, const char* name) {
   struct stat st {};
-  if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return errno == ENOENT;
-  if (!S_ISDIR(st.st_mode)) return unlinkat(dirfd, name, 0) == 0 || errno == ENOENT;
+  if (fstatat(parent, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return errno == ENOENT;
+  if (!S_ISDIR(st.st_mode)) return unlinkat(parent, name, 0) == 0 || errno == ENOENT;
   // A masked or locked-down directory: make it listable and writable first.
-  fchmodat(dirfd, name, 0700, 0);
+  fchmodat(parent, name, 0700, 0);
   bool ok = true;
-  int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  int fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd >= 0) {
     if (DIR* d = fdopendir(fd)) {
       std::vector<std::string> names;
@@ -125,7 +125,7 @@ bool RemoveAt(int dirfd, const char* name) {
       close(fd);
     }
   }
-  return unlinkat(dirfd, name, AT_REMOVEDIR) == 0 && ok;
+  return unlinkat(parent, name, AT_REMOVEDIR) == 0 && ok;
 }
 
 }  // namespace
