@@ -420,7 +420,7 @@ TEST_F(FileToolsTest, ReadOnlyMountIsSandboxDenied) {
   Write(t_ / "ws/file.txt", "keep\n");
   limits_.workspace = t_ / "ws";
   Json results = InChild([&] {
-    if (!EnterNamespaces()) return Json{{"skip", "no user and mount namespaces"}};
+    if (!EnterNamespaces()) return Json{{"skip", "not applicable here: no user and mount namespaces for this user"}};
     if (!BindReadOnly(t_ / "ws")) return Json{{"child", std::string("bind: ") + std::strerror(errno)}};
     return Json{{"write", RunFileTool("write_file", {{"path", "file.txt"}, {"content", "x"}}, limits_)},
                 {"create", RunFileTool("write_file", {{"path", "new.txt"}, {"content", "x"}}, limits_)},
@@ -447,7 +447,7 @@ TEST_F(FileToolsTest, ProtectedFileInAWritableDirectory) {
   Write(t_ / "ws/.git/other", "o\n");
   limits_.workspace = t_ / "ws";
   Json results = InChild([&] {
-    if (!EnterNamespaces()) return Json{{"skip", "no user and mount namespaces"}};
+    if (!EnterNamespaces()) return Json{{"skip", "not applicable here: no user and mount namespaces for this user"}};
     if (!BindReadOnly(t_ / "ws/.git/config")) return Json{{"child", std::string("bind: ") + std::strerror(errno)}};
     return Json{{"config", RunFileTool("write_file", {{"path", ".git/config"}, {"content", "evil"}}, limits_)},
                 {"other", RunFileTool("write_file", {{"path", ".git/other"}, {"content", "fine\n"}}, limits_)}};
@@ -465,7 +465,7 @@ TEST_F(FileToolsTest, ProtectedFileInAWritableDirectory) {
 // Landlock granting only read on the workspace: writes are EACCES, denied.
 TEST_F(FileToolsTest, LandlockReadOnlyIsSandboxDenied) {
   const int abi = linux::LandlockAbiVersion();
-  if (abi < kMinLandlockAbi) GTEST_SKIP() << "Landlock ABI " << abi << " here; the file tools test needs " << kMinLandlockAbi;
+  if (abi < kMinLandlockAbi) GTEST_SKIP() << "not applicable here: Landlock ABI " << abi << ", the file tools test needs " << kMinLandlockAbi;
   Write(t_ / "ws/file.txt", "keep\n");
   Write(t_ / "elsewhere", "not granted\n");
   limits_.workspace = t_ / "ws";

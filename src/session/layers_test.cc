@@ -481,7 +481,7 @@ TEST(LayersOverlay, RealOverlayDiffAppliesWithGit) {
     if (int c = ChangeWorkspace(t / "merged"); c != 0) return c;
     return CopyTree(t / "merged", t / "expected").ok() ? 0 : 12;
   });
-  if (rc == kNoOverlay) GTEST_SKIP() << "overlayfs with userxattr cannot be mounted in a user namespace here";
+  if (rc == kNoOverlay) GTEST_SKIP() << "not applicable here: overlayfs with userxattr cannot be mounted in a user namespace";
   ASSERT_EQ(rc, 0);
   // The kernel marked the recreated directory opaque and left whiteouts.
   char value[4] = {};
@@ -523,7 +523,7 @@ TEST(LayersOverlay, SnapshotIsALayerToStartFrom) {
     if (int c = ChangeWorkspace(t / "merged1"); c != 0) return c;
     return CopyTree(t / "merged1", t / "expected1").ok() ? 0 : 12;
   });
-  if (rc == kNoOverlay) GTEST_SKIP() << "overlayfs with userxattr cannot be mounted in a user namespace here";
+  if (rc == kNoOverlay) GTEST_SKIP() << "not applicable here: overlayfs with userxattr cannot be mounted in a user namespace";
   ASSERT_EQ(rc, 0);
   auto manifest = CreateSnapshot({t / "base", {}, t / "upper1"}, "", t / "snaps/s1");
   ASSERT_TRUE(manifest.ok()) << manifest.status().ToString();

@@ -659,17 +659,23 @@ TEST(Attack, AbstractUnixSocketOfTheHost) {
   EXPECT_FALSE(in.ok) << in.Describe();
 }
 
+// A listening unix stream socket bound at `path` (invalid on failure).
+Fd UnixListener(const std::string& path, int flags) {
+  Fd l(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | flags, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (!l.valid() || path.size() >= sizeof(addr.sun_path)) return Fd(-1);
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  if (bind(l.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(l.get(), 8) != 0) return Fd(-1);
+  return l;
+}
+
 TEST(Attack, PathnameUnixSocketOfTheHost) {
   Attack a("pathname unix socket of the host", Kind::kBoundary);
   Sandbox sb;
   const std::string path = sb.scratch() + "/host.sock";
-  Fd l(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  ASSERT_LT(path.size(), sizeof(addr.sun_path));
-  std::memcpy(addr.sun_path, path.data(), path.size());
-  ASSERT_EQ(bind(l.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(listen(l.get(), 8), 0);
+  Fd l = UnixListener(path, 0);
+  ASSERT_TRUE(l.valid()) << path;
   EXPECT_TRUE(a.Host(sb, {"unix_path", path}).ok);
   Probe in = a.Inside(sb, {"unix_path", path});
   EXPECT_FALSE(in.ok) << in.Describe();
@@ -681,13 +687,8 @@ void UnixSocketInTheWorkspace(const std::vector<std::string>& options, const cha
   Attack a(name, Kind::kBoundary);
   Sandbox sb;
   const std::string path = sb.ws() + "/service.sock";
-  Fd l(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  ASSERT_LT(path.size(), sizeof(addr.sun_path));
-  std::memcpy(addr.sun_path, path.data(), path.size());
-  ASSERT_EQ(bind(l.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(listen(l.get(), 8), 0);
+  Fd l = UnixListener(path, SOCK_NONBLOCK);
+  ASSERT_TRUE(l.valid()) << path;
   EXPECT_TRUE(a.Host(sb, {"unix_path", path}).ok);
   while (true) {  // drain the host check's connection
     int c = accept4(l.get(), nullptr, nullptr, SOCK_CLOEXEC);
