@@ -802,6 +802,34 @@ class PrivStage {
 
 // A set-id bit set inside stays on the host file (the workspace is nosuid
 // only inside): refused, and the host file keeps its mode.
+// agentbox's own state (the daemon's socket, session logs and layers) in a
+// workspace that holds it: the home directory as the workspace.
+TEST(Attack, ReadAgentboxStateWithHomeAsTheWorkspace) {
+  Attack a("read agentbox's own state (home as the workspace)", Kind::kBoundary);
+  Sandbox sb;
+  const std::string marker = "statesecret" + RandomHex(6);
+  const std::string log = sb.home() + "/.local/state/agentbox/sessions/s-1/log.jsonl";
+  e2e::WriteFile(log, marker + "\n", 0600);
+  EXPECT_TRUE(a.Host(sb, {"read", log, marker}).ok);
+  e2e::WriteFile(sb.home() + "/escape_probe", *e2e::ReadFile(ProbeBin()), 0755);
+  Probe in = a.InsideSh(sb, "exec \"$HOME/escape_probe\" read '" + log + "' " + marker, "read",
+                        {"--workspace", sb.home()});
+  EXPECT_FALSE(in.ok) << in.Describe();
+  EXPECT_EQ(in.err, EACCES) << in.Describe();
+}
+
+// The caller's environment (API keys) through the runner's /proc entry.
+TEST(Attack, ReadTheSupervisorsEnvironment) {
+  Attack a("read the caller's environment through /proc/1/environ", Kind::kBoundary);
+  Sandbox sb;
+  const std::string marker = "envsecret" + RandomHex(6);
+  EXPECT_TRUE(a.Host(sb, {"read", "/proc/self/environ", marker}, {"AGENTBOX_ESCAPE_KEY=" + marker}).ok)
+      << "the secret is not in the environment agentbox is started with";
+  Probe in = a.Inside(sb, {"read", "/proc/1/environ", marker}, {}, {"AGENTBOX_ESCAPE_KEY=" + marker});
+  EXPECT_FALSE(in.ok) << in.Describe();
+  EXPECT_EQ(in.err, EACCES) << in.Describe();
+}
+
 TEST(Attack, SetIdBitOnAWorkspaceFile) {
   Attack a("set-id bit on a workspace file", Kind::kBoundary);
   Sandbox sb;

@@ -112,7 +112,9 @@ static int DoRead(int argc, char** argv) {
   close(fd);
   if (n < 0) return BLOCKED(e, "read(%s): %s", argv[0], strerror(e));
   buf[n] = 0;
-  if (argc >= 2 && !strstr(buf, argv[1])) return BLOCKED(0, "read %zd bytes of %s, marker absent", n, argv[0]);
+  // memmem: the file may hold NULs before the marker (/proc/PID/environ).
+  if (argc >= 2 && !memmem(buf, (size_t)n, argv[1], strlen(argv[1])))
+    return BLOCKED(0, "read %zd bytes of %s, marker absent", n, argv[0]);
   return OK("read %zd bytes of %s", n, argv[0]);
 }
 
