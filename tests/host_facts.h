@@ -5,9 +5,14 @@
 #pragma once
 
 #include <dirent.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <fstream>
 #include <initializer_list>
 #include <map>
@@ -150,6 +155,42 @@ inline bool CgroupsExpected(std::initializer_list<const char*> controllers) {
     if (!CgroupControllerDelegated(c)) return false;
   }
   return true;
+}
+
+// Does RLIMIT_NPROC, set inside a fresh user namespace, cap that namespace's
+// tasks alone? Linux 5.14+ keeps the count per user namespace and uid, and
+// the root user is exempt from the limit. Tried for real, without agentbox:
+// a throw-away child unshares a user namespace, sets the limit to 4 and
+// forks up to 8 sleeping children; the cap holds if a fork fails with EAGAIN.
+inline bool NprocCapsUserNamespace() {
+  const pid_t child = fork();
+  if (child < 0) return false;
+  if (child == 0) {
+    if (unshare(CLONE_NEWUSER) != 0) _exit(2);
+    struct rlimit lim = {4, 4};
+    if (setrlimit(RLIMIT_NPROC, &lim) != 0) _exit(3);
+    pid_t kids[8];
+    int made = 0, err = 0;
+    for (; made < 8; ++made) {
+      const pid_t k = fork();
+      if (k < 0) {
+        err = errno;
+        break;
+      }
+      if (k == 0) {
+        alarm(10);
+        pause();
+        _exit(0);
+      }
+      kids[made] = k;
+    }
+    for (int i = 0; i < made; ++i) kill(kids[i], SIGKILL);
+    for (int i = 0; i < made; ++i) waitpid(kids[i], nullptr, 0);
+    _exit(made < 8 && err == EAGAIN ? 0 : 1);
+  }
+  int status = 0;
+  if (waitpid(child, &status, 0) != child) return false;
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
 }  // namespace agentbox::host_facts

@@ -65,6 +65,7 @@ struct LimitsInForce {
   std::optional<double> cpu_weight_cores;
   std::optional<std::uint64_t> pids_max;
   std::optional<std::uint64_t> fsize_bytes;        // RLIMIT_FSIZE
+  std::optional<std::uint64_t> nproc;              // RLIMIT_NPROC in the sandbox's user namespace
   std::optional<std::uint64_t> nofile;             // RLIMIT_NOFILE soft ceiling
   bool core_dumps = true;                          // false: RLIMIT_CORE 0
   std::optional<std::uint64_t> wall_clock_ms;

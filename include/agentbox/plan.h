@@ -69,6 +69,10 @@ struct ResourceLimits {
   std::optional<double> cpu_weight_cores;         // cpu.weight / shares, proportional to it
   std::optional<std::uint64_t> pids_max;          // pids.max
   std::optional<std::uint64_t> fsize_bytes;       // RLIMIT_FSIZE (from disk_gib)
+  // RLIMIT_NPROC set inside the sandbox's own user namespace (from
+  // max_processes, where no pids cgroup is ours to give): the kernel counts
+  // tasks per user namespace and uid since 5.14, so this caps the sandbox's.
+  std::optional<std::uint64_t> nproc;
   std::uint64_t nofile = 65536;                   // RLIMIT_NOFILE soft, at most the hard limit
   // Any limit that needs a cgroup: without one, no cgroup is created at all.
   bool NeedsCgroup() const {

@@ -7,6 +7,7 @@
 #include "agentbox/confine.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <set>
 #include <string>
 
@@ -37,6 +38,29 @@ bool NeedsProxy(const Policy& p) {
 
 std::string UsernsWhy(const HostCaps& host) {
   return "user namespaces unavailable" + (host.userns_reason.empty() ? std::string() : ": " + host.userns_reason);
+}
+
+// "6.1.0-18-amd64" is at least 6.1; an unreadable release is not.
+bool KernelAtLeast(const std::string& release, int major, int minor) {
+  int ma = 0, mi = 0;
+  if (std::sscanf(release.c_str(), "%d.%d", &ma, &mi) != 2) return false;
+  return ma > major || (ma == major && mi >= minor);
+}
+
+// max_processes where no pids cgroup is ours: RLIMIT_NPROC set by the runner
+// inside the sandbox's own user namespace. Since Linux 5.14 the kernel keeps
+// the count per user namespace and uid (ucounts), so inside a fresh one it
+// counts the sandbox's tasks alone. Why it cannot bound them, or "".
+std::string NprocInUsernsUnavailable(const HostCaps& host, bool userns_backend) {
+  if (!userns_backend) {
+    return "no user namespace of its own (RLIMIT_NPROC would count every process of uid " +
+           std::to_string(host.uid) + " on the host, not the sandbox's)";
+  }
+  if (host.uid == 0) return "RLIMIT_NPROC does not bind uid 0 (the kernel exempts the root user)";
+  if (!KernelAtLeast(host.kernel_release, 5, 14)) {
+    return "Linux " + host.kernel_release + " counts RLIMIT_NPROC per user, not per user namespace (5.14+)";
+  }
+  return "";
 }
 
 bool Writable(const Policy& p) {
@@ -375,17 +399,39 @@ EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host, 
                        "the outcome is oom_killed");
   }
   if (res.cpu.requested()) cgroup_limit("cpu", "cpu");
-  if (res.max_processes) cgroup_limit("max_processes", "pids");
+  std::string nproc_why;
+  if (res.max_processes) {
+    nproc_why = NprocInUsernsUnavailable(host, userns);
+    if (host.cgroups.Where("pids") || !nproc_why.empty()) {
+      cgroup_limit("max_processes", "pids");
+    } else {
+      rf.mechanisms.push_back("rlimit-nproc-userns");
+      rf.notes.push_back("max_processes: RLIMIT_NPROC " + std::to_string(*res.max_processes) +
+                         " (soft and hard), set inside the sandbox's own user namespace, where the kernel "
+                         "counts its tasks alone (Linux 5.14+: per user namespace and uid): every process "
+                         "and thread of the sandbox counts, agentbox-init included; a fork or clone past it "
+                         "fails with EAGAIN; the command cannot raise it; no cgroup, so no peak count is "
+                         "kept and what it leaves running is killed by the runner at the end");
+    }
+  }
   if (!unenforced.empty()) {
     std::string what;
     for (const auto& u : unenforced) what += (what.empty() ? "" : ", ") + u;
     std::string why = host.cgroups.reason.empty() ? "no cgroup of this process can give it to a child"
                                                   : host.cgroups.reason;
     missing(rf, what + ": not enforced: " + why);
-    rf.notes.push_back("without a cgroup, rlimits cover what they can (core dumps off, NOFILE, FSIZE); "
-                       "memory, cpu and the process count stay unlimited: RLIMIT_AS would break programs "
-                       "that reserve address space, and RLIMIT_NPROC counts every process of the user, "
-                       "not the sandbox's");
+    rf.notes.push_back("without a cgroup, rlimits cover what they can (core dumps off, NOFILE, FSIZE, and "
+                       "NPROC inside the sandbox's user namespace)");
+    if (res.memory_limit_bytes || res.memory_guaranteed_bytes) {
+      rf.notes.push_back("memory_gib without a cgroup: nothing bounds the sandbox's total memory. RLIMIT_AS "
+                         "and RLIMIT_DATA are per process (N processes may use N times the limit) and "
+                         "count address space reserved, not memory used (runtimes that reserve large "
+                         "heaps fail under them), so agentbox does not offer them as a memory limit; no "
+                         "OOM kill is reported; `agentbox setup-delegation` gives this user a cgroup");
+    }
+    if (res.max_processes && !nproc_why.empty() && !host.cgroups.Where("pids")) {
+      rf.notes.push_back("max_processes without a pids cgroup: " + nproc_why);
+    }
   }
   r.facets.push_back(rf);
 
@@ -656,7 +702,11 @@ Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Poli
       lim.cpu_max_cores = res.cpu.limit;
       lim.cpu_weight_cores = res.cpu.guaranteed;
     }
-    if (host.cgroups.Where("pids")) lim.pids_max = res.max_processes;
+    if (host.cgroups.Where("pids")) {
+      lim.pids_max = res.max_processes;
+    } else if (NprocInUsernsUnavailable(host, !landlock_only && host.user_namespaces).empty()) {
+      lim.nproc = res.max_processes;
+    }
     lim.fsize_bytes = res.disk_bytes;
   }
   plan.denial_outcome = policy.on_violation.report_as == ReportAs::kSandboxDenial;

@@ -259,6 +259,85 @@ TEST(Confine, UnimplementedResourcesFailClosedUnlessPartialIsAccepted) {
   EXPECT_EQ(relaxed->enforcement.missing[0].facet, "resources");
 }
 
+bool HasMechanism(const FacetReport* f, const std::string& m) {
+  return f && std::find(f->mechanisms.begin(), f->mechanisms.end(), m) != f->mechanisms.end();
+}
+
+std::string MissingText(const EnforcementReport& r) {
+  std::string all;
+  for (const auto& m : r.missing) all += m.facet + ": " + m.reason + "\n";
+  return all;
+}
+
+TEST(Confine, MaxProcessesWithoutPidsCgroupIsNprocInTheSandboxsUserNamespace) {
+  Policy pol = PresetFor(Mode::kWorkspaceWrite);
+  pol.resources.max_processes = 64;
+  HostCaps host = FullHost();
+  host.kernel_release = "6.1.0-18-amd64";
+  auto c = Confine({"true"}, pol, host, Inv());
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->enforcement.level, Level::kFull) << MissingText(c->enforcement);
+  const FacetReport* res = FacetNamed(c->enforcement, "resources");
+  EXPECT_TRUE(HasMechanism(res, "rlimit-nproc-userns"));
+  EXPECT_EQ(c->plan.limits.nproc, std::optional<std::uint64_t>(64));
+  EXPECT_FALSE(c->plan.limits.pids_max.has_value());
+  EXPECT_FALSE(c->plan.limits.NeedsCgroup());
+}
+
+TEST(Confine, APidsCgroupIsPreferredToNproc) {
+  Policy pol = PresetFor(Mode::kWorkspaceWrite);
+  pol.resources.max_processes = 64;
+  HostCaps host = FullHost();
+  host.kernel_release = "6.1.0";
+  host.cgroups.probed = true;
+  host.cgroups.can_create_children = true;
+  host.cgroups.delegated = {{"pids", "v1"}};
+  auto c = Confine({"true"}, pol, host, Inv());
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  const FacetReport* res = FacetNamed(c->enforcement, "resources");
+  EXPECT_TRUE(HasMechanism(res, "cgroup-v1-pids"));
+  EXPECT_FALSE(HasMechanism(res, "rlimit-nproc-userns"));
+  EXPECT_EQ(c->plan.limits.pids_max, std::optional<std::uint64_t>(64));
+  EXPECT_FALSE(c->plan.limits.nproc.has_value());
+}
+
+TEST(Confine, NprocIsNotOfferedWhereItWouldNotCapTheSandbox) {
+  Policy pol = PresetFor(Mode::kWorkspaceWrite);
+  pol.resources.max_processes = 64;
+  struct Case {
+    const char* name;
+    HostCaps host;
+    const char* reason;
+  };
+  HostCaps root = FullHost();
+  root.uid = 0;
+  root.kernel_release = "6.1.0";
+  HostCaps old_kernel = FullHost();
+  old_kernel.kernel_release = "5.10.0-28-amd64";
+  HostCaps no_userns = NoUserns();
+  no_userns.kernel_release = "6.1.0";
+  for (const Case& k : {Case{"root", root, "does not bind uid 0"},
+                        Case{"5.10", old_kernel, "counts RLIMIT_NPROC per user, not per user namespace"},
+                        Case{"landlock-only", no_userns, "no user namespace of its own"}}) {
+    SCOPED_TRACE(k.name);
+    EnforcementReport r = AssessEnforcement(pol, k.host, Inv());
+    const std::string missing = MissingText(r);
+    EXPECT_NE(missing.find("resources: max_processes: not enforced"), std::string::npos) << missing;
+    const FacetReport* res = FacetNamed(r, "resources");
+    ASSERT_NE(res, nullptr);
+    EXPECT_FALSE(HasMechanism(res, "rlimit-nproc-userns"));
+    std::string notes;
+    for (const auto& n : res->notes) notes += n + "\n";
+    EXPECT_NE(notes.find(k.reason), std::string::npos) << notes;
+    pol.sandbox.require = Requirement::kPartial;
+    auto c = Confine({"true"}, pol, k.host, Inv());
+    pol.sandbox.require = Requirement::kFull;
+    ASSERT_TRUE(c.ok()) << c.status().message();
+    EXPECT_FALSE(c->plan.limits.nproc.has_value());
+    EXPECT_FALSE(c->plan.limits.pids_max.has_value());
+  }
+}
+
 TEST(Confine, WallClockIsEnforcedBySupervisor) {
   Policy pol = PresetFor(Mode::kWorkspaceWrite);
   pol.resources.wall_clock_ms = 30000;

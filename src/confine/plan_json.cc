@@ -201,6 +201,7 @@ std::string PlanToJson(const Plan& plan, int indent) {
     if (l.cpu_weight_cores) lim["cpu_weight_cores"] = *l.cpu_weight_cores;
     if (l.pids_max) lim["pids_max"] = *l.pids_max;
     if (l.fsize_bytes) lim["fsize_bytes"] = *l.fsize_bytes;
+    if (l.nproc) lim["nproc"] = *l.nproc;
     j["limits"] = lim;
   }
   j["landlock"] = LandlockToJson(plan.landlock);
@@ -298,6 +299,7 @@ Result<Plan> PlanFromJson(const std::string& text) {
       dbl("cpu_weight_cores", &l.cpu_weight_cores);
       u64("pids_max", &l.pids_max);
       u64("fsize_bytes", &l.fsize_bytes);
+      u64("nproc", &l.nproc);
       l.nofile = lim.value("nofile", l.nofile);
     }
     // Absent: a plan without that layer (the enforcement report says so).

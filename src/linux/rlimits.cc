@@ -18,6 +18,13 @@ RlimitsSet RlimitsFor(const ResourceLimits& limits) {
       out.fsize = std::min<rlim_t>(fsize.rlim_cur, static_cast<rlim_t>(*limits.fsize_bytes));
     }
   }
+  if (limits.nproc) {
+    out.nproc = *limits.nproc;
+    struct rlimit nproc {};
+    if (getrlimit(RLIMIT_NPROC, &nproc) == 0) {
+      out.nproc = std::min<rlim_t>(nproc.rlim_max, static_cast<rlim_t>(*limits.nproc));
+    }
+  }
   return out;
 }
 
@@ -37,6 +44,12 @@ Status ApplyRlimits(const ResourceLimits& limits) {
       fsize.rlim_max = std::min(fsize.rlim_max, static_cast<rlim_t>(*want.fsize));
       if (setrlimit(RLIMIT_FSIZE, &fsize) != 0) return Status::Errno("rlimits", "setrlimit(RLIMIT_FSIZE)");
     }
+  }
+  if (want.nproc) {
+    // Both limits: the command cannot raise the hard one (that needs
+    // CAP_SYS_RESOURCE in the initial user namespace).
+    struct rlimit nproc = {static_cast<rlim_t>(*want.nproc), static_cast<rlim_t>(*want.nproc)};
+    if (setrlimit(RLIMIT_NPROC, &nproc) != 0) return Status::Errno("rlimits", "setrlimit(RLIMIT_NPROC)");
   }
   return {};
 }

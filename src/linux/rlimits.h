@@ -16,6 +16,7 @@ namespace agentbox::linux {
 struct RlimitsSet {
   std::uint64_t nofile_soft = 0;
   std::optional<std::uint64_t> fsize;  // RLIMIT_FSIZE, soft and hard; none: left as it was
+  std::optional<std::uint64_t> nproc;  // RLIMIT_NPROC, soft and hard; none: left as it was
 };
 RlimitsSet RlimitsFor(const ResourceLimits& limits);
 
@@ -23,6 +24,9 @@ RlimitsSet RlimitsFor(const ResourceLimits& limits);
 // the process's memory), RLIMIT_NOFILE soft = min(hard, limits.nofile),
 // RLIMIT_FSIZE = limits.fsize_bytes when set (soft and hard: a write past it
 // fails with EFBIG, once SIGXFSZ is ignored, and the command cannot raise it).
+// RLIMIT_NPROC = limits.nproc when set (soft and hard), only ever called in
+// the runner, inside the sandbox's new user namespace: there the kernel's
+// count is the sandbox's own tasks (see docs/policy.md, max_processes).
 // Only lowers limits, so it needs no privilege.
 [[nodiscard]] Status ApplyRlimits(const ResourceLimits& limits);
 

@@ -105,6 +105,7 @@ json ToJsonValue(const Outcome& o) {
   if (l.cpu_weight_cores) limits["cpu_weight_cores"] = *l.cpu_weight_cores;
   if (l.pids_max) limits["pids_max"] = *l.pids_max;
   if (l.fsize_bytes) limits["fsize_bytes"] = *l.fsize_bytes;
+  if (l.nproc) limits["nproc"] = *l.nproc;
   if (l.nofile) limits["nofile"] = *l.nofile;
   if (l.wall_clock_ms) limits["wall_clock_ms"] = *l.wall_clock_ms;
   usage["limits"] = limits;

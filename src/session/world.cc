@@ -223,6 +223,7 @@ Result<std::unique_ptr<World>> World::Start(const std::string& exe, const Plan& 
       w->cgroup_mechanism_ = m.value("cgroup", "");
       w->rlimits_.nofile_soft = m.value("nofile", std::uint64_t{0});
       if (m.contains("fsize")) w->rlimits_.fsize = m.value("fsize", std::uint64_t{0});
+      if (m.contains("nproc")) w->rlimits_.nproc = m.value("nproc", std::uint64_t{0});
       if (m.contains("skipped") && m["skipped"].is_array()) {
         for (const auto& e : m["skipped"]) {
           if (e.is_string()) w->skipped_.push_back(e.get<std::string>());

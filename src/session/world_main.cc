@@ -245,6 +245,7 @@ int WorldMain() {
           json ready = {{"t", "ready"}, {"skipped", child.resolved.skipped},
                         {"cgroup", cgroup ? cgroup->Mechanism() : ""}, {"nofile", rl.nofile_soft}};
           if (rl.fsize) ready["fsize"] = *rl.fsize;
+          if (rl.nproc) ready["nproc"] = *rl.nproc;
           Send(ready, ours.get());
           ours.reset();
         }

@@ -23,6 +23,7 @@ LimitsInForce LimitsFor(const Plan& plan, const std::string& cgroup_mechanism, c
     l.core_dumps = false;
     l.nofile = rlimits.nofile_soft;
     l.fsize_bytes = rlimits.fsize;
+    l.nproc = rlimits.nproc;
   }
   if (cgroup_mechanism.empty()) return l;
   l.cgroup = cgroup_mechanism;

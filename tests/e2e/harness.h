@@ -138,6 +138,7 @@ bool WaitUntilNoProcess(const std::string& marker, int timeout_ms);
 
 using host_facts::CgroupControllerDelegated;
 using host_facts::CgroupsExpected;
+using host_facts::NprocCapsUserNamespace;
 
 // A fake user: a workspace, a HOME with fake credentials, and a place for
 // reports outside both. Runs `agentbox run` the way an agent harness would.
@@ -205,6 +206,14 @@ inline std::string ErrorStage(const RunResult& r) {
   const auto& s = (*r.report)["error"]["stage"];
   return s.is_string() ? s.get<std::string>() : "";
 }
+// The report's enforcement.missing entries, one JSON object a line ("" without a report).
+inline std::string MissingText(const RunResult& r) {
+  std::string out;
+  if (!r.report) return out;
+  for (const auto& m : (*r.report)["enforcement"]["missing"]) out += m.dump() + "\n";
+  return out;
+}
+
 inline std::string EnforcementLevel(const RunResult& r) {
   if (!r.report || !(*r.report)["enforcement"].is_object()) return "";
   const auto& l = (*r.report)["enforcement"]["level"];

@@ -964,6 +964,10 @@ TEST(Attack, MemoryBomb) {
   } else {
     e2e::RunResult refused = sb.RunArgv({"true"}, {"--memory", "64Mi"});
     EXPECT_EQ(refused.status, 125) << refused.Describe();
+    // Accepted as partial, the report says memory is not bounded.
+    e2e::RunResult partial = sb.RunArgv({"true"}, {"--memory", "64Mi", "--require", "partial"});
+    EXPECT_EQ(partial.status, 0) << partial.Describe();
+    EXPECT_NE(e2e::MissingText(partial).find("memory_gib: not enforced"), std::string::npos) << partial.Describe();
     Probe in = a.Inside(sb, {"membomb", "256"}, {}, {}, 30000);
     EXPECT_FALSE(a.run().timed_out) << a.run().Describe();
     a.Refused("--memory is refused here (exit 125, fail closed): the bomb ran unlimited, bounded by its size");

@@ -371,6 +371,43 @@ TEST_F(WorldTest, OomKillIsNamedAndTheNextCallStillWorks) {
   EXPECT_EQ(Bash(id, "echo alive")["output"], "alive\n");
 }
 
+// max_processes bounds the session's world: a pids cgroup where one is ours,
+// else RLIMIT_NPROC in the world's own user namespace (both host facts
+// checked without agentbox); a fork past it fails with EAGAIN.
+TEST_F(WorldTest, MaxProcessesCapsTheWorld) {
+  std::string id = Create("resources:\n  max_processes: 24\n");
+  const std::string fork_until_refused =
+      "python3 -c 'import os, errno, time\n"
+      "made = err = 0\n"
+      "for i in range(100):\n"
+      "    try:\n"
+      "        pid = os.fork()\n"
+      "    except OSError as e:\n"
+      "        err = e.errno\n"
+      "        break\n"
+      "    if pid == 0:\n"
+      "        time.sleep(60)\n"
+      "        os._exit(0)\n"
+      "    made += 1\n"
+      "print(\"made=%d err=%s\" % (made, errno.errorcode.get(err, err)))'";
+  Json r = Bash(id, fork_until_refused);
+  const bool cgroup = host_facts::CgroupsExpected({"pids"});
+  if (!cgroup && !host_facts::NprocCapsUserNamespace()) {
+    EXPECT_EQ(r["kind"], "sandbox_error") << r.dump();
+    EXPECT_NE(r["output"].get<std::string>().find("max_processes"), std::string::npos) << r["output"];
+    return;
+  }
+  ASSERT_EQ(r["kind"], "exited") << r.dump();
+  const std::string out = r["output"].get<std::string>();
+  EXPECT_NE(out.find("err=EAGAIN"), std::string::npos) << out;
+  const auto at = out.find("made=");
+  ASSERT_NE(at, std::string::npos) << out;
+  EXPECT_LT(std::atoi(out.c_str() + at + 5), 24) << out;
+  const Json& limits = r["outcome"]["usage"]["limits"];
+  EXPECT_EQ(limits[cgroup ? "pids_max" : "nproc"], 24) << limits.dump();
+  EXPECT_EQ(Bash(id, "echo alive")["output"], "alive\n");
+}
+
 // A call's report names the limits in force as `run`'s does, and they are
 // the ones a command reads inside: core dumps off, the NOFILE soft limit,
 // RLIMIT_FSIZE from disk_gib, the call's wall clock.
