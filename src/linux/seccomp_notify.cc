@@ -28,6 +28,7 @@
 #include <fstream>
 #include <mutex>
 #include <sstream>
+#include <system_error>
 #include <thread>
 
 #include "linux/compat.h"
@@ -361,7 +362,7 @@ void Connect(const std::shared_ptr<NotifyResponder::State>& st, int listener, co
     st->workers.fetch_sub(1);
     return Respond(listener, req.id, -EAGAIN);
   }
-  std::thread([st, listener, id = req.id, s = std::move(sock), n = std::move(node), addr, addr_len, err]() {
+  auto wait = [st, listener, id = req.id, s = std::move(sock), n = std::move(node), addr, addr_len, err]() {
     int result = 0;
     if (err == EAGAIN) {
       result = connect(s.get(), reinterpret_cast<const struct sockaddr*>(&addr), addr_len) == 0 ? 0 : -errno;
@@ -386,7 +387,15 @@ void Connect(const std::shared_ptr<NotifyResponder::State>& st, int listener, co
     }
     Respond(listener, id, result);
     st->workers.fetch_sub(1);
-  }).detach();
+  };
+  // At the sandbox's process limit (pids.max, RLIMIT_NPROC: both count
+  // threads) there is no thread to be had: the call fails as a fork there does.
+  try {
+    std::thread(std::move(wait)).detach();
+  } catch (const std::system_error&) {
+    st->workers.fetch_sub(1);
+    Respond(listener, req.id, -EAGAIN);
+  }
 }
 
 void AnswerLoop(std::shared_ptr<NotifyResponder::State> st) {
@@ -420,7 +429,11 @@ Result<std::unique_ptr<NotifyResponder>> NotifyResponder::Start(UnixConnectRules
   st->rules = std::move(rules);
   st->ready.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!st->ready.valid()) return Status::Errno("seccomp", "eventfd");
-  std::thread(AnswerLoop, st).detach();
+  try {
+    std::thread(AnswerLoop, st).detach();
+  } catch (const std::system_error& e) {
+    return Status::Error("seccomp", std::string("starting the connect() responder thread: ") + e.what());
+  }
   return std::unique_ptr<NotifyResponder>(new NotifyResponder(st));
 }
 

@@ -318,6 +318,54 @@ TEST(UnixSocketsLandlockOnly, TheCommandCannotSignalItsRunner) {
   EXPECT_EQ(r.status, 0) << r.Describe();
 }
 
+// A blocking connect that cannot finish at once is waited for on a thread of
+// the runner's; at the sandbox's process limit (pids.max, or RLIMIT_NPROC in
+// its user namespace: both count threads) there is none to spare. The call
+// must fail with EAGAIN, as a fork does there, and the runner live on.
+TEST(UnixSocketsAtTheProcessLimit, ABlockingConnectFailsWithEagainAndTheRunEndsCleanly) {
+  Sandbox box;
+  if (!CgroupsExpected({"pids"}) && !NprocCapsUserNamespace()) {
+    RunResult refused = box.Sh("true", {"--max-processes", "24"});
+    EXPECT_EQ(refused.status, 125) << refused.Describe();
+    return;
+  }
+  const char kScript[] =
+      "import os, socket, struct, time\n"
+      "p = os.path.join(os.environ.get('TMPDIR', '/tmp'), 'full.sock')\n"
+      "srv = socket.socket(socket.AF_UNIX); srv.bind(p); srv.listen(0)\n"
+      "held = []\n"
+      "for i in range(8):\n"
+      "    c = socket.socket(socket.AF_UNIX); c.setblocking(False)\n"
+      "    try:\n"
+      "        c.connect(p); held.append(c)\n"
+      "    except OSError:\n"
+      "        break\n"
+      "kids = []\n"
+      "while True:\n"
+      "    try:\n"
+      "        pid = os.fork()\n"
+      "    except OSError:\n"
+      "        break\n"
+      "    if pid == 0:\n"
+      "        time.sleep(60); os._exit(0)\n"
+      "    kids.append(pid)\n"
+      "c = socket.socket(socket.AF_UNIX)\n"
+      "c.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack('ll', 2, 0))\n"
+      "try:\n"
+      "    c.connect(p); print('connect ok')\n"
+      "except OSError as e:\n"
+      "    print('connect errno=%d' % e.errno)\n"
+      "for k in kids:\n"
+      "    os.kill(k, 9); os.waitpid(k, 0)\n"
+      "print('forked', len(kids))\n";
+  RunResult r = box.RunArgv({"python3", "-c", kScript}, {"--max-processes", "24", "--timeout", "60s"});
+  ASSERT_TRUE(r.report) << r.Describe();
+  EXPECT_EQ(OutcomeOf(r), "exited") << r.Describe();
+  EXPECT_EQ(r.status, 0) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, "connect errno=11")) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, "forked ")) << r.Describe();
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, UnixSockets,
                          testing::Values(Backend{"namespaces", {}},
                                          Backend{"landlock", {"--backend", "landlock", "--require", "partial"}}),
