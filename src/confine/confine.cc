@@ -39,6 +39,18 @@ std::string UsernsWhy(const HostCaps& host) {
   return "user namespaces unavailable" + (host.userns_reason.empty() ? std::string() : ": " + host.userns_reason);
 }
 
+// Why the namespaces backend cannot run on this host, or "" when it can.
+std::string NamespacesLack(const HostCaps& host) {
+  if (!host.user_namespaces) return UsernsWhy(host);
+  // The deep probe's real mount wins over what mountinfo suggests.
+  const bool proc_refused = host.proc_mount_errno > 0 || (host.proc_mount_errno < 0 && !host.proc_fully_visible);
+  if (!proc_refused) return "";
+  std::string hidden;
+  for (const auto& p : host.proc_overmounts) hidden += (hidden.empty() ? "" : ", ") + p;
+  return "a fresh /proc cannot be mounted in a user namespace here: the host's /proc is not fully visible" +
+         (hidden.empty() ? std::string() : " (mounted over: " + hidden + ")");
+}
+
 bool Writable(const Policy& p) {
   return p.mode == Mode::kWorkspaceWrite && p.filesystem.workspace.access == Access::kReadWrite;
 }
@@ -146,9 +158,8 @@ Result<BackendSelection> SelectBackend(const HostCaps& host, BackendChoice choic
           : "no seccomp filtering";
   switch (choice) {
     case BackendChoice::kNamespaces:
-      if (!host.user_namespaces) {
-        return Status::Error("confine", "--backend namespaces: " + UsernsWhy(host) +
-                                            "; refusing rather than downgrading");
+      if (const std::string lack = NamespacesLack(host); !lack.empty()) {
+        return Status::Error("confine", "--backend namespaces: " + lack + "; refusing rather than downgrading");
       }
       return BackendSelection{Backend::kNamespaces, "forced by --backend namespaces"};
     case BackendChoice::kLandlock:
@@ -159,9 +170,10 @@ Result<BackendSelection> SelectBackend(const HostCaps& host, BackendChoice choic
     case BackendChoice::kAuto:
       break;
   }
-  if (host.user_namespaces) return BackendSelection{Backend::kNamespaces, "user namespaces available"};
-  if (landlock_ok) return BackendSelection{Backend::kLandlockOnly, UsernsWhy(host)};
-  return Status::Error("confine", "no sandbox backend on this host: " + UsernsWhy(host) + ", and " +
+  const std::string ns_lack = NamespacesLack(host);
+  if (ns_lack.empty()) return BackendSelection{Backend::kNamespaces, "user namespaces available"};
+  if (landlock_ok) return BackendSelection{Backend::kLandlockOnly, ns_lack};
+  return Status::Error("confine", "no sandbox backend on this host: " + ns_lack + ", and " +
                                       landlock_lack + " for the landlock-only backend");
 }
 
@@ -198,13 +210,13 @@ EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host, 
   const bool landlock_only = selected.ok() && selected->backend == Backend::kLandlockOnly;
   r.backend = ToString(landlock_only ? Backend::kLandlockOnly : Backend::kNamespaces);
   if (selected.ok()) r.backend_reason = selected->why;
-  const bool userns = host.user_namespaces && !landlock_only;
+  const bool userns = NamespacesLack(host).empty() && !landlock_only;
   auto missing = [&r](FacetReport& f, const std::string& reason) {
     f.level = f.mechanisms.empty() ? Level::kNone : Level::kPartial;
     r.missing.push_back({f.name, reason});
   };
   const int ll_abi = std::min(host.landlock_abi, kNewestLandlockAbi);
-  const std::string why_no_ns = "no namespaces (" + (selected.ok() ? selected->why : UsernsWhy(host)) + ")";
+  const std::string why_no_ns = "no namespaces (" + (selected.ok() ? selected->why : NamespacesLack(host)) + ")";
 
   // Filesystem: a fresh root with only what the policy names.
   FacetReport fs = Facet("filesystem", true);
