@@ -62,6 +62,8 @@ struct HostCaps {
   // Containers mask /proc/kcore, /proc/keys, ... with binds, which hides it.
   bool proc_fully_visible = true;
   std::vector<std::string> proc_overmounts;  // what hides parts of /proc (mount points)
+  int sethostname_errno = -1;             // sethostname in a new user+uts ns, tried when a seccomp
+                                          // filter is on us (containers' profiles refuse it): 0 ok; -1 not tried
   int proc_mount_errno = -1;              // kDeep: mount("proc") in a new user+mnt+pid ns; 0 ok; -1 not tried
   int loopback_errno = -1;                // kDeep: SIOCSIFFLAGS up on lo in a new user+net ns; 0 ok; -1 not tried
   int landlock_errno = 0;                 // errno of the Landlock ABI query when it failed

@@ -7,6 +7,7 @@
 #include "agentbox/confine.h"
 
 #include <algorithm>
+#include <cstring>
 #include <set>
 #include <string>
 
@@ -329,6 +330,11 @@ EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host, 
     if (host.cgroup_ns) proc.mechanisms.push_back("cgroup-namespace");
     proc.mechanisms.push_back("runner-as-init");
     proc.level = Level::kFull;
+    if (host.sethostname_errno > 0) {
+      proc.notes.push_back("the hostname stays the container's: sethostname in the sandbox's own uts namespace "
+                           "is refused (" + std::string(strerror(host.sethostname_errno)) +
+                           ") by the seccomp filter agentbox runs under");
+    }
   } else {
     missing(proc, "pid namespaces unavailable: " + host.userns_reason);
   }
@@ -714,6 +720,9 @@ Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Poli
     out.denial_signatures = DenialSignatures(plan, {});
   } else {
     plan.namespaces = {"user", "mnt", "pid", "net", "ipc", "uts"};
+    // A container's seccomp profile may refuse sethostname even in our own
+    // uts namespace: the namespace stays, with the container's name in it.
+    if (host.sethostname_errno > 0) plan.hostname.clear();
     if (host.cgroup_ns) plan.namespaces.push_back("cgroup");
     const std::uint64_t tmp_bytes = policy.resources.disk_bytes.value_or(kDefaultTmpBytes);
     auto& mounts = plan.mounts;

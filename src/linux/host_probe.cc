@@ -89,6 +89,12 @@ int TryMountFreshProc() {
   return WIFEXITED(status) ? WEXITSTATUS(status) : EPERM;
 }
 
+// What the runner does in its uts namespace: name the host "agentbox".
+int TrySetHostname() {
+  if (unshare(CLONE_NEWUSER | CLONE_NEWUTS) != 0) return errno;
+  return sethostname("agentbox", 8) == 0 ? 0 : errno;
+}
+
 // What the runner does for a network namespace: `lo` up, by ioctl.
 int TryLoopbackUp() {
   if (unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0) return errno;
@@ -196,6 +202,7 @@ void ProbeUserNamespaces(HostCaps* caps, ProbeDepth depth) {
                             (caps->seccomp_mode == 2 ? " (a seccomp filter is on this process)" : "");
       return;
     }
+    caps->sethostname_errno = InThrowAwayChild(TrySetHostname);
   }
   if (!caps->setgroups_file && caps->uid != 0) {
     caps->user_namespaces = false;
