@@ -15,7 +15,7 @@
 namespace agentbox {
 
 struct Diagnosis {
-  std::string facet;   // "user-namespaces", "proc", "network", "landlock", "seccomp", "cgroups"
+  std::string facet;   // "user-namespaces", "proc", "network", "processes", "landlock", "seccomp", "cgroups"
   std::string cause;   // a stable id: "apparmor-userns-restricted", "seccomp-refuses-unshare", ...
   std::string detail;  // what was seen on this host
   std::string fix;     // what to run or install to lift it
@@ -27,7 +27,11 @@ inline constexpr const char* kAppArmorProfileSource = "packaging/apparmor/agentb
 inline constexpr const char* kAppArmorProfileInstalled = "/etc/apparmor.d/agentbox";
 
 // Every cause that applies, in the order user namespaces, proc, network,
-// Landlock, seccomp, cgroups. Empty when nothing stands in the way.
+// processes, Landlock, seccomp, cgroups. Empty when nothing stands in the way.
 std::vector<Diagnosis> Diagnose(const HostCaps& host);
+
+// `agentbox check`'s text for them: a "diagnosis:" line, then per cause its
+// facet, "cause: ID: detail" and "fix: ..." lines.
+std::string DiagnosisText(const std::vector<Diagnosis>& diagnosis);
 
 }  // namespace agentbox

@@ -426,11 +426,7 @@ int CmdCheck(const std::string& policy_file, const std::string& backend_flag, bo
               Yes(h.cgroups.v2_mounted), h.cgroups.v2_own_path.c_str(), v1.c_str(), v1w.c_str(),
               Yes(h.cgroups.can_create_children), h.cgroups.reason.empty() ? "" : ": ", h.cgroups.reason.c_str());
   std::printf("\nbackend: %s\n", backend_line.c_str());
-  std::printf("\ndiagnosis: %s\n", diagnosis.empty() ? "nothing stands in the way" : "what stands in the way, and how to lift it");
-  for (const auto& d : diagnosis) {
-    std::printf("  %s\n    cause: %s: %s\n    fix: %s\n", d.facet.c_str(), d.cause.c_str(), d.detail.c_str(),
-                d.fix.c_str());
-  }
+  std::printf("\n%s", DiagnosisText(diagnosis).c_str());
   std::printf("\npolicy %s → enforcement %s (backend %s)\n", policy->source.c_str(), ToString(r.level), r.backend.c_str());
   for (const auto& facet : r.facets) {
     std::string mech;

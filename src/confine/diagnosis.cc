@@ -182,13 +182,35 @@ void Cgroups(const HostCaps& h, std::vector<Diagnosis>* out) {
                   "the same flags for podman), or run agentbox where it has a delegated, writable cgroup"});
 }
 
+void Processes(const HostCaps& h, std::vector<Diagnosis>* out) {
+  if (h.sethostname_errno <= 0) return;
+  out->push_back({"processes", "seccomp-refuses-sethostname",
+                  "sethostname in a new user and uts namespace failed with " + ErrnoText(h.sethostname_errno) +
+                      (h.seccomp_mode == 2 ? " under a seccomp filter (Podman's and Docker's default profiles "
+                                             "refuse it without CAP_SYS_ADMIN)"
+                                           : std::string()) +
+                      ": the sandbox keeps its own uts namespace, with the container's hostname in it",
+                  "nothing needs doing (the report notes it); to name the sandbox's host `agentbox`, allow "
+                  "sethostname in the container's seccomp profile"});
+}
+
 }  // namespace
+
+std::string DiagnosisText(const std::vector<Diagnosis>& diagnosis) {
+  std::string out = "diagnosis: ";
+  out += diagnosis.empty() ? "nothing stands in the way\n" : "what stands in the way, and how to lift it\n";
+  for (const auto& d : diagnosis) {
+    out += "  " + d.facet + "\n    cause: " + d.cause + ": " + d.detail + "\n    fix: " + d.fix + "\n";
+  }
+  return out;
+}
 
 std::vector<Diagnosis> Diagnose(const HostCaps& host) {
   std::vector<Diagnosis> out;
   UserNamespaces(host, &out);
   Proc(host, &out);
   Network(host, &out);
+  Processes(host, &out);
   Landlock(host, &out);
   Seccomp(host, &out);
   Cgroups(host, &out);

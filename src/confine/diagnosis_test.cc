@@ -141,6 +141,24 @@ TEST(Diagnose, LoopbackRefusedInANewNetworkNamespace) {
   EXPECT_TRUE(Has(d.fix, "SIOCSIFFLAGS")) << d.fix;
 }
 
+TEST(Diagnose, ContainerSeccompRefusesSethostname) {
+  HostCaps h = Healthy();
+  h.seccomp_mode = 2;
+  h.sethostname_errno = EPERM;
+  EXPECT_EQ(Only(h, "seccomp-refuses-sethostname").facet, "processes");
+}
+
+TEST(Diagnose, TextHasACauseAndAFixLinePerCause) {
+  HostCaps h = Healthy();
+  h.seccomp_filter = false;
+  h.cgroupfs_read_only = true;
+  const std::string text = DiagnosisText(Diagnose(h));
+  EXPECT_TRUE(Has(text, "  seccomp\n    cause: no-seccomp: ")) << text;
+  EXPECT_TRUE(Has(text, "  cgroups\n    cause: cgroupfs-read-only: ")) << text;
+  EXPECT_TRUE(Has(text, "\n    fix: set the limits on the container itself")) << text;
+  EXPECT_EQ(DiagnosisText({}), "diagnosis: nothing stands in the way\n");
+}
+
 TEST(Diagnose, LandlockBuiltInButNotEnabled) {
   HostCaps h = Healthy();
   h.landlock_abi = 0;
