@@ -135,15 +135,18 @@ std::vector<MountEntry> ReadMountInfo() {
 }
 
 // Whether some proc mount is fully visible, and what hides the others. The
-// kernel lets a submount stand only on an empty directory: binfmt_misc's
-// mount point is the one procfs has.
+// kernel lets a submount stand only on an empty directory: the mount points
+// procfs keeps for binfmt_misc and nfsd are the ones it has. A guess that
+// the probe then checks with a real mount.
 void ProbeProcVisibility(HostCaps* caps, const std::vector<MountEntry>& mounts) {
   bool any_visible = false;
   for (const auto& proc : mounts) {
     if (proc.fstype != "proc") continue;
     bool visible = true;
     for (const auto& child : mounts) {
-      if (child.parent != proc.id || child.point == "/proc/sys/fs/binfmt_misc") continue;
+      if (child.parent != proc.id || child.point == "/proc/sys/fs/binfmt_misc" || child.point == "/proc/fs/nfsd") {
+        continue;
+      }
       visible = false;
       caps->proc_overmounts.push_back(child.point);
     }
@@ -152,12 +155,17 @@ void ProbeProcVisibility(HostCaps* caps, const std::vector<MountEntry>& mounts) 
   caps->proc_fully_visible = any_visible;
 }
 
+// Every cgroup hierarchy mounted read-only (a container's default). The
+// tmpfs systemd puts at /sys/fs/cgroup on v1 hosts is read-only too, with
+// writable hierarchies below it: only the cgroup mounts count.
 bool ReadOnlyCgroupfs(const std::vector<MountEntry>& mounts) {
+  bool any = false;
   for (const auto& m : mounts) {
-    const bool cgroup_root = m.point == "/sys/fs/cgroup" || (m.fstype == "cgroup2" && m.point.rfind("/sys/fs/cgroup", 0) == 0);
-    if (cgroup_root && (m.options == "ro" || m.options.rfind("ro,", 0) == 0)) return true;
+    if (m.fstype != "cgroup" && m.fstype != "cgroup2") continue;
+    any = true;
+    if (m.options != "ro" && m.options.rfind("ro,", 0) != 0) return false;
   }
-  return false;
+  return any;
 }
 
 void ProbeUserNamespaces(HostCaps* caps, ProbeDepth depth) {
@@ -224,10 +232,12 @@ HostCaps ProbeHost(ProbeDepth depth) {
   ProbeProcVisibility(&caps, mounts);
   caps.cgroupfs_read_only = ReadOnlyCgroupfs(mounts);
   ReadSmallFile("/sys/kernel/security/lsm", &caps.lsm);
-  if (depth == ProbeDepth::kDeep && caps.user_namespaces) {
+  // A run pays for the real proc mount only when mountinfo suggests it fails:
+  // the kernel has the last word.
+  if (caps.user_namespaces && (depth == ProbeDepth::kDeep || !caps.proc_fully_visible)) {
     caps.proc_mount_errno = InThrowAwayChild(TryMountFreshProc);
-    caps.loopback_errno = InThrowAwayChild(TryLoopbackUp);
   }
+  if (depth == ProbeDepth::kDeep && caps.user_namespaces) caps.loopback_errno = InThrowAwayChild(TryLoopbackUp);
   caps.mount_ns = Exists("/proc/self/ns/mnt");
   caps.pid_ns = Exists("/proc/self/ns/pid");
   caps.net_ns = Exists("/proc/self/ns/net");
