@@ -52,9 +52,11 @@ long ReadSysctl(const char* path) {
 bool Exists(const char* path) { return access(path, F_OK) == 0; }
 
 // Runs `body` in a forked child and returns what it returned: 0 for success,
-// else an errno. Whatever namespaces the child made die with it. A child
-// killed by a signal (a seccomp profile whose action is to kill) counts as
-// EPERM: the kernel refused, the way is closed.
+// else an errno. The parent may have threads (the daemon probes too), so a
+// body makes syscalls only: nothing that allocates or takes a lock. Whatever
+// namespaces the child made die with it. A child killed by a signal (a
+// seccomp profile whose action is to kill) counts as EPERM: the kernel
+// refused.
 int InThrowAwayChild(int (*body)()) {
   const pid_t pid = fork();
   if (pid < 0) return errno;
@@ -73,11 +75,9 @@ int TryUnshareUserMount() { return unshare(CLONE_NEWUSER | CLONE_NEWNS) == 0 ? 0
 // first process. The kernel refuses it (EPERM) unless some proc mount of ours
 // is fully visible (fs/namespace.c mount_too_revealing).
 int TryMountFreshProc() {
-  const uid_t uid = getuid();
-  const gid_t gid = getgid();
   if (unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID) != 0) return errno;
-  // Maps make no difference to the mount; writing them is what the runner does.
-  (void)linux::WriteIdMaps(uid, gid);
+  // No id maps: the mount does not need them, and writing them would
+  // allocate, which a child forked from a threaded daemon must not.
   if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return errno;
   const pid_t init = fork();
   if (init < 0) return errno;
@@ -95,7 +95,8 @@ int TrySetHostname() {
   return sethostname("agentbox", 8) == 0 ? 0 : errno;
 }
 
-// What the runner does for a network namespace: `lo` up, by ioctl.
+// What the runner does for a network namespace: `lo` up, by ioctl. Only
+// the deep probe (`check`, single-threaded) runs it: an error Status allocates.
 int TryLoopbackUp() {
   if (unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0) return errno;
   const Status s = linux::BringUpLoopback();
