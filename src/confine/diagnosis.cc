@@ -125,7 +125,7 @@ void Network(const HostCaps& h, std::vector<Diagnosis>* out) {
   out->push_back({"network", "netlink-lo-refused",
                   "bringing lo up (ioctl SIOCSIFFLAGS) in a new user and network namespace failed with " +
                       ErrnoText(h.loopback_errno) +
-                      ": a sandbox with network none or the proxy has no working loopback",
+                      ": the namespaces backend brings lo up in every sandbox, so a run fails at that step",
                   "allow interface configuration inside new network namespaces in the profile that confines this "
                   "process: ioctl(SIOCSIFFLAGS) and netlink RTM_NEWLINK (see Seccomp: in /proc/self/status and "
                   "the LSM label in /proc/self/attr/current); Docker's and Podman's default profiles allow both"});
@@ -157,8 +157,8 @@ void Landlock(const HostCaps& h, std::vector<Diagnosis>* out) {
                     seen + ", and a seccomp filter is on this process: an old container profile that does not "
                            "know the landlock_* syscalls",
                     "use a container runtime whose default profile allows landlock_create_ruleset, "
-                    "landlock_add_rule and landlock_restrict_self (Docker >= 20.10.11, containers-common >= 0.44), "
-                    "or pass one with --security-opt seccomp=PROFILE"});
+                    "landlock_add_rule and landlock_restrict_self (current Docker and Podman defaults do), or pass "
+                    "such a profile with --security-opt seccomp=PROFILE"});
   } else {
     out->push_back({facet, "no-landlock", seen + ": the kernel has no Landlock",
                     "boot Linux >= 5.19 built with CONFIG_SECURITY_LANDLOCK=y and landlock in CONFIG_LSM"});

@@ -3,8 +3,12 @@
 // loads, for a process without capabilities on this architecture: the
 // container test's stand-in for a container runtime.
 //
-//   oci_seccomp_bpf PROFILE.json [--docker-namespace-rules] > filter.bpf
+//   oci_seccomp_bpf PROFILE.json [--docker-namespace-rules] [--refuse NAME]...
+//                   [--refuse-ioctl REQUEST]... > filter.bpf
 //
+// --refuse NAME answers NAME with ENOSYS, the way a profile older than the
+// call does (the landlock_* calls before Docker 20.10.11). --refuse-ioctl
+// answers one ioctl request (e.g. 0x8914, SIOCSIFFLAGS) with EPERM.
 // --docker-namespace-rules replaces the namespace and mount syscalls'
 // entries with what Docker's default profile (moby profiles/seccomp/
 // default.json) gives a container without CAP_SYS_ADMIN: clone only without
@@ -18,6 +22,7 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <cstdlib>
 #include <set>
 #include <string>
 #include <vector>
@@ -76,10 +81,27 @@ const std::set<std::string> kDockerCapSysAdmin = {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s PROFILE.json [--docker-namespace-rules]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s PROFILE.json [--docker-namespace-rules] [--refuse NAME]... "
+                 "[--refuse-ioctl REQUEST]...\n", argv[0]);
     return 2;
   }
-  const bool docker = argc > 2 && std::strcmp(argv[2], "--docker-namespace-rules") == 0;
+  bool docker = false;
+  std::set<std::string> refused;
+  std::vector<unsigned long> refused_ioctls;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--docker-namespace-rules") {
+      docker = true;
+    } else if (a == "--refuse" && i + 1 < argc) {
+      refused.insert(argv[++i]);
+    } else if (a == "--refuse-ioctl" && i + 1 < argc) {
+      refused_ioctls.push_back(std::strtoul(argv[++i], nullptr, 0));
+    } else {
+      std::fprintf(stderr, "unknown argument: %s\n", a.c_str());
+      return 2;
+    }
+  }
+  if (!refused_ioctls.empty()) refused.insert("ioctl");
   std::ifstream in(argv[1]);
   if (!in) {
     std::fprintf(stderr, "%s: cannot open: %s\n", argv[1], std::strerror(errno));
@@ -106,6 +128,7 @@ int main(int argc, char** argv) {
     }
     for (const auto& n : names) {
       if (docker && kDockerCapSysAdmin.count(n)) continue;
+      if (refused.count(n)) continue;
       const int nr = seccomp_syscall_resolve_name(n.c_str());
       if (nr == __NR_SCMP_ERROR) continue;  // not on this architecture
       if (action == SCMP_ACT_ERRNO(default_errno) && args.empty()) continue;
@@ -116,6 +139,20 @@ int main(int argc, char** argv) {
   if (docker) {
     seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(clone), 1, SCMP_A0(SCMP_CMP_MASKED_EQ, 0x7E020000, 0));
     seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0);
+  }
+  for (const auto& n : refused) {
+    if (n == "ioctl" && !refused_ioctls.empty()) continue;
+    const int nr = seccomp_syscall_resolve_name(n.c_str());
+    if (nr != __NR_SCMP_ERROR) seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), nr, 0);
+  }
+  if (!refused_ioctls.empty()) {
+    // Every other request stays allowed, as the profile has it.
+    std::vector<scmp_arg_cmp> others;
+    for (unsigned long req : refused_ioctls) {
+      seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1, SCMP_A1(SCMP_CMP_EQ, req));
+      others.push_back(SCMP_A1(SCMP_CMP_NE, req));
+    }
+    seccomp_rule_add_array(ctx, SCMP_ACT_ALLOW, SCMP_SYS(ioctl), static_cast<unsigned>(others.size()), others.data());
   }
   const int rc = seccomp_export_bpf(ctx, STDOUT_FILENO);
   seccomp_release(ctx);

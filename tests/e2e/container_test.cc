@@ -41,7 +41,8 @@ class Container {
   enum class Profile { kPodman, kDocker };
   enum class Proc { kFullyVisible, kMasked };
 
-  Container(Profile profile, Proc proc) : proc_(proc) {
+  // `tweaks`: more oci_seccomp_bpf arguments (--refuse NAME, --refuse-ioctl REQ).
+  Container(Profile profile, Proc proc, const std::vector<std::string>& tweaks = {}) : proc_(proc) {
     chmod(root_.path().c_str(), 0755);
     MakeDirs(ws(), 0755);
     MakeDirs(home(), 0755);
@@ -57,6 +58,7 @@ class Container {
     const std::string out = root_ / "filter.bpf";
     compile.argv = {"/bin/sh", "-c", "exec \"$@\" > " + out, "sh", SeccompCompiler(), kPodmanProfile};
     if (profile == Profile::kDocker) compile.argv.push_back("--docker-namespace-rules");
+    compile.argv.insert(compile.argv.end(), tweaks.begin(), tweaks.end());
     compiled_ = RunCommand(compile);
     chmod(out.c_str(), 0644);
   }
@@ -246,6 +248,35 @@ TEST(Container, DockerNamespaceRulesRefuseUnshareAndLandlockOnlyRuns) {
   ExpectConfinedRunWorked(c, r);
   nlohmann::json report = c.Report();
   EXPECT_EQ(report["enforcement"].value("backend", ""), "landlock-only") << report.dump(2);
+}
+
+// A profile that refuses bringing an interface up (SIOCSIFFLAGS): check's
+// deep probe tries it for real in a new network namespace and names the
+// cause; a run on the namespaces backend then fails loudly at that step.
+TEST(Container, RefusedLoopbackIsDiagnosedAndARunFailsLoudly) {
+  Container c(Container::Profile::kPodman, Container::Proc::kFullyVisible, {"--refuse-ioctl", "0x8914"});
+  RequireContainer(c);
+  if (!BwrapWorks(c)) GTEST_SKIP() << "not applicable here: bwrap cannot create a user namespace for this user";
+  nlohmann::json check = c.Check();
+  EXPECT_TRUE(Has(Causes(check), "netlink-lo-refused")) << check.dump(2);
+  RunResult r = c.RunProbe({});
+  EXPECT_EQ(r.status, 125) << r.Describe();
+  EXPECT_FALSE(Contains(r.out, "ran")) << r.Describe();
+  EXPECT_TRUE(Contains(r.err, "ioctl(SIOCSIFFLAGS)")) << r.Describe();
+}
+
+// A profile older than Landlock (ENOSYS for the landlock_* calls).
+TEST(Container, ProfileWithoutLandlockIsDiagnosed) {
+  Container c(Container::Profile::kPodman, Container::Proc::kFullyVisible,
+              {"--refuse", "landlock_create_ruleset", "--refuse", "landlock_add_rule", "--refuse",
+               "landlock_restrict_self"});
+  RequireContainer(c);
+  if (!BwrapWorks(c)) GTEST_SKIP() << "not applicable here: bwrap cannot create a user namespace for this user";
+  nlohmann::json check = c.Check();
+  EXPECT_EQ(check["host"].value("landlock_abi", -1), 0) << check.dump(2);
+  EXPECT_TRUE(Has(Causes(check), "seccomp-refuses-landlock")) << check.dump(2);
+  // The namespaces backend does not need Landlock to run.
+  EXPECT_EQ(check.value("backend", "").rfind("namespaces (", 0), 0u) << check.dump(2);
 }
 
 }  // namespace
