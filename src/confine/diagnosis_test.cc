@@ -102,6 +102,13 @@ TEST(Diagnose, UserNamespaceCountUsedUp) {
   EXPECT_TRUE(Has(Only(h, "user-namespace-limit-reached").fix, "user.max_user_namespaces"));
 }
 
+TEST(Diagnose, UserNamespacesNestedTooDeep) {
+  HostCaps h = Healthy();
+  h.user_namespaces = false;
+  h.unshare_errno = EUSERS;
+  EXPECT_EQ(Only(h, "user-namespace-nesting-too-deep").facet, "user-namespaces");
+}
+
 TEST(Diagnose, NoSetgroups) {
   HostCaps h = Healthy();
   h.user_namespaces = false;
