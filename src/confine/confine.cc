@@ -264,7 +264,7 @@ EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host, 
                             "rests on the mount namespace alone");
     }
   } else {
-    missing(fs, "user namespaces unavailable: " + host.userns_reason);
+    missing(fs, "no namespaces: " + NamespacesLack(host));
   }
   // Pathname unix sockets: a same-uid service behind one (a session bus, an
   // ssh agent, agentbox's daemon) acts outside every fence. Neither mounts
@@ -306,7 +306,7 @@ EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host, 
       net.notes.push_back("loopback only; no route out");
     }
   } else {
-    missing(net, "network namespaces unavailable: " + host.userns_reason);
+    missing(net, "no network namespace: " + NamespacesLack(host));
   }
   r.facets.push_back(net);
 
@@ -336,7 +336,7 @@ EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host, 
                            ") by the seccomp filter agentbox runs under");
     }
   } else {
-    missing(proc, "pid namespaces unavailable: " + host.userns_reason);
+    missing(proc, "no pid namespace: " + NamespacesLack(host));
   }
   r.facets.push_back(proc);
 
