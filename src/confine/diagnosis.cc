@@ -52,10 +52,11 @@ void UserNamespaces(const HostCaps& h, std::vector<Diagnosis>* out) {
         {facet, "apparmor-userns-restricted",
          "kernel.apparmor_restrict_unprivileged_userns is 1: AppArmor lets an unconfined program create a user "
          "namespace but gives it no capabilities in it (Ubuntu 23.10 and later)",
-         std::string("install the AppArmor profile that grants agentbox `userns`: sudo scripts/install-apparmor.sh "
-                     "(copies ") +
-             kAppArmorProfileSource + " to " + kAppArmorProfileInstalled + ") or by hand: sudo install -m 0644 " +
-             kAppArmorProfileSource + " " + kAppArmorProfileInstalled + " && sudo apparmor_parser -r " +
+         std::string("install the AppArmor profile that grants agentbox `userns` (") + kAppArmorProfileSource +
+             " in the source tree, share/agentbox/apparmor/agentbox where agentbox is installed): sudo "
+             "scripts/install-apparmor.sh (copies it to " + kAppArmorProfileInstalled + " and loads it), or by hand: "
+             "sudo install -m 0644 " + kAppArmorProfileSource + " " + kAppArmorProfileInstalled +
+             " && sudo apparmor_parser -r " +
              kAppArmorProfileInstalled + " (the profile names /usr/bin/agentbox and /usr/local/bin/agentbox; edit "
              "the path for another location); the system-wide alternative, sudo sysctl -w "
              "kernel.apparmor_restrict_unprivileged_userns=0, lifts the restriction for every program"});
