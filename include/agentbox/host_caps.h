@@ -52,6 +52,9 @@ struct HostCaps {
   long max_user_namespaces = -1;          // user.max_user_namespaces; -1: no such sysctl
   long unprivileged_userns_clone = -1;    // kernel.unprivileged_userns_clone (Debian/Ubuntu); -1: absent
   long apparmor_restrict_userns = -1;     // kernel.apparmor_restrict_unprivileged_userns; -1: absent
+  int userns_caps_errno = -1;             // where AppArmor restricts user namespaces: a mount in a new
+                                          // one (needs its CAP_SYS_ADMIN); 0: allowed (agentbox's profile
+                                          // is loaded); -1 not tried
   bool setgroups_file = true;             // /proc/self/setgroups exists (needed to map a gid unprivileged)
   int seccomp_mode = 0;                   // "Seccomp:" of /proc/self/status: 2 = a filter is on us
                                           // already (a container runtime's, typically)

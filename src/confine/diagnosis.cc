@@ -47,7 +47,9 @@ void UserNamespaces(const HostCaps& h, std::vector<Diagnosis>* out) {
                     "kernel.unprivileged_userns_clone is 0: only root may create user namespaces",
                     SysctlFix("kernel.unprivileged_userns_clone", "1")});
   }
-  if (h.apparmor_restrict_userns == 1 && !h.is_root()) {
+  // A capability used in a new namespace (userns_caps_errno 0) means
+  // agentbox's profile is loaded: the restriction does not apply to it.
+  if (h.apparmor_restrict_userns == 1 && !h.is_root() && h.userns_caps_errno != 0) {
     out->push_back(
         {facet, "apparmor-userns-restricted",
          "kernel.apparmor_restrict_unprivileged_userns is 1: AppArmor lets an unconfined program create a user "

@@ -70,6 +70,14 @@ int InThrowAwayChild(int (*body)()) {
 
 int TryUnshareUserMount() { return unshare(CLONE_NEWUSER | CLONE_NEWNS) == 0 ? 0 : errno; }
 
+// Under AppArmor's restriction an unconfined program may create a user
+// namespace but holds no capability in it; a program whose profile grants
+// `userns` (packaging/apparmor/agentbox) holds them. A mount needs one.
+int TryCapabilityInUserNamespace() {
+  if (unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0) return errno;
+  return mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0 ? 0 : errno;
+}
+
 // What the namespaces backend's runner does to get its /proc: a new user,
 // mount and pid namespace, then a fresh proc mounted by the pid namespace's
 // first process. The kernel refuses it (EPERM) unless some proc mount of ours
@@ -193,11 +201,15 @@ void ProbeUserNamespaces(HostCaps* caps, ProbeDepth depth) {
     return;
   }
   if (caps->apparmor_restrict_userns == 1 && caps->uid != 0) {
-    // Creation succeeds but the namespace gets no capabilities: not usable.
-    caps->userns_restricted = true;
-    caps->user_namespaces = false;
-    caps->userns_reason = "kernel.apparmor_restrict_unprivileged_userns is 1";
-    return;
+    // Creation succeeds but the namespace gets no capabilities, unless
+    // agentbox's AppArmor profile is loaded: ask the kernel which.
+    caps->userns_caps_errno = InThrowAwayChild(TryCapabilityInUserNamespace);
+    if (caps->userns_caps_errno != 0) {
+      caps->userns_restricted = true;
+      caps->user_namespaces = false;
+      caps->userns_reason = "kernel.apparmor_restrict_unprivileged_userns is 1";
+      return;
+    }
   }
   // No sysctl shows a seccomp filter's verdict (a container runtime's default
   // profile refuses unshare and namespace flags to clone without
