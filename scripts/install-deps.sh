@@ -16,6 +16,8 @@ packages=(
   nodejs
   # the demo's readable reports; anchors for the benchmarks
   jq bubblewrap util-linux iproute2 passwd
+  # the container test: Podman's default seccomp profile (/usr/share/containers/seccomp.json)
+  golang-github-containers-common
 )
 
 # npm installs the MCP tests' client (tests/mcp). Debian packages it apart
@@ -33,5 +35,13 @@ echo "installing: ${missing[*]}"
 sudo_cmd=()
 [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
 export DEBIAN_FRONTEND=noninteractive
+# No package may start a service here (the containers packages bring units):
+# a policy-rc.d that refuses every start, for the length of the install, where
+# the host has none of its own.
+if [ ! -e /usr/sbin/policy-rc.d ]; then
+  printf '#!/bin/sh\nexit 101\n' | "${sudo_cmd[@]}" tee /usr/sbin/policy-rc.d >/dev/null
+  "${sudo_cmd[@]}" chmod 755 /usr/sbin/policy-rc.d
+  trap '"${sudo_cmd[@]}" rm -f /usr/sbin/policy-rc.d' EXIT
+fi
 "${sudo_cmd[@]}" apt-get update -qq
 "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -9,6 +9,7 @@ trap 'rm -rf "$work"' EXIT
 cmake --install "$build" --prefix "$work/prefix" >/dev/null
 test -x "$work/prefix/bin/agentbox"
 test -f "$work/prefix/include/agentbox/confine.h"
+test -f "$work/prefix/share/agentbox/apparmor/agentbox"
 test -f "$work/prefix/lib/cmake/agentbox/agentboxConfig.cmake" || test -f "$work/prefix/lib/x86_64-linux-gnu/cmake/agentbox/agentboxConfig.cmake"
 pc="$(find "$work/prefix" -name agentbox.pc)"
 test -n "$pc"

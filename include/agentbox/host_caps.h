@@ -46,6 +46,33 @@ struct HostCaps {
   bool mount_ns = false, pid_ns = false, net_ns = false, ipc_ns = false, uts_ns = false,
        cgroup_ns = false;
 
+  // The raw facts behind the verdicts above, for the doctor (agentbox/diagnosis.h):
+  // each says what was seen, not what it means.
+  bool userns_in_kernel = true;           // /proc/self/ns/user exists (CONFIG_USER_NS)
+  long max_user_namespaces = -1;          // user.max_user_namespaces; -1: no such sysctl
+  long unprivileged_userns_clone = -1;    // kernel.unprivileged_userns_clone (Debian/Ubuntu); -1: absent
+  long apparmor_restrict_userns = -1;     // kernel.apparmor_restrict_unprivileged_userns; -1: absent
+  int userns_caps_errno = -1;             // where AppArmor restricts user namespaces: a mount in a new
+                                          // one (needs its CAP_SYS_ADMIN); 0: allowed (agentbox's profile
+                                          // is loaded); -1 not tried
+  bool setgroups_file = true;             // /proc/self/setgroups exists (needed to map a gid unprivileged)
+  int seccomp_mode = 0;                   // "Seccomp:" of /proc/self/status: 2 = a filter is on us
+                                          // already (a container runtime's, typically)
+  int unshare_errno = -1;                 // a real unshare(CLONE_NEWUSER|CLONE_NEWNS) in a throw-away
+                                          // child: 0 it worked, else its errno; -1 not tried
+  // A user namespace may mount a fresh proc only if some proc mount is "fully
+  // visible": nothing mounted over a file or non-empty directory in it.
+  // Containers mask /proc/kcore, /proc/keys, ... with binds, which hides it.
+  bool proc_fully_visible = true;
+  std::vector<std::string> proc_overmounts;  // what hides parts of /proc (mount points)
+  int sethostname_errno = -1;             // sethostname in a new user+uts ns, tried when a seccomp
+                                          // filter is on us (containers' profiles refuse it): 0 ok; -1 not tried
+  int proc_mount_errno = -1;              // kDeep: mount("proc") in a new user+mnt+pid ns; 0 ok; -1 not tried
+  int loopback_errno = -1;                // kDeep: SIOCSIFFLAGS up on lo in a new user+net ns; 0 ok; -1 not tried
+  int landlock_errno = 0;                 // errno of the Landlock ABI query when it failed
+  std::string lsm;                        // /sys/kernel/security/lsm; "" when unreadable
+  bool cgroupfs_read_only = false;        // /sys/fs/cgroup (or the cgroup2 mount) is mounted read-only
+
   int landlock_abi = 0;                   // 0: no Landlock
   bool seccomp_filter = false;
   bool no_new_privs = false;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "agentbox/confine.h"
+#include "agentbox/diagnosis.h"
 #include "agentbox/host_caps.h"
 #include "agentbox/outcome.h"
 #include "agentbox/plan.h"
@@ -390,12 +391,19 @@ int CmdCheck(const std::string& policy_file, const std::string& backend_flag, bo
       {"new_mount_api", h.new_mount_api},
       {"overlayfs", h.overlayfs},
       {"pidfd", h.pidfd},
+      {"seccomp_mode", h.seccomp_mode},
+      {"proc", {{"fully_visible", h.proc_fully_visible}, {"overmounts", h.proc_overmounts}, {"mount_errno", h.proc_mount_errno}}},
       {"cgroups", {{"v2_mounted", h.cgroups.v2_mounted}, {"v2_own_path", h.cgroups.v2_own_path},
                    {"v1_controllers", h.cgroups.v1_controllers}, {"v1_writable", h.cgroups.v1_writable}, {"can_create_children", h.cgroups.can_create_children},
                    {"reason", h.cgroups.reason}}},
   };
+  const std::vector<Diagnosis> diagnosis = Diagnose(h);
   if (as_json) {
     json out = {{"host", host}, {"backend", backend_line}, {"policy", policy->source}, {"enforcement", ToJsonValue(r)}};
+    out["diagnosis"] = json::array();
+    for (const auto& d : diagnosis) {
+      out["diagnosis"].push_back({{"facet", d.facet}, {"cause", d.cause}, {"detail", d.detail}, {"fix", d.fix}});
+    }
     if (!available.ok()) out["refusal"] = available.message();
     std::cout << out.dump(2) << "\n";
     return r.missing.empty() && selected.ok() && available.ok() ? 0 : 1;
@@ -418,6 +426,7 @@ int CmdCheck(const std::string& policy_file, const std::string& backend_flag, bo
               Yes(h.cgroups.v2_mounted), h.cgroups.v2_own_path.c_str(), v1.c_str(), v1w.c_str(),
               Yes(h.cgroups.can_create_children), h.cgroups.reason.empty() ? "" : ": ", h.cgroups.reason.c_str());
   std::printf("\nbackend: %s\n", backend_line.c_str());
+  std::printf("\n%s", DiagnosisText(diagnosis).c_str());
   std::printf("\npolicy %s → enforcement %s (backend %s)\n", policy->source.c_str(), ToString(r.level), r.backend.c_str());
   for (const auto& facet : r.facets) {
     std::string mech;

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <set>
 #include <string>
 
@@ -61,6 +62,18 @@ std::string NprocInUsernsUnavailable(const HostCaps& host, bool userns_backend) 
     return "Linux " + host.kernel_release + " counts RLIMIT_NPROC per user, not per user namespace (5.14+)";
   }
   return "";
+}
+
+// Why the namespaces backend cannot run on this host, or "" when it can.
+std::string NamespacesLack(const HostCaps& host) {
+  if (!host.user_namespaces) return UsernsWhy(host);
+  // The deep probe's real mount wins over what mountinfo suggests.
+  const bool proc_refused = host.proc_mount_errno > 0 || (host.proc_mount_errno < 0 && !host.proc_fully_visible);
+  if (!proc_refused) return "";
+  std::string hidden;
+  for (const auto& p : host.proc_overmounts) hidden += (hidden.empty() ? "" : ", ") + p;
+  return "a fresh /proc cannot be mounted in a user namespace here: the host's /proc is not fully visible" +
+         (hidden.empty() ? std::string() : " (mounted over: " + hidden + ")");
 }
 
 bool Writable(const Policy& p) {
@@ -170,9 +183,8 @@ Result<BackendSelection> SelectBackend(const HostCaps& host, BackendChoice choic
           : "no seccomp filtering";
   switch (choice) {
     case BackendChoice::kNamespaces:
-      if (!host.user_namespaces) {
-        return Status::Error("confine", "--backend namespaces: " + UsernsWhy(host) +
-                                            "; refusing rather than downgrading");
+      if (const std::string lack = NamespacesLack(host); !lack.empty()) {
+        return Status::Error("confine", "--backend namespaces: " + lack + "; refusing rather than downgrading");
       }
       return BackendSelection{Backend::kNamespaces, "forced by --backend namespaces"};
     case BackendChoice::kLandlock:
@@ -183,9 +195,10 @@ Result<BackendSelection> SelectBackend(const HostCaps& host, BackendChoice choic
     case BackendChoice::kAuto:
       break;
   }
-  if (host.user_namespaces) return BackendSelection{Backend::kNamespaces, "user namespaces available"};
-  if (landlock_ok) return BackendSelection{Backend::kLandlockOnly, UsernsWhy(host)};
-  return Status::Error("confine", "no sandbox backend on this host: " + UsernsWhy(host) + ", and " +
+  const std::string ns_lack = NamespacesLack(host);
+  if (ns_lack.empty()) return BackendSelection{Backend::kNamespaces, "user namespaces available"};
+  if (landlock_ok) return BackendSelection{Backend::kLandlockOnly, ns_lack};
+  return Status::Error("confine", "no sandbox backend on this host: " + ns_lack + ", and " +
                                       landlock_lack + " for the landlock-only backend");
 }
 
@@ -222,13 +235,13 @@ EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host, 
   const bool landlock_only = selected.ok() && selected->backend == Backend::kLandlockOnly;
   r.backend = ToString(landlock_only ? Backend::kLandlockOnly : Backend::kNamespaces);
   if (selected.ok()) r.backend_reason = selected->why;
-  const bool userns = host.user_namespaces && !landlock_only;
+  const bool userns = NamespacesLack(host).empty() && !landlock_only;
   auto missing = [&r](FacetReport& f, const std::string& reason) {
     f.level = f.mechanisms.empty() ? Level::kNone : Level::kPartial;
     r.missing.push_back({f.name, reason});
   };
   const int ll_abi = std::min(host.landlock_abi, kNewestLandlockAbi);
-  const std::string why_no_ns = "no namespaces (" + (selected.ok() ? selected->why : UsernsWhy(host)) + ")";
+  const std::string why_no_ns = "no namespaces (" + (selected.ok() ? selected->why : NamespacesLack(host)) + ")";
 
   // Filesystem: a fresh root with only what the policy names.
   FacetReport fs = Facet("filesystem", true);
@@ -275,7 +288,7 @@ EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host, 
                             "rests on the mount namespace alone");
     }
   } else {
-    missing(fs, "user namespaces unavailable: " + host.userns_reason);
+    missing(fs, "no namespaces: " + NamespacesLack(host));
   }
   // Pathname unix sockets: a same-uid service behind one (a session bus, an
   // ssh agent, agentbox's daemon) acts outside every fence. Neither mounts
@@ -317,7 +330,7 @@ EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host, 
       net.notes.push_back("loopback only; no route out");
     }
   } else {
-    missing(net, "network namespaces unavailable: " + host.userns_reason);
+    missing(net, "no network namespace: " + NamespacesLack(host));
   }
   r.facets.push_back(net);
 
@@ -341,8 +354,13 @@ EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host, 
     if (host.cgroup_ns) proc.mechanisms.push_back("cgroup-namespace");
     proc.mechanisms.push_back("runner-as-init");
     proc.level = Level::kFull;
+    if (host.sethostname_errno > 0) {
+      proc.notes.push_back("the hostname stays the container's: sethostname in the sandbox's own uts namespace "
+                           "is refused (" + std::string(strerror(host.sethostname_errno)) +
+                           ") by the seccomp filter agentbox runs under");
+    }
   } else {
-    missing(proc, "pid namespaces unavailable: " + host.userns_reason);
+    missing(proc, "no pid namespace: " + NamespacesLack(host));
   }
   r.facets.push_back(proc);
 
@@ -752,6 +770,9 @@ Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Poli
     out.denial_signatures = DenialSignatures(plan, {});
   } else {
     plan.namespaces = {"user", "mnt", "pid", "net", "ipc", "uts"};
+    // A container's seccomp profile may refuse sethostname even in our own
+    // uts namespace: the namespace stays, with the container's name in it.
+    if (host.sethostname_errno > 0) plan.hostname.clear();
     if (host.cgroup_ns) plan.namespaces.push_back("cgroup");
     const std::uint64_t tmp_bytes = policy.resources.disk_bytes.value_or(kDefaultTmpBytes);
     auto& mounts = plan.mounts;

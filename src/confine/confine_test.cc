@@ -54,6 +54,24 @@ TEST(Confine, WorkspaceWriteOnFullHostIsFull) {
   }
 }
 
+// A container's seccomp profile refusing sethostname: the uts namespace
+// stays, the plan names no hostname, and the report says why.
+TEST(Confine, RefusedSethostnameLeavesTheNameAndSaysSo) {
+  HostCaps h = FullHost();
+  EXPECT_EQ(Confine({"true"}, PresetFor(Mode::kWorkspaceWrite), h, Inv())->plan.hostname, "agentbox");
+  h.seccomp_mode = 2;
+  h.sethostname_errno = EPERM;
+  auto c = Confine({"true"}, PresetFor(Mode::kWorkspaceWrite), h, Inv());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->plan.hostname, "");
+  EXPECT_NE(std::find(c->plan.namespaces.begin(), c->plan.namespaces.end(), "uts"), c->plan.namespaces.end());
+  const FacetReport* proc = FacetNamed(c->enforcement, "processes");
+  ASSERT_NE(proc, nullptr);
+  EXPECT_EQ(proc->level, Level::kFull);
+  ASSERT_FALSE(proc->notes.empty());
+  EXPECT_NE(proc->notes.back().find("hostname stays the container's"), std::string::npos) << proc->notes.back();
+}
+
 TEST(Confine, RootIsTmpfsFirstAndSystemDirsReadOnly) {
   auto c = Confine({"true"}, PresetFor(Mode::kWorkspaceWrite), FullHost(), Inv());
   ASSERT_TRUE(c.ok());

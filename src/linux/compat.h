@@ -12,6 +12,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
 
 #ifndef SYS_clone3
@@ -159,6 +160,20 @@ struct OpenHow {
 
 // fork-like clone3 (no new stack): returns 0 in the child, the pid in the parent.
 inline long Clone3(CloneArgs* args) { return syscall(SYS_clone3, args, sizeof(*args)); }
+// Clone3, or the same fork-like clone where clone3 answers ENOSYS: Docker's
+// default seccomp profile gives a container without CAP_SYS_ADMIN ENOSYS for
+// every clone3 (a filter cannot read its flags), so that libc falls back to
+// clone, whose flags it can check. clone carries no CLONE_INTO_CGROUP: a
+// caller asking for it gets clone3's ENOSYS.
+inline long CloneProcess(CloneArgs* args) {
+  const long pid = Clone3(args);
+  if (pid >= 0 || errno != ENOSYS || (args->flags & CLONE_INTO_CGROUP) != 0) return pid;
+  // Raw clone's argument order on x86_64 and arm64: flags (with the exit
+  // signal), stack (none: fork-like), parent_tid (where CLONE_PIDFD stores
+  // the pidfd), then child_tid and tls (unused).
+  return syscall(SYS_clone, args->flags | args->exit_signal, nullptr, reinterpret_cast<int*>(args->pidfd), nullptr,
+                 nullptr);
+}
 inline int CloseRange(unsigned first, unsigned last, unsigned flags) {
   return static_cast<int>(syscall(SYS_close_range, first, last, flags));
 }

@@ -2,6 +2,7 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/utsname.h>
@@ -9,6 +10,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <vector>
@@ -21,6 +24,7 @@
 #include "linux/compat.h"
 #include "linux/fd.h"
 #include "linux/landlock_ruleset.h"
+#include "linux/namespaces.h"
 
 namespace agentbox {
 namespace {
@@ -47,46 +51,183 @@ long ReadSysctl(const char* path) {
 
 bool Exists(const char* path) { return access(path, F_OK) == 0; }
 
+// Runs `body` in a forked child and returns what it returned: 0 for success,
+// else an errno. The parent may have threads (the daemon probes too), so a
+// body makes syscalls only: nothing that allocates or takes a lock. Whatever
+// namespaces the child made die with it. A child killed by a signal (a
+// seccomp profile whose action is to kill) counts as EPERM: the kernel
+// refused.
+int InThrowAwayChild(int (*body)()) {
+  const pid_t pid = fork();
+  if (pid < 0) return errno;
+  if (pid == 0) _exit(body() & 0xff);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) return ECHILD;
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : EPERM;
+}
+
+int TryUnshareUserMount() { return unshare(CLONE_NEWUSER | CLONE_NEWNS) == 0 ? 0 : errno; }
+
+// Under AppArmor's restriction an unconfined program may create a user
+// namespace but holds no capability in it; a program whose profile grants
+// `userns` (packaging/apparmor/agentbox) holds them. A mount needs one.
+int TryCapabilityInUserNamespace() {
+  if (unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0) return errno;
+  return mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0 ? 0 : errno;
+}
+
+// What the namespaces backend's runner does to get its /proc: a new user,
+// mount and pid namespace, then a fresh proc mounted by the pid namespace's
+// first process. The kernel refuses it (EPERM) unless some proc mount of ours
+// is fully visible (fs/namespace.c mount_too_revealing).
+int TryMountFreshProc() {
+  if (unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID) != 0) return errno;
+  // No id maps: the mount does not need them, and writing them would
+  // allocate, which a child forked from a threaded daemon must not.
+  if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return errno;
+  const pid_t init = fork();
+  if (init < 0) return errno;
+  if (init == 0) {
+    _exit(mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) == 0 ? 0 : errno & 0xff);
+  }
+  int status = 0;
+  if (waitpid(init, &status, 0) != init) return ECHILD;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : EPERM;
+}
+
+// What the runner does in its uts namespace: name the host "agentbox".
+int TrySetHostname() {
+  if (unshare(CLONE_NEWUSER | CLONE_NEWUTS) != 0) return errno;
+  return sethostname("agentbox", 8) == 0 ? 0 : errno;
+}
+
+// What the runner does for a network namespace: `lo` up, by ioctl. Only
+// the deep probe (`check`, single-threaded) runs it: an error Status allocates.
+int TryLoopbackUp() {
+  if (unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0) return errno;
+  const Status s = linux::BringUpLoopback();
+  return s.ok() ? 0 : (s.err() != 0 ? s.err() : EPERM);
+}
+
+void ReadSeccompMode(HostCaps* caps) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("Seccomp:", 0) == 0) {
+      caps->seccomp_mode = std::atoi(line.c_str() + 8);
+      return;
+    }
+  }
+}
+
+struct MountEntry {
+  std::string id, parent, point, fstype, options;
+};
+
+std::vector<MountEntry> ReadMountInfo() {
+  std::vector<MountEntry> out;
+  std::ifstream in("/proc/self/mountinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream f(line);
+    MountEntry m;
+    std::string dev, root, opts, field, source, super;
+    f >> m.id >> m.parent >> dev >> root >> m.point >> m.options;
+    while (f >> field && field != "-") {
+    }
+    f >> m.fstype >> source >> super;
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+// Whether some proc mount is fully visible, and what hides the others. The
+// kernel lets a submount stand only on an empty directory: the mount points
+// procfs keeps for binfmt_misc and nfsd are the ones it has. A guess that
+// the probe then checks with a real mount.
+void ProbeProcVisibility(HostCaps* caps, const std::vector<MountEntry>& mounts) {
+  bool any_visible = false;
+  for (const auto& proc : mounts) {
+    if (proc.fstype != "proc") continue;
+    bool visible = true;
+    for (const auto& child : mounts) {
+      if (child.parent != proc.id || child.point == "/proc/sys/fs/binfmt_misc" || child.point == "/proc/fs/nfsd") {
+        continue;
+      }
+      visible = false;
+      caps->proc_overmounts.push_back(child.point);
+    }
+    any_visible = any_visible || visible;
+  }
+  caps->proc_fully_visible = any_visible;
+}
+
+// Every cgroup hierarchy mounted read-only (a container's default). The
+// tmpfs systemd puts at /sys/fs/cgroup on v1 hosts is read-only too, with
+// writable hierarchies below it: only the cgroup mounts count.
+bool ReadOnlyCgroupfs(const std::vector<MountEntry>& mounts) {
+  bool any = false;
+  for (const auto& m : mounts) {
+    if (m.fstype != "cgroup" && m.fstype != "cgroup2") continue;
+    any = true;
+    if (m.options != "ro" && m.options.rfind("ro,", 0) != 0) return false;
+  }
+  return any;
+}
+
 void ProbeUserNamespaces(HostCaps* caps, ProbeDepth depth) {
-  long max_ns = ReadSysctl("/proc/sys/user/max_user_namespaces");
-  long unpriv = ReadSysctl("/proc/sys/kernel/unprivileged_userns_clone");
-  long apparmor = ReadSysctl("/proc/sys/kernel/apparmor_restrict_unprivileged_userns");
-  caps->user_namespaces = Exists("/proc/self/ns/user");
+  caps->max_user_namespaces = ReadSysctl("/proc/sys/user/max_user_namespaces");
+  caps->unprivileged_userns_clone = ReadSysctl("/proc/sys/kernel/unprivileged_userns_clone");
+  caps->apparmor_restrict_userns = ReadSysctl("/proc/sys/kernel/apparmor_restrict_unprivileged_userns");
+  caps->setgroups_file = Exists("/proc/self/setgroups");
+  ReadSeccompMode(caps);
+  caps->userns_in_kernel = Exists("/proc/self/ns/user");
+  caps->user_namespaces = caps->userns_in_kernel;
   if (!caps->user_namespaces) {
     caps->userns_reason = "kernel built without user namespaces";
     return;
   }
-  if (max_ns == 0) {
+  if (caps->max_user_namespaces == 0) {
     caps->user_namespaces = false;
     caps->userns_reason = "user.max_user_namespaces is 0";
     return;
   }
-  if (unpriv == 0 && caps->uid != 0) {
+  if (caps->unprivileged_userns_clone == 0 && caps->uid != 0) {
     caps->user_namespaces = false;
     caps->userns_restricted = true;
     caps->userns_reason = "kernel.unprivileged_userns_clone is 0";
     return;
   }
-  if (apparmor == 1 && caps->uid != 0) {
-    // Creation succeeds but the namespace gets no capabilities: not usable.
-    caps->userns_restricted = true;
-    caps->user_namespaces = false;
-    caps->userns_reason = "kernel.apparmor_restrict_unprivileged_userns is 1";
-    return;
-  }
-  if (depth == ProbeDepth::kDeep) {
-    // Really create one (and a mount namespace in it) in a throw-away child.
-    pid_t pid = fork();
-    if (pid == 0) {
-      if (unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0) _exit(1);
-      _exit(0);
-    }
-    int status = 0;
-    if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
-        WEXITSTATUS(status) != 0) {
+  if (caps->apparmor_restrict_userns == 1 && caps->uid != 0) {
+    // Creation succeeds but the namespace gets no capabilities, unless
+    // agentbox's AppArmor profile is loaded: ask the kernel which.
+    caps->userns_caps_errno = InThrowAwayChild(TryCapabilityInUserNamespace);
+    if (caps->userns_caps_errno != 0) {
+      caps->userns_restricted = true;
       caps->user_namespaces = false;
-      caps->userns_reason = "unshare(CLONE_NEWUSER|CLONE_NEWNS) failed in a test child";
+      caps->userns_reason = "kernel.apparmor_restrict_unprivileged_userns is 1";
+      return;
     }
+  }
+  // No sysctl shows a seccomp filter's verdict (a container runtime's default
+  // profile refuses unshare and namespace flags to clone without
+  // CAP_SYS_ADMIN): when one is on us, even a quick probe asks the kernel.
+  if (depth == ProbeDepth::kDeep || caps->seccomp_mode == 2) {
+    caps->unshare_errno = InThrowAwayChild(TryUnshareUserMount);
+    if (caps->unshare_errno != 0) {
+      caps->user_namespaces = false;
+      caps->userns_reason = "unshare(CLONE_NEWUSER|CLONE_NEWNS) failed in a test child: " +
+                            std::string(strerror(caps->unshare_errno)) +
+                            (caps->seccomp_mode == 2 ? " (a seccomp filter is on this process)" : "");
+      return;
+    }
+    caps->sethostname_errno = InThrowAwayChild(TrySetHostname);
+  }
+  if (!caps->setgroups_file && caps->uid != 0) {
+    caps->user_namespaces = false;
+    caps->userns_reason = "no /proc/self/setgroups: an unprivileged process cannot map its gid (Linux < 3.19)";
   }
 }
 
@@ -100,6 +241,16 @@ HostCaps ProbeHost(ProbeDepth depth) {
   if (uname(&u) == 0) caps.kernel_release = u.release;
 
   ProbeUserNamespaces(&caps, depth);
+  const std::vector<MountEntry> mounts = ReadMountInfo();
+  ProbeProcVisibility(&caps, mounts);
+  caps.cgroupfs_read_only = ReadOnlyCgroupfs(mounts);
+  ReadSmallFile("/sys/kernel/security/lsm", &caps.lsm);
+  // A run pays for the real proc mount only when mountinfo suggests it fails:
+  // the kernel has the last word.
+  if (caps.user_namespaces && (depth == ProbeDepth::kDeep || !caps.proc_fully_visible)) {
+    caps.proc_mount_errno = InThrowAwayChild(TryMountFreshProc);
+  }
+  if (depth == ProbeDepth::kDeep && caps.user_namespaces) caps.loopback_errno = InThrowAwayChild(TryLoopbackUp);
   caps.mount_ns = Exists("/proc/self/ns/mnt");
   caps.pid_ns = Exists("/proc/self/ns/pid");
   caps.net_ns = Exists("/proc/self/ns/net");
@@ -107,8 +258,10 @@ HostCaps ProbeHost(ProbeDepth depth) {
   caps.uts_ns = Exists("/proc/self/ns/uts");
   caps.cgroup_ns = Exists("/proc/self/ns/cgroup");
 
+  errno = 0;
   int abi = linux::LandlockAbiVersion();
   caps.landlock_abi = abi > 0 ? abi : 0;
+  if (abi <= 0) caps.landlock_errno = errno;
   caps.seccomp_filter = prctl(PR_GET_SECCOMP, 0, 0, 0, 0) >= 0 && Exists("/proc/sys/kernel/seccomp/actions_avail");
   caps.no_new_privs = prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) >= 0;
 

@@ -82,7 +82,7 @@ Result<Launched> Launch(const Plan& plan, const std::vector<std::string>& argv, 
   int pidfd = -1;
   args.pidfd = reinterpret_cast<std::uint64_t>(&pidfd);
   args.exit_signal = SIGCHLD;
-  long pid = Clone3(&args);
+  long pid = CloneProcess(&args);
   if (pid < 0) {
     return Status::Errno("clone", plan.confined ? "clone3(CLONE_NEWUSER|CLONE_NEWNS|CLONE_NEWPID|...)"
                                                 : "clone3");

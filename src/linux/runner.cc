@@ -399,7 +399,10 @@ SetUpResult SetUpSandbox(const Plan& plan, const ResolvedPlan& resolved, int* st
       close(*proxy_fd);
       *proxy_fd = -1;
     }
-    if (Status s = SetHostname(plan.hostname); !s.ok()) Fail(*status_fd, s);
+    // Empty when the probe found sethostname refused (the report says so).
+    if (!plan.hostname.empty()) {
+      if (Status s = SetHostname(plan.hostname); !s.ok()) Fail(*status_fd, s);
+    }
     if (Status s = LeaveSessionKeyring(); !s.ok()) Fail(*status_fd, s);
   }
   // On both backends: the daemon knows a sandbox's processes by this name
