@@ -394,6 +394,11 @@ int CmdCheck(const std::string& policy_file, const std::string& backend_flag, bo
                    {"v1_controllers", h.cgroups.v1_controllers}, {"v1_writable", h.cgroups.v1_writable}, {"can_create_children", h.cgroups.can_create_children},
                    {"reason", h.cgroups.reason}}},
   };
+  // setup-delegation's directories in use, per controller, and why one on record is not.
+  json delegation = json::object();
+  for (const auto& [c, d] : h.cgroups.delegation) delegation[c] = d;
+  host["cgroups"]["delegation"] = delegation;
+  host["cgroups"]["delegation_notes"] = h.cgroups.delegation_notes;
   if (as_json) {
     json out = {{"host", host}, {"backend", backend_line}, {"policy", policy->source}, {"enforcement", ToJsonValue(r)}};
     if (!available.ok()) out["refusal"] = available.message();
@@ -417,6 +422,8 @@ int CmdCheck(const std::string& policy_file, const std::string& backend_flag, bo
   std::printf("  cgroups           v2=%s (own: %s) v1=[%s] v1 writable=[%s] can create children=%s%s%s\n",
               Yes(h.cgroups.v2_mounted), h.cgroups.v2_own_path.c_str(), v1.c_str(), v1w.c_str(),
               Yes(h.cgroups.can_create_children), h.cgroups.reason.empty() ? "" : ": ", h.cgroups.reason.c_str());
+  for (const auto& [c, d] : h.cgroups.delegation) std::printf("  delegation        %s: %s\n", c.c_str(), d.c_str());
+  for (const auto& n : h.cgroups.delegation_notes) std::printf("  delegation        not used: %s\n", n.c_str());
   std::printf("\nbackend: %s\n", backend_line.c_str());
   std::printf("\npolicy %s → enforcement %s (backend %s)\n", policy->source.c_str(), ToString(r.level), r.backend.c_str());
   for (const auto& facet : r.facets) {
@@ -633,7 +640,8 @@ int main(int argc, char** argv) {
   explain_flags.Register(explain, true);
   explain->add_flag("--json", explain_json, "JSON output");
 
-  std::vector<Subcommand> subcommands = {AddServeCommand(app), AddSessionCommand(app), AddMcpCommand(app)};
+  std::vector<Subcommand> subcommands = {AddServeCommand(app), AddSessionCommand(app), AddMcpCommand(app),
+                                         AddSetupDelegationCommand(app)};
 
   // Everything after the first `--` is the command, verbatim. Split it off
   // before parsing: otherwise a repeatable option just before `--` (say

@@ -17,6 +17,7 @@
 
 #include "agentbox/host_caps.h"
 #include "agentbox/policy.h"
+#include "linux/cgroup_delegation.h"
 #include "linux/cgroups.h"
 #include "linux/compat.h"
 #include "linux/fd.h"
@@ -135,7 +136,10 @@ CgroupCaps ProbeCgroupCaps() {
   CgroupCaps cg;
   cg.probed = true;
   linux::CgroupFs fs;
-  linux::CgroupLayout layout = linux::DiscoverCgroupLayout(fs);
+  // With this user's delegation (setup-delegation) where our own cgroup is not writable.
+  linux::CgroupLayout layout = linux::DiscoverRunCgroupLayout(fs);
+  for (const auto& [c, dir] : layout.delegated) cg.delegation.emplace_back(c, dir);
+  cg.delegation_notes = layout.delegation_notes;
   cg.v2_mounted = !layout.v2_dir.empty();
   cg.v2_own_path = layout.v2_dir;
   for (const auto& [c, dir] : layout.v1_dirs) {
@@ -154,7 +158,9 @@ CgroupCaps ProbeCgroupCaps() {
   if (!cg.can_create_children) {
     cg.reason = !cg.v2_mounted && cg.v1_controllers.empty()
                     ? "no cgroup filesystem mounted"
-                    : "no writable cgroup for this user (no delegation)";
+                    : "no writable cgroup for this user (no delegation: as root, `agentbox setup-delegation "
+                      "--user NAME` hands it one; see docs/delegation.md)";
+    for (const auto& n : cg.delegation_notes) cg.reason += "; delegation on record not used: " + n;
   } else if (cg.delegated.size() < 3 && v2_writable && !layout.v2_is_root) {
     cg.reason = "our v2 cgroup " + layout.v2_dir +
                 " holds processes, so the kernel gives its children no controller it has not "
