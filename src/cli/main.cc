@@ -24,6 +24,9 @@
 #include "agentbox/policy.h"
 #include "agentbox/run.h"
 #include "cli/subcommand.h"
+#include "linux/cgroup_delegation.h"
+#include "linux/cgroups.h"
+#include "supervise/systemd_scope.h"
 #include "session/world.h"
 #include "linux/random.h"
 #include "linux/user_dirs.h"
@@ -164,6 +167,38 @@ Result<Invocation> BuildInvocation(const PolicyFlags& f) {
   return inv;
 }
 
+
+// `run --systemd-scope` (docs/delegation.md): re-executes under systemd-run
+// in a scope systemd delegates to us, or, once re-executed, moves into the
+// scope's leaf so that the run's cgroups get its controllers. Returns the
+// exit status when the run must not go on here (-1: go on).
+int SystemdScope(int argc, char** argv) {
+  auto probe = supervise::ProbeSystemdScope(supervise::CurrentEnvironment());
+  switch (probe.answer) {
+    case supervise::SystemdScopeProbe::Answer::kUnavailable:
+      Error("--systemd-scope: " + probe.reason);
+      return kExitSandbox;
+    case supervise::SystemdScopeProbe::Answer::kAlreadyInScope: {
+      if (Status s = linux::EnterDelegatedScope(linux::CgroupFs(), geteuid()); !s.ok()) {
+        Error(s.message());
+        return kExitSandbox;
+      }
+      return -1;
+    }
+    case supervise::SystemdScopeProbe::Answer::kReexec:
+      break;
+  }
+  std::vector<std::string> args(argv + 1, argv + argc);
+  auto full = supervise::SystemdScopeArgv(probe.systemd_run, RealPath("/proc/self/exe"), args);
+  std::vector<char*> cargv;
+  for (auto& a : full) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  // The mark that stops a second re-execution (a loop) in the child.
+  setenv(supervise::kSystemdScopeEnv, "1", 1);
+  execv(probe.systemd_run.c_str(), cargv.data());
+  Error("--systemd-scope: execv(" + probe.systemd_run + "): " + std::strerror(errno));
+  return kExitSandbox;
+}
 
 // `agentbox gc`: what killed supervisors left behind.
 int CmdGc(bool quiet) {
@@ -598,6 +633,10 @@ int main(int argc, char** argv) {
   run_flags.Register(run, true);
   run->add_option("--report", report, "write the outcome report (JSON) to FILE");
   run->add_flag("--quiet", quiet, "print nothing of agentbox's own on success or failure");
+  bool systemd_scope = false;
+  run->add_flag("--systemd-scope", systemd_scope,
+                "start the supervisor in a systemd user scope with Delegate=yes (systemd-run --user --scope), "
+                "so that limits come from a cgroup systemd delegates (docs/delegation.md)");
   NetworkFlags net_flags;
   net_flags.Register(run);
   run->add_option("command", run_cmd, "the command, after --");
@@ -668,6 +707,9 @@ int main(int argc, char** argv) {
   if ((*run || *wrap) && (*run ? run_cmd : wrap_cmd).empty()) {
     Error("no command given: agentbox " + std::string(*run ? "run" : "wrap") + " [OPTIONS] -- COMMAND [ARG...]");
     return kExitUsage;
+  }
+  if (*run && systemd_scope) {
+    if (int status = SystemdScope(argc, argv); status >= 0) return status;
   }
   if (*run) return CmdRun(run_flags, run_cmd, report, quiet, net_flags);
   if (*wrap) return CmdWrap(wrap_flags, wrap_cmd, wrap_net_flags);

@@ -18,6 +18,8 @@ namespace {
 constexpr const char* kDefaultRecordDir = "/run/agentbox/delegation";
 constexpr const char* kDirPrefix = "agentbox-delegate-";
 constexpr const char* kEntryLeaf = "login";
+// The supervisor's leaf inside a delegated systemd scope (EnterDelegatedScope).
+constexpr const char* kScopeLeaf = "supervisor";
 // The controllers a run's limits need (cpuacct: v1 cpu usage).
 const std::vector<std::string> kV1Controllers = {"memory", "pids", "cpu", "cpuacct"};
 const std::vector<std::string> kV2Controllers = {"memory", "pids", "cpu"};
@@ -45,6 +47,13 @@ std::string Stripped(std::string p) {
 }
 
 bool Exists(const CgroupFs& fs, const std::string& dir) { return fs.OpenDir(dir).ok(); }
+
+// mkdir that takes an existing directory as done (setup-delegation twice).
+Status MakeDirOnce(const CgroupFs& fs, const std::string& dir) {
+  Status s = fs.MakeDir(dir);
+  if (s.ok() || (s.err() == EEXIST && Exists(fs, dir))) return {};
+  return s;
+}
 
 std::string ReadOr(const CgroupFs& fs, const std::string& path) {
   auto text = fs.Read(path);
@@ -212,8 +221,56 @@ void UseDelegation(const CgroupFs& fs, const DelegationRecord& record, uid_t uid
   }
 }
 
+std::string DelegatedScopeOf(const CgroupLayout& layout) {
+  const std::string leaf = std::string("/") + kScopeLeaf;
+  const std::string& d = layout.v2_dir;
+  if (d.size() <= leaf.size() || d.compare(d.size() - leaf.size(), leaf.size(), leaf) != 0) return "";
+  std::string scope = d.substr(0, d.size() - leaf.size());
+  const std::string suffix = ".scope";
+  if (scope.size() <= suffix.size() || scope.compare(scope.size() - suffix.size(), suffix.size(), suffix) != 0) {
+    return "";
+  }
+  return scope;
+}
+
+Status EnterDelegatedScope(const CgroupFs& fs, uid_t uid) {
+  CgroupLayout layout = DiscoverCgroupLayout(fs);
+  if (!DelegatedScopeOf(layout).empty()) return {};  // entered already
+  const std::string& scope = layout.v2_dir;
+  if (scope.size() < 7 || scope.compare(scope.size() - 6, 6, ".scope") != 0) {
+    return Status::Error("delegation", "--systemd-scope: this process's v2 cgroup " +
+                                           (scope.empty() ? std::string("(none)") : scope) + " is not a systemd scope");
+  }
+  if (Status s = CheckDelegatedDir(fs, scope, layout.v2_mount, uid); !s.ok()) {
+    return Status::Error("delegation", "--systemd-scope: the scope is not delegated to this user (Delegate=yes): " +
+                                           s.message());
+  }
+  const std::string leaf = scope + "/" + kScopeLeaf;
+  if (Status s = MakeDirOnce(fs, leaf); !s.ok()) return s;
+  // "0": the writing process itself (cgroup-v2.rst, "Processes").
+  if (Status s = fs.Write(leaf + "/cgroup.procs", "0"); !s.ok()) return s;
+  auto offered = Words(ReadOr(fs, scope + "/cgroup.controllers"));
+  auto enabled = Words(ReadOr(fs, scope + "/cgroup.subtree_control"));
+  for (const auto& c : kV2Controllers) {
+    if (!Has(offered, c) || Has(enabled, c)) continue;
+    if (Status s = fs.Write(scope + "/cgroup.subtree_control", "+" + c); !s.ok()) return s;
+  }
+  return {};
+}
+
 CgroupLayout DiscoverRunCgroupLayout(const CgroupFs& fs) {
   CgroupLayout layout = DiscoverCgroupLayout(fs);
+  // A systemd scope we were re-executed in (run --systemd-scope): its own
+  // delegation, with no record; UseDelegation checks it like one.
+  if (const char* in_scope = std::getenv("AGENTBOX_SYSTEMD_SCOPE"); in_scope && std::string(in_scope) == "1") {
+    if (std::string scope = DelegatedScopeOf(layout); !scope.empty()) {
+      DelegationRecord own;
+      own.uid = geteuid();
+      own.v2_dir = scope;
+      UseDelegation(fs, own, geteuid(), &layout);
+      return layout;
+    }
+  }
   auto record = ReadDelegationRecord(DelegationRecordDir(), geteuid());
   if (!record.ok()) {
     layout.delegation_notes.push_back(record.status().message());
@@ -304,12 +361,6 @@ Result<DelegationPlan> PlanDelegation(const CgroupFs& fs, const CgroupLayout& la
 
 namespace {
 
-// mkdir that takes an existing directory as done (setup-delegation twice).
-Status MakeDirOnce(const CgroupFs& fs, const std::string& dir) {
-  Status s = fs.MakeDir(dir);
-  if (s.ok() || (s.err() == EEXIST && Exists(fs, dir))) return {};
-  return s;
-}
 
 Status ChownAll(const CgroupFs& fs, const std::string& dir, const std::vector<std::string>& files, uid_t uid,
                 gid_t gid) {

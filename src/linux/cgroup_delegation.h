@@ -78,6 +78,19 @@ void UseDelegation(const CgroupFs& fs, const DelegationRecord& record, uid_t uid
 // supervisor, the probe and `gc` use.
 CgroupLayout DiscoverRunCgroupLayout(const CgroupFs& fs);
 
+// Inside a scope that systemd delegated to this process (`run
+// --systemd-scope`, Delegate=yes): our v2 cgroup, a *.scope we own, holds
+// us, so the kernel gives its children no controller (the no-internal-process
+// rule). Moves this process (single-threaded: call it before any thread
+// starts) into the leaf <scope>/supervisor and enables the scope's
+// controllers for its children; DiscoverRunCgroupLayout then takes the
+// scope as the delegated v2 directory (AGENTBOX_SYSTEMD_SCOPE=1 set).
+// The process moves only downwards, within the scope made for it.
+Status EnterDelegatedScope(const CgroupFs& fs, uid_t uid);
+// The scope EnterDelegatedScope moved us below, when our v2 cgroup is its
+// `supervisor` leaf; else "".
+std::string DelegatedScopeOf(const CgroupLayout& layout);
+
 // ------------------------------------------------------- setup-delegation
 
 // One directory to hand over: a v1 hierarchy's (controllers share it when

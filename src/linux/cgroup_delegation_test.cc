@@ -275,6 +275,50 @@ TEST_F(V2Delegated, UsedFromItsLoginLeafRunsGoBesideIt) {
   EXPECT_EQ(ChooseHierarchy(fs, l, "pids"), Hierarchy::kV2);
 }
 
+// A scope systemd delegated to us (run --systemd-scope): the supervisor
+// moves into its leaf, the scope enables its controllers, runs go beside the leaf.
+TEST(DelegatedScope, SupervisorMovesIntoALeafAndRunsGoBesideIt) {
+  FakeRoot root;
+  const std::string scope = "/sys/fs/cgroup/user.slice/user-1000.slice/user@1000.service/app.slice/run-r1.scope";
+  root.Put("/proc/self/mountinfo", kV2Mountinfo);
+  root.Put("/proc/self/cgroup", "0::/user.slice/user-1000.slice/user@1000.service/app.slice/run-r1.scope\n");
+  root.Put(scope + "/cgroup.controllers", "cpu memory pids\n");
+  root.Put(scope + "/cgroup.subtree_control", "");
+  CgroupFs fs(root.root());
+  // Owned by someone else: not delegated to us.
+  Status other = EnterDelegatedScope(fs, geteuid() + 1);
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.message().find("not delegated to this user"), std::string::npos) << other.message();
+
+  Status s = EnterDelegatedScope(fs, geteuid());
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(root.Get(scope + "/supervisor/cgroup.procs"), "0");       // the process itself
+  EXPECT_EQ(root.Get(scope + "/cgroup.subtree_control"), "+cpu");  // the fake keeps the last write
+  // What the kernel now says of us: in the leaf.
+  root.Put("/proc/self/cgroup", "0::/user.slice/user-1000.slice/user@1000.service/app.slice/run-r1.scope/supervisor\n");
+  root.Put(scope + "/cgroup.subtree_control", "cpu memory pids\n");
+  CgroupLayout l = DiscoverCgroupLayout(fs);
+  EXPECT_EQ(DelegatedScopeOf(l), scope);
+  DelegationRecord own;
+  own.v2_dir = scope;
+  UseDelegation(fs, own, geteuid(), &l);
+  EXPECT_EQ(l.v2_dir, scope);
+  EXPECT_EQ(ChooseHierarchy(fs, l, "memory"), Hierarchy::kV2);
+  EXPECT_TRUE(EnterDelegatedScope(fs, geteuid()).ok());  // entered already: nothing again
+}
+
+TEST(DelegatedScope, OnlyASystemdScopeIsEntered) {
+  FakeRoot root;
+  root.Put("/proc/self/mountinfo", kV2Mountinfo);
+  root.Put("/proc/self/cgroup", "0::/user.slice/session-3.slice\n");
+  root.Dir("/sys/fs/cgroup/user.slice/session-3.slice");
+  CgroupFs fs(root.root());
+  Status s = EnterDelegatedScope(fs, geteuid());
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("is not a systemd scope"), std::string::npos) << s.message();
+  EXPECT_FALSE(root.Has("/sys/fs/cgroup/user.slice/session-3.slice/supervisor"));
+}
+
 // ------------------------------------------------------- setup-delegation
 
 TEST(DelegationPlan, DefaultsToRootsOwnCgroupPerHierarchy) {
