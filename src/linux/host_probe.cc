@@ -156,11 +156,16 @@ CgroupCaps ProbeCgroupCaps() {
     }
   }
   if (!cg.can_create_children) {
-    cg.reason = !cg.v2_mounted && cg.v1_controllers.empty()
-                    ? "no cgroup filesystem mounted"
-                    : "no writable cgroup for this user (no delegation: as root, `agentbox setup-delegation "
-                      "--user NAME` hands it one; see docs/delegation.md)";
-    for (const auto& n : cg.delegation_notes) cg.reason += "; delegation on record not used: " + n;
+    std::string unused;  // why the delegation on record (if any) is not used
+    for (const auto& n : cg.delegation_notes) unused += (unused.empty() ? "" : "; ") + n;
+    if (!cg.v2_mounted && cg.v1_controllers.empty()) {
+      cg.reason = "no cgroup filesystem mounted";
+    } else if (unused.empty()) {
+      cg.reason = "no writable cgroup for this user (no delegation: as root, `agentbox setup-delegation --user NAME` "
+                  "hands it one; see docs/delegation.md)";
+    } else {
+      cg.reason = "no writable cgroup for this user (the delegation on record is not used: " + unused + ")";
+    }
   } else if (cg.delegated.size() < 3 && v2_writable && !layout.v2_is_root) {
     cg.reason = "our v2 cgroup " + layout.v2_dir +
                 " holds processes, so the kernel gives its children no controller it has not "
