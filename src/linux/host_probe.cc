@@ -166,6 +166,10 @@ CgroupCaps ProbeCgroupCaps() {
     } else {
       cg.reason = "no writable cgroup for this user (the delegation on record is not used: " + unused + ")";
     }
+  } else if (cg.delegated.size() < 3 && !cg.delegation_notes.empty()) {
+    std::string unused;
+    for (const auto& n : cg.delegation_notes) unused += (unused.empty() ? "" : "; ") + n;
+    cg.reason = "the delegation on record is not used for every controller: " + unused;
   } else if (cg.delegated.size() < 3 && v2_writable && !layout.v2_is_root) {
     cg.reason = "our v2 cgroup " + layout.v2_dir +
                 " holds processes, so the kernel gives its children no controller it has not "

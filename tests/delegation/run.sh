@@ -16,7 +16,7 @@ set -euo pipefail
 bin="$1" tests="$2" fixtures="$3"
 shift 3
 filter='--gtest_filter=Delegation.*:Memory.*:Processes.*:Cpu.*:Usage.*:Cleanup.*'
-if [ $# -gt 0 ]; then filter="$1"; shift; fi
+if [ $# -gt 0 ]; then filter="--gtest_filter=$1"; shift; fi
 
 if [ "$(id -u)" -ne 0 ]; then
   echo "delegation: not applicable here: setup-delegation needs root (uid $(id -u))"
@@ -47,5 +47,34 @@ runuser -u "$user" -- env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$home" LANG
   "$stage/tests" --gtest_brief=1 "$filter" "$@" || rc=$?
 
 delegation_check_empty || rc=1
+
+# The ownership check on real cgroups: the record names a directory that is
+# no longer the user's (root's now): it is not used, check says why, and a
+# limit it would have carried is refused (fail closed).
+as_user() {
+  runuser -u "$user" -- env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$home" LANG=C.UTF-8 TMPDIR=/tmp \
+    AGENTBOX_DELEGATION_RECORD="$stage/record" "$@"
+}
+pids_dir="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["v1"]["pids"])' \
+  "$stage/record/$(id -u "$user").json")"
+chown root:root "$pids_dir"
+if ! as_user "$stage/agentbox" check --json | python3 -c '
+import json, sys
+c = json.load(sys.stdin)["host"]["cgroups"]
+assert "pids" not in c["delegation"], c
+assert "memory" in c["delegation"], c
+assert any("owned by uid 0, not by uid" in n for n in c["delegation_notes"]), c
+'; then
+  echo "delegation: a delegated directory not owned by the user was used, or check did not say why" >&2
+  rc=1
+fi
+refused=0
+err="$(cd /tmp && as_user "$stage/agentbox" run --max-processes 10 -- true 2>&1)" || refused=$?
+if [ "$refused" -ne 125 ] || ! grep -q "owned by uid 0" <<<"$err"; then
+  echo "delegation: --max-processes with the pids directory not the user's: exit $refused, not 125 naming the owner: $err" >&2
+  rc=1
+fi
+chown "$user:$(id -g "$user")" "$pids_dir"
+
 delegation_remove || rc=1
 exit $rc
