@@ -517,7 +517,12 @@ Status WriteDelegationRecord(const std::string& dir, const DelegationRecord& rec
          return parts;
        }()) {
     made += "/" + part;
-    if (mkdir(made.c_str(), 0755) != 0 && errno != EEXIST) return Status::Errno("delegation", "mkdir", made);
+    if (mkdir(made.c_str(), 0755) == 0) {
+      // Readable by every user whatever root's umask is: the record is for them.
+      if (chmod(made.c_str(), 0755) != 0) return Status::Errno("delegation", "chmod(0755)", made);
+    } else if (errno != EEXIST) {
+      return Status::Errno("delegation", "mkdir", made);
+    }
   }
   const std::string path = DelegationRecordPath(dir, record.uid);
   const std::string tmp = path + ".tmp";

@@ -110,6 +110,13 @@ TEST(DelegationRecord, OnlyARootOwnedRecordOnlyRootMayWriteIsRead) {
   ASSERT_TRUE(none.ok()) << none.status().ToString();
   EXPECT_FALSE(none->has_value());
 
+  const mode_t old_umask = umask(077);  // root's umask does not hide the record from its user
+  Status written = WriteDelegationRecord(dir + "/deeper", HybridRecord());
+  umask(old_umask);
+  ASSERT_TRUE(written.ok()) << written.ToString();
+  struct stat dst {};
+  ASSERT_EQ(stat((dir + "/deeper").c_str(), &dst), 0);
+  EXPECT_EQ(dst.st_mode & 0777, 0755u);
   ASSERT_TRUE(WriteDelegationRecord(dir, HybridRecord()).ok());
   const std::string path = DelegationRecordPath(dir, kUser);
   struct stat st {};
