@@ -76,5 +76,36 @@ if [ "$refused" -ne 125 ] || ! grep -q "owned by uid 0" <<<"$err"; then
 fi
 chown "$user:$(id -g "$user")" "$pids_dir"
 
+# The v2 migration rule on the real kernel: a v2 directory delegated to the
+# user (made here beneath our own v2 cgroup, added to the record by hand)
+# cannot serve an agentbox that runs outside it, and check says so.
+v2_own="$(awk -F: '$1 == "0" { print $3 }' /proc/self/cgroup)"
+v2_mnt="$(awk '$0 ~ / - cgroup2 / { print $5; exit }' /proc/self/mountinfo)"
+if [ -n "$v2_own" ] && [ -n "$v2_mnt" ]; then
+  v2_dir="$v2_mnt${v2_own%/}/agentbox-deltest-v2-$$"
+  mkdir "$v2_dir"
+  deleg_made+=("$v2_dir")  # the trap removes it too
+  chown "$user:$(id -g "$user")" "$v2_dir"
+  rec="$stage/record/$(id -u "$user").json"
+  cp "$rec" "$stage/record.v1"
+  python3 - "$rec" "$v2_dir" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+r["v2"] = {"dir": sys.argv[2], "controllers": [], "entry": sys.argv[2] + "/login"}
+json.dump(r, open(sys.argv[1], "w"))
+PY
+  if ! as_user "$stage/agentbox" check --json | python3 -c '
+import json, sys
+c = json.load(sys.stdin)["host"]["cgroups"]
+assert "v2" not in c["delegation"], c
+assert any("is outside it" in n and "common ancestor" in n for n in c["delegation_notes"]), c
+'; then
+    echo "delegation: check did not name the v2 migration rule for a v2 delegation agentbox runs outside of" >&2
+    rc=1
+  fi
+  cp "$stage/record.v1" "$rec"
+  rmdir "$v2_dir"
+fi
+
 delegation_remove || rc=1
 exit $rc
