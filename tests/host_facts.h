@@ -13,9 +13,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <fstream>
 #include <initializer_list>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -106,6 +108,27 @@ inline bool ChildCgroupWorks(const std::string& dir, const std::string& controll
 
 }  // namespace detail
 
+// The record `agentbox setup-delegation` wrote for this uid (in
+// $AGENTBOX_DELEGATION_RECORD, else /run/agentbox/delegation), or null.
+inline nlohmann::json DelegationRecord() {
+  const char* env = std::getenv("AGENTBOX_DELEGATION_RECORD");
+  const std::string dir = env && *env ? env : "/run/agentbox/delegation";
+  auto j = nlohmann::json::parse(detail::ReadAll(dir + "/" + std::to_string(geteuid()) + ".json"), nullptr, false);
+  return j.is_object() ? j : nlohmann::json();
+}
+
+// The directory delegated to this uid for `controller` ("v2": the v2 one),
+// when the record names one that this uid owns; else "".
+inline std::string DelegatedDir(const std::string& controller) {
+  nlohmann::json j = DelegationRecord();
+  std::string dir;
+  if (controller == "v2" && j.contains("v2") && j["v2"].is_object()) dir = j["v2"].value("dir", "");
+  if (controller != "v2" && j.contains("v1") && j["v1"].contains(controller)) dir = j["v1"][controller];
+  struct stat st {};
+  if (dir.empty() || lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid()) return "";
+  return dir;
+}
+
 // The host fact the resource tests branch on, checked without agentbox:
 // can this process make a child cgroup that gets `controller`? That is a
 // directory it can create (and removes again) under its own cgroup in a
@@ -115,7 +138,9 @@ inline bool ChildCgroupWorks(const std::string& dir, const std::string& controll
 // may enable it), and the kernel must make the new directory a cgroup with
 // the controller's files. A writable-looking directory alone proves nothing:
 // the controller may be absent, the cgroupfs refuse in practice (a
-// container), or the path be another filesystem mounted over it.
+// container), or the path be another filesystem mounted over it. Where no
+// cgroup of our own gives it, a v1 directory delegated to this uid by
+// `agentbox setup-delegation` (DelegatedDir) is tried the same way.
 // `has_file`: whether such a child shows `file` (for example pids.peak); left
 // empty when that cannot be told without enabling the controller.
 inline bool CgroupControllerDelegated(const std::string& controller, const std::string& file = "",
@@ -146,7 +171,10 @@ inline bool CgroupControllerDelegated(const std::string& controller, const std::
       }
     }
   }
-  return false;
+  // No cgroup of our own gives it: a delegated one (setup-delegation) may.
+  // (v1 only: a v2 delegation serves only a process inside it.)
+  const std::string delegated = DelegatedDir(controller);
+  return !delegated.empty() && ChildCgroupWorks(delegated, controller, file, has_file);
 }
 
 // CgroupControllerDelegated for each of `controllers`.

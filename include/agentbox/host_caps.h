@@ -23,6 +23,22 @@ struct CgroupCaps {
   // "memory" -> "v2" | "v1". Limits whose controller is absent are not enforced.
   std::vector<std::pair<std::string, std::string>> delegated;
   bool probed = false;                   // false: not looked at (a quick probe, no limits asked)
+  // Directories that `agentbox setup-delegation` handed to this user and
+  // that stand for our own unwritable cgroup: controller ("v2" for the v2
+  // hierarchy) -> directory. And why a delegation on record is not used.
+  std::vector<std::pair<std::string, std::string>> delegation;
+  std::vector<std::string> delegation_notes;
+
+  // The delegated directory a run's `controller` cgroup goes under, or null.
+  const char* DelegatedDir(const std::string& controller) const {
+    const char* where = Where(controller);
+    if (!where) return nullptr;
+    const std::string key = std::string(where) == "v2" ? "v2" : controller;
+    for (const auto& [c, d] : delegation) {
+      if (c == key) return d.c_str();
+    }
+    return nullptr;
+  }
 
   const char* Where(const std::string& controller) const {
     for (const auto& [c, w] : delegated) {

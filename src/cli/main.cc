@@ -25,6 +25,9 @@
 #include "agentbox/policy.h"
 #include "agentbox/run.h"
 #include "cli/subcommand.h"
+#include "linux/cgroup_delegation.h"
+#include "linux/cgroups.h"
+#include "supervise/systemd_scope.h"
 #include "session/world.h"
 #include "linux/random.h"
 #include "linux/user_dirs.h"
@@ -165,6 +168,38 @@ Result<Invocation> BuildInvocation(const PolicyFlags& f) {
   return inv;
 }
 
+
+// `run --systemd-scope` (docs/delegation.md): re-executes under systemd-run
+// in a scope systemd delegates to us, or, once re-executed, moves into the
+// scope's leaf so that the run's cgroups get its controllers. Returns the
+// exit status when the run must not go on here (-1: go on).
+int SystemdScope(int argc, char** argv) {
+  auto probe = supervise::ProbeSystemdScope(supervise::CurrentEnvironment());
+  switch (probe.answer) {
+    case supervise::SystemdScopeProbe::Answer::kUnavailable:
+      Error("--systemd-scope: " + probe.reason);
+      return kExitSandbox;
+    case supervise::SystemdScopeProbe::Answer::kAlreadyInScope: {
+      if (Status s = linux::EnterDelegatedScope(linux::CgroupFs(), geteuid()); !s.ok()) {
+        Error(s.message());
+        return kExitSandbox;
+      }
+      return -1;
+    }
+    case supervise::SystemdScopeProbe::Answer::kReexec:
+      break;
+  }
+  std::vector<std::string> args(argv + 1, argv + argc);
+  auto full = supervise::SystemdScopeArgv(probe.systemd_run, RealPath("/proc/self/exe"), args);
+  std::vector<char*> cargv;
+  for (auto& a : full) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  // The mark that stops a second re-execution (a loop) in the child.
+  setenv(supervise::kSystemdScopeEnv, "1", 1);
+  execv(probe.systemd_run.c_str(), cargv.data());
+  Error("--systemd-scope: execv(" + probe.systemd_run + "): " + std::strerror(errno));
+  return kExitSandbox;
+}
 
 // `agentbox gc`: what killed supervisors left behind.
 int CmdGc(bool quiet) {
@@ -398,6 +433,11 @@ int CmdCheck(const std::string& policy_file, const std::string& backend_flag, bo
                    {"reason", h.cgroups.reason}}},
   };
   const std::vector<Diagnosis> diagnosis = Diagnose(h);
+  // setup-delegation's directories in use, per controller, and why one on record is not.
+  json delegation = json::object();
+  for (const auto& [c, d] : h.cgroups.delegation) delegation[c] = d;
+  host["cgroups"]["delegation"] = delegation;
+  host["cgroups"]["delegation_notes"] = h.cgroups.delegation_notes;
   if (as_json) {
     json out = {{"host", host}, {"backend", backend_line}, {"policy", policy->source}, {"enforcement", ToJsonValue(r)}};
     out["diagnosis"] = json::array();
@@ -425,6 +465,8 @@ int CmdCheck(const std::string& policy_file, const std::string& backend_flag, bo
   std::printf("  cgroups           v2=%s (own: %s) v1=[%s] v1 writable=[%s] can create children=%s%s%s\n",
               Yes(h.cgroups.v2_mounted), h.cgroups.v2_own_path.c_str(), v1.c_str(), v1w.c_str(),
               Yes(h.cgroups.can_create_children), h.cgroups.reason.empty() ? "" : ": ", h.cgroups.reason.c_str());
+  for (const auto& [c, d] : h.cgroups.delegation) std::printf("  delegation        %s: %s\n", c.c_str(), d.c_str());
+  for (const auto& n : h.cgroups.delegation_notes) std::printf("  delegation        not used: %s\n", n.c_str());
   std::printf("\nbackend: %s\n", backend_line.c_str());
   std::printf("\n%s", DiagnosisText(diagnosis).c_str());
   std::printf("\npolicy %s → enforcement %s (backend %s)\n", policy->source.c_str(), ToString(r.level), r.backend.c_str());
@@ -600,6 +642,10 @@ int main(int argc, char** argv) {
   run_flags.Register(run, true);
   run->add_option("--report", report, "write the outcome report (JSON) to FILE");
   run->add_flag("--quiet", quiet, "print nothing of agentbox's own on success or failure");
+  bool systemd_scope = false;
+  run->add_flag("--systemd-scope", systemd_scope,
+                "start the supervisor in a systemd user scope with Delegate=yes (systemd-run --user --scope), "
+                "so that limits come from a cgroup systemd delegates (docs/delegation.md)");
   NetworkFlags net_flags;
   net_flags.Register(run);
   run->add_option("command", run_cmd, "the command, after --");
@@ -642,7 +688,8 @@ int main(int argc, char** argv) {
   explain_flags.Register(explain, true);
   explain->add_flag("--json", explain_json, "JSON output");
 
-  std::vector<Subcommand> subcommands = {AddServeCommand(app), AddSessionCommand(app), AddMcpCommand(app)};
+  std::vector<Subcommand> subcommands = {AddServeCommand(app), AddSessionCommand(app), AddMcpCommand(app),
+                                         AddSetupDelegationCommand(app)};
 
   // Everything after the first `--` is the command, verbatim. Split it off
   // before parsing: otherwise a repeatable option just before `--` (say
@@ -669,6 +716,9 @@ int main(int argc, char** argv) {
   if ((*run || *wrap) && (*run ? run_cmd : wrap_cmd).empty()) {
     Error("no command given: agentbox " + std::string(*run ? "run" : "wrap") + " [OPTIONS] -- COMMAND [ARG...]");
     return kExitUsage;
+  }
+  if (*run && systemd_scope) {
+    if (int status = SystemdScope(argc, argv); status >= 0) return status;
   }
   if (*run) return CmdRun(run_flags, run_cmd, report, quiet, net_flags);
   if (*wrap) return CmdWrap(wrap_flags, wrap_cmd, wrap_net_flags);

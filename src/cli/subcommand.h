@@ -21,5 +21,7 @@ Subcommand AddServeCommand(CLI::App& app);
 Subcommand AddSessionCommand(CLI::App& app);
 // `agentbox mcp`: the sandbox as an MCP server on stdio (mcp_cmd.cc).
 Subcommand AddMcpCommand(CLI::App& app);
+// `agentbox setup-delegation`: a cgroup subtree for a user (delegation_cmd.cc).
+Subcommand AddSetupDelegationCommand(CLI::App& app);
 
 }  // namespace agentbox::cli

@@ -409,6 +409,10 @@ EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host, 
     if (std::find(rf.mechanisms.begin(), rf.mechanisms.end(), m) == rf.mechanisms.end()) {
       rf.mechanisms.push_back(m);
     }
+    if (const char* dir = host.cgroups.DelegatedDir(controller)) {
+      std::string note = std::string(controller) + ": delegated by setup-delegation at " + dir;
+      if (std::find(rf.notes.begin(), rf.notes.end(), note) == rf.notes.end()) rf.notes.push_back(note);
+    }
   };
   if (res.memory_limit_bytes || res.memory_guaranteed_bytes) cgroup_limit("memory_gib", "memory");
   if (res.memory_limit_bytes && host.cgroups.Where("memory")) {

@@ -356,6 +356,30 @@ TEST(Confine, NprocIsNotOfferedWhereItWouldNotCapTheSandbox) {
   }
 }
 
+TEST(Confine, ADelegatedCgroupIsNamedInTheResourcesFacet) {
+  Policy pol = PresetFor(Mode::kWorkspaceWrite);
+  pol.resources.memory_limit_bytes = 1ull << 30;
+  pol.resources.max_processes = 64;
+  HostCaps host = FullHost();
+  host.cgroups.probed = true;
+  host.cgroups.can_create_children = true;
+  host.cgroups.delegated = {{"memory", "v1"}, {"pids", "v1"}};
+  // memory from setup-delegation's directory, pids from our own cgroup.
+  host.cgroups.delegation = {{"memory", "/sys/fs/cgroup/memory/ci/agentbox-delegate-u"}};
+  auto c = Confine({"true"}, pol, host, Inv());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->enforcement.level, Level::kFull);
+  const FacetReport* res = FacetNamed(c->enforcement, "resources");
+  ASSERT_NE(res, nullptr);
+  EXPECT_NE(std::find(res->mechanisms.begin(), res->mechanisms.end(), "cgroup-v1-memory"), res->mechanisms.end());
+  EXPECT_NE(std::find(res->mechanisms.begin(), res->mechanisms.end(), "cgroup-v1-pids"), res->mechanisms.end());
+  EXPECT_NE(std::find(res->notes.begin(), res->notes.end(),
+                      "memory: delegated by setup-delegation at /sys/fs/cgroup/memory/ci/agentbox-delegate-u"),
+            res->notes.end());
+  for (const auto& n : res->notes) EXPECT_EQ(n.find("pids: delegated"), std::string::npos) << n;
+  EXPECT_EQ(c->plan.limits.pids_max, std::optional<std::uint64_t>(64));
+}
+
 TEST(Confine, WallClockIsEnforcedBySupervisor) {
   Policy pol = PresetFor(Mode::kWorkspaceWrite);
   pol.resources.wall_clock_ms = 30000;

@@ -145,6 +145,13 @@ std::optional<std::string> CgroupFs::Tag(const std::string& path, const std::str
   return std::string(buf, static_cast<size_t>(n));
 }
 
+Status CgroupFs::Chown(const std::string& path, uid_t uid, gid_t gid) const {
+  if (fchownat(AT_FDCWD, Real(path).c_str(), uid, gid, AT_SYMLINK_NOFOLLOW) != 0) {
+    return Status::Errno("cgroup", "chown(" + std::to_string(uid) + ":" + std::to_string(gid) + ")", path);
+  }
+  return {};
+}
+
 Result<UniqueFd> CgroupFs::OpenDir(const std::string& path) const {
   UniqueFd fd(open(Real(path).c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
   if (!fd.valid()) return Status::Errno("cgroup", "open(O_PATH)", path);
@@ -207,6 +214,8 @@ CgroupLayout ParseCgroupLayout(const std::string& mountinfo, const std::string& 
     return m.point + r;
   };
   CgroupLayout out;
+  if (v2) out.v2_mount = v2->point;
+  for (const auto& [c, m] : v1) out.v1_mounts[c] = m.point;
   std::istringstream cl(self_cgroup);
   while (std::getline(cl, line)) {
     auto c1 = line.find(':');

@@ -42,6 +42,8 @@ class CgroupFs {
   // An extended attribute of a directory (user.*: cgroupfs keeps them since 5.7).
   Status SetTag(const std::string& path, const std::string& name, const std::string& value) const;
   std::optional<std::string> Tag(const std::string& path, const std::string& name) const;
+  // chown without following a symlink (setup-delegation hands a cgroup to a user).
+  Status Chown(const std::string& path, uid_t uid, gid_t gid) const;
 
   const std::string& root() const { return root_; }
 
@@ -58,6 +60,13 @@ struct CgroupLayout {
   std::vector<std::string> v2_controllers;     // listed in its cgroup.controllers
   std::vector<std::string> v2_subtree;         // already enabled in its cgroup.subtree_control
   std::map<std::string, std::string> v1_dirs;  // controller -> our cgroup in its v1 hierarchy
+  std::string v2_mount;                        // where the v2 hierarchy is mounted ("" = nowhere)
+  std::map<std::string, std::string> v1_mounts;  // controller -> where its v1 hierarchy is mounted
+  // Set by UseDelegation (cgroup_delegation.h): controller ("v2" for the v2
+  // hierarchy) -> the delegated directory that stands in v1_dirs / v2_dir
+  // for our own, unwritable cgroup; and why a delegation on record was not used.
+  std::map<std::string, std::string> delegated;
+  std::vector<std::string> delegation_notes;
 };
 
 // Parses the two /proc files. Mount roots other than "/" (a bind-mounted

@@ -20,6 +20,7 @@
 
 #include "agentbox/host_caps.h"
 #include "agentbox/policy.h"
+#include "linux/cgroup_delegation.h"
 #include "linux/cgroups.h"
 #include "linux/compat.h"
 #include "linux/fd.h"
@@ -288,7 +289,10 @@ CgroupCaps ProbeCgroupCaps() {
   CgroupCaps cg;
   cg.probed = true;
   linux::CgroupFs fs;
-  linux::CgroupLayout layout = linux::DiscoverCgroupLayout(fs);
+  // With this user's delegation (setup-delegation) where our own cgroup is not writable.
+  linux::CgroupLayout layout = linux::DiscoverRunCgroupLayout(fs);
+  for (const auto& [c, dir] : layout.delegated) cg.delegation.emplace_back(c, dir);
+  cg.delegation_notes = layout.delegation_notes;
   cg.v2_mounted = !layout.v2_dir.empty();
   cg.v2_own_path = layout.v2_dir;
   for (const auto& [c, dir] : layout.v1_dirs) {
@@ -305,9 +309,20 @@ CgroupCaps ProbeCgroupCaps() {
     }
   }
   if (!cg.can_create_children) {
-    cg.reason = !cg.v2_mounted && cg.v1_controllers.empty()
-                    ? "no cgroup filesystem mounted"
-                    : "no writable cgroup for this user (no delegation)";
+    std::string unused;  // why the delegation on record (if any) is not used
+    for (const auto& n : cg.delegation_notes) unused += (unused.empty() ? "" : "; ") + n;
+    if (!cg.v2_mounted && cg.v1_controllers.empty()) {
+      cg.reason = "no cgroup filesystem mounted";
+    } else if (unused.empty()) {
+      cg.reason = "no writable cgroup for this user (no delegation: as root, `agentbox setup-delegation --user NAME` "
+                  "hands it one; see docs/delegation.md)";
+    } else {
+      cg.reason = "no writable cgroup for this user (the delegation on record is not used: " + unused + ")";
+    }
+  } else if (cg.delegated.size() < 3 && !cg.delegation_notes.empty()) {
+    std::string unused;
+    for (const auto& n : cg.delegation_notes) unused += (unused.empty() ? "" : "; ") + n;
+    cg.reason = "the delegation on record is not used for every controller: " + unused;
   } else if (cg.delegated.size() < 3 && v2_writable && !layout.v2_is_root) {
     cg.reason = "our v2 cgroup " + layout.v2_dir +
                 " holds processes, so the kernel gives its children no controller it has not "

@@ -13,10 +13,12 @@
 
 namespace agentbox::linux {
 
-std::string HomeDir() {
-  if (const char* h = getenv("HOME"); h && *h == '/') return h;
+namespace {
+
+// The first /etc/passwd entry (name:pw:uid:gid:gecos:home:shell) that `match` accepts.
+template <typename Fn>
+std::optional<PasswdEntry> FindPasswd(Fn&& match) {
   std::ifstream passwd("/etc/passwd");
-  const std::string uid = std::to_string(getuid());
   for (std::string line; std::getline(passwd, line);) {
     std::vector<std::string> f;
     size_t start = 0;
@@ -24,9 +26,32 @@ std::string HomeDir() {
       f.push_back(line.substr(start, colon - start));
     }
     f.push_back(line.substr(start));
-    if (f.size() >= 6 && f[2] == uid) return f[5];
+    if (f.size() < 6) continue;
+    PasswdEntry e;
+    e.name = f[0];
+    try {
+      e.uid = static_cast<uid_t>(std::stoul(f[2]));
+      e.gid = static_cast<gid_t>(std::stoul(f[3]));
+    } catch (...) {
+      continue;
+    }
+    e.home = f[5];
+    if (match(e)) return e;
   }
-  return "";
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<PasswdEntry> LookupUser(const std::string& name) {
+  return FindPasswd([&](const PasswdEntry& e) { return e.name == name; });
+}
+
+std::string HomeDir() {
+  if (const char* h = getenv("HOME"); h && *h == '/') return h;
+  const uid_t uid = getuid();
+  auto e = FindPasswd([&](const PasswdEntry& p) { return p.uid == uid; });
+  return e ? e->home : "";
 }
 
 std::string CacheDir(const std::string& home) {

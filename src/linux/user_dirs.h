@@ -2,10 +2,22 @@
 // (no NSS), so a missing $HOME is looked up in /etc/passwd itself.
 #pragma once
 
+#include <sys/types.h>
+
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace agentbox::linux {
+
+// A user's passwd entry, from /etc/passwd itself (no NSS in a static binary).
+struct PasswdEntry {
+  std::string name;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::string home;
+};
+std::optional<PasswdEntry> LookupUser(const std::string& name);
 
 // $HOME when absolute, else the passwd entry of this uid; "" when neither.
 std::string HomeDir();

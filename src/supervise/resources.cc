@@ -1,13 +1,15 @@
 #include "supervise/resources.h"
 
 #include "agentbox/run.h"
+#include "linux/cgroup_delegation.h"
 
 namespace agentbox::supervise {
 
 Result<std::unique_ptr<linux::SandboxCgroup>> MakeRunCgroup(const Plan& plan) {
   if (!plan.confined || !plan.limits.NeedsCgroup()) return std::unique_ptr<linux::SandboxCgroup>();
   linux::CgroupFs fs;
-  linux::CgroupLayout layout = linux::DiscoverCgroupLayout(fs);
+  // Our own cgroup, or where it is not writable this user's delegated one.
+  linux::CgroupLayout layout = linux::DiscoverRunCgroupLayout(fs);
   (void)linux::CollectStaleCgroups(fs, layout);
   auto cg = linux::SandboxCgroup::Create(fs, layout, plan.limits, linux::SandboxCgroupName());
   if (!cg.ok()) return cg.status();
@@ -64,7 +66,7 @@ namespace agentbox {
 
 std::vector<std::string> CollectGarbage() {
   linux::CgroupFs fs;
-  return linux::CollectStaleCgroups(fs, linux::DiscoverCgroupLayout(fs));
+  return linux::CollectStaleCgroups(fs, linux::DiscoverRunCgroupLayout(fs));
 }
 
 }  // namespace agentbox

@@ -429,6 +429,11 @@ Sandbox::Sandbox(GitRepo repo) {
 
 std::vector<std::string> Sandbox::Env(const std::vector<std::string>& extra) const {
   std::vector<std::string> env = {std::string("PATH=") + kPath, "HOME=" + home(), "LANG=C", "LC_ALL=C"};
+  // A delegation record given to the test run (tests/delegation/run.sh) stands
+  // for the host's /run/agentbox/delegation: agentbox gets it too.
+  if (const char* rec = getenv("AGENTBOX_DELEGATION_RECORD"); rec && *rec) {
+    env.push_back(std::string("AGENTBOX_DELEGATION_RECORD=") + rec);
+  }
   env.insert(env.end(), extra.begin(), extra.end());
   return env;
 }

@@ -39,7 +39,7 @@ std::string OwnerPid(const std::string& dir) {
 
 // Run cgroups (agentbox-*) anywhere under /sys/fs/cgroup owned by `pid`.
 std::vector<std::string> RunCgroupsOf(pid_t pid) {
-  RunResult r = RunCommand({{"/usr/bin/find", "/sys/fs/cgroup", "-maxdepth", "5", "-type", "d", "-name",
+  RunResult r = RunCommand({{"/usr/bin/find", "/sys/fs/cgroup", "-maxdepth", "8", "-type", "d", "-name",
                              "agentbox-*"}});
   std::vector<std::string> out;
   for (const auto& dir : Lines(r.out)) {
@@ -330,7 +330,7 @@ TEST(Usage, LimitsInForceAreReportedAndNoCgroupRemains) {
   EXPECT_EQ(l["wall_clock_ms"], 30000);
   EXPECT_EQ(l["core_dumps"], false);
   EXPECT_TRUE(Usage(r)["peak_memory_bytes"].is_number());
-  RunResult left = RunCommand({{"/usr/bin/find", "/sys/fs/cgroup", "-maxdepth", "5", "-type", "d", "-name",
+  RunResult left = RunCommand({{"/usr/bin/find", "/sys/fs/cgroup", "-maxdepth", "8", "-type", "d", "-name",
                                 "agentbox-*"}});
   // Other suites may run in parallel: only cgroups of dead supervisors would be ours to blame.
   for (const auto& dir : Lines(left.out)) {

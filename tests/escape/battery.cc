@@ -33,7 +33,8 @@ std::vector<Entry>& Entries() {
 
 std::string Who() {
   if (getuid() == 0) return "root";
-  return "unprivileged uid " + std::to_string(getuid());
+  const std::string who = "unprivileged uid " + std::to_string(getuid());
+  return host_facts::DelegatedDir("memory").empty() ? who : who + ", with a delegated cgroup subtree";
 }
 
 std::string CurrentTest() {
