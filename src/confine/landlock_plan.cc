@@ -120,6 +120,32 @@ void AdoptPrivateDir(Plan* plan, const std::string& dir) {
   set_default("TMPDIR", dir + "/tmp");
 }
 
+void SetProxyEnv(EnvRules* env, const ProxyPorts& ports, const std::string& no_proxy) {
+  const std::string http = "http://127.0.0.1:" + std::to_string(ports.http_port);
+  const std::string socks = "socks5h://127.0.0.1:" + std::to_string(ports.socks_port);
+  std::vector<std::pair<const char*, std::string>> vars = {{"HTTP_PROXY", http},  {"HTTPS_PROXY", http},
+                                                           {"ALL_PROXY", socks},  {"http_proxy", http},
+                                                           {"https_proxy", http}, {"all_proxy", socks}};
+  if (!no_proxy.empty()) {
+    vars.emplace_back("NO_PROXY", no_proxy);
+    vars.emplace_back("no_proxy", no_proxy);
+  }
+  for (const auto& [name, value] : vars) {
+    const bool set = std::any_of(env->set.begin(), env->set.end(), [&](const auto& kv) { return kv.first == name; });
+    if (!set) env->set.emplace_back(name, value);
+  }
+}
+
+void AdoptProxyPorts(Plan* plan, ProxyPorts ports) {
+  plan->network.proxy = ports;
+  if (plan->landlock.handled_net & LANDLOCK_ACCESS_NET_CONNECT_TCP) {
+    plan->landlock.connect_tcp_ports = {ports.http_port, ports.socks_port};
+  }
+  // No NO_PROXY: 127.0.0.1 is the host's loopback here, reached (when the
+  // rules allow) only through the proxy.
+  SetProxyEnv(&plan->env, ports, "");
+}
+
 LandlockPlan PlanLandlock(const Plan& plan, int host_abi, bool required) {
   LandlockPlan ll;
   if (host_abi < kMinLandlockAbi) return ll;
