@@ -166,35 +166,6 @@ std::vector<std::uint32_t> ListenersBoundTo(const KernelInode& node) {
   }
 }
 
-// Whether a process below the runner holds one of `sockets` (landlock-only,
-// where the network namespace is the host's).
-bool HeldBySandbox(const std::vector<std::uint32_t>& sockets) {
-  for (pid_t p : Descendants(getpid())) {
-    const std::string dir = "/proc/" + std::to_string(p) + "/fd";
-    int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0) continue;
-    DIR* d = fdopendir(dfd);
-    if (!d) {
-      close(dfd);
-      continue;
-    }
-    bool held = false;
-    while (struct dirent* e = readdir(d)) {
-      char link[64];
-      ssize_t n = readlinkat(dfd, e->d_name, link, sizeof(link) - 1);
-      if (n <= 0) continue;
-      link[n] = 0;
-      unsigned long ino = 0;
-      if (std::sscanf(link, "socket:[%lu]", &ino) != 1) continue;
-      for (auto s : sockets) held = held || s == ino;
-      if (held) break;
-    }
-    closedir(d);
-    if (held) return true;
-  }
-  return false;
-}
-
 // The decision on a connect() to the pathname socket `path`, looked up as
 // the caller would: from its working directory, and from a root that must
 // be ours. `node` receives the socket's inode to connect through.
@@ -225,7 +196,12 @@ Decision DecideUnix(const UnixConnectRules& rules, pid_t pid, const std::string&
     if (a.valid() && IdentityOf(a.get()) == id) return {};
   }
   const auto listeners = ListenersBoundTo(*id);
-  if (!listeners.empty() && (rules.private_netns || HeldBySandbox(listeners))) return {};
+  // Landlock-only: a listener is the sandbox's when a process below the runner holds it.
+  if (!listeners.empty() &&
+      (rules.private_netns ||
+       HeldByDescendant(getpid(), std::vector<std::uint64_t>(listeners.begin(), listeners.end())))) {
+    return {};
+  }
   return {0, true};
 }
 

@@ -164,7 +164,7 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
   bool proxy_open = child.proxy_listeners.valid();
   if (host_proxy) {
     auto started_proxy = supervise::Egress::Start(plan, options, std::move(host_proxy->http),
-                                                  std::move(host_proxy->socks));
+                                                  std::move(host_proxy->socks), child.pid);
     if (started_proxy.ok()) {
       egress = std::move(*started_proxy);
     } else {

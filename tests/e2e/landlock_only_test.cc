@@ -268,6 +268,43 @@ TEST(LandlockOnlyNetwork, DirectConnectToTheAllowedHostBypassingTheProxyIsDenied
   EXPECT_EQ((*d)["source"], "seccomp") << r.Describe();
 }
 
+// The proxy's ports are on the host's loopback, where any local process can
+// connect: it serves only connections from the sandbox's own processes.
+TEST(LandlockOnlyNetwork, TheProxyServesOnlyTheSandbox) {
+  const std::string curl = FindTool("curl");
+  ASSERT_FALSE(curl.empty()) << "curl is missing (scripts/install-deps.sh installs it)";
+  HostServer server;
+  ASSERT_GT(server.port(), 0);
+  Sandbox box;
+  const std::string script =
+      "echo \"proxy=$HTTP_PROXY\"\n"
+      "i=0; while [ ! -e go ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done\n"
+      "curl -s -m 10 " + server.url() + "; echo; echo inside=$?\n";
+  std::vector<std::string> args = {"run", "--report", box.report_path()};
+  for (const auto& a : LandlockWith({"--allow-domain", server.target()})) args.push_back(a);
+  for (const char* a : {"--", "sh", "-c"}) args.push_back(a);
+  args.push_back(script);
+  Process run(box.AgentboxCommand(args));
+  ASSERT_TRUE(run.started()) << run.start_error();
+  ASSERT_TRUE(run.WaitForStdout("\n", 15000)) << run.out() << run.err();
+  const std::string out = run.out();
+  ASSERT_EQ(out.rfind("proxy=http://127.0.0.1:", 0), 0u) << out;
+  const std::string proxy = out.substr(6, out.find('\n') - 6);
+  // A host process of the same user, through the same proxy, to the allowed host.
+  Command outside;
+  outside.argv = {curl, "-s", "-m", "10", "-x", proxy, server.url()};
+  RunResult host = RunCommand(outside);
+  EXPECT_NE(host.status, 0) << host.Describe();
+  EXPECT_FALSE(Contains(host.out, HostServer::kBody)) << host.Describe();
+  EXPECT_EQ(server.served(), 0);
+  WriteFile(box.ws() + "/go", "");
+  RunResult r = run.Wait();
+  EXPECT_EQ(r.status, 0) << r.Describe();
+  // The sandbox itself is served.
+  EXPECT_TRUE(Contains(r.out, HostServer::kBody)) << r.Describe();
+  EXPECT_EQ(server.served(), 1);
+}
+
 TEST(LandlockOnly, CheckNamesTheBackend) {
   Sandbox box;
   RunResult r = RunCommand(box.AgentboxCommand({"check", "--backend", "landlock"}));
