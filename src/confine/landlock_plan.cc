@@ -84,7 +84,9 @@ LandlockPlan PlanLandlockOnly(const std::vector<std::string>& read_only, const s
   if (ll.abi >= 4) ll.handled_net = LANDLOCK_ACCESS_NET_BIND_TCP | LANDLOCK_ACCESS_NET_CONNECT_TCP;
   if (ll.abi >= 6) ll.scoped = LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET | LANDLOCK_SCOPE_SIGNAL;
   ll.left_out = LandlockLeftOut(ll.abi);
-  if (ll.abi < 4) ll.left_out.push_back("TCP connect and bind (ABI 4): the host network is reachable");
+  if (ll.abi < 4) {
+    ll.left_out.push_back("TCP connect and bind (ABI 4): TCP rests on the seccomp connect() mediation alone");
+  }
   ll.required = required;
   auto add = [&](const std::string& path, std::uint64_t access, bool optional, const std::string& why) {
     ll.rules.push_back({path, access & ll.handled_fs, optional, why});
