@@ -136,8 +136,9 @@ void AssessHostNetwork(const Policy& policy, int ll_abi, const std::string& why_
   net->notes.push_back(why_no_ns + ": the host's interfaces, addresses and routes stay visible (/proc/net, "
                                    "getifaddrs), and nothing in the sandbox can listen on a TCP port");
   if (proxy) {
-    net->notes.push_back("the proxy's ports are on the host's loopback: another local process can use them while "
-                         "the run lasts, and gets what this policy allows (nothing it could not reach directly)");
+    net->notes.push_back("the proxy's ports are on the host's loopback, where any local process can connect: it "
+                         "serves only connections whose client socket a process of the sandbox holds (sock_diag, "
+                         "/proc) and closes any other");
   }
   if (ll_abi < 4) {
     r->missing.push_back({"network", why_no_ns + ": Landlock ABI " + std::to_string(ll_abi) +
