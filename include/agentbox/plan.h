@@ -103,7 +103,11 @@ struct LandlockPlan {
   int abi = 0;                      // the ABI the plan is written for; 0: no Landlock layer
   std::uint64_t handled_fs = 0;     // rights the ruleset restricts (everything this ABI knows)
   std::uint64_t scoped = 0;         // LANDLOCK_SCOPE_* (ABI >= 6)
-  std::uint64_t handled_net = 0;    // LANDLOCK_ACCESS_NET_* (ABI >= 4); no net rule: every port refused
+  std::uint64_t handled_net = 0;    // LANDLOCK_ACCESS_NET_* (ABI >= 4); a port without a rule is refused
+  // TCP ports connect() may reach (on any address: Landlock rules are per
+  // port). Landlock-only: the egress proxy's two ports, once the supervisor
+  // has bound them; the runner's connect() mediation narrows them to 127.0.0.1.
+  std::vector<std::uint16_t> connect_tcp_ports;
   std::vector<LandlockRule> rules;
   std::vector<std::string> left_out;  // what this ABI cannot restrict that a newer one can
   bool required = true;             // enforcement short of the plan: refuse (true) or report (false)
@@ -163,8 +167,11 @@ std::string LandlockAccessNames(std::uint64_t access);
 // "socket: domain not in {1, 2, 10} → EPERM (reported)", for explain.
 std::string Describe(const SeccompRule& rule);
 
-// The egress proxy's listeners inside the network namespace, and the rules
-// the supervisor's proxy decides with (a copy of the policy's network section).
+// The egress proxy's listeners, and the rules the supervisor's proxy decides
+// with (a copy of the policy's network section). Namespaces backend: the
+// runner binds these ports on the namespace's 127.0.0.1. Landlock-only: the
+// supervisor binds two ephemeral ports on the host's 127.0.0.1 per run and
+// writes them here (0 until then; AdoptProxyPorts).
 struct ProxyPorts {
   std::uint16_t http_port = 3128;
   std::uint16_t socks_port = 1080;

@@ -558,9 +558,15 @@ void PrintPlan(const Plan& plan) {
     }
     std::printf("    + the files or devices on stdin/stdout/stderr, with the access they were opened with\n");
     for (const auto& l : ll.left_out) std::printf("    this ABI leaves out: %s\n", l.c_str());
-    if (ll.handled_net) std::printf("    TCP connect and bind: handled, no port allowed (no egress proxy with this backend)\n");
+    if (ll.handled_net) {
+      std::printf("    TCP connect and bind: handled; no port may be bound, and connect()ed only %s\n",
+                  plan.network.proxy ? "to the egress proxy's two ports (bound per run)" : "to none");
+    }
   }
-  if (plan.network.proxy) {
+  if (plan.network.proxy && plan.backend == Backend::kLandlockOnly) {
+    std::printf("  network: egress proxy on two ports of the host's 127.0.0.1 that the supervisor binds for each run "
+                "(HTTP_PROXY, ALL_PROXY name them); it serves only the sandbox's own connections\n");
+  } else if (plan.network.proxy) {
     std::printf("  network: egress proxy at 127.0.0.1:%u (HTTP) and 127.0.0.1:%u (SOCKS5) inside\n",
                 unsigned{plan.network.proxy->http_port}, unsigned{plan.network.proxy->socks_port});
     if (plan.network.sni_check) {

@@ -75,7 +75,7 @@ TEST(LandlockOnly, RefusedUnderRequireFullWithTheMissingList) {
   auto c = Confine({"true"}, p, Host(false), Inv());
   ASSERT_FALSE(c.ok());
   const std::string& msg = c.status().message();
-  for (const char* want : {"processes:", "network:", "no private /tmp", "'**/.env'", "'.git/hooks'"}) {
+  for (const char* want : {"processes:", "no private /tmp", "'**/.env'", "'.git/hooks'"}) {
     EXPECT_NE(msg.find(want), std::string::npos) << want << "\n" << msg;
   }
 }
@@ -88,8 +88,9 @@ TEST(LandlockOnly, MissingFacetsListedExactly) {
   EXPECT_EQ(r.level, Level::kPartial);
   EXPECT_TRUE(Missing(r, "processes", "host processes are visible in /proc"));
   EXPECT_TRUE(Missing(r, "processes", "Landlock scoping (ABI 6)"));
-  EXPECT_TRUE(Missing(r, "network", "refuses every TCP connect and bind"));
-  EXPECT_TRUE(Missing(r, "network", "UDP"));
+  // The network is fenced in full on ABI 7: Landlock's TCP rules, the
+  // socket filter and the connect() mediation.
+  EXPECT_FALSE(Missing(r, "network", "")) << ToJson(r);
   EXPECT_TRUE(Missing(r, "filesystem", "no private /tmp"));
   // Inside allowed trees: listed by name. Outside: absent by construction.
   EXPECT_TRUE(Missing(r, "credentials",
@@ -241,17 +242,77 @@ TEST(LandlockOnly, NamespacesBackendUnchangedWhereUserNamespacesExist) {
   EXPECT_EQ(c->plan.landlock.handled_net, 0u);
 }
 
-TEST(LandlockOnly, ProxyNeedsTheNamespacesBackend) {
+TEST(LandlockOnly, NetworkFacetIsFullWithoutANamespaceOnAbi4AndLater) {
+  for (bool proxy : {false, true}) {
+    Policy p = Partial();
+    if (proxy) p.network.allow = {"github.com"};
+    EnforcementReport r = AssessEnforcement(p, Host(false), BackendChoice::kAuto);
+    const FacetReport* net = FacetOf(r, "network");
+    ASSERT_NE(net, nullptr);
+    EXPECT_EQ(net->level, Level::kFull) << ToJson(r);
+    std::vector<std::string> want = {"landlock-net-tcp", "seccomp-socket-filter", "connect-mediation"};
+    if (proxy) want.push_back("egress-proxy");
+    EXPECT_EQ(net->mechanisms, want) << ToJson(r);
+    EXPECT_FALSE(Missing(r, "network", "")) << ToJson(r);
+    const bool says_visible = std::any_of(net->notes.begin(), net->notes.end(), [](const std::string& n) {
+      return n.find("the host's interfaces, addresses and routes stay visible") != std::string::npos;
+    });
+    EXPECT_TRUE(says_visible) << ToJson(r);
+  }
+  // Below ABI 4 TCP has one fence only; below 6 abstract unix sockets none.
+  EnforcementReport r3 = AssessEnforcement(Partial(), Host(false, 3));
+  EXPECT_EQ(FacetOf(r3, "network")->level, Level::kPartial);
+  EXPECT_EQ(FacetOf(r3, "network")->mechanisms, (std::vector<std::string>{"seccomp-socket-filter", "connect-mediation"}));
+  EXPECT_TRUE(Missing(r3, "network", "Landlock ABI 3 < 4 cannot restrict TCP")) << ToJson(r3);
+}
+
+TEST(LandlockOnly, ProxyOnTheHostLoopbackWithPortsOfTheRun) {
   Policy p = PresetFor(Mode::kWorkspaceWrite);
   p.network.allow = {"github.com"};
-  EnforcementReport r = AssessEnforcement(p, Host(false), BackendChoice::kAuto);
-  EXPECT_TRUE(Missing(r, "network", "only with the namespaces backend")) << ToJson(r);
-  EXPECT_FALSE(Confine({"true"}, p, Host(false), Inv()).ok());
+  auto c = Confine({"true"}, Partial(), Host(false), Inv());
+  ASSERT_TRUE(c.ok());
+  EXPECT_FALSE(c->plan.network.proxy.has_value());  // no network section, no proxy
   Policy relaxed = Partial();
   relaxed.network.allow = {"github.com"};
-  auto partial = Confine({"true"}, relaxed, Host(false), Inv());
-  ASSERT_TRUE(partial.ok());
-  EXPECT_FALSE(partial->plan.network.proxy.has_value());
+  auto with_proxy = Confine({"true"}, relaxed, Host(false), Inv());
+  ASSERT_TRUE(with_proxy.ok()) << with_proxy.status().message();
+  Plan plan = with_proxy->plan;
+  ASSERT_TRUE(plan.network.proxy.has_value());
+  EXPECT_EQ(plan.network.proxy->http_port, 0);  // bound per run by the supervisor
+  EXPECT_EQ(plan.network.allow, std::vector<std::string>{"github.com"});
+  EXPECT_TRUE(plan.landlock.connect_tcp_ports.empty());
+  for (const auto& [k, v] : plan.env.set) EXPECT_TRUE(k.find("PROXY") == std::string::npos) << k;
+  // The listen() mediation and the socket filter are in the plan.
+  bool listen_mediated = false;
+  for (const auto& rule : plan.seccomp.rules) {
+    listen_mediated |= rule.syscall == "listen" && rule.action == SeccompAction::kNotifyMediate;
+  }
+  EXPECT_TRUE(listen_mediated);
+
+  AdoptProxyPorts(&plan, ProxyPorts{41001, 41002});
+  EXPECT_EQ(plan.landlock.connect_tcp_ports, (std::vector<std::uint16_t>{41001, 41002}));
+  auto value = [&](const std::string& k) {
+    for (const auto& [name, v] : plan.env.set) {
+      if (name == k) return v;
+    }
+    return std::string("(unset)");
+  };
+  EXPECT_EQ(value("HTTP_PROXY"), "http://127.0.0.1:41001");
+  EXPECT_EQ(value("https_proxy"), "http://127.0.0.1:41001");
+  EXPECT_EQ(value("ALL_PROXY"), "socks5h://127.0.0.1:41002");
+  // 127.0.0.1 is the host's loopback here: no exemption from the proxy.
+  EXPECT_EQ(value("NO_PROXY"), "(unset)");
+  auto back = PlanFromJson(PlanToJson(plan));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->landlock.connect_tcp_ports, plan.landlock.connect_tcp_ports);
+  EXPECT_EQ(back->network.proxy->socks_port, 41002);
+
+  // Landlock below ABI 4 has no port rules to give.
+  auto old = Confine({"true"}, relaxed, Host(false, 3), Inv());
+  ASSERT_TRUE(old.ok());
+  Plan old_plan = old->plan;
+  AdoptProxyPorts(&old_plan, ProxyPorts{41001, 41002});
+  EXPECT_TRUE(old_plan.landlock.connect_tcp_ports.empty());
 }
 
 }  // namespace

@@ -37,6 +37,17 @@ bool NeedsProxy(const Policy& p) {
          p.network.on_unknown_domain == UnknownDomain::kAsk;
 }
 
+// The proxy's rules, copied from the policy, and its ports.
+void PlanEgress(const Policy& p, ProxyPorts ports, NetworkPlan* net) {
+  net->proxy = ports;
+  net->allow = p.network.allow;
+  net->deny = p.network.deny;
+  net->default_allow = p.network.default_action == NetDefault::kAllow;
+  net->ask_unknown = p.network.on_unknown_domain == UnknownDomain::kAsk;
+  net->sni_check = p.network.tls_sni_check;
+  net->sni_ports = p.network.tls_sni_ports;
+}
+
 std::string UsernsWhy(const HostCaps& host) {
   return "user namespaces unavailable" + (host.userns_reason.empty() ? std::string() : ": " + host.userns_reason);
 }
@@ -137,6 +148,47 @@ LandlockOnlyFences FenceLandlockOnly(const Policy& policy, const Invocation& inv
     }
   }
   return out;
+}
+
+// The network facet of the landlock-only backend: the host's network,
+// fenced by Landlock's TCP rules (ABI 4: connect and bind refused but on
+// the proxy's ports), the seccomp socket filter (no UDP, ICMP, raw or other
+// protocols; listen() mediated) and the runner's connect() mediation (inet:
+// 127.0.0.1 on the proxy's ports only). The seccomp filter is certain here:
+// SelectBackend offers the backend only with it.
+void AssessHostNetwork(const Policy& policy, int ll_abi, const std::string& why_no_ns, FacetReport* net,
+                       EnforcementReport* r) {
+  const bool proxy = NeedsProxy(policy);
+  if (ll_abi >= 4) net->mechanisms.push_back("landlock-net-tcp");
+  net->mechanisms.push_back("seccomp-socket-filter");
+  net->mechanisms.push_back("connect-mediation");
+  if (proxy) net->mechanisms.push_back("egress-proxy");
+  net->level = Level::kFull;
+  net->notes.push_back(
+      proxy ? "egress only through the supervisor's proxy on the host's 127.0.0.1 (two ephemeral ports per run, "
+              "in HTTP_PROXY/HTTPS_PROXY/ALL_PROXY), deciding each connection by network.allow / deny; any other "
+              "TCP connect or bind is refused and reported, UDP, ICMP, raw and other sockets are not made"
+            : "no egress: every TCP connect and bind is refused (and reported), UDP, ICMP, raw and other sockets "
+              "are not made");
+  net->notes.push_back(why_no_ns + ": the host's interfaces, addresses and routes stay visible (/proc/net, "
+                                   "getifaddrs), and nothing in the sandbox can listen on a TCP port");
+  if (proxy) {
+    net->notes.push_back("the proxy's ports are on the host's loopback, where any local process can connect: it "
+                         "serves only connections whose client socket a process of the sandbox holds (sock_diag, "
+                         "/proc) and closes any other");
+  }
+  if (ll_abi < 4) {
+    r->missing.push_back({"network", why_no_ns + ": Landlock ABI " + std::to_string(ll_abi) +
+                                         " < 4 cannot restrict TCP: TCP rests on the seccomp connect() mediation "
+                                         "alone, with no second fence"});
+  }
+  if (ll_abi < 6) {
+    r->missing.push_back({"network", why_no_ns + ": abstract unix sockets of host services are reachable "
+                                                 "(Landlock scopes them from ABI 6; this kernel has ABI " +
+                                         std::to_string(ll_abi) + ")"});
+  } else {
+    net->notes.push_back("abstract unix sockets outside the sandbox are scoped off by Landlock (ABI 6)");
+  }
 }
 
 // Each facet's level from what is missing: a facet with an entry in
@@ -304,21 +356,7 @@ EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host, 
   // Network: only loopback, unless the policy needs the egress proxy.
   FacetReport net = Facet("network", true);
   if (landlock_only) {
-    if (ll_abi >= 4) {
-      net.mechanisms = {"landlock-tcp-abi-" + std::to_string(ll_abi)};
-      missing(net, why_no_ns + ": no network namespace: Landlock refuses every TCP connect and bind (no port "
-                               "is allowed: the egress proxy needs the namespaces backend), but UDP, pathname unix sockets to "
-                               "host services" +
-                               std::string(ll_abi >= 6 ? "" : " and abstract unix sockets") + " are not covered");
-    } else {
-      missing(net, why_no_ns + ": no network namespace, and Landlock ABI " + std::to_string(ll_abi) +
-                       " < 4 cannot restrict TCP: the host network is reachable");
-    }
-    if (NeedsProxy(policy)) {
-      r.missing.push_back({"network", "network.allow / egress_proxy / default allow / on_unknown_domain ask "
-                                      "need the egress proxy, which is offered only with the namespaces "
-                                      "backend (its listeners live in the sandbox's network namespace)"});
-    }
+    AssessHostNetwork(policy, ll_abi, why_no_ns, &net, &r);
   } else if (userns && host.net_ns) {
     net.mechanisms = {"network-namespace"};
     net.level = Level::kFull;
@@ -760,8 +798,11 @@ Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Poli
       std::string p = paths::ExpandHome(entry, inv.home);
       if (!p.empty()) plan.unix_sockets.push_back(p);
     }
-    plan.seccomp = PlanSeccomp(host.seccomp_filter);
+    plan.seccomp = PlanSeccomp(host.seccomp_filter, SocketScope::kHostNetwork);
     plan.seccomp.cache_dir = CacheDirFor(inv, "seccomp");
+    // The proxy's ports are the supervisor's to bind, per run, on the host's
+    // loopback (AdoptProxyPorts): 0 until then.
+    if (NeedsProxy(policy)) PlanEgress(policy, ProxyPorts{0, 0}, &plan.network);
     plan.cwd = paths::IsWithin(inv.cwd, inv.workspace) ? inv.cwd : inv.workspace;
     plan.private_dir_parent = inv.runtime_dir.empty() ? "/tmp" : inv.runtime_dir;
     plan.env.pass = policy.env.pass;
@@ -993,21 +1034,8 @@ Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Poli
     if (NeedsProxy(policy)) {
       // Egress through the supervisor's proxy, whose listeners the runner
       // creates inside the network namespace.
-      plan.network.proxy = ProxyPorts{};
-      plan.network.allow = policy.network.allow;
-      plan.network.deny = policy.network.deny;
-      plan.network.default_allow = policy.network.default_action == NetDefault::kAllow;
-      plan.network.ask_unknown = policy.network.on_unknown_domain == UnknownDomain::kAsk;
-      plan.network.sni_check = policy.network.tls_sni_check;
-      plan.network.sni_ports = policy.network.tls_sni_ports;
-      const std::string http = "http://127.0.0.1:" + std::to_string(plan.network.proxy->http_port);
-      const std::string socks = "socks5h://127.0.0.1:" + std::to_string(plan.network.proxy->socks_port);
-      const std::pair<const char*, std::string> vars[] = {
-          {"HTTP_PROXY", http},  {"HTTPS_PROXY", http},  {"ALL_PROXY", socks},  {"NO_PROXY", "localhost,127.0.0.1"},
-          {"http_proxy", http},  {"https_proxy", http},  {"all_proxy", socks},  {"no_proxy", "localhost,127.0.0.1"}};
-      for (const auto& [name, value] : vars) {
-        if (!has(name)) plan.env.set.emplace_back(name, value);
-      }
+      PlanEgress(policy, ProxyPorts{}, &plan.network);
+      SetProxyEnv(&plan.env, *plan.network.proxy, "localhost,127.0.0.1");
     }
     out.denial_signatures = DenialSignatures(plan, protect_rel);
   }

@@ -84,7 +84,9 @@ LandlockPlan PlanLandlockOnly(const std::vector<std::string>& read_only, const s
   if (ll.abi >= 4) ll.handled_net = LANDLOCK_ACCESS_NET_BIND_TCP | LANDLOCK_ACCESS_NET_CONNECT_TCP;
   if (ll.abi >= 6) ll.scoped = LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET | LANDLOCK_SCOPE_SIGNAL;
   ll.left_out = LandlockLeftOut(ll.abi);
-  if (ll.abi < 4) ll.left_out.push_back("TCP connect and bind (ABI 4): the host network is reachable");
+  if (ll.abi < 4) {
+    ll.left_out.push_back("TCP connect and bind (ABI 4): TCP rests on the seccomp connect() mediation alone");
+  }
   ll.required = required;
   auto add = [&](const std::string& path, std::uint64_t access, bool optional, const std::string& why) {
     ll.rules.push_back({path, access & ll.handled_fs, optional, why});
@@ -118,6 +120,32 @@ void AdoptPrivateDir(Plan* plan, const std::string& dir) {
   };
   set_default("HOME", plan->home);
   set_default("TMPDIR", dir + "/tmp");
+}
+
+void SetProxyEnv(EnvRules* env, const ProxyPorts& ports, const std::string& no_proxy) {
+  const std::string http = "http://127.0.0.1:" + std::to_string(ports.http_port);
+  const std::string socks = "socks5h://127.0.0.1:" + std::to_string(ports.socks_port);
+  std::vector<std::pair<const char*, std::string>> vars = {{"HTTP_PROXY", http},  {"HTTPS_PROXY", http},
+                                                           {"ALL_PROXY", socks},  {"http_proxy", http},
+                                                           {"https_proxy", http}, {"all_proxy", socks}};
+  if (!no_proxy.empty()) {
+    vars.emplace_back("NO_PROXY", no_proxy);
+    vars.emplace_back("no_proxy", no_proxy);
+  }
+  for (const auto& [name, value] : vars) {
+    const bool set = std::any_of(env->set.begin(), env->set.end(), [&](const auto& kv) { return kv.first == name; });
+    if (!set) env->set.emplace_back(name, value);
+  }
+}
+
+void AdoptProxyPorts(Plan* plan, ProxyPorts ports) {
+  plan->network.proxy = ports;
+  if (plan->landlock.handled_net & LANDLOCK_ACCESS_NET_CONNECT_TCP) {
+    plan->landlock.connect_tcp_ports = {ports.http_port, ports.socks_port};
+  }
+  // No NO_PROXY: 127.0.0.1 is the host's loopback here, reached (when the
+  // rules allow) only through the proxy.
+  SetProxyEnv(&plan->env, ports, "");
 }
 
 LandlockPlan PlanLandlock(const Plan& plan, int host_abi, bool required) {

@@ -36,7 +36,24 @@ LandlockPlan PlanLandlockOnly(const std::vector<std::string>& read_only, const s
 // pointing into it unless the policy sets them.
 void AdoptPrivateDir(Plan* plan, const std::string& dir);
 
+// Which network the sandbox's sockets live in. kOwnNamespace: a network
+// namespace of its own fences them. kHostNetwork (landlock-only): the
+// host's; only TCP may be made (Landlock fences its ports, the runner's
+// connect() mediation its addresses), and listen() is mediated.
+enum class SocketScope { kOwnNamespace, kHostNetwork };
+
 // The denied syscalls and argument checks (docs/seccomp.md gives the reasons).
-SeccompPlan PlanSeccomp(bool host_has_seccomp);
+SeccompPlan PlanSeccomp(bool host_has_seccomp, SocketScope scope = SocketScope::kOwnNamespace);
+
+// The landlock-only plan gets the egress proxy's ports, bound by the
+// supervisor on the host's 127.0.0.1 for this run: the plan's
+// network.proxy, Landlock's connect rules (those ports only) and the proxy
+// variables (unless the policy's env.set names them).
+void AdoptProxyPorts(Plan* plan, ProxyPorts ports);
+
+// HTTP_PROXY, HTTPS_PROXY, ALL_PROXY (and lower-case) for `ports` on
+// 127.0.0.1, each unless `env` sets it already. `no_proxy` ("" for none):
+// NO_PROXY/no_proxy.
+void SetProxyEnv(EnvRules* env, const ProxyPorts& ports, const std::string& no_proxy);
 
 }  // namespace agentbox

@@ -39,7 +39,7 @@ json LandlockToJson(const LandlockPlan& ll) {
     rules.push_back(o);
   }
   return {{"abi", ll.abi}, {"handled_fs", ll.handled_fs}, {"scoped", ll.scoped}, {"handled_net", ll.handled_net},
-          {"rules", rules}, {"left_out", ll.left_out}, {"required", ll.required}};
+          {"connect_tcp_ports", ll.connect_tcp_ports}, {"rules", rules}, {"left_out", ll.left_out}, {"required", ll.required}};
 }
 
 LandlockPlan LandlockFromJson(const json& j) {
@@ -48,6 +48,7 @@ LandlockPlan LandlockFromJson(const json& j) {
   ll.handled_fs = j.at("handled_fs").get<std::uint64_t>();
   ll.scoped = j.value("scoped", std::uint64_t{0});
   ll.handled_net = j.value("handled_net", std::uint64_t{0});
+  ll.connect_tcp_ports = j.value("connect_tcp_ports", std::vector<std::uint16_t>{});
   for (const auto& o : j.at("rules")) {
     ll.rules.push_back({o.at("path").get<std::string>(), o.at("access").get<std::uint64_t>(),
                         o.value("optional", false), o.value("why", "")});

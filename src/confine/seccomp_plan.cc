@@ -29,7 +29,10 @@ constexpr std::uint64_t kTiocsti = 0x5412, kTioclinux = 0x541C;
 constexpr std::uint64_t kAfUnix = 1, kAfInet = 2, kAfInet6 = 10, kAfMax = 46;
 constexpr std::uint64_t kSetIdBits = 06000;                 // S_ISUID | S_ISGID
 constexpr std::uint64_t kOCreat = 0100, kOTmpfile = 020000000;  // O_CREAT, __O_TMPFILE
-constexpr std::uint64_t kSockDgram = 2, kSockRaw = 3, kSockPacket = 10, kSockTypeMask = 0xf;
+constexpr std::uint64_t kSockDgram = 2, kSockRaw = 3, kSockRdm = 4, kSockSeqpacket = 5, kSockDccp = 6,
+                        kSockPacket = 10, kSockTypeMask = 0xf;
+constexpr std::uint64_t kIpprotoTcp = 6;
+constexpr std::uint64_t kMsgFastopen = 0x20000000;
 
 struct Group {
   const char* why;
@@ -61,7 +64,49 @@ const std::vector<Group>& Groups() {
 
 }  // namespace
 
-SeccompPlan PlanSeccomp(bool host_has_seccomp) {
+namespace {
+
+// The host's network (landlock-only): Landlock fences TCP ports and nothing
+// else, so every other inet protocol is refused at socket(), listen() is
+// mediated, and TCP Fast Open (which connects from sendto/sendmsg, past the
+// connect() mediation) is refused.
+void AddHostNetworkRules(SeccompPlan* sp) {
+  for (std::uint64_t family : {kAfInet, kAfInet6}) {
+    for (std::uint64_t type : {kSockDgram, kSockRdm, kSockSeqpacket, kSockDccp}) {
+      SeccompArgCheck t{Kind::kLow32Equals, 0, 0, family};
+      t.has_also = true;
+      t.also_arg = 1;
+      t.also_mask = kSockTypeMask;
+      t.also_value = type;
+      sp->rules.push_back({"socket", SeccompAction::kNotifyEperm, t,
+                           "no network namespace: UDP, ICMP and the rest are not fenced by Landlock; only TCP "
+                           "leaves, through the egress proxy"});
+    }
+    // SCTP and MPTCP come as SOCK_STREAM with a protocol of their own.
+    SeccompArgCheck proto{Kind::kLow32NotIn, 2, 0, kIpprotoTcp + 1};
+    proto.values = {0, kIpprotoTcp};
+    proto.has_also = true;
+    proto.also_arg = 0;
+    proto.also_mask = 0xffffffff;
+    proto.also_value = family;
+    sp->rules.push_back({"socket", SeccompAction::kNotifyEperm, proto,
+                         "no network namespace: inet protocols other than TCP are not fenced by Landlock"});
+  }
+  sp->rules.push_back({"listen", SeccompAction::kNotifyMediate, {},
+                       "no network namespace: an inet listener would take a port on every host interface"});
+  struct FlagsArg {
+    const char* syscall;
+    unsigned arg;
+  };
+  for (const FlagsArg& f : {FlagsArg{"sendto", 3}, FlagsArg{"sendmsg", 2}, FlagsArg{"sendmmsg", 3}}) {
+    sp->rules.push_back({f.syscall, SeccompAction::kNotifyEperm, {Kind::kAnyBitSet, f.arg, kMsgFastopen},
+                         "MSG_FASTOPEN connects without connect(), past its mediation"});
+  }
+}
+
+}  // namespace
+
+SeccompPlan PlanSeccomp(bool host_has_seccomp, SocketScope scope) {
   SeccompPlan sp;
   if (!host_has_seccomp) return sp;
   sp.enabled = true;
@@ -140,6 +185,7 @@ SeccompPlan PlanSeccomp(bool host_has_seccomp) {
     sp.rules.push_back({"socket", SeccompAction::kNotifyEperm, t,
                         type == kSockRaw ? "SOCK_RAW: forged packets" : "SOCK_PACKET: forged packets"});
   }
+  if (scope == SocketScope::kHostNetwork) AddHostNetworkRules(&sp);
   return sp;
 }
 

@@ -12,6 +12,7 @@
 #include "agentbox/plan.h"
 #include "agentbox/policy.h"
 #include "confine/fake_host.h"
+#include "confine/layers.h"
 
 namespace agentbox {
 namespace {
@@ -103,6 +104,25 @@ void ExpectDenies(const Plan& plan, const std::string& context) {
   EXPECT_TRUE(clone3_enosys) << "clone3 not answered ENOSYS; " << context;
 }
 
+bool MediatesListenAndRefusesUdp(const SeccompPlan& sp) {
+  bool listen = false, udp4 = false, udp6 = false;
+  for (const auto& r : sp.rules) {
+    listen |= r.syscall == "listen" && r.action == SeccompAction::kNotifyMediate;
+    const bool dgram = r.syscall == "socket" && r.action == SeccompAction::kNotifyEperm &&
+                       r.when.kind == SeccompArgCheck::Kind::kLow32Equals && r.when.arg == 0 && r.when.has_also &&
+                       r.when.also_arg == 1 && r.when.also_value == 2 /*SOCK_DGRAM*/;
+    udp4 |= dgram && r.when.value == 2 /*AF_INET*/;
+    udp6 |= dgram && r.when.value == 10 /*AF_INET6*/;
+  }
+  return listen && udp4 && udp6;
+}
+
+TEST(SeccompPlan, HostNetworkRulesOnlyWithoutANetworkNamespace) {
+  EXPECT_FALSE(MediatesListenAndRefusesUdp(PlanSeccomp(true)));
+  EXPECT_TRUE(MediatesListenAndRefusesUdp(PlanSeccomp(true, SocketScope::kHostNetwork)));
+  EXPECT_FALSE(PlanSeccomp(false, SocketScope::kHostNetwork).enabled);
+}
+
 TEST(SeccompPlanProperty, RandomPoliciesAlwaysDenyTheListOnBothBackends) {
   RandomPolicies gen(20240611);
   Invocation inv = testing::FakeInvocation("/home/u/proj");
@@ -124,6 +144,8 @@ TEST(SeccompPlanProperty, RandomPoliciesAlwaysDenyTheListOnBothBackends) {
       if (landlock) {
         EXPECT_TRUE(c->plan.namespaces.empty()) << context;
       }
+      // The host's network (landlock-only): listen() mediated, UDP refused.
+      EXPECT_EQ(MediatesListenAndRefusesUdp(c->plan.seccomp), landlock) << context;
       // It survives the trip through `wrap`.
       auto back = PlanFromJson(PlanToJson(c->plan));
       ASSERT_TRUE(back.ok()) << back.status().message();

@@ -113,6 +113,9 @@
 #ifndef LANDLOCK_RULE_PATH_BENEATH
 #define LANDLOCK_RULE_PATH_BENEATH 1
 #endif
+#ifndef LANDLOCK_RULE_NET_PORT
+#define LANDLOCK_RULE_NET_PORT 2
+#endif
 #ifndef RESOLVE_NO_SYMLINKS
 #define RESOLVE_NO_XDEV 0x01
 #define RESOLVE_NO_MAGICLINKS 0x02
@@ -150,6 +153,12 @@ struct LandlockRulesetAttr {
   std::uint64_t handled_access_fs;
   std::uint64_t handled_access_net;
   std::uint64_t scoped;
+};
+
+// struct landlock_net_port_attr (ABI 4), packed like the kernel's.
+struct __attribute__((packed)) LandlockNetPortAttr {
+  std::uint64_t allowed_access;
+  std::uint64_t port;
 };
 
 struct OpenHow {

@@ -116,6 +116,33 @@ std::vector<pid_t> Descendants(pid_t root) {
   return out;
 }
 
+bool HeldByDescendant(pid_t root, const std::vector<std::uint64_t>& socket_inodes) {
+  for (pid_t p : Descendants(root)) {
+    const std::string dir = "/proc/" + std::to_string(p) + "/fd";
+    int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) continue;
+    DIR* d = fdopendir(dfd);
+    if (!d) {
+      close(dfd);
+      continue;
+    }
+    bool held = false;
+    while (struct dirent* e = readdir(d)) {
+      char link[64];
+      ssize_t n = readlinkat(dfd, e->d_name, link, sizeof(link) - 1);
+      if (n <= 0) continue;
+      link[n] = 0;
+      unsigned long long ino = 0;
+      if (std::sscanf(link, "socket:[%llu]", &ino) != 1) continue;
+      held = std::find(socket_inodes.begin(), socket_inodes.end(), ino) != socket_inodes.end();
+      if (held) break;
+    }
+    closedir(d);
+    if (held) return true;
+  }
+  return false;
+}
+
 size_t KillDescendants(pid_t root) {
   const bool ours = root == getpid();
   std::vector<pid_t> left;

@@ -9,12 +9,19 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <vector>
 
 namespace agentbox::linux {
 
 // Live (non-zombie) processes whose parent chain leads to `root`, root excluded.
 std::vector<pid_t> Descendants(pid_t root);
+
+// Whether a live process below `root` holds a descriptor of one of the
+// sockets with these inode numbers (its /proc/PID/fd links read
+// "socket:[N]"). A process whose fds cannot be read (another uid, or made
+// non-dumpable) counts as not holding any.
+bool HeldByDescendant(pid_t root, const std::vector<std::uint64_t>& socket_inodes);
 
 // SIGKILLs the descendants of `root` until none is left, reaping them when
 // `root` is the caller. Returns how many were left after the last round (0:

@@ -27,6 +27,10 @@ int AddRule(int ruleset, int parent_fd, std::uint64_t access) {
   pb.parent_fd = parent_fd;
   return static_cast<int>(syscall(SYS_landlock_add_rule, ruleset, LANDLOCK_RULE_PATH_BENEATH, &pb, 0));
 }
+int AddPortRule(int ruleset, std::uint64_t access, std::uint16_t port) {
+  LandlockNetPortAttr np{access, port};
+  return static_cast<int>(syscall(SYS_landlock_add_rule, ruleset, LANDLOCK_RULE_NET_PORT, &np, 0));
+}
 int RestrictSelf(int ruleset) { return static_cast<int>(syscall(SYS_landlock_restrict_self, ruleset, 0)); }
 
 // The rights the kernel knows at `abi` (the same table the planner uses).
@@ -70,7 +74,7 @@ Result<LandlockOutcome> ApplyLandlock(const LandlockPlan& plan) {
   LandlockRulesetAttr attr{};
   attr.handled_access_fs = handled;
   attr.scoped = scoped;
-  attr.handled_access_net = handled_net;  // no net rule follows: every TCP port is refused
+  attr.handled_access_net = handled_net;  // ports without a rule below are refused
   // Older kernels reject a size with fields they do not know only when those are non-zero.
   UniqueFd ruleset(CreateRuleset(&attr, sizeof(attr), 0));
   if (!ruleset.valid()) return Status::Errno("landlock", "landlock_create_ruleset");
@@ -91,6 +95,13 @@ Result<LandlockOutcome> ApplyLandlock(const LandlockPlan& plan) {
       return Status::Errno("landlock", "open(O_PATH)", rule.path);
     }
     if (Status s = add(fd.get(), rule.access, rule.path); !s.ok()) return s;
+  }
+  if (handled_net & LANDLOCK_ACCESS_NET_CONNECT_TCP) {
+    for (std::uint16_t port : plan.connect_tcp_ports) {
+      if (AddPortRule(ruleset.get(), LANDLOCK_ACCESS_NET_CONNECT_TCP, port) != 0) {
+        return Status::Errno("landlock", "landlock_add_rule(LANDLOCK_RULE_NET_PORT, " + std::to_string(port) + ")");
+      }
+    }
   }
   // Stdio that is a file or device outside the rules (a host terminal, a
   // file the caller redirected to) stays reopenable through /dev/stdout and

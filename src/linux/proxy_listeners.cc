@@ -30,7 +30,30 @@ Result<UniqueFd> Listen(std::uint16_t port) {
   return fd;
 }
 
+std::uint16_t BoundPort(int fd) {
+  sockaddr_in addr{};
+  socklen_t len = sizeof addr;
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return 0;
+  return ntohs(addr.sin_port);
+}
+
 }  // namespace
+
+Result<HostProxyListeners> BindHostProxyListeners() {
+  HostProxyListeners out;
+  auto http = Listen(0);
+  if (!http.ok()) return http.status();
+  auto socks = Listen(0);
+  if (!socks.ok()) return socks.status();
+  out.ports.http_port = BoundPort(http->get());
+  out.ports.socks_port = BoundPort(socks->get());
+  if (out.ports.http_port == 0 || out.ports.socks_port == 0) {
+    return Status::Errno("network", "getsockname", "proxy listeners on 127.0.0.1");
+  }
+  out.http = std::move(*http);
+  out.socks = std::move(*socks);
+  return out;
+}
 
 Status SendProxyListeners(int sock, const ProxyPorts& ports) {
   auto http = Listen(ports.http_port);

@@ -17,6 +17,16 @@ namespace agentbox::linux {
 // them here. Errors carry the stage "network".
 Status SendProxyListeners(int sock, const ProxyPorts& ports);
 
+// Landlock-only (no network namespace): the supervisor binds both
+// listeners itself, on the host's 127.0.0.1, on ports the kernel picks
+// (close-on-exec). Errors carry the stage "network".
+struct HostProxyListeners {
+  UniqueFd http;
+  UniqueFd socks;
+  ProxyPorts ports;
+};
+Result<HostProxyListeners> BindHostProxyListeners();
+
 // Supervisor side: one message with the two listeners (HTTP first, then
 // SOCKS5). An orderly close without a message is an error too.
 Result<std::pair<UniqueFd, UniqueFd>> ReceiveProxyListeners(int sock);

@@ -204,7 +204,14 @@ Result<std::unique_ptr<NotifyResponder>> ApplyLayers(const Plan& plan, int statu
   rules.allowed = plan.unix_sockets;
   rules.private_netns = plan.backend == Backend::kNamespaces &&
                         std::find(plan.namespaces.begin(), plan.namespaces.end(), "net") != plan.namespaces.end();
-  auto responder = NotifyResponder::Start(std::move(rules));
+  // Landlock-only: the host's network, where only the egress proxy's ports
+  // on 127.0.0.1 may be reached (Landlock allows those ports on any address).
+  InetConnectRules inet;
+  inet.host_network = plan.backend == Backend::kLandlockOnly;
+  if (inet.host_network && plan.network.proxy) {
+    inet.loopback_ports = {plan.network.proxy->http_port, plan.network.proxy->socks_port};
+  }
+  auto responder = NotifyResponder::Start(std::move(rules), std::move(inet));
   if (!responder.ok()) return responder.status();
   auto listener = InstallSeccomp(*program);
   if (!listener.ok()) return listener.status();

@@ -16,6 +16,8 @@
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/un.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -38,6 +40,7 @@ namespace agentbox::linux {
 
 struct NotifyResponder::State {
   UnixConnectRules rules;
+  InetConnectRules inet;
   UniqueFd ready;
   std::mutex mu;
   std::condition_variable cv;
@@ -50,6 +53,7 @@ namespace {
 
 constexpr const char kUnixConnectPrefix[] = "connect unix:";
 constexpr const char kSetIdPrefix[] = "set-id ";
+constexpr const char kNetworkPrefix[] = "net ";
 // Records waiting for the runner's loop; past this a flood of denied calls
 // is still denied, only no longer counted one by one.
 constexpr std::size_t kMaxRecords = 1 << 16;
@@ -163,35 +167,6 @@ std::vector<std::uint32_t> ListenersBoundTo(const KernelInode& node) {
   }
 }
 
-// Whether a process below the runner holds one of `sockets` (landlock-only,
-// where the network namespace is the host's).
-bool HeldBySandbox(const std::vector<std::uint32_t>& sockets) {
-  for (pid_t p : Descendants(getpid())) {
-    const std::string dir = "/proc/" + std::to_string(p) + "/fd";
-    int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0) continue;
-    DIR* d = fdopendir(dfd);
-    if (!d) {
-      close(dfd);
-      continue;
-    }
-    bool held = false;
-    while (struct dirent* e = readdir(d)) {
-      char link[64];
-      ssize_t n = readlinkat(dfd, e->d_name, link, sizeof(link) - 1);
-      if (n <= 0) continue;
-      link[n] = 0;
-      unsigned long ino = 0;
-      if (std::sscanf(link, "socket:[%lu]", &ino) != 1) continue;
-      for (auto s : sockets) held = held || s == ino;
-      if (held) break;
-    }
-    closedir(d);
-    if (held) return true;
-  }
-  return false;
-}
-
 // The decision on a connect() to the pathname socket `path`, looked up as
 // the caller would: from its working directory, and from a root that must
 // be ours. `node` receives the socket's inode to connect through.
@@ -222,7 +197,12 @@ Decision DecideUnix(const UnixConnectRules& rules, pid_t pid, const std::string&
     if (a.valid() && IdentityOf(a.get()) == id) return {};
   }
   const auto listeners = ListenersBoundTo(*id);
-  if (!listeners.empty() && (rules.private_netns || HeldBySandbox(listeners))) return {};
+  // Landlock-only: a listener is the sandbox's when a process below the runner holds it.
+  if (!listeners.empty() &&
+      (rules.private_netns ||
+       HeldByDescendant(getpid(), std::vector<std::uint64_t>(listeners.begin(), listeners.end())))) {
+    return {};
+  }
   return {0, true};
 }
 
@@ -247,13 +227,30 @@ std::string ReadString(pid_t pid, std::uint64_t address) {
   return out;
 }
 
-// The tally name of a denied call: its syscall's, or for a call that set
-// set-id bits, SetIdDenial with the path it named.
-std::string DenialName(const struct seccomp_notif& req) {
+// "AF_INET SOCK_DGRAM", "AF_INET6 SOCK_STREAM protocol 132": an inet
+// socket() as the report names it.
+std::string InetSocketName(std::uint64_t family, std::uint64_t type, std::uint64_t protocol) {
+  static const char* const kTypes[] = {"0", "SOCK_STREAM", "SOCK_DGRAM", "SOCK_RAW", "SOCK_RDM", "SOCK_SEQPACKET",
+                                       "SOCK_DCCP", "7", "8", "9", "SOCK_PACKET"};
+  const unsigned t = static_cast<unsigned>(type) & 0xf;
+  std::string out = (static_cast<int>(family) == AF_INET6 ? "AF_INET6 " : "AF_INET ") +
+                    std::string(t < std::size(kTypes) ? kTypes[t] : std::to_string(t).c_str());
+  if (static_cast<int>(protocol) != 0) out += " protocol " + std::to_string(static_cast<int>(protocol));
+  return out;
+}
+
+// The tally name of a denied call: its syscall's; for a call that set
+// set-id bits, SetIdDenial with the path it named; on the host's network,
+// an inet socket() as a network denial.
+std::string DenialName(const NotifyResponder::State& st, const struct seccomp_notif& req) {
   const std::string name = SyscallName(req.data);
   const pid_t pid = static_cast<pid_t>(req.pid);
   const auto& a = req.data.args;
   if (req.data.arch != seccomp_arch_native()) return name;
+  const int family = static_cast<int>(a[0]);
+  if (st.inet.host_network && name == "socket" && (family == AF_INET || family == AF_INET6)) {
+    return NetworkDenialName("socket", InetSocketName(a[0], a[1], a[2]));
+  }
   const bool chmod = name == "chmod" || name == "fchmod" || name == "fchmodat" || name == "fchmodat2";
   const bool create = name == "open" || name == "openat" || name == "creat" || name == "mknod" ||
                       name == "mknodat" || name == "mkdir" || name == "mkdirat";
@@ -270,6 +267,64 @@ std::string DenialName(const struct seccomp_notif& req) {
     path = ReadString(pid, at ? a[1] : a[0]);
   }
   return SetIdDenial(chmod ? "chmod" : "create", path.empty() ? "(unknown path)" : path);
+}
+
+// Whether an inet connect() to `addr` may go ahead on the host's network:
+// only to 127.0.0.1 (plain or IPv4-mapped) on one of the allowed ports, or
+// AF_UNSPEC (which dissolves an association and reaches nothing). `target`
+// receives the address as the report names it.
+bool InetAllowed(const InetConnectRules& rules, const struct sockaddr_storage& addr, int len, std::string* target) {
+  if (len >= static_cast<int>(sizeof(sa_family_t)) && addr.ss_family == AF_UNSPEC) return true;
+  char text[INET6_ADDRSTRLEN] = "";
+  std::uint16_t port = 0;
+  bool loopback = false;
+  if (addr.ss_family == AF_INET && len >= static_cast<int>(sizeof(struct sockaddr_in))) {
+    const auto* in = reinterpret_cast<const struct sockaddr_in*>(&addr);
+    inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text));
+    port = ntohs(in->sin_port);
+    loopback = ntohl(in->sin_addr.s_addr) == INADDR_LOOPBACK;
+    *target = std::string(text) + ":" + std::to_string(port);
+  } else if (addr.ss_family == AF_INET6 && len >= static_cast<int>(sizeof(struct sockaddr_in6))) {
+    const auto* in6 = reinterpret_cast<const struct sockaddr_in6*>(&addr);
+    port = ntohs(in6->sin6_port);
+    if (IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr)) {
+      // Named by the IPv4 address it carries, as the kernel routes it.
+      inet_ntop(AF_INET, &in6->sin6_addr.s6_addr[12], text, sizeof(text));
+      loopback = std::string(text) == "127.0.0.1";
+      *target = std::string(text) + ":" + std::to_string(port);
+    } else {
+      inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof(text));
+      *target = "[" + std::string(text) + "]:" + std::to_string(port);
+    }
+  } else {
+    *target = "(an address of family " + std::to_string(addr.ss_family) + ", " + std::to_string(len) + " bytes)";
+    return false;
+  }
+  return loopback && std::find(rules.loopback_ports.begin(), rules.loopback_ports.end(), port) !=
+                         rules.loopback_ports.end();
+}
+
+// listen() on the host's network: refused on an inet socket (its autobind
+// would take a port on every interface; Landlock checks bind() only), made
+// here on the caller's socket otherwise.
+void Listen(const std::shared_ptr<NotifyResponder::State>& st, int listener, const struct seccomp_notif& req) {
+  const pid_t pid = static_cast<pid_t>(req.pid);
+  UniqueFd pidfd(static_cast<int>(syscall(SYS_pidfd_open, pid, 0)));
+  if (!pidfd.valid()) return Respond(listener, req.id, -EPERM);
+  UniqueFd sock(static_cast<int>(syscall(SYS_pidfd_getfd, pidfd.get(), static_cast<int>(req.data.args[0]), 0)));
+  const int getfd_err = errno;
+  std::uint64_t id = req.id;
+  if (ioctl(listener, SECCOMP_IOCTL_NOTIF_ID_VALID, &id) != 0) return;
+  if (!sock.valid()) return Respond(listener, req.id, getfd_err == EBADF ? -EBADF : -EPERM);
+  int domain = 0;
+  socklen_t dlen = sizeof(domain);
+  if (getsockopt(sock.get(), SOL_SOCKET, SO_DOMAIN, &domain, &dlen) != 0) return Respond(listener, req.id, -errno);
+  if (domain == AF_INET || domain == AF_INET6) {
+    Record(*st, pid, NetworkDenialName("listen", domain == AF_INET ? "AF_INET" : "AF_INET6"));
+    return Respond(listener, req.id, -EACCES);
+  }
+  const int rc = listen(sock.get(), static_cast<int>(req.data.args[1]));
+  Respond(listener, req.id, rc == 0 ? 0 : -errno);
 }
 
 void Connect(const std::shared_ptr<NotifyResponder::State>& st, int listener, const struct seccomp_notif& req) {
@@ -307,6 +362,13 @@ void Connect(const std::shared_ptr<NotifyResponder::State>& st, int listener, co
   socklen_t dlen = sizeof(domain);
   if (getsockopt(sock.get(), SOL_SOCKET, SO_DOMAIN, &domain, &dlen) != 0) {
     return Respond(listener, req.id, -errno);
+  }
+  if (st->inet.host_network && (domain == AF_INET || domain == AF_INET6)) {
+    std::string target;
+    if (!InetAllowed(st->inet, addr, len, &target)) {
+      Record(*st, pid, NetworkDenialName("connect", target));
+      return Respond(listener, req.id, -EACCES);  // what Landlock answers, had the call reached it
+    }
   }
   socklen_t addr_len = static_cast<socklen_t>(len);
   UniqueFd node;
@@ -416,17 +478,23 @@ void AnswerLoop(std::shared_ptr<NotifyResponder::State> st) {
       Connect(st, listener, req);
       continue;
     }
+    if (static_cast<long>(req.data.nr) == SYS_listen && req.data.arch == seccomp_arch_native() &&
+        st->inet.host_network) {
+      Listen(st, listener, req);
+      continue;
+    }
     // Recorded before the answer: the caller cannot have exited unrecorded.
-    Record(*st, static_cast<pid_t>(req.pid), DenialName(req));
+    Record(*st, static_cast<pid_t>(req.pid), DenialName(*st, req));
     Respond(listener, req.id, -EPERM);
   }
 }
 
 }  // namespace
 
-Result<std::unique_ptr<NotifyResponder>> NotifyResponder::Start(UnixConnectRules rules) {
+Result<std::unique_ptr<NotifyResponder>> NotifyResponder::Start(UnixConnectRules rules, InetConnectRules inet) {
   auto st = std::make_shared<State>();
   st->rules = std::move(rules);
+  st->inet = std::move(inet);
   st->ready.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!st->ready.valid()) return Status::Errno("seccomp", "eventfd");
   try {
@@ -469,7 +537,24 @@ std::optional<std::string> UnixConnectTarget(const std::string& tally_name) {
   return tally_name.substr(n);
 }
 
+std::string NetworkDenialName(const std::string& op, const std::string& target) {
+  return kNetworkPrefix + op + ":" + target;
+}
+
 Denial SeccompDenial(const std::string& tally_name, std::uint64_t count) {
+  const std::size_t np = sizeof(kNetworkPrefix) - 1;
+  if (tally_name.compare(0, np, kNetworkPrefix) == 0) {
+    const std::size_t colon = tally_name.find(':', np);
+    if (colon != std::string::npos) {
+      const std::string op = tally_name.substr(np, colon - np);
+      const char* why = op == "connect" ? "a direct connection: without a network namespace only the egress proxy "
+                                          "(127.0.0.1, its ports) is reachable"
+                        : op == "listen" ? "an inet listener would take a port on every interface of the host"
+                                         : "only TCP leaves a sandbox without a network namespace, through the "
+                                           "egress proxy";
+      return {"network", op, tally_name.substr(colon + 1), why, "seccomp", count};
+    }
+  }
   if (auto path = UnixConnectTarget(tally_name)) {
     return {"filesystem", "connect", *path,
             "a unix socket outside the sandbox that filesystem.unix_sockets does not name", "seccomp", count};

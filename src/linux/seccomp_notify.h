@@ -12,6 +12,12 @@
 //    own read of them. A socket outside the sandbox is refused (EACCES)
 //    unless the policy names it (filesystem.unix_sockets); a socket that a
 //    process of the sandbox listens on is the sandbox's own and allowed.
+//    Landlock-only (the host's network): an inet connect is allowed only to
+//    127.0.0.1 on the egress proxy's ports, and refused (EACCES, a network
+//    denial naming the address) anywhere else;
+//  - listen() (landlock-only): refused on inet sockets, whose autobind would
+//    take a port on every interface of the host (Landlock checks bind(),
+//    not listen()), and made here on any other.
 //
 // The peer of a connection made here sees the runner's pid in
 // SO_PEERCRED, with the command's uid and gid.
@@ -42,6 +48,17 @@ struct UnixConnectRules {
   bool private_netns = false;
 };
 
+// What the sandbox's inet sockets may reach.
+struct InetConnectRules {
+  // True (landlock-only): the sandbox shares the host's network; inet
+  // connects are decided here and listen() is mediated. False: its own
+  // namespace fences them, and inet connects are made as asked.
+  bool host_network = false;
+  // Ports on 127.0.0.1 (and ::ffff:127.0.0.1) that connect() may reach:
+  // the egress proxy's.
+  std::vector<std::uint16_t> loopback_ports;
+};
+
 // One answered notification that the runner reports.
 struct NotifyRecord {
   pid_t pid = 0;        // the caller, in the runner's pid namespace
@@ -55,7 +72,8 @@ class NotifyResponder {
   // thread inherits the domain) and before the seccomp filter is installed
   // (the thread must stay outside it: it makes the calls the filter sends
   // it). `rules` are read by that thread alone from here on.
-  [[nodiscard]] static Result<std::unique_ptr<NotifyResponder>> Start(UnixConnectRules rules);
+  [[nodiscard]] static Result<std::unique_ptr<NotifyResponder>> Start(UnixConnectRules rules,
+                                                                      InetConnectRules inet = {});
   ~NotifyResponder();
   NotifyResponder(const NotifyResponder&) = delete;
   NotifyResponder& operator=(const NotifyResponder&) = delete;
@@ -82,6 +100,11 @@ std::string UnixConnectDenial(const std::string& path);
 // "chmod" (chmod and its kin) or "create" (a create mode with them).
 std::string SetIdDenial(const std::string& op, const std::string& path);
 std::optional<std::string> UnixConnectTarget(const std::string& tally_name);
+// The tally name of a network call refused on the host's network
+// (landlock-only): `op` is "connect" (target "127.0.0.1:80", "[::1]:22"),
+// "socket" (target "AF_INET SOCK_DGRAM") or "listen" (target "AF_INET").
+// SeccompDenial makes them network denials.
+std::string NetworkDenialName(const std::string& op, const std::string& target);
 
 // A tally entry (syscall name or UnixConnectDenial) as a report denial.
 Denial SeccompDenial(const std::string& tally_name, std::uint64_t count);

@@ -735,6 +735,10 @@ void Proxy::Impl::Accept(Listener* listener) {
       ++self->stats.refused_over_limit;
       error_code ignored;
       socket.close(ignored);
+    } else if (self->options.admit && !self->options.admit(socket.native_handle())) {
+      ++self->stats.refused_not_admitted;
+      error_code ignored;
+      socket.close(ignored);
     } else {
       std::make_shared<Session>(self, std::move(socket), listener->kind)->Start();
     }

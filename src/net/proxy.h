@@ -133,12 +133,17 @@ struct ProxyOptions {
   std::size_t max_waiting_questions = 64;
   std::size_t header_limit = 32 * 1024;              // request line + fields; beyond → 431
   std::size_t max_connections = 8192;                // beyond: accepted and closed at once
+  // Asked about each accepted connection's descriptor before anything is
+  // read from it; false: closed at once, without a record (a connection
+  // from outside the sandbox is not the sandbox's). Unset: every one served.
+  std::function<bool(int fd)> admit;
 };
 
 struct ProxyStats {
   std::size_t active = 0;
   std::uint64_t accepted = 0;
   std::uint64_t refused_over_limit = 0;
+  std::uint64_t refused_not_admitted = 0;  // ProxyOptions::admit said no
 };
 
 class Proxy {

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <thread>
 
+#include "linux/loopback_peer.h"
 #include "net/ask.h"
 #include "net/proxy.h"
 #include "net/rules.h"
@@ -61,7 +62,7 @@ struct Egress::State {
 };
 
 Result<std::unique_ptr<Egress>> Egress::Start(const Plan& plan, const RunOptions& options, linux::UniqueFd http,
-                                              linux::UniqueFd socks) {
+                                              linux::UniqueFd socks, pid_t served_root) {
   auto rules = net::RuleSet::Build(plan.network.allow, plan.network.deny,
                                    plan.network.default_allow ? NetDefault::kAllow : NetDefault::kDeny);
   if (!rules.ok()) return Status::Error("network", rules.status().message());
@@ -87,6 +88,9 @@ Result<std::unique_ptr<Egress>> Egress::Start(const Plan& plan, const RunOptions
   popts.ask_timeout = ask_timeout + std::chrono::seconds(1);
   popts.check_sni = plan.network.sni_check;
   popts.sni_ports = plan.network.sni_ports;
+  if (served_root > 0) {
+    popts.admit = [served_root](int fd) { return linux::LoopbackPeerBelow(served_root, fd); };
+  }
   s.proxy = std::make_unique<net::Proxy>(s.io, std::move(*rules), popts, *s.resolver, s.asker.get(), &s.sink);
   // Not yet running: set up on this thread, before the proxy's thread starts.
   if (Status st = s.proxy->Serve(http.release(), net::ListenerKind::kHttp); !st.ok()) return st;

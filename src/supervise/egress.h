@@ -23,8 +23,11 @@ class Egress {
  public:
   // Takes both listeners; starts the proxy's thread. The rules come from
   // plan.network; --ask-command answers questions (none: deny).
+  // `served_root` > 0 (landlock-only: listeners on the host's loopback, where
+  // any local process may connect): only connections whose client socket a
+  // process below that pid (the runner) holds are served; others are closed.
   static Result<std::unique_ptr<Egress>> Start(const Plan& plan, const RunOptions& options, linux::UniqueFd http,
-                                               linux::UniqueFd socks);
+                                               linux::UniqueFd socks, pid_t served_root = 0);
   ~Egress();  // Stop()
 
   // Closes the listeners and every connection (each delivers its record),

@@ -101,8 +101,13 @@ Outcome RefusedOutcome(const Status& why, const EnforcementReport& enforcement,
   return out;
 }
 
+// `host_proxy`: the landlock-only backend's proxy listeners, bound on the
+// host's loopback before the launch (the plan names their ports); served
+// once the runner is started (no proxy thread may exist when the runner is
+// cloned: it does not exec, and would inherit a lock held by one).
 static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& argv,
-                           const std::vector<Signature>& denial_signatures, const RunOptions& options) {
+                           const std::vector<Signature>& denial_signatures, const RunOptions& options,
+                           std::optional<linux::HostProxyListeners> host_proxy = std::nullopt) {
   Outcome out;
   out.policy_sha256 = plan.policy_sha256;
   const auto started = Clock::now();
@@ -131,7 +136,7 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
     return out;
   }
   std::unique_ptr<linux::SandboxCgroup> cgroup = std::move(*made);
-  const bool proxied = plan.confined && plan.backend == Backend::kNamespaces && plan.network.proxy.has_value();
+  const bool proxied = plan.confined && plan.network.proxy.has_value();
   if (proxied) {
     // Four fds per tunnel: as many as the hard limit allows. (The runner
     // sets the sandbox's own limit from the plan.)
@@ -157,6 +162,15 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
   std::unique_ptr<supervise::Egress> egress;
   std::optional<Status> proxy_error;
   bool proxy_open = child.proxy_listeners.valid();
+  if (host_proxy) {
+    auto started_proxy = supervise::Egress::Start(plan, options, std::move(host_proxy->http),
+                                                  std::move(host_proxy->socks), child.pid);
+    if (started_proxy.ok()) {
+      egress = std::move(*started_proxy);
+    } else {
+      proxy_error = started_proxy.status();
+    }
+  }
   std::vector<linux::RunnerMessage> messages;
   linux::StatusReader status;
   bool status_open = true, stderr_open = child.stderr_pipe.valid(), exited = false;
@@ -394,7 +408,20 @@ Outcome RunPlan(const Plan& plan, const std::vector<std::string>& argv,
   }
   Plan with_dir = plan;
   AdoptPrivateDir(&with_dir, (*dir)->path());
-  return RunPrepared(with_dir, argv, denial_signatures, options);
+  if (!with_dir.network.proxy) return RunPrepared(with_dir, argv, denial_signatures, options);
+  // No network namespace to put the proxy's listeners in: they are bound on
+  // the host's loopback, on ports of this run, which the plan then allows
+  // (Landlock's port rules, the runner's connect() mediation, the variables).
+  auto listeners = linux::BindHostProxyListeners();
+  if (!listeners.ok()) {
+    Outcome out;
+    out.policy_sha256 = plan.policy_sha256;
+    out.kind = OutcomeKind::kSandboxError;
+    out.error = ErrorInfo{listeners.status().stage(), listeners.status().message(), listeners.status().err()};
+    return out;
+  }
+  AdoptProxyPorts(&with_dir, listeners->ports);
+  return RunPrepared(with_dir, argv, denial_signatures, options, std::move(*listeners));
 }
 
 Outcome Run(const ConfinedCommand& command, const RunOptions& options) {

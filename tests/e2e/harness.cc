@@ -1,11 +1,14 @@
 #include "harness.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <netinet/in.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/random.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -495,6 +498,48 @@ RunResult Sandbox::Git(const std::vector<std::string>& args, const std::string& 
 std::string FixturesDir() {
   const char* env = std::getenv("AGENTBOX_FIXTURES");
   return env && *env ? env : AGENTBOX_FIXTURES;
+}
+
+HostServer::HostServer() {
+  fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(fd_, 64) != 0) return;
+  socklen_t len = sizeof a;
+  getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+  port_ = ntohs(a.sin_port);
+  thread_ = std::thread([this] { Loop(); });
+}
+
+HostServer::~HostServer() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+  close(fd_);
+}
+
+void HostServer::Loop() {
+  while (!stop_) {
+    pollfd p = {fd_, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    int c = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (c < 0) continue;
+    std::string head;
+    char buf[4096];
+    while (head.find("\r\n\r\n") == std::string::npos) {
+      pollfd q = {c, POLLIN, 0};
+      if (poll(&q, 1, 5000) <= 0) break;
+      ssize_t n = read(c, buf, sizeof buf);
+      if (n <= 0) break;
+      head.append(buf, static_cast<size_t>(n));
+    }
+    std::string resp = "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: " +
+                       std::to_string(std::string(kBody).size()) + "\r\nConnection: close\r\n\r\n" + kBody;
+    // Counted before the answer leaves: a client that has it sees the count.
+    ++served_;
+    (void)!send(c, resp.data(), resp.size(), MSG_NOSIGNAL);
+    close(c);
+  }
 }
 
 }  // namespace agentbox::e2e

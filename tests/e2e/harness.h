@@ -8,10 +8,12 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "host_facts.h"
@@ -179,6 +181,29 @@ class Sandbox {
   TempDir scratch_{"agentbox-e2e-scratch-"};
   std::string ssh_secret_;
   std::string aws_secret_;
+};
+
+// HTTP/1.0 on the host's 127.0.0.1:<ephemeral>: every request gets kBody.
+// Counts what it served; stops (and joins its thread) when destroyed.
+class HostServer {
+ public:
+  static constexpr const char* kBody = "hello-from-the-host-listener";
+  HostServer();
+  ~HostServer();
+  HostServer(const HostServer&) = delete;
+  HostServer& operator=(const HostServer&) = delete;
+  int port() const { return port_; }
+  std::string target() const { return "127.0.0.1:" + std::to_string(port_); }
+  std::string url() const { return "http://" + target() + "/"; }
+  int served() const { return served_; }
+
+ private:
+  void Loop();
+  int fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> served_{0};
+  std::thread thread_;
 };
 
 // Splits text into lines (without the newlines).

@@ -26,62 +26,7 @@
 namespace agentbox::e2e {
 namespace {
 
-constexpr const char* kBody = "hello-from-the-host-listener";
-
-// HTTP/1.0 on 127.0.0.1:<ephemeral>: every request gets kBody.
-class HostServer {
- public:
-  HostServer() {
-    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(fd_, 64) != 0) return;
-    socklen_t len = sizeof a;
-    getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
-    thread_ = std::thread([this] { Loop(); });
-  }
-  ~HostServer() {
-    stop_ = true;
-    if (thread_.joinable()) thread_.join();
-    close(fd_);
-  }
-  int port() const { return port_; }
-  std::string target() const { return "127.0.0.1:" + std::to_string(port_); }
-  std::string url() const { return "http://" + target() + "/"; }
-  int served() const { return served_; }
-
- private:
-  void Loop() {
-    while (!stop_) {
-      pollfd p = {fd_, POLLIN, 0};
-      if (poll(&p, 1, 100) <= 0) continue;
-      int c = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (c < 0) continue;
-      std::string head;
-      char buf[4096];
-      while (head.find("\r\n\r\n") == std::string::npos) {
-        pollfd q = {c, POLLIN, 0};
-        if (poll(&q, 1, 5000) <= 0) break;
-        ssize_t n = read(c, buf, sizeof buf);
-        if (n <= 0) break;
-        head.append(buf, static_cast<size_t>(n));
-      }
-      std::string resp = "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: " +
-                         std::to_string(std::string(kBody).size()) + "\r\nConnection: close\r\n\r\n" + kBody;
-      // Counted before the answer leaves: a client that has it sees the count.
-      ++served_;
-      (void)!send(c, resp.data(), resp.size(), MSG_NOSIGNAL);
-      close(c);
-    }
-  }
-  int fd_ = -1;
-  int port_ = 0;
-  std::atomic<bool> stop_{false};
-  std::atomic<int> served_{0};
-  std::thread thread_;
-};
+constexpr const char* kBody = HostServer::kBody;
 
 // The proxy variables, without the NO_PROXY exemption for 127.0.0.1 (the
 // test's upstream is on loopback, which the plan exempts by default).

@@ -643,6 +643,66 @@ TEST(Attack, UdpToAHostLoopbackListener) {
   EXPECT_EQ(in.err, ECONNREFUSED) << in.Describe();
 }
 
+// Landlock-only: no network namespace, so 127.0.0.1 is the host's own.
+// Landlock refuses the TCP port, the runner's connect() mediation the
+// address (and reports it); the seccomp filter makes no UDP socket.
+TEST(Attack, LandlockOnlyDirectTcpToAHostLoopbackService) {
+  Attack a("landlock-only direct TCP to a host loopback service", Kind::kBoundary);
+  Fd l(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(bind(l.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(l.get(), 8), 0);
+  ASSERT_EQ(getsockname(l.get(), reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string port = std::to_string(ntohs(addr.sin_port));
+  Sandbox sb;
+  EXPECT_TRUE(a.Host(sb, {"tcp", port}).ok);
+  const int host_conn = accept4(l.get(), nullptr, nullptr, SOCK_CLOEXEC);
+  EXPECT_GE(host_conn, 0) << "the host check's connection did not arrive";
+  if (host_conn >= 0) close(host_conn);
+  Probe in = a.Inside(sb, {"tcp", port}, {"--backend", "landlock", "--require", "partial"});
+  EXPECT_FALSE(in.ok) << in.Describe();
+  EXPECT_EQ(in.err, EACCES) << in.Describe();
+  const int reached = accept4(l.get(), nullptr, nullptr, SOCK_CLOEXEC);
+  if (reached >= 0) {
+    close(reached);
+    a.Escaped("a connection from inside reached the host listener");
+  }
+  a.ExpectDenial("network", "connect", "127.0.0.1:" + port);
+}
+
+TEST(Attack, LandlockOnlyUdp) {
+  Attack a("landlock-only UDP to a host 127.0.0.1 listener", Kind::kBoundary);
+  Fd s(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(bind(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(getsockname(s.get(), reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string port = std::to_string(ntohs(addr.sin_port));
+  auto received = [&] {
+    std::string got;
+    char buf[512];
+    ssize_t n;
+    while ((n = recv(s.get(), buf, sizeof(buf), 0)) > 0) got.append(buf, static_cast<size_t>(n));
+    return got;
+  };
+  Sandbox sb;
+  const std::string host_marker = "udp-host-" + RandomHex(4), marker = "udp-box-" + RandomHex(4);
+  EXPECT_TRUE(a.Host(sb, {"udp", port, host_marker}).ok);
+  EXPECT_TRUE(Contains(received(), host_marker)) << "the host check's datagrams did not arrive";
+  Probe in = a.Inside(sb, {"udp", port, marker}, {"--backend", "landlock", "--require", "partial"});
+  const std::string got = received();
+  EXPECT_FALSE(Contains(got, marker)) << "a datagram from inside reached the host listener";
+  if (Contains(got, marker)) a.Escaped("datagram reached the host listener");
+  else a.Blocked("no datagram from inside reached the host listener");
+  EXPECT_EQ(in.err, EPERM) << in.Describe();
+  a.ExpectDenial("network", "socket", "AF_INET SOCK_DGRAM");
+}
+
 TEST(Attack, AbstractUnixSocketOfTheHost) {
   Attack a("abstract unix socket of the host", Kind::kBoundary);
   const std::string name = "agentbox-escape-" + RandomHex(6);

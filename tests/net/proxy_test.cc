@@ -31,6 +31,7 @@
 #include <optional>
 #include <thread>
 
+#include "linux/loopback_peer.h"
 #include "net/ask.h"
 #include "net/proxy.h"
 #include "net/socks5.h"
@@ -334,6 +335,59 @@ TEST(ProxyHttp, ConnectTunnelEchoesAndHalfCloses) {
   auto j = nlohmann::json::parse(records[0].ToJson());
   EXPECT_EQ(j["bytes_down"], 23);
   EXPECT_EQ(j["decision"], "allow");
+}
+
+// ProxyOptions::admit (the landlock-only backend's "only the sandbox's own
+// sockets"): a connection it refuses is closed before anything is read and
+// leaves no record; the one it admits is served. The check looks the
+// client's socket up by the connection (LoopbackPeerInode), here against
+// the inode of the socket the test made.
+TEST(ProxyHttp, OnlyAdmittedClientsAreServed) {
+  EchoServer echo;
+  std::atomic<std::uint64_t> wanted{0};
+  ProxyOptions options;
+  options.admit = [&wanted](int fd) {
+    auto inode = agentbox::linux::LoopbackPeerInode(fd);
+    EXPECT_TRUE(inode.ok()) << inode.status().ToString();
+    return inode.ok() && *inode == wanted.load();
+  };
+  Harness h({"127.0.0.1"}, {}, options);
+  h.Start();
+  auto socket_inode = [](int fd) {
+    struct stat st {};
+    EXPECT_EQ(fstat(fd, &st), 0);
+    return static_cast<std::uint64_t>(st.st_ino);
+  };
+  const std::string target = "127.0.0.1:" + std::to_string(echo.port());
+  const std::string request = "CONNECT " + target + " HTTP/1.1\r\nHost: " + target + "\r\n\r\n";
+  // Not admitted: closed without an answer.
+  int outsider = Connect(h.http_port());
+  wanted = socket_inode(outsider) + 1;
+  SendAll(outsider, request);
+  EXPECT_EQ(RecvUntil(outsider, "\r\n\r\n"), "");
+  ::close(outsider);
+  // Admitted: the inode of a socket made before it connects.
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  wanted = socket_inode(fd);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(h.http_port());
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << std::strerror(errno);
+  timeval tv{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  SendAll(fd, request);
+  std::string head = RecvUntil(fd, "\r\n\r\n");
+  ASSERT_EQ(head.rfind("HTTP/1.1 200", 0), 0u) << head;
+  SendAll(fd, "admitted");
+  ::shutdown(fd, SHUT_WR);
+  EXPECT_EQ(RecvUntil(fd), "admitted");
+  ::close(fd);
+  auto records = h.sink().WaitFor(1);
+  ASSERT_EQ(records.size(), 1u);  // the outsider left none
+  EXPECT_EQ(records[0].decision, "allow");
+  EXPECT_EQ(h.Stats().refused_not_admitted, 1u);
 }
 
 // The run ends while a tunnel is still open (its client's close not yet
