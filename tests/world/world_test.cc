@@ -553,6 +553,92 @@ TEST_F(WorldTest, CopyModeWhereOverlayIsNotWanted) {
   EXPECT_NE((*diff)["patch"].get<std::string>().find("+changed"), std::string::npos) << diff->dump();
 }
 
+// disk_gib bounds what a session writes to its workspace: its upper layer
+// lives on a filesystem of that size. A 2 GiB fill (files under the
+// per-file RLIMIT_FSIZE, so that only the workspace's size can stop it) under
+// disk_gib: 1 ends in ENOSPC, the call's report is a resources denial naming
+// disk_gib, and nothing written before the limit is lost.
+TEST_F(WorldTest, DiskGibBoundsWhatASessionWritesToItsWorkspace) {
+  std::string id = Create("resources:\n  disk_gib: 1\n");
+  ASSERT_EQ(Tool(id, "write_file", {{"path", "before.txt"}, {"content", "written before\n"}})["kind"], "ok");
+  Json pwd = Bash(id, "echo changed > a.txt; pwd");
+  ASSERT_EQ(pwd["kind"], "exited");
+  const std::string inside = pwd["output"].get<std::string>().substr(0, pwd["output"].get<std::string>().size() - 1);
+  Json r = Bash(id, "mkdir fill && for i in $(seq 1 16); do "
+                    "dd if=/dev/zero of=fill/$i bs=1M count=128 status=none || exit 1; done; echo all written");
+  const std::string out = r["output"].get<std::string>();
+  EXPECT_NE(out.find("No space left on device"), std::string::npos) << r.dump();
+  EXPECT_EQ(out.find("all written"), std::string::npos) << r.dump();
+  EXPECT_EQ(r["kind"], "sandbox_denied") << r.dump();
+  bool named = false;
+  for (const auto& d : r["outcome"]["denials"]) {
+    if (d["facet"] == "resources" && d["op"] == "write" &&
+        d["reason"].get<std::string>().find("disk_gib") != std::string::npos &&
+        d["reason"].get<std::string>().find("ENOSPC") != std::string::npos) {
+      named = true;
+      EXPECT_TRUE(d["source"] == "statfs" || d["source"] == "stderr-signature") << d.dump();
+      EXPECT_EQ(d["target"].get<std::string>().rfind(inside, 0), 0u) << d.dump() << " " << inside;
+    }
+  }
+  EXPECT_TRUE(named) << r["outcome"].dump();
+  EXPECT_EQ(r["output"].get<std::string>().rfind("sandbox_denied: write ", 0), 0u) << r["output"];
+  // The enforcement report names the mechanism.
+  bool mechanism = false;
+  for (const auto& m : r["outcome"]["enforcement"]["facets"]["resources"]["mechanisms"]) {
+    mechanism = mechanism || m == "upper-tmpfs-size";
+  }
+  EXPECT_TRUE(mechanism) << r["outcome"]["enforcement"].dump();
+  // What the workspace holds is bounded by the cap (the host's disk got none of it).
+  Json du = Bash(id, "du -sb --apparent-size fill | cut -f1");
+  ASSERT_EQ(du["kind"], "exited") << du.dump();
+  EXPECT_LE(std::stoull(du["output"].get<std::string>()), std::uint64_t{1} << 30) << du.dump();
+  // A file tool's write past the cap is the same denial, naming its file.
+  Json w = Tool(id, "write_file", {{"path", "after.txt"}, {"content", std::string(1 << 20, 'x')}});
+  EXPECT_EQ(w["kind"], "sandbox_denied") << w.dump();
+  ASSERT_TRUE(w["outcome"]["denials"].is_array()) << w.dump();
+  EXPECT_EQ(w["outcome"]["denials"][0]["facet"], "resources") << w.dump();
+  EXPECT_NE(w["outcome"]["denials"][0]["reason"].get<std::string>().find("disk_gib"), std::string::npos) << w.dump();
+  // Nothing written before the limit is lost: through the API and the diff.
+  EXPECT_EQ(Tool(id, "read_file", {{"path", "before.txt"}})["output"], "written before\n");
+  EXPECT_EQ(Bash(id, "cat a.txt; stat -c %s fill/1")["output"], "changed\n134217728\n");
+  auto diff = manager_->Diff(id);
+  ASSERT_TRUE(diff.ok()) << diff.status().ToString();
+  bool before_listed = false;
+  for (const auto& f : (*diff)["files"]) before_listed = before_listed || f["path"] == "before.txt";
+  EXPECT_TRUE(before_listed) << (*diff)["files"].dump();
+  EXPECT_NE((*diff)["patch"].get<std::string>().find("+changed"), std::string::npos);
+  // Space freed is space again.
+  EXPECT_EQ(Bash(id, "rm -r fill && echo again > after.txt && cat after.txt")["output"], "again\n");
+  EXPECT_EQ(Read(base_ + "/a.txt"), "base\n");
+}
+
+// The capped upper layer outlives its world: a world that dies takes
+// nothing of the workspace with it, and snapshots see it.
+TEST_F(WorldTest, ACappedUpperLayerOutlivesItsWorld) {
+  std::string id = Create("resources:\n  disk_gib: 0.25\n");
+  ASSERT_EQ(Bash(id, "echo kept > k.txt; rm a.txt; mkdir -p d && echo x > d/x")["kind"], "exited");
+  Json d = *manager_->Describe(id);
+  EXPECT_EQ(d["upper_fs"], "tmpfs") << d.dump();
+  pid_t sup = d["sandbox_pid"].get<pid_t>();
+  ASSERT_GT(sup, 0);
+  kill(sup, SIGKILL);
+  usleep(100000);
+  // Diff while no world runs, then the next world: the same upper layer.
+  auto diff = manager_->Diff(id);
+  ASSERT_TRUE(diff.ok()) << diff.status().ToString();
+  EXPECT_NE((*diff)["patch"].get<std::string>().find("+kept"), std::string::npos) << diff->dump();
+  Json r = Bash(id, "cat k.txt d/x; ls a.txt 2>&1 | grep -c 'No such'");
+  EXPECT_EQ(r["output"], "kept\nx\n1\n") << r.dump();
+  EXPECT_NE(Read(state_ + "/sessions/" + id + "/log.jsonl").find("\"reprovisioned\""), std::string::npos);
+  // Still capped in the new world.
+  Json fill = Bash(id, "for i in 1 2 3; do dd if=/dev/zero of=big$i bs=1M count=150 status=none || exit 1; done");
+  EXPECT_EQ(fill["kind"], "sandbox_denied") << fill.dump();
+  auto snap = manager_->Snapshot(id);
+  ASSERT_TRUE(snap.ok()) << snap.status().ToString();
+  std::string child = Create("", *snap);
+  EXPECT_EQ(Bash(child, "cat k.txt; test -e a.txt || echo gone")["output"], "kept\ngone\n");
+}
+
 TEST_F(WorldTest, RemoveLeavesNothingBehind) {
   std::string id = Create();
   Bash(id, "sleep 60 >/dev/null 2>&1 &");
