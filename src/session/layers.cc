@@ -1116,6 +1116,17 @@ Status CopyTree(const std::string& from, const std::string& to) {
   return Guarded("copy", "copy of " + from + " to " + to, [&] { return CopyTreeUnguarded(from, to); });
 }
 
+Status CopyUpperTree(const std::string& from, const std::string& to) {
+  return Guarded("copy", "copy of " + from + " to " + to, [&]() -> Status {
+    if (mkdir(to.c_str(), 0700) != 0) return Status::Errno("copy", "mkdir", to);
+    TreeCopier::Options options;
+    options.stage = "copy";
+    options.overlay_markers = true;
+    options.chown = geteuid() == 0;
+    return CopyInto(from, to, options, nullptr);
+  });
+}
+
 Status CopyUpperLayer(int from_dir, int to_dir) {
   return Guarded("copy", "copy of the earlier world's upper layer", [&]() -> Status {
     TreeCopier::Options options;

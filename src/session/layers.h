@@ -105,6 +105,12 @@ Status CopyTree(const std::string& from, const std::string& to);
 // gets the mode and times of `from_dir`. Errors name paths below "upper".
 Status CopyUpperLayer(int from_dir, int to_dir);
 
+// Copies the upper layer directory `from` to `to` (created; its parent must
+// exist), keeping whiteouts and opaque marks, then flushes it (syncfs): a
+// session's capped upper layer written to the state directory when the
+// process holding it stops.
+Status CopyUpperTree(const std::string& from, const std::string& to);
+
 // The session's changes against the base: the merged view (upper over the
 // lowers over the base, or the copy) compared with the base, as git sees
 // them: regular files and symlinks (directories are not content; an empty

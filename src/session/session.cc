@@ -6,6 +6,7 @@
 //   sessions/<id>/log.jsonl      the durable log: call, then result (each fsync'd)
 //   sessions/<id>/upper, work    overlay mode: the session's own layer (with disk_gib
 //                            it is on a tmpfs of that size instead, held by an fd)
+//   sessions/<id>/spill/upper    that tmpfs layer, written here when the process stops
 //   sessions/<id>/copy           copy mode: the session's full copy
 //   snapshots/<id>/manifest.json, tree/    frozen changes (layers.h)
 #include "session/session.h"
@@ -339,10 +340,19 @@ struct SessionState {
       std::lock_guard<std::mutex> lock(mu);
       *hold = upper_fs;
     }
-    // Through the fd: the layer is in no mount namespace of ours.
-    if (*hold && (*hold)->valid()) s.upper = "/proc/self/fd/" + std::to_string((*hold)->get()) + "/upper";
+    // Through the fd: the layer is in no mount namespace of ours. Without
+    // one, the layer a stopped process left (or none: no changes).
+    struct stat st {};
+    if (*hold && (*hold)->valid()) {
+      s.upper = "/proc/self/fd/" + std::to_string((*hold)->get()) + "/upper";
+    } else if (upper_fs_bytes && stat((SpillDir() + "/upper").c_str(), &st) == 0) {
+      s.upper = SpillDir() + "/upper";
+    }
     return s;
   }
+
+  // Where the capped upper layer is written when the process stops.
+  std::string SpillDir() const { return dir + "/spill"; }
 
   std::shared_ptr<const UniqueFd> UpperFs() {
     std::lock_guard<std::mutex> lock(mu);
@@ -409,7 +419,7 @@ Status Manager::Impl::Load(const std::string& id) {
       const std::string type = e.value("type", "");
       const std::string event = type == "event" ? e.value("event", "") : "";
       if (event == "provisioned" || event == "reprovisioned") upper_in_memory = s->upper_fs_bytes > 0;
-      if (event == "upper_lost") upper_in_memory = false;
+      if (event == "upper_lost" || event == "upper_spilled") upper_in_memory = false;
       s->upper_lost = s->upper_lost || event == "upper_lost";
       if (type == "call") {
         open_calls[seq] = e;
@@ -427,6 +437,7 @@ Status Manager::Impl::Load(const std::string& id) {
   // process on this state directory finds it gone, and says so once.
   if (upper_in_memory) {
     s->upper_lost = true;
+    RemoveTree(s->SpillDir());  // older than what was lost: not the session's state either
     (void)s->AppendLog({{"type", "event"}, {"event", "upper_lost"},
                         {"reason", "the session's upper layer was on a tmpfs (disk_gib) held by the agentbox process "
                                    "that served it, which ended: the session's changes since its last snapshot are "
@@ -551,13 +562,24 @@ Status Manager::Impl::Provision(SessionState& s) {
   // The earlier world's upper filesystem (disk_gib), if any: the new world
   // starts with its changes. Kept until the new one is ready, so a world
   // that fails to start loses nothing.
+  // Or the one a stopped process wrote to the state directory.
   std::shared_ptr<const UniqueFd> seed = s.UpperFs();
+  const bool from_spill = s.upper_fs_bytes && !seed;
+  if (from_spill) {
+    struct stat st {};
+    if (stat((s.SpillDir() + "/upper").c_str(), &st) == 0) {
+      UniqueFd spill(open(s.SpillDir().c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+      if (!spill.valid()) return Status::Errno("session", "open", s.SpillDir());
+      seed = std::make_shared<const UniqueFd>(std::move(spill));
+    }
+  }
   auto world = World::Start(exe, plan, options.ready_timeout_ms, seed && seed->valid() ? seed->get() : -1);
   if (!world.ok()) return world.status();
   if (UniqueFd fs = (*world)->TakeUpperFs(); fs.valid()) {
     std::lock_guard<std::mutex> lock(s.mu);
     s.upper_fs = std::make_shared<const UniqueFd>(std::move(fs));
   }
+  if (from_spill && seed) RemoveTree(s.SpillDir());  // the new world's tmpfs holds it now
   s.world = std::shared_ptr<World>(std::move(*world));
   s.confined = std::make_shared<const ConfinedCommand>(std::move(*confined));
   ++s.provisions;
@@ -758,6 +780,39 @@ Json Manager::Impl::RunFile(SessionState& s, World& world, const ConfinedCommand
   }
   return {{"output", output}, {"is_error", kind != "ok"}, {"kind", kind}, {"outcome", outcome}};
 }
+
+namespace {
+
+// A capped upper layer lives on a tmpfs that this process holds: written to
+// the state directory (at most disk_gib of it) so that the next process on
+// it starts the session's next world with it. Once: the fd goes after.
+void SpillUpperLayer(SessionState& s) {
+  auto fs = s.UpperFs();
+  if (!fs || !fs->valid()) return;
+  const std::string tmp = s.dir + "/spill.tmp";
+  RemoveTree(tmp);
+  Status done = mkdir(tmp.c_str(), 0700) == 0 ? Status() : Status::Errno("session", "mkdir", tmp);
+  if (done.ok()) done = CopyUpperTree("/proc/self/fd/" + std::to_string(fs->get()) + "/upper", tmp + "/upper");
+  if (done.ok()) {
+    RemoveTree(s.SpillDir());
+    if (rename(tmp.c_str(), s.SpillDir().c_str()) != 0) done = Status::Errno("session", "rename", s.SpillDir());
+    UniqueFd d(open(s.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (d.valid()) fsync(d.get());
+  }
+  if (!done.ok()) RemoveTree(tmp);
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.upper_fs.reset();
+  if (done.ok()) {
+    (void)s.AppendLog({{"type", "event"}, {"event", "upper_spilled"}});
+  } else {
+    s.upper_lost = true;
+    (void)s.AppendLog({{"type", "event"}, {"event", "upper_lost"},
+                       {"reason", "the session's upper layer (a tmpfs: disk_gib) could not be written to the state "
+                                  "directory as agentbox stopped: " + done.ToString()}});
+  }
+}
+
+}  // namespace
 
 Result<std::string> Manager::Impl::TakeSnapshot(SessionState& s) {
   if (s.ws_mode == "direct") {
@@ -1212,6 +1267,7 @@ void Manager::Shutdown(int grace_ms) {
     stoppers.emplace_back([s, grace_ms] {
       std::lock_guard<std::mutex> wl(s->world_mu);
       if (s->world) s->world->Stop(grace_ms);
+      SpillUpperLayer(*s);
     });
   }
   for (auto& t : stoppers) t.join();

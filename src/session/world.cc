@@ -170,11 +170,25 @@ Result<std::unique_ptr<World>> World::Start(const std::string& exe, const Plan& 
   std::string arg0 = "agentbox", arg1 = "__world";
   char* argv[] = {arg0.data(), arg1.data(), nullptr};
 
+  // Each fd the child gets at a fixed number starts above those numbers, or
+  // one dup2 would replace the source of the next (a caller whose fds 3-5
+  // were free gets them from socketpair, memfd_create and open).
+  auto above = [](UniqueFd* fd) {
+    if (fd->get() >= 10) return true;
+    UniqueFd high(fcntl(fd->get(), F_DUPFD_CLOEXEC, 10));
+    *fd = std::move(high);  // closes the low one
+    return fd->valid();
+  };
+  UniqueFd seed;
+  if (upper_fs && upper_seed_fd >= 0) seed.reset(fcntl(upper_seed_fd, F_DUPFD_CLOEXEC, 10));
+  if (!above(&theirs) || !above(&plan_fd) || (upper_fs && upper_seed_fd >= 0 && !seed.valid())) {
+    return Status::Errno("session", "fcntl(F_DUPFD_CLOEXEC)", "the world's channel, plan or upper layer");
+  }
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, theirs.get(), 3);
   posix_spawn_file_actions_adddup2(&actions, plan_fd.get(), kWorldPlanFd);
-  if (upper_fs && upper_seed_fd >= 0) posix_spawn_file_actions_adddup2(&actions, upper_seed_fd, kWorldUpperSeedFd);
+  if (seed.valid()) posix_spawn_file_actions_adddup2(&actions, seed.get(), kWorldUpperSeedFd);
   posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
   // Nothing of the world may write on the caller's stdout (an MCP server's
   // protocol stream): its stdout is the caller's stderr.

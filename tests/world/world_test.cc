@@ -639,6 +639,51 @@ TEST_F(WorldTest, ACappedUpperLayerOutlivesItsWorld) {
   EXPECT_EQ(Bash(child, "cat k.txt; test -e a.txt || echo gone")["output"], "kept\ngone\n");
 }
 
+// A graceful stop of the serving process writes the capped upper layer to
+// the state directory (at most disk_gib of it); the next process starts the
+// session's next world with it.
+TEST_F(WorldTest, ACappedUpperLayerIsKeptAcrossAGracefulRestart) {
+  std::string id = Create("resources:\n  disk_gib: 0.25\n");
+  ASSERT_EQ(Bash(id, "echo kept > k.txt; rm a.txt")["kind"], "exited");
+  Open();  // the Manager shuts down (its worlds stop) and a new one opens the state directory
+  Json d = *manager_->Describe(id);
+  EXPECT_FALSE(d.contains("upper_lost")) << d.dump();
+  auto diff = manager_->Diff(id);  // before any world of the new process
+  ASSERT_TRUE(diff.ok()) << diff.status().ToString();
+  EXPECT_NE((*diff)["patch"].get<std::string>().find("+kept"), std::string::npos) << diff->dump();
+  EXPECT_NE((*diff)["patch"].get<std::string>().find("deleted file mode"), std::string::npos) << diff->dump();
+  EXPECT_EQ(Bash(id, "cat k.txt; test -e a.txt || echo gone")["output"], "kept\ngone\n");
+  Json fill = Bash(id, "for i in 1 2 3; do dd if=/dev/zero of=big$i bs=1M count=150 status=none || exit 1; done");
+  EXPECT_EQ(fill["kind"], "sandbox_denied") << fill.dump();
+}
+
+// A process that ends without stopping (killed) takes the capped upper
+// layer with it: the next one says so, in the log and in Describe.
+TEST_F(WorldTest, AKilledProcessTakesACappedUpperLayerWithItAndSaysSo) {
+  std::string id = Create("resources:\n  disk_gib: 0.25\n");
+  manager_.reset();
+  pid_t child = fork();
+  if (child == 0) {
+    ManagerOptions o;
+    o.state_dir = state_;
+    o.agentbox_exe = Bin();
+    auto m = Manager::Open(o);
+    if (!m.ok()) _exit(3);
+    auto r = (*m)->Execute(id, "bash", {{"command", "echo x > lost.txt"}});
+    _exit(r.ok() && (*r)["kind"] == "exited" ? 0 : 4);  // no Shutdown: as if killed
+  }
+  int ws = 0;
+  ASSERT_EQ(waitpid(child, &ws, 0), child);
+  ASSERT_TRUE(WIFEXITED(ws));
+  ASSERT_EQ(WEXITSTATUS(ws), 0);
+  for (int i = 0; i < 100 && system("pgrep -f 'agentbox __world' -u $(id -u) >/dev/null 2>&1") == 0; ++i) usleep(50000);
+  Open();
+  Json d = *manager_->Describe(id);
+  EXPECT_EQ(d["upper_lost"], true) << d.dump();
+  EXPECT_NE(Read(state_ + "/sessions/" + id + "/log.jsonl").find("\"upper_lost\""), std::string::npos);
+  EXPECT_EQ(Bash(id, "test -e lost.txt || echo gone; cat a.txt")["output"], "gone\nbase\n");
+}
+
 TEST_F(WorldTest, RemoveLeavesNothingBehind) {
   std::string id = Create();
   Bash(id, "sleep 60 >/dev/null 2>&1 &");
