@@ -684,6 +684,23 @@ TEST_F(WorldTest, AKilledProcessTakesACappedUpperLayerWithItAndSaysSo) {
   EXPECT_EQ(Bash(id, "test -e lost.txt || echo gone; cat a.txt")["output"], "gone\nbase\n");
 }
 
+// The capped upper layer is memory: what the session writes there counts
+// toward its memory limit, which a fill meets first when it is the smaller.
+TEST_F(WorldTest, ACappedUpperLayerCountsTowardTheSessionsMemory) {
+  std::string id = Create("resources:\n  memory_gib: { limit: 128Mi }\n  disk_gib: 1\n");
+  Json r = Bash(id, "echo small > s.txt; for i in 1 2 3 4; do dd if=/dev/zero of=f$i bs=1M count=100 status=none || exit 1; done");
+  if (!host_facts::CgroupsExpected({"memory"})) {
+    EXPECT_EQ(r["kind"], "sandbox_error") << r.dump();  // fail closed: no memory limit without a cgroup
+    return;
+  }
+  EXPECT_EQ(r["kind"], "oom_killed") << r.dump();
+  // The session stays usable: removing files gives the memory back, and
+  // what was written before is there.
+  Json after = Bash(id, "rm -f f*; cat s.txt");
+  EXPECT_EQ(after["kind"], "exited") << after.dump();
+  EXPECT_EQ(after["output"], "small\n") << after.dump();
+}
+
 TEST_F(WorldTest, RemoveLeavesNothingBehind) {
   std::string id = Create();
   Bash(id, "sleep 60 >/dev/null 2>&1 &");
