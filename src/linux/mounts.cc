@@ -135,7 +135,9 @@ Status CreatePlaceholderInside(const ResolvedMount& m, const Plan& plan) {
 // inodes in its size, and empty files would otherwise cost memory unbounded.
 Status MountUpperFs(const std::string& at, const MountOp& op, const WorkspaceOverlay& o, const std::string& upper,
                     const std::string& work, UpperFs* out, std::vector<std::string>* staged) {
-  if (out == nullptr) return Status::Error("mount", "the workspace's upper layer has a size (disk_gib) but no session init holds it");
+  if (out == nullptr) {
+    return Status::Error("mount", "the workspace's upper layer has a size (disk_gib) but no session init holds it");
+  }
   if (mkdir(at.c_str(), 0700) != 0) return Status::Errno("mount", "mkdir", at);
   const std::uint64_t inodes = std::max<std::uint64_t>(1024, o.upper_fs_bytes / 4096);
   const std::string data = "size=" + std::to_string(o.upper_fs_bytes) + ",nr_inodes=" + std::to_string(inodes) +

@@ -400,7 +400,9 @@ Status Manager::Impl::Load(const std::string& id) {
   s->workspace = s->recipe.value("workspace", "");
   s->ws_mode = s->recipe.value("workspace_mode", "overlay");
   s->lowers = s->recipe.value("lowers", std::vector<std::string>{});
-  if (s->recipe.value("upper_fs", "") == "tmpfs") s->upper_fs_bytes = s->recipe.value("upper_fs_bytes", std::uint64_t{0});
+  if (s->recipe.value("upper_fs", "") == "tmpfs") {
+    s->upper_fs_bytes = s->recipe.value("upper_fs_bytes", std::uint64_t{0});
+  }
   bool upper_in_memory = false;  // a world of this session held its upper layer in memory
   const std::string log_path = s->dir + "/log.jsonl";
   // Replay what the log holds: recorded results, and calls a killed
@@ -558,7 +560,9 @@ Status Manager::Impl::Provision(SessionState& s) {
     for (const auto& d : *found) known->insert(d.host_path);
     s.git_known = std::move(known);
   }
-  if (Status d = ReportWorkspaceDisk(s.ws_mode, s.upper_fs_bytes, *policy, &confined->enforcement); !d.ok()) return d;
+  if (Status d = ReportWorkspaceDisk(s.ws_mode, s.upper_fs_bytes, *policy, &confined->enforcement); !d.ok()) {
+    return d;
+  }
   // The earlier world's upper filesystem (disk_gib), if any: the new world
   // starts with its changes. Kept until the new one is ready, so a world
   // that fails to start loses nothing.
@@ -764,9 +768,11 @@ Json Manager::Impl::RunFile(SessionState& s, World& world, const ConfinedCommand
   // A write the workspace's cap refused (ENOSPC from the tool) is disk_gib's
   // denial, naming the file.
   const auto upper_fs = s.UpperFs();
-  if (kind == "tool_error" && upper_fs && a.value("error", "").find(supervise::kNoSpaceSignature) != std::string::npos) {
+  const bool no_space = a.value("error", "").find(supervise::kNoSpaceSignature) != std::string::npos;
+  if (kind == "tool_error" && upper_fs && no_space) {
     const std::string path = input.value("path", "");
-    const std::string target = !path.empty() && path[0] == '/' ? path : paths::Join(confined.plan.workspace_target, path);
+    const std::string target =
+        !path.empty() && path[0] == '/' ? path : paths::Join(confined.plan.workspace_target, path);
     std::optional<Denial> d = supervise::DiskFullDenial(upper_fs->get(), s.upper_fs_bytes, target);
     if (!d) d = Denial{"resources", "write", target, supervise::DiskFullReason(s.upper_fs_bytes), "file-tool", 0};
     const Json denial = {{"facet", d->facet}, {"op", d->op}, {"target", d->target}, {"reason", d->reason},

@@ -701,6 +701,26 @@ TEST_F(WorldTest, ACappedUpperLayerCountsTowardTheSessionsMemory) {
   EXPECT_EQ(after["output"], "small\n") << after.dump();
 }
 
+// A copy-mode session's workspace is a copy on the host's disk: disk_gib
+// cannot bound it, so it is missing, and require: full refuses (fail closed).
+TEST_F(WorldTest, DiskGibInCopyModeIsMissingAndRefusedUnderRequireFull) {
+  Open("copy");
+  std::string id = Create("resources:\n  disk_gib: 1\n");
+  Json r = Bash(id, "echo ran");
+  EXPECT_EQ(r["kind"], "sandbox_error") << r.dump();
+  EXPECT_NE(r["output"].get<std::string>().find("disk_gib: the session's copy of the workspace"), std::string::npos)
+      << r["output"];
+  std::string partial = Create("sandbox:\n  require: partial\nresources:\n  disk_gib: 1\n");
+  Json p = Bash(partial, "echo ran");
+  ASSERT_EQ(p["kind"], "exited") << p.dump();
+  bool named = false;
+  for (const auto& m : p["outcome"]["enforcement"]["missing"]) {
+    named = named || (m["facet"] == "resources" && m["reason"].get<std::string>().find("disk_gib") != std::string::npos);
+  }
+  EXPECT_TRUE(named) << p["outcome"]["enforcement"].dump();
+  EXPECT_EQ(p["outcome"]["enforcement"]["facets"]["resources"]["level"], "partial");
+}
+
 TEST_F(WorldTest, RemoveLeavesNothingBehind) {
   std::string id = Create();
   Bash(id, "sleep 60 >/dev/null 2>&1 &");
