@@ -42,6 +42,7 @@
 #include "linux/seccomp_notify.h"
 #include "linux/user_dirs.h"
 #include "session/layers.h"
+#include "session/upper_image.h"
 #include "session/world.h"
 #include "supervise/denial_scanner.h"
 #include "supervise/disk_limit.h"
@@ -55,6 +56,8 @@ using linux::UniqueFd;
 
 constexpr std::size_t kMaxPatchBytes = 8u << 20;
 constexpr int kFileToolTimeoutMs = 30000;  // a file tool's deadline: then timed_out, its process killed
+// upper_fs auto: from this cap on, an image on disk rather than memory.
+constexpr std::uint64_t kUpperImageFromBytes = 4ULL << 30;
 
 const std::vector<std::string> kTools = {"bash", "read_file", "write_file", "edit_file", "list_dir", "glob"};
 
@@ -221,11 +224,11 @@ void AuditGitAfterCall(const Plan& plan, const std::set<std::string>& known, Jso
 }
 
 // disk_gib in a session: the resources facet says what bounds the
-// workspace. Overlay mode with its upper layer on a tmpfs of that size:
-// enforced (upper-tmpfs-size). A copy (copy mode) or the workspace itself
+// workspace. Overlay mode with its upper layer on a tmpfs or an image of
+// that size: enforced (upper-tmpfs-size, upper-loop-image). A copy (copy mode) or the workspace itself
 // (direct mode) is on the host's disk, unbounded: missing, and refused under
 // require: full (fail closed), as Confine refuses what it cannot give.
-Status ReportWorkspaceDisk(const std::string& ws_mode, std::uint64_t upper_fs_bytes, const Policy& policy,
+Status ReportWorkspaceDisk(const std::string& ws_mode, const std::string& upper_kind, const Policy& policy,
                            EnforcementReport* report) {
   if (!policy.resources.disk_bytes) return {};
   auto facet = std::find_if(report->facets.begin(), report->facets.end(),
@@ -237,7 +240,24 @@ Status ReportWorkspaceDisk(const std::string& ws_mode, std::uint64_t upper_fs_by
                      facet->notes.end());
   const std::string tmp = "/tmp, HOME and /dev/shm are each a tmpfs of that size, and no file may grow past it "
                           "(RLIMIT_FSIZE)";
-  if (ws_mode == "overlay" && upper_fs_bytes) {
+  if (ws_mode == "overlay" && upper_kind == "image") {
+    for (auto& f : report->facets) {
+      if (f.name != "filesystem") continue;
+      f.notes.erase(std::remove_if(f.notes.begin(), f.notes.end(),
+                                   [](const std::string& n) { return n.rfind("workspace is a host bind", 0) == 0; }),
+                    f.notes.end());
+    }
+    facet->mechanisms.push_back("upper-loop-image");
+    facet->notes.push_back(
+        "disk_gib: the session's changes to the workspace (its overlay upper layer and overlayfs's work "
+        "directory) are on an ext4 filesystem of that size, an image file under the state directory "
+        "loop-mounted by agentbox: file data and all metadata (inodes, directories, symlinks, whiteouts, "
+        "ext4's own journal and tables) count; the unchanged files of the base workspace and of snapshots below "
+        "do not. A write past it fails with ENOSPC, reported as a resources denial. The image is sparse: the "
+        "host's disk holds what the session wrote, at most that size. " + tmp);
+    return {};
+  }
+  if (ws_mode == "overlay" && upper_kind == "tmpfs") {
     // Nor is the workspace a host bind of unlimited size any more.
     for (auto& f : report->facets) {
       if (f.name != "filesystem") continue;
@@ -288,9 +308,11 @@ struct SessionState {
   std::string ws_mode;      // overlay | copy | direct
   std::vector<std::string> lowers;
   // disk_gib in overlay mode: the upper layer and the work directory are on
-  // a tmpfs of this size that the world's init mounts ("upper_fs": "tmpfs"
-  // in the recipe; 0: the host directories under `dir`).
+  // a filesystem of this size (0: the host directories under `dir`): a
+  // tmpfs that the world's init mounts (upper_kind tmpfs), or an image file
+  // mounted on the host at ImageMount() (image).
   std::uint64_t upper_fs_bytes = 0;
+  std::string upper_kind = "disk";  // disk | tmpfs | image (recipe "upper_fs")
 
   std::mutex mu;            // log, results, counters, upper_fs
   // The tmpfs's root, handed over by the world that mounted it: it keeps the
@@ -336,6 +358,7 @@ struct SessionState {
     s.lowers = lowers;
     s.upper = ws_mode == "copy" ? dir + "/copy" : dir + "/upper";
     s.copy_mode = ws_mode == "copy";
+    if (upper_kind == "image") s.upper = ImageMount() + "/upper";
     {
       std::lock_guard<std::mutex> lock(mu);
       *hold = upper_fs;
@@ -345,7 +368,7 @@ struct SessionState {
     struct stat st {};
     if (*hold && (*hold)->valid()) {
       s.upper = "/proc/self/fd/" + std::to_string((*hold)->get()) + "/upper";
-    } else if (upper_fs_bytes && stat((SpillDir() + "/upper").c_str(), &st) == 0) {
+    } else if (upper_kind == "tmpfs" && stat((SpillDir() + "/upper").c_str(), &st) == 0) {
       s.upper = SpillDir() + "/upper";
     }
     return s;
@@ -353,6 +376,25 @@ struct SessionState {
 
   // Where the capped upper layer is written when the process stops.
   std::string SpillDir() const { return dir + "/spill"; }
+  // upper_fs image: the image file, and where it is mounted on the host.
+  std::string ImageFile() const { return dir + "/upper.img"; }
+  std::string ImageMount() const { return dir + "/upperfs"; }
+
+  // Mounts the session's image when it is not (a restarted process, a
+  // removal pending): its upper layer is then at ImageMount()/upper.
+  Status EnsureImage() const {
+    struct stat st {};
+    const mode_t mode = stat(workspace.c_str(), &st) == 0 ? st.st_mode & 0777 : 0700;
+    return EnsureUpperImage(ImageFile(), ImageMount(), upper_fs_bytes, mode);
+  }
+
+  // Any fd on the filesystem disk_gib caps (null: none), for statfs.
+  std::shared_ptr<const UniqueFd> CappedFs() {
+    if (upper_kind == "tmpfs") return UpperFs();
+    if (upper_kind != "image") return nullptr;
+    auto fd = std::make_shared<const UniqueFd>(open(ImageMount().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    return fd->valid() ? fd : nullptr;
+  }
 
   std::shared_ptr<const UniqueFd> UpperFs() {
     std::lock_guard<std::mutex> lock(mu);
@@ -400,9 +442,8 @@ Status Manager::Impl::Load(const std::string& id) {
   s->workspace = s->recipe.value("workspace", "");
   s->ws_mode = s->recipe.value("workspace_mode", "overlay");
   s->lowers = s->recipe.value("lowers", std::vector<std::string>{});
-  if (s->recipe.value("upper_fs", "") == "tmpfs") {
-    s->upper_fs_bytes = s->recipe.value("upper_fs_bytes", std::uint64_t{0});
-  }
+  s->upper_kind = s->recipe.value("upper_fs", "disk");
+  if (s->upper_kind != "disk") s->upper_fs_bytes = s->recipe.value("upper_fs_bytes", std::uint64_t{0});
   bool upper_in_memory = false;  // a world of this session held its upper layer in memory
   const std::string log_path = s->dir + "/log.jsonl";
   // Replay what the log holds: recorded results, and calls a killed
@@ -420,7 +461,7 @@ Status Manager::Impl::Load(const std::string& id) {
       s->next_seq = std::max(s->next_seq, seq + 1);
       const std::string type = e.value("type", "");
       const std::string event = type == "event" ? e.value("event", "") : "";
-      if (event == "provisioned" || event == "reprovisioned") upper_in_memory = s->upper_fs_bytes > 0;
+      if (event == "provisioned" || event == "reprovisioned") upper_in_memory = s->upper_kind == "tmpfs";
       if (event == "upper_lost" || event == "upper_spilled") upper_in_memory = false;
       s->upper_lost = s->upper_lost || event == "upper_lost";
       if (type == "call") {
@@ -516,7 +557,13 @@ Status Manager::Impl::Provision(SessionState& s) {
     if (ws_op == plan.mounts.end()) {
       return Status::Error("session", "the plan has no workspace mount to layer (" + plan.workspace_source + ")");
     }
-    if (s.ws_mode == "overlay" && s.upper_fs_bytes) {
+    if (s.ws_mode == "overlay" && s.upper_kind == "image") {
+      // disk_gib on disk: the image, mounted on the host; the init stages
+      // its upper and work like the host directories below.
+      if (Status m = s.EnsureImage(); !m.ok()) return m;
+      ws_op->kind = MountKind::kOverlay;
+      plan.workspace_overlay = WorkspaceOverlay{s.lowers, s.ImageMount() + "/upper", s.ImageMount() + "/work"};
+    } else if (s.ws_mode == "overlay" && s.upper_kind == "tmpfs") {
       // disk_gib: the init mounts upper and work on a tmpfs of that size
       // (mounts.cc) and gives the base's mode to the upper layer there.
       ws_op->kind = MountKind::kOverlay;
@@ -560,7 +607,7 @@ Status Manager::Impl::Provision(SessionState& s) {
     for (const auto& d : *found) known->insert(d.host_path);
     s.git_known = std::move(known);
   }
-  if (Status d = ReportWorkspaceDisk(s.ws_mode, s.upper_fs_bytes, *policy, &confined->enforcement); !d.ok()) {
+  if (Status d = ReportWorkspaceDisk(s.ws_mode, s.upper_kind, *policy, &confined->enforcement); !d.ok()) {
     return d;
   }
   // The earlier world's upper filesystem (disk_gib), if any: the new world
@@ -568,7 +615,7 @@ Status Manager::Impl::Provision(SessionState& s) {
   // that fails to start loses nothing.
   // Or the one a stopped process wrote to the state directory.
   std::shared_ptr<const UniqueFd> seed = s.UpperFs();
-  const bool from_spill = s.upper_fs_bytes && !seed;
+  const bool from_spill = s.upper_kind == "tmpfs" && !seed;
   if (from_spill) {
     struct stat st {};
     if (stat((s.SpillDir() + "/upper").c_str(), &st) == 0) {
@@ -662,7 +709,7 @@ Json Manager::Impl::RunBash(SessionState& s, World& world, const ConfinedCommand
   }
   // disk_gib: a workspace found full after the call, or a command that says
   // it hit ENOSPC (and freed space before it ended).
-  if (const auto upper_fs = s.UpperFs(); upper_fs && upper_fs->valid()) {
+  if (const auto upper_fs = s.CappedFs(); upper_fs && upper_fs->valid()) {
     std::optional<Denial> full = supervise::DiskFullDenial(upper_fs->get(), s.upper_fs_bytes, plan.workspace_target);
     if (!full) full = supervise::DiskFullDenialFromOutput(r.output, s.upper_fs_bytes, plan.workspace_target);
     if (full) o.denials.push_back(std::move(*full));
@@ -767,7 +814,7 @@ Json Manager::Impl::RunFile(SessionState& s, World& world, const ConfinedCommand
   outcome.erase("output");
   // A write the workspace's cap refused (ENOSPC from the tool) is disk_gib's
   // denial, naming the file.
-  const auto upper_fs = s.UpperFs();
+  const auto upper_fs = s.CappedFs();
   const bool no_space = a.value("error", "").find(supervise::kNoSpaceSignature) != std::string::npos;
   if (kind == "tool_error" && upper_fs && no_space) {
     const std::string path = input.value("path", "");
@@ -827,6 +874,9 @@ Result<std::string> Manager::Impl::TakeSnapshot(SessionState& s) {
   }
   const std::string snap = RandomId("snap-");
   const std::string dest = SnapshotsDir() + "/" + snap;
+  if (s.upper_kind == "image" && s.ws_mode == "overlay") {
+    if (Status m = s.EnsureImage(); !m.ok()) return m;
+  }
   std::shared_ptr<const UniqueFd> hold;
   LayerStack stack = s.Layers(&hold);
   struct stat st {};
@@ -978,10 +1028,18 @@ Result<std::string> Manager::Create(const CreateRequest& request) {
                  {"workspace_mode", ws_mode},
                  {"workspace_mode_reason", mode_reason},
                  {"snapshot_on_exit", policy->sandbox.snapshot_on_exit}};
-  // disk_gib bounds an overlay session's own layer: a tmpfs of that size.
+  // disk_gib bounds an overlay session's own layer: a tmpfs or an image of that size.
   if (ws_mode == "overlay" && policy->resources.disk_bytes) {
-    recipe["upper_fs"] = "tmpfs";
-    recipe["upper_fs_bytes"] = *policy->resources.disk_bytes;
+    const std::uint64_t bytes = *policy->resources.disk_bytes;
+    std::string kind = m.options.upper_fs;
+    if (kind == "auto") kind = bytes >= kUpperImageFromBytes && UpperImageAvailable() ? "image" : "tmpfs";
+    if (kind == "image" && !UpperImageAvailable()) {
+      RemoveTree(dir);
+      return Status::Error(kBadRequest, "upper_fs image needs root, /dev/loop-control and mkfs.ext4; this process "
+                                        "has not all of them (use upper_fs tmpfs)");
+    }
+    recipe["upper_fs"] = kind;
+    recipe["upper_fs_bytes"] = bytes;
   } else {
     recipe["upper_fs"] = "disk";
   }
@@ -1203,6 +1261,9 @@ Result<Json> Manager::Diff(const std::string& id) {
     return Status::Error(kBadRequest, "session " + id + " works on its workspace directly (fresh_per_task: false): "
                                       "its changes are already in " + s->workspace);
   }
+  if (s->upper_kind == "image" && s->ws_mode == "overlay") {
+    if (Status m = s->EnsureImage(); !m.ok()) return m;
+  }
   std::shared_ptr<const UniqueFd> hold;
   LayerStack stack = s->Layers(&hold);
   struct stat st {};
@@ -1251,6 +1312,11 @@ Status Manager::Remove(const std::string& id) {
     std::lock_guard<std::mutex> lock(s->mu);
     s->upper_fs.reset();  // the tmpfs goes with the last holder (a Diff may still read it)
   }
+  if (Status u = UnmountUpperImage(s->ImageMount()); !u.ok()) {
+    std::lock_guard<std::mutex> lock(s->mu);
+    s->removing = false;
+    return u;
+  }
   {
     std::lock_guard<std::mutex> lock(m.mu);
     m.sessions.erase(id);
@@ -1274,6 +1340,8 @@ void Manager::Shutdown(int grace_ms) {
       std::lock_guard<std::mutex> wl(s->world_mu);
       if (s->world) s->world->Stop(grace_ms);
       SpillUpperLayer(*s);
+      // An image stays on disk; its mount goes with this process's service.
+      if (s->upper_kind == "image") (void)UnmountUpperImage(s->ImageMount());
     });
   }
   for (auto& t : stoppers) t.join();

@@ -721,6 +721,48 @@ TEST_F(WorldTest, DiskGibInCopyModeIsMissingAndRefusedUnderRequireFull) {
   EXPECT_EQ(p["outcome"]["enforcement"]["facets"]["resources"]["level"], "partial");
 }
 
+// As root, the upper layer can be an ext4 image loop-mounted under the
+// state directory instead of memory: capped the same, kept across a
+// restart of the process, and no mount left after it stops or the session
+// is removed.
+TEST_F(WorldTest, DiskGibOnALoopImageAsRoot) {
+  if (geteuid() != 0 || access("/dev/loop-control", W_OK) != 0) {
+    GTEST_SKIP() << "not applicable here: loop-mounting an image needs root and /dev/loop-control";
+  }
+  manager_.reset();
+  ManagerOptions o;
+  o.state_dir = state_;
+  o.agentbox_exe = Bin();
+  o.upper_fs = "image";
+  auto m = Manager::Open(o);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  manager_ = std::move(*m);
+  std::string id = Create("resources:\n  disk_gib: 0.25\n");
+  EXPECT_EQ((*manager_->Describe(id))["upper_fs"], "image");
+  ASSERT_EQ(Bash(id, "echo kept > k.txt")["kind"], "exited");
+  Json r = Bash(id, "for i in 1 2 3; do dd if=/dev/zero of=big$i bs=1M count=150 status=none || exit 1; done");
+  EXPECT_EQ(r["kind"], "sandbox_denied") << r.dump();
+  ASSERT_TRUE(r["outcome"]["denials"].is_array() && !r["outcome"]["denials"].empty()) << r.dump();
+  EXPECT_EQ(r["outcome"]["denials"][0]["facet"], "resources") << r.dump();
+  bool mechanism = false;
+  for (const auto& mech : r["outcome"]["enforcement"]["facets"]["resources"]["mechanisms"]) {
+    mechanism = mechanism || mech == "upper-loop-image";
+  }
+  EXPECT_TRUE(mechanism) << r["outcome"]["enforcement"].dump();
+  Bash(id, "rm -f big*");
+  manager_.reset();  // stops: the image is unmounted, and stays
+  EXPECT_EQ(Read("/proc/self/mountinfo").find(state_), std::string::npos) << "a mount under the state directory";
+  m = Manager::Open(o);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  manager_ = std::move(*m);
+  auto diff = manager_->Diff(id);
+  ASSERT_TRUE(diff.ok()) << diff.status().ToString();
+  EXPECT_NE((*diff)["patch"].get<std::string>().find("+kept"), std::string::npos) << diff->dump();
+  EXPECT_EQ(Bash(id, "cat k.txt")["output"], "kept\n");
+  ASSERT_TRUE(manager_->Remove(id).ok());
+  EXPECT_EQ(Read("/proc/self/mountinfo").find(state_), std::string::npos) << "a mount under the state directory";
+}
+
 TEST_F(WorldTest, RemoveLeavesNothingBehind) {
   std::string id = Create();
   Bash(id, "sleep 60 >/dev/null 2>&1 &");
