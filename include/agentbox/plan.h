@@ -194,6 +194,13 @@ struct WorkspaceOverlay {
   std::vector<std::string> lowers;  // snapshot trees, newest first (above the base)
   std::string upper;
   std::string work;                 // overlay's work dir, same filesystem as upper
+  // disk_gib: > 0 puts upper and work on a tmpfs of this size that the
+  // session's init mounts (in its own namespaces) instead of the host
+  // directories named above; their last components name them on it.
+  std::uint64_t upper_fs_bytes = 0;
+  // With upper_fs_bytes: the world is handed an earlier world's upper
+  // filesystem (its root) to copy into the new one first (world.h).
+  bool upper_seeded = false;
 };
 
 struct Plan {

@@ -192,6 +192,10 @@ std::string PlanToJson(const Plan& plan, int indent) {
     j["workspace"]["overlay"] = {{"lowers", plan.workspace_overlay->lowers},
                                  {"upper", plan.workspace_overlay->upper},
                                  {"work", plan.workspace_overlay->work}};
+    if (plan.workspace_overlay->upper_fs_bytes) {
+      j["workspace"]["overlay"]["upper_fs_bytes"] = plan.workspace_overlay->upper_fs_bytes;
+      j["workspace"]["overlay"]["upper_seeded"] = plan.workspace_overlay->upper_seeded;
+    }
   }
   {
     const ResourceLimits& l = plan.limits;
@@ -284,6 +288,8 @@ Result<Plan> PlanFromJson(const std::string& text) {
       const json& o = ws.at("overlay");
       plan.workspace_overlay = WorkspaceOverlay{o.at("lowers").get<std::vector<std::string>>(),
                                                 o.at("upper").get<std::string>(), o.at("work").get<std::string>()};
+      plan.workspace_overlay->upper_fs_bytes = o.value("upper_fs_bytes", std::uint64_t{0});
+      plan.workspace_overlay->upper_seeded = o.value("upper_seeded", false);
     }
     if (j.contains("limits")) {
       const json& lim = j.at("limits");

@@ -104,7 +104,7 @@ Result<Launched> Launch(const Plan& plan, const std::vector<std::string>& argv, 
     }
     if (session) {
       SessionInitMain(plan, out.resolved, status_w.get(), lifeline_r.get(), filter_recv.get(), proxy_send.get(),
-                      session->control_fd, session->hooks);
+                      session->control_fd, session->upper_seed_fd, session->hooks);
     }
     RunnerMain(plan, out.resolved, argv, status_w.get(), lifeline_r.get(), filter_recv.get(), proxy_send.get());
   }

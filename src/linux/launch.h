@@ -43,6 +43,7 @@ struct Launched {
 // `session->control_fd` instead of running argv.
 struct SessionLaunch {
   int control_fd = -1;
+  int upper_seed_fd = -1;  // an earlier world's upper filesystem (runner.h); -1: none
   SessionHooks hooks;
 };
 [[nodiscard]] Result<Launched> Launch(const Plan& plan, const std::vector<std::string>& argv,

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <string>
 #include <vector>
@@ -126,7 +127,51 @@ Status CreatePlaceholderInside(const ResolvedMount& m, const Plan& plan) {
 // bound directory: overlayfs wants them on one mount. The names that remain
 // are the last components of upper and work, which the option string
 // separates with ',' and ':' and escapes with '\\': such names are refused.
-Status MountOverlay(const MountOp& op, const Plan& plan) {
+// disk_gib: the session's upper layer and overlayfs's work directory on a
+// tmpfs of that size, mounted at `at` in the staging root (so that it shows
+// nowhere inside once the staging names go). An earlier world's upper layer
+// is copied in first: the new filesystem has the same size, so it fits.
+// nr_inodes is bounded too (one per 4 KiB of the size): tmpfs does not count
+// inodes in its size, and empty files would otherwise cost memory unbounded.
+Status MountUpperFs(const std::string& at, const MountOp& op, const WorkspaceOverlay& o, const std::string& upper,
+                    const std::string& work, UpperFs* out, std::vector<std::string>* staged) {
+  if (out == nullptr) {
+    return Status::Error("mount", "the workspace's upper layer has a size (disk_gib) but no session init holds it");
+  }
+  if (mkdir(at.c_str(), 0700) != 0) return Status::Errno("mount", "mkdir", at);
+  const std::uint64_t inodes = std::max<std::uint64_t>(1024, o.upper_fs_bytes / 4096);
+  const std::string data = "size=" + std::to_string(o.upper_fs_bytes) + ",nr_inodes=" + std::to_string(inodes) +
+                           ",mode=0700";
+  if (mount("tmpfs", at.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, data.c_str()) != 0) {
+    const int err = errno;
+    rmdir(at.c_str());
+    return Status::Syscall("mount", "mount(tmpfs, " + data + ")", "the workspace's upper layer (disk_gib)", err);
+  }
+  staged->push_back(at);
+  UniqueFd root(open(at.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!root.valid()) return Status::Errno("mount", "open", at);
+  if (mkdirat(root.get(), upper.c_str(), 0700) != 0) return Status::Errno("mount", "mkdir", at + "/" + upper);
+  if (mkdirat(root.get(), work.c_str(), 0700) != 0) return Status::Errno("mount", "mkdir", at + "/" + work);
+  UniqueFd up(openat(root.get(), upper.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!up.valid()) return Status::Errno("mount", "open", at + "/" + upper);
+  // The merged root takes the upper layer's mode: give it the base's.
+  struct stat base {};
+  if (stat(Host(op.source).c_str(), &base) == 0 && fchmod(up.get(), base.st_mode & 07777) != 0) {
+    return Status::Errno("mount", "fchmod", at + "/" + upper);
+  }
+  if (out->seed_fd >= 0) {
+    if (out->copy_upper == nullptr) return Status::Error("mount", "an upper layer to carry over, and no copier");
+    UniqueFd from(openat(out->seed_fd, upper.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!from.valid() && errno != ENOENT) return Status::Errno("mount", "open", "the earlier world's upper layer");
+    if (from.valid()) {
+      if (Status s = out->copy_upper(from.get(), up.get()); !s.ok()) return s;
+    }
+  }
+  out->root = std::move(root);
+  return {};
+}
+
+Status MountOverlay(const MountOp& op, const Plan& plan, UpperFs* upper_fs) {
   if (!plan.workspace_overlay) return Status::Error("mount", "overlay mount without overlay layers in the plan");
   const WorkspaceOverlay& o = *plan.workspace_overlay;
   const std::string rw = paths::Parent(o.upper);
@@ -169,7 +214,13 @@ Status MountOverlay(const MountOp& op, const Plan& plan) {
     if (Status s = stage(lowers[i], name); !s.ok()) return s;
     lowerdir += (i == 0 ? "" : ":") + name;
   }
-  if (Status s = stage(rw, "rw"); !s.ok()) return s;
+  if (o.upper_fs_bytes) {
+    if (Status s = MountUpperFs(std::string(kLayersDir) + "/rw", op, o, upper, work, upper_fs, &staged); !s.ok()) {
+      return s;
+    }
+  } else if (Status s = stage(rw, "rw"); !s.ok()) {
+    return s;
+  }
   const std::string options =
       "lowerdir=" + lowerdir + ",upperdir=rw/" + upper + ",workdir=rw/" + work + ",userxattr";
   if (Status s = EnsureTarget(op.target, true); !s.ok()) return s;
@@ -277,7 +328,7 @@ Status PivotToStagingRoot() {
   return {};
 }
 
-Status ApplyMount(const ResolvedMount& m, const Plan& plan) {
+Status ApplyMount(const ResolvedMount& m, const Plan& plan, UpperFs* upper_fs) {
   const MountOp& op = m.op;
   constexpr std::uint64_t kSafe = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
   switch (op.kind) {
@@ -324,7 +375,7 @@ Status ApplyMount(const ResolvedMount& m, const Plan& plan) {
     case MountKind::kPin:
       return BindInPlace(m, plan, kSafe);
     case MountKind::kOverlay:
-      return MountOverlay(op, plan);
+      return MountOverlay(op, plan, upper_fs);
   }
   return Status::Error("mount", "unknown mount kind");
 }

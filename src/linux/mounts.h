@@ -4,6 +4,7 @@
 
 #include "agentbox/plan.h"
 #include "agentbox/status.h"
+#include "linux/fd.h"
 #include "linux/resolve.h"
 
 namespace agentbox::linux {
@@ -15,8 +16,25 @@ namespace agentbox::linux {
 // at /oldroot until DetachOldRoot(). Also prepares the empty mask sources.
 [[nodiscard]] Status PivotToStagingRoot();
 
-// One mount step. Host sources are read through /oldroot.
-[[nodiscard]] Status ApplyMount(const ResolvedMount& mount, const Plan& plan);
+// A session's upper layer on a filesystem of its own (disk_gib,
+// WorkspaceOverlay::upper_fs_bytes): what the overlay step is given, and
+// what it leaves for the session's init to hand to its caller.
+struct UpperFs {
+  // An earlier world's upper filesystem (its root), whose upper layer is
+  // copied into the new one before the overlay is mounted; -1: none.
+  int seed_fd = -1;
+  // Copies the contents of one upper layer directory into another, keeping
+  // whiteouts and opaque marks (the session layer's copier: linux/ does not
+  // know layers).
+  Status (*copy_upper)(int from_dir, int to_dir) = nullptr;
+  // Out: the new filesystem's root. Holding it keeps the filesystem, and
+  // with it the session's changes, after the world that mounted it ends.
+  UniqueFd root;
+};
+
+// One mount step. Host sources are read through /oldroot. `upper_fs`: for a
+// kOverlay mount whose upper layer has a size of its own (sessions only).
+[[nodiscard]] Status ApplyMount(const ResolvedMount& mount, const Plan& plan, UpperFs* upper_fs = nullptr);
 
 // Binds per-sandbox random values over the host's identifiers where they
 // show inside the new root: /proc/sys/kernel/random/boot_id, /etc/machine-id

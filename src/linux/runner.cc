@@ -69,14 +69,17 @@ Status TieToSupervisor(int lifeline_fd) {
 // Keeps stdio, the status pipe, the lifeline and the filter socket (when
 // there is one); closes every other inherited fd, among them the
 // supervisor's end of the filter socket, so that its EOF reaches us.
-Status CloseInheritedFds(int* status_fd, int* lifeline_fd, int* filter_fd, int* proxy_fd, int* control_fd) {
+Status CloseInheritedFds(int* status_fd, int* lifeline_fd, int* filter_fd, int* proxy_fd, int* control_fd,
+                         int* seed_fd) {
   // Move them out of the way first: any may already sit at 3, 4, 5, 6 or 7.
   int s = fcntl(*status_fd, F_DUPFD_CLOEXEC, 10);
   int l = fcntl(*lifeline_fd, F_DUPFD_CLOEXEC, 10);
   int f = *filter_fd >= 0 ? fcntl(*filter_fd, F_DUPFD_CLOEXEC, 10) : -1;
   int x = *proxy_fd >= 0 ? fcntl(*proxy_fd, F_DUPFD_CLOEXEC, 10) : -1;
   int c = *control_fd >= 0 ? fcntl(*control_fd, F_DUPFD_CLOEXEC, 10) : -1;
-  if (s < 0 || l < 0 || (*filter_fd >= 0 && f < 0) || (*proxy_fd >= 0 && x < 0) || (*control_fd >= 0 && c < 0)) {
+  int u = *seed_fd >= 0 ? fcntl(*seed_fd, F_DUPFD_CLOEXEC, 10) : -1;
+  if (s < 0 || l < 0 || (*filter_fd >= 0 && f < 0) || (*proxy_fd >= 0 && x < 0) || (*control_fd >= 0 && c < 0) ||
+      (*seed_fd >= 0 && u < 0)) {
     return Status::Errno("fds", "fcntl(F_DUPFD_CLOEXEC)");
   }
   if (dup3(s, 3, O_CLOEXEC) < 0 || dup3(l, 4, O_CLOEXEC) < 0) return Status::Errno("fds", "dup3");
@@ -94,6 +97,10 @@ Status CloseInheritedFds(int* status_fd, int* lifeline_fd, int* filter_fd, int* 
   if (c >= 0) {
     if (dup3(c, next, O_CLOEXEC) < 0) return Status::Errno("fds", "dup3");
     *control_fd = next++;
+  }
+  if (u >= 0) {
+    if (dup3(u, next, O_CLOEXEC) < 0) return Status::Errno("fds", "dup3");
+    *seed_fd = next++;
   }
   const unsigned first = static_cast<unsigned>(next);
   if (CloseRange(first, ~0U, 0) != 0) {
@@ -159,11 +166,11 @@ Status LeaveSessionKeyring() {
   return {};
 }
 
-Status BuildRoot(const Plan& plan, const ResolvedPlan& resolved) {
+Status BuildRoot(const Plan& plan, const ResolvedPlan& resolved, UpperFs* upper_fs) {
   if (Status s = MakeMountsPrivate(); !s.ok()) return s;
   if (Status s = PivotToStagingRoot(); !s.ok()) return s;
   for (const auto& m : resolved.mounts) {
-    if (Status s = ApplyMount(m, plan); !s.ok()) {
+    if (Status s = ApplyMount(m, plan, upper_fs); !s.ok()) {
       return s.WithContext(std::string(ToString(m.op.kind)) + " " + m.op.target + " (" + m.op.why + ")");
     }
   }
@@ -362,8 +369,9 @@ struct SetUpResult {
 };
 
 // Every set-up step, in order; a failure is reported and ends the runner.
+// `upper_fs`: a session's upper layer with a size of its own (null: none).
 SetUpResult SetUpSandbox(const Plan& plan, const ResolvedPlan& resolved, int* status_fd, int* lifeline_fd,
-                         int* filter_fd, int* proxy_fd, int* control_fd) {
+                         int* filter_fd, int* proxy_fd, int* control_fd, UpperFs* upper_fs) {
   // Step order matters: the id maps come first (nothing else is permitted
   // before them), procfs is mounted while the host root is still attached,
   // and the working directory is entered only once the final root exists.
@@ -376,7 +384,10 @@ SetUpResult SetUpSandbox(const Plan& plan, const ResolvedPlan& resolved, int* st
   // Out of the supervisor's process group: a terminal's ^C reaches the
   // supervisor alone, which forwards it once.
   setpgid(0, 0);
-  if (Status s = CloseInheritedFds(status_fd, lifeline_fd, filter_fd, proxy_fd, control_fd); !s.ok()) {
+  int no_seed = -1;
+  if (Status s = CloseInheritedFds(status_fd, lifeline_fd, filter_fd, proxy_fd, control_fd,
+                                   upper_fs ? &upper_fs->seed_fd : &no_seed);
+      !s.ok()) {
     Fail(*status_fd, s);
   }
   // Landlock-only: no namespaces, so no id maps, root, loopback or hostname.
@@ -397,7 +408,12 @@ SetUpResult SetUpSandbox(const Plan& plan, const ResolvedPlan& resolved, int* st
     if (Status s = LeaveSessionKeyring(); !s.ok()) Fail(*status_fd, s);
   }
   if (namespaced) {
-    if (Status s = BuildRoot(plan, resolved); !s.ok()) Fail(*status_fd, s);
+    if (Status s = BuildRoot(plan, resolved, upper_fs); !s.ok()) Fail(*status_fd, s);
+    // The earlier world's upper layer is copied: nothing here needs it again.
+    if (upper_fs && upper_fs->seed_fd >= 0) {
+      close(upper_fs->seed_fd);
+      upper_fs->seed_fd = -1;
+    }
     if (Status s = BringUpLoopback(); !s.ok()) Fail(*status_fd, s);
     // The egress proxy's listeners, bound on this namespace's loopback and
     // handed to the supervisor; none stays open in here.
@@ -443,7 +459,8 @@ SetUpResult SetUpSandbox(const Plan& plan, const ResolvedPlan& resolved, int* st
 void RunnerMain(const Plan& plan, const ResolvedPlan& resolved, const std::vector<std::string>& argv,
                 int status_fd, int lifeline_fd, int filter_fd, int proxy_fd) {
   int no_control = -1;
-  SetUpResult set_up = SetUpSandbox(plan, resolved, &status_fd, &lifeline_fd, &filter_fd, &proxy_fd, &no_control);
+  SetUpResult set_up =
+      SetUpSandbox(plan, resolved, &status_fd, &lifeline_fd, &filter_fd, &proxy_fd, &no_control, nullptr);
   const bool namespaced = plan.confined && plan.backend == Backend::kNamespaces;
   NotifyResponder* responder = set_up.responder.get();
   UniqueFd& sigfd = set_up.sigfd;
@@ -505,6 +522,27 @@ void RunnerMain(const Plan& plan, const ResolvedPlan& resolved, const std::vecto
 
 
 namespace {
+
+// The session's upper filesystem, to the caller: {"t":"upper"} with its root.
+Status SendUpperFs(int control_fd, int root_fd) {
+  static const char kText[] = "{\"t\":\"upper\"}";
+  struct iovec iov = {const_cast<char*>(kText), sizeof(kText) - 1};
+  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  struct msghdr msg {};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  struct cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &root_fd, sizeof(int));
+  while (sendmsg(control_fd, &msg, MSG_NOSIGNAL) < 0) {
+    if (errno != EINTR) return Status::Errno("runner", "sendmsg(SCM_RIGHTS)", "the workspace's upper layer");
+  }
+  return {};
+}
 
 // A session call in flight: a command's keeper (CallKeeper: the leader of
 // the call's session, sid == its pid) or a file tool's forked process.
@@ -682,8 +720,20 @@ std::string JsonEscape(const std::string& s) {
 }  // namespace
 
 void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_fd, int lifeline_fd, int filter_fd,
-                     int proxy_fd, int control_fd, const SessionHooks& hooks) {
-  SetUpResult set_up = SetUpSandbox(plan, resolved, &status_fd, &lifeline_fd, &filter_fd, &proxy_fd, &control_fd);
+                     int proxy_fd, int control_fd, int upper_seed_fd, const SessionHooks& hooks) {
+  UpperFs upper_fs;
+  upper_fs.seed_fd = upper_seed_fd;
+  upper_fs.copy_upper = hooks.copy_upper;
+  SetUpResult set_up =
+      SetUpSandbox(plan, resolved, &status_fd, &lifeline_fd, &filter_fd, &proxy_fd, &control_fd, &upper_fs);
+  // An upper layer with a size of its own goes to the caller first thing
+  // on the control socket, before "ready": the caller keeps it, so that the
+  // session's changes outlive this world (its diff, snapshots, the next
+  // world's copy). Nothing of it stays open in here.
+  if (upper_fs.root.valid()) {
+    if (Status s = SendUpperFs(control_fd, upper_fs.root.get()); !s.ok()) Fail(status_fd, s);
+    upper_fs.root.reset();
+  }
   NotifyResponder* responder = set_up.responder.get();
   UniqueFd& sigfd = set_up.sigfd;
   const sigset_t& original = set_up.original;

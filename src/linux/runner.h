@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "agentbox/plan.h"
+#include "agentbox/status.h"
 #include "linux/resolve.h"
 
 namespace agentbox::linux {
@@ -32,11 +33,18 @@ namespace agentbox::linux {
 //   {"op":"kill","id":N,"signal":S}
 // The init reports "ready" on the status pipe once set up; it ends when the
 // control socket closes, or on SIGTERM once its calls are gone.
+//
+// With an upper layer of a size of its own (WorkspaceOverlay::upper_fs_bytes,
+// disk_gib), the init mounts it (a tmpfs, copying in the upper layer of
+// `upper_seed_fd`, an earlier world's upper filesystem, when >= 0) and sends
+// its root first on `control_fd`: {"t":"upper"} with the fd.
 struct SessionHooks {
   std::string (*file_op)(const std::string& request) = nullptr;
+  Status (*copy_upper)(int from_dir, int to_dir) = nullptr;  // linux/mounts.h UpperFs
 };
 
 [[noreturn]] void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_fd, int lifeline_fd,
-                                  int filter_fd, int proxy_fd, int control_fd, const SessionHooks& hooks);
+                                  int filter_fd, int proxy_fd, int control_fd, int upper_seed_fd,
+                                  const SessionHooks& hooks);
 
 }  // namespace agentbox::linux

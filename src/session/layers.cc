@@ -1116,6 +1116,37 @@ Status CopyTree(const std::string& from, const std::string& to) {
   return Guarded("copy", "copy of " + from + " to " + to, [&] { return CopyTreeUnguarded(from, to); });
 }
 
+Status CopyUpperTree(const std::string& from, const std::string& to) {
+  return Guarded("copy", "copy of " + from + " to " + to, [&]() -> Status {
+    if (mkdir(to.c_str(), 0700) != 0) return Status::Errno("copy", "mkdir", to);
+    TreeCopier::Options options;
+    options.stage = "copy";
+    options.overlay_markers = true;
+    options.chown = geteuid() == 0;
+    return CopyInto(from, to, options, nullptr);
+  });
+}
+
+Status CopyUpperLayer(int from_dir, int to_dir) {
+  return Guarded("copy", "copy of the earlier world's upper layer", [&]() -> Status {
+    TreeCopier::Options options;
+    options.stage = "copy";
+    options.overlay_markers = true;
+    options.chown = true;  // inside the session's user namespace: the ids it maps
+    TreeCopier copier(options, "upper", "upper");
+    if (Status s = copier.CopyContents(from_dir, to_dir, ""); !s.ok()) return s;
+    struct stat st {};
+    if (fstat(from_dir, &st) != 0) return Status::Errno("copy", "fstat", "upper");
+    if (IsOpaque(from_dir) && fsetxattr(to_dir, kOpaqueXattr, "y", 1, 0) != 0) {
+      return Status::Errno("copy", std::string("setxattr ") + kOpaqueXattr, "upper");
+    }
+    if (fchmod(to_dir, KeptMode(st)) != 0) return Status::Errno("copy", "fchmod", "upper");
+    struct timespec times[2] = {st.st_atim, st.st_mtim};
+    if (futimens(to_dir, times) != 0) return Status::Errno("copy", "futimens", "upper");
+    return {};
+  });
+}
+
 Result<Json> ComputeDiff(const LayerStack& stack, std::size_t max_patch_bytes, std::size_t max_files) {
   return Guarded("diff", "diff of " + stack.upper,
                  [&] { return ComputeDiffUnguarded(stack, max_patch_bytes, max_files); });

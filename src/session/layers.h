@@ -98,6 +98,19 @@ Status VerifySnapshot(const std::string& dir);
 // set-user-ID and set-group-ID bits (and the sticky bit on files) are dropped.
 Status CopyTree(const std::string& from, const std::string& to);
 
+// Copies the contents of the upper layer directory `from_dir` into the empty
+// directory `to_dir`, as CopyTree does, keeping whiteouts and opaque marks
+// and ownership where the process may give it (a session's init copies an
+// earlier world's upper layer into a new capped one: disk_gib); `to_dir`
+// gets the mode and times of `from_dir`. Errors name paths below "upper".
+Status CopyUpperLayer(int from_dir, int to_dir);
+
+// Copies the upper layer directory `from` to `to` (created; its parent must
+// exist), keeping whiteouts and opaque marks, then flushes it (syncfs): a
+// session's capped upper layer written to the state directory when the
+// process holding it stops.
+Status CopyUpperTree(const std::string& from, const std::string& to);
+
 // The session's changes against the base: the merged view (upper over the
 // lowers over the base, or the copy) compared with the base, as git sees
 // them: regular files and symlinks (directories are not content; an empty

@@ -4,7 +4,9 @@
 //   lock                     flock'd by the one process serving this state dir
 //   sessions/<id>/session.json   the recipe: policy text, base workspace, layers, mode
 //   sessions/<id>/log.jsonl      the durable log: call, then result (each fsync'd)
-//   sessions/<id>/upper, work    overlay mode: the session's own layer
+//   sessions/<id>/upper, work    overlay mode: the session's own layer (with disk_gib
+//                            it is on a tmpfs of that size instead, held by an fd)
+//   sessions/<id>/spill/upper    that tmpfs layer, written here when the process stops
 //   sessions/<id>/copy           copy mode: the session's full copy
 //   snapshots/<id>/manifest.json, tree/    frozen changes (layers.h)
 #include "session/session.h"
@@ -40,8 +42,10 @@
 #include "linux/seccomp_notify.h"
 #include "linux/user_dirs.h"
 #include "session/layers.h"
+#include "session/upper_image.h"
 #include "session/world.h"
 #include "supervise/denial_scanner.h"
+#include "supervise/disk_limit.h"
 #include "supervise/resources.h"
 
 namespace agentbox::session {
@@ -52,6 +56,8 @@ using linux::UniqueFd;
 
 constexpr std::size_t kMaxPatchBytes = 8u << 20;
 constexpr int kFileToolTimeoutMs = 30000;  // a file tool's deadline: then timed_out, its process killed
+// upper_fs auto: from this cap on, an image on disk rather than memory.
+constexpr std::uint64_t kUpperImageFromBytes = 4ULL << 30;
 
 const std::vector<std::string> kTools = {"bash", "read_file", "write_file", "edit_file", "list_dir", "glob"};
 
@@ -217,6 +223,77 @@ void AuditGitAfterCall(const Plan& plan, const std::set<std::string>& known, Jso
   }
 }
 
+// disk_gib in a session: the resources facet says what bounds the
+// workspace. Overlay mode with its upper layer on a tmpfs or an image of
+// that size: enforced (upper-tmpfs-size, upper-loop-image). A copy (copy mode) or the workspace itself
+// (direct mode) is on the host's disk, unbounded: missing, and refused under
+// require: full (fail closed), as Confine refuses what it cannot give.
+Status ReportWorkspaceDisk(const std::string& ws_mode, const std::string& upper_kind, const Policy& policy,
+                           EnforcementReport* report) {
+  if (!policy.resources.disk_bytes) return {};
+  auto facet = std::find_if(report->facets.begin(), report->facets.end(),
+                            [](const FacetReport& f) { return f.name == "resources"; });
+  if (facet == report->facets.end()) return {};
+  // The run's words about the workspace do not hold for a session's: ours replace them.
+  facet->notes.erase(std::remove_if(facet->notes.begin(), facet->notes.end(),
+                                    [](const std::string& n) { return n.rfind("disk_gib:", 0) == 0; }),
+                     facet->notes.end());
+  const std::string tmp = "/tmp, HOME and /dev/shm are each a tmpfs of that size, and no file may grow past it "
+                          "(RLIMIT_FSIZE)";
+  if (ws_mode == "overlay" && upper_kind == "image") {
+    for (auto& f : report->facets) {
+      if (f.name != "filesystem") continue;
+      f.notes.erase(std::remove_if(f.notes.begin(), f.notes.end(),
+                                   [](const std::string& n) { return n.rfind("workspace is a host bind", 0) == 0; }),
+                    f.notes.end());
+    }
+    facet->mechanisms.push_back("upper-loop-image");
+    facet->notes.push_back(
+        "disk_gib: the session's changes to the workspace (its overlay upper layer and overlayfs's work "
+        "directory) are on an ext4 filesystem of that size, an image file under the state directory "
+        "loop-mounted by agentbox: file data and all metadata (inodes, directories, symlinks, whiteouts, "
+        "ext4's own journal and tables) count; the unchanged files of the base workspace and of snapshots below "
+        "do not. A write past it fails with ENOSPC, reported as a resources denial. The image is sparse: the "
+        "host's disk holds what the session wrote, at most that size. " + tmp);
+    return {};
+  }
+  if (ws_mode == "overlay" && upper_kind == "tmpfs") {
+    // Nor is the workspace a host bind of unlimited size any more.
+    for (auto& f : report->facets) {
+      if (f.name != "filesystem") continue;
+      f.notes.erase(std::remove_if(f.notes.begin(), f.notes.end(),
+                                   [](const std::string& n) { return n.rfind("workspace is a host bind", 0) == 0; }),
+                    f.notes.end());
+    }
+    facet->mechanisms.push_back("upper-tmpfs-size");
+    facet->notes.push_back(
+        "disk_gib: the session's changes to the workspace (its overlay upper layer and overlayfs's work "
+        "directory) are on a tmpfs of that size, mounted by the session's init in its own namespaces: file "
+        "data, new directories, symlinks and whiteouts count (inodes too: at most one per 4 KiB of the size); "
+        "the unchanged files of the base workspace and of snapshots below do not. A write past it fails with "
+        "ENOSPC, reported as a resources denial. The layer is memory: its pages count toward memory_gib, and "
+        "it lasts as long as the agentbox process serving the session (across the session's worlds, not "
+        "across a restart of that process). " + tmp);
+    return {};
+  }
+  facet->notes.push_back("disk_gib: " + tmp);
+  const std::string reason =
+      ws_mode == "copy" ? "disk_gib: the session's copy of the workspace (workspace_mode copy) is on the host's "
+                          "disk: its size is not limited"
+                        : ws_mode == "direct" ? "disk_gib: the session works on the workspace itself "
+                                                "(fresh_per_task: false), on the host's disk: its size is not limited"
+                                              : "disk_gib: the session was created before its upper layer could "
+                                                "be capped: it is on the host's disk, not limited";
+  AddMissing(report, {"resources", reason});
+  if (policy.sandbox.require == Requirement::kFull) {
+    return Status::Error("confine", "the policy requires full enforcement and this host/version cannot give it:\n"
+                                    "  - resources: " + reason +
+                                    "\n(use require: partial to run with what is available; the report lists "
+                                    "what is missing)");
+  }
+  return {};
+}
+
 }  // namespace
 
 const std::vector<std::string>& ToolNames() { return kTools; }
@@ -230,8 +307,20 @@ struct SessionState {
   std::string workspace;    // base, host path
   std::string ws_mode;      // overlay | copy | direct
   std::vector<std::string> lowers;
+  // disk_gib in overlay mode: the upper layer and the work directory are on
+  // a filesystem of this size (0: the host directories under `dir`): a
+  // tmpfs that the world's init mounts (upper_kind tmpfs), or an image file
+  // mounted on the host at ImageMount() (image).
+  std::uint64_t upper_fs_bytes = 0;
+  std::string upper_kind = "disk";  // disk | tmpfs | image (recipe "upper_fs")
 
-  std::mutex mu;            // log, results, counters
+  std::mutex mu;            // log, results, counters, upper_fs
+  // The tmpfs's root, handed over by the world that mounted it: it keeps the
+  // session's changes after that world ends (the next world copies them);
+  // Diff and Snapshot read them through it. Shared, so that a reader keeps
+  // it open while a new world replaces it.
+  std::shared_ptr<const UniqueFd> upper_fs;
+  bool upper_lost = false;  // the process that held it ended (a restart): the changes are gone
   UniqueFd log;
   std::map<std::string, Json> results;  // call_id → recorded result
   std::set<std::string> in_flight;
@@ -262,13 +351,54 @@ struct SessionState {
     return {};
   }
 
-  LayerStack Layers() const {
+  // `*hold` keeps the upper filesystem named by the stack's path open.
+  LayerStack Layers(std::shared_ptr<const UniqueFd>* hold) {
     LayerStack s;
     s.base = workspace;
     s.lowers = lowers;
     s.upper = ws_mode == "copy" ? dir + "/copy" : dir + "/upper";
     s.copy_mode = ws_mode == "copy";
+    if (upper_kind == "image") s.upper = ImageMount() + "/upper";
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      *hold = upper_fs;
+    }
+    // Through the fd: the layer is in no mount namespace of ours. Without
+    // one, the layer a stopped process left (or none: no changes).
+    struct stat st {};
+    if (*hold && (*hold)->valid()) {
+      s.upper = "/proc/self/fd/" + std::to_string((*hold)->get()) + "/upper";
+    } else if (upper_kind == "tmpfs" && stat((SpillDir() + "/upper").c_str(), &st) == 0) {
+      s.upper = SpillDir() + "/upper";
+    }
     return s;
+  }
+
+  // Where the capped upper layer is written when the process stops.
+  std::string SpillDir() const { return dir + "/spill"; }
+  // upper_fs image: the image file, and where it is mounted on the host.
+  std::string ImageFile() const { return dir + "/upper.img"; }
+  std::string ImageMount() const { return dir + "/upperfs"; }
+
+  // Mounts the session's image when it is not (a restarted process, a
+  // removal pending): its upper layer is then at ImageMount()/upper.
+  Status EnsureImage() const {
+    struct stat st {};
+    const mode_t mode = stat(workspace.c_str(), &st) == 0 ? st.st_mode & 0777 : 0700;
+    return EnsureUpperImage(ImageFile(), ImageMount(), upper_fs_bytes, mode);
+  }
+
+  // Any fd on the filesystem disk_gib caps (null: none), for statfs.
+  std::shared_ptr<const UniqueFd> CappedFs() {
+    if (upper_kind == "tmpfs") return UpperFs();
+    if (upper_kind != "image") return nullptr;
+    auto fd = std::make_shared<const UniqueFd>(open(ImageMount().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    return fd->valid() ? fd : nullptr;
+  }
+
+  std::shared_ptr<const UniqueFd> UpperFs() {
+    std::lock_guard<std::mutex> lock(mu);
+    return upper_fs;
   }
 };
 
@@ -296,7 +426,8 @@ struct Manager::Impl {
   Status Provision(SessionState& s);
   Json RunBash(SessionState& s, World& world, const ConfinedCommand& confined, const Json& input,
               const OutputSink& sink, const std::atomic<bool>* cancel);
-  Json RunFile(World& world, const ConfinedCommand& confined, const std::string& name, const Json& input);
+  Json RunFile(SessionState& s, World& world, const ConfinedCommand& confined, const std::string& name,
+               const Json& input);
   Result<std::string> TakeSnapshot(SessionState& s);
 };
 
@@ -311,6 +442,9 @@ Status Manager::Impl::Load(const std::string& id) {
   s->workspace = s->recipe.value("workspace", "");
   s->ws_mode = s->recipe.value("workspace_mode", "overlay");
   s->lowers = s->recipe.value("lowers", std::vector<std::string>{});
+  s->upper_kind = s->recipe.value("upper_fs", "disk");
+  if (s->upper_kind != "disk") s->upper_fs_bytes = s->recipe.value("upper_fs_bytes", std::uint64_t{0});
+  bool upper_in_memory = false;  // a world of this session held its upper layer in memory
   const std::string log_path = s->dir + "/log.jsonl";
   // Replay what the log holds: recorded results, and calls a killed
   // process left without one.
@@ -326,6 +460,10 @@ Status Manager::Impl::Load(const std::string& id) {
       const std::uint64_t seq = e.value("seq", std::uint64_t{0});
       s->next_seq = std::max(s->next_seq, seq + 1);
       const std::string type = e.value("type", "");
+      const std::string event = type == "event" ? e.value("event", "") : "";
+      if (event == "provisioned" || event == "reprovisioned") upper_in_memory = s->upper_kind == "tmpfs";
+      if (event == "upper_lost" || event == "upper_spilled") upper_in_memory = false;
+      s->upper_lost = s->upper_lost || event == "upper_lost";
       if (type == "call") {
         open_calls[seq] = e;
         ++s->calls;
@@ -338,6 +476,16 @@ Status Manager::Impl::Load(const std::string& id) {
   }
   s->log.reset(open(log_path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600));
   if (!s->log.valid()) return Status::Errno("session", "open", log_path);
+  // A tmpfs upper layer lives as long as the process holding it: a new
+  // process on this state directory finds it gone, and says so once.
+  if (upper_in_memory) {
+    s->upper_lost = true;
+    RemoveTree(s->SpillDir());  // older than what was lost: not the session's state either
+    (void)s->AppendLog({{"type", "event"}, {"event", "upper_lost"},
+                        {"reason", "the session's upper layer was on a tmpfs (disk_gib) held by the agentbox process "
+                                   "that served it, which ended: the session's changes since its last snapshot are "
+                                   "gone; the base workspace and snapshots are intact"}});
+  }
   for (const auto& [seq, call] : open_calls) {
     Json result = {{"call_id", call.value("call_id", "")},
                    {"name", call.value("name", "")},
@@ -409,7 +557,19 @@ Status Manager::Impl::Provision(SessionState& s) {
     if (ws_op == plan.mounts.end()) {
       return Status::Error("session", "the plan has no workspace mount to layer (" + plan.workspace_source + ")");
     }
-    if (s.ws_mode == "overlay") {
+    if (s.ws_mode == "overlay" && s.upper_kind == "image") {
+      // disk_gib on disk: the image, mounted on the host; the init stages
+      // its upper and work like the host directories below.
+      if (Status m = s.EnsureImage(); !m.ok()) return m;
+      ws_op->kind = MountKind::kOverlay;
+      plan.workspace_overlay = WorkspaceOverlay{s.lowers, s.ImageMount() + "/upper", s.ImageMount() + "/work"};
+    } else if (s.ws_mode == "overlay" && s.upper_kind == "tmpfs") {
+      // disk_gib: the init mounts upper and work on a tmpfs of that size
+      // (mounts.cc) and gives the base's mode to the upper layer there.
+      ws_op->kind = MountKind::kOverlay;
+      plan.workspace_overlay = WorkspaceOverlay{s.lowers, s.dir + "/upper", s.dir + "/work"};
+      plan.workspace_overlay->upper_fs_bytes = s.upper_fs_bytes;
+    } else if (s.ws_mode == "overlay") {
       ws_op->kind = MountKind::kOverlay;
       mkdir((s.dir + "/upper").c_str(), 0700);
       mkdir((s.dir + "/work").c_str(), 0700);
@@ -447,8 +607,30 @@ Status Manager::Impl::Provision(SessionState& s) {
     for (const auto& d : *found) known->insert(d.host_path);
     s.git_known = std::move(known);
   }
-  auto world = World::Start(exe, plan, options.ready_timeout_ms);
+  if (Status d = ReportWorkspaceDisk(s.ws_mode, s.upper_kind, *policy, &confined->enforcement); !d.ok()) {
+    return d;
+  }
+  // The earlier world's upper filesystem (disk_gib), if any: the new world
+  // starts with its changes. Kept until the new one is ready, so a world
+  // that fails to start loses nothing.
+  // Or the one a stopped process wrote to the state directory.
+  std::shared_ptr<const UniqueFd> seed = s.UpperFs();
+  const bool from_spill = s.upper_kind == "tmpfs" && !seed;
+  if (from_spill) {
+    struct stat st {};
+    if (stat((s.SpillDir() + "/upper").c_str(), &st) == 0) {
+      UniqueFd spill(open(s.SpillDir().c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+      if (!spill.valid()) return Status::Errno("session", "open", s.SpillDir());
+      seed = std::make_shared<const UniqueFd>(std::move(spill));
+    }
+  }
+  auto world = World::Start(exe, plan, options.ready_timeout_ms, seed && seed->valid() ? seed->get() : -1);
   if (!world.ok()) return world.status();
+  if (UniqueFd fs = (*world)->TakeUpperFs(); fs.valid()) {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.upper_fs = std::make_shared<const UniqueFd>(std::move(fs));
+  }
+  if (from_spill && seed) RemoveTree(s.SpillDir());  // the new world's tmpfs holds it now
   s.world = std::shared_ptr<World>(std::move(*world));
   s.confined = std::make_shared<const ConfinedCommand>(std::move(*confined));
   ++s.provisions;
@@ -525,6 +707,13 @@ Json Manager::Impl::RunBash(SessionState& s, World& world, const ConfinedCommand
   } else if (plan.network.proxy) {
     o.network = NetworkConnections{};
   }
+  // disk_gib: a workspace found full after the call, or a command that says
+  // it hit ENOSPC (and freed space before it ended).
+  if (const auto upper_fs = s.CappedFs(); upper_fs && upper_fs->valid()) {
+    std::optional<Denial> full = supervise::DiskFullDenial(upper_fs->get(), s.upper_fs_bytes, plan.workspace_target);
+    if (!full) full = supervise::DiskFullDenialFromOutput(r.output, s.upper_fs_bytes, plan.workspace_target);
+    if (full) o.denials.push_back(std::move(*full));
+  }
   supervise::DenialScanner scanner(confined.denial_signatures);
   scanner.Feed(r.output.data(), r.output.size());
   scanner.Finish();
@@ -595,7 +784,7 @@ Json Manager::Impl::RunBash(SessionState& s, World& world, const ConfinedCommand
   return result;
 }
 
-Json Manager::Impl::RunFile(World& world, const ConfinedCommand& confined, const std::string& name,
+Json Manager::Impl::RunFile(SessionState& s, World& world, const ConfinedCommand& confined, const std::string& name,
                             const Json& input) {
   Json req = {{"name", name}, {"input", input}, {"workspace", confined.plan.workspace_target}};
   auto answer = world.File(req, kFileToolTimeoutMs);
@@ -623,8 +812,60 @@ Json Manager::Impl::RunFile(World& world, const ConfinedCommand& confined, const
   }
   Json outcome = a;
   outcome.erase("output");
+  // A write the workspace's cap refused (ENOSPC from the tool) is disk_gib's
+  // denial, naming the file.
+  const auto upper_fs = s.CappedFs();
+  const bool no_space = a.value("error", "").find(supervise::kNoSpaceSignature) != std::string::npos;
+  if (kind == "tool_error" && upper_fs && no_space) {
+    const std::string path = input.value("path", "");
+    const std::string target =
+        !path.empty() && path[0] == '/' ? path : paths::Join(confined.plan.workspace_target, path);
+    std::optional<Denial> d = supervise::DiskFullDenial(upper_fs->get(), s.upper_fs_bytes, target);
+    if (!d) d = Denial{"resources", "write", target, supervise::DiskFullReason(s.upper_fs_bytes), "file-tool", 0};
+    const Json denial = {{"facet", d->facet}, {"op", d->op}, {"target", d->target}, {"reason", d->reason},
+                         {"source", d->source}};
+    outcome["denials"] = Json::array({denial});
+    if (confined.plan.denial_outcome) {
+      outcome["kind"] = "sandbox_denied";
+      return {{"output", "sandbox_denied: " + DenialLine(denial)}, {"is_error", true}, {"kind", "sandbox_denied"},
+              {"outcome", outcome}};
+    }
+  }
   return {{"output", output}, {"is_error", kind != "ok"}, {"kind", kind}, {"outcome", outcome}};
 }
+
+namespace {
+
+// A capped upper layer lives on a tmpfs that this process holds: written to
+// the state directory (at most disk_gib of it) so that the next process on
+// it starts the session's next world with it. Once: the fd goes after.
+void SpillUpperLayer(SessionState& s) {
+  auto fs = s.UpperFs();
+  if (!fs || !fs->valid()) return;
+  const std::string tmp = s.dir + "/spill.tmp";
+  RemoveTree(tmp);
+  Status done = mkdir(tmp.c_str(), 0700) == 0 ? Status() : Status::Errno("session", "mkdir", tmp);
+  if (done.ok()) done = CopyUpperTree("/proc/self/fd/" + std::to_string(fs->get()) + "/upper", tmp + "/upper");
+  if (done.ok()) {
+    RemoveTree(s.SpillDir());
+    if (rename(tmp.c_str(), s.SpillDir().c_str()) != 0) done = Status::Errno("session", "rename", s.SpillDir());
+    UniqueFd d(open(s.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (d.valid()) fsync(d.get());
+  }
+  if (!done.ok()) RemoveTree(tmp);
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.upper_fs.reset();
+  if (done.ok()) {
+    (void)s.AppendLog({{"type", "event"}, {"event", "upper_spilled"}});
+  } else {
+    s.upper_lost = true;
+    (void)s.AppendLog({{"type", "event"}, {"event", "upper_lost"},
+                       {"reason", "the session's upper layer (a tmpfs: disk_gib) could not be written to the state "
+                                  "directory as agentbox stopped: " + done.ToString()}});
+  }
+}
+
+}  // namespace
 
 Result<std::string> Manager::Impl::TakeSnapshot(SessionState& s) {
   if (s.ws_mode == "direct") {
@@ -633,7 +874,11 @@ Result<std::string> Manager::Impl::TakeSnapshot(SessionState& s) {
   }
   const std::string snap = RandomId("snap-");
   const std::string dest = SnapshotsDir() + "/" + snap;
-  LayerStack stack = s.Layers();
+  if (s.upper_kind == "image" && s.ws_mode == "overlay") {
+    if (Status m = s.EnsureImage(); !m.ok()) return m;
+  }
+  std::shared_ptr<const UniqueFd> hold;
+  LayerStack stack = s.Layers(&hold);
   struct stat st {};
   if (stat(stack.upper.c_str(), &st) != 0) mkdir(stack.upper.c_str(), 0700);  // nothing ran yet: no changes
   if (s.ws_mode == "copy" && stat(stack.upper.c_str(), &st) == 0 && !s.confined) {
@@ -783,6 +1028,21 @@ Result<std::string> Manager::Create(const CreateRequest& request) {
                  {"workspace_mode", ws_mode},
                  {"workspace_mode_reason", mode_reason},
                  {"snapshot_on_exit", policy->sandbox.snapshot_on_exit}};
+  // disk_gib bounds an overlay session's own layer: a tmpfs or an image of that size.
+  if (ws_mode == "overlay" && policy->resources.disk_bytes) {
+    const std::uint64_t bytes = *policy->resources.disk_bytes;
+    std::string kind = m.options.upper_fs;
+    if (kind == "auto") kind = bytes >= kUpperImageFromBytes && UpperImageAvailable() ? "image" : "tmpfs";
+    if (kind == "image" && !UpperImageAvailable()) {
+      RemoveTree(dir);
+      return Status::Error(kBadRequest, "upper_fs image needs root, /dev/loop-control and mkfs.ext4; this process "
+                                        "has not all of them (use upper_fs tmpfs)");
+    }
+    recipe["upper_fs"] = kind;
+    recipe["upper_fs_bytes"] = bytes;
+  } else {
+    recipe["upper_fs"] = "disk";
+  }
   if (Status s = WriteFileDurably(dir + "/session.json", recipe.dump(2)); !s.ok()) {
     RemoveTree(dir);
     return s;
@@ -807,9 +1067,12 @@ Result<Json> Manager::Describe(const std::string& id) const {
             {"mode", s->ws_mode},
             {"mode_reason", s->recipe.value("workspace_mode_reason", "")},
             {"created", s->recipe.value("created", "")},
-            {"from_snapshot", s->recipe.value("from_snapshot", "")}};
+            {"from_snapshot", s->recipe.value("from_snapshot", "")},
+            {"upper_fs", s->recipe.value("upper_fs", "disk")}};
+  if (s->upper_fs_bytes) d["upper_fs_bytes"] = s->upper_fs_bytes;
   {
     std::lock_guard<std::mutex> lock(s->mu);
+    if (s->upper_lost) d["upper_lost"] = true;
     d["calls"] = s->calls;
     d["calls_in_flight"] = s->in_flight.size();
   }
@@ -961,7 +1224,7 @@ Result<Json> Manager::Execute(const std::string& id, const std::string& name, co
     if (name == "bash") {
       result = m.RunBash(*s, *world, *confined, input, sink, cancel);
     } else {
-      result = m.RunFile(*world, *confined, name, input);
+      result = m.RunFile(*s, *world, *confined, name, input);
     }
     if (git_known && !result.value("world_gone", false)) AuditGitAfterCall(confined->plan, *git_known, &result);
   }
@@ -998,7 +1261,11 @@ Result<Json> Manager::Diff(const std::string& id) {
     return Status::Error(kBadRequest, "session " + id + " works on its workspace directly (fresh_per_task: false): "
                                       "its changes are already in " + s->workspace);
   }
-  LayerStack stack = s->Layers();
+  if (s->upper_kind == "image" && s->ws_mode == "overlay") {
+    if (Status m = s->EnsureImage(); !m.ok()) return m;
+  }
+  std::shared_ptr<const UniqueFd> hold;
+  LayerStack stack = s->Layers(&hold);
   struct stat st {};
   if (stat(stack.upper.c_str(), &st) != 0) {
     if (stack.copy_mode) return Json{{"files", Json::array()}, {"patch", ""}, {"truncated", false}, {"files_truncated", false}};
@@ -1042,6 +1309,15 @@ Status Manager::Remove(const std::string& id) {
     s->world.reset();
   }
   {
+    std::lock_guard<std::mutex> lock(s->mu);
+    s->upper_fs.reset();  // the tmpfs goes with the last holder (a Diff may still read it)
+  }
+  if (Status u = UnmountUpperImage(s->ImageMount()); !u.ok()) {
+    std::lock_guard<std::mutex> lock(s->mu);
+    s->removing = false;
+    return u;
+  }
+  {
     std::lock_guard<std::mutex> lock(m.mu);
     m.sessions.erase(id);
   }
@@ -1063,6 +1339,9 @@ void Manager::Shutdown(int grace_ms) {
     stoppers.emplace_back([s, grace_ms] {
       std::lock_guard<std::mutex> wl(s->world_mu);
       if (s->world) s->world->Stop(grace_ms);
+      SpillUpperLayer(*s);
+      // An image stays on disk; its mount goes with this process's service.
+      if (s->upper_kind == "image") (void)UnmountUpperImage(s->ImageMount());
     });
   }
   for (auto& t : stoppers) t.join();

@@ -36,6 +36,11 @@ struct ManagerOptions {
   std::size_t max_concurrent_calls = 64; // execute calls in flight, daemon-wide
   std::size_t output_cap_bytes = 256 * 1024;  // bash output kept per call
   std::string workspace_mode = "auto";   // auto | overlay | copy
+  // Where disk_gib puts an overlay session's upper layer: tmpfs (memory,
+  // unprivileged), image (an ext4 image file loop-mounted under the state
+  // directory: root only), or auto (image from 4 GiB when this process can
+  // mount one, tmpfs otherwise). Chosen when the session is created.
+  std::string upper_fs = "auto";
   std::string agentbox_exe;              // the binary that serves `__world` ("" = this process's own)
   int ready_timeout_ms = 30000;          // provisioning a sandbox takes at most this
 };

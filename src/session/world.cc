@@ -145,7 +145,8 @@ Plan WithResolvedEnv(const Plan& plan) {
   return out;
 }
 
-Result<std::unique_ptr<World>> World::Start(const std::string& exe, const Plan& plan, int ready_timeout_ms) {
+Result<std::unique_ptr<World>> World::Start(const std::string& exe, const Plan& plan, int ready_timeout_ms,
+                                            int upper_seed_fd) {
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) return Status::Errno("session", "socketpair");
   UniqueFd ours(sv[0]), theirs(sv[1]);
@@ -153,7 +154,10 @@ Result<std::unique_ptr<World>> World::Start(const std::string& exe, const Plan& 
   // The plan travels in a memfd on fd 4, never in the environment (where it
   // would stay readable in /proc/PID/environ), and the supervisor starts with
   // an empty environment: the variables the plan passes are resolved here.
-  const std::string plan_text = PlanToJson(WithResolvedEnv(plan));
+  Plan sent = WithResolvedEnv(plan);
+  const bool upper_fs = sent.workspace_overlay && sent.workspace_overlay->upper_fs_bytes > 0;
+  if (upper_fs) sent.workspace_overlay->upper_seeded = upper_seed_fd >= 0;
+  const std::string plan_text = PlanToJson(sent);
   UniqueFd plan_fd(static_cast<int>(memfd_create("agentbox-plan", MFD_CLOEXEC)));
   if (!plan_fd.valid()) return Status::Errno("session", "memfd_create", "agentbox-plan");
   for (size_t off = 0; off < plan_text.size();) {
@@ -166,10 +170,25 @@ Result<std::unique_ptr<World>> World::Start(const std::string& exe, const Plan& 
   std::string arg0 = "agentbox", arg1 = "__world";
   char* argv[] = {arg0.data(), arg1.data(), nullptr};
 
+  // Each fd the child gets at a fixed number starts above those numbers, or
+  // one dup2 would replace the source of the next (a caller whose fds 3-5
+  // were free gets them from socketpair, memfd_create and open).
+  auto above = [](UniqueFd* fd) {
+    if (fd->get() >= 10) return true;
+    UniqueFd high(fcntl(fd->get(), F_DUPFD_CLOEXEC, 10));
+    *fd = std::move(high);  // closes the low one
+    return fd->valid();
+  };
+  UniqueFd seed;
+  if (upper_fs && upper_seed_fd >= 0) seed.reset(fcntl(upper_seed_fd, F_DUPFD_CLOEXEC, 10));
+  if (!above(&theirs) || !above(&plan_fd) || (upper_fs && upper_seed_fd >= 0 && !seed.valid())) {
+    return Status::Errno("session", "fcntl(F_DUPFD_CLOEXEC)", "the world's channel, plan or upper layer");
+  }
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, theirs.get(), 3);
   posix_spawn_file_actions_adddup2(&actions, plan_fd.get(), kWorldPlanFd);
+  if (seed.valid()) posix_spawn_file_actions_adddup2(&actions, seed.get(), kWorldUpperSeedFd);
   posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
   // Nothing of the world may write on the caller's stdout (an MCP server's
   // protocol stream): its stdout is the caller's stderr.
@@ -220,6 +239,17 @@ Result<std::unique_ptr<World>> World::Start(const std::string& exe, const Plan& 
     }
     if (t == "ready" && control.valid()) {
       w->control_ = std::move(control);
+      // The init sent its upper filesystem before it reported ready.
+      if (upper_fs) {
+        std::string upper_text;
+        ssize_t got = ReceiveMessage(w->control_.get(), &upper_text, &w->upper_fs_, MSG_DONTWAIT);
+        json u = got > 0 ? json::parse(upper_text, nullptr, false) : json();
+        if (!u.is_object() || u.value("t", "") != "upper" || !w->upper_fs_.valid()) {
+          w->Stop(0);
+          return Status::Error("session", "the session's sandbox did not hand over its workspace's upper layer "
+                                          "(disk_gib)");
+        }
+      }
       w->cgroup_mechanism_ = m.value("cgroup", "");
       w->rlimits_.nofile_soft = m.value("nofile", std::uint64_t{0});
       if (m.contains("fsize")) w->rlimits_.fsize = m.value("fsize", std::uint64_t{0});

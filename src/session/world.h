@@ -78,7 +78,11 @@ class World {
   // Spawns `exe __world` with the plan and waits (up to `ready_timeout_ms`)
   // for the init to be set up. A setup failure comes back as the runner's
   // Status (stage, syscall, path, errno).
-  static Result<std::unique_ptr<World>> Start(const std::string& exe, const Plan& plan, int ready_timeout_ms);
+  // A plan whose upper layer has a size of its own (disk_gib) makes the
+  // init mount it and hand it back (TakeUpperFs); `upper_seed_fd` (>= 0)
+  // is an earlier world's, whose upper layer the new one starts with.
+  static Result<std::unique_ptr<World>> Start(const std::string& exe, const Plan& plan, int ready_timeout_ms,
+                                              int upper_seed_fd = -1);
   ~World();  // Stop(0)
   World(const World&) = delete;
   World& operator=(const World&) = delete;
@@ -111,6 +115,12 @@ class World {
 
   pid_t supervisor_pid() const { return supervisor_pid_; }
 
+  // The root of the session's upper filesystem (disk_gib: a tmpfs mounted by
+  // the init), once; invalid when the plan has none. Whoever holds it keeps
+  // the session's changes after this world ends: its upper layer is at
+  // "upper" below it, readable from the host through the fd.
+  linux::UniqueFd TakeUpperFs() { return std::move(upper_fs_); }
+
  private:
   World() = default;
   Status SendControl(const nlohmann::json& request, const std::vector<int>& fds);
@@ -127,6 +137,7 @@ class World {
   linux::UniqueFd supervisor_pidfd_;
   linux::UniqueFd channel_;  // to the supervisor
   linux::UniqueFd control_;  // to the init
+  linux::UniqueFd upper_fs_;
   std::mutex send_mu_;
   std::mutex channel_mu_;
   std::atomic<long> next_id_{1};
@@ -145,6 +156,9 @@ int WorldMain();
 
 // The fd on which `agentbox __world` finds its plan (a memfd, as JSON).
 inline constexpr int kWorldPlanFd = 4;
+// The fd on which it finds an earlier world's upper filesystem, when the
+// plan's WorkspaceOverlay::upper_seeded says there is one.
+inline constexpr int kWorldUpperSeedFd = 5;
 
 // `plan` with the variables its env.pass (or pass_all) takes from this
 // process's environment resolved into env.set: nothing below the caller

@@ -28,6 +28,7 @@
 #include "linux/rlimits.h"
 #include "linux/status_pipe.h"
 #include "session/file_tools.h"
+#include "session/layers.h"
 #include "session/world.h"
 #include "supervise/egress.h"
 #include "supervise/resources.h"
@@ -153,8 +154,13 @@ int WorldMain() {
   linux::SessionLaunch session;
   session.control_fd = theirs.get();
   session.hooks.file_op = &FileOp;
+  session.hooks.copy_upper = &CopyUpperLayer;
+  if (plan.workspace_overlay && plan.workspace_overlay->upper_seeded) session.upper_seed_fd = kWorldUpperSeedFd;
   auto launched = linux::Launch(plan, {}, linux::StderrMode::kInherit, cgroup.get(), &session);
   theirs.reset();
+  // The init has its copy (it copies the earlier upper layer and closes it):
+  // held here, it would keep that filesystem's memory for this world's life.
+  if (session.upper_seed_fd >= 0) close(session.upper_seed_fd);
   if (!launched.ok()) {
     Send(ErrorMessage(launched.status()));
     return 125;

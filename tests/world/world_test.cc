@@ -590,6 +590,216 @@ TEST_F(WorldTest, CopyModeWhereOverlayIsNotWanted) {
   EXPECT_NE((*diff)["patch"].get<std::string>().find("+changed"), std::string::npos) << diff->dump();
 }
 
+// disk_gib bounds what a session writes to its workspace: its upper layer
+// lives on a filesystem of that size. A 2 GiB fill (files under the
+// per-file RLIMIT_FSIZE, so that only the workspace's size can stop it) under
+// disk_gib: 1 ends in ENOSPC, the call's report is a resources denial naming
+// disk_gib, and nothing written before the limit is lost.
+TEST_F(WorldTest, DiskGibBoundsWhatASessionWritesToItsWorkspace) {
+  std::string id = Create("resources:\n  disk_gib: 1\n");
+  ASSERT_EQ(Tool(id, "write_file", {{"path", "before.txt"}, {"content", "written before\n"}})["kind"], "ok");
+  Json pwd = Bash(id, "echo changed > a.txt; pwd");
+  ASSERT_EQ(pwd["kind"], "exited");
+  const std::string inside = pwd["output"].get<std::string>().substr(0, pwd["output"].get<std::string>().size() - 1);
+  Json r = Bash(id, "mkdir fill && for i in $(seq 1 16); do "
+                    "dd if=/dev/zero of=fill/$i bs=1M count=128 status=none || exit 1; done; echo all written");
+  const std::string out = r["output"].get<std::string>();
+  EXPECT_NE(out.find("No space left on device"), std::string::npos) << r.dump();
+  EXPECT_EQ(out.find("all written"), std::string::npos) << r.dump();
+  EXPECT_EQ(r["kind"], "sandbox_denied") << r.dump();
+  bool named = false;
+  for (const auto& d : r["outcome"]["denials"]) {
+    if (d["facet"] == "resources" && d["op"] == "write" &&
+        d["reason"].get<std::string>().find("disk_gib") != std::string::npos &&
+        d["reason"].get<std::string>().find("ENOSPC") != std::string::npos) {
+      named = true;
+      EXPECT_TRUE(d["source"] == "statfs" || d["source"] == "stderr-signature") << d.dump();
+      EXPECT_EQ(d["target"].get<std::string>().rfind(inside, 0), 0u) << d.dump() << " " << inside;
+    }
+  }
+  EXPECT_TRUE(named) << r["outcome"].dump();
+  EXPECT_EQ(r["output"].get<std::string>().rfind("sandbox_denied: write ", 0), 0u) << r["output"];
+  // The enforcement report names the mechanism.
+  bool mechanism = false;
+  for (const auto& m : r["outcome"]["enforcement"]["facets"]["resources"]["mechanisms"]) {
+    mechanism = mechanism || m == "upper-tmpfs-size";
+  }
+  EXPECT_TRUE(mechanism) << r["outcome"]["enforcement"].dump();
+  // What the workspace holds is bounded by the cap (the host's disk got none of it).
+  Json du = Bash(id, "du -sb --apparent-size fill | cut -f1");
+  ASSERT_EQ(du["kind"], "exited") << du.dump();
+  EXPECT_LE(std::stoull(du["output"].get<std::string>()), std::uint64_t{1} << 30) << du.dump();
+  // A file tool's write past the cap is the same denial, naming its file.
+  Json w = Tool(id, "write_file", {{"path", "after.txt"}, {"content", std::string(1 << 20, 'x')}});
+  EXPECT_EQ(w["kind"], "sandbox_denied") << w.dump();
+  ASSERT_TRUE(w["outcome"]["denials"].is_array()) << w.dump();
+  EXPECT_EQ(w["outcome"]["denials"][0]["facet"], "resources") << w.dump();
+  EXPECT_NE(w["outcome"]["denials"][0]["reason"].get<std::string>().find("disk_gib"), std::string::npos) << w.dump();
+  // Nothing written before the limit is lost: through the API and the diff.
+  EXPECT_EQ(Tool(id, "read_file", {{"path", "before.txt"}})["output"], "written before\n");
+  EXPECT_EQ(Bash(id, "cat a.txt; stat -c %s fill/1")["output"], "changed\n134217728\n");
+  auto diff = manager_->Diff(id);
+  ASSERT_TRUE(diff.ok()) << diff.status().ToString();
+  bool before_listed = false;
+  for (const auto& f : (*diff)["files"]) before_listed = before_listed || f["path"] == "before.txt";
+  EXPECT_TRUE(before_listed) << (*diff)["files"].dump();
+  EXPECT_NE((*diff)["patch"].get<std::string>().find("+changed"), std::string::npos);
+  // Space freed is space again.
+  EXPECT_EQ(Bash(id, "rm -r fill && echo again > after.txt && cat after.txt")["output"], "again\n");
+  EXPECT_EQ(Read(base_ + "/a.txt"), "base\n");
+}
+
+// The capped upper layer outlives its world: a world that dies takes
+// nothing of the workspace with it, and snapshots see it.
+TEST_F(WorldTest, ACappedUpperLayerOutlivesItsWorld) {
+  std::string id = Create("resources:\n  disk_gib: 0.25\n");
+  ASSERT_EQ(Bash(id, "echo kept > k.txt; rm a.txt; mkdir -p d && echo x > d/x")["kind"], "exited");
+  Json d = *manager_->Describe(id);
+  EXPECT_EQ(d["upper_fs"], "tmpfs") << d.dump();
+  pid_t sup = d["sandbox_pid"].get<pid_t>();
+  ASSERT_GT(sup, 0);
+  kill(sup, SIGKILL);
+  usleep(100000);
+  // Diff while no world runs, then the next world: the same upper layer.
+  auto diff = manager_->Diff(id);
+  ASSERT_TRUE(diff.ok()) << diff.status().ToString();
+  EXPECT_NE((*diff)["patch"].get<std::string>().find("+kept"), std::string::npos) << diff->dump();
+  Json r = Bash(id, "cat k.txt d/x; ls a.txt 2>&1 | grep -c 'No such'");
+  EXPECT_EQ(r["output"], "kept\nx\n1\n") << r.dump();
+  EXPECT_NE(Read(state_ + "/sessions/" + id + "/log.jsonl").find("\"reprovisioned\""), std::string::npos);
+  // Still capped in the new world.
+  Json fill = Bash(id, "for i in 1 2 3; do dd if=/dev/zero of=big$i bs=1M count=150 status=none || exit 1; done");
+  EXPECT_EQ(fill["kind"], "sandbox_denied") << fill.dump();
+  auto snap = manager_->Snapshot(id);
+  ASSERT_TRUE(snap.ok()) << snap.status().ToString();
+  std::string child = Create("", *snap);
+  EXPECT_EQ(Bash(child, "cat k.txt; test -e a.txt || echo gone")["output"], "kept\ngone\n");
+}
+
+// A graceful stop of the serving process writes the capped upper layer to
+// the state directory (at most disk_gib of it); the next process starts the
+// session's next world with it.
+TEST_F(WorldTest, ACappedUpperLayerIsKeptAcrossAGracefulRestart) {
+  std::string id = Create("resources:\n  disk_gib: 0.25\n");
+  ASSERT_EQ(Bash(id, "echo kept > k.txt; rm a.txt")["kind"], "exited");
+  Open();  // the Manager shuts down (its worlds stop) and a new one opens the state directory
+  Json d = *manager_->Describe(id);
+  EXPECT_FALSE(d.contains("upper_lost")) << d.dump();
+  auto diff = manager_->Diff(id);  // before any world of the new process
+  ASSERT_TRUE(diff.ok()) << diff.status().ToString();
+  EXPECT_NE((*diff)["patch"].get<std::string>().find("+kept"), std::string::npos) << diff->dump();
+  EXPECT_NE((*diff)["patch"].get<std::string>().find("deleted file mode"), std::string::npos) << diff->dump();
+  EXPECT_EQ(Bash(id, "cat k.txt; test -e a.txt || echo gone")["output"], "kept\ngone\n");
+  Json fill = Bash(id, "for i in 1 2 3; do dd if=/dev/zero of=big$i bs=1M count=150 status=none || exit 1; done");
+  EXPECT_EQ(fill["kind"], "sandbox_denied") << fill.dump();
+}
+
+// A process that ends without stopping (killed) takes the capped upper
+// layer with it: the next one says so, in the log and in Describe.
+TEST_F(WorldTest, AKilledProcessTakesACappedUpperLayerWithItAndSaysSo) {
+  std::string id = Create("resources:\n  disk_gib: 0.25\n");
+  manager_.reset();
+  pid_t child = fork();
+  if (child == 0) {
+    ManagerOptions o;
+    o.state_dir = state_;
+    o.agentbox_exe = Bin();
+    auto m = Manager::Open(o);
+    if (!m.ok()) _exit(3);
+    auto r = (*m)->Execute(id, "bash", {{"command", "echo x > lost.txt"}});
+    _exit(r.ok() && (*r)["kind"] == "exited" ? 0 : 4);  // no Shutdown: as if killed
+  }
+  int ws = 0;
+  ASSERT_EQ(waitpid(child, &ws, 0), child);
+  ASSERT_TRUE(WIFEXITED(ws));
+  ASSERT_EQ(WEXITSTATUS(ws), 0);
+  for (int i = 0; i < 100 && system("pgrep -f 'agentbox __world' -u $(id -u) >/dev/null 2>&1") == 0; ++i) usleep(50000);
+  Open();
+  Json d = *manager_->Describe(id);
+  EXPECT_EQ(d["upper_lost"], true) << d.dump();
+  EXPECT_NE(Read(state_ + "/sessions/" + id + "/log.jsonl").find("\"upper_lost\""), std::string::npos);
+  EXPECT_EQ(Bash(id, "test -e lost.txt || echo gone; cat a.txt")["output"], "gone\nbase\n");
+}
+
+// The capped upper layer is memory: what the session writes there counts
+// toward its memory limit, which a fill meets first when it is the smaller.
+TEST_F(WorldTest, ACappedUpperLayerCountsTowardTheSessionsMemory) {
+  std::string id = Create("resources:\n  memory_gib: { limit: 128Mi }\n  disk_gib: 1\n");
+  Json r = Bash(id, "echo small > s.txt; for i in 1 2 3 4; do dd if=/dev/zero of=f$i bs=1M count=100 status=none || exit 1; done");
+  if (!host_facts::CgroupsExpected({"memory"})) {
+    EXPECT_EQ(r["kind"], "sandbox_error") << r.dump();  // fail closed: no memory limit without a cgroup
+    return;
+  }
+  EXPECT_EQ(r["kind"], "oom_killed") << r.dump();
+  // The session stays usable: removing files gives the memory back, and
+  // what was written before is there.
+  Json after = Bash(id, "rm -f f*; cat s.txt");
+  EXPECT_EQ(after["kind"], "exited") << after.dump();
+  EXPECT_EQ(after["output"], "small\n") << after.dump();
+}
+
+// A copy-mode session's workspace is a copy on the host's disk: disk_gib
+// cannot bound it, so it is missing, and require: full refuses (fail closed).
+TEST_F(WorldTest, DiskGibInCopyModeIsMissingAndRefusedUnderRequireFull) {
+  Open("copy");
+  std::string id = Create("resources:\n  disk_gib: 1\n");
+  Json r = Bash(id, "echo ran");
+  EXPECT_EQ(r["kind"], "sandbox_error") << r.dump();
+  EXPECT_NE(r["output"].get<std::string>().find("disk_gib: the session's copy of the workspace"), std::string::npos)
+      << r["output"];
+  std::string partial = Create("sandbox:\n  require: partial\nresources:\n  disk_gib: 1\n");
+  Json p = Bash(partial, "echo ran");
+  ASSERT_EQ(p["kind"], "exited") << p.dump();
+  bool named = false;
+  for (const auto& m : p["outcome"]["enforcement"]["missing"]) {
+    named = named || (m["facet"] == "resources" && m["reason"].get<std::string>().find("disk_gib") != std::string::npos);
+  }
+  EXPECT_TRUE(named) << p["outcome"]["enforcement"].dump();
+  EXPECT_EQ(p["outcome"]["enforcement"]["facets"]["resources"]["level"], "partial");
+}
+
+// As root, the upper layer can be an ext4 image loop-mounted under the
+// state directory instead of memory: capped the same, kept across a
+// restart of the process, and no mount left after it stops or the session
+// is removed.
+TEST_F(WorldTest, DiskGibOnALoopImageAsRoot) {
+  if (geteuid() != 0 || access("/dev/loop-control", W_OK) != 0) {
+    GTEST_SKIP() << "not applicable here: loop-mounting an image needs root and /dev/loop-control";
+  }
+  manager_.reset();
+  ManagerOptions o;
+  o.state_dir = state_;
+  o.agentbox_exe = Bin();
+  o.upper_fs = "image";
+  auto m = Manager::Open(o);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  manager_ = std::move(*m);
+  std::string id = Create("resources:\n  disk_gib: 0.25\n");
+  EXPECT_EQ((*manager_->Describe(id))["upper_fs"], "image");
+  ASSERT_EQ(Bash(id, "echo kept > k.txt")["kind"], "exited");
+  Json r = Bash(id, "for i in 1 2 3; do dd if=/dev/zero of=big$i bs=1M count=150 status=none || exit 1; done");
+  EXPECT_EQ(r["kind"], "sandbox_denied") << r.dump();
+  ASSERT_TRUE(r["outcome"]["denials"].is_array() && !r["outcome"]["denials"].empty()) << r.dump();
+  EXPECT_EQ(r["outcome"]["denials"][0]["facet"], "resources") << r.dump();
+  bool mechanism = false;
+  for (const auto& mech : r["outcome"]["enforcement"]["facets"]["resources"]["mechanisms"]) {
+    mechanism = mechanism || mech == "upper-loop-image";
+  }
+  EXPECT_TRUE(mechanism) << r["outcome"]["enforcement"].dump();
+  Bash(id, "rm -f big*");
+  manager_.reset();  // stops: the image is unmounted, and stays
+  EXPECT_EQ(Read("/proc/self/mountinfo").find(state_), std::string::npos) << "a mount under the state directory";
+  m = Manager::Open(o);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  manager_ = std::move(*m);
+  auto diff = manager_->Diff(id);
+  ASSERT_TRUE(diff.ok()) << diff.status().ToString();
+  EXPECT_NE((*diff)["patch"].get<std::string>().find("+kept"), std::string::npos) << diff->dump();
+  EXPECT_EQ(Bash(id, "cat k.txt")["output"], "kept\n");
+  ASSERT_TRUE(manager_->Remove(id).ok());
+  EXPECT_EQ(Read("/proc/self/mountinfo").find(state_), std::string::npos) << "a mount under the state directory";
+}
+
 TEST_F(WorldTest, RemoveLeavesNothingBehind) {
   std::string id = Create();
   Bash(id, "sleep 60 >/dev/null 2>&1 &");
