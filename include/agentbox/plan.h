@@ -179,10 +179,27 @@ struct NetworkPlan {
 // A session's workspace: overlayfs with the base workspace (`source` of the
 // kOverlay mount) at the bottom, snapshot layers above it, and the session's
 // own upper layer on top. Host paths, all of them.
+//
+// `agentbox run --workspace-overlay` uses the same mount with no lowers
+// above the base and `tmpfs_bytes` set: the runner makes the upper and work
+// directories on a fresh tmpfs of that size (the cap on what the run may
+// write), hands the supervisor a descriptor of it, and the supervisor
+// applies the upper layer to the workspace when the run ends (or discards
+// it: `apply`). `upper` and `work` are then names inside that tmpfs.
+enum class OverlayApply {
+  kOnSuccess,  // only when the command exited 0 (and the outcome is `exited`)
+  kAlways,     // whatever the outcome, as long as the layer exists
+  kNever,      // a dry run: the diff is reported, nothing is applied
+};
+const char* ToString(OverlayApply);  // "on-success" | "always" | "never"
+std::optional<OverlayApply> ParseOverlayApply(const std::string& text);
+
 struct WorkspaceOverlay {
   std::vector<std::string> lowers;  // snapshot trees, newest first (above the base)
   std::string upper;
   std::string work;                 // overlay's work dir, same filesystem as upper
+  std::uint64_t tmpfs_bytes = 0;    // run --workspace-overlay: the upper's tmpfs size (0: host dirs)
+  OverlayApply apply = OverlayApply::kOnSuccess;
 };
 
 struct Plan {

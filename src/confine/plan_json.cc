@@ -139,6 +139,22 @@ const char* ToString(Backend backend) {
   return backend == Backend::kLandlockOnly ? "landlock-only" : "linux-namespaces";
 }
 
+const char* ToString(OverlayApply apply) {
+  switch (apply) {
+    case OverlayApply::kOnSuccess: return "on-success";
+    case OverlayApply::kAlways: return "always";
+    case OverlayApply::kNever: return "never";
+  }
+  return "?";
+}
+
+std::optional<OverlayApply> ParseOverlayApply(const std::string& text) {
+  for (OverlayApply a : {OverlayApply::kOnSuccess, OverlayApply::kAlways, OverlayApply::kNever}) {
+    if (text == ToString(a)) return a;
+  }
+  return std::nullopt;
+}
+
 const char* ToString(MountKind kind) {
   for (const auto& [k, n] : kKinds) {
     if (k == kind) return n;
@@ -191,6 +207,10 @@ std::string PlanToJson(const Plan& plan, int indent) {
     j["workspace"]["overlay"] = {{"lowers", plan.workspace_overlay->lowers},
                                  {"upper", plan.workspace_overlay->upper},
                                  {"work", plan.workspace_overlay->work}};
+    if (plan.workspace_overlay->tmpfs_bytes) {
+      j["workspace"]["overlay"]["tmpfs_bytes"] = plan.workspace_overlay->tmpfs_bytes;
+      j["workspace"]["overlay"]["apply"] = ToString(plan.workspace_overlay->apply);
+    }
   }
   {
     const ResourceLimits& l = plan.limits;
@@ -282,6 +302,12 @@ Result<Plan> PlanFromJson(const std::string& text) {
       const json& o = ws.at("overlay");
       plan.workspace_overlay = WorkspaceOverlay{o.at("lowers").get<std::vector<std::string>>(),
                                                 o.at("upper").get<std::string>(), o.at("work").get<std::string>()};
+      plan.workspace_overlay->tmpfs_bytes = o.value("tmpfs_bytes", std::uint64_t{0});
+      if (o.contains("apply")) {
+        auto apply = ParseOverlayApply(o.at("apply").get<std::string>());
+        if (!apply) return Status::Error("plan", "workspace.overlay.apply: '" + o.at("apply").get<std::string>() + "' is not on-success, always or never");
+        plan.workspace_overlay->apply = *apply;
+      }
     }
     if (j.contains("limits")) {
       const json& lim = j.at("limits");

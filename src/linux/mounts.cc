@@ -13,6 +13,7 @@
 #include "linux/compat.h"
 #include "linux/fd.h"
 #include "linux/random.h"
+#include "linux/upper_layer.h"
 
 namespace agentbox::linux {
 namespace {
@@ -126,7 +127,34 @@ Status CreatePlaceholderInside(const ResolvedMount& m, const Plan& plan) {
 // bound directory: overlayfs wants them on one mount. The names that remain
 // are the last components of upper and work, which the option string
 // separates with ',' and ':' and escapes with '\\': such names are refused.
-Status MountOverlay(const MountOp& op, const Plan& plan) {
+// `run --workspace-overlay`: the upper and work directories on a fresh
+// tmpfs of the plan's size, mounted at `at` in the staging root; its root
+// goes to the supervisor over `channel` before anything is written to it
+// (linux/upper_layer.h). The upper directory gets the base's mode: the
+// merged root shows the upper root's.
+Status MountUpperTmpfs(const WorkspaceOverlay& o, const std::string& base, const std::string& at, int channel) {
+  if (channel < 0) return Status::Error("mount", "overlay on a tmpfs without a channel to the supervisor");
+  if (mkdir(at.c_str(), 0700) != 0) return Status::Errno("mount", "mkdir", at);
+  const std::string data = "mode=0700,size=" + std::to_string(o.tmpfs_bytes);
+  if (mount("tmpfs", at.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, data.c_str()) != 0) {
+    const int err = errno;
+    rmdir(at.c_str());
+    return Status::Syscall("mount", "mount(tmpfs, " + data + ")", at, err);
+  }
+  UniqueFd root(open(at.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!root.valid()) return Status::Errno("mount", "open", at);
+  struct stat st {};
+  if (stat(base.c_str(), &st) != 0) return Status::Errno("mount", "stat", base);
+  if (mkdirat(root.get(), o.upper.c_str(), 0700) != 0) return Status::Errno("mount", "mkdirat", at + "/" + o.upper);
+  if (mkdirat(root.get(), o.work.c_str(), 0700) != 0) return Status::Errno("mount", "mkdirat", at + "/" + o.work);
+  UniqueFd upper(openat(root.get(), o.upper.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!upper.valid() || fchmod(upper.get(), st.st_mode & 07777) != 0) {
+    return Status::Errno("mount", "fchmod", at + "/" + o.upper);
+  }
+  return SendUpperLayer(channel, root.get());
+}
+
+Status MountOverlay(const MountOp& op, const Plan& plan, int upper_channel) {
   if (!plan.workspace_overlay) return Status::Error("mount", "overlay mount without overlay layers in the plan");
   const WorkspaceOverlay& o = *plan.workspace_overlay;
   const std::string rw = paths::Parent(o.upper);
@@ -169,7 +197,13 @@ Status MountOverlay(const MountOp& op, const Plan& plan) {
     if (Status s = stage(lowers[i], name); !s.ok()) return s;
     lowerdir += (i == 0 ? "" : ":") + name;
   }
-  if (Status s = stage(rw, "rw"); !s.ok()) return s;
+  if (o.tmpfs_bytes) {
+    const std::string at = std::string(kLayersDir) + "/rw";
+    if (Status s = MountUpperTmpfs(o, Host(op.source), at, upper_channel); !s.ok()) return s;
+    staged.push_back(at);
+  } else if (Status s = stage(rw, "rw"); !s.ok()) {
+    return s;
+  }
   const std::string options =
       "lowerdir=" + lowerdir + ",upperdir=rw/" + upper + ",workdir=rw/" + work + ",userxattr";
   if (Status s = EnsureTarget(op.target, true); !s.ok()) return s;
@@ -324,7 +358,7 @@ Status ApplyMount(const ResolvedMount& m, const Plan& plan) {
     case MountKind::kPin:
       return BindInPlace(m, plan, kSafe);
     case MountKind::kOverlay:
-      return MountOverlay(op, plan);
+      return MountOverlay(op, plan, m.upper_channel);
   }
   return Status::Error("mount", "unknown mount kind");
 }

@@ -69,14 +69,17 @@ Status TieToSupervisor(int lifeline_fd) {
 // Keeps stdio, the status pipe, the lifeline and the filter socket (when
 // there is one); closes every other inherited fd, among them the
 // supervisor's end of the filter socket, so that its EOF reaches us.
-Status CloseInheritedFds(int* status_fd, int* lifeline_fd, int* filter_fd, int* proxy_fd, int* control_fd) {
-  // Move them out of the way first: any may already sit at 3, 4, 5, 6 or 7.
+Status CloseInheritedFds(int* status_fd, int* lifeline_fd, int* filter_fd, int* proxy_fd, int* control_fd,
+                         int* upper_fd) {
+  // Move them out of the way first: any may already sit at 3, 4, 5, 6, 7 or 8.
   int s = fcntl(*status_fd, F_DUPFD_CLOEXEC, 10);
   int l = fcntl(*lifeline_fd, F_DUPFD_CLOEXEC, 10);
   int f = *filter_fd >= 0 ? fcntl(*filter_fd, F_DUPFD_CLOEXEC, 10) : -1;
   int x = *proxy_fd >= 0 ? fcntl(*proxy_fd, F_DUPFD_CLOEXEC, 10) : -1;
   int c = *control_fd >= 0 ? fcntl(*control_fd, F_DUPFD_CLOEXEC, 10) : -1;
-  if (s < 0 || l < 0 || (*filter_fd >= 0 && f < 0) || (*proxy_fd >= 0 && x < 0) || (*control_fd >= 0 && c < 0)) {
+  int u = *upper_fd >= 0 ? fcntl(*upper_fd, F_DUPFD_CLOEXEC, 10) : -1;
+  if (s < 0 || l < 0 || (*filter_fd >= 0 && f < 0) || (*proxy_fd >= 0 && x < 0) || (*control_fd >= 0 && c < 0) ||
+      (*upper_fd >= 0 && u < 0)) {
     return Status::Errno("fds", "fcntl(F_DUPFD_CLOEXEC)");
   }
   if (dup3(s, 3, O_CLOEXEC) < 0 || dup3(l, 4, O_CLOEXEC) < 0) return Status::Errno("fds", "dup3");
@@ -94,6 +97,10 @@ Status CloseInheritedFds(int* status_fd, int* lifeline_fd, int* filter_fd, int* 
   if (c >= 0) {
     if (dup3(c, next, O_CLOEXEC) < 0) return Status::Errno("fds", "dup3");
     *control_fd = next++;
+  }
+  if (u >= 0) {
+    if (dup3(u, next, O_CLOEXEC) < 0) return Status::Errno("fds", "dup3");
+    *upper_fd = next++;
   }
   const unsigned first = static_cast<unsigned>(next);
   if (CloseRange(first, ~0U, 0) != 0) {
@@ -159,10 +166,22 @@ Status LeaveSessionKeyring() {
   return {};
 }
 
-Status BuildRoot(const Plan& plan, const ResolvedPlan& resolved) {
+// The socket the workspace overlay's upper layer goes to the supervisor on
+// (run --workspace-overlay), -1 when there is none.
+int UpperChannel(const ResolvedPlan& resolved) {
+  for (const auto& m : resolved.mounts) {
+    if (m.op.kind == MountKind::kOverlay) return m.upper_channel;
+  }
+  return -1;
+}
+
+// `upper_fd`: the upper layer's channel as renumbered by CloseInheritedFds.
+Status BuildRoot(const Plan& plan, const ResolvedPlan& resolved, int upper_fd) {
   if (Status s = MakeMountsPrivate(); !s.ok()) return s;
   if (Status s = PivotToStagingRoot(); !s.ok()) return s;
-  for (const auto& m : resolved.mounts) {
+  for (const auto& resolved_mount : resolved.mounts) {
+    ResolvedMount m = resolved_mount;
+    if (m.op.kind == MountKind::kOverlay) m.upper_channel = upper_fd;
     if (Status s = ApplyMount(m, plan); !s.ok()) {
       return s.WithContext(std::string(ToString(m.op.kind)) + " " + m.op.target + " (" + m.op.why + ")");
     }
@@ -369,7 +388,8 @@ SetUpResult SetUpSandbox(const Plan& plan, const ResolvedPlan& resolved, int* st
   // Out of the supervisor's process group: a terminal's ^C reaches the
   // supervisor alone, which forwards it once.
   setpgid(0, 0);
-  if (Status s = CloseInheritedFds(status_fd, lifeline_fd, filter_fd, proxy_fd, control_fd); !s.ok()) {
+  int upper_fd = UpperChannel(resolved);
+  if (Status s = CloseInheritedFds(status_fd, lifeline_fd, filter_fd, proxy_fd, control_fd, &upper_fd); !s.ok()) {
     Fail(*status_fd, s);
   }
   // Landlock-only: no namespaces, so no id maps, root, loopback or hostname.
@@ -390,7 +410,8 @@ SetUpResult SetUpSandbox(const Plan& plan, const ResolvedPlan& resolved, int* st
     if (Status s = LeaveSessionKeyring(); !s.ok()) Fail(*status_fd, s);
   }
   if (namespaced) {
-    if (Status s = BuildRoot(plan, resolved); !s.ok()) Fail(*status_fd, s);
+    if (Status s = BuildRoot(plan, resolved, upper_fd); !s.ok()) Fail(*status_fd, s);
+    if (upper_fd >= 0) close(upper_fd);  // sent: the supervisor holds the layer now
     if (Status s = BringUpLoopback(); !s.ok()) Fail(*status_fd, s);
     // The egress proxy's listeners, bound on this namespace's loopback and
     // handed to the supervisor; none stays open in here.
