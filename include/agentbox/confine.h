@@ -35,6 +35,7 @@ struct WorkspaceFs {
   bool known = false;          // probed; false: the workspace is not known yet
   std::string fstype;          // "ext4", "xfs", "tmpfs", ...
   bool project_quota = false;  // a project quota can bound it, and this process may set one
+  std::string device;          // the block device quotactl() takes (with project_quota)
   std::string why_not;         // when not: the fact ("without project quotas", "needs CAP_SYS_ADMIN ...")
 };
 

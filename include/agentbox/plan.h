@@ -202,6 +202,14 @@ struct WorkspaceOverlay {
   OverlayApply apply = OverlayApply::kOnSuccess;
 };
 
+// disk_gib on the host workspace through a project quota (linux/
+// project_quota.h): set up by the supervisor before the launch, removed
+// after the run.
+struct WorkspaceQuotaPlan {
+  std::string device;        // the workspace's block device, for quotactl()
+  std::uint64_t bytes = 0;   // what the run may add: the limit is the use at the start plus this
+};
+
 struct Plan {
   bool confined = true;      // false: danger-full-access, run as is
   Backend backend = Backend::kNamespaces;
@@ -226,7 +234,8 @@ struct Plan {
   std::string workspace_source;
   std::string workspace_target;
   bool workspace_writable = true;
-  std::optional<WorkspaceOverlay> workspace_overlay;  // sessions in overlay mode
+  std::optional<WorkspaceOverlay> workspace_overlay;  // sessions in overlay mode; run --workspace-overlay
+  std::optional<WorkspaceQuotaPlan> workspace_quota;  // disk_gib by a project quota on the workspace
   ResourceLimits limits;                // cgroup settings and rlimits
   LandlockPlan landlock;                // applied by the runner after the root is built
   NetworkPlan network;                  // egress through the supervisor's proxy, when set

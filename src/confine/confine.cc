@@ -134,6 +134,15 @@ void AssessWorkspaceDisk(const Policy& policy, const Invocation& inv, bool landl
                                   : "; --workspace-overlay bounds it"));
 }
 
+// The mechanisms of the facet `name` (none when absent).
+const std::vector<std::string>& FindFacet(const EnforcementReport& r, const char* name) {
+  static const std::vector<std::string> kNone;
+  for (const auto& f : r.facets) {
+    if (f.name == name) return f.mechanisms;
+  }
+  return kNone;
+}
+
 // Each facet's level from what is missing: a facet with an entry in
 // `missing` is partial (none without any mechanism), never full; the whole
 // report is full only when nothing is missing.
@@ -714,6 +723,13 @@ Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Poli
   plan.workspace_target =
       policy.filesystem.workspace.path.empty() ? inv.workspace : policy.filesystem.workspace.path;
   plan.workspace_writable = writable;
+  // disk_gib on the host workspace by a project quota: where the assessment
+  // chose it (no overlay, a filesystem with project quotas, root).
+  const auto& mech = FindFacet(out.enforcement, "resources");
+  if (Confines(policy) && policy.resources.disk_bytes &&
+      std::find(mech.begin(), mech.end(), "project-quota") != mech.end()) {
+    plan.workspace_quota = WorkspaceQuotaPlan{inv.workspace_fs.device, *policy.resources.disk_bytes};
+  }
 
   if (!Confines(policy)) {
     plan.confined = false;

@@ -535,7 +535,8 @@ std::string MissingResources(const EnforcementReport& r) {
 
 TEST(WorkspaceDisk, WithoutABoundTheWorkspaceIsMissing) {
   Invocation inv = testing::FakeInvocation();
-  inv.workspace_fs = {true, "ext4", false, ""};
+  inv.workspace_fs.known = true;
+  inv.workspace_fs.fstype = "ext4";
   EnforcementReport r = AssessEnforcement(WithDisk(), FullHost(), inv);
   EXPECT_EQ(MissingResources(r),
             "disk_gib: the workspace /home/u/proj is on ext4 without project quotas: total disk use in it is not "
@@ -550,10 +551,37 @@ TEST(WorkspaceDisk, WithoutABoundTheWorkspaceIsMissing) {
 
 TEST(WorkspaceDisk, TheReasonAProjectQuotaIsNotUsedIsSaid) {
   Invocation inv = testing::FakeInvocation();
-  inv.workspace_fs = {true, "xfs", false, "with project quotas, but setting one needs root"};
+  inv.workspace_fs.known = true;
+  inv.workspace_fs.fstype = "xfs";
+  inv.workspace_fs.why_not = "with project quotas, but setting one needs root";
   EXPECT_NE(MissingResources(AssessEnforcement(WithDisk(), FullHost(), inv))
                 .find("is on xfs with project quotas, but setting one needs root: total disk use"),
             std::string::npos);
+}
+
+TEST(WorkspaceDisk, AProjectQuotaBoundsItWhereTheFilesystemHasOne) {
+  Invocation inv = testing::FakeInvocation();
+  inv.workspace_fs.known = true;
+  inv.workspace_fs.fstype = "ext4";
+  inv.workspace_fs.project_quota = true;
+  inv.workspace_fs.device = "/dev/loop7";
+  Policy p = WithDisk();
+  p.sandbox.require = Requirement::kFull;
+  auto c = Confine({"true"}, p, FullHost(), inv);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  const auto& mech = FacetNamed(c->enforcement, "resources")->mechanisms;
+  EXPECT_NE(std::find(mech.begin(), mech.end(), "project-quota"), mech.end());
+  ASSERT_TRUE(c->plan.workspace_quota);
+  EXPECT_EQ(c->plan.workspace_quota->device, "/dev/loop7");
+  EXPECT_EQ(c->plan.workspace_quota->bytes, 100ull << 20);
+  auto back = PlanFromJson(PlanToJson(c->plan));
+  ASSERT_TRUE(back.ok() && back->workspace_quota);
+  EXPECT_EQ(back->workspace_quota->device, "/dev/loop7");
+  // Without disk_gib, nothing is tagged.
+  p.resources.disk_bytes.reset();
+  auto none = Confine({"true"}, p, FullHost(), inv);
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->plan.workspace_quota);
 }
 
 TEST(WorkspaceDisk, ReadOnlyWorkspaceAndSessionsAreNotAsked) {

@@ -212,6 +212,9 @@ std::string PlanToJson(const Plan& plan, int indent) {
       j["workspace"]["overlay"]["apply"] = ToString(plan.workspace_overlay->apply);
     }
   }
+  if (plan.workspace_quota) {
+    j["workspace"]["quota"] = {{"device", plan.workspace_quota->device}, {"bytes", plan.workspace_quota->bytes}};
+  }
   {
     const ResourceLimits& l = plan.limits;
     json lim = {{"nofile", l.nofile}};
@@ -308,6 +311,10 @@ Result<Plan> PlanFromJson(const std::string& text) {
         if (!apply) return Status::Error("plan", "workspace.overlay.apply: '" + o.at("apply").get<std::string>() + "' is not on-success, always or never");
         plan.workspace_overlay->apply = *apply;
       }
+    }
+    if (ws.contains("quota")) {
+      plan.workspace_quota = WorkspaceQuotaPlan{ws.at("quota").at("device").get<std::string>(),
+                                                ws.at("quota").at("bytes").get<std::uint64_t>()};
     }
     if (j.contains("limits")) {
       const json& lim = j.at("limits");

@@ -9,6 +9,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "linux/project_quota.h"
+
 namespace agentbox::linux {
 namespace {
 
@@ -56,8 +58,7 @@ MountFacts FindMount(const std::string& mountinfo, unsigned long long mnt_id) {
     if (dash == std::string::npos) return {};
     std::stringstream rest(line.substr(dash + 3));
     MountFacts f;
-    std::string source;
-    rest >> f.fstype >> source >> f.super_options;
+    rest >> f.fstype >> f.source >> f.super_options;
     return f;
   }
   return {};
@@ -82,6 +83,7 @@ WorkspaceFs ProbeWorkspaceFs(const std::string& dir) {
     MountFacts f = FindMount(text.str(), stx.stx_mnt_id);
     if (!f.fstype.empty()) out.fstype = f.fstype;
     options = f.super_options;
+    out.device = f.source;
   }
   const bool quota = HasOption(options, "prjquota") || HasOption(options, "pquota") ||
                      HasOption(options, "prjjquota");
@@ -93,7 +95,13 @@ WorkspaceFs ProbeWorkspaceFs(const std::string& dir) {
                   std::to_string(geteuid()) + ")";
     return out;
   }
-  out.why_not = "with project quotas, which this version of agentbox does not set";
+  // Mounted with the option is not enough: the quota must be on (ext4
+  // needs the quota feature; a kernel without CONFIG_QUOTA has none).
+  if (Status on = ProjectQuotasOn(out.device); !on.ok()) {
+    out.why_not = "mounted with project quotas, but they are off (" + on.ToString() + ")";
+    return out;
+  }
+  out.project_quota = true;
   return out;
 }
 

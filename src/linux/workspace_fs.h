@@ -16,6 +16,7 @@ WorkspaceFs ProbeWorkspaceFs(const std::string& dir);
 // mountinfo text ("" when not found). Fields: see proc(5).
 struct MountFacts {
   std::string fstype;
+  std::string source;  // the block device, for a disk filesystem
   std::string super_options;
 };
 MountFacts FindMount(const std::string& mountinfo, unsigned long long mnt_id);

@@ -1,6 +1,7 @@
 #include "supervise/resources.h"
 
 #include "agentbox/run.h"
+#include "supervise/workspace_disk.h"
 
 namespace agentbox::supervise {
 
@@ -63,7 +64,13 @@ namespace agentbox {
 
 std::vector<std::string> CollectGarbage() {
   linux::CgroupFs fs;
-  return linux::CollectStaleCgroups(fs, linux::DiscoverCgroupLayout(fs));
+  std::vector<std::string> out = linux::CollectStaleCgroups(fs, linux::DiscoverCgroupLayout(fs));
+  // Project quotas of killed supervisors: their workspaces' ids restored.
+  if (const std::string records = supervise::WorkspaceQuotaRecordDir(); !records.empty()) {
+    auto kernel = linux::RealQuotaKernel();
+    for (auto& w : linux::CollectStaleProjectQuotas(kernel.get(), records)) out.push_back(std::move(w));
+  }
+  return out;
 }
 
 }  // namespace agentbox

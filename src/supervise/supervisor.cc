@@ -177,6 +177,15 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
     return out;
   }
   std::unique_ptr<linux::SandboxCgroup> cgroup = std::move(*made);
+  // disk_gib by a project quota on the workspace: tagged before the launch,
+  // restored when this function returns (and by gc, should we be killed).
+  auto quota = supervise::StartWorkspaceQuota(plan);
+  if (!quota.ok()) {
+    out.kind = OutcomeKind::kSandboxError;
+    out.error = ErrorInfo{quota.status().stage(), quota.status().message(), quota.status().err()};
+    out.usage.wall_ms = Ms(Clock::now() - started);
+    return out;
+  }
   const bool proxied = plan.confined && plan.backend == Backend::kNamespaces && plan.network.proxy.has_value();
   if (proxied) {
     // Four fds per tunnel: as many as the hard limit allows. (The runner
@@ -342,6 +351,17 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
     }
   }
 
+  if (quota->quota) {
+    if (auto full = supervise::WorkspaceQuotaFull(*quota->quota, plan.workspace_quota->bytes, plan.workspace_target)) {
+      out.denials.push_back(std::move(*full));
+    }
+    if (Status s = quota->quota->End(); !s.ok()) {
+      // The record stays; `agentbox gc` tries again.
+      const std::string line = "agentbox: disk_gib: restoring the workspace's project ids failed (agentbox gc "
+                               "retries): " + s.ToString() + "\n";
+      WriteAll(options.stderr_fd, line.data(), line.size());
+    }
+  }
   if (plan.confined && plan.workspace_overlay && plan.workspace_overlay->tmpfs_bytes) {
     // Before the git audit: what is applied is what it audits.
     SettleOverlay(plan, child,

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "linux/user_dirs.h"
 #include "policy/checks.h"
 
 namespace agentbox::supervise {
@@ -25,6 +26,37 @@ std::optional<Denial> WorkspaceOverlayFull(int layer_root, std::uint64_t cap_byt
   const std::uint64_t left = static_cast<std::uint64_t>(st.f_bavail) * static_cast<std::uint64_t>(st.f_bsize);
   if (left >= std::max(kFullSlackBytes, cap_bytes / 100)) return std::nullopt;
   return WorkspaceDiskFullDenial(target, cap_bytes, "ENOSPC", "statfs");
+}
+
+std::string WorkspaceQuotaRecordDir() {
+  const std::string state = linux::StateDir();
+  return state.empty() ? "" : state + "/quota";
+}
+
+Result<RunQuota> StartWorkspaceQuota(const Plan& plan) {
+  RunQuota out;
+  if (!plan.confined || !plan.workspace_quota) return out;
+  const std::string records = WorkspaceQuotaRecordDir();
+  if (records.empty()) {
+    return Status::Error("quota", "no state directory (neither $XDG_STATE_HOME nor a home directory) to keep the "
+                                  "workspace's project quota record in");
+  }
+  out.kernel = linux::RealQuotaKernel();
+  (void)linux::CollectStaleProjectQuotas(out.kernel.get(), records);
+  auto q = linux::WorkspaceQuota::Begin(out.kernel.get(), plan.workspace_source, plan.workspace_quota->device,
+                                        plan.workspace_quota->bytes, records);
+  if (!q.ok()) return q.status();
+  out.quota = std::move(*q);
+  return out;
+}
+
+std::optional<Denial> WorkspaceQuotaFull(const linux::WorkspaceQuota& quota, std::uint64_t disk_bytes,
+                                         const std::string& target) {
+  auto usage = quota.Usage();
+  if (!usage.ok()) return std::nullopt;
+  const std::uint64_t limit = quota.limit_bytes();
+  if (usage->used_bytes + std::max(kFullSlackBytes, disk_bytes / 100) < limit) return std::nullopt;
+  return WorkspaceDiskFullDenial(target, disk_bytes, "EDQUOT", "quota");
 }
 
 }  // namespace agentbox::supervise

@@ -13,6 +13,9 @@
 #include <string>
 
 #include "agentbox/outcome.h"
+#include "agentbox/plan.h"
+#include "agentbox/status.h"
+#include "linux/project_quota.h"
 
 namespace agentbox::supervise {
 
@@ -30,5 +33,24 @@ Denial WorkspaceDiskFullDenial(const std::string& target, std::uint64_t cap_byte
 // --workspace-overlay: the upper layer's tmpfs (`layer_root`, its root
 // directory) is full after the run. statfs on the tmpfs.
 std::optional<Denial> WorkspaceOverlayFull(int layer_root, std::uint64_t cap_bytes, const std::string& target);
+
+// A project quota on the workspace for one run (plan.workspace_quota):
+// set up before the launch, restored when this is destroyed (the kernel
+// seam outlives the quota). Records go to WorkspaceQuotaRecordDir().
+struct RunQuota {
+  std::unique_ptr<linux::QuotaKernel> kernel;
+  std::unique_ptr<linux::WorkspaceQuota> quota;
+};
+// Null members when the plan asks for none. Stale records of dead
+// supervisors are restored first. Errors carry the stage "quota".
+Result<RunQuota> StartWorkspaceQuota(const Plan& plan);
+
+// <state>/quota: where quota records live.
+std::string WorkspaceQuotaRecordDir();
+
+// The project quota is spent (its use is within kFullSlackBytes of the
+// limit) after the run: quotactl(Q_GETQUOTA).
+std::optional<Denial> WorkspaceQuotaFull(const linux::WorkspaceQuota& quota, std::uint64_t disk_bytes,
+                                         const std::string& target);
 
 }  // namespace agentbox::supervise

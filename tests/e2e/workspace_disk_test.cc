@@ -6,7 +6,10 @@
 //
 // A write past the cap fails (ENOSPC / EDQUOT) and is reported as a
 // `resources` denial naming disk_gib; what was written before it is kept.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -115,6 +118,81 @@ TEST(WorkspaceDisk, ReadOnlyWorkspaceNeedsNoBound) {
   RunResult r = sb.Sh("echo ran", {"--policy", sb.scratch() + "/p.yaml"});
   EXPECT_EQ(r.status, 0) << r.Describe();
   EXPECT_FALSE(Contains(MissingText(r), "disk_gib")) << MissingText(r);
+}
+
+// ------------------------------------------------------------ project quota
+
+// An ext4 image with project quotas, loop-mounted in a temp dir; unmounted
+// (the loop device goes with it: autoclear) however the test ends.
+class QuotaFs {
+ public:
+  QuotaFs() {
+    if (geteuid() != 0) {
+      why_ = "not root (project quotas are set by root only)";
+      return;
+    }
+    if (access("/dev/loop-control", F_OK) != 0) {
+      why_ = "no /dev/loop-control";
+      return;
+    }
+    const std::string img = dir_ / "fs.img";
+    RunResult t = RunCommand({{"/usr/bin/truncate", "-s", "3G", img}});
+    RunResult m = RunCommand({{FindTool("mkfs.ext4"), "-q", "-O", "quota", "-E", "quotatype=prjquota", img}});
+    if (t.status != 0 || m.status != 0) {
+      why_ = "mkfs.ext4 -O quota failed: " + m.err;
+      return;
+    }
+    MakeDirs(mnt());
+    RunResult mount = RunCommand({{"/usr/bin/mount", "-o", "loop,prjquota", img, mnt()}});
+    if (mount.status != 0) {
+      why_ = "mount -o loop,prjquota of an ext4 image failed (a kernel without CONFIG_QUOTA?): " + mount.err;
+      return;
+    }
+    mounted_ = true;
+  }
+  ~QuotaFs() {
+    if (mounted_) RunCommand({{"/usr/bin/umount", mnt()}});
+  }
+  const std::string& why_not() const { return why_; }
+  std::string mnt() const { return dir_ / "mnt"; }
+
+ private:
+  TempDir dir_{"agentbox-e2e-quota-"};
+  std::string why_;
+  bool mounted_ = false;
+};
+
+std::uint32_t ProjectId(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  struct fsxattr fsx {};
+  const int rc = fd < 0 ? -1 : ioctl(fd, FS_IOC_FSGETXATTR, &fsx);
+  if (fd >= 0) close(fd);
+  return rc == 0 ? fsx.fsx_projid : 0xffffffffu;
+}
+
+TEST(WorkspaceDisk, ProjectQuotaStopsA2GiBFillAndKeepsWhatCameBefore) {
+  QuotaFs fs;
+  if (!fs.why_not().empty()) GTEST_SKIP() << "not applicable here: " << fs.why_not();
+  Sandbox sb;
+  const std::string ws = fs.mnt() + "/ws";
+  MakeDirs(ws);
+  WriteFile(ws + "/before.txt", "kept\n");
+  RunResult r = sb.Sh(kFill2GiB, {"--policy", Policy(sb, "1"), "--workspace", ws}, {}, 120000);
+  EXPECT_EQ(r.status, 1) << r.Describe();
+  ASSERT_TRUE(r.report) << r.Describe();
+  EXPECT_FALSE(Contains(MissingText(r), "disk_gib")) << MissingText(r);
+  const auto& mech = (*r.report)["enforcement"]["facets"]["resources"]["mechanisms"];
+  EXPECT_TRUE(Contains(mech.dump(), "project-quota")) << mech.dump();
+  const nlohmann::json* d = DiskDenial(r);
+  ASSERT_NE(d, nullptr) << r.Describe();
+  EXPECT_EQ((*d)["source"], "quota");
+  EXPECT_TRUE(Contains((*d)["reason"].get<std::string>(), "is full (EDQUOT)")) << d->dump();
+  ExpectFillKept(ws, r.out, (1ull << 30) + (1ull << 20));
+  EXPECT_EQ(ReadFile(ws + "/before.txt").value_or(""), "kept\n");
+  // The run's project is gone again.
+  EXPECT_EQ(ProjectId(ws), 0u);
+  EXPECT_EQ(ProjectId(ws + "/before.txt"), 0u);
+  EXPECT_EQ(ProjectId(ws + "/fill1"), 0u);
 }
 
 // ---------------------------------------------------------- workspace overlay
