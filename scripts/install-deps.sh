@@ -16,6 +16,8 @@ packages=(
   nodejs
   # the demo's readable reports; anchors for the benchmarks
   jq bubblewrap util-linux iproute2 passwd
+  # disk_gib by project quotas: the e2e test and the bench make a loop-mounted ext4
+  e2fsprogs mount
 )
 
 # npm installs the MCP tests' client (tests/mcp). Debian packages it apart
