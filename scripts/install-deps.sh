@@ -18,6 +18,8 @@ packages=(
   jq bubblewrap util-linux iproute2 passwd
   # the container test: Podman's default seccomp profile (/usr/share/containers/seccomp.json)
   golang-github-containers-common
+  # disk_gib by project quotas: the e2e test and the bench make a loop-mounted ext4
+  e2fsprogs mount
 )
 
 # npm installs the MCP tests' client (tests/mcp). Debian packages it apart

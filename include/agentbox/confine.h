@@ -2,6 +2,7 @@
 // Confine(). It is pure: it reads no files and makes no syscalls.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -27,6 +28,17 @@ struct BackendSelection {
 // forced choice the host cannot give is an error, never a downgrade.
 Result<BackendSelection> SelectBackend(const HostCaps& host, BackendChoice choice);
 
+// The filesystem under the workspace, as far as disk_gib is concerned: can
+// agentbox bound what a run writes there with a project quota? Probed at
+// invocation time (linux/project_quota.h); planning only reads it.
+struct WorkspaceFs {
+  bool known = false;          // probed; false: the workspace is not known yet
+  std::string fstype;          // "ext4", "xfs", "tmpfs", ...
+  bool project_quota = false;  // a project quota can bound it, and this process may set one
+  std::string device;          // the block device quotactl() takes (with project_quota)
+  std::string why_not;         // when not: the fact ("without project quotas", "needs CAP_SYS_ADMIN ...")
+};
+
 // Who is asking, from where: the facts of the invocation that planning needs.
 struct Invocation {
   std::string workspace;   // host path, absolute and canonical
@@ -42,6 +54,10 @@ struct Invocation {
   // state dirs): absent from the sandbox whatever the policy says, and a
   // workspace inside one is refused. Host paths, absolute.
   std::vector<std::string> own_dirs;
+  WorkspaceFs workspace_fs;  // for disk_gib (settled only when the workspace is writable)
+  // `run --workspace-overlay`: the run writes into a capped upper layer over
+  // the workspace, applied at the end as `apply` says (namespaces backend only).
+  std::optional<OverlayApply> workspace_overlay;
 };
 
 // A stderr classifier: an ECMAScript regex and what a match means. Group 1,

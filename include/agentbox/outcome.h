@@ -91,6 +91,17 @@ struct NetworkConnections {
   std::uint64_t bytes_down = 0;  // upstream → sandbox
 };
 
+// `agentbox run --workspace-overlay`: what became of the run's changes to
+// the workspace (report key `workspace.overlay`).
+struct WorkspaceOverlayResult {
+  std::uint64_t size_bytes = 0;  // the upper layer's tmpfs: the cap on what the run could write
+  std::string apply;             // on-success | always | never (--apply)
+  std::string action;            // applied | discarded | partly-applied | none
+  std::string reason;            // why that action ("the command exited with 0", ...)
+  std::string diff_json;         // the changes as JSON ({files, patch, truncated, files_truncated}); "" if unknown
+  std::string error;             // the diff or the apply failed: the step, path and errno
+};
+
 struct Outcome {
   OutcomeKind kind = OutcomeKind::kSandboxError;
   std::optional<int> exit_code;          // the command's own code, when it exited
@@ -100,6 +111,7 @@ struct Outcome {
   std::optional<ErrorInfo> error;
   Usage usage;
   std::optional<NetworkConnections> network;  // set when the run had the egress proxy
+  std::optional<WorkspaceOverlayResult> workspace_overlay;  // set for run --workspace-overlay
   std::string policy_sha256;
 
   // The exit status of `agentbox run` (DESIGN §2): the command's code,

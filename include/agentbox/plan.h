@@ -190,6 +190,21 @@ struct NetworkPlan {
 // A session's workspace: overlayfs with the base workspace (`source` of the
 // kOverlay mount) at the bottom, snapshot layers above it, and the session's
 // own upper layer on top. Host paths, all of them.
+//
+// `agentbox run --workspace-overlay` uses the same mount with no lowers
+// above the base and `tmpfs_bytes` set: the runner makes the upper and work
+// directories on a fresh tmpfs of that size (the cap on what the run may
+// write), hands the supervisor a descriptor of it, and the supervisor
+// applies the upper layer to the workspace when the run ends (or discards
+// it: `apply`). `upper` and `work` are then names inside that tmpfs.
+enum class OverlayApply {
+  kOnSuccess,  // only when the command exited 0 (and the outcome is `exited`)
+  kAlways,     // whatever the outcome, as long as the layer exists
+  kNever,      // a dry run: the diff is reported, nothing is applied
+};
+const char* ToString(OverlayApply);  // "on-success" | "always" | "never"
+std::optional<OverlayApply> ParseOverlayApply(const std::string& text);
+
 struct WorkspaceOverlay {
   std::vector<std::string> lowers;  // snapshot trees, newest first (above the base)
   std::string upper;
@@ -201,6 +216,16 @@ struct WorkspaceOverlay {
   // With upper_fs_bytes: the world is handed an earlier world's upper
   // filesystem (its root) to copy into the new one first (world.h).
   bool upper_seeded = false;
+  std::uint64_t tmpfs_bytes = 0;    // run --workspace-overlay: the upper's tmpfs size (0: host dirs)
+  OverlayApply apply = OverlayApply::kOnSuccess;
+};
+
+// disk_gib on the host workspace through a project quota (linux/
+// project_quota.h): set up by the supervisor before the launch, removed
+// after the run.
+struct WorkspaceQuotaPlan {
+  std::string device;        // the workspace's block device, for quotactl()
+  std::uint64_t bytes = 0;   // what the run may add: the limit is the use at the start plus this
 };
 
 struct Plan {
@@ -227,7 +252,8 @@ struct Plan {
   std::string workspace_source;
   std::string workspace_target;
   bool workspace_writable = true;
-  std::optional<WorkspaceOverlay> workspace_overlay;  // sessions in overlay mode
+  std::optional<WorkspaceOverlay> workspace_overlay;  // sessions in overlay mode; run --workspace-overlay
+  std::optional<WorkspaceQuotaPlan> workspace_quota;  // disk_gib by a project quota on the workspace
   ResourceLimits limits;                // cgroup settings and rlimits
   LandlockPlan landlock;                // applied by the runner after the root is built
   NetworkPlan network;                  // egress through the supervisor's proxy, when set

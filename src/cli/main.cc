@@ -31,6 +31,7 @@
 #include "session/world.h"
 #include "linux/random.h"
 #include "linux/user_dirs.h"
+#include "linux/workspace_fs.h"
 #include "report/report_json.h"
 
 namespace agentbox::cli {
@@ -165,6 +166,7 @@ Result<Invocation> BuildInvocation(const PolicyFlags& f) {
   inv.cache_dir = linux::CacheDir(inv.home);
   inv.own_dirs = linux::OwnDirs(inv.home);
   inv.nonce = Nonce();
+  inv.workspace_fs = linux::ProbeWorkspaceFs(inv.workspace);
   return inv;
 }
 
@@ -285,8 +287,37 @@ struct NetworkFlags {
   }
 };
 
+// `run --workspace-overlay [--apply WHEN]`.
+struct OverlayFlags {
+  bool overlay = false;
+  std::string apply;
+
+  void Register(CLI::App* app) {
+    app->add_flag("--workspace-overlay", overlay,
+                  "write into a capped upper layer (tmpfs of disk_gib, default 1Gi) over the workspace, applied "
+                  "at the end (namespaces backend)");
+    app->add_option("--apply", apply, "with --workspace-overlay: on-success (default) | always | never");
+  }
+
+  // Into `inv`; false (after saying why) when the flags do not fit together.
+  bool Apply(Invocation* inv) const {
+    if (!apply.empty() && !overlay) {
+      Error("--apply: only with --workspace-overlay");
+      return false;
+    }
+    if (!overlay) return true;
+    auto when = ParseOverlayApply(apply.empty() ? "on-success" : apply);
+    if (!when) {
+      Error("--apply: '" + apply + "' is not on-success, always or never");
+      return false;
+    }
+    inv->workspace_overlay = *when;
+    return true;
+  }
+};
+
 int CmdRun(const PolicyFlags& f, const std::vector<std::string>& command, const std::string& report,
-           bool quiet, const NetworkFlags& nf) {
+           bool quiet, const NetworkFlags& nf, const OverlayFlags& of) {
   auto policy = BuildPolicy(f);
   if (!policy.ok()) {
     Error(policy.status().message());
@@ -303,6 +334,7 @@ int CmdRun(const PolicyFlags& f, const std::vector<std::string>& command, const 
     WriteReport(report, o);
     return kExitSandbox;
   }
+  if (!of.Apply(&*inv)) return kExitUsage;
   auto confined = Confine(command, *policy, host, *inv);
   if (!confined.ok()) {
     Outcome o = RefusedOutcome(confined.status(), AssessEnforcement(*policy, host, *inv), policy->sha256);
@@ -654,6 +686,8 @@ int main(int argc, char** argv) {
                 "so that limits come from a cgroup systemd delegates (docs/delegation.md)");
   NetworkFlags net_flags;
   net_flags.Register(run);
+  OverlayFlags overlay_flags;
+  overlay_flags.Register(run);
   run->add_option("command", run_cmd, "the command, after --");
 
   PolicyFlags wrap_flags;
@@ -726,7 +760,7 @@ int main(int argc, char** argv) {
   if (*run && systemd_scope) {
     if (int status = SystemdScope(argc, argv); status >= 0) return status;
   }
-  if (*run) return CmdRun(run_flags, run_cmd, report, quiet, net_flags);
+  if (*run) return CmdRun(run_flags, run_cmd, report, quiet, net_flags, overlay_flags);
   if (*wrap) return CmdWrap(wrap_flags, wrap_cmd, wrap_net_flags);
   if (*exec) return CmdExec(exec_cmd, exec_net_flags);
   if (*check) return CmdCheck(check_policy, check_backend, check_json);

@@ -191,6 +191,47 @@ void AssessHostNetwork(const Policy& policy, int ll_abi, const std::string& why_
   }
 }
 
+// disk_gib and the host workspace a run writes to. A session writes into
+// its own layer (sessions bound that), a read-only workspace cannot fill;
+// otherwise the workspace is bounded by the run's overlay, by a project
+// quota, or not at all, which is missing.
+template <typename Missing>
+void AssessWorkspaceDisk(const Policy& policy, const Invocation& inv, bool landlock_only, FacetReport* rf,
+                         Missing& missing) {
+  if (inv.session || !Writable(policy)) return;
+  if (inv.workspace_overlay && !landlock_only) {
+    rf->mechanisms.push_back("workspace-overlay");
+    rf->notes.push_back("disk_gib: the run writes into an upper layer on a tmpfs of that size over the workspace "
+                        "(--workspace-overlay); its changes are applied to the workspace at the end (--apply " +
+                        std::string(ToString(*inv.workspace_overlay)) + ")");
+    return;
+  }
+  if (inv.workspace_fs.project_quota) {
+    rf->mechanisms.push_back("project-quota");
+    rf->notes.push_back("disk_gib: the workspace " + inv.workspace + " (" + inv.workspace_fs.fstype +
+                        ") gets a project quota of its current use plus disk_gib for the run: what the run "
+                        "writes there beyond disk_gib fails with EDQUOT");
+    return;
+  }
+  const std::string where = inv.workspace.empty() ? "the workspace" : "the workspace " + inv.workspace;
+  const std::string fact = !inv.workspace_fs.known ? "is not known here (settled per run)"
+                           : inv.workspace_fs.why_not.empty()
+                               ? "is on " + inv.workspace_fs.fstype + " without project quotas"
+                               : "is on " + inv.workspace_fs.fstype + " " + inv.workspace_fs.why_not;
+  missing(*rf, "disk_gib: " + where + " " + fact + ": total disk use in it is not limited" +
+                   (landlock_only ? " (--workspace-overlay needs the namespaces backend)"
+                                  : "; --workspace-overlay bounds it"));
+}
+
+// The mechanisms of the facet `name` (none when absent).
+const std::vector<std::string>& FindFacet(const EnforcementReport& r, const char* name) {
+  static const std::vector<std::string> kNone;
+  for (const auto& f : r.facets) {
+    if (f.name == name) return f.mechanisms;
+  }
+  return kNone;
+}
+
 // Each facet's level from what is missing: a facet with an entry in
 // `missing` is partial (none without any mechanism), never full; the whole
 // report is full only when nothing is missing.
@@ -314,7 +355,9 @@ EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host, 
       fs.mechanisms.clear();
       missing(fs, "kernel lacks open_tree/move_mount/mount_setattr (needs Linux >= 5.12)");
     }
-    fs.notes.push_back("workspace is a host bind: disk use in it is not limited");
+    fs.notes.push_back(inv.workspace_overlay
+                           ? "workspace is an overlay over a host bind: the run's changes are applied at its end"
+                           : "workspace is a host bind: what the run writes there lands on the host at once");
     // Landlock: a second, independent fence around the same mount plan.
     if (host.landlock_abi >= kMinLandlockAbi) {
       const int abi = std::min(host.landlock_abi, kNewestLandlockAbi);
@@ -425,15 +468,15 @@ EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host, 
   if (res.wall_clock_ms) rf.mechanisms.push_back("supervisor-deadline");
   if (res.disk_bytes && landlock_only) {
     rf.mechanisms.push_back("rlimit-fsize");
-    rf.notes.push_back("disk_gib: no file may grow past it (RLIMIT_FSIZE); the private directory and the "
-                       "workspace are on host filesystems: their total disk use is not limited");
+    rf.notes.push_back("disk_gib: no file may grow past it (RLIMIT_FSIZE); the private directory is on a host "
+                       "filesystem: its total disk use is not limited");
   } else if (res.disk_bytes) {
     rf.mechanisms.push_back("tmpfs-size");
     rf.mechanisms.push_back("rlimit-fsize");
     rf.notes.push_back("disk_gib: /tmp, HOME and /dev/shm are each a tmpfs of that size, and no file may "
-                       "grow past it (RLIMIT_FSIZE); the workspace is a host bind: disk use in it is "
-                       "not limited");
+                       "grow past it (RLIMIT_FSIZE)");
   }
+  if (res.disk_bytes) AssessWorkspaceDisk(policy, inv, landlock_only, &rf, missing);
   rf.mechanisms.push_back("rlimit-core-0");
   rf.mechanisms.push_back("rlimit-nofile");
   std::vector<std::string> unenforced;
@@ -554,10 +597,20 @@ namespace {
 
 // Hard refusals: asks that no `require: partial` can soften.
 Status CheckHardRequirements(const Policy& policy, const Invocation& inv) {
-  if (policy.mode == Mode::kDangerFullAccess) return {};
+  if (policy.mode == Mode::kDangerFullAccess) {
+    if (inv.workspace_overlay) {
+      return Status::Error("confine", "--workspace-overlay: danger-full-access runs unconfined, with no mount "
+                                      "namespace to hold the overlay");
+    }
+    return {};
+  }
   if (Status s = CheckAvailable(policy); !s.ok()) return s;
   if (inv.workspace.empty() || inv.workspace[0] != '/') {
     return Status::Error("confine", "workspace '" + inv.workspace + "' is not an absolute path");
+  }
+  if (inv.workspace_overlay && !Writable(policy)) {
+    return Status::Error("confine", "--workspace-overlay: the workspace is read-only under this policy: "
+                                    "the run has nothing to write, let alone apply");
   }
   return {};
 }
@@ -717,6 +770,12 @@ Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Poli
     auto selected = SelectBackend(host, inv.backend);
     if (!selected.ok()) return selected.status();
     landlock_only = selected->backend == Backend::kLandlockOnly;
+    if (landlock_only && inv.workspace_overlay) {
+      return Status::Error("confine", "--workspace-overlay needs the namespaces backend: the landlock-only backend (" +
+                                          selected->why + ") has no mount namespace to hold the overlay; run "
+                                          "without it (disk_gib then bounds the workspace only where a project "
+                                          "quota can)");
+    }
   }
   out.enforcement = AssessEnforcement(policy, host, inv);
   const bool writable = Writable(policy);
@@ -774,6 +833,13 @@ Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Poli
   plan.workspace_target =
       policy.filesystem.workspace.path.empty() ? inv.workspace : policy.filesystem.workspace.path;
   plan.workspace_writable = writable;
+  // disk_gib on the host workspace by a project quota: where the assessment
+  // chose it (no overlay, a filesystem with project quotas, root).
+  const auto& mech = FindFacet(out.enforcement, "resources");
+  if (Confines(policy) && policy.resources.disk_bytes &&
+      std::find(mech.begin(), mech.end(), "project-quota") != mech.end()) {
+    plan.workspace_quota = WorkspaceQuotaPlan{inv.workspace_fs.device, *policy.resources.disk_bytes};
+  }
 
   if (!Confines(policy)) {
     plan.confined = false;
@@ -878,8 +944,21 @@ Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Poli
                         "mode=0700,size=" + SizeText(tmp_bytes), "private HOME"});
     }
 
-    mounts.push_back({MountKind::kBind, inv.workspace, plan.workspace_target, !plan.workspace_writable,
-                      false, "", plan.workspace_writable ? "workspace (read-write)" : "workspace (read-only)"});
+    if (inv.workspace_overlay) {
+      // The run's writes go to an upper layer on a capped tmpfs the runner
+      // makes; the supervisor applies it (or not) when the run ends.
+      mounts.push_back({MountKind::kOverlay, inv.workspace, plan.workspace_target, false, false, "",
+                        "workspace (overlay: the run's changes are applied at its end)"});
+      WorkspaceOverlay overlay;
+      overlay.upper = "upper";
+      overlay.work = "work";
+      overlay.tmpfs_bytes = policy.resources.disk_bytes.value_or(kDefaultTmpBytes);
+      overlay.apply = *inv.workspace_overlay;
+      plan.workspace_overlay = overlay;
+    } else {
+      mounts.push_back({MountKind::kBind, inv.workspace, plan.workspace_target, !plan.workspace_writable,
+                        false, "", plan.workspace_writable ? "workspace (read-write)" : "workspace (read-only)"});
+    }
     mounted.push_back({inv.workspace, plan.workspace_target});
 
     // deny: absent by construction; masked where it falls inside a mounted tree.

@@ -635,3 +635,122 @@ TEST(PlanJson, RoundTripsAndRejectsGarbage) {
 
 }  // namespace
 }  // namespace agentbox
+
+namespace agentbox {
+namespace {
+
+// ------------------------------------------- disk_gib and the host workspace
+
+Policy WithDisk(Mode mode = Mode::kWorkspaceWrite) {
+  Policy p = PresetFor(mode);
+  p.resources.disk_bytes = 100ull << 20;
+  p.sandbox.require = Requirement::kPartial;
+  return p;
+}
+
+std::string MissingResources(const EnforcementReport& r) {
+  std::string out;
+  for (const auto& m : r.missing) {
+    if (m.facet == "resources") out += m.reason + "\n";
+  }
+  return out;
+}
+
+TEST(WorkspaceDisk, WithoutABoundTheWorkspaceIsMissing) {
+  Invocation inv = testing::FakeInvocation();
+  inv.workspace_fs.known = true;
+  inv.workspace_fs.fstype = "ext4";
+  EnforcementReport r = AssessEnforcement(WithDisk(), FullHost(), inv);
+  EXPECT_EQ(MissingResources(r),
+            "disk_gib: the workspace /home/u/proj is on ext4 without project quotas: total disk use in it is not "
+            "limited; --workspace-overlay bounds it\n");
+  EXPECT_EQ(FacetNamed(r, "resources")->level, Level::kPartial);
+  Policy full = WithDisk();
+  full.sandbox.require = Requirement::kFull;
+  auto refused = Confine({"true"}, full, FullHost(), inv);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("disk_gib: the workspace /home/u/proj"), std::string::npos);
+}
+
+TEST(WorkspaceDisk, TheReasonAProjectQuotaIsNotUsedIsSaid) {
+  Invocation inv = testing::FakeInvocation();
+  inv.workspace_fs.known = true;
+  inv.workspace_fs.fstype = "xfs";
+  inv.workspace_fs.why_not = "with project quotas, but setting one needs root";
+  EXPECT_NE(MissingResources(AssessEnforcement(WithDisk(), FullHost(), inv))
+                .find("is on xfs with project quotas, but setting one needs root: total disk use"),
+            std::string::npos);
+}
+
+TEST(WorkspaceDisk, AProjectQuotaBoundsItWhereTheFilesystemHasOne) {
+  Invocation inv = testing::FakeInvocation();
+  inv.workspace_fs.known = true;
+  inv.workspace_fs.fstype = "ext4";
+  inv.workspace_fs.project_quota = true;
+  inv.workspace_fs.device = "/dev/loop7";
+  Policy p = WithDisk();
+  p.sandbox.require = Requirement::kFull;
+  auto c = Confine({"true"}, p, FullHost(), inv);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  const auto& mech = FacetNamed(c->enforcement, "resources")->mechanisms;
+  EXPECT_NE(std::find(mech.begin(), mech.end(), "project-quota"), mech.end());
+  ASSERT_TRUE(c->plan.workspace_quota);
+  EXPECT_EQ(c->plan.workspace_quota->device, "/dev/loop7");
+  EXPECT_EQ(c->plan.workspace_quota->bytes, 100ull << 20);
+  auto back = PlanFromJson(PlanToJson(c->plan));
+  ASSERT_TRUE(back.ok() && back->workspace_quota);
+  EXPECT_EQ(back->workspace_quota->device, "/dev/loop7");
+  // Without disk_gib, nothing is tagged.
+  p.resources.disk_bytes.reset();
+  auto none = Confine({"true"}, p, FullHost(), inv);
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->plan.workspace_quota);
+}
+
+TEST(WorkspaceDisk, ReadOnlyWorkspaceAndSessionsAreNotAsked) {
+  Invocation inv = testing::FakeInvocation();
+  EXPECT_EQ(MissingResources(AssessEnforcement(WithDisk(Mode::kReadOnly), FullHost(), inv)), "");
+  inv.session = true;
+  EXPECT_EQ(MissingResources(AssessEnforcement(WithDisk(), FullHost(), inv)), "");
+}
+
+TEST(WorkspaceDisk, OverlayBoundsItWithATmpfsOfDiskGib) {
+  Invocation inv = testing::FakeInvocation();
+  inv.workspace_overlay = OverlayApply::kAlways;
+  Policy p = WithDisk();
+  p.sandbox.require = Requirement::kFull;
+  auto c = Confine({"true"}, p, FullHost(), inv);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(MissingResources(c->enforcement), "");
+  const auto& mech = FacetNamed(c->enforcement, "resources")->mechanisms;
+  EXPECT_NE(std::find(mech.begin(), mech.end(), "workspace-overlay"), mech.end());
+  const MountOp* ws = Find(c->plan, MountKind::kOverlay, "/home/u/proj");
+  ASSERT_NE(ws, nullptr);
+  EXPECT_EQ(ws->source, "/home/u/proj");
+  EXPECT_EQ(Find(c->plan, MountKind::kBind, "/home/u/proj"), nullptr);
+  ASSERT_TRUE(c->plan.workspace_overlay);
+  EXPECT_EQ(c->plan.workspace_overlay->tmpfs_bytes, 100ull << 20);
+  EXPECT_EQ(c->plan.workspace_overlay->apply, OverlayApply::kAlways);
+  // Through `wrap`: the plan carries it.
+  auto back = PlanFromJson(PlanToJson(c->plan));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  ASSERT_TRUE(back->workspace_overlay);
+  EXPECT_EQ(back->workspace_overlay->tmpfs_bytes, 100ull << 20);
+  EXPECT_EQ(back->workspace_overlay->apply, OverlayApply::kAlways);
+}
+
+TEST(WorkspaceDisk, OverlayIsRefusedWhereItCannotBe) {
+  Invocation inv = testing::FakeInvocation();
+  inv.workspace_overlay = OverlayApply::kOnSuccess;
+  inv.backend = BackendChoice::kLandlock;
+  auto landlock = Confine({"true"}, WithDisk(), FullHost(), inv);
+  ASSERT_FALSE(landlock.ok());
+  EXPECT_NE(landlock.status().message().find("--workspace-overlay needs the namespaces backend"), std::string::npos);
+  inv.backend = BackendChoice::kAuto;
+  auto read_only = Confine({"true"}, WithDisk(Mode::kReadOnly), FullHost(), inv);
+  ASSERT_FALSE(read_only.ok());
+  EXPECT_NE(read_only.status().message().find("read-only"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace agentbox

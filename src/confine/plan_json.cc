@@ -140,6 +140,22 @@ const char* ToString(Backend backend) {
   return backend == Backend::kLandlockOnly ? "landlock-only" : "linux-namespaces";
 }
 
+const char* ToString(OverlayApply apply) {
+  switch (apply) {
+    case OverlayApply::kOnSuccess: return "on-success";
+    case OverlayApply::kAlways: return "always";
+    case OverlayApply::kNever: return "never";
+  }
+  return "?";
+}
+
+std::optional<OverlayApply> ParseOverlayApply(const std::string& text) {
+  for (OverlayApply a : {OverlayApply::kOnSuccess, OverlayApply::kAlways, OverlayApply::kNever}) {
+    if (text == ToString(a)) return a;
+  }
+  return std::nullopt;
+}
+
 const char* ToString(MountKind kind) {
   for (const auto& [k, n] : kKinds) {
     if (k == kind) return n;
@@ -196,6 +212,13 @@ std::string PlanToJson(const Plan& plan, int indent) {
       j["workspace"]["overlay"]["upper_fs_bytes"] = plan.workspace_overlay->upper_fs_bytes;
       j["workspace"]["overlay"]["upper_seeded"] = plan.workspace_overlay->upper_seeded;
     }
+    if (plan.workspace_overlay->tmpfs_bytes) {
+      j["workspace"]["overlay"]["tmpfs_bytes"] = plan.workspace_overlay->tmpfs_bytes;
+      j["workspace"]["overlay"]["apply"] = ToString(plan.workspace_overlay->apply);
+    }
+  }
+  if (plan.workspace_quota) {
+    j["workspace"]["quota"] = {{"device", plan.workspace_quota->device}, {"bytes", plan.workspace_quota->bytes}};
   }
   {
     const ResourceLimits& l = plan.limits;
@@ -290,6 +313,16 @@ Result<Plan> PlanFromJson(const std::string& text) {
                                                 o.at("upper").get<std::string>(), o.at("work").get<std::string>()};
       plan.workspace_overlay->upper_fs_bytes = o.value("upper_fs_bytes", std::uint64_t{0});
       plan.workspace_overlay->upper_seeded = o.value("upper_seeded", false);
+      plan.workspace_overlay->tmpfs_bytes = o.value("tmpfs_bytes", std::uint64_t{0});
+      if (o.contains("apply")) {
+        auto apply = ParseOverlayApply(o.at("apply").get<std::string>());
+        if (!apply) return Status::Error("plan", "workspace.overlay.apply: '" + o.at("apply").get<std::string>() + "' is not on-success, always or never");
+        plan.workspace_overlay->apply = *apply;
+      }
+    }
+    if (ws.contains("quota")) {
+      plan.workspace_quota = WorkspaceQuotaPlan{ws.at("quota").at("device").get<std::string>(),
+                                                ws.at("quota").at("bytes").get<std::uint64_t>()};
     }
     if (j.contains("limits")) {
       const json& lim = j.at("limits");

@@ -73,6 +73,21 @@ Result<Launched> Launch(const Plan& plan, const std::vector<std::string>& argv, 
     proxy_send.reset(sv[1]);
   }
 
+  // The capped upper layer of `run --workspace-overlay` comes back over a
+  // third: the supervisor applies it after the sandbox is gone.
+  UniqueFd upper_send;
+  if (plan.confined && plan.workspace_overlay && plan.workspace_overlay->tmpfs_bytes) {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
+      return Status::Errno("launch", "socketpair");
+    }
+    out.upper_layer.reset(sv[0]);
+    upper_send.reset(sv[1]);
+    for (auto& m : out.resolved.mounts) {
+      if (m.op.kind == MountKind::kOverlay) m.upper_channel = upper_send.get();
+    }
+  }
+
   CloneArgs args{};
   args.flags = CLONE_PIDFD | (plan.confined ? NamespaceFlags(plan.namespaces) : 0);
   if (cgroup && cgroup->v2_fd() >= 0) {
@@ -110,6 +125,7 @@ Result<Launched> Launch(const Plan& plan, const std::vector<std::string>& argv, 
   }
   out.pid = static_cast<pid_t>(pid);
   out.pidfd.reset(pidfd);
+  upper_send.reset();
   proxy_send.reset();  // the runner's end: closed here, so that its exit reads as end of file
   if (filtered) {
     // On failure nothing is sent: the runner then refuses with stage seccomp,

@@ -31,6 +31,7 @@ struct Launched {
   ResolvedPlan resolved;
   Status filter_error;  // the seccomp program could not be compiled or sent
   UniqueFd proxy_listeners;  // the runner sends the proxy's two listeners here (plans with a proxy)
+  UniqueFd upper_layer;      // the runner sends its upper layer's tmpfs here (run --workspace-overlay)
 };
 
 // With a `cgroup`, the runner starts inside it before it runs any code of

@@ -14,6 +14,7 @@
 #include "linux/compat.h"
 #include "linux/fd.h"
 #include "linux/random.h"
+#include "linux/upper_layer.h"
 
 namespace agentbox::linux {
 namespace {
@@ -171,7 +172,34 @@ Status MountUpperFs(const std::string& at, const MountOp& op, const WorkspaceOve
   return {};
 }
 
-Status MountOverlay(const MountOp& op, const Plan& plan, UpperFs* upper_fs) {
+// `run --workspace-overlay`: the upper and work directories on a fresh
+// tmpfs of the plan's size, mounted at `at` in the staging root; its root
+// goes to the supervisor over `channel` before anything is written to it
+// (linux/upper_layer.h). The upper directory gets the base's mode: the
+// merged root shows the upper root's.
+Status MountUpperTmpfs(const WorkspaceOverlay& o, const std::string& base, const std::string& at, int channel) {
+  if (channel < 0) return Status::Error("mount", "overlay on a tmpfs without a channel to the supervisor");
+  if (mkdir(at.c_str(), 0700) != 0) return Status::Errno("mount", "mkdir", at);
+  const std::string data = "mode=0700,size=" + std::to_string(o.tmpfs_bytes);
+  if (mount("tmpfs", at.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, data.c_str()) != 0) {
+    const int err = errno;
+    rmdir(at.c_str());
+    return Status::Syscall("mount", "mount(tmpfs, " + data + ")", at, err);
+  }
+  UniqueFd root(open(at.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!root.valid()) return Status::Errno("mount", "open", at);
+  struct stat st {};
+  if (stat(base.c_str(), &st) != 0) return Status::Errno("mount", "stat", base);
+  if (mkdirat(root.get(), o.upper.c_str(), 0700) != 0) return Status::Errno("mount", "mkdirat", at + "/" + o.upper);
+  if (mkdirat(root.get(), o.work.c_str(), 0700) != 0) return Status::Errno("mount", "mkdirat", at + "/" + o.work);
+  UniqueFd upper(openat(root.get(), o.upper.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!upper.valid() || fchmod(upper.get(), st.st_mode & 07777) != 0) {
+    return Status::Errno("mount", "fchmod", at + "/" + o.upper);
+  }
+  return SendUpperLayer(channel, root.get());
+}
+
+Status MountOverlay(const MountOp& op, const Plan& plan, UpperFs* upper_fs, int upper_channel) {
   if (!plan.workspace_overlay) return Status::Error("mount", "overlay mount without overlay layers in the plan");
   const WorkspaceOverlay& o = *plan.workspace_overlay;
   const std::string rw = paths::Parent(o.upper);
@@ -218,6 +246,10 @@ Status MountOverlay(const MountOp& op, const Plan& plan, UpperFs* upper_fs) {
     if (Status s = MountUpperFs(std::string(kLayersDir) + "/rw", op, o, upper, work, upper_fs, &staged); !s.ok()) {
       return s;
     }
+  } else if (o.tmpfs_bytes) {
+    const std::string at = std::string(kLayersDir) + "/rw";
+    if (Status s = MountUpperTmpfs(o, Host(op.source), at, upper_channel); !s.ok()) return s;
+    staged.push_back(at);
   } else if (Status s = stage(rw, "rw"); !s.ok()) {
     return s;
   }
@@ -375,7 +407,7 @@ Status ApplyMount(const ResolvedMount& m, const Plan& plan, UpperFs* upper_fs) {
     case MountKind::kPin:
       return BindInPlace(m, plan, kSafe);
     case MountKind::kOverlay:
-      return MountOverlay(op, plan, upper_fs);
+      return MountOverlay(op, plan, upper_fs, m.upper_channel);
   }
   return Status::Error("mount", "unknown mount kind");
 }

@@ -25,6 +25,9 @@ struct ResolvedMount {
   // its placeholder in the merged view (so in the session's upper layer),
   // never in the base.
   bool placeholder_inside = false;
+  // The workspace overlay of `run --workspace-overlay`: the socket the
+  // runner sends its upper layer's tmpfs on (set by Launch; runner side).
+  int upper_channel = -1;
 };
 
 // An empty mode-0000 file created where a protected path was missing, so

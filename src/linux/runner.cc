@@ -70,16 +70,17 @@ Status TieToSupervisor(int lifeline_fd) {
 // there is one); closes every other inherited fd, among them the
 // supervisor's end of the filter socket, so that its EOF reaches us.
 Status CloseInheritedFds(int* status_fd, int* lifeline_fd, int* filter_fd, int* proxy_fd, int* control_fd,
-                         int* seed_fd) {
-  // Move them out of the way first: any may already sit at 3, 4, 5, 6 or 7.
+                         int* seed_fd, int* upper_fd) {
+  // Move them out of the way first: any may already sit at 3 to 9.
   int s = fcntl(*status_fd, F_DUPFD_CLOEXEC, 10);
   int l = fcntl(*lifeline_fd, F_DUPFD_CLOEXEC, 10);
   int f = *filter_fd >= 0 ? fcntl(*filter_fd, F_DUPFD_CLOEXEC, 10) : -1;
   int x = *proxy_fd >= 0 ? fcntl(*proxy_fd, F_DUPFD_CLOEXEC, 10) : -1;
   int c = *control_fd >= 0 ? fcntl(*control_fd, F_DUPFD_CLOEXEC, 10) : -1;
   int u = *seed_fd >= 0 ? fcntl(*seed_fd, F_DUPFD_CLOEXEC, 10) : -1;
+  int w = *upper_fd >= 0 ? fcntl(*upper_fd, F_DUPFD_CLOEXEC, 10) : -1;
   if (s < 0 || l < 0 || (*filter_fd >= 0 && f < 0) || (*proxy_fd >= 0 && x < 0) || (*control_fd >= 0 && c < 0) ||
-      (*seed_fd >= 0 && u < 0)) {
+      (*seed_fd >= 0 && u < 0) || (*upper_fd >= 0 && w < 0)) {
     return Status::Errno("fds", "fcntl(F_DUPFD_CLOEXEC)");
   }
   if (dup3(s, 3, O_CLOEXEC) < 0 || dup3(l, 4, O_CLOEXEC) < 0) return Status::Errno("fds", "dup3");
@@ -101,6 +102,10 @@ Status CloseInheritedFds(int* status_fd, int* lifeline_fd, int* filter_fd, int* 
   if (u >= 0) {
     if (dup3(u, next, O_CLOEXEC) < 0) return Status::Errno("fds", "dup3");
     *seed_fd = next++;
+  }
+  if (w >= 0) {
+    if (dup3(w, next, O_CLOEXEC) < 0) return Status::Errno("fds", "dup3");
+    *upper_fd = next++;
   }
   const unsigned first = static_cast<unsigned>(next);
   if (CloseRange(first, ~0U, 0) != 0) {
@@ -166,10 +171,22 @@ Status LeaveSessionKeyring() {
   return {};
 }
 
-Status BuildRoot(const Plan& plan, const ResolvedPlan& resolved, UpperFs* upper_fs) {
+// The socket the workspace overlay's upper layer goes to the supervisor on
+// (run --workspace-overlay), -1 when there is none.
+int UpperChannel(const ResolvedPlan& resolved) {
+  for (const auto& m : resolved.mounts) {
+    if (m.op.kind == MountKind::kOverlay) return m.upper_channel;
+  }
+  return -1;
+}
+
+// `upper_fd`: the upper layer's channel as renumbered by CloseInheritedFds.
+Status BuildRoot(const Plan& plan, const ResolvedPlan& resolved, UpperFs* upper_fs, int upper_fd) {
   if (Status s = MakeMountsPrivate(); !s.ok()) return s;
   if (Status s = PivotToStagingRoot(); !s.ok()) return s;
-  for (const auto& m : resolved.mounts) {
+  for (const auto& resolved_mount : resolved.mounts) {
+    ResolvedMount m = resolved_mount;
+    if (m.op.kind == MountKind::kOverlay) m.upper_channel = upper_fd;
     if (Status s = ApplyMount(m, plan, upper_fs); !s.ok()) {
       return s.WithContext(std::string(ToString(m.op.kind)) + " " + m.op.target + " (" + m.op.why + ")");
     }
@@ -385,8 +402,9 @@ SetUpResult SetUpSandbox(const Plan& plan, const ResolvedPlan& resolved, int* st
   // supervisor alone, which forwards it once.
   setpgid(0, 0);
   int no_seed = -1;
+  int upper_fd = UpperChannel(resolved);
   if (Status s = CloseInheritedFds(status_fd, lifeline_fd, filter_fd, proxy_fd, control_fd,
-                                   upper_fs ? &upper_fs->seed_fd : &no_seed);
+                                   upper_fs ? &upper_fs->seed_fd : &no_seed, &upper_fd);
       !s.ok()) {
     Fail(*status_fd, s);
   }
@@ -408,12 +426,13 @@ SetUpResult SetUpSandbox(const Plan& plan, const ResolvedPlan& resolved, int* st
     if (Status s = LeaveSessionKeyring(); !s.ok()) Fail(*status_fd, s);
   }
   if (namespaced) {
-    if (Status s = BuildRoot(plan, resolved, upper_fs); !s.ok()) Fail(*status_fd, s);
+    if (Status s = BuildRoot(plan, resolved, upper_fs, upper_fd); !s.ok()) Fail(*status_fd, s);
     // The earlier world's upper layer is copied: nothing here needs it again.
     if (upper_fs && upper_fs->seed_fd >= 0) {
       close(upper_fs->seed_fd);
       upper_fs->seed_fd = -1;
     }
+    if (upper_fd >= 0) close(upper_fd);  // sent: the supervisor holds the layer now
     if (Status s = BringUpLoopback(); !s.ok()) Fail(*status_fd, s);
     // The egress proxy's listeners, bound on this namespace's loopback and
     // handed to the supervisor; none stays open in here.

@@ -119,6 +119,13 @@ json ToJsonValue(const Outcome& o) {
                       {"bytes_up", n.bytes_up},
                       {"bytes_down", n.bytes_down}}}};
   }
+  if (o.workspace_overlay) {
+    const WorkspaceOverlayResult& w = *o.workspace_overlay;
+    json overlay = {{"size_bytes", w.size_bytes}, {"apply", w.apply}, {"action", w.action}, {"reason", w.reason}};
+    overlay["diff"] = w.diff_json.empty() ? json(nullptr) : json::parse(w.diff_json, nullptr, false);
+    if (!w.error.empty()) overlay["error"] = w.error;
+    j["workspace"] = {{"overlay", overlay}};
+  }
   j["policy_sha256"] = o.policy_sha256;
   j["agentbox_version"] = Version();
   return j;

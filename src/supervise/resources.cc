@@ -2,6 +2,7 @@
 
 #include "agentbox/run.h"
 #include "linux/cgroup_delegation.h"
+#include "supervise/workspace_disk.h"
 
 namespace agentbox::supervise {
 
@@ -66,7 +67,13 @@ namespace agentbox {
 
 std::vector<std::string> CollectGarbage() {
   linux::CgroupFs fs;
-  return linux::CollectStaleCgroups(fs, linux::DiscoverRunCgroupLayout(fs));
+  std::vector<std::string> out = linux::CollectStaleCgroups(fs, linux::DiscoverRunCgroupLayout(fs));
+  // Project quotas of killed supervisors: their workspaces' ids restored.
+  if (const std::string records = supervise::WorkspaceQuotaRecordDir(); !records.empty()) {
+    auto kernel = linux::RealQuotaKernel();
+    for (auto& w : linux::CollectStaleProjectQuotas(kernel.get(), records)) out.push_back(std::move(w));
+  }
+  return out;
 }
 
 }  // namespace agentbox

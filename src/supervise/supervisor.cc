@@ -27,11 +27,14 @@
 #include "linux/proxy_listeners.h"
 #include "linux/seccomp_notify.h"
 #include "linux/status_pipe.h"
+#include "linux/upper_layer.h"
 #include "net/proxy.h"
 #include "supervise/denial_scanner.h"
 #include "supervise/egress.h"
 #include "supervise/private_dir.h"
 #include "supervise/resources.h"
+#include "supervise/workspace_disk.h"
+#include "supervise/workspace_overlay.h"
 
 namespace agentbox {
 namespace {
@@ -89,6 +92,49 @@ bool AuditGitRepos(const Plan& plan, const std::set<std::string>& known, Outcome
   return !found->empty();
 }
 
+// --workspace-overlay: how the run ended, for `--apply on-success`.
+supervise::RunEnd EndOfRun(bool failed_sandbox, bool timed_out, std::uint64_t oom_kills,
+                           const linux::RunnerMessage* exit_msg) {
+  supervise::RunEnd end;
+  if (failed_sandbox) {
+    end.how = "the sandbox failed (sandbox_error)";
+  } else if (timed_out) {
+    end.how = "the run timed out";
+  } else if (oom_kills > 0) {
+    end.how = "a process of the run was OOM-killed";
+  } else if (!exit_msg) {
+    end.how = "the sandbox runner ended before reporting the command's exit";
+  } else if (exit_msg->signal) {
+    end.how = "the command was killed by signal " + std::to_string(exit_msg->signal);
+  } else {
+    end.how = "the command exited with " + std::to_string(exit_msg->exit_code);
+    end.clean = exit_msg->exit_code == 0;
+  }
+  return end;
+}
+
+// --workspace-overlay, once nothing of the sandbox runs: the upper layer the
+// runner sent is checked for a full cap (a disk_gib denial), diffed, and
+// applied to the workspace or dropped (supervise/workspace_overlay.h).
+// Protected paths were read-only during the run; a placeholder the runner
+// made for one is never applied.
+void SettleOverlay(const Plan& plan, const linux::Launched& child, const supervise::RunEnd& end, Outcome* out) {
+  auto layer = linux::ReceiveUpperLayer(child.upper_layer.get());
+  const int root = layer.ok() ? layer->get() : -1;
+  if (auto full = supervise::WorkspaceOverlayFull(root, plan.workspace_overlay->tmpfs_bytes, plan.workspace_target)) {
+    out->denials.push_back(std::move(*full));
+  }
+  std::set<std::string> skip;
+  const std::string& ws = plan.workspace_source;
+  for (const auto& m : child.resolved.mounts) {
+    if (m.op.kind == MountKind::kProtect && paths::IsWithin(m.op.source, ws) && m.op.source != ws) {
+      skip.insert(m.op.source.substr(ws == "/" ? 1 : ws.size() + 1));
+    }
+  }
+  out->workspace_overlay = supervise::SettleWorkspaceOverlay(plan, root, end, skip);
+  if (!layer.ok()) out->workspace_overlay->error = layer.status().ToString();
+}
+
 }  // namespace
 
 Outcome RefusedOutcome(const Status& why, const EnforcementReport& enforcement,
@@ -136,6 +182,15 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
     return out;
   }
   std::unique_ptr<linux::SandboxCgroup> cgroup = std::move(*made);
+  // disk_gib by a project quota on the workspace: tagged before the launch,
+  // restored when this function returns (and by gc, should we be killed).
+  auto quota = supervise::StartWorkspaceQuota(plan);
+  if (!quota.ok()) {
+    out.kind = OutcomeKind::kSandboxError;
+    out.error = ErrorInfo{quota.status().stage(), quota.status().message(), quota.status().err()};
+    out.usage.wall_ms = Ms(Clock::now() - started);
+    return out;
+  }
   const bool proxied = plan.confined && plan.network.proxy.has_value();
   if (proxied) {
     // Four fds per tunnel: as many as the hard limit allows. (The runner
@@ -310,6 +365,22 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
     }
   }
 
+  if (quota->quota) {
+    if (auto full = supervise::WorkspaceQuotaFull(*quota->quota, plan.workspace_quota->bytes, plan.workspace_target)) {
+      out.denials.push_back(std::move(*full));
+    }
+    if (Status s = quota->quota->End(); !s.ok()) {
+      // The record stays; `agentbox gc` tries again.
+      const std::string line = "agentbox: disk_gib: restoring the workspace's project ids failed (agentbox gc "
+                               "retries): " + s.ToString() + "\n";
+      WriteAll(options.stderr_fd, line.data(), line.size());
+    }
+  }
+  if (plan.confined && plan.workspace_overlay && plan.workspace_overlay->tmpfs_bytes) {
+    // Before the git audit: what is applied is what it audits.
+    SettleOverlay(plan, child,
+                  EndOfRun(setup_error || proxy_error, timed_out, cg_stats.oom_kills, exit_msg), &out);
+  }
   const bool git_denied = AuditGitRepos(plan, child.resolved.git_dirs, &out);
 
   // The runner is gone: close the proxy (every connection's record is in),

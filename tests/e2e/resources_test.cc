@@ -276,9 +276,12 @@ TEST(Deadline, TimeoutInsidePipelineReportedThoughTopExitsZero) {
 
 // -------------------------------------------------------------------- disk
 
+// The workspace itself is bounded only by a project quota or an overlay
+// (workspace_disk_test.cc): without either, disk_gib is partial.
 TEST(Disk, TmpFillStopsAtDiskGib) {
   Sandbox sb;
-  WriteFile(sb.scratch() + "/p.yaml", "version: 1\nmode: workspace-write\nresources:\n  disk_gib: 16Mi\n");
+  WriteFile(sb.scratch() + "/p.yaml",
+            "version: 1\nmode: workspace-write\nsandbox:\n  require: partial\nresources:\n  disk_gib: 16Mi\n");
   RunResult r = sb.Sh("dd if=/dev/zero of=/tmp/fill bs=1M count=64 2>/dev/null; "
                       "echo size=$(wc -c < /tmp/fill); echo fsize=$(ulimit -f); ulimit -c; exit 0",
                       {"--policy", sb.scratch() + "/p.yaml"});
@@ -288,7 +291,8 @@ TEST(Disk, TmpFillStopsAtDiskGib) {
   EXPECT_TRUE(Contains(r.out, "\n0\n")) << "core dumps are on\n" << r.Describe();
   ASSERT_TRUE(r.report);
   EXPECT_EQ(Usage(r)["limits"]["fsize_bytes"], 16ull << 20);
-  EXPECT_TRUE(Contains(ResourcesFacet(r)["notes"].dump(), "workspace is a host bind")) << r.Describe();
+  EXPECT_TRUE(Contains(ResourcesFacet(r)["notes"].dump(), "/tmp, HOME and /dev/shm are each a tmpfs")) << r.Describe();
+  EXPECT_TRUE(Contains(MissingText(r), "disk_gib: the workspace " + sb.ws())) << MissingText(r);
 }
 
 // ------------------------------------------------------------------- usage
@@ -297,7 +301,7 @@ TEST(Disk, TmpFillStopsAtDiskGib) {
 // agentbox starts under a hard NOFILE limit below the plan's 65536.
 TEST(Usage, RlimitsInTheReportAreTheOnesReadInside) {
   Sandbox sb;
-  WriteFile(sb.scratch() + "/p.yaml", "version: 1\nresources:\n  disk_gib: 16Mi\n");
+  WriteFile(sb.scratch() + "/p.yaml", "version: 1\nsandbox:\n  require: partial\nresources:\n  disk_gib: 16Mi\n");
   Command c = sb.AgentboxCommand({"run", "--report", sb.report_path(), "--policy", sb.scratch() + "/p.yaml", "--",
                                   "sh", "-c", "echo nofile=$(ulimit -n) core=$(ulimit -c) fsize=$(ulimit -f)"});
   // sh's `ulimit -n` sets the soft and the hard limit alike.
