@@ -24,12 +24,16 @@ namespace agentbox::supervise {
 // strerror(ENOSPC), as programs print it.
 inline constexpr std::string_view kNoSpaceSignature = "No space left on device";
 
-// Below this much free space (or with no free inode) a capped filesystem
-// counts as full: a write that failed there failed for want of space.
+// Below this much free space (or 1% of the cap, when more; or with no free
+// inode) a capped filesystem counts as full: a write that failed there
+// failed for want of space. A writer stops at its first failed write, which
+// leaves up to one write's worth of room.
 inline constexpr std::uint64_t kDiskFullSlackBytes = 1 << 20;
+std::uint64_t DiskFullSlack(std::uint64_t cap_bytes);
 
-// "disk_gib: the workspace's 1 GiB is full (ENOSPC)".
-std::string DiskFullReason(std::uint64_t cap_bytes);
+// "disk_gib: the workspace's 1 GiB is full (ENOSPC)"; `errno_name` EDQUOT
+// for a project quota.
+std::string DiskFullReason(std::uint64_t cap_bytes, const char* errno_name = "ENOSPC");
 
 // A denial when the filesystem of `capped_fs_fd` (any fd on it) is full, by
 // fstatfs after the call; none when it has room, or fstatfs fails.

@@ -5,27 +5,13 @@
 #include <algorithm>
 
 #include "linux/user_dirs.h"
-#include "policy/checks.h"
+#include "supervise/disk_limit.h"
 
 namespace agentbox::supervise {
 
-Denial WorkspaceDiskFullDenial(const std::string& target, std::uint64_t cap_bytes, const char* errno_name,
-                               const char* source) {
-  Denial d;
-  d.facet = "resources";
-  d.op = "write";
-  d.target = target;
-  d.reason = "disk_gib: the workspace's " + policy_internal::FormatSize(cap_bytes) + " is full (" + errno_name + ")";
-  d.source = source;
-  return d;
-}
-
 std::optional<Denial> WorkspaceOverlayFull(int layer_root, std::uint64_t cap_bytes, const std::string& target) {
-  struct statfs st {};
-  if (layer_root < 0 || fstatfs(layer_root, &st) != 0) return std::nullopt;
-  const std::uint64_t left = static_cast<std::uint64_t>(st.f_bavail) * static_cast<std::uint64_t>(st.f_bsize);
-  if (left >= std::max(kFullSlackBytes, cap_bytes / 100)) return std::nullopt;
-  return WorkspaceDiskFullDenial(target, cap_bytes, "ENOSPC", "statfs");
+  if (layer_root < 0) return std::nullopt;
+  return DiskFullDenial(layer_root, cap_bytes, target);
 }
 
 std::string WorkspaceQuotaRecordDir() {
@@ -55,8 +41,8 @@ std::optional<Denial> WorkspaceQuotaFull(const linux::WorkspaceQuota& quota, std
   auto usage = quota.Usage();
   if (!usage.ok()) return std::nullopt;
   const std::uint64_t limit = quota.limit_bytes();
-  if (usage->used_bytes + std::max(kFullSlackBytes, disk_bytes / 100) < limit) return std::nullopt;
-  return WorkspaceDiskFullDenial(target, disk_bytes, "EDQUOT", "quota");
+  if (usage->used_bytes + DiskFullSlack(disk_bytes) < limit) return std::nullopt;
+  return Denial{"resources", "write", target, DiskFullReason(disk_bytes, "EDQUOT"), "quota", 0};
 }
 
 }  // namespace agentbox::supervise

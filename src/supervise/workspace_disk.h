@@ -4,8 +4,8 @@
 // supervisor reports it as a `resources` denial naming disk_gib, read from
 // the cap itself after the run, never guessed from the command's output.
 //
-// (Sessions' capped upper layers have their own detection in
-// supervise/disk_limit.h; the denial has the same shape.)
+// The denial's shape and the test for "full" are supervise/disk_limit.h's,
+// shared with sessions' capped upper layers.
 #pragma once
 
 #include <cstdint>
@@ -19,19 +19,8 @@
 
 namespace agentbox::supervise {
 
-// What counts as full: less than this left (or 1% of the cap, when more).
-// A writer stops at the first failed write, which leaves up to one write's
-// worth of room (a buffer, usually well under a MiB).
-inline constexpr std::uint64_t kFullSlackBytes = 1ull << 20;
-
-// The denial for a full cap: facet resources, op write, `target` (the
-// workspace as the command saw it), reason "disk_gib: the workspace's
-// <size> is full (<errno name>)", `source` (statfs, quota).
-Denial WorkspaceDiskFullDenial(const std::string& target, std::uint64_t cap_bytes, const char* errno_name,
-                               const char* source);
-
 // --workspace-overlay: the upper layer's tmpfs (`layer_root`, its root
-// directory) is full after the run. statfs on the tmpfs.
+// directory) is full after the run (DiskFullDenial: statfs on the tmpfs).
 std::optional<Denial> WorkspaceOverlayFull(int layer_root, std::uint64_t cap_bytes, const std::string& target);
 
 // A project quota on the workspace for one run (plan.workspace_quota):
@@ -48,7 +37,7 @@ Result<RunQuota> StartWorkspaceQuota(const Plan& plan);
 // <state>/quota: where quota records live.
 std::string WorkspaceQuotaRecordDir();
 
-// The project quota is spent (its use is within kFullSlackBytes of the
+// The project quota is spent (its use is within DiskFullSlack of the
 // limit) after the run: quotactl(Q_GETQUOTA).
 std::optional<Denial> WorkspaceQuotaFull(const linux::WorkspaceQuota& quota, std::uint64_t disk_bytes,
                                          const std::string& target);
