@@ -50,31 +50,33 @@ delegation_check_empty || rc=1
 
 # The ownership check on real cgroups: the record names a directory that is
 # no longer the user's (root's now): it is not used, check says why, and a
-# limit it would have carried is refused (fail closed).
+# limit it would have carried is refused (fail closed). Memory: it has no
+# fallback (max_processes would fall back to RLIMIT_NPROC in the sandbox's
+# user namespace).
 as_user() {
   runuser -u "$user" -- env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$home" LANG=C.UTF-8 TMPDIR=/tmp \
     AGENTBOX_DELEGATION_RECORD="$stage/record" "$@"
 }
-pids_dir="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["v1"]["pids"])' \
+memory_dir="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["v1"]["memory"])' \
   "$stage/record/$(id -u "$user").json")"
-chown root:root "$pids_dir"
+chown root:root "$memory_dir"
 if ! as_user "$stage/agentbox" check --json | python3 -c '
 import json, sys
 c = json.load(sys.stdin)["host"]["cgroups"]
-assert "pids" not in c["delegation"], c
-assert "memory" in c["delegation"], c
+assert "memory" not in c["delegation"], c
+assert "pids" in c["delegation"], c
 assert any("owned by uid 0, not by uid" in n for n in c["delegation_notes"]), c
 '; then
   echo "delegation: a delegated directory not owned by the user was used, or check did not say why" >&2
   rc=1
 fi
 refused=0
-err="$(cd /tmp && as_user "$stage/agentbox" run --max-processes 10 -- true 2>&1)" || refused=$?
+err="$(cd /tmp && as_user "$stage/agentbox" run --memory 64Mi -- true 2>&1)" || refused=$?
 if [ "$refused" -ne 125 ] || ! grep -q "owned by uid 0" <<<"$err"; then
-  echo "delegation: --max-processes with the pids directory not the user's: exit $refused, not 125 naming the owner: $err" >&2
+  echo "delegation: --memory with the memory directory not the user's: exit $refused, not 125 naming the owner: $err" >&2
   rc=1
 fi
-chown "$user:$(id -g "$user")" "$pids_dir"
+chown "$user:$(id -g "$user")" "$memory_dir"
 
 # The v2 migration rule on the real kernel: a v2 directory delegated to the
 # user (made here beneath our own v2 cgroup, added to the record by hand)
