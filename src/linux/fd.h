@@ -3,8 +3,12 @@
 #pragma once
 
 #include <fcntl.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstddef>
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -49,6 +53,33 @@ inline UniqueFd OpenBeneath(int root_fd, const std::string& rel, int flags) {
   how.flags = static_cast<std::uint64_t>(flags) | O_CLOEXEC | O_NOFOLLOW;
   how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
   return UniqueFd(Openat2(root_fd, rel.empty() ? "." : rel.c_str(), &how));
+}
+
+// Sends `data` (at least one byte) with the descriptors `fds` attached
+// (SCM_RIGHTS) in one sendmsg, retrying on EINTR: true when all of it went.
+// Every descriptor-passing channel of the runner and the session init.
+inline bool SendWithFds(int sock, const void* data, std::size_t len, const int* fds, std::size_t n) {
+  constexpr std::size_t kMaxFds = 4;
+  if (n > kMaxFds || len == 0) return false;
+  iovec iov{const_cast<void*>(data), len};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  if (n > 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * n);
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * n);
+    std::memcpy(CMSG_DATA(c), fds, sizeof(int) * n);
+  }
+  ssize_t sent;
+  do {
+    sent = sendmsg(sock, &msg, MSG_NOSIGNAL);
+  } while (sent < 0 && errno == EINTR);
+  return sent == static_cast<ssize_t>(len);
 }
 
 }  // namespace agentbox::linux

@@ -61,24 +61,8 @@ Status SendProxyListeners(int sock, const ProxyPorts& ports) {
   auto socks = Listen(ports.socks_port);
   if (!socks.ok()) return socks.status();
   int fds[2] = {http->get(), socks->get()};
-  char tag = 'L';
-  iovec iov{&tag, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof fds)] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof fds);
-  std::memcpy(CMSG_DATA(c), fds, sizeof fds);
-  ssize_t n;
-  do {
-    n = sendmsg(sock, &msg, MSG_NOSIGNAL);
-  } while (n < 0 && errno == EINTR);
-  if (n != 1) return Status::Errno("network", "sendmsg(SCM_RIGHTS)", "proxy listeners");
+  const char tag = 'L';
+  if (!SendWithFds(sock, &tag, 1, fds, 2)) return Status::Errno("network", "sendmsg(SCM_RIGHTS)", "proxy listeners");
   return {};  // ours close here; the supervisor's copies stay open
 }
 

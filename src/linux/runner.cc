@@ -545,20 +545,8 @@ namespace {
 // The session's upper filesystem, to the caller: {"t":"upper"} with its root.
 Status SendUpperFs(int control_fd, int root_fd) {
   static const char kText[] = "{\"t\":\"upper\"}";
-  struct iovec iov = {const_cast<char*>(kText), sizeof(kText) - 1};
-  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  struct msghdr msg {};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  struct cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &root_fd, sizeof(int));
-  while (sendmsg(control_fd, &msg, MSG_NOSIGNAL) < 0) {
-    if (errno != EINTR) return Status::Errno("runner", "sendmsg(SCM_RIGHTS)", "the workspace's upper layer");
+  if (!SendWithFds(control_fd, kText, sizeof(kText) - 1, &root_fd, 1)) {
+    return Status::Errno("runner", "sendmsg(SCM_RIGHTS)", "the workspace's upper layer");
   }
   return {};
 }

@@ -8,24 +8,10 @@
 namespace agentbox::linux {
 
 Status SendUpperLayer(int sock, int layer_root) {
-  char tag = 'U';
-  iovec iov{&tag, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &layer_root, sizeof(int));
-  ssize_t n;
-  do {
-    n = sendmsg(sock, &msg, MSG_NOSIGNAL);
-  } while (n < 0 && errno == EINTR);
-  if (n != 1) return Status::Errno("mount", "sendmsg(SCM_RIGHTS)", "workspace upper layer");
+  const char tag = 'U';
+  if (!SendWithFds(sock, &tag, 1, &layer_root, 1)) {
+    return Status::Errno("mount", "sendmsg(SCM_RIGHTS)", "workspace upper layer");
+  }
   return {};
 }
 
