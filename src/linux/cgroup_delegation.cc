@@ -24,18 +24,6 @@ constexpr const char* kScopeLeaf = "supervisor";
 const std::vector<std::string> kV1Controllers = {"memory", "pids", "cpu", "cpuacct"};
 const std::vector<std::string> kV2Controllers = {"memory", "pids", "cpu"};
 
-std::vector<std::string> Words(const std::string& s) {
-  std::vector<std::string> out;
-  std::istringstream in(s);
-  std::string w;
-  while (in >> w) out.push_back(w);
-  return out;
-}
-
-bool Has(const std::vector<std::string>& v, const std::string& x) {
-  return std::find(v.begin(), v.end(), x) != v.end();
-}
-
 bool Within(const std::string& path, const std::string& dir) {
   return path == dir || (path.size() > dir.size() && path.compare(0, dir.size(), dir) == 0 &&
                          (dir == "/" || path[dir.size()] == '/'));

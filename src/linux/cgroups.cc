@@ -35,18 +35,6 @@ std::vector<std::string> Split(const std::string& s, char sep) {
   return out;
 }
 
-std::vector<std::string> Words(const std::string& s) {
-  std::vector<std::string> out;
-  std::istringstream in(s);
-  std::string w;
-  while (in >> w) out.push_back(w);
-  return out;
-}
-
-bool Has(const std::vector<std::string>& v, const std::string& x) {
-  return std::find(v.begin(), v.end(), x) != v.end();
-}
-
 std::optional<std::uint64_t> Number(const std::string& text) {
   try {
     size_t used = 0;
@@ -83,6 +71,19 @@ std::string Join(const std::string& dir, const std::string& name) {
 }
 
 }  // namespace
+
+std::vector<std::string> Words(const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream in(s);
+  std::string w;
+  while (in >> w) out.push_back(w);
+  return out;
+}
+
+bool Has(const std::vector<std::string>& v, const std::string& x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
 
 // ----------------------------------------------------------------- CgroupFs
 

@@ -75,6 +75,11 @@ CgroupLayout ParseCgroupLayout(const std::string& mountinfo, const std::string& 
 // Reads /proc/self/{mountinfo,cgroup} and the v2 controller lists through `fs`.
 CgroupLayout DiscoverCgroupLayout(const CgroupFs& fs);
 
+// The whitespace-separated words of a cgroup file (cgroup.controllers,
+// cgroup.subtree_control, ...), and whether `x` is among them.
+std::vector<std::string> Words(const std::string& s);
+bool Has(const std::vector<std::string>& v, const std::string& x);
+
 enum class Hierarchy { kNone, kV1, kV2 };
 
 // Which hierarchy gives each controller to a child of ours: v2 when our v2

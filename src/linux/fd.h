@@ -11,6 +11,7 @@
 #include <cstring>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "linux/compat.h"
 
@@ -80,6 +81,39 @@ inline bool SendWithFds(int sock, const void* data, std::size_t len, const int* 
     sent = sendmsg(sock, &msg, MSG_NOSIGNAL);
   } while (sent < 0 && errno == EINTR);
   return sent == static_cast<ssize_t>(len);
+}
+
+// Receives one message of at most `len` bytes into `data` with the
+// descriptors attached to it (SCM_RIGHTS, CLOEXEC), at most kMaxFds, into
+// `fds` (owned; extra ones are closed), retrying on EINTR. Returns what
+// recvmsg returned (-1 with errno). `*truncated`: the kernel had more
+// descriptors than fit.
+inline ssize_t RecvWithFds(int sock, void* data, std::size_t len, int flags, std::vector<UniqueFd>* fds,
+                           bool* truncated = nullptr) {
+  constexpr std::size_t kMaxFds = 4;
+  iovec iov{data, len};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  ssize_t n;
+  do {
+    n = recvmsg(sock, &msg, flags | MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) return n;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (std::size_t i = 0; i < count; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(c) + sizeof(int) * i, sizeof fd);
+      fds->emplace_back(fd);
+    }
+  }
+  if (truncated) *truncated = (msg.msg_flags & MSG_CTRUNC) != 0;
+  return n;
 }
 
 }  // namespace agentbox::linux

@@ -68,36 +68,14 @@ Status SendProxyListeners(int sock, const ProxyPorts& ports) {
 
 Result<std::pair<UniqueFd, UniqueFd>> ReceiveProxyListeners(int sock) {
   char tag = 0;
-  iovec iov{&tag, 1};
-  int fds[2] = {-1, -1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof fds)] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  ssize_t n;
-  do {
-    n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
-  } while (n < 0 && errno == EINTR);
+  std::vector<UniqueFd> fds;
+  bool truncated = false;
+  const ssize_t n = RecvWithFds(sock, &tag, 1, 0, &fds, &truncated);
   if (n < 0) return Status::Errno("network", "recvmsg(SCM_RIGHTS)", "proxy listeners");
-  int got = 0;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-      got = static_cast<int>((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-      std::memcpy(fds, CMSG_DATA(c), sizeof(int) * static_cast<size_t>(std::min(got, 2)));
-      for (int i = 2; i < got; ++i) {
-        int extra;
-        std::memcpy(&extra, CMSG_DATA(c) + sizeof(int) * static_cast<size_t>(i), sizeof extra);
-        close(extra);
-      }
-    }
-  }
-  UniqueFd http(fds[0]), socks(fds[1]);
-  if (n == 0 || got != 2 || (msg.msg_flags & MSG_CTRUNC)) {
+  if (n == 0 || fds.size() != 2 || truncated) {
     return Status::Error("network", "the sandbox runner did not hand over the proxy listeners");
   }
-  return std::make_pair(std::move(http), std::move(socks));
+  return std::make_pair(std::move(fds[0]), std::move(fds[1]));
 }
 
 }  // namespace agentbox::linux
