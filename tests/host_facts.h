@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -183,6 +184,12 @@ inline bool CgroupsExpected(std::initializer_list<const char*> controllers) {
     if (!CgroupControllerDelegated(c)) return false;
   }
   return true;
+}
+
+// The kernel's Landlock ABI (0: none), as the sandbox would see it.
+inline int LandlockAbi() {
+  long abi = syscall(444 /* landlock_create_ruleset */, nullptr, 0, 1 /* LANDLOCK_CREATE_RULESET_VERSION */);
+  return abi < 0 ? 0 : static_cast<int>(abi);
 }
 
 // Does RLIMIT_NPROC, set inside a fresh user namespace, cap that namespace's

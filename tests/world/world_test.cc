@@ -1006,11 +1006,7 @@ TEST_F(WorldTest, ACallsProcessesEndWithTheCall) {
   }
 }
 
-// The kernel's Landlock ABI (0: none), as the sandbox would see it.
-int LandlockAbi() {
-  long abi = syscall(444 /* landlock_create_ruleset */, nullptr, 0, 1 /* LANDLOCK_CREATE_RULESET_VERSION */);
-  return abi < 0 ? 0 : static_cast<int>(abi);
-}
+using host_facts::LandlockAbi;
 
 // A session's processes cannot stop a file tool (whose call would then
 // hang) nor the process that ends their own call when it ends.
