@@ -128,21 +128,19 @@ Status CreatePlaceholderInside(const ResolvedMount& m, const Plan& plan) {
 // bound directory: overlayfs wants them on one mount. The names that remain
 // are the last components of upper and work, which the option string
 // separates with ',' and ':' and escapes with '\\': such names are refused.
-// disk_gib: the session's upper layer and overlayfs's work directory on a
-// tmpfs of that size, mounted at `at` in the staging root (so that it shows
-// nowhere inside once the staging names go). An earlier world's upper layer
-// is copied in first: the new filesystem has the same size, so it fits.
-// nr_inodes is bounded too (one per 4 KiB of the size): tmpfs does not count
-// inodes in its size, and empty files would otherwise cost memory unbounded.
-Status MountUpperFs(const std::string& at, const MountOp& op, const WorkspaceOverlay& o, const std::string& upper,
-                    const std::string& work, UpperFs* out, std::vector<std::string>* staged) {
-  if (out == nullptr) {
-    return Status::Error("mount", "the workspace's upper layer has a size (disk_gib) but no session init holds it");
-  }
+// An overlay's upper and work directories (`upper`, `work`: names) on a
+// fresh tmpfs of `bytes`, mounted at `at` in the staging root, so that it
+// shows nowhere inside once the staging names go. nr_inodes is bounded too
+// (one per 4 KiB of the size): tmpfs does not count inodes in its size, and
+// empty files would otherwise cost memory unbounded. The upper directory
+// gets the mode of `base` (the merged root shows the upper root's). Returns
+// the tmpfs's root; `at` goes to `staged` once mounted.
+Result<UniqueFd> MountSizedUpper(const std::string& at, std::uint64_t bytes, const std::string& base,
+                                 const std::string& upper, const std::string& work,
+                                 std::vector<std::string>* staged) {
   if (mkdir(at.c_str(), 0700) != 0) return Status::Errno("mount", "mkdir", at);
-  const std::uint64_t inodes = std::max<std::uint64_t>(1024, o.upper_fs_bytes / 4096);
-  const std::string data = "size=" + std::to_string(o.upper_fs_bytes) + ",nr_inodes=" + std::to_string(inodes) +
-                           ",mode=0700";
+  const std::uint64_t inodes = std::max<std::uint64_t>(1024, bytes / 4096);
+  const std::string data = "size=" + std::to_string(bytes) + ",nr_inodes=" + std::to_string(inodes) + ",mode=0700";
   if (mount("tmpfs", at.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, data.c_str()) != 0) {
     const int err = errno;
     rmdir(at.c_str());
@@ -155,48 +153,45 @@ Status MountUpperFs(const std::string& at, const MountOp& op, const WorkspaceOve
   if (mkdirat(root.get(), work.c_str(), 0700) != 0) return Status::Errno("mount", "mkdir", at + "/" + work);
   UniqueFd up(openat(root.get(), upper.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!up.valid()) return Status::Errno("mount", "open", at + "/" + upper);
-  // The merged root takes the upper layer's mode: give it the base's.
-  struct stat base {};
-  if (stat(Host(op.source).c_str(), &base) == 0 && fchmod(up.get(), base.st_mode & 07777) != 0) {
-    return Status::Errno("mount", "fchmod", at + "/" + upper);
+  struct stat st {};
+  if (stat(base.c_str(), &st) != 0) return Status::Errno("mount", "stat", base);
+  if (fchmod(up.get(), st.st_mode & 07777) != 0) return Status::Errno("mount", "fchmod", at + "/" + upper);
+  return root;
+}
+
+// disk_gib for a session: the upper layer is held by the session's init
+// (`out`); an earlier world's upper layer is copied in first (the new
+// filesystem has the same size, so it fits).
+Status MountSessionUpper(const std::string& at, const MountOp& op, const WorkspaceOverlay& o,
+                         const std::string& upper, const std::string& work, UpperFs* out,
+                         std::vector<std::string>* staged) {
+  if (out == nullptr) {
+    return Status::Error("mount", "the workspace's upper layer has a size (disk_gib) but no session init holds it");
   }
+  auto root = MountSizedUpper(at, o.upper_fs_bytes, Host(op.source), upper, work, staged);
+  if (!root.ok()) return root.status();
   if (out->seed_fd >= 0) {
     if (out->copy_upper == nullptr) return Status::Error("mount", "an upper layer to carry over, and no copier");
     UniqueFd from(openat(out->seed_fd, upper.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     if (!from.valid() && errno != ENOENT) return Status::Errno("mount", "open", "the earlier world's upper layer");
+    UniqueFd up(openat(root->get(), upper.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!up.valid()) return Status::Errno("mount", "open", at + "/" + upper);
     if (from.valid()) {
       if (Status s = out->copy_upper(from.get(), up.get()); !s.ok()) return s;
     }
   }
-  out->root = std::move(root);
+  out->root = std::move(*root);
   return {};
 }
 
-// `run --workspace-overlay`: the upper and work directories on a fresh
-// tmpfs of the plan's size, mounted at `at` in the staging root; its root
-// goes to the supervisor over `channel` before anything is written to it
-// (linux/upper_layer.h). The upper directory gets the base's mode: the
-// merged root shows the upper root's.
-Status MountUpperTmpfs(const WorkspaceOverlay& o, const std::string& base, const std::string& at, int channel) {
+// `run --workspace-overlay`: the tmpfs's root goes to the supervisor over
+// `channel` before anything is written to it (linux/upper_layer.h).
+Status MountRunUpper(const std::string& at, const MountOp& op, const WorkspaceOverlay& o, const std::string& upper,
+                     const std::string& work, int channel, std::vector<std::string>* staged) {
   if (channel < 0) return Status::Error("mount", "overlay on a tmpfs without a channel to the supervisor");
-  if (mkdir(at.c_str(), 0700) != 0) return Status::Errno("mount", "mkdir", at);
-  const std::string data = "mode=0700,size=" + std::to_string(o.tmpfs_bytes);
-  if (mount("tmpfs", at.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, data.c_str()) != 0) {
-    const int err = errno;
-    rmdir(at.c_str());
-    return Status::Syscall("mount", "mount(tmpfs, " + data + ")", at, err);
-  }
-  UniqueFd root(open(at.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!root.valid()) return Status::Errno("mount", "open", at);
-  struct stat st {};
-  if (stat(base.c_str(), &st) != 0) return Status::Errno("mount", "stat", base);
-  if (mkdirat(root.get(), o.upper.c_str(), 0700) != 0) return Status::Errno("mount", "mkdirat", at + "/" + o.upper);
-  if (mkdirat(root.get(), o.work.c_str(), 0700) != 0) return Status::Errno("mount", "mkdirat", at + "/" + o.work);
-  UniqueFd upper(openat(root.get(), o.upper.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  if (!upper.valid() || fchmod(upper.get(), st.st_mode & 07777) != 0) {
-    return Status::Errno("mount", "fchmod", at + "/" + o.upper);
-  }
-  return SendUpperLayer(channel, root.get());
+  auto root = MountSizedUpper(at, o.tmpfs_bytes, Host(op.source), upper, work, staged);
+  if (!root.ok()) return root.status();
+  return SendUpperLayer(channel, root->get());
 }
 
 Status MountOverlay(const MountOp& op, const Plan& plan, UpperFs* upper_fs, int upper_channel) {
@@ -243,13 +238,15 @@ Status MountOverlay(const MountOp& op, const Plan& plan, UpperFs* upper_fs, int 
     lowerdir += (i == 0 ? "" : ":") + name;
   }
   if (o.upper_fs_bytes) {
-    if (Status s = MountUpperFs(std::string(kLayersDir) + "/rw", op, o, upper, work, upper_fs, &staged); !s.ok()) {
+    if (Status s = MountSessionUpper(std::string(kLayersDir) + "/rw", op, o, upper, work, upper_fs, &staged);
+        !s.ok()) {
       return s;
     }
   } else if (o.tmpfs_bytes) {
-    const std::string at = std::string(kLayersDir) + "/rw";
-    if (Status s = MountUpperTmpfs(o, Host(op.source), at, upper_channel); !s.ok()) return s;
-    staged.push_back(at);
+    if (Status s = MountRunUpper(std::string(kLayersDir) + "/rw", op, o, upper, work, upper_channel, &staged);
+        !s.ok()) {
+      return s;
+    }
   } else if (Status s = stage(rw, "rw"); !s.ok()) {
     return s;
   }
