@@ -21,7 +21,7 @@ enum class Requirement { kFull, kPartial };
 enum class Access { kReadOnly, kReadWrite };
 enum class NetDefault { kDeny, kAllow };
 enum class UnknownDomain { kDeny, kAsk };
-enum class CredentialsInSandbox { kNone };
+enum class CredentialsInSandbox { kNone, kAllow };
 enum class GitCredentials { kNone, kProxy };
 enum class ToolCredentials { kNone, kVaultProxy };
 enum class ReportAs { kSandboxDenial, kTaskFailure };
@@ -57,6 +57,14 @@ struct FilesystemSpec {
   std::vector<std::string> unix_sockets;
 };
 
+// network.http_rules[]: on `host` (exact, normalised), only requests whose
+// "METHOD /path" matches one of `allow` pass; `*` spans one path segment,
+// `**` any number, and a method `*` any method.
+struct HttpRuleSpec {
+  std::string host;
+  std::vector<std::string> allow;
+};
+
 struct NetworkSpec {
   NetDefault default_action = NetDefault::kDeny;
   bool egress_proxy = false;
@@ -67,12 +75,60 @@ struct NetworkSpec {
   // SNI names another host than the target closes the tunnel.
   bool tls_sni_check = true;
   std::vector<std::uint16_t> tls_sni_ports{443};
+  // L7 rules on hosts whose TLS agentbox terminates (network.http_rules).
+  std::vector<HttpRuleSpec> http_rules;
+};
+
+// Where the supervisor reads a secret's value from (exactly one is set).
+struct SecretSource {
+  enum class Kind { kEnv, kFile, kCommand };
+  Kind kind = Kind::kEnv;
+  std::string env;                   // kEnv: a variable of the supervisor's environment
+  std::string file;                  // kFile: an absolute path (`~` expanded)
+  std::vector<std::string> command;  // kCommand: argv; its stdout, one trailing newline removed
+};
+
+// How a secret reaches the requests to its hosts.
+struct SecretInjection {
+  enum class Kind {
+    kHeader,       // `header` set to `format` with "{}" replaced by the value
+    kBasic,        // Authorization: Basic base64(username:value) (git over HTTPS)
+    kPlaceholder,  // the secret's placeholder, where the request carries it, replaced by the value
+  };
+  Kind kind = Kind::kHeader;
+  std::string header = "Authorization";  // kHeader
+  std::string format = "Bearer {}";      // kHeader: holds "{}" exactly once
+  std::string username = "x-access-token";  // kBasic
+};
+
+// credentials.secrets.NAME. Held by the supervisor, never inside the sandbox.
+struct SecretSpec {
+  std::string name;                  // the key under credentials.secrets
+  SecretSource from;
+  std::vector<std::string> hosts;    // normalised host names (exact; "*.example.com" for strict subdomains)
+  SecretInjection inject;
+  std::string placeholder_env;       // "" = none: the sandbox sees NAME=<placeholder>, never the value
+};
+
+struct GitPushSpec {
+  std::vector<std::string> allow_refs;  // globs over full ref names ("refs/heads/agent/*"); empty = any ref
+  bool deny_force = false;              // refuse non-fast-forward updates and deletions
+};
+
+struct GitCredentialsSpec {
+  // "https://github.com/acme/*": repositories whose smart-HTTP requests get
+  // credentials; `*` spans one path segment, `**` any number.
+  std::vector<std::string> remotes;
+  GitPushSpec push;
 };
 
 struct CredentialsSpec {
   CredentialsInSandbox in_sandbox = CredentialsInSandbox::kNone;
   GitCredentials git = GitCredentials::kNone;
   ToolCredentials tools = ToolCredentials::kNone;
+  std::vector<SecretSpec> secrets;   // in file order
+  // credentials.git as a mapping (the short form `git: proxy` leaves it empty).
+  GitCredentialsSpec git_rules;
 };
 
 // A guaranteed share and a hard ceiling; either may be absent.
