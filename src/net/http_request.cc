@@ -5,24 +5,14 @@
 #include <algorithm>
 #include <vector>
 
+#include "net/http_text.h"
+
 namespace agentbox::net {
 namespace {
 
 namespace http = boost::beast::http;
 
 std::string_view SV(boost::beast::string_view s) { return {s.data(), s.size()}; }
-
-bool IEquals(std::string_view a, std::string_view b) {
-  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
-           return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
-         });
-}
-
-std::string_view Trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-  return s;
-}
 
 HttpParseResult Error(int status, std::string message) {
   HttpParseResult r;
@@ -157,7 +147,7 @@ HttpParseResult HttpRequestParser::Finish(std::string_view data, std::size_t hea
       std::string_view value = SV(field.value());
       while (!value.empty()) {
         std::size_t comma = value.find(',');
-        std::string token(Trim(value.substr(0, comma)));
+        std::string token(TrimOws(value.substr(0, comma)));
         std::transform(token.begin(), token.end(), token.begin(), [](unsigned char c) { return std::tolower(c); });
         if (!token.empty()) hop.push_back(token);
         if (comma == std::string_view::npos) break;
