@@ -24,15 +24,6 @@ HeadParse Fail(int status, std::string reason) {
   return r;
 }
 
-// A field name from the sandbox, fit for a one-line reason.
-std::string Printable(std::string_view s) {
-  constexpr std::size_t kMax = 64;
-  std::string out;
-  for (char c : s.substr(0, kMax)) out += (c > 0x20 && c < 0x7f) ? c : '?';
-  if (s.size() > kMax) out += "...";
-  return out;
-}
-
 struct RawField {
   std::string_view name;
   std::string_view value;  // OWS trimmed

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <string>
 #include <string_view>
 
 namespace agentbox::net {
@@ -29,5 +30,14 @@ inline bool IsTokenChar(char c) {
 }
 
 inline bool IsToken(std::string_view s) { return !s.empty() && std::all_of(s.begin(), s.end(), IsTokenChar); }
+
+// Text from the sandbox (a field name, a path) fit for a one-line reason:
+// bytes outside printable ASCII become '?', and it is cut at `max`.
+inline std::string Printable(std::string_view s, std::size_t max = 64) {
+  std::string out;
+  for (char c : s.substr(0, max)) out += (c > 0x20 && c < 0x7f) ? c : '?';
+  if (s.size() > max) out += "...";
+  return out;
+}
 
 }  // namespace agentbox::net
