@@ -116,8 +116,10 @@ std::optional<HeadParse> CheckFraming(const std::vector<RawField>& fields, Frami
       coding = &f;
     } else if (IEquals(f.name, "Host")) {
       ++hosts;
-      auto authority = SplitAuthority(f.value, std::uint16_t{443});
       if (f.value.empty()) return Fail(400, "empty Host");
+      // Syntax only (the port is a placeholder): the caller compares the
+      // normalised name with the one the tunnel was opened for.
+      auto authority = SplitAuthority(f.value, std::uint16_t{443});
       if (!authority || f.value.find_first_of("@/\\?# \t") != std::string_view::npos) {
         return Fail(400, "bad Host");
       }
