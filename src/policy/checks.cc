@@ -1,7 +1,10 @@
 #include "policy/checks.h"
 
+#include <algorithm>
+#include <array>
 #include <charconv>
 #include <cstdint>
+#include <string>
 #include <system_error>
 
 namespace agentbox::policy_internal {
@@ -17,6 +20,63 @@ bool IsPort(std::string_view text) {
     port = port * 10 + static_cast<unsigned>(c - '0');
   }
   return port >= 1 && port <= 65535;
+}
+
+bool IsAsciiLetter(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
+bool IsDigit(char c) { return c >= '0' && c <= '9'; }
+
+char Lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
+
+bool EqualsIgnoringCase(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (Lower(a[i]) != Lower(b[i])) return false;
+  }
+  return true;
+}
+
+// RFC 9110 tchar: the characters of a token (method, field name).
+bool IsTchar(char c) {
+  static constexpr std::string_view kPunct = "!#$%&'*+-.^_`|~";
+  return IsAsciiLetter(c) || IsDigit(c) || kPunct.find(c) != std::string_view::npos;
+}
+
+bool HasControl(std::string_view text) {
+  for (unsigned char c : text) {
+    if (c < ' ' || c == 0x7f) return true;
+  }
+  return false;
+}
+
+// The label rules NormaliseHost (net/rules.h) applies to a lower-case ASCII
+// name, with the same reasons.
+std::optional<std::string> LabelProblem(std::string_view name, std::string_view as_written) {
+  if (name.empty()) return "empty host name";
+  if (name.size() > 253) return "host name longer than 253 characters";
+  std::string_view last;
+  for (std::size_t start = 0; start <= name.size();) {
+    std::size_t dot = name.find('.', start);
+    if (dot == std::string_view::npos) dot = name.size();
+    std::string_view label = name.substr(start, dot - start);
+    if (label.empty()) return "empty label in " + Quoted(as_written);
+    if (label.size() > 63) return "label longer than 63 characters in " + Quoted(as_written);
+    if (label.front() == '-' || label.back() == '-') {
+      return "label starts or ends with '-' in " + Quoted(as_written);
+    }
+    for (char c : label) {
+      if (!(c >= 'a' && c <= 'z') && !IsDigit(c) && c != '-' && c != '_') {
+        return std::string("character '") + c + "' is not allowed in a host name (" + Quoted(as_written) + ")";
+      }
+    }
+    last = label;
+    start = dot + 1;
+  }
+  // "127.1" and "2130706433" are IPv4 addresses to every resolver.
+  bool numeric = std::all_of(last.begin(), last.end(), IsDigit);
+  if (numeric || (last.size() > 2 && last[0] == '0' && last[1] == 'x')) {
+    return Quoted(as_written) + " is, or reads as, an IP address: a host name is required here";
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -127,7 +187,7 @@ std::optional<std::string> CheckPath(std::string& path, PathRule rule) {
   if (rule == PathRule::kWorkspace && !absolute) {
     return "must be an absolute path (" + Quoted(path) + ")";
   }
-  if (rule == PathRule::kReadOnly && !absolute && !tilde) {
+  if ((rule == PathRule::kReadOnly || rule == PathRule::kFile) && !absolute && !tilde) {
     return "must be an absolute path or start with ~/ (" + Quoted(path) + ")";
   }
 
@@ -144,6 +204,9 @@ std::optional<std::string> CheckPath(std::string& path, PathRule rule) {
     return "\"/\" would bind the host's whole root into the sandbox: every user's files, and every unix "
            "socket on the host (a read-only mount does not stop connect() to a daemon's socket); list the "
            "directories the command needs instead";
+  }
+  if (rule == PathRule::kFile && (normal == "/" || normal == "~")) {
+    return "must name a file, not a directory (" + Quoted(path) + ")";
   }
   path = std::move(normal);
   return std::nullopt;
@@ -182,6 +245,199 @@ bool IsValidUtf8(std::string_view text) {
     i += extra + 1;
   }
   return true;
+}
+
+// ---- Credentials and HTTP rules ---------------------------------------------
+
+std::optional<std::string> SecretNameProblem(std::string_view name) {
+  bool ok = !name.empty() && name.size() <= 64 && (IsAsciiLetter(name.front()) || name.front() == '_');
+  for (char c : name) ok = ok && (IsAsciiLetter(c) || IsDigit(c) || c == '_' || c == '-');
+  if (ok) return std::nullopt;
+  return "invalid secret name " + Quoted(name) + " (expected [A-Za-z_][A-Za-z0-9_-]{0,63})";
+}
+
+std::optional<std::string> CheckHostName(std::string& host, HostPattern pattern) {
+  const std::string written = host;
+  if (host.empty()) return "empty host name";
+  for (unsigned char c : host) {
+    if (c <= ' ' || c == 0x7f) return "contains whitespace or a control character";
+  }
+  for (unsigned char c : host) {
+    if (c >= 0x80) {
+      return Quoted(written) + " is not ASCII: write an internationalised name in its A-label form (xn--...)";
+    }
+  }
+  if (host.find("://") != std::string::npos) return "a host name, not a URL (" + Quoted(written) + ")";
+  if (host.front() == '[' || std::count(host.begin(), host.end(), ':') > 1) {
+    return Quoted(written) + " is an IP address: a host name is required here";
+  }
+  if (host.find(':') != std::string::npos) return "no port here (" + Quoted(written) + ")";
+  if (host.find('/') != std::string::npos) return Quoted(written) + " is not a host name";
+
+  for (char& c : host) c = Lower(c);
+  if (host.size() > 1 && host.back() == '.') host.pop_back();
+  std::string_view name = host;
+  if (host.find('*') != std::string::npos) {
+    if (pattern == HostPattern::kExact) return "no wildcard here: an exact host name (got " + Quoted(written) + ")";
+    if (host == "*") return Quoted(written) + " would match every host";
+    // Shape ("*." first, once) and breadth ("*.com") as network.allow has them.
+    if (auto problem = DomainProblem(host, DomainList::kAllow)) return problem;
+    name.remove_prefix(2);
+  }
+  return LabelProblem(name, written);
+}
+
+std::optional<std::string> PathPatternProblem(std::string_view path) {
+  if (path.empty()) return "empty path";
+  if (path.front() != '/') return "a path must start with \"/\" (got " + Quoted(path) + ")";
+  for (unsigned char c : path) {
+    if (c <= ' ' || c == 0x7f) return "contains whitespace or a control character (" + Quoted(path) + ")";
+    if (c >= 0x80) return "contains a character that is not ASCII: write it percent-encoded (" + Quoted(path) + ")";
+    if (c == '?') return "no query (\"?\") here: a rule matches the path alone (" + Quoted(path) + ")";
+    if (c == '#') return "no fragment (\"#\") here: requests do not carry one (" + Quoted(path) + ")";
+  }
+  for (std::size_t start = 1; start <= path.size();) {
+    std::size_t slash = path.find('/', start);
+    if (slash == std::string_view::npos) slash = path.size();
+    std::string_view segment = path.substr(start, slash - start);
+    if (segment == "." || segment == "..") {
+      return "\".\" and \"..\" segments are not allowed (" + Quoted(path) + ")";
+    }
+    if (segment != "**" && segment.find("**") != std::string_view::npos) {
+      return "\"**\" must be a whole segment, as in \"/a/**\" (got " + Quoted(path) + ")";
+    }
+    start = slash + 1;
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> HttpRuleProblem(std::string_view rule) {
+  std::size_t space = rule.find(' ');
+  if (space == std::string_view::npos || space == 0) {
+    return "expected \"METHOD /path\", e.g. \"GET /repos/**\" (got " + Quoted(rule) + ")";
+  }
+  std::string_view method = rule.substr(0, space);
+  if (method != "*") {
+    for (char c : method) {
+      if (c == '*') return "\"*\" stands alone for any method (got " + Quoted(method) + ")";
+      if (c >= 'a' && c <= 'z') return "the method must be upper case (got " + Quoted(method) + ")";
+      if (!IsTchar(c)) return "not an HTTP method: " + Quoted(method);
+    }
+  }
+  return PathPatternProblem(rule.substr(space + 1));
+}
+
+std::optional<std::string> CheckGitRemote(std::string& remote) {
+  const std::string written = remote;
+  auto has_scheme = [&](std::string_view scheme) {
+    return EqualsIgnoringCase(std::string_view(remote).substr(0, scheme.size()), scheme);
+  };
+  if (has_scheme("http://")) {
+    return "credentials are never sent over plain HTTP: use https:// (" + Quoted(written) + ")";
+  }
+  if (!has_scheme("https://")) {
+    return "must be an https:// URL, e.g. \"https://github.com/acme/*\" (got " + Quoted(written) + ")";
+  }
+  std::string_view rest = std::string_view(remote).substr(8);
+  std::size_t slash = rest.find('/');
+  std::string_view authority = rest.substr(0, slash);
+  std::string_view path = slash == std::string_view::npos ? std::string_view() : rest.substr(slash);
+  if (authority.find('@') != std::string_view::npos) {
+    return "no user name or password in a remote: they come from credentials.secrets (" + Quoted(written) + ")";
+  }
+  std::string port;
+  std::string host(authority);
+  if (std::size_t colon = authority.rfind(':');
+      colon != std::string_view::npos && authority.front() != '[' &&
+      authority.find(':') == colon) {
+    std::string_view port_text = authority.substr(colon + 1);
+    if (!IsPort(port_text)) return "bad port " + Quoted(port_text) + " (expected 1-65535) in " + Quoted(written);
+    port = std::to_string(std::stoul(std::string(port_text)));  // "08443" → "8443"
+    host = std::string(authority.substr(0, colon));
+  }
+  if (auto problem = CheckHostName(host, HostPattern::kExact)) return problem;
+  if (path.empty() || path == "/") {
+    return "needs a path after the host, e.g. \"https://github.com/acme/*\" (got " + Quoted(written) + ")";
+  }
+  if (auto problem = PathPatternProblem(path)) return problem;
+  remote = "https://" + host + (port.empty() ? "" : ":" + port) + std::string(path);
+  return std::nullopt;
+}
+
+std::optional<std::string> RefPatternProblem(std::string_view ref) {
+  if (ref.substr(0, 5) != "refs/" || ref.size() == 5) {
+    return "must be a full ref name starting with \"refs/\", e.g. \"refs/heads/agent/*\" (got " + Quoted(ref) + ")";
+  }
+  for (unsigned char c : ref) {
+    if (c <= ' ' || c == 0x7f) return "contains whitespace or a control character (" + Quoted(ref) + ")";
+    if (c == '?' || c == '[' || c == ']') return "\"*\" is the only glob character (got " + Quoted(ref) + ")";
+    if (c == '~' || c == '^' || c == ':' || c == '\\') {
+      return std::string("'") + static_cast<char>(c) + "' is not allowed in a git ref name (" + Quoted(ref) + ")";
+    }
+  }
+  if (ref.find("..") != std::string_view::npos || ref.find("//") != std::string_view::npos ||
+      ref.back() == '/' || ref.find("@{") != std::string_view::npos) {
+    return "not a git ref name: \"..\", \"//\", \"@{\" and a trailing \"/\" are refused (" + Quoted(ref) + ")";
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> HeaderNameProblem(std::string_view name) {
+  if (name.empty()) return "empty header name";
+  for (char c : name) {
+    if (!IsTchar(c)) return "not an HTTP header name (RFC 9110 token): " + Quoted(name);
+  }
+  // These decide how the request is framed or where it goes: a secret there
+  // would change the request's meaning, not authenticate it.
+  static constexpr std::array<std::string_view, 9> kFraming = {
+      "host", "content-length", "transfer-encoding", "connection", "upgrade",
+      "te",   "trailer",        "keep-alive",        "proxy-connection"};
+  for (std::string_view framing : kFraming) {
+    if (EqualsIgnoringCase(name, framing)) {
+      return Quoted(name) + " frames or routes the request; it cannot carry a secret";
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> HeaderFormatProblem(std::string_view format) {
+  if (HasControl(format)) return "contains a control character (CR, LF, NUL, tab, ...)";
+  std::size_t first = format.find("{}");
+  if (first == std::string_view::npos || format.find("{}", first + 2) != std::string_view::npos) {
+    return "must hold \"{}\" (where the secret goes) exactly once (got " + Quoted(format) + ")";
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> BasicUsernameProblem(std::string_view username) {
+  if (username.empty()) return "must not be empty";
+  if (HasControl(username)) return "contains a control character";
+  if (username.find(':') != std::string_view::npos) {
+    return "must not contain \":\" (it ends the user name in user:password)";
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> EnvSecretProblem(const SecretSpec& secret, CredentialsInSandbox in_sandbox,
+                                            std::string_view name, EnvUse use) {
+  const std::string where = "credentials.secrets." + secret.name;
+  if (!secret.placeholder_env.empty() && name == secret.placeholder_env) {
+    return std::string(name) + " is " + where + ".placeholder_env: " +
+           (use == EnvUse::kSet ? "a value here would replace the placeholder"
+                                : "the sandbox gets the placeholder there, not the caller's value");
+  }
+  if (in_sandbox == CredentialsInSandbox::kNone && secret.from.kind == SecretSource::Kind::kEnv &&
+      name == secret.from.env) {
+    return std::string(name) + " is the source of " + where +
+           "; with credentials.in_sandbox: none it never enters the sandbox";
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> SecretsModeProblem(Mode mode, const CredentialsSpec& credentials) {
+  if (mode != Mode::kDangerFullAccess || credentials.secrets.empty()) return std::nullopt;
+  return "secrets are refused with mode: danger-full-access: the command runs on the host with the caller's "
+         "environment, and nothing keeps a secret out of it";
 }
 
 std::string FormatNumber(double value) {

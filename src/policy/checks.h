@@ -27,6 +27,7 @@ enum class PathRule {
   kReadOnly,   // absolute or ~, ~/...; not "/" (the host root would replace the fresh one)
   kDeny,       // absolute, ~/..., or workspace-relative; globs allowed
   kProtect,    // absolute or workspace-relative
+  kFile,       // absolute or ~/...; names a file (not "/" or "~"); no globs
 };
 // Checks `path` against `rule` and normalises it in place (no duplicate or
 // trailing slashes). `~` is kept as written: it is expanded outside the
@@ -34,6 +35,66 @@ enum class PathRule {
 std::optional<std::string> CheckPath(std::string& path, PathRule rule);
 
 bool IsValidUtf8(std::string_view text);
+
+// ---- Credentials and HTTP rules ---------------------------------------------
+//
+// Each value below decides where a secret goes or which requests pass, so
+// it is checked here, where the file position is still known, rather than
+// when the proxy starts.
+
+// Secret names (the keys of credentials.secrets): [A-Za-z_][A-Za-z0-9_-]{0,63}.
+std::optional<std::string> SecretNameProblem(std::string_view name);
+
+// A host that receives a secret or carries HTTP rules: a DNS name, never an
+// IP literal, a CIDR, a port, a URL or "*" alone. kWildcard also admits
+// "*.example.com" (strict subdomains, at least two labels after the star).
+// Normalises in place exactly as NormaliseHost (net/rules.h) does for ASCII
+// names: lower case, one trailing dot removed, LDH labels (underscore
+// tolerated), at most 253 characters, a last label that is not a number.
+// Names that are not ASCII are refused rather than mapped: the policy layer
+// has no IDNA tables, and a U-label kept as written would never equal the
+// A-label the proxy compares with, so its rules would silently not apply.
+enum class HostPattern { kExact, kWildcard };
+std::optional<std::string> CheckHostName(std::string& host, HostPattern pattern);
+
+// A request path pattern: "/" first; no query ("?"), fragment ("#"),
+// whitespace, control or non-ASCII characters; no "." or ".." segments;
+// "**" only as a whole segment ("*" may be a segment or part of one).
+std::optional<std::string> PathPatternProblem(std::string_view path);
+
+// One network.http_rules[].allow entry: "METHOD /path", METHOD an upper-case
+// HTTP token or "*", the path as PathPatternProblem says.
+std::optional<std::string> HttpRuleProblem(std::string_view rule);
+
+// A credentials.git.remotes entry: "https://host[:port]/path", the host as
+// CheckHostName(kExact) says, the path a PathPatternProblem pattern other
+// than "/". Normalises the scheme, host and port in place.
+std::optional<std::string> CheckGitRemote(std::string& remote);
+
+// A credentials.git.push.allow_refs entry: "refs/..." with "*" as the only
+// glob character and nothing git refuses in a ref name.
+std::optional<std::string> RefPatternProblem(std::string_view ref);
+
+// inject.header: an HTTP field name (RFC 9110 token) that does not frame or
+// route the request (Host, Content-Length, Transfer-Encoding, ...).
+std::optional<std::string> HeaderNameProblem(std::string_view name);
+// inject.format: "{}" exactly once, no control characters (CR/LF would split
+// the header into two).
+std::optional<std::string> HeaderFormatProblem(std::string_view format);
+// inject.basic.username: not empty, no ":" (it ends the user name in
+// "user:password"), no control characters.
+std::optional<std::string> BasicUsernameProblem(std::string_view username);
+
+// Whether giving the sandbox the variable `name` (env.pass, env.set, --env)
+// clashes with `secret`: its source under credentials.in_sandbox: none, or
+// its placeholder variable. The message names the secret.
+enum class EnvUse { kPass, kSet };
+std::optional<std::string> EnvSecretProblem(const SecretSpec& secret, CredentialsInSandbox in_sandbox,
+                                            std::string_view name, EnvUse use);
+
+// A policy in `mode` may not hold secrets: danger-full-access runs the
+// command on the host, with the caller's environment.
+std::optional<std::string> SecretsModeProblem(Mode mode, const CredentialsSpec& credentials);
 
 // Canonical text forms used by ToYaml; each parses back to the same value.
 std::string FormatNumber(double value);          // shortest round-trip form: "0.5", "2"
@@ -44,8 +105,10 @@ std::string FormatDurationMs(std::uint64_t ms);  // "45m", "90s", "250ms"
 
 namespace agentbox::policy_internal {
 
-// CredentialsInSandbox has a single value today, so the public header names
-// no ToString for it; the parser and ToYaml share this one.
-inline const char* CredentialsInSandboxName(CredentialsInSandbox) { return "none"; }
+// The public header names no ToString for CredentialsInSandbox; the parser
+// and ToYaml share this one.
+inline const char* CredentialsInSandboxName(CredentialsInSandbox value) {
+  return value == CredentialsInSandbox::kAllow ? "allow" : "none";
+}
 
 }  // namespace agentbox::policy_internal

@@ -28,14 +28,26 @@
 namespace agentbox {
 namespace {
 
+using policy_internal::BasicUsernameProblem;
+using policy_internal::CheckGitRemote;
+using policy_internal::CheckHostName;
 using policy_internal::CheckPath;
 using policy_internal::CredentialsInSandboxName;
 using policy_internal::DomainList;
 using policy_internal::DomainProblem;
 using policy_internal::EnvNameProblem;
+using policy_internal::EnvSecretProblem;
+using policy_internal::EnvUse;
 using policy_internal::FormatNumber;
+using policy_internal::HeaderFormatProblem;
+using policy_internal::HeaderNameProblem;
+using policy_internal::HostPattern;
+using policy_internal::HttpRuleProblem;
 using policy_internal::IsValidUtf8;
 using policy_internal::PathRule;
+using policy_internal::RefPatternProblem;
+using policy_internal::SecretNameProblem;
+using policy_internal::SecretsModeProblem;
 
 // A value in the document, with its key path ("resources.cpu.limit") and the
 // place an error about it should point at.
@@ -140,6 +152,15 @@ class Parser {
   Status ForEachKey(const Field& map, std::initializer_list<const char*> allowed,
                     const KeyFn& fn) const;
   Status ForEachItem(const Field& list, const ItemFn& fn) const;
+  // A map entry or list item as ForEachKey / ForEachItem present it.
+  Field Entry(const Field& map, const YAML::Node& key, const YAML::Node& value) const;
+  static Field Item(const Field& list, std::size_t index, const YAML::Node& item);
+  // Looks up what ForEachKey / ForEachItem have already accepted, for checks
+  // that span sections (which may come in any order).
+  std::optional<Field> Child(const Field& map, const std::string& key) const;
+  std::optional<Field> ChildItem(const Field& list, std::size_t index) const;
+  // After ForEachKey accepted `map`: a missing key is an error at the map's key.
+  Status RequireKeys(const Field& map, std::initializer_list<const char*> keys) const;
 
   // Leaves.
   Status ReadString(const Field& f, std::string& out) const;
@@ -153,6 +174,8 @@ class Parser {
   Status ReadPaths(const Field& f, PathRule rule, std::vector<std::string>& out) const;
   Status ReadDomains(const Field& f, DomainList list, std::vector<std::string>& out) const;
   Status ReadPorts(const Field& f, std::vector<std::uint16_t>& out) const;
+  Status ReadEnvName(const Field& f, std::string& out) const;
+  Status ReadHosts(const Field& f, HostPattern pattern, std::vector<std::string>& out) const;
 
   // Sections. ParseSection dispatches a top-level key (already checked
   // against the allowed set) to its parser.
@@ -161,10 +184,19 @@ class Parser {
   Status ParseSandbox(const Field& f, SandboxSpec& out) const;
   Status ParseFilesystem(const Field& f, FilesystemSpec& out) const;
   Status ParseNetwork(const Field& f, NetworkSpec& out) const;
+  Status ParseHttpRules(const Field& f, std::vector<HttpRuleSpec>& out) const;
   Status ParseCredentials(const Field& f, CredentialsSpec& out) const;
+  Status ParseGit(const Field& f, CredentialsSpec& out) const;
+  Status ParseGitPush(const Field& f, GitPushSpec& out) const;
+  Status ParseSecrets(const Field& f, std::vector<SecretSpec>& out) const;
+  Status ParseSecret(const Field& f, const std::vector<SecretSpec>& earlier, SecretSpec& out) const;
+  Status ParseSecretSource(const Field& f, SecretSource& out) const;
+  Status ParseInjection(const Field& f, SecretInjection& out) const;
   Status ParseResources(const Field& f, ResourcesSpec& out) const;
   Status ParseEnv(const Field& f, EnvSpec& out) const;
   Status ParseOnViolation(const Field& f, OnViolationSpec& out) const;
+  // Secrets against the mode and the environment, once every section is read.
+  Status CheckSecrets(const Field& root, const Policy& policy) const;
 
   const std::string& text_;
   const std::string& source_;
@@ -217,22 +249,18 @@ Status Parser::ForEachKey(const Field& map, std::initializer_list<const char*> a
     Field key_field{key, map.path, key.Mark(), key.Mark()};
     if (!key.IsScalar()) return Fail(key_field, "keys must be strings, got " + Describe(key_field));
     const std::string& name = key.Scalar();
-    std::string path = map.path.empty() ? name : map.path + "." + name;
+    Field field = Entry(map, key, value);
     if (std::find(seen.begin(), seen.end(), name) != seen.end()) {
-      return Fail(key.Mark(), path, "duplicate key");
+      return Fail(key.Mark(), field.path, "duplicate key");
     }
     seen.push_back(name);
     if (allowed.size() != 0 &&
         std::none_of(allowed.begin(), allowed.end(), [&](const char* a) { return name == a; })) {
       std::string expected;
       for (const char* a : allowed) expected += (expected.empty() ? "" : ", ") + std::string(a);
-      return Fail(key.Mark(), path, "unknown key (expected one of: " + expected + ")");
+      return Fail(key.Mark(), field.path, "unknown key (expected one of: " + expected + ")");
     }
-    // An empty value's mark points at whatever token follows it; the key is
-    // a better place to point at.
-    YAML::Mark mark = value.Mark();
-    if (value.IsNull() && !NullTokenAt(mark)) mark = key.Mark();
-    Status status = fn(name, Field{value, path, mark, key.Mark()});
+    Status status = fn(name, field);
     if (!status.ok()) return status;
   }
   return Status();
@@ -242,9 +270,44 @@ Status Parser::ForEachItem(const Field& list, const ItemFn& fn) const {
   if (!list.node.IsSequence()) return Fail(list, "expected a list, got " + Describe(list));
   std::size_t index = 0;
   for (const YAML::Node& item : list.node) {
-    std::string path = list.path + "[" + std::to_string(index++) + "]";
-    Status status = fn(Field{item, path, item.Mark(), item.Mark()});
+    Status status = fn(Item(list, index++, item));
     if (!status.ok()) return status;
+  }
+  return Status();
+}
+
+Field Parser::Entry(const Field& map, const YAML::Node& key, const YAML::Node& value) const {
+  const std::string& name = key.Scalar();
+  std::string path = map.path.empty() ? name : map.path + "." + name;
+  // An empty value's mark points at whatever token follows it; the key is
+  // a better place to point at.
+  YAML::Mark mark = value.Mark();
+  if (value.IsNull() && !NullTokenAt(mark)) mark = key.Mark();
+  return Field{value, path, mark, key.Mark()};
+}
+
+Field Parser::Item(const Field& list, std::size_t index, const YAML::Node& item) {
+  return Field{item, list.path + "[" + std::to_string(index) + "]", item.Mark(), item.Mark()};
+}
+
+std::optional<Field> Parser::Child(const Field& map, const std::string& key) const {
+  if (!map.node.IsMap()) return std::nullopt;
+  for (const auto& entry : map.node) {
+    const YAML::Node k = entry.first;
+    const YAML::Node v = entry.second;
+    if (k.IsScalar() && k.Scalar() == key) return Entry(map, k, v);
+  }
+  return std::nullopt;
+}
+
+std::optional<Field> Parser::ChildItem(const Field& list, std::size_t index) const {
+  if (!list.node.IsSequence() || index >= list.node.size()) return std::nullopt;
+  return Item(list, index, list.node[index]);
+}
+
+Status Parser::RequireKeys(const Field& map, std::initializer_list<const char*> keys) const {
+  for (const char* key : keys) {
+    if (!Child(map, key)) return Fail(map.key_mark, map.path, std::string("missing key \"") + key + "\"");
   }
   return Status();
 }
@@ -380,6 +443,32 @@ Status Parser::ReadDomains(const Field& f, DomainList list, std::vector<std::str
   return Status();
 }
 
+Status Parser::ReadEnvName(const Field& f, std::string& out) const {
+  std::string name;
+  if (Status s = ReadString(f, name); !s.ok()) return s;
+  if (auto problem = EnvNameProblem(name)) return Fail(f, *problem);
+  out = std::move(name);
+  return Status();
+}
+
+// A non-empty list of distinct host names, normalised.
+Status Parser::ReadHosts(const Field& f, HostPattern pattern, std::vector<std::string>& out) const {
+  std::vector<std::string> hosts;
+  Status status = ForEachItem(f, [&](const Field& item) -> Status {
+    std::string host;
+    if (Status s = ReadString(item, host); !s.ok()) return s;
+    if (auto problem = CheckHostName(host, pattern)) return Fail(item, *problem);
+    if (std::find(hosts.begin(), hosts.end(), host) != hosts.end()) {
+      return Fail(item, "duplicate host \"" + host + "\"");
+    }
+    hosts.push_back(std::move(host));
+    return Status();
+  });
+  if (!status.ok()) return status;
+  out = std::move(hosts);
+  return Status();
+}
+
 Status Parser::ParseVersion(const Field& f, int& out) const {
   std::uint64_t version = 0;
   const std::string text = f.node.IsScalar() ? f.node.Scalar() : "";
@@ -462,7 +551,9 @@ Status Parser::ReadPorts(const Field& f, std::vector<std::uint16_t>& out) const 
 
 Status Parser::ParseNetwork(const Field& f, NetworkSpec& out) const {
   return ForEachKey(
-      f, {"default", "egress_proxy", "allow", "deny", "on_unknown_domain", "tls_sni_check", "tls_sni_ports"},
+      f,
+      {"default", "egress_proxy", "allow", "deny", "on_unknown_domain", "tls_sni_check", "tls_sni_ports",
+       "http_rules"},
       [&](const std::string& key, const Field& v) -> Status {
         if (key == "default") {
           return ReadEnum(v, {NetDefault::kDeny, NetDefault::kAllow}, out.default_action);
@@ -472,21 +563,258 @@ Status Parser::ParseNetwork(const Field& f, NetworkSpec& out) const {
         if (key == "deny") return ReadDomains(v, DomainList::kDeny, out.deny);
         if (key == "tls_sni_check") return ReadBool(v, out.tls_sni_check);
         if (key == "tls_sni_ports") return ReadPorts(v, out.tls_sni_ports);
+        if (key == "http_rules") return ParseHttpRules(v, out.http_rules);
         return ReadEnum(v, {UnknownDomain::kDeny, UnknownDomain::kAsk}, out.on_unknown_domain);
       });
 }
 
+// network.http_rules: one entry per host, each a non-empty list of
+// "METHOD /path" patterns.
+Status Parser::ParseHttpRules(const Field& f, std::vector<HttpRuleSpec>& out) const {
+  std::vector<HttpRuleSpec> rules;
+  Status status = ForEachItem(f, [&](const Field& item) -> Status {
+    HttpRuleSpec rule;
+    Status s = ForEachKey(item, {"host", "allow"}, [&](const std::string& key, const Field& v) -> Status {
+      if (key == "host") {
+        if (Status r = ReadString(v, rule.host); !r.ok()) return r;
+        if (auto problem = CheckHostName(rule.host, HostPattern::kExact)) return Fail(v, *problem);
+        for (std::size_t i = 0; i < rules.size(); ++i) {
+          if (rules[i].host == rule.host) {
+            return Fail(v, "duplicate host \"" + rule.host + "\" (also in " + f.path + "[" +
+                               std::to_string(i) + "]): give each host one entry");
+          }
+        }
+        return Status();
+      }
+      Status r = ForEachItem(v, [&](const Field& entry) -> Status {
+        std::string pattern;
+        if (Status t = ReadString(entry, pattern); !t.ok()) return t;
+        if (auto problem = HttpRuleProblem(pattern)) return Fail(entry, *problem);
+        if (std::find(rule.allow.begin(), rule.allow.end(), pattern) != rule.allow.end()) {
+          return Fail(entry, "duplicate rule \"" + pattern + "\"");
+        }
+        rule.allow.push_back(std::move(pattern));
+        return Status();
+      });
+      if (!r.ok()) return r;
+      if (rule.allow.empty()) {
+        return Fail(v, "empty list (to refuse every request to the host, leave it out of network.allow)");
+      }
+      return Status();
+    });
+    if (!s.ok()) return s;
+    if (Status r = RequireKeys(item, {"host", "allow"}); !r.ok()) return r;
+    rules.push_back(std::move(rule));
+    return Status();
+  });
+  if (!status.ok()) return status;
+  out = std::move(rules);
+  return Status();
+}
+
 Status Parser::ParseCredentials(const Field& f, CredentialsSpec& out) const {
   return ForEachKey(
-      f, {"in_sandbox", "git", "tools"}, [&](const std::string& key, const Field& v) -> Status {
+      f, {"in_sandbox", "git", "tools", "secrets"}, [&](const std::string& key, const Field& v) -> Status {
         if (key == "in_sandbox") {
-          return ReadEnum(v, {CredentialsInSandbox::kNone}, out.in_sandbox);
+          return ReadEnum(v, {CredentialsInSandbox::kNone, CredentialsInSandbox::kAllow}, out.in_sandbox);
         }
-        if (key == "git") {
-          return ReadEnum(v, {GitCredentials::kNone, GitCredentials::kProxy}, out.git);
-        }
+        if (key == "git") return ParseGit(v, out);
+        if (key == "secrets") return ParseSecrets(v, out.secrets);
         return ReadEnum(v, {ToolCredentials::kNone, ToolCredentials::kVaultProxy}, out.tools);
       });
+}
+
+// `git: none | proxy` (the seed's short form), or a map of remotes and push
+// rules, which means proxy.
+Status Parser::ParseGit(const Field& f, CredentialsSpec& out) const {
+  if (!f.node.IsMap()) {
+    if (!f.node.IsScalar()) {
+      return Fail(f, "expected none, proxy or a map (remotes, push), got " + Describe(f));
+    }
+    out.git_rules = GitCredentialsSpec{};
+    return ReadEnum(f, {GitCredentials::kNone, GitCredentials::kProxy}, out.git);
+  }
+  GitCredentialsSpec rules;
+  Status status = ForEachKey(f, {"remotes", "push"}, [&](const std::string& key, const Field& v) -> Status {
+    if (key == "push") return ParseGitPush(v, rules.push);
+    Status s = ForEachItem(v, [&](const Field& item) -> Status {
+      std::string remote;
+      if (Status r = ReadString(item, remote); !r.ok()) return r;
+      if (auto problem = CheckGitRemote(remote)) return Fail(item, *problem);
+      if (std::find(rules.remotes.begin(), rules.remotes.end(), remote) != rules.remotes.end()) {
+        return Fail(item, "duplicate remote \"" + remote + "\"");
+      }
+      rules.remotes.push_back(std::move(remote));
+      return Status();
+    });
+    if (!s.ok()) return s;
+    if (rules.remotes.empty()) return Fail(v, "empty list (for no git credentials, use git: none)");
+    return Status();
+  });
+  if (!status.ok()) return status;
+  if (Status s = RequireKeys(f, {"remotes"}); !s.ok()) return s;
+  out.git = GitCredentials::kProxy;
+  out.git_rules = std::move(rules);
+  return Status();
+}
+
+Status Parser::ParseGitPush(const Field& f, GitPushSpec& out) const {
+  return ForEachKey(f, {"allow_refs", "deny_force"}, [&](const std::string& key, const Field& v) -> Status {
+    if (key == "deny_force") return ReadBool(v, out.deny_force);
+    std::vector<std::string> refs;
+    Status s = ForEachItem(v, [&](const Field& item) -> Status {
+      std::string ref;
+      if (Status r = ReadString(item, ref); !r.ok()) return r;
+      if (auto problem = RefPatternProblem(ref)) return Fail(item, *problem);
+      if (std::find(refs.begin(), refs.end(), ref) != refs.end()) return Fail(item, "duplicate ref \"" + ref + "\"");
+      refs.push_back(std::move(ref));
+      return Status();
+    });
+    if (!s.ok()) return s;
+    // The struct reads an empty list as "any ref"; written out, [] reads as
+    // "no ref", so neither meaning is given to it.
+    if (refs.empty()) return Fail(v, "empty list (to allow pushing any ref, leave allow_refs out)");
+    out.allow_refs = std::move(refs);
+    return Status();
+  });
+}
+
+Status Parser::ParseSecrets(const Field& f, std::vector<SecretSpec>& out) const {
+  std::vector<SecretSpec> secrets;
+  Status status = ForEachKey(f, {}, [&](const std::string& name, const Field& v) -> Status {
+    if (auto problem = SecretNameProblem(name)) return Fail(v.key_mark, f.path, *problem);
+    SecretSpec secret;
+    secret.name = name;
+    if (Status s = ParseSecret(v, secrets, secret); !s.ok()) return s;
+    secrets.push_back(std::move(secret));
+    return Status();
+  });
+  if (!status.ok()) return status;
+  out = std::move(secrets);  // file order
+  return Status();
+}
+
+Status Parser::ParseSecret(const Field& f, const std::vector<SecretSpec>& earlier, SecretSpec& out) const {
+  std::optional<Field> inject;
+  Status status = ForEachKey(
+      f, {"from", "hosts", "inject", "placeholder_env"}, [&](const std::string& key, const Field& v) -> Status {
+        if (key == "from") return ParseSecretSource(v, out.from);
+        if (key == "hosts") {
+          if (Status s = ReadHosts(v, HostPattern::kWildcard, out.hosts); !s.ok()) return s;
+          if (out.hosts.empty()) return Fail(v, "empty list (the hosts the secret is sent to)");
+          return Status();
+        }
+        if (key == "inject") {
+          inject = v;
+          return ParseInjection(v, out.inject);
+        }
+        if (Status s = ReadEnvName(v, out.placeholder_env); !s.ok()) return s;
+        for (const SecretSpec& other : earlier) {
+          if (other.placeholder_env == out.placeholder_env) {
+            return Fail(v, out.placeholder_env + " is already the placeholder_env of credentials.secrets." +
+                               other.name);
+          }
+        }
+        return Status();
+      });
+  if (!status.ok()) return status;
+  if (Status s = RequireKeys(f, {"from", "hosts"}); !s.ok()) return s;
+  if (out.inject.kind == SecretInjection::Kind::kPlaceholder && out.placeholder_env.empty()) {
+    return Fail(*inject, "placeholder needs placeholder_env: the variable in which the sandbox finds the "
+                         "placeholder the proxy replaces");
+  }
+  return Status();
+}
+
+// from: exactly one of env, file, command.
+Status Parser::ParseSecretSource(const Field& f, SecretSource& out) const {
+  bool given = false;
+  Status status = ForEachKey(f, {"env", "file", "command"}, [&](const std::string& key, const Field& v) -> Status {
+    if (given) return Fail(v.key_mark, v.path, "give only one of env, file, command");
+    given = true;
+    if (key == "env") {
+      out.kind = SecretSource::Kind::kEnv;
+      return ReadEnvName(v, out.env);
+    }
+    if (key == "file") {
+      out.kind = SecretSource::Kind::kFile;
+      if (Status s = ReadString(v, out.file); !s.ok()) return s;
+      if (auto problem = CheckPath(out.file, PathRule::kFile)) return Fail(v, *problem);
+      return Status();
+    }
+    out.kind = SecretSource::Kind::kCommand;
+    std::vector<std::string> argv;
+    Status s = ForEachItem(v, [&](const Field& item) -> Status {
+      std::string arg;
+      if (Status r = ReadString(item, arg); !r.ok()) return r;
+      // exec() would end the argument at the NUL.
+      if (arg.find('\0') != std::string::npos) return Fail(item, "contains a NUL character");
+      if (argv.empty() && arg.empty()) return Fail(item, "empty program name");
+      argv.push_back(std::move(arg));
+      return Status();
+    });
+    if (!s.ok()) return s;
+    if (argv.empty()) return Fail(v, "empty list (expected the program and its arguments)");
+    out.command = std::move(argv);
+    return Status();
+  });
+  if (!status.ok()) return status;
+  if (!given) return Fail(f, "expected one of env, file, command");
+  return Status();
+}
+
+// inject: basic | placeholder | {header, format} | {basic: {username}}.
+// Left out, the struct's default stands: Authorization: Bearer {}.
+Status Parser::ParseInjection(const Field& f, SecretInjection& out) const {
+  static const std::string kForms =
+      "basic, placeholder, {header: NAME, format: \"... {} ...\"} or {basic: {username: NAME}}";
+  if (f.node.IsScalar()) {
+    if (f.node.Scalar() == "basic") {
+      out.kind = SecretInjection::Kind::kBasic;
+    } else if (f.node.Scalar() == "placeholder") {
+      out.kind = SecretInjection::Kind::kPlaceholder;
+    } else {
+      return Fail(f, "unknown value " + Describe(f) + " (expected " + kForms + ")");
+    }
+    return Status();
+  }
+  if (!f.node.IsMap()) return Fail(f, "expected " + kForms + ", got " + Describe(f));
+  SecretInjection result;
+  bool header = false, format = false, basic = false;
+  auto entry = [&](const std::string& key, const Field& v) -> Status {
+    if ((key == "basic" && (header || format)) || (key != "basic" && basic)) {
+      return Fail(v.key_mark, v.path, "basic and header/format are two ways to inject; give one");
+    }
+    if (key == "header") {
+      header = true;
+      if (Status s = ReadString(v, result.header); !s.ok()) return s;
+      if (auto problem = HeaderNameProblem(result.header)) return Fail(v, *problem);
+      return Status();
+    }
+    if (key == "format") {
+      format = true;
+      if (Status s = ReadString(v, result.format); !s.ok()) return s;
+      if (auto problem = HeaderFormatProblem(result.format)) return Fail(v, *problem);
+      return Status();
+    }
+    basic = true;
+    if (v.node.IsNull()) return Status();  // `basic:` alone: the default user name
+    return ForEachKey(v, {"username"}, [&](const std::string&, const Field& u) -> Status {
+      if (Status s = ReadString(u, result.username); !s.ok()) return s;
+      if (auto problem = BasicUsernameProblem(result.username)) return Fail(u, *problem);
+      return Status();
+    });
+  };
+  if (Status s = ForEachKey(f, {"header", "format", "basic"}, entry); !s.ok()) return s;
+  if (!header && !format && !basic) return Fail(f, "empty map (expected " + kForms + ")");
+  if (basic) {
+    result.kind = SecretInjection::Kind::kBasic;
+  } else {
+    result.kind = SecretInjection::Kind::kHeader;
+    if (!format) result.format = "{}";  // a header given alone carries the bare value
+  }
+  out = std::move(result);
+  return Status();
 }
 
 Status Parser::ParseResources(const Field& f, ResourcesSpec& out) const {
@@ -562,8 +890,7 @@ Status Parser::ParseEnv(const Field& f, EnvSpec& out) const {
       std::vector<std::string> pass;
       Status s = ForEachItem(v, [&](const Field& item) {
         std::string name;
-        if (Status r = ReadString(item, name); !r.ok()) return r;
-        if (auto problem = EnvNameProblem(name)) return Fail(item, *problem);
+        if (Status r = ReadEnvName(item, name); !r.ok()) return r;
         pass.push_back(std::move(name));
         return Status();
       });
@@ -594,6 +921,50 @@ Status Parser::ParseOnViolation(const Field& f, OnViolationSpec& out) const {
         }
         return ReadEnum(v, {Escalation::kDeny, Escalation::kOneTimeApproval}, out.escalation);
       });
+}
+
+Status Parser::CheckSecrets(const Field& root, const Policy& policy) const {
+  const CredentialsSpec& c = policy.credentials;
+  if (c.secrets.empty()) return Status();
+  // Secrets come only from the file (no preset has any), so they are there.
+  std::optional<Field> credentials = Child(root, "credentials");
+  std::optional<Field> secrets = credentials ? Child(*credentials, "secrets") : std::nullopt;
+  if (!secrets) return Fail(root, "credentials.secrets: not found in the file");
+  if (auto problem = SecretsModeProblem(policy.mode, c)) return Fail(*secrets, *problem);
+
+  // The env entry is pointed at when the file has it, else the secret's own
+  // field (env.pass may be the preset's list).
+  std::optional<Field> env = Child(root, "env");
+  std::optional<Field> pass = env ? Child(*env, "pass") : std::nullopt;
+  std::optional<Field> set = env ? Child(*env, "set") : std::nullopt;
+  auto secret_field = [&](const SecretSpec& secret, const std::string& name) -> std::optional<Field> {
+    std::optional<Field> field = Child(*secrets, secret.name);
+    if (field && name == secret.placeholder_env) return Child(*field, "placeholder_env");
+    std::optional<Field> from = field ? Child(*field, "from") : std::nullopt;
+    return from ? Child(*from, "env") : std::nullopt;
+  };
+  auto check = [&](const std::string& name, EnvUse use, const std::optional<Field>& entry) -> Status {
+    for (const SecretSpec& secret : c.secrets) {
+      std::optional<std::string> problem = EnvSecretProblem(secret, c.in_sandbox, name, use);
+      if (!problem) continue;
+      if (entry) return Fail(*entry, *problem);
+      const char* list = use == EnvUse::kPass ? "env.pass" : "env.set";
+      std::optional<Field> at = secret_field(secret, name);
+      return Fail(at ? *at : *secrets, std::string("in the preset's ") + list + ": " + *problem);
+    }
+    return Status();
+  };
+  for (std::size_t i = 0; i < policy.env.pass.size(); ++i) {
+    std::optional<Field> item = pass ? ChildItem(*pass, i) : std::nullopt;
+    if (Status s = check(policy.env.pass[i], EnvUse::kPass, item); !s.ok()) return s;
+  }
+  for (const auto& [name, value] : policy.env.set) {
+    std::optional<Field> entry = set ? Child(*set, name) : std::nullopt;
+    // A variable's name is its key: point there, as env.set's other errors do.
+    if (entry) entry->mark = entry->key_mark;
+    if (Status s = check(name, EnvUse::kSet, entry); !s.ok()) return s;
+  }
+  return Status();
 }
 
 Status Parser::ParseSection(const std::string& key, const Field& v, Policy& policy) const {
@@ -660,6 +1031,7 @@ Result<Policy> Parser::Parse() const {
        "on_violation"},
       [&](const std::string& key, const Field& value) { return ParseSection(key, value, policy); });
   if (!status.ok()) return status;
+  if (Status s = CheckSecrets(root, policy); !s.ok()) return s;
 
   policy.source = source_;
   policy.sha256 = Sha256Hex(text_);

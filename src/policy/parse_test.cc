@@ -73,6 +73,23 @@ TEST(ParsePolicyTest, DesignPolicyLoads) {
   EXPECT_EQ(p.env.pass, (std::vector<std::string>{"PATH", "LANG", "TERM"}));
   ASSERT_EQ(p.env.set.size(), 1u);
   EXPECT_EQ(p.env.set[0], (std::pair<std::string, std::string>{"CI", "1"}));
+  // DESIGN §3's credentials example, verbatim.
+  const CredentialsSpec& c = p.credentials;
+  EXPECT_EQ(c.in_sandbox, CredentialsInSandbox::kNone);
+  EXPECT_EQ(c.git, GitCredentials::kProxy);
+  EXPECT_EQ(c.git_rules.remotes, std::vector<std::string>{"https://github.com/acme/*"});
+  EXPECT_EQ(c.git_rules.push.allow_refs, std::vector<std::string>{"refs/heads/agent/*"});
+  EXPECT_TRUE(c.git_rules.push.deny_force);
+  EXPECT_EQ(c.tools, ToolCredentials::kNone);
+  ASSERT_EQ(c.secrets.size(), 1u);
+  EXPECT_EQ(c.secrets[0].name, "github");
+  EXPECT_EQ(c.secrets[0].from.kind, SecretSource::Kind::kEnv);
+  EXPECT_EQ(c.secrets[0].from.env, "GH_TOKEN");
+  EXPECT_EQ(c.secrets[0].hosts, std::vector<std::string>{"github.com"});
+  EXPECT_EQ(c.secrets[0].inject.kind, SecretInjection::Kind::kHeader);
+  EXPECT_EQ(c.secrets[0].inject.header, "Authorization");
+  EXPECT_EQ(c.secrets[0].inject.format, "Bearer {}");
+  EXPECT_EQ(c.secrets[0].placeholder_env, "GITHUB_TOKEN");
 }
 
 TEST(ParsePolicyTest, DigestIsOfTheExactText) {
@@ -205,6 +222,168 @@ TEST(ParsePolicyTest, EveryIsolationParses) {
   }
 }
 
+// ---- Credentials and HTTP rules --------------------------------------------
+
+TEST(ParseCredentialsTest, SeedShortFormKeepsLoading) {
+  Policy p = MustParse("credentials: { in_sandbox: none, git: proxy, tools: vault_proxy }\n");
+  EXPECT_EQ(p.credentials.in_sandbox, CredentialsInSandbox::kNone);
+  EXPECT_EQ(p.credentials.git, GitCredentials::kProxy);
+  EXPECT_TRUE(p.credentials.git_rules.remotes.empty());
+  EXPECT_TRUE(p.credentials.git_rules.push.allow_refs.empty());
+  EXPECT_FALSE(p.credentials.git_rules.push.deny_force);
+  EXPECT_EQ(p.credentials.tools, ToolCredentials::kVaultProxy);
+  EXPECT_TRUE(p.credentials.secrets.empty());
+  EXPECT_EQ(MustParse("credentials: {git: none}\n").credentials.git, GitCredentials::kNone);
+}
+
+TEST(ParseCredentialsTest, InSandboxAllow) {
+  EXPECT_EQ(MustParse("credentials: {in_sandbox: allow}\n").credentials.in_sandbox, CredentialsInSandbox::kAllow);
+  EXPECT_EQ(MustParse("version: 1\n").credentials.in_sandbox, CredentialsInSandbox::kNone);
+}
+
+TEST(ParseCredentialsTest, GitMappingMeansProxyWithRules) {
+  Policy p = MustParse(
+      "credentials:\n"
+      "  git:\n"
+      "    remotes: [\"HTTPS://GitHub.COM./acme/*\", \"https://git.localhost:08443/acme/**\", "
+      "\"https://example.com/v*/repo.git\"]\n"
+      "    push: { allow_refs: [\"refs/heads/agent/*\", refs/tags/v1], deny_force: true }\n");
+  EXPECT_EQ(p.credentials.git, GitCredentials::kProxy);
+  // Scheme, host and port normalised; the path is kept as written.
+  EXPECT_EQ(p.credentials.git_rules.remotes,
+            (std::vector<std::string>{"https://github.com/acme/*", "https://git.localhost:8443/acme/**",
+                                      "https://example.com/v*/repo.git"}));
+  EXPECT_EQ(p.credentials.git_rules.push.allow_refs,
+            (std::vector<std::string>{"refs/heads/agent/*", "refs/tags/v1"}));
+  EXPECT_TRUE(p.credentials.git_rules.push.deny_force);
+
+  Policy bare = MustParse("credentials:\n  git: {remotes: [\"https://github.com/acme/*\"]}\n");
+  EXPECT_EQ(bare.credentials.git, GitCredentials::kProxy);
+  EXPECT_TRUE(bare.credentials.git_rules.push.allow_refs.empty());  // any ref
+  EXPECT_FALSE(bare.credentials.git_rules.push.deny_force);
+}
+
+TEST(ParseCredentialsTest, SecretSourcesInFileOrder) {
+  Policy p = MustParse(
+      "credentials:\n"
+      "  secrets:\n"
+      "    zed: {from: {env: ZED_TOKEN}, hosts: [zed.example.com]}\n"
+      "    a_file: {from: {file: ~/.config//tokens/a/}, hosts: [a.example.com]}\n"
+      "    abs-file: {from: {file: /run/secrets/b}, hosts: [b.example.com]}\n"
+      "    cmd: {from: {command: [pass, show, \"\", \"~\", null]}, hosts: [c.example.com]}\n");
+  const auto& s = p.credentials.secrets;
+  ASSERT_EQ(s.size(), 4u);
+  EXPECT_EQ(s[0].name, "zed");
+  EXPECT_EQ(s[0].from.kind, SecretSource::Kind::kEnv);
+  EXPECT_EQ(s[0].from.env, "ZED_TOKEN");
+  EXPECT_EQ(s[1].name, "a_file");
+  EXPECT_EQ(s[1].from.kind, SecretSource::Kind::kFile);
+  EXPECT_EQ(s[1].from.file, "~/.config/tokens/a");  // ~ is expanded where $HOME is known
+  EXPECT_EQ(s[2].from.file, "/run/secrets/b");
+  EXPECT_EQ(s[3].from.kind, SecretSource::Kind::kCommand);
+  EXPECT_EQ(s[3].from.command, (std::vector<std::string>{"pass", "show", "", "~", "null"}));
+  for (const SecretSpec& secret : s) {
+    EXPECT_TRUE(secret.placeholder_env.empty());
+    EXPECT_EQ(secret.inject.kind, SecretInjection::Kind::kHeader);  // inject left out
+    EXPECT_EQ(secret.inject.header, "Authorization");
+    EXPECT_EQ(secret.inject.format, "Bearer {}");
+  }
+}
+
+TEST(ParseCredentialsTest, EveryInjectionForm) {
+  Policy p = MustParse(
+      "credentials:\n"
+      "  secrets:\n"
+      "    header_only: {from: {env: A}, hosts: [a.example.com], inject: {header: X-Api-Key}}\n"
+      "    both: {from: {env: B}, hosts: [b.example.com], inject: {header: PRIVATE-TOKEN, format: \"token {} x\"}}\n"
+      "    format_only: {from: {env: C}, hosts: [c.example.com], inject: {format: \"token {}\"}}\n"
+      "    basic_word: {from: {env: D}, hosts: [d.example.com], inject: basic}\n"
+      "    basic_user: {from: {env: E}, hosts: [e.example.com], inject: {basic: {username: oauth2}}}\n"
+      "    basic_empty: {from: {env: F}, hosts: [f.example.com], inject: {basic: {}}}\n"
+      "    basic_null:\n"
+      "      from: {env: G}\n"
+      "      hosts: [g.example.com]\n"
+      "      inject:\n"
+      "        basic:\n"
+      "    placeholder: {from: {env: H}, hosts: [h.example.com], inject: placeholder, placeholder_env: H_TOKEN}\n"
+      "    header_with_placeholder: {from: {env: I}, hosts: [i.example.com], placeholder_env: I_TOKEN}\n");
+  const auto& s = p.credentials.secrets;
+  ASSERT_EQ(s.size(), 9u);
+  using Kind = SecretInjection::Kind;
+  EXPECT_EQ(s[0].inject.kind, Kind::kHeader);
+  EXPECT_EQ(s[0].inject.header, "X-Api-Key");
+  EXPECT_EQ(s[0].inject.format, "{}");  // a header alone carries the bare value
+  EXPECT_EQ(s[1].inject.header, "PRIVATE-TOKEN");
+  EXPECT_EQ(s[1].inject.format, "token {} x");
+  EXPECT_EQ(s[2].inject.kind, Kind::kHeader);
+  EXPECT_EQ(s[2].inject.header, "Authorization");
+  EXPECT_EQ(s[2].inject.format, "token {}");
+  for (int i : {3, 5, 6}) {
+    EXPECT_EQ(s[i].inject.kind, Kind::kBasic) << s[i].name;
+    EXPECT_EQ(s[i].inject.username, "x-access-token") << s[i].name;
+  }
+  EXPECT_EQ(s[4].inject.kind, Kind::kBasic);
+  EXPECT_EQ(s[4].inject.username, "oauth2");
+  EXPECT_EQ(s[7].inject.kind, Kind::kPlaceholder);
+  EXPECT_EQ(s[7].placeholder_env, "H_TOKEN");
+  EXPECT_EQ(s[8].inject.kind, Kind::kHeader);
+  EXPECT_EQ(s[8].inject.format, "Bearer {}");
+  EXPECT_EQ(s[8].placeholder_env, "I_TOKEN");
+}
+
+TEST(ParseCredentialsTest, SecretHostsAreNormalised) {
+  Policy p = MustParse(
+      "credentials:\n"
+      "  secrets:\n"
+      "    gh: {from: {env: GH}, hosts: [GitHub.com., \"*.GitHubUserContent.com\", my_host.example.com, "
+      "xn--bcher-kva.example]}\n");
+  EXPECT_EQ(p.credentials.secrets[0].hosts,
+            (std::vector<std::string>{"github.com", "*.githubusercontent.com", "my_host.example.com",
+                                      "xn--bcher-kva.example"}));
+}
+
+TEST(ParseCredentialsTest, InSandboxAllowLetsTheSourceIntoTheEnvironment) {
+  Policy p = MustParse(
+      "env: {pass: [PATH, GH_TOKEN]}\n"
+      "credentials:\n"
+      "  in_sandbox: allow\n"
+      "  secrets: {gh: {from: {env: GH_TOKEN}, hosts: [github.com]}}\n");
+  EXPECT_EQ(p.env.pass, (std::vector<std::string>{"PATH", "GH_TOKEN"}));
+  // A placeholder is still the runtime's to set.
+  EXPECT_FALSE(ParsePolicy("env: {set: {GH: x}}\n"
+                           "credentials:\n"
+                           "  in_sandbox: allow\n"
+                           "  secrets: {gh: {from: {env: T}, hosts: [github.com], placeholder_env: GH}}\n",
+                           "p.yaml")
+                   .ok());
+}
+
+TEST(ParseCredentialsTest, SecretsOnlyInConfinedModes) {
+  for (const char* mode : {"read-only", "workspace-write"}) {
+    Policy p = MustParse(std::string("mode: ") + mode + "\ncredentials: {secrets: {gh: {from: {env: GH}, hosts: [github.com]}}}\n");
+    EXPECT_EQ(p.credentials.secrets.size(), 1u);
+  }
+  EXPECT_TRUE(MustParse("mode: danger-full-access\ncredentials: {secrets: {}}\n").credentials.secrets.empty());
+}
+
+TEST(ParseHttpRulesTest, HostsAndPatterns) {
+  Policy p = MustParse(
+      "network:\n"
+      "  http_rules:\n"
+      "    - host: API.GitHub.com.\n"
+      "      allow: [\"GET /repos/acme/**\", \"POST /repos/acme/*/pulls\", \"* /v*/x\", \"DELETE /\", "
+      "\"PROPFIND /dav/%20x/\", \"GET /a/**/b\"]\n"
+      "    - {host: uploads.github.com, allow: [\"PUT /**\"]}\n");
+  ASSERT_EQ(p.network.http_rules.size(), 2u);
+  EXPECT_EQ(p.network.http_rules[0].host, "api.github.com");
+  EXPECT_EQ(p.network.http_rules[0].allow,
+            (std::vector<std::string>{"GET /repos/acme/**", "POST /repos/acme/*/pulls", "* /v*/x", "DELETE /",
+                                      "PROPFIND /dav/%20x/", "GET /a/**/b"}));
+  EXPECT_EQ(p.network.http_rules[1].host, "uploads.github.com");
+  EXPECT_TRUE(MustParse("version: 1\n").network.http_rules.empty());
+  EXPECT_TRUE(MustParse("network: {http_rules: []}\n").network.http_rules.empty());
+}
+
 TEST(ParsePolicyTest, TrailingEmptyDocumentIsFine) {
   EXPECT_EQ(MustParse("version: 1\n---\n").version, 1);
 }
@@ -238,7 +417,7 @@ const BadCase kBadCases[] = {
      "policy.yaml:2:1: netwrk: unknown key " + kTopKeys},
     {"UnknownNestedKey", "network:\n  alow: [example.com]\n",
      "policy.yaml:2:3: network.alow: unknown key (expected one of: default, egress_proxy, allow, "
-     "deny, on_unknown_domain, tls_sni_check, tls_sni_ports)"},
+     "deny, on_unknown_domain, tls_sni_check, tls_sni_ports, http_rules)"},
     {"UnknownResourceKey", "resources:\n  cpu: {guaranteed: 1, max: 2}\n",
      "policy.yaml:2:24: resources.cpu.max: unknown key (expected one of: guaranteed, limit)"},
     {"StringWhereBoolExpected", "sandbox:\n  fresh_per_task: yes\n",
@@ -263,7 +442,7 @@ const BadCase kBadCases[] = {
      "policy.yaml:1:32: filesystem.workspace.mode: unknown value \"rw\" (expected one of: "
      "read-write, read-only)"},
     {"BadCredentials", "credentials: {in_sandbox: env}\n",
-     "policy.yaml:1:27: credentials.in_sandbox: unknown value \"env\" (expected one of: none)"},
+     "policy.yaml:1:27: credentials.in_sandbox: unknown value \"env\" (expected one of: none, allow)"},
     {"BadEscalation", "on_violation:\n  escalation: ask\n",
      "policy.yaml:2:15: on_violation.escalation: unknown value \"ask\" (expected one of: deny, "
      "one_time_approval)"},
@@ -402,6 +581,255 @@ const BadCase kBadCases[] = {
      "policy.yaml:3:1: more than one YAML document"},
     {"InvalidUtf8", "sandbox: {image: \"a\xff\"}\n",
      "policy.yaml:1:18: sandbox.image: not valid UTF-8"},
+    // ---- credentials and network.http_rules
+    {"CredentialsUnknownKey", "credentials:\n  vault: x\n",
+     "policy.yaml:2:3: credentials.vault: unknown key (expected one of: in_sandbox, git, tools, secrets)"},
+    {"GitUnknownValue", "credentials: {git: vault}\n",
+     "policy.yaml:1:20: credentials.git: unknown value \"vault\" (expected one of: none, proxy)"},
+    {"GitList", "credentials: {git: [proxy]}\n",
+     "policy.yaml:1:20: credentials.git: expected none, proxy or a map (remotes, push), got a list"},
+    {"GitNothing", "credentials:\n  git:\n",
+     "policy.yaml:2:3: credentials.git: expected none, proxy or a map (remotes, push), got nothing"},
+    {"GitMapUnknownKey", "credentials:\n  git: {remotes: [\"https://github.com/a/*\"], pull: {}}\n",
+     "policy.yaml:2:46: credentials.git.pull: unknown key (expected one of: remotes, push)"},
+    {"GitMapWithoutRemotes", "credentials:\n  git:\n    push: {deny_force: true}\n",
+     "policy.yaml:2:3: credentials.git: missing key \"remotes\""},
+    {"GitRemotesEmpty", "credentials:\n  git: {remotes: []}\n",
+     "policy.yaml:2:18: credentials.git.remotes: empty list (for no git credentials, use git: none)"},
+    {"GitRemotePlainHttp", "credentials:\n  git:\n    remotes: [\"http://github.com/acme/*\"]\n",
+     "policy.yaml:3:15: credentials.git.remotes[0]: credentials are never sent over plain HTTP: use https:// (\"http://github.com/acme/*\")"},
+    {"GitRemoteSsh", "credentials:\n  git:\n    remotes: [\"git@github.com:acme/x.git\"]\n",
+     "policy.yaml:3:15: credentials.git.remotes[0]: must be an https:// URL, e.g. \"https://github.com/acme/*\" (got \"git@github.com:acme/x.git\")"},
+    {"GitRemoteNoPath", "credentials:\n  git:\n    remotes: [\"https://github.com\"]\n",
+     "policy.yaml:3:15: credentials.git.remotes[0]: needs a path after the host, e.g. \"https://github.com/acme/*\" (got \"https://github.com\")"},
+    {"GitRemoteRootPath", "credentials:\n  git:\n    remotes: [\"https://github.com/\"]\n",
+     "policy.yaml:3:15: credentials.git.remotes[0]: needs a path after the host, e.g. \"https://github.com/acme/*\" (got \"https://github.com/\")"},
+    {"GitRemoteUserInfo", "credentials:\n  git:\n    remotes: [\"https://me:pw@github.com/acme/*\"]\n",
+     "policy.yaml:3:15: credentials.git.remotes[0]: no user name or password in a remote: they come from credentials.secrets (\"https://me:pw@github.com/acme/*\")"},
+    {"GitRemoteBadPort", "credentials:\n  git:\n    remotes: [\"https://github.com:0/acme/*\"]\n",
+     "policy.yaml:3:15: credentials.git.remotes[0]: bad port \"0\" (expected 1-65535) in \"https://github.com:0/acme/*\""},
+    {"GitRemoteIpHost", "credentials:\n  git:\n    remotes: [\"https://127.0.0.1:8443/acme/*\"]\n",
+     "policy.yaml:3:15: credentials.git.remotes[0]: \"127.0.0.1\" is, or reads as, an IP address: a host name is required here"},
+    {"GitRemoteV6Host", "credentials:\n  git:\n    remotes: [\"https://[::1]:8443/acme/*\"]\n",
+     "policy.yaml:3:15: credentials.git.remotes[0]: \"[::1]:8443\" is an IP address: a host name is required here"},
+    {"GitRemoteWildcardHost", "credentials:\n  git:\n    remotes: [\"https://*.github.com/acme/*\"]\n",
+     "policy.yaml:3:15: credentials.git.remotes[0]: no wildcard here: an exact host name (got \"*.github.com\")"},
+    {"GitRemoteQuery", "credentials:\n  git:\n    remotes: [\"https://github.com/acme/x?service=git-upload-pack\"]\n",
+     "policy.yaml:3:15: credentials.git.remotes[0]: no query (\"?\") here: a rule matches the path alone (\"/acme/x?service=git-upload-pack\")"},
+    {"GitRemotePartialDoubleStar", "credentials:\n  git:\n    remotes: [\"https://github.com/acme/x**\"]\n",
+     "policy.yaml:3:15: credentials.git.remotes[0]: \"**\" must be a whole segment, as in \"/a/**\" (got \"/acme/x**\")"},
+    {"GitRemoteDuplicate", "credentials:\n  git:\n    remotes: [\"https://github.com/a/*\", \"https://GitHub.com/a/*\"]\n",
+     "policy.yaml:3:41: credentials.git.remotes[1]: duplicate remote \"https://github.com/a/*\""},
+    {"GitPushUnknownKey", "credentials:\n  git: {remotes: [\"https://github.com/a/*\"], push: {force: false}}\n",
+     "policy.yaml:2:53: credentials.git.push.force: unknown key (expected one of: allow_refs, deny_force)"},
+    {"GitDenyForceNotBool", "credentials:\n  git: {remotes: [\"https://github.com/a/*\"], push: {deny_force: yes}}\n",
+     "policy.yaml:2:65: credentials.git.push.deny_force: expected true or false, got \"yes\""},
+    {"GitRefNotFull", "credentials:\n  git:\n    remotes: [\"https://github.com/a/*\"]\n    push: {allow_refs: [\"heads/agent/*\"]}\n",
+     "policy.yaml:4:25: credentials.git.push.allow_refs[0]: must be a full ref name starting with \"refs/\", e.g. \"refs/heads/agent/*\" (got \"heads/agent/*\")"},
+    {"GitRefWhitespace", "credentials:\n  git:\n    remotes: [\"https://github.com/a/*\"]\n    push: {allow_refs: [\"refs/heads/a b\"]}\n",
+     "policy.yaml:4:25: credentials.git.push.allow_refs[0]: contains whitespace or a control character (\"refs/heads/a b\")"},
+    {"GitRefQuestionMark", "credentials:\n  git:\n    remotes: [\"https://github.com/a/*\"]\n    push: {allow_refs: [\"refs/heads/v?\"]}\n",
+     "policy.yaml:4:25: credentials.git.push.allow_refs[0]: \"*\" is the only glob character (got \"refs/heads/v?\")"},
+    {"GitRefDotDot", "credentials:\n  git:\n    remotes: [\"https://github.com/a/*\"]\n    push: {allow_refs: [\"refs/heads/../x\"]}\n",
+     "policy.yaml:4:25: credentials.git.push.allow_refs[0]: not a git ref name: \"..\", \"//\", \"@{\" and a trailing \"/\" are refused (\"refs/heads/../x\")"},
+    {"GitRefColon", "credentials:\n  git:\n    remotes: [\"https://github.com/a/*\"]\n    push: {allow_refs: [\"refs/heads/a:refs/heads/b\"]}\n",
+     "policy.yaml:4:25: credentials.git.push.allow_refs[0]: ':' is not allowed in a git ref name (\"refs/heads/a:refs/heads/b\")"},
+    {"GitRefsEmpty", "credentials:\n  git:\n    remotes: [\"https://github.com/a/*\"]\n    push: {allow_refs: []}\n",
+     "policy.yaml:4:24: credentials.git.push.allow_refs: empty list (to allow pushing any ref, leave allow_refs out)"},
+    {"GitRefDuplicate", "credentials:\n  git:\n    remotes: [\"https://github.com/a/*\"]\n    push: {allow_refs: [refs/heads/a, refs/heads/a]}\n",
+     "policy.yaml:4:39: credentials.git.push.allow_refs[1]: duplicate ref \"refs/heads/a\""},
+    {"SecretsNotAMap", "credentials:\n  secrets: [gh]\n",
+     "policy.yaml:2:12: credentials.secrets: expected a map, got a list"},
+    {"SecretNameStartsWithDigit", "credentials:\n  secrets:\n    1gh: {from: {env: GH}, hosts: [github.com]}\n",
+     "policy.yaml:3:5: credentials.secrets: invalid secret name \"1gh\" (expected [A-Za-z_][A-Za-z0-9_-]{0,63})"},
+    {"SecretNameWithDot", "credentials:\n  secrets:\n    g.h: {from: {env: GH}, hosts: [github.com]}\n",
+     "policy.yaml:3:5: credentials.secrets: invalid secret name \"g.h\" (expected [A-Za-z_][A-Za-z0-9_-]{0,63})"},
+    {"SecretNameTooLong", "credentials:\n  secrets:\n    aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa: {from: {env: GH}, hosts: [github.com]}\n",
+     "policy.yaml:3:5: credentials.secrets: invalid secret name \"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\" (expected [A-Za-z_][A-Za-z0-9_-]{0,63})"},
+    {"SecretNotAMap", "credentials:\n  secrets:\n    gh: GH_TOKEN\n",
+     "policy.yaml:3:9: credentials.secrets.gh: expected a map, got \"GH_TOKEN\""},
+    {"SecretUnknownKey", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: [github.com], value: abc}\n",
+     "policy.yaml:3:48: credentials.secrets.gh.value: unknown key (expected one of: from, hosts, inject, placeholder_env)"},
+    {"SecretWithoutFrom", "credentials:\n  secrets:\n    gh: {hosts: [github.com]}\n",
+     "policy.yaml:3:5: credentials.secrets.gh: missing key \"from\""},
+    {"SecretWithoutHosts", "credentials:\n  secrets:\n    gh:\n      from: {env: GH}\n",
+     "policy.yaml:3:5: credentials.secrets.gh: missing key \"hosts\""},
+    {"SecretFromEmpty", "credentials:\n  secrets:\n    gh: {from: {}, hosts: [github.com]}\n",
+     "policy.yaml:3:16: credentials.secrets.gh.from: expected one of env, file, command"},
+    {"SecretFromTwoSources", "credentials:\n  secrets:\n    gh: {from: {env: GH, file: /run/gh}, hosts: [github.com]}\n",
+     "policy.yaml:3:26: credentials.secrets.gh.from.file: give only one of env, file, command"},
+    {"SecretFromValue", "credentials:\n  secrets:\n    gh: {from: {value: hunter2}, hosts: [github.com]}\n",
+     "policy.yaml:3:17: credentials.secrets.gh.from.value: unknown key (expected one of: env, file, command)"},
+    {"SecretFromScalar", "credentials:\n  secrets:\n    gh: {from: GH_TOKEN, hosts: [github.com]}\n",
+     "policy.yaml:3:16: credentials.secrets.gh.from: expected a map, got \"GH_TOKEN\""},
+    {"SecretFromBadEnvName", "credentials:\n  secrets:\n    gh: {from: {env: GH-TOKEN}, hosts: [github.com]}\n",
+     "policy.yaml:3:22: credentials.secrets.gh.from.env: invalid variable name \"GH-TOKEN\" (expected [A-Za-z_][A-Za-z0-9_]*)"},
+    {"SecretFromRelativeFile", "credentials:\n  secrets:\n    gh: {from: {file: tokens/gh}, hosts: [github.com]}\n",
+     "policy.yaml:3:23: credentials.secrets.gh.from.file: must be an absolute path or start with ~/ (\"tokens/gh\")"},
+    {"SecretFromRootFile", "credentials:\n  secrets:\n    gh: {from: {file: /}, hosts: [github.com]}\n",
+     "policy.yaml:3:23: credentials.secrets.gh.from.file: must name a file, not a directory (\"/\")"},
+    {"SecretFromHomeDir", "credentials:\n  secrets:\n    gh: {from: {file: \"~/\"}, hosts: [github.com]}\n",
+     "policy.yaml:3:23: credentials.secrets.gh.from.file: must name a file, not a directory (\"~/\")"},
+    {"SecretFromFileGlob", "credentials:\n  secrets:\n    gh: {from: {file: \"/run/*.tok\"}, hosts: [github.com]}\n",
+     "policy.yaml:3:23: credentials.secrets.gh.from.file: globs are not allowed here (\"/run/*.tok\")"},
+    {"SecretFromTildeUser", "credentials:\n  secrets:\n    gh: {from: {file: \"~bob/tok\"}, hosts: [github.com]}\n",
+     "policy.yaml:3:23: credentials.secrets.gh.from.file: only ~ and ~/... are supported, not ~user (\"~bob/tok\")"},
+    {"SecretFromCommandEmpty", "credentials:\n  secrets:\n    gh: {from: {command: []}, hosts: [github.com]}\n",
+     "policy.yaml:3:26: credentials.secrets.gh.from.command: empty list (expected the program and its arguments)"},
+    {"SecretFromCommandScalar", "credentials:\n  secrets:\n    gh: {from: {command: \"pass show gh\"}, hosts: [github.com]}\n",
+     "policy.yaml:3:26: credentials.secrets.gh.from.command: expected a list, got \"pass show gh\""},
+    {"SecretFromCommandEmptyProgram", "credentials:\n  secrets:\n    gh: {from: {command: [\"\", x]}, hosts: [github.com]}\n",
+     "policy.yaml:3:27: credentials.secrets.gh.from.command[0]: empty program name"},
+    {"SecretFromCommandNul", "credentials:\n  secrets:\n    gh: {from: {command: [pass, \"a\\0b\"]}, hosts: [github.com]}\n",
+     "policy.yaml:3:33: credentials.secrets.gh.from.command[1]: contains a NUL character"},
+    {"SecretFromCommandNested", "credentials:\n  secrets:\n    gh: {from: {command: [pass, [x]]}, hosts: [github.com]}\n",
+     "policy.yaml:3:33: credentials.secrets.gh.from.command[1]: expected a string, got a list"},
+    {"SecretHostsEmpty", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: []}\n",
+     "policy.yaml:3:34: credentials.secrets.gh.hosts: empty list (the hosts the secret is sent to)"},
+    {"SecretHostsScalar", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: github.com}\n",
+     "policy.yaml:3:34: credentials.secrets.gh.hosts: expected a list, got \"github.com\""},
+    {"SecretHostWithPort", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: [\"github.com:443\"]}\n",
+     "policy.yaml:3:35: credentials.secrets.gh.hosts[0]: no port here (\"github.com:443\")"},
+    {"SecretHostIpv4", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: [140.82.112.3]}\n",
+     "policy.yaml:3:35: credentials.secrets.gh.hosts[0]: \"140.82.112.3\" is, or reads as, an IP address: a host name is required here"},
+    {"SecretHostNumeric", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: [\"example.123\"]}\n",
+     "policy.yaml:3:35: credentials.secrets.gh.hosts[0]: \"example.123\" is, or reads as, an IP address: a host name is required here"},
+    {"SecretHostIpv6", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: [\"::1\"]}\n",
+     "policy.yaml:3:35: credentials.secrets.gh.hosts[0]: \"::1\" is an IP address: a host name is required here"},
+    {"SecretHostBracketed", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: [\"[::1]\"]}\n",
+     "policy.yaml:3:35: credentials.secrets.gh.hosts[0]: \"[::1]\" is an IP address: a host name is required here"},
+    {"SecretHostCidr", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: [10.0.0.0/8]}\n",
+     "policy.yaml:3:35: credentials.secrets.gh.hosts[0]: \"10.0.0.0/8\" is not a host name"},
+    {"SecretHostStar", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: [\"*\"]}\n",
+     "policy.yaml:3:35: credentials.secrets.gh.hosts[0]: \"*\" would match every host"},
+    {"SecretHostTooBroad", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: [\"*.com\"]}\n",
+     "policy.yaml:3:35: credentials.secrets.gh.hosts[0]: \"*.com\" is too broad (a wildcard needs at least two labels, e.g. \"*.example.com\")"},
+    {"SecretHostInnerStar", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: [\"api*.github.com\"]}\n",
+     "policy.yaml:3:35: credentials.secrets.gh.hosts[0]: \"*\" may only stand for whole leading labels, as in \"*.example.com\" (got \"api*.github.com\")"},
+    {"SecretHostUrl", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: [\"https://github.com\"]}\n",
+     "policy.yaml:3:35: credentials.secrets.gh.hosts[0]: a host name, not a URL (\"https://github.com\")"},
+    {"SecretHostNotAscii", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: [\"bücher.example\"]}\n",
+     "policy.yaml:3:35: credentials.secrets.gh.hosts[0]: \"bücher.example\" is not ASCII: write an internationalised name in its A-label form (xn--...)"},
+    {"SecretHostEmptyLabel", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: [\"github..com\"]}\n",
+     "policy.yaml:3:35: credentials.secrets.gh.hosts[0]: empty label in \"github..com\""},
+    {"SecretHostDashLabel", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: [\"-github.com\"]}\n",
+     "policy.yaml:3:35: credentials.secrets.gh.hosts[0]: label starts or ends with '-' in \"-github.com\""},
+    {"SecretHostBadCharacter", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: [\"git!hub.com\"]}\n",
+     "policy.yaml:3:35: credentials.secrets.gh.hosts[0]: character '!' is not allowed in a host name (\"git!hub.com\")"},
+    {"SecretHostEmpty", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: [\"\"]}\n",
+     "policy.yaml:3:35: credentials.secrets.gh.hosts[0]: empty host name"},
+    {"SecretHostWhitespace", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: [\"git hub.com\"]}\n",
+     "policy.yaml:3:35: credentials.secrets.gh.hosts[0]: contains whitespace or a control character"},
+    {"SecretHostDuplicate", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: [github.com, GitHub.com.]}\n",
+     "policy.yaml:3:47: credentials.secrets.gh.hosts[1]: duplicate host \"github.com\""},
+    {"InjectUnknownWord", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: [github.com], inject: bearer}\n",
+     "policy.yaml:3:56: credentials.secrets.gh.inject: unknown value \"bearer\" (expected basic, placeholder, {header: NAME, format: \"... {} ...\"} or {basic: {username: NAME}})"},
+    {"InjectList", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: [github.com], inject: [basic]}\n",
+     "policy.yaml:3:56: credentials.secrets.gh.inject: expected basic, placeholder, {header: NAME, format: \"... {} ...\"} or {basic: {username: NAME}}, got a list"},
+    {"InjectEmptyMap", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: [github.com], inject: {}}\n",
+     "policy.yaml:3:56: credentials.secrets.gh.inject: empty map (expected basic, placeholder, {header: NAME, format: \"... {} ...\"} or {basic: {username: NAME}})"},
+    {"InjectUnknownKey", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: [github.com], inject: {header: X, prefix: Bearer}}\n",
+     "policy.yaml:3:68: credentials.secrets.gh.inject.prefix: unknown key (expected one of: header, format, basic)"},
+    {"InjectHeaderWithSpace", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: [github.com], inject: {header: \"X Token\"}}\n",
+     "policy.yaml:3:65: credentials.secrets.gh.inject.header: not an HTTP header name (RFC 9110 token): \"X Token\""},
+    {"InjectHeaderWithColon", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: [github.com], inject: {header: \"Authorization:\"}}\n",
+     "policy.yaml:3:65: credentials.secrets.gh.inject.header: not an HTTP header name (RFC 9110 token): \"Authorization:\""},
+    {"InjectHeaderHost", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: [github.com], inject: {header: host}}\n",
+     "policy.yaml:3:65: credentials.secrets.gh.inject.header: \"host\" frames or routes the request; it cannot carry a secret"},
+    {"InjectHeaderContentLength", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: [github.com], inject: {header: Content-Length}}\n",
+     "policy.yaml:3:65: credentials.secrets.gh.inject.header: \"Content-Length\" frames or routes the request; it cannot carry a secret"},
+    {"InjectFormatWithoutBraces", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: [github.com], inject: {header: Authorization, format: Bearer}}\n",
+     "policy.yaml:3:88: credentials.secrets.gh.inject.format: must hold \"{}\" (where the secret goes) exactly once (got \"Bearer\")"},
+    {"InjectFormatTwice", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: [github.com], inject: {format: \"{}{}\"}}\n",
+     "policy.yaml:3:65: credentials.secrets.gh.inject.format: must hold \"{}\" (where the secret goes) exactly once (got \"{}{}\")"},
+    {"InjectFormatCrLf", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: [github.com], inject: {format: \"Bearer {}\\r\\nX-Evil: 1\"}}\n",
+     "policy.yaml:3:65: credentials.secrets.gh.inject.format: contains a control character (CR, LF, NUL, tab, ...)"},
+    {"InjectFormatNul", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: [github.com], inject: {format: \"{}\\0\"}}\n",
+     "policy.yaml:3:65: credentials.secrets.gh.inject.format: contains a control character (CR, LF, NUL, tab, ...)"},
+    {"InjectBasicAndHeader", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: [github.com], inject: {header: Authorization, basic: {}}}\n",
+     "policy.yaml:3:80: credentials.secrets.gh.inject.basic: basic and header/format are two ways to inject; give one"},
+    {"InjectHeaderAfterBasic", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: [github.com], inject: {basic: {}, format: \"{}\"}}\n",
+     "policy.yaml:3:68: credentials.secrets.gh.inject.format: basic and header/format are two ways to inject; give one"},
+    {"InjectBasicUnknownKey", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: [github.com], inject: {basic: {user: x}}}\n",
+     "policy.yaml:3:65: credentials.secrets.gh.inject.basic.user: unknown key (expected one of: username)"},
+    {"InjectBasicScalar", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: [github.com], inject: {basic: x}}\n",
+     "policy.yaml:3:64: credentials.secrets.gh.inject.basic: expected a map, got \"x\""},
+    {"InjectBasicUsernameColon", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: [github.com], inject: {basic: {username: \"a:b\"}}}\n",
+     "policy.yaml:3:75: credentials.secrets.gh.inject.basic.username: must not contain \":\" (it ends the user name in user:password)"},
+    {"InjectBasicUsernameEmpty", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: [github.com], inject: {basic: {username: \"\"}}}\n",
+     "policy.yaml:3:75: credentials.secrets.gh.inject.basic.username: must not be empty"},
+    {"InjectBasicUsernameNewline", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: [github.com], inject: {basic: {username: \"a\\nb\"}}}\n",
+     "policy.yaml:3:75: credentials.secrets.gh.inject.basic.username: contains a control character"},
+    {"PlaceholderWithoutEnv", "credentials:\n  secrets:\n    npm:\n      from: {env: NPM}\n      hosts: [registry.npmjs.org]\n      inject: placeholder\n",
+     "policy.yaml:6:15: credentials.secrets.npm.inject: placeholder needs placeholder_env: the variable in which the sandbox finds the placeholder the proxy replaces"},
+    {"PlaceholderEnvBadName", "credentials:\n  secrets:\n    gh: {from: {env: GH}, hosts: [github.com], placeholder_env: 1X}\n",
+     "policy.yaml:3:65: credentials.secrets.gh.placeholder_env: invalid variable name \"1X\" (expected [A-Za-z_][A-Za-z0-9_]*)"},
+    {"PlaceholderEnvTwice", "credentials:\n  secrets:\n    a: {from: {env: A}, hosts: [a.example.com], placeholder_env: TOKEN}\n    b: {from: {env: B}, hosts: [b.example.com], placeholder_env: TOKEN}\n",
+     "policy.yaml:4:66: credentials.secrets.b.placeholder_env: TOKEN is already the placeholder_env of credentials.secrets.a"},
+    {"SourceInEnvPass", "env:\n  pass: [PATH, GH_TOKEN]\ncredentials:\n  secrets:\n    github: {from: {env: GH_TOKEN}, hosts: [github.com]}\n",
+     "policy.yaml:2:16: env.pass[1]: GH_TOKEN is the source of credentials.secrets.github; with credentials.in_sandbox: none it never enters the sandbox"},
+    {"SourceInEnvPassBeforeOrAfter", "credentials:\n  in_sandbox: none\n  secrets:\n    github: {from: {env: GH_TOKEN}, hosts: [github.com]}\nenv: {pass: [GH_TOKEN]}\n",
+     "policy.yaml:5:14: env.pass[0]: GH_TOKEN is the source of credentials.secrets.github; with credentials.in_sandbox: none it never enters the sandbox"},
+    {"SourceInEnvSet", "env:\n  set:\n    CI: 1\n    GH_TOKEN: dummy\ncredentials:\n  secrets:\n    github: {from: {env: GH_TOKEN}, hosts: [github.com]}\n",
+     "policy.yaml:4:5: env.set.GH_TOKEN: GH_TOKEN is the source of credentials.secrets.github; with credentials.in_sandbox: none it never enters the sandbox"},
+    {"SourceInPresetEnvPass", "credentials:\n  secrets:\n    tz: {from: {env: TZ}, hosts: [time.example.com]}\n",
+     "policy.yaml:3:22: credentials.secrets.tz.from.env: in the preset's env.pass: TZ is the source of credentials.secrets.tz; with credentials.in_sandbox: none it never enters the sandbox"},
+    {"PlaceholderInEnvSet", "env: {set: {GITHUB_TOKEN: x}}\ncredentials:\n  secrets:\n    github: {from: {env: GH_TOKEN}, hosts: [github.com], placeholder_env: GITHUB_TOKEN}\n",
+     "policy.yaml:1:13: env.set.GITHUB_TOKEN: GITHUB_TOKEN is credentials.secrets.github.placeholder_env: a value here would replace the placeholder"},
+    {"PlaceholderInEnvPass", "env: {pass: [GITHUB_TOKEN]}\ncredentials:\n  secrets:\n    github: {from: {env: GH_TOKEN}, hosts: [github.com], placeholder_env: GITHUB_TOKEN}\n",
+     "policy.yaml:1:14: env.pass[0]: GITHUB_TOKEN is credentials.secrets.github.placeholder_env: the sandbox gets the placeholder there, not the caller's value"},
+    {"PlaceholderInPresetEnvPass", "credentials:\n  secrets:\n    github: {from: {env: GH_TOKEN}, hosts: [github.com], placeholder_env: TERM}\n",
+     "policy.yaml:3:75: credentials.secrets.github.placeholder_env: in the preset's env.pass: TERM is credentials.secrets.github.placeholder_env: the sandbox gets the placeholder there, not the caller's value"},
+    {"SecretsInDangerFullAccess", "mode: danger-full-access\ncredentials:\n  secrets:\n    github: {from: {env: GH_TOKEN}, hosts: [github.com]}\n",
+     "policy.yaml:4:5: credentials.secrets: secrets are refused with mode: danger-full-access: the command runs on the host with the caller's environment, and nothing keeps a secret out of it"},
+    {"HttpRulesNotAList", "network:\n  http_rules: {host: api.github.com}\n",
+     "policy.yaml:2:15: network.http_rules: expected a list, got a map"},
+    {"HttpRuleNotAMap", "network:\n  http_rules: [api.github.com]\n",
+     "policy.yaml:2:16: network.http_rules[0]: expected a map, got \"api.github.com\""},
+    {"HttpRuleUnknownKey", "network:\n  http_rules:\n    - {host: api.github.com, allow: [\"GET /\"], deny: []}\n",
+     "policy.yaml:3:48: network.http_rules[0].deny: unknown key (expected one of: host, allow)"},
+    {"HttpRuleWithoutHost", "network:\n  http_rules:\n    - allow: [\"GET /\"]\n",
+     "policy.yaml:3:7: network.http_rules[0]: missing key \"host\""},
+    {"HttpRuleWithoutAllow", "network:\n  http_rules:\n    - host: api.github.com\n",
+     "policy.yaml:3:7: network.http_rules[0]: missing key \"allow\""},
+    {"HttpRuleHostWithPort", "network:\n  http_rules:\n    - {host: \"api.github.com:443\", allow: [\"GET /\"]}\n",
+     "policy.yaml:3:14: network.http_rules[0].host: no port here (\"api.github.com:443\")"},
+    {"HttpRuleHostWildcard", "network:\n  http_rules:\n    - {host: \"*.github.com\", allow: [\"GET /\"]}\n",
+     "policy.yaml:3:14: network.http_rules[0].host: no wildcard here: an exact host name (got \"*.github.com\")"},
+    {"HttpRuleHostIp", "network:\n  http_rules:\n    - {host: 127.0.0.1, allow: [\"GET /\"]}\n",
+     "policy.yaml:3:14: network.http_rules[0].host: \"127.0.0.1\" is, or reads as, an IP address: a host name is required here"},
+    {"HttpRuleHostDuplicate", "network:\n  http_rules:\n    - {host: api.github.com, allow: [\"GET /\"]}\n    - {host: API.github.com., allow: [\"POST /\"]}\n",
+     "policy.yaml:4:14: network.http_rules[1].host: duplicate host \"api.github.com\" (also in network.http_rules[0]): give each host one entry"},
+    {"HttpRuleAllowEmpty", "network:\n  http_rules:\n    - {host: api.github.com, allow: []}\n",
+     "policy.yaml:3:37: network.http_rules[0].allow: empty list (to refuse every request to the host, leave it out of network.allow)"},
+    {"HttpRuleNoSpace", "network:\n  http_rules:\n    - {host: api.github.com, allow: [\"GET\"]}\n",
+     "policy.yaml:3:38: network.http_rules[0].allow[0]: expected \"METHOD /path\", e.g. \"GET /repos/**\" (got \"GET\")"},
+    {"HttpRulePathOnly", "network:\n  http_rules:\n    - {host: api.github.com, allow: [\"/repos/**\"]}\n",
+     "policy.yaml:3:38: network.http_rules[0].allow[0]: expected \"METHOD /path\", e.g. \"GET /repos/**\" (got \"/repos/**\")"},
+    {"HttpRuleLowerCaseMethod", "network:\n  http_rules:\n    - {host: api.github.com, allow: [\"get /repos\"]}\n",
+     "policy.yaml:3:38: network.http_rules[0].allow[0]: the method must be upper case (got \"get\")"},
+    {"HttpRulePartialStarMethod", "network:\n  http_rules:\n    - {host: api.github.com, allow: [\"P* /repos\"]}\n",
+     "policy.yaml:3:38: network.http_rules[0].allow[0]: \"*\" stands alone for any method (got \"P*\")"},
+    {"HttpRuleBadMethodCharacter", "network:\n  http_rules:\n    - {host: api.github.com, allow: [\"GE(T /repos\"]}\n",
+     "policy.yaml:3:38: network.http_rules[0].allow[0]: not an HTTP method: \"GE(T\""},
+    {"HttpRuleRelativePath", "network:\n  http_rules:\n    - {host: api.github.com, allow: [\"GET repos/**\"]}\n",
+     "policy.yaml:3:38: network.http_rules[0].allow[0]: a path must start with \"/\" (got \"repos/**\")"},
+    {"HttpRuleTwoSpaces", "network:\n  http_rules:\n    - {host: api.github.com, allow: [\"GET  /repos\"]}\n",
+     "policy.yaml:3:38: network.http_rules[0].allow[0]: a path must start with \"/\" (got \" /repos\")"},
+    {"HttpRuleQuery", "network:\n  http_rules:\n    - {host: api.github.com, allow: [\"GET /search?q=x\"]}\n",
+     "policy.yaml:3:38: network.http_rules[0].allow[0]: no query (\"?\") here: a rule matches the path alone (\"/search?q=x\")"},
+    {"HttpRuleFragment", "network:\n  http_rules:\n    - {host: api.github.com, allow: [\"GET /a#b\"]}\n",
+     "policy.yaml:3:38: network.http_rules[0].allow[0]: no fragment (\"#\") here: requests do not carry one (\"/a#b\")"},
+    {"HttpRuleWhitespaceInPath", "network:\n  http_rules:\n    - {host: api.github.com, allow: [\"GET /a b\"]}\n",
+     "policy.yaml:3:38: network.http_rules[0].allow[0]: contains whitespace or a control character (\"/a b\")"},
+    {"HttpRulePartialDoubleStar", "network:\n  http_rules:\n    - {host: api.github.com, allow: [\"GET /repos/**x\"]}\n",
+     "policy.yaml:3:38: network.http_rules[0].allow[0]: \"**\" must be a whole segment, as in \"/a/**\" (got \"/repos/**x\")"},
+    {"HttpRuleDotDot", "network:\n  http_rules:\n    - {host: api.github.com, allow: [\"GET /repos/../admin\"]}\n",
+     "policy.yaml:3:38: network.http_rules[0].allow[0]: \".\" and \"..\" segments are not allowed (\"/repos/../admin\")"},
+    {"HttpRuleNotAscii", "network:\n  http_rules:\n    - {host: api.github.com, allow: [\"GET /bücher\"]}\n",
+     "policy.yaml:3:38: network.http_rules[0].allow[0]: contains a character that is not ASCII: write it percent-encoded (\"/bücher\")"},
+    {"HttpRuleDuplicate", "network:\n  http_rules:\n    - host: api.github.com\n      allow:\n        - GET /\n        - GET /\n",
+     "policy.yaml:6:11: network.http_rules[0].allow[1]: duplicate rule \"GET /\""},
 };
 
 INSTANTIATE_TEST_SUITE_P(Errors, BadPolicyTest, ::testing::ValuesIn(kBadCases),

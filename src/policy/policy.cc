@@ -16,9 +16,12 @@ using policy_internal::CredentialsInSandboxName;
 using policy_internal::DomainList;
 using policy_internal::DomainProblem;
 using policy_internal::EnvNameProblem;
+using policy_internal::EnvSecretProblem;
+using policy_internal::EnvUse;
 using policy_internal::FormatDurationMs;
 using policy_internal::FormatNumber;
 using policy_internal::FormatSize;
+using policy_internal::SecretsModeProblem;
 
 const char* ToString(Mode v) {
   switch (v) {
@@ -157,6 +160,7 @@ Result<Policy> ApplyOverrides(Policy policy, const PolicyOverrides& o, bool from
       if (*o.mode == Mode::kReadOnly) policy.filesystem.workspace.access = Access::kReadOnly;
       if (*o.mode == Mode::kDangerFullAccess) policy.sandbox.isolation = Isolation::kHost;
     }
+    if (auto problem = SecretsModeProblem(policy.mode, policy.credentials)) return flag_error("--mode", *problem);
   }
   if (o.require) policy.sandbox.require = *o.require;
 
@@ -209,6 +213,13 @@ Result<Policy> ApplyOverrides(Policy policy, const PolicyOverrides& o, bool from
     std::size_t eq = entry.find('=');
     std::string name = entry.substr(0, eq);
     if (auto problem = EnvNameProblem(name)) return flag_error("--env", *problem);
+    // The file's own env was checked against its secrets when it was parsed.
+    for (const SecretSpec& secret : policy.credentials.secrets) {
+      EnvUse use = eq == std::string::npos ? EnvUse::kPass : EnvUse::kSet;
+      if (auto problem = EnvSecretProblem(secret, policy.credentials.in_sandbox, name, use)) {
+        return flag_error("--env", *problem);
+      }
+    }
     if (eq == std::string::npos) {
       auto& pass = policy.env.pass;
       if (std::find(pass.begin(), pass.end(), name) == pass.end()) pass.push_back(name);
@@ -234,14 +245,76 @@ Result<Policy> ApplyOverrides(Policy policy, const PolicyOverrides& o, bool from
 
 namespace {
 
-void EmitList(YAML::Emitter& out, const char* key, const std::vector<std::string>& items) {
+// `quoted` keeps text exactly as it is where a plain scalar might not (argv).
+void EmitList(YAML::Emitter& out, const char* key, const std::vector<std::string>& items, bool quoted = false) {
   out << YAML::Key << key << YAML::Value;
   if (items.empty()) {
     out << YAML::Flow;
   }
   out << YAML::BeginSeq;
-  for (const std::string& item : items) out << item;
+  for (const std::string& item : items) {
+    if (quoted) out << YAML::DoubleQuoted;
+    out << item;
+  }
   out << YAML::EndSeq;
+}
+
+// A secret as the file writes it: where its value comes from, never a value
+// (the policy holds none).
+void EmitSecret(YAML::Emitter& out, const SecretSpec& secret) {
+  out << YAML::Key << secret.name << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "from" << YAML::Value << YAML::Flow << YAML::BeginMap;
+  switch (secret.from.kind) {
+    case SecretSource::Kind::kEnv: out << YAML::Key << "env" << YAML::Value << secret.from.env; break;
+    case SecretSource::Kind::kFile: out << YAML::Key << "file" << YAML::Value << secret.from.file; break;
+    case SecretSource::Kind::kCommand: EmitList(out, "command", secret.from.command, /*quoted=*/true); break;
+  }
+  out << YAML::EndMap;
+  out << YAML::Key << "hosts" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+  for (const std::string& host : secret.hosts) out << host;
+  out << YAML::EndSeq;
+  out << YAML::Key << "inject" << YAML::Value;
+  const SecretInjection& inject = secret.inject;
+  switch (inject.kind) {
+    case SecretInjection::Kind::kHeader:
+      out << YAML::Flow << YAML::BeginMap << YAML::Key << "header" << YAML::Value << inject.header << YAML::Key
+          << "format" << YAML::Value << YAML::DoubleQuoted << inject.format << YAML::EndMap;
+      break;
+    case SecretInjection::Kind::kBasic:
+      out << YAML::Flow << YAML::BeginMap << YAML::Key << "basic" << YAML::Value << YAML::BeginMap << YAML::Key
+          << "username" << YAML::Value << YAML::DoubleQuoted << inject.username << YAML::EndMap << YAML::EndMap;
+      break;
+    case SecretInjection::Kind::kPlaceholder: out << "placeholder"; break;
+  }
+  if (!secret.placeholder_env.empty()) {
+    out << YAML::Key << "placeholder_env" << YAML::Value << secret.placeholder_env;
+  }
+  out << YAML::EndMap;
+}
+
+void EmitCredentials(YAML::Emitter& out, const CredentialsSpec& c) {
+  out << YAML::Key << "credentials" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "in_sandbox" << YAML::Value << CredentialsInSandboxName(c.in_sandbox);
+  out << YAML::Key << "git" << YAML::Value;
+  // The short form stands for a proxy without remotes, as the seed writes it.
+  if (c.git_rules.remotes.empty()) {
+    out << ToString(c.git);
+  } else {
+    out << YAML::BeginMap;
+    EmitList(out, "remotes", c.git_rules.remotes);
+    out << YAML::Key << "push" << YAML::Value << YAML::BeginMap;
+    if (!c.git_rules.push.allow_refs.empty()) EmitList(out, "allow_refs", c.git_rules.push.allow_refs);
+    out << YAML::Key << "deny_force" << YAML::Value << c.git_rules.push.deny_force;
+    out << YAML::EndMap;
+    out << YAML::EndMap;
+  }
+  out << YAML::Key << "tools" << YAML::Value << ToString(c.tools);
+  out << YAML::Key << "secrets" << YAML::Value;
+  if (c.secrets.empty()) out << YAML::Flow;
+  out << YAML::BeginMap;
+  for (const SecretSpec& secret : c.secrets) EmitSecret(out, secret);
+  out << YAML::EndMap;
+  out << YAML::EndMap;
 }
 
 }  // namespace
@@ -285,14 +358,18 @@ std::string ToYaml(const Policy& p) {
   out << YAML::Key << "tls_sni_ports" << YAML::Value << YAML::Flow << YAML::BeginSeq;
   for (std::uint16_t port : net.tls_sni_ports) out << port;
   out << YAML::EndSeq;
+  out << YAML::Key << "http_rules" << YAML::Value;
+  if (net.http_rules.empty()) out << YAML::Flow;
+  out << YAML::BeginSeq;
+  for (const HttpRuleSpec& rule : net.http_rules) {
+    out << YAML::BeginMap << YAML::Key << "host" << YAML::Value << rule.host;
+    EmitList(out, "allow", rule.allow);
+    out << YAML::EndMap;
+  }
+  out << YAML::EndSeq;
   out << YAML::EndMap;
 
-  out << YAML::Key << "credentials" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "in_sandbox" << YAML::Value
-      << CredentialsInSandboxName(p.credentials.in_sandbox);
-  out << YAML::Key << "git" << YAML::Value << ToString(p.credentials.git);
-  out << YAML::Key << "tools" << YAML::Value << ToString(p.credentials.tools);
-  out << YAML::EndMap;
+  EmitCredentials(out, p.credentials);
 
   // Sizes and durations are written with units so that they read back
   // exactly; a bare number would mean GiB or minutes.

@@ -115,6 +115,178 @@ TEST(ToYamlTest, AwkwardValuesRoundTrip) {
   EXPECT_EQ(q.network.tls_sni_ports, (std::vector<std::uint16_t>{443, 8443}));
 }
 
+// Every field of the credentials section and network.http_rules, compared
+// one by one (ExpectRoundTrip compares YAML, which would miss a field that
+// ToYaml leaves out).
+void ExpectSameCredentialsAndRules(const Policy& a, const Policy& b) {
+  const CredentialsSpec& x = a.credentials;
+  const CredentialsSpec& y = b.credentials;
+  EXPECT_EQ(x.in_sandbox, y.in_sandbox);
+  EXPECT_EQ(x.git, y.git);
+  EXPECT_EQ(x.tools, y.tools);
+  EXPECT_EQ(x.git_rules.remotes, y.git_rules.remotes);
+  EXPECT_EQ(x.git_rules.push.allow_refs, y.git_rules.push.allow_refs);
+  EXPECT_EQ(x.git_rules.push.deny_force, y.git_rules.push.deny_force);
+  ASSERT_EQ(x.secrets.size(), y.secrets.size());
+  for (std::size_t i = 0; i < x.secrets.size(); ++i) {
+    const SecretSpec& s = x.secrets[i];
+    const SecretSpec& t = y.secrets[i];
+    EXPECT_EQ(s.name, t.name);
+    EXPECT_EQ(s.from.kind, t.from.kind) << s.name;
+    EXPECT_EQ(s.from.env, t.from.env) << s.name;
+    EXPECT_EQ(s.from.file, t.from.file) << s.name;
+    EXPECT_EQ(s.from.command, t.from.command) << s.name;
+    EXPECT_EQ(s.hosts, t.hosts) << s.name;
+    EXPECT_EQ(s.inject.kind, t.inject.kind) << s.name;
+    EXPECT_EQ(s.inject.header, t.inject.header) << s.name;
+    EXPECT_EQ(s.inject.format, t.inject.format) << s.name;
+    EXPECT_EQ(s.inject.username, t.inject.username) << s.name;
+    EXPECT_EQ(s.placeholder_env, t.placeholder_env) << s.name;
+  }
+  ASSERT_EQ(a.network.http_rules.size(), b.network.http_rules.size());
+  for (std::size_t i = 0; i < a.network.http_rules.size(); ++i) {
+    EXPECT_EQ(a.network.http_rules[i].host, b.network.http_rules[i].host);
+    EXPECT_EQ(a.network.http_rules[i].allow, b.network.http_rules[i].allow);
+  }
+}
+
+SecretSpec Secret(const std::string& name, SecretSource from, SecretInjection inject,
+                  const std::string& placeholder_env = "") {
+  SecretSpec s;
+  s.name = name;
+  s.from = std::move(from);
+  s.hosts = {name + ".example.com"};
+  s.inject = std::move(inject);
+  s.placeholder_env = placeholder_env;
+  return s;
+}
+
+// A policy with every credentials form and awkward text where text is free.
+Policy EveryCredentialForm() {
+  using Kind = SecretInjection::Kind;
+  Policy p = PresetFor(Mode::kWorkspaceWrite);
+  p.credentials.in_sandbox = CredentialsInSandbox::kAllow;
+  p.credentials.tools = ToolCredentials::kVaultProxy;
+  p.credentials.git = GitCredentials::kProxy;
+  p.credentials.git_rules.remotes = {"https://github.com/acme/*", "https://git.localhost:8443/a/**/x.git"};
+  p.credentials.git_rules.push.allow_refs = {"refs/heads/agent/*", "refs/tags/*"};
+  p.credentials.git_rules.push.deny_force = true;
+  SecretInjection header{Kind::kHeader, "X-Api-Key", "{}", "x-access-token"};
+  SecretInjection odd_header{Kind::kHeader, "!#$%&'*+-.^_`|~0", "\"{}\" # x: y, [z]", "x-access-token"};
+  SecretInjection basic{Kind::kBasic, "Authorization", "Bearer {}", "user name, [x] #y {}"};
+  SecretInjection placeholder{Kind::kPlaceholder, "Authorization", "Bearer {}", "x-access-token"};
+  p.credentials.secrets = {
+      Secret("gh", {SecretSource::Kind::kEnv, "GH_TOKEN", "", {}}, SecretInjection{}, "GITHUB_TOKEN"),
+      Secret("file", {SecretSource::Kind::kFile, "", "~/.config/a, b}/c #x", {}}, header),
+      Secret("cmd", {SecretSource::Kind::kCommand, "", "", {"pass", "", "~", "null", "a: b", " x ", "ü"}}, basic),
+      Secret("odd", {SecretSource::Kind::kEnv, "null", "", {}}, odd_header),
+      Secret("true", {SecretSource::Kind::kEnv, "NPM", "", {}}, placeholder, "NPM_TOKEN"),
+  };
+  p.credentials.secrets[0].hosts = {"github.com", "*.githubusercontent.com"};
+  p.network.http_rules = {{"api.github.com", {"GET /repos/acme/**", "* /**", "POST /v*/x"}},
+                          {"uploads.github.com", {"PUT /"}}};
+  return p;
+}
+
+TEST(ToYamlTest, CredentialsAndHttpRulesRoundTripEveryField) {
+  Policy p = EveryCredentialForm();
+  ExpectRoundTrip(p);
+  Result<Policy> again = ParsePolicy(ToYaml(p), "roundtrip.yaml");
+  ASSERT_TRUE(again.ok()) << again.status().ToString() << "\n" << ToYaml(p);
+  ExpectSameCredentialsAndRules(p, *again);
+
+  Result<Policy> design = LoadPolicyFile(kFixtures + "/design_policy.yaml");
+  ASSERT_TRUE(design.ok());
+  Result<Policy> design_again = ParsePolicy(ToYaml(*design), "roundtrip.yaml");
+  ASSERT_TRUE(design_again.ok());
+  ExpectSameCredentialsAndRules(*design, *design_again);
+}
+
+TEST(ToYamlTest, ShortGitFormPrintsAsBefore) {
+  Result<Policy> seed = LoadPolicyFile(kFixtures + "/seed_policy.yaml");
+  ASSERT_TRUE(seed.ok());
+  const std::string yaml = ToYaml(*seed);
+  EXPECT_NE(yaml.find("credentials:\n  in_sandbox: none\n  git: proxy\n  tools: vault_proxy\n  secrets: {}\n"),
+            std::string::npos)
+      << yaml;
+  EXPECT_NE(yaml.find("  http_rules: []\n"), std::string::npos) << yaml;
+  EXPECT_NE(ToYaml(PresetFor(Mode::kReadOnly)).find("  git: none\n"), std::string::npos);
+}
+
+TEST(ToYamlTest, SecretsPrintTheirSourceAndNothingElse) {
+  Result<Policy> p = ParsePolicy(
+      "credentials:\n"
+      "  secrets:\n"
+      "    gh: {from: {env: GH_TOKEN}, hosts: [github.com], placeholder_env: GITHUB_TOKEN}\n"
+      "    f: {from: {file: ~/.tokens/f}, hosts: [f.example.com], inject: {header: X-Key}}\n"
+      "    c: {from: {command: [pass, show, c]}, hosts: [c.example.com], inject: basic}\n"
+      "    n: {from: {env: NPM}, hosts: [registry.npmjs.org], inject: placeholder, placeholder_env: NPM_TOKEN}\n",
+      "p.yaml");
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  const std::string yaml = ToYaml(*p);
+  const std::string expected =
+      "  secrets:\n"
+      "    gh:\n"
+      "      from: {env: GH_TOKEN}\n"
+      "      hosts: [github.com]\n"
+      "      inject: {header: Authorization, format: \"Bearer {}\"}\n"
+      "      placeholder_env: GITHUB_TOKEN\n"
+      "    f:\n"
+      "      from: {file: ~/.tokens/f}\n"
+      "      hosts: [f.example.com]\n"
+      "      inject: {header: X-Key, format: \"{}\"}\n"
+      "    c:\n"
+      "      from: {command: [\"pass\", \"show\", \"c\"]}\n"
+      "      hosts: [c.example.com]\n"
+      "      inject: {basic: {username: \"x-access-token\"}}\n"
+      "    n:\n"
+      "      from: {env: NPM}\n"
+      "      hosts: [registry.npmjs.org]\n"
+      "      inject: placeholder\n"
+      "      placeholder_env: NPM_TOKEN\n";
+  EXPECT_NE(yaml.find(expected), std::string::npos) << yaml;
+}
+
+TEST(PolicyDigestTest, ChangesWithEveryCredentialAndRuleField) {
+  const Policy base = EveryCredentialForm();
+  const std::string digest = PolicyDigest(base);
+  EXPECT_EQ(digest, PolicyDigest(EveryCredentialForm()));
+  using Mutation = void (*)(Policy&);
+  const std::pair<const char*, Mutation> mutations[] = {
+      {"in_sandbox", [](Policy& p) { p.credentials.in_sandbox = CredentialsInSandbox::kNone; }},
+      {"remotes", [](Policy& p) { p.credentials.git_rules.remotes.pop_back(); }},
+      {"allow_refs", [](Policy& p) { p.credentials.git_rules.push.allow_refs.pop_back(); }},
+      {"deny_force", [](Policy& p) { p.credentials.git_rules.push.deny_force = false; }},
+      {"secret name", [](Policy& p) { p.credentials.secrets[0].name = "gh2"; }},
+      {"secret order", [](Policy& p) { std::swap(p.credentials.secrets[0], p.credentials.secrets[1]); }},
+      {"from.env", [](Policy& p) { p.credentials.secrets[0].from.env = "GH_PAT"; }},
+      {"from.kind", [](Policy& p) { p.credentials.secrets[0].from.kind = SecretSource::Kind::kFile;
+                                    p.credentials.secrets[0].from.file = "/run/gh"; }},
+      {"from.file", [](Policy& p) { p.credentials.secrets[1].from.file = "/run/other"; }},
+      {"from.command", [](Policy& p) { p.credentials.secrets[2].from.command.push_back("--quiet"); }},
+      {"hosts", [](Policy& p) { p.credentials.secrets[0].hosts.pop_back(); }},
+      {"inject.kind", [](Policy& p) { p.credentials.secrets[0].inject.kind = SecretInjection::Kind::kBasic; }},
+      {"inject.header", [](Policy& p) { p.credentials.secrets[1].inject.header = "X-Other"; }},
+      {"inject.format", [](Policy& p) { p.credentials.secrets[1].inject.format = "token {}"; }},
+      {"inject.username", [](Policy& p) { p.credentials.secrets[2].inject.username = "oauth2"; }},
+      {"placeholder_env", [](Policy& p) { p.credentials.secrets[0].placeholder_env = "GH_PLACEHOLDER"; }},
+      {"http_rules.host", [](Policy& p) { p.network.http_rules[1].host = "api.example.com"; }},
+      {"http_rules.allow", [](Policy& p) { p.network.http_rules[0].allow.pop_back(); }},
+      {"http_rules", [](Policy& p) { p.network.http_rules.pop_back(); }},
+  };
+  for (const auto& [name, mutate] : mutations) {
+    Policy p = EveryCredentialForm();
+    mutate(p);
+    EXPECT_NE(PolicyDigest(p), digest) << name;
+  }
+  // The short form and the mapping differ too.
+  Policy short_form = PresetFor(Mode::kWorkspaceWrite);
+  short_form.credentials.git = GitCredentials::kProxy;
+  Policy mapping = short_form;
+  mapping.credentials.git_rules.remotes = {"https://github.com/acme/*"};
+  EXPECT_NE(PolicyDigest(short_form), PolicyDigest(mapping));
+}
+
 TEST(ToYamlTest, OmitsUnsetResources) {
   Policy p = PresetFor(Mode::kWorkspaceWrite);
   p.resources.cpu.limit = 2;
@@ -155,9 +327,13 @@ TEST(ApplyOverridesTest, ModeWithFileChangesOnlyTheModeKey) {
   EXPECT_EQ(r->network.allow, file->network.allow);
   EXPECT_EQ(r->sha256, file->sha256);  // the digest names the file's text
 
+  // The file holds a secret, which danger-full-access could not keep out
+  // of the command (ApplyOverridesTest.DangerModeRefusesSecrets).
   o.mode = Mode::kDangerFullAccess;
-  Result<Policy> danger = ApplyOverrides(*file, o, /*from_file=*/true);
-  ASSERT_TRUE(danger.ok());
+  Policy no_secrets = *file;
+  no_secrets.credentials.secrets.clear();
+  Result<Policy> danger = ApplyOverrides(no_secrets, o, /*from_file=*/true);
+  ASSERT_TRUE(danger.ok()) << danger.status().ToString();
   EXPECT_EQ(danger->sandbox.isolation, Isolation::kHost);
   EXPECT_EQ(danger->filesystem.deny, file->filesystem.deny);
 }
@@ -238,6 +414,64 @@ TEST(ApplyOverridesTest, InvalidFlagsNameTheFlag) {
     EXPECT_EQ(r.status().stage(), "policy");
     EXPECT_EQ(r.status().message(), c.message);
   }
+}
+
+TEST(ApplyOverridesTest, EnvFlagsAreCheckedAgainstSecrets) {
+  Result<Policy> file = ParsePolicy(
+      "credentials:\n"
+      "  secrets: {github: {from: {env: GH_TOKEN}, hosts: [github.com], placeholder_env: GITHUB_TOKEN}}\n",
+      "p.yaml");
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  const std::pair<std::string, std::string> cases[] = {
+      {"GH_TOKEN",
+       "--env: GH_TOKEN is the source of credentials.secrets.github; with credentials.in_sandbox: none it never "
+       "enters the sandbox"},
+      {"GH_TOKEN=x",
+       "--env: GH_TOKEN is the source of credentials.secrets.github; with credentials.in_sandbox: none it never "
+       "enters the sandbox"},
+      {"GITHUB_TOKEN=x",
+       "--env: GITHUB_TOKEN is credentials.secrets.github.placeholder_env: a value here would replace the "
+       "placeholder"},
+      {"GITHUB_TOKEN",
+       "--env: GITHUB_TOKEN is credentials.secrets.github.placeholder_env: the sandbox gets the placeholder there, "
+       "not the caller's value"},
+  };
+  for (const auto& [flag, message] : cases) {
+    PolicyOverrides o;
+    o.env = {flag};
+    Result<Policy> r = ApplyOverrides(*file, o, /*from_file=*/true);
+    ASSERT_FALSE(r.ok()) << flag;
+    EXPECT_EQ(r.status().message(), message);
+  }
+  PolicyOverrides other;
+  other.env = {"OTHER", "CI=1"};
+  EXPECT_TRUE(ApplyOverrides(*file, other, true).ok());
+
+  // With in_sandbox: allow the source may be passed; the placeholder stays the runtime's.
+  Policy allow = *file;
+  allow.credentials.in_sandbox = CredentialsInSandbox::kAllow;
+  PolicyOverrides source;
+  source.env = {"GH_TOKEN"};
+  EXPECT_TRUE(ApplyOverrides(allow, source, true).ok());
+  PolicyOverrides placeholder;
+  placeholder.env = {"GITHUB_TOKEN=x"};
+  EXPECT_FALSE(ApplyOverrides(allow, placeholder, true).ok());
+}
+
+TEST(ApplyOverridesTest, DangerModeRefusesSecrets) {
+  Result<Policy> file = LoadPolicyFile(kFixtures + "/design_policy.yaml");
+  ASSERT_TRUE(file.ok());
+  PolicyOverrides o;
+  o.mode = Mode::kDangerFullAccess;
+  Result<Policy> r = ApplyOverrides(*file, o, /*from_file=*/true);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(),
+            "--mode: secrets are refused with mode: danger-full-access: the command runs on the host with the "
+            "caller's environment, and nothing keeps a secret out of it");
+  // Without a file the preset has no secrets.
+  EXPECT_TRUE(ApplyOverrides(*file, o, /*from_file=*/false).ok());
+  o.mode = Mode::kReadOnly;
+  EXPECT_TRUE(ApplyOverrides(*file, o, /*from_file=*/true).ok());
 }
 
 TEST(ApplyOverridesTest, LimitBelowFileGuaranteeIsAnError) {
