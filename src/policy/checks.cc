@@ -25,6 +25,13 @@ bool IsPort(std::string_view text) {
 bool IsAsciiLetter(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
 bool IsDigit(char c) { return c >= '0' && c <= '9'; }
 
+int HexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
 char Lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
 
 bool EqualsIgnoringCase(std::string_view a, std::string_view b) {
@@ -290,19 +297,41 @@ std::optional<std::string> CheckHostName(std::string& host, HostPattern pattern)
 std::optional<std::string> PathPatternProblem(std::string_view path) {
   if (path.empty()) return "empty path";
   if (path.front() != '/') return "a path must start with \"/\" (got " + Quoted(path) + ")";
-  for (unsigned char c : path) {
+  // Escaped dots decoded, so that "%2e%2e" is seen as the ".." it is.
+  std::string dots;
+  for (std::size_t i = 0; i < path.size(); ++i) {
+    auto c = static_cast<unsigned char>(path[i]);
     if (c <= ' ' || c == 0x7f) return "contains whitespace or a control character (" + Quoted(path) + ")";
     if (c >= 0x80) return "contains a character that is not ASCII: write it percent-encoded (" + Quoted(path) + ")";
     if (c == '?') return "no query (\"?\") here: a rule matches the path alone (" + Quoted(path) + ")";
     if (c == '#') return "no fragment (\"#\") here: requests do not carry one (" + Quoted(path) + ")";
-  }
-  for (std::size_t start = 1; start <= path.size();) {
-    std::size_t slash = path.find('/', start);
-    if (slash == std::string_view::npos) slash = path.size();
-    std::string_view segment = path.substr(start, slash - start);
-    if (segment == "." || segment == "..") {
-      return "\".\" and \"..\" segments are not allowed (" + Quoted(path) + ")";
+    // Servers disagree about these; the proxy refuses requests that hold them.
+    if (c == '\\') return "no backslash (some servers read it as \"/\") in " + Quoted(path);
+    if (c != '%') {
+      dots += static_cast<char>(c);
+      continue;
     }
+    int hi = i + 2 < path.size() ? HexValue(path[i + 1]) : -1;
+    int lo = hi >= 0 ? HexValue(path[i + 2]) : -1;
+    if (lo < 0) return "bad percent-encoding in " + Quoted(path);
+    int value = hi * 16 + lo;
+    if (value == '/' || value == '\\') return "no encoded slash or backslash (%2F, %5C) in " + Quoted(path);
+    if (value < 0x20 || value == 0x7f) return "no encoded control character in " + Quoted(path);
+    dots += value == '.' ? std::string(".") : std::string(path.substr(i, 3));
+    i += 2;
+  }
+  std::string_view rest = std::string_view(dots).substr(1);
+  for (std::size_t start = 0; start <= rest.size();) {
+    std::size_t slash = rest.find('/', start);
+    const bool last = slash == std::string_view::npos;
+    if (last) slash = rest.size();
+    std::string_view segment = rest.substr(start, slash - start);
+    // A trailing "/" is an empty last segment, and significant; "//" is not.
+    if (segment.empty() && !last) return "empty segment (\"//\") in " + Quoted(path);
+    // Servlet containers drop ";params" before routing: "..;x" is "..".
+    std::string_view bare = segment.substr(0, segment.find(';'));
+    if (bare == "." || bare == "..") return "\".\" and \"..\" segments are not allowed (" + Quoted(path) + ")";
+    if (!segment.empty() && bare.empty()) return "a segment of only ;params in " + Quoted(path);
     if (segment != "**" && segment.find("**") != std::string_view::npos) {
       return "\"**\" must be a whole segment, as in \"/a/**\" (got " + Quoted(path) + ")";
     }

@@ -58,8 +58,13 @@ enum class HostPattern { kExact, kWildcard };
 std::optional<std::string> CheckHostName(std::string& host, HostPattern pattern);
 
 // A request path pattern: "/" first; no query ("?"), fragment ("#"),
-// whitespace, control or non-ASCII characters; no "." or ".." segments;
-// "**" only as a whole segment ("*" may be a segment or part of one).
+// whitespace, control or non-ASCII characters; "**" only as a whole segment
+// ("*" may be a segment or part of one). Also refused, as the proxy's
+// NormaliseRequestPath (net/http_rules.h) refuses them in requests, so that
+// a pattern the file accepts is one the proxy can match: a backslash, a bad
+// or encoded-slash/backslash/control escape, "//" before the last segment,
+// "." and ".." segments (also as %2e, or followed by ";params"), and a
+// segment of only ";params".
 std::optional<std::string> PathPatternProblem(std::string_view path);
 
 // One network.http_rules[].allow entry: "METHOD /path", METHOD an upper-case

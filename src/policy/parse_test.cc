@@ -372,13 +372,13 @@ TEST(ParseHttpRulesTest, HostsAndPatterns) {
       "  http_rules:\n"
       "    - host: API.GitHub.com.\n"
       "      allow: [\"GET /repos/acme/**\", \"POST /repos/acme/*/pulls\", \"* /v*/x\", \"DELETE /\", "
-      "\"PROPFIND /dav/%20x/\", \"GET /a/**/b\"]\n"
+      "\"PROPFIND /dav/%20x/\", \"GET /a/**/b\", \"GET /a;v=1/%41/.x/\"]\n"
       "    - {host: uploads.github.com, allow: [\"PUT /**\"]}\n");
   ASSERT_EQ(p.network.http_rules.size(), 2u);
   EXPECT_EQ(p.network.http_rules[0].host, "api.github.com");
   EXPECT_EQ(p.network.http_rules[0].allow,
             (std::vector<std::string>{"GET /repos/acme/**", "POST /repos/acme/*/pulls", "* /v*/x", "DELETE /",
-                                      "PROPFIND /dav/%20x/", "GET /a/**/b"}));
+                                      "PROPFIND /dav/%20x/", "GET /a/**/b", "GET /a;v=1/%41/.x/"}));
   EXPECT_EQ(p.network.http_rules[1].host, "uploads.github.com");
   EXPECT_TRUE(MustParse("version: 1\n").network.http_rules.empty());
   EXPECT_TRUE(MustParse("network: {http_rules: []}\n").network.http_rules.empty());
@@ -828,6 +828,22 @@ const BadCase kBadCases[] = {
      "policy.yaml:3:38: network.http_rules[0].allow[0]: \".\" and \"..\" segments are not allowed (\"/repos/../admin\")"},
     {"HttpRuleNotAscii", "network:\n  http_rules:\n    - {host: api.github.com, allow: [\"GET /bücher\"]}\n",
      "policy.yaml:3:38: network.http_rules[0].allow[0]: contains a character that is not ASCII: write it percent-encoded (\"/bücher\")"},
+    {"HttpRuleBackslash", "network:\n  http_rules:\n    - {host: api.github.com, allow: [\"GET /a\\\\b\"]}\n",
+     "policy.yaml:3:38: network.http_rules[0].allow[0]: no backslash (some servers read it as \"/\") in \"/a\\b\""},
+    {"HttpRuleEmptySegment", "network:\n  http_rules:\n    - {host: api.github.com, allow: [\"GET /a//b\"]}\n",
+     "policy.yaml:3:38: network.http_rules[0].allow[0]: empty segment (\"//\") in \"/a//b\""},
+    {"HttpRuleBadEscape", "network:\n  http_rules:\n    - {host: api.github.com, allow: [\"GET /%zz\"]}\n",
+     "policy.yaml:3:38: network.http_rules[0].allow[0]: bad percent-encoding in \"/%zz\""},
+    {"HttpRuleEncodedSlash", "network:\n  http_rules:\n    - {host: api.github.com, allow: [\"GET /a%2Fb\"]}\n",
+     "policy.yaml:3:38: network.http_rules[0].allow[0]: no encoded slash or backslash (%2F, %5C) in \"/a%2Fb\""},
+    {"HttpRuleEncodedControl", "network:\n  http_rules:\n    - {host: api.github.com, allow: [\"GET /a%0a\"]}\n",
+     "policy.yaml:3:38: network.http_rules[0].allow[0]: no encoded control character in \"/a%0a\""},
+    {"HttpRuleEncodedDotDot", "network:\n  http_rules:\n    - {host: api.github.com, allow: [\"GET /a/%2e%2E/b\"]}\n",
+     "policy.yaml:3:38: network.http_rules[0].allow[0]: \".\" and \"..\" segments are not allowed (\"/a/%2e%2E/b\")"},
+    {"HttpRuleDotDotWithParams", "network:\n  http_rules:\n    - {host: api.github.com, allow: [\"GET /a/..;x/b\"]}\n",
+     "policy.yaml:3:38: network.http_rules[0].allow[0]: \".\" and \"..\" segments are not allowed (\"/a/..;x/b\")"},
+    {"HttpRuleOnlyParams", "network:\n  http_rules:\n    - {host: api.github.com, allow: [\"GET /a/;x/b\"]}\n",
+     "policy.yaml:3:38: network.http_rules[0].allow[0]: a segment of only ;params in \"/a/;x/b\""},
     {"HttpRuleDuplicate", "network:\n  http_rules:\n    - host: api.github.com\n      allow:\n        - GET /\n        - GET /\n",
      "policy.yaml:6:11: network.http_rules[0].allow[1]: duplicate rule \"GET /\""},
 };
