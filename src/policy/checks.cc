@@ -382,6 +382,7 @@ std::optional<std::string> CheckGitRemote(std::string& remote) {
     std::string_view port_text = authority.substr(colon + 1);
     if (!IsPort(port_text)) return "bad port " + Quoted(port_text) + " (expected 1-65535) in " + Quoted(written);
     port = std::to_string(std::stoul(std::string(port_text)));  // "08443" → "8443"
+    if (port == "443") port.clear();                             // the https default, as a remote matches
     host = std::string(authority.substr(0, colon));
   }
   if (auto problem = CheckHostName(host, HostPattern::kExact)) return problem;
@@ -407,6 +408,14 @@ std::optional<std::string> RefPatternProblem(std::string_view ref) {
   if (ref.find("..") != std::string_view::npos || ref.find("//") != std::string_view::npos ||
       ref.back() == '/' || ref.find("@{") != std::string_view::npos) {
     return "not a git ref name: \"..\", \"//\", \"@{\" and a trailing \"/\" are refused (" + Quoted(ref) + ")";
+  }
+  for (std::size_t start = 0; start < ref.size();) {
+    std::size_t slash = std::min(ref.find('/', start), ref.size());
+    std::string_view segment = ref.substr(start, slash - start);
+    if (segment != "**" && segment.find("**") != std::string_view::npos) {
+      return "\"**\" must be a whole segment, as in \"refs/heads/agent/**\" (got " + Quoted(ref) + ")";
+    }
+    start = slash + 1;
   }
   return std::nullopt;
 }

@@ -73,11 +73,13 @@ std::optional<std::string> HttpRuleProblem(std::string_view rule);
 
 // A credentials.git.remotes entry: "https://host[:port]/path", the host as
 // CheckHostName(kExact) says, the path a PathPatternProblem pattern other
-// than "/". Normalises the scheme, host and port in place.
+// than "/". Normalises the scheme, host and port in place (":443", the
+// default, is dropped).
 std::optional<std::string> CheckGitRemote(std::string& remote);
 
 // A credentials.git.push.allow_refs entry: "refs/..." with "*" as the only
-// glob character and nothing git refuses in a ref name.
+// glob character ("**" only as a whole segment) and nothing git refuses in
+// a ref name.
 std::optional<std::string> RefPatternProblem(std::string_view ref);
 
 // inject.header: an HTTP field name (RFC 9110 token) that does not frame or

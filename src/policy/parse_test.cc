@@ -246,15 +246,15 @@ TEST(ParseCredentialsTest, GitMappingMeansProxyWithRules) {
       "credentials:\n"
       "  git:\n"
       "    remotes: [\"HTTPS://GitHub.COM./acme/*\", \"https://git.localhost:08443/acme/**\", "
-      "\"https://example.com/v*/repo.git\"]\n"
-      "    push: { allow_refs: [\"refs/heads/agent/*\", refs/tags/v1], deny_force: true }\n");
+      "\"https://example.com/v*/repo.git\", \"https://gitlab.example.com:443/g/**/p\"]\n"
+      "    push: { allow_refs: [\"refs/heads/agent/*\", refs/tags/v1, \"refs/heads/agent/**\"], deny_force: true }\n");
   EXPECT_EQ(p.credentials.git, GitCredentials::kProxy);
   // Scheme, host and port normalised; the path is kept as written.
   EXPECT_EQ(p.credentials.git_rules.remotes,
             (std::vector<std::string>{"https://github.com/acme/*", "https://git.localhost:8443/acme/**",
-                                      "https://example.com/v*/repo.git"}));
+                                      "https://example.com/v*/repo.git", "https://gitlab.example.com/g/**/p"}));
   EXPECT_EQ(p.credentials.git_rules.push.allow_refs,
-            (std::vector<std::string>{"refs/heads/agent/*", "refs/tags/v1"}));
+            (std::vector<std::string>{"refs/heads/agent/*", "refs/tags/v1", "refs/heads/agent/**"}));
   EXPECT_TRUE(p.credentials.git_rules.push.deny_force);
 
   Policy bare = MustParse("credentials:\n  git: {remotes: [\"https://github.com/acme/*\"]}\n");
@@ -634,6 +634,10 @@ const BadCase kBadCases[] = {
      "policy.yaml:4:25: credentials.git.push.allow_refs[0]: not a git ref name: \"..\", \"//\", \"@{\" and a trailing \"/\" are refused (\"refs/heads/../x\")"},
     {"GitRefColon", "credentials:\n  git:\n    remotes: [\"https://github.com/a/*\"]\n    push: {allow_refs: [\"refs/heads/a:refs/heads/b\"]}\n",
      "policy.yaml:4:25: credentials.git.push.allow_refs[0]: ':' is not allowed in a git ref name (\"refs/heads/a:refs/heads/b\")"},
+    {"GitRefPartialDoubleStar", "credentials:\n  git:\n    remotes: [\"https://github.com/a/*\"]\n    push: {allow_refs: [\"refs/heads/a**\"]}\n",
+     "policy.yaml:4:25: credentials.git.push.allow_refs[0]: \"**\" must be a whole segment, as in \"refs/heads/agent/**\" (got \"refs/heads/a**\")"},
+    {"GitRemoteDefaultPortDuplicate", "credentials:\n  git:\n    remotes: [\"https://github.com/a/*\", \"https://github.com:443/a/*\"]\n",
+     "policy.yaml:3:41: credentials.git.remotes[1]: duplicate remote \"https://github.com/a/*\""},
     {"GitRefsEmpty", "credentials:\n  git:\n    remotes: [\"https://github.com/a/*\"]\n    push: {allow_refs: []}\n",
      "policy.yaml:4:24: credentials.git.push.allow_refs: empty list (to allow pushing any ref, leave allow_refs out)"},
     {"GitRefDuplicate", "credentials:\n  git:\n    remotes: [\"https://github.com/a/*\"]\n    push: {allow_refs: [refs/heads/a, refs/heads/a]}\n",
