@@ -10,6 +10,9 @@ packages=(
   libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libseccomp-dev
   # the egress proxy: Asio/Beast (header-only), IDNA host names (static: libunistring too)
   libboost-dev libidn2-dev libunistring-dev
+  # the TLS terminator (per-run CA, verified upstreams) and the git push check (zlib);
+  # the openssl CLI makes the tests' CA and servers' certificates
+  libssl-dev zlib1g-dev openssl ca-certificates
   # tests, fuzzing, benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-14-dev python3 curl patch procps
   # the escape battery's compat suite

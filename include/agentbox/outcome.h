@@ -91,6 +91,18 @@ struct NetworkConnections {
   std::uint64_t bytes_down = 0;  // upstream → sandbox
 };
 
+// One use of a secret by the TLS terminator (report key `credentials.uses`):
+// which secret went to which request, or why a request that would have
+// carried one was refused. Never the value.
+struct CredentialUse {
+  std::string secret;
+  std::string host;
+  std::string method;
+  std::string path;
+  std::string decision;  // allow | deny | error
+  std::uint64_t count = 1;
+};
+
 // `agentbox run --workspace-overlay`: what became of the run's changes to
 // the workspace (report key `workspace.overlay`).
 struct WorkspaceOverlayResult {
@@ -111,6 +123,7 @@ struct Outcome {
   std::optional<ErrorInfo> error;
   Usage usage;
   std::optional<NetworkConnections> network;  // set when the run had the egress proxy
+  std::vector<CredentialUse> credential_uses; // report key credentials.uses (the TLS terminator)
   std::optional<WorkspaceOverlayResult> workspace_overlay;  // set for run --workspace-overlay
   std::string policy_sha256;
 

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "agentbox/policy.h"
 #include "agentbox/status.h"
 
 namespace agentbox {
@@ -30,6 +31,7 @@ enum class MountKind {
   kPin,         // bind target onto itself unchanged, so it cannot be renamed away
   kReadOnly,    // make an existing mount at target read-only (e.g. /proc/sys)
   kOverlay,     // sessions: the workspace as an overlay (layers in Plan::workspace_overlay)
+  kFile,        // a read-only file at target: `data`, then the host file `source` when set (public data only)
 };
 const char* ToString(MountKind);
 
@@ -185,6 +187,14 @@ struct NetworkPlan {
   bool ask_unknown = false;
   bool sni_check = true;                      // CONNECT to these ports: TLS SNI must name the target
   std::vector<std::uint16_t> sni_ports{443};
+  // The TLS terminator (net/terminator.h): on when a host gets credentials or
+  // L7 rules. Secret sources only: no value is ever part of a plan.
+  bool terminate = false;
+  CredentialsSpec credentials;
+  std::vector<HttpRuleSpec> http_rules;
+  // Inside the sandbox: the per-run CA with the roots the supervisor trusts
+  // (a kFile mount, or a file in the private directory on landlock-only).
+  std::string ca_bundle;
 };
 
 // A session's workspace: overlayfs with the base workspace (`source` of the

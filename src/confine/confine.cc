@@ -37,6 +37,17 @@ bool NeedsProxy(const Policy& p) {
          p.network.on_unknown_domain == UnknownDomain::kAsk;
 }
 
+// Whether the supervisor's proxy ends TLS for some host: one holds a secret,
+// has L7 rules, or is a git remote credentials are scoped to.
+bool Terminates(const Policy& p) {
+  return !p.credentials.secrets.empty() || !p.network.http_rules.empty() ||
+         !p.credentials.git_rules.remotes.empty();
+}
+
+// Where the terminator's trust bundle appears inside a mount-namespace
+// sandbox (a fresh file in the new root, read-only).
+constexpr const char* kCaBundlePath = "/run/agentbox/ca-bundle.pem";
+
 // The proxy's rules, copied from the policy, and its ports.
 void PlanEgress(const Policy& p, ProxyPorts ports, NetworkPlan* net) {
   net->proxy = ports;
@@ -46,6 +57,11 @@ void PlanEgress(const Policy& p, ProxyPorts ports, NetworkPlan* net) {
   net->ask_unknown = p.network.on_unknown_domain == UnknownDomain::kAsk;
   net->sni_check = p.network.tls_sni_check;
   net->sni_ports = p.network.tls_sni_ports;
+  net->terminate = Terminates(p);
+  if (net->terminate) {
+    net->credentials = p.credentials;
+    net->http_rules = p.network.http_rules;
+  }
 }
 
 std::string UsernsWhy(const HostCaps& host) {
@@ -598,6 +614,10 @@ namespace {
 // Hard refusals: asks that no `require: partial` can soften.
 Status CheckHardRequirements(const Policy& policy, const Invocation& inv) {
   if (policy.mode == Mode::kDangerFullAccess) {
+    if (!policy.credentials.secrets.empty()) {
+      return Status::Error("confine", "credentials.secrets: danger-full-access runs unconfined, where nothing keeps "
+                                      "a secret out of the command's reach; use workspace-write or read-only");
+    }
     if (inv.workspace_overlay) {
       return Status::Error("confine", "--workspace-overlay: danger-full-access runs unconfined, with no mount "
                                       "namespace to hold the overlay");
@@ -1084,6 +1104,14 @@ Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Poli
       plan.unix_sockets.push_back(target);
     }
 
+    // The terminator's CA (and the roots the supervisor trusts, appended by
+    // the runner from the host file the supervisor names) for the tools
+    // inside: filled in at launch, when the run's CA exists.
+    if (NeedsProxy(policy) && Terminates(policy)) {
+      mounts.push_back({MountKind::kFile, "", kCaBundlePath, true, true, "",
+                        "the TLS terminator's per-run CA (credentials, network.http_rules)"});
+    }
+
     // Parents before children; the root tmpfs stays first.
     std::stable_sort(mounts.begin() + 1, mounts.end(), [](const MountOp& a, const MountOp& b) {
       return paths::Depth(a.target) < paths::Depth(b.target);
@@ -1115,6 +1143,10 @@ Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Poli
       // creates inside the network namespace.
       PlanEgress(policy, ProxyPorts{}, &plan.network);
       SetProxyEnv(&plan.env, *plan.network.proxy, "localhost,127.0.0.1");
+      if (plan.network.terminate) {
+        plan.network.ca_bundle = kCaBundlePath;
+        SetTrustEnv(&plan.env, kCaBundlePath);
+      }
     }
     out.denial_signatures = DenialSignatures(plan, protect_rel);
   }

@@ -138,6 +138,17 @@ void SetProxyEnv(EnvRules* env, const ProxyPorts& ports, const std::string& no_p
   }
 }
 
+// The variables common runtimes read their trust store from, all naming
+// the bundle (curl, OpenSSL, Python requests, Node, git, cargo, pip). A
+// variable the policy sets itself is left as the policy says.
+void SetTrustEnv(EnvRules* env, const std::string& bundle) {
+  for (const char* name : {"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "GIT_SSL_CAINFO",
+                           "CURL_CA_BUNDLE", "CARGO_HTTP_CAINFO", "PIP_CERT"}) {
+    const bool set = std::any_of(env->set.begin(), env->set.end(), [&](const auto& kv) { return kv.first == name; });
+    if (!set) env->set.emplace_back(name, bundle);
+  }
+}
+
 void AdoptProxyPorts(Plan* plan, ProxyPorts ports) {
   plan->network.proxy = ports;
   if (plan->landlock.handled_net & LANDLOCK_ACCESS_NET_CONNECT_TCP) {
@@ -180,6 +191,9 @@ LandlockPlan PlanLandlock(const Plan& plan, int host_abi, bool required) {
         break;
       case MountKind::kProc:
         add(m.target, kProc, false, m.why);
+        break;
+      case MountKind::kFile:
+        add(m.target, LANDLOCK_ACCESS_FS_READ_FILE, false, m.why);
         break;
       case MountKind::kSymlink:   // resolved to its target, which has its own rule
       case MountKind::kMask:      // inside a granted tree, mode 0000 and read-only

@@ -55,5 +55,9 @@ void AdoptProxyPorts(Plan* plan, ProxyPorts ports);
 // 127.0.0.1, each unless `env` sets it already. `no_proxy` ("" for none):
 // NO_PROXY/no_proxy.
 void SetProxyEnv(EnvRules* env, const ProxyPorts& ports, const std::string& no_proxy);
+// SSL_CERT_FILE, REQUESTS_CA_BUNDLE, NODE_EXTRA_CA_CERTS, GIT_SSL_CAINFO,
+// CURL_CA_BUNDLE, CARGO_HTTP_CAINFO and PIP_CERT name `bundle`, unless the
+// policy sets one itself.
+void SetTrustEnv(EnvRules* env, const std::string& bundle);
 
 }  // namespace agentbox

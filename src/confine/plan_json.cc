@@ -14,7 +14,7 @@ constexpr std::pair<MountKind, const char*> kKinds[] = {
     {MountKind::kDevice, "device"},   {MountKind::kSymlink, "symlink"},
     {MountKind::kMask, "mask"},       {MountKind::kProtect, "protect"},
     {MountKind::kPin, "pin"},         {MountKind::kReadOnly, "read-only"},
-    {MountKind::kOverlay, "overlay"},
+    {MountKind::kOverlay, "overlay"},  {MountKind::kFile, "file"},
 };
 
 std::optional<MountKind> KindFromString(const std::string& s) {
@@ -30,6 +30,73 @@ constexpr std::pair<Kind, const char*> kCheckKinds[] = {
     {Kind::kLow32Equals, "low32_equals"}, {Kind::kMaskedEquals, "masked_equals"},
     {Kind::kLow32NotIn, "low32_not_in"},
 };
+
+// The terminator's part of the network plan: secret sources and rules,
+// never a value.
+json CredentialsToJson(const NetworkPlan& n) {
+  const CredentialsSpec& c = n.credentials;
+  json secrets = json::array();
+  for (const auto& s : c.secrets) {
+    const char* from = s.from.kind == SecretSource::Kind::kEnv    ? "env"
+                       : s.from.kind == SecretSource::Kind::kFile ? "file"
+                                                                  : "command";
+    const char* inject = s.inject.kind == SecretInjection::Kind::kHeader  ? "header"
+                         : s.inject.kind == SecretInjection::Kind::kBasic ? "basic"
+                                                                          : "placeholder";
+    secrets.push_back({{"name", s.name},
+                       {"from", from},
+                       {"env", s.from.env},
+                       {"file", s.from.file},
+                       {"command", s.from.command},
+                       {"hosts", s.hosts},
+                       {"inject", inject},
+                       {"header", s.inject.header},
+                       {"format", s.inject.format},
+                       {"username", s.inject.username},
+                       {"placeholder_env", s.placeholder_env}});
+  }
+  json rules = json::array();
+  for (const auto& r : n.http_rules) rules.push_back({{"host", r.host}, {"allow", r.allow}});
+  return {{"secrets", secrets},
+          {"git_remotes", c.git_rules.remotes},
+          {"git_allow_refs", c.git_rules.push.allow_refs},
+          {"git_deny_force", c.git_rules.push.deny_force},
+          {"http_rules", rules},
+          {"ca_bundle", n.ca_bundle}};
+}
+
+void CredentialsFromJson(const json& j, NetworkPlan* n) {
+  n->terminate = true;
+  CredentialsSpec& c = n->credentials;
+  for (const auto& o : j.at("secrets")) {
+    SecretSpec s;
+    s.name = o.at("name").get<std::string>();
+    const std::string from = o.at("from").get<std::string>();
+    s.from.kind = from == "env" ? SecretSource::Kind::kEnv
+                  : from == "file" ? SecretSource::Kind::kFile
+                                   : SecretSource::Kind::kCommand;
+    s.from.env = o.value("env", "");
+    s.from.file = o.value("file", "");
+    s.from.command = o.value("command", std::vector<std::string>{});
+    s.hosts = o.at("hosts").get<std::vector<std::string>>();
+    const std::string inject = o.at("inject").get<std::string>();
+    s.inject.kind = inject == "header" ? SecretInjection::Kind::kHeader
+                    : inject == "basic" ? SecretInjection::Kind::kBasic
+                                        : SecretInjection::Kind::kPlaceholder;
+    s.inject.header = o.value("header", s.inject.header);
+    s.inject.format = o.value("format", s.inject.format);
+    s.inject.username = o.value("username", s.inject.username);
+    s.placeholder_env = o.value("placeholder_env", "");
+    c.secrets.push_back(std::move(s));
+  }
+  c.git_rules.remotes = j.value("git_remotes", std::vector<std::string>{});
+  c.git_rules.push.allow_refs = j.value("git_allow_refs", std::vector<std::string>{});
+  c.git_rules.push.deny_force = j.value("git_deny_force", false);
+  for (const auto& r : j.at("http_rules")) {
+    n->http_rules.push_back({r.at("host").get<std::string>(), r.at("allow").get<std::vector<std::string>>()});
+  }
+  n->ca_bundle = j.value("ca_bundle", "");
+}
 
 json LandlockToJson(const LandlockPlan& ll) {
   json rules = json::array();
@@ -244,6 +311,7 @@ std::string PlanToJson(const Plan& plan, int indent) {
                 {"tls_sni_ports", n.sni_ports}};
     net["proxy"] = n.proxy ? json{{"http_port", n.proxy->http_port}, {"socks_port", n.proxy->socks_port}}
                            : json(nullptr);
+    if (n.terminate) net["terminator"] = CredentialsToJson(n);
     j["network"] = net;
   }
   if (plan.timeout_ms) j["timeout_ms"] = *plan.timeout_ms;
@@ -361,6 +429,7 @@ Result<Plan> PlanFromJson(const std::string& text) {
         plan.network.proxy = ProxyPorts{n.at("proxy").at("http_port").get<std::uint16_t>(),
                                         n.at("proxy").at("socks_port").get<std::uint16_t>()};
       }
+      if (n.contains("terminator")) CredentialsFromJson(n.at("terminator"), &plan.network);
     }
     if (j.contains("timeout_ms")) plan.timeout_ms = j.at("timeout_ms").get<std::uint64_t>();
     plan.kill_grace_ms = j.value("kill_grace_ms", plan.kill_grace_ms);

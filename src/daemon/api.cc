@@ -13,6 +13,7 @@
 
 #include "agentbox/outcome.h"
 #include "linux/fd.h"
+#include "net/secrets.h"
 #include "session/layers.h"
 
 namespace agentbox::daemon {
@@ -287,6 +288,27 @@ struct Api {
     });
   }
 
+  // POST /v1/sessions/{id}/secrets {"name", "value"}: rotates one of the
+  // session's credentials.secrets without restarting its world. The value is
+  // never echoed or logged.
+  void RotateSecret(Request req, ReplyPtr reply) {
+    reply->Note("session", req.params[0]);
+    json body;
+    Response error;
+    if (!ParseObject(req, &body, &error) || !CheckFields(body, {"name", "value"}, {"name", "value"}, &error)) {
+      return reply->Send(error);
+    }
+    std::string name = Str(body, "name");
+    std::string value = Str(body, "value");
+    if (body.contains("value") && body["value"].is_string()) net::Wipe(body["value"].get_ref<std::string&>());
+    if (name.empty()) return reply->Send(Response::Error(400, "bad_request", "field 'name' (a secret's name) is required"));
+    Blocking(reply, [this, reply, id = req.params[0], name, value = std::move(value)]() mutable {
+      Status s = manager.RotateSecret(id, name, value);
+      net::Wipe(value);
+      reply->Send(s.ok() ? Response::Json(200, {{"rotated", name}}) : ErrorFor(s));
+    });
+  }
+
   void Diff(Request req, ReplyPtr reply) {
     reply->Note("session", req.params[0]);
     std::string format = req.query.count("format") ? req.query.at("format") : "json";
@@ -386,6 +408,7 @@ void RegisterApi(Server& server, session::Manager& manager) {
   r.Add("POST", "/v1/sessions/{id}/execute", bind(&Api::Execute));
   r.Add("POST", "/v1/sessions/{id}/calls/{call_id}/cancel", bind(&Api::Cancel));
   r.Add("POST", "/v1/sessions/{id}/snapshot", bind(&Api::Snapshot));
+  r.Add("POST", "/v1/sessions/{id}/secrets", bind(&Api::RotateSecret));
   r.Add("GET", "/v1/sessions/{id}/diff", bind(&Api::Diff));
   r.Add("GET", "/v1/sessions/{id}/log", bind(&Api::Log));
 }

@@ -357,6 +357,44 @@ Status PivotToStagingRoot() {
   return {};
 }
 
+// A file made in the new root: `data`, then the host file `source` (read
+// through the old root) when one is named, then bound onto itself
+// read-only so that nothing inside can change or replace it.
+Status WriteReadOnlyFile(const MountOp& op) {
+  if (Status s = EnsureTarget(paths::Parent(op.target), true); !s.ok()) return s;
+  UniqueFd out(open(op.target.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0444));
+  if (!out.valid()) return Status::Errno("mount", "open(O_CREAT)", op.target);
+  auto write_all = [&](const char* p, std::size_t n) -> Status {
+    while (n > 0) {
+      ssize_t w = write(out.get(), p, n);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) return Status::Errno("mount", "write", op.target);
+      p += w;
+      n -= static_cast<std::size_t>(w);
+    }
+    return {};
+  };
+  if (Status s = write_all(op.data.data(), op.data.size()); !s.ok()) return s;
+  if (!op.source.empty()) {
+    UniqueFd in(open(Host(op.source).c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY));
+    if (!in.valid()) {
+      if (!op.optional) return Status::Errno("mount", "open", op.source);
+    } else {
+      char buf[16384];
+      while (true) {
+        ssize_t n = read(in.get(), buf, sizeof buf);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return Status::Errno("mount", "read", op.source);
+        if (n == 0) break;
+        if (Status s = write_all(buf, static_cast<std::size_t>(n)); !s.ok()) return s;
+      }
+    }
+  }
+  out.reset();
+  return BindPath(op.target, op.target, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC | MOUNT_ATTR_RDONLY,
+                  false, false);
+}
+
 Status ApplyMount(const ResolvedMount& m, const Plan& plan, UpperFs* upper_fs) {
   const MountOp& op = m.op;
   constexpr std::uint64_t kSafe = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
@@ -405,6 +443,8 @@ Status ApplyMount(const ResolvedMount& m, const Plan& plan, UpperFs* upper_fs) {
       return BindInPlace(m, plan, kSafe);
     case MountKind::kOverlay:
       return MountOverlay(op, plan, upper_fs, m.upper_channel);
+    case MountKind::kFile:
+      return WriteReadOnlyFile(op);
   }
   return Status::Error("mount", "unknown mount kind");
 }

@@ -3,6 +3,7 @@
 #include <boost/beast/http/error.hpp>
 
 #include <algorithm>
+#include <limits>
 #include <vector>
 
 #include "net/http_text.h"
@@ -83,6 +84,9 @@ std::optional<std::pair<std::string, std::uint16_t>> SplitAuthority(std::string_
 HttpRequestParser::HttpRequestParser(std::size_t header_limit) {
   parser_.header_limit(static_cast<std::uint32_t>(header_limit));
   parser_.eager(false);
+  // Only the head is parsed here; the body is relayed as is. Beast's
+  // default 1 MiB body limit would refuse a larger Content-Length outright.
+  parser_.body_limit(std::numeric_limits<std::uint64_t>::max());
 }
 
 HttpParseResult HttpRequestParser::Parse(std::string_view data) {

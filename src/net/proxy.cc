@@ -171,12 +171,26 @@ class Session : public std::enable_shared_from_this<Session> {
   // that carried data was allowed, whoever closed it (the proxy often sees
   // the run end before it sees the client's close).
   void Abort() {
+    // The terminator holds this session alive while it serves; its Abort
+    // lets go of it.
+    auto self = shared_from_this();
+    if (phase_ == Phase::kTerminated && terminated_) {
+      Terminator::Outcome o = terminated_->Abort();
+      terminated_.reset();
+      TakeTerminated(o);
+      if (o.decision == "error" && o.reason == "no-request") {
+        return Finish("error", "proxy-stopped", "the proxy was stopped");
+      }
+      return Finish(o.decision, o.reason, o.message);
+    }
     const bool relayed = phase_ == Phase::kRelay && (pumps_[0].bytes > 0 || pumps_[1].bytes > 0);
     Finish(relayed ? "allow" : "error", "proxy-stopped", "the proxy was stopped");
   }
 
  private:
-  enum class Phase { kHttpHead, kSocksGreeting, kSocksRequest, kDeciding, kConnecting, kSni, kRelay, kDone };
+  enum class Phase {
+    kHttpHead, kSocksGreeting, kSocksRequest, kDeciding, kConnecting, kSni, kRelay, kTerminated, kDone
+  };
 
   struct Pump {
     int pipe_r = -1;
@@ -249,6 +263,24 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     if (r.state == ParseState::kError) return Refuse(r.status, "", r.error, "bad-request");
     request_ = std::move(r.request);
+    if (const Terminator* t = impl_->options.terminator.get()) {
+      // A placeholder in any head sent to the proxy (a CONNECT's too) is
+      // refused unless the head goes to the secret's own host; plain HTTP
+      // to a host that gets credentials or L7 rules is refused outright,
+      // since neither is ever applied in the clear.
+      if (auto host = NormaliseHost(request_.host); host.ok()) {
+        record_.host = *host;
+        record_.port = request_.port;
+        if (auto leaked = t->LeakedPlaceholder(std::string_view(in_).substr(0, request_.head_size), *host)) {
+          return DenyPlaceholder(*leaked, *host);
+        }
+        if (request_.kind == ProxyRequest::Kind::kForward && t->Covers(*host)) {
+          return Deny(Decision::Deny(DenyReason::kPlainHttp, "terminator",
+                                     "plain HTTP to " + *host + " is refused: agentbox adds credentials and checks "
+                                     "network.http_rules for this host over HTTPS only"));
+        }
+      }
+    }
     in_.erase(0, request_.head_size);  // what follows the head: body or early tunnel bytes
     record_.protocol = request_.kind == ProxyRequest::Kind::kConnect ? "http-connect" : "http";
     Authorize(request_.host, request_.port);
@@ -425,7 +457,9 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     WriteClient(std::move(reply), [](Session& s) {
       const auto& ports = s.impl_->options.sni_ports;
-      if (s.impl_->options.check_sni && std::find(ports.begin(), ports.end(), s.port_) != ports.end()) {
+      s.terminate_ = s.impl_->options.terminator && s.impl_->options.terminator->Covers(s.host_);
+      if (s.terminate_ ||
+          (s.impl_->options.check_sni && std::find(ports.begin(), ports.end(), s.port_) != ports.end())) {
         s.phase_ = Phase::kSni;
         s.Arm(s.impl_->options.header_timeout,
               [](Session& t) { t.Finish("error", "header-timeout", "TLS ClientHello not received in time"); });
@@ -457,6 +491,16 @@ class Session : public std::enable_shared_from_this<Session> {
                                    target + ": TLS SNI names \"" + shown + "\", not the CONNECT target"));
       }
     }
+    if (terminate_) {
+      // Whatever is not TLS would pass both the credentials and the L7
+      // rules by: a terminated host speaks TLS or nothing.
+      if (r.state == SniState::kNotTls) {
+        return Deny(Decision::Deny(DenyReason::kNotTls, "terminator",
+                                   target + ": the tunnel does not start with TLS, and agentbox terminates TLS "
+                                            "for this host (credentials or network.http_rules)"));
+      }
+      return StartTerminated();
+    }
     // kNotTls (another protocol on :443, such as ssh) and kAbsent pass: the
     // check is about TLS claiming a different name than the one allowed.
     preface_ = std::move(in_);
@@ -473,6 +517,43 @@ class Session : public std::enable_shared_from_this<Session> {
       if (ec) return self->Finish("error", "upstream-closed", "upstream closed: " + ec.message());
       self->StartRelay();
     });
+  }
+
+  // --- terminated TLS -------------------------------------------------------
+
+  void StartTerminated() {
+    phase_ = Phase::kTerminated;
+    record_.terminated = true;
+    record_.decision = "allow";
+    std::string hello = std::move(in_);
+    std::string().swap(in_);
+    terminated_ = impl_->options.terminator->Serve(
+        client_, upstream_, std::move(hello), host_, port_, shared_from_this(), [this](Terminator::Outcome o) {
+          terminated_.reset();
+          TakeTerminated(o);
+          Finish(o.decision, o.reason, o.message);
+        });
+  }
+
+  void TakeTerminated(Terminator::Outcome& o) {
+    record_.requests = std::move(o.requests);
+    pumps_[0].bytes = o.bytes_up;
+    pumps_[1].bytes = o.bytes_down;
+  }
+
+  void DenyPlaceholder(std::size_t secret, const std::string& host) {
+    const Terminator& t = *impl_->options.terminator;
+    const std::string& name = t.secrets().specs()[secret].name;
+    RequestRecord r;
+    r.method = request_.method;
+    r.decision = "deny";
+    r.facet = "credentials";
+    r.op = "send";
+    r.reason = "placeholder for " + name + " sent to " + host;
+    r.rule = "credentials.secrets." + name + ".hosts";
+    r.status = 403;
+    record_.requests.push_back(r);
+    Deny(Decision::Deny(DenyReason::kPlaceholder, r.rule, r.reason));
   }
 
   // --- relay ----------------------------------------------------------------
@@ -697,6 +778,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::size_t next_candidate_ = 0;
   std::string last_connect_error_;
   Pump pumps_[2];
+  bool terminate_ = false;  // the terminator covers host_: its TLS ends here
+  std::shared_ptr<Terminator::Handle> terminated_;
   ConnectionRecord record_;
   bool recorded_ = false;
 };
@@ -956,6 +1039,11 @@ std::string ConnectionRecord::ToJson() const {
                       {"address", address},   {"decision", decision}, {"rule", rule},
                       {"reason", reason},     {"message", message}, {"bytes_up", bytes_up},
                       {"bytes_down", bytes_down}, {"duration_ms", duration_ms}};
+  if (terminated) j["terminated"] = true;
+  if (!requests.empty()) {
+    j["requests"] = nlohmann::json::array();
+    for (const auto& r : requests) j["requests"].push_back(nlohmann::json::parse(r.ToJsonText()));
+  }
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 

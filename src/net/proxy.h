@@ -27,6 +27,7 @@
 
 #include "agentbox/status.h"
 #include "net/rules.h"
+#include "net/terminator.h"
 
 namespace agentbox::net {
 
@@ -107,6 +108,8 @@ struct ConnectionRecord {
   std::uint64_t bytes_up = 0;    // client → upstream, request head included
   std::uint64_t bytes_down = 0;  // upstream → client
   std::uint64_t duration_ms = 0;
+  bool terminated = false;  // TLS ended by the terminator: `requests` says what went through
+  std::vector<RequestRecord> requests;
 
   std::string ToJson() const;  // one line, for the --network-log JSONL
 };
@@ -137,6 +140,10 @@ struct ProxyOptions {
   // read from it; false: closed at once, without a record (a connection
   // from outside the sandbox is not the sandbox's). Unset: every one served.
   std::function<bool(int fd)> admit;
+  // Hosts it covers get their TLS ended and each request decided
+  // (terminator.h); a placeholder of one of its secrets in a plain HTTP
+  // request to another host is refused. Used on the io thread only.
+  std::shared_ptr<Terminator> terminator;
 };
 
 struct ProxyStats {

@@ -276,6 +276,9 @@ const char* ToString(DenyReason r) {
     case DenyReason::kAskBusy: return "ask-busy";
     case DenyReason::kSniMismatch: return "sni-mismatch";
     case DenyReason::kBadRequest: return "bad-request";
+    case DenyReason::kPlaceholder: return "placeholder";
+    case DenyReason::kPlainHttp: return "plain-http";
+    case DenyReason::kNotTls: return "not-tls";
   }
   return "?";
 }

@@ -94,6 +94,9 @@ enum class DenyReason {
   kAskBusy,       // too many questions open already: refused without asking
   kSniMismatch,   // TLS SNI names another host than the CONNECT target
   kBadRequest,    // unusable target (bad name, port 0)
+  kPlaceholder,   // a secret's placeholder in a request to a host that is not the secret's
+  kPlainHttp,     // plain HTTP to a host whose TLS agentbox terminates (credentials, http_rules)
+  kNotTls,        // a tunnel to such a host that does not start with TLS
 };
 const char* ToString(DenyReason r);
 

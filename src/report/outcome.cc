@@ -119,6 +119,18 @@ json ToJsonValue(const Outcome& o) {
                       {"bytes_up", n.bytes_up},
                       {"bytes_down", n.bytes_down}}}};
   }
+  if (!o.credential_uses.empty()) {
+    json uses = json::array();
+    for (const auto& u : o.credential_uses) {
+      uses.push_back({{"secret", u.secret},
+                      {"host", u.host},
+                      {"method", u.method},
+                      {"path", u.path},
+                      {"decision", u.decision},
+                      {"count", u.count}});
+    }
+    j["credentials"] = {{"uses", uses}};
+  }
   if (o.workspace_overlay) {
     const WorkspaceOverlayResult& w = *o.workspace_overlay;
     json overlay = {{"size_bytes", w.size_bytes}, {"apply", w.apply}, {"action", w.action}, {"reason", w.reason}};

@@ -43,6 +43,7 @@
 #include "linux/user_dirs.h"
 #include "session/layers.h"
 #include "session/upper_image.h"
+#include "net/secrets.h"
 #include "session/world.h"
 #include "supervise/denial_scanner.h"
 #include "supervise/disk_limit.h"
@@ -330,6 +331,9 @@ struct SessionState {
 
   std::mutex world_mu;      // provisioning
   std::shared_ptr<World> world;
+  // Values rotated through the API (RotateSecret), held in locked memory:
+  // they replace the sources' for this session's worlds from then on.
+  std::map<std::string, net::LockedBytes> rotated;
   std::shared_ptr<const ConfinedCommand> confined;
   // Direct mode: the repositories the world protects (audited after calls: the others).
   std::shared_ptr<const std::set<std::string>> git_known;
@@ -624,7 +628,7 @@ Status Manager::Impl::Provision(SessionState& s) {
       seed = std::make_shared<const UniqueFd>(std::move(spill));
     }
   }
-  auto world = World::Start(exe, plan, options.ready_timeout_ms, seed && seed->valid() ? seed->get() : -1);
+  auto world = World::Start(exe, plan, options.ready_timeout_ms, seed && seed->valid() ? seed->get() : -1, &s.rotated);
   if (!world.ok()) return world.status();
   if (UniqueFd fs = (*world)->TakeUpperFs(); fs.valid()) {
     std::lock_guard<std::mutex> lock(s.mu);
@@ -1252,6 +1256,32 @@ Result<std::string> Manager::Snapshot(const std::string& id) {
   auto s = impl_->Find(id);
   if (!s) return Status::Error(kNotFound, "no session " + id);
   return impl_->TakeSnapshot(*s);
+}
+
+Status Manager::RotateSecret(const std::string& id, const std::string& name, const std::string& value) {
+  auto s = impl_->Find(id);
+  if (!s) return Status::Error(kNotFound, "no session " + id);
+  auto policy = BuildPolicy(s->recipe.value("policy_yaml", ""), s->recipe.value("mode", ""));
+  if (!policy.ok()) return policy.status();
+  const auto& secrets = policy->credentials.secrets;
+  if (std::none_of(secrets.begin(), secrets.end(), [&](const SecretSpec& spec) { return spec.name == name; })) {
+    return Status::Error(kBadRequest, "session " + id + " has no credentials.secrets." + name);
+  }
+  if (value.empty() || value.size() > 64 * 1024) {
+    return Status::Error(kBadRequest, "credentials.secrets." + name + ": a value of 1 byte to 64 KiB is needed");
+  }
+  for (unsigned char c : value) {
+    if (c < 0x20 || c == 0x7f) {
+      return Status::Error(kBadRequest, "credentials.secrets." + name +
+                                            ": the value holds a control character, which no header may carry");
+    }
+  }
+  auto locked = net::LockedBytes::Copy(value);
+  if (!locked.ok()) return locked.status();
+  std::lock_guard<std::mutex> lock(s->world_mu);
+  s->rotated[name] = std::move(*locked);
+  if (s->world && s->world->Alive()) return s->world->RotateSecret(name, value);
+  return {};  // the next world starts with it
 }
 
 Result<Json> Manager::Diff(const std::string& id) {

@@ -108,6 +108,12 @@ class Manager {
                        const std::string& call_id = "", const OutputSink& sink = nullptr,
                        const std::atomic<bool>* cancel = nullptr);
 
+  // A new value for one of the session's credentials.secrets (by name):
+  // the running world's proxy uses it from its next request, and every
+  // later world of the session instead of the secret's source. The value
+  // is held in locked memory and never logged.
+  Status RotateSecret(const std::string& id, const std::string& name, const std::string& value);
+
   // Freezes the session's changes; returns the snapshot id.
   Result<std::string> Snapshot(const std::string& id);
   // {"files": [{"path", "status": added|modified|deleted, "binary"}], "patch": "<git-style unified diff>"}

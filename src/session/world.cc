@@ -14,6 +14,8 @@
 #include <cstring>
 
 #include "agentbox/confine.h"
+#include "net/secrets.h"
+#include "session/secret_handover.h"
 #include "linux/compat.h"
 
 extern char** environ;
@@ -146,7 +148,7 @@ Plan WithResolvedEnv(const Plan& plan) {
 }
 
 Result<std::unique_ptr<World>> World::Start(const std::string& exe, const Plan& plan, int ready_timeout_ms,
-                                            int upper_seed_fd) {
+                                            int upper_seed_fd, const std::map<std::string, net::LockedBytes>* rotated) {
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) return Status::Errno("session", "socketpair");
   UniqueFd ours(sv[0]), theirs(sv[1]);
@@ -154,6 +156,39 @@ Result<std::unique_ptr<World>> World::Start(const std::string& exe, const Plan& 
   // The plan travels in a memfd on fd 4, never in the environment (where it
   // would stay readable in /proc/PID/environ), and the supervisor starts with
   // an empty environment: the variables the plan passes are resolved here.
+  // The secrets are read here, where their sources are (the daemon's
+  // environment, files, commands), before anything is spawned: a missing one
+  // fails the start. They are the world's first message on its channel.
+  std::string secrets_message;
+  struct WipeOnExit {
+    std::string& s;
+    ~WipeOnExit() { net::Wipe(s); }
+  } wipe_secrets{secrets_message};
+  if (plan.network.terminate && !plan.network.credentials.secrets.empty()) {
+    std::vector<SecretSpec> from_sources;
+    for (const auto& spec : plan.network.credentials.secrets) {
+      if (rotated == nullptr || !rotated->count(spec.name)) from_sources.push_back(spec);
+    }
+    auto store = net::SecretStore::Create(from_sources);
+    if (!store.ok()) return store.status();
+    std::vector<std::string> copies;
+    std::vector<std::pair<std::string, std::string_view>> values;
+    copies.reserve(plan.network.credentials.secrets.size());
+    Status read = (*store)->ForEachValue([&](const std::string& name, std::string_view value) {
+      copies.emplace_back(value);
+      values.emplace_back(name, std::string_view());
+    });
+    if (rotated != nullptr) {
+      for (const auto& [name, value] : *rotated) {
+        copies.emplace_back(value.view());
+        values.emplace_back(name, std::string_view());
+      }
+    }
+    for (std::size_t i = 0; i < values.size(); ++i) values[i].second = copies[i];
+    if (read.ok()) secrets_message = SecretsMessage("secrets", values);
+    for (auto& c : copies) net::Wipe(c);
+    if (!read.ok()) return read;
+  }
   Plan sent = WithResolvedEnv(plan);
   const bool upper_fs = sent.workspace_overlay && sent.workspace_overlay->upper_fs_bytes > 0;
   if (upper_fs) sent.workspace_overlay->upper_seeded = upper_seed_fd >= 0;
@@ -212,6 +247,12 @@ Result<std::unique_ptr<World>> World::Start(const std::string& exe, const Plan& 
   w->supervisor_pid_ = pid;
   w->supervisor_pidfd_.reset(linux::PidfdOpen(pid));
   w->channel_ = std::move(ours);
+  if (!secrets_message.empty() &&
+      send(w->channel_.get(), secrets_message.data(), secrets_message.size(), MSG_NOSIGNAL) < 0) {
+    Status s = Status::Errno("session", "send", "the secrets to the session's supervisor");
+    w->Stop(0);
+    return s;
+  }
 
   const auto deadline = Clock::now() + std::chrono::milliseconds(ready_timeout_ms);
   for (;;) {
@@ -348,6 +389,15 @@ std::uint64_t World::QueryOomKills() {
   }
   std::lock_guard<std::mutex> state(state_mu_);
   return oom_kills_;
+}
+
+Status World::RotateSecret(const std::string& name, std::string_view value) {
+  std::string text = SecretsMessage("rotate", {{name, value}});
+  std::lock_guard<std::mutex> lock(channel_mu_);
+  const bool sent = !dead_ && send(channel_.get(), text.data(), text.size(), MSG_NOSIGNAL) > 0;
+  net::Wipe(text);
+  if (!sent) return Status::Error(kWorldGone, "the session's sandbox is not running");
+  return {};
 }
 
 Status World::SendControl(const json& request, const std::vector<int>& fds) {

@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -34,6 +35,7 @@
 #include "agentbox/outcome.h"
 #include "agentbox/plan.h"
 #include "agentbox/status.h"
+#include "net/secrets.h"
 #include "linux/fd.h"
 #include "linux/rlimits.h"
 #include "session/session.h"
@@ -81,8 +83,11 @@ class World {
   // A plan whose upper layer has a size of its own (disk_gib) makes the
   // init mount it and hand it back (TakeUpperFs); `upper_seed_fd` (>= 0)
   // is an earlier world's, whose upper layer the new one starts with.
+  // `rotated`: secrets whose value the API replaced, used instead of their
+  // sources (the rest are read from theirs, here, and handed to the world).
   static Result<std::unique_ptr<World>> Start(const std::string& exe, const Plan& plan, int ready_timeout_ms,
-                                              int upper_seed_fd = -1);
+                                              int upper_seed_fd = -1,
+                                              const std::map<std::string, net::LockedBytes>* rotated = nullptr);
   ~World();  // Stop(0)
   World(const World&) = delete;
   World& operator=(const World&) = delete;
@@ -108,6 +113,10 @@ class World {
   // Runs a file tool inside: `request` is {"name", "input", "workspace"};
   // the answer is the tool's JSON (see file_tools.h).
   Result<nlohmann::json> File(const nlohmann::json& request, int timeout_ms);
+
+  // Hands the world's proxy a new value for one of the plan's secrets; the
+  // next request that carries it uses the new one. The world keeps running.
+  Status RotateSecret(const std::string& name, std::string_view value);
 
   // SIGTERM to everything inside, SIGKILL after `grace_ms`; waits for the
   // supervisor to finish (it removes the cgroup). Idempotent.

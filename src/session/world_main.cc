@@ -19,6 +19,7 @@
 #include <string>
 
 #include <nlohmann/json.hpp>
+#include <openssl/crypto.h>
 
 #include "agentbox/confine.h"
 #include "agentbox/run.h"
@@ -27,9 +28,13 @@
 #include "linux/proxy_listeners.h"
 #include "linux/rlimits.h"
 #include "linux/status_pipe.h"
+#include "net/secrets.h"
+#include "net/terminator.h"
 #include "session/file_tools.h"
 #include "session/layers.h"
+#include "session/secret_handover.h"
 #include "session/world.h"
+#include "supervise/credentials.h"
 #include "supervise/egress.h"
 #include "supervise/resources.h"
 
@@ -84,6 +89,31 @@ void Send(const json& message, int fd_to_pass = -1) {
   }
 }
 
+// The largest channel message: a rotation of a 64 KiB secret, hex-encoded.
+constexpr std::size_t kSecretsMessageMax = 1 << 20;
+
+// The daemon's first message when the plan has secrets (world.cc).
+Result<std::shared_ptr<net::SecretStore>> ReceiveSecrets(const Plan& plan) {
+  std::vector<char> buf(kSecretsMessageMax);
+  struct pollfd p = {kChannelFd, POLLIN, 0};
+  int ready = 0;
+  while ((ready = poll(&p, 1, 30000)) < 0 && errno == EINTR) {
+  }
+  if (ready <= 0) return Status::Error("credentials", "the secrets did not arrive from the daemon within 30 s");
+  ssize_t got = 0;
+  while ((got = recv(kChannelFd, buf.data(), buf.size(), 0)) < 0 && errno == EINTR) {
+  }
+  if (got <= 0) return Status::Errno("credentials", "recv", "the secrets from the daemon");
+  json message = json::parse(std::string_view(buf.data(), static_cast<size_t>(got)), nullptr, false);
+  OPENSSL_cleanse(buf.data(), buf.size());
+  if (!message.is_object() || message.value("op", "") != "secrets") {
+    return Status::Error("credentials", "the daemon's first message is not the secrets");
+  }
+  auto values = TakeSecrets(message);
+  if (!values.ok()) return values.status();
+  return net::SecretStore::WithValues(plan.network.credentials.secrets, *values);
+}
+
 json ErrorMessage(const Status& s) {
   return {{"t", "error"}, {"stage", s.stage()}, {"message", s.message()}, {"errno", s.err()},
           {"syscall", s.syscall()}, {"path", s.path()}};
@@ -115,7 +145,7 @@ int WorldMain() {
     Send(ErrorMessage(parsed.status()));
     return 125;
   }
-  const Plan plan = std::move(*parsed);
+  Plan plan = std::move(*parsed);
   if (!plan.confined || plan.backend != Backend::kNamespaces) {
     Send(ErrorMessage(Status::Error("world", "sessions need the namespaces backend (a long-lived init in its own "
                                              "namespaces); this plan is " +
@@ -138,6 +168,26 @@ int WorldMain() {
     return 125;
   }
   std::unique_ptr<linux::SandboxCgroup> cgroup = std::move(*made);
+  // The TLS terminator, before the launch (the init is a copy of this
+  // process): the daemon sends the secrets' values first thing (world.cc).
+  std::shared_ptr<net::SecretStore> secrets;
+  std::shared_ptr<net::Terminator> terminator;
+  if (plan.network.terminate && plan.network.proxy) {
+    if (!plan.network.credentials.secrets.empty()) {
+      auto store = ReceiveSecrets(plan);
+      if (!store.ok()) {
+        Send(ErrorMessage(store.status()));
+        return 125;
+      }
+      secrets = std::move(*store);
+    }
+    auto prepared = supervise::PrepareCredentials(&plan, secrets ? secrets : nullptr);
+    if (!prepared.ok()) {
+      Send(ErrorMessage(prepared.status()));
+      return 125;
+    }
+    terminator = std::move(*prepared);
+  }
   if (plan.network.proxy) {
     struct rlimit nofile {};
     if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
@@ -217,7 +267,8 @@ int WorldMain() {
       auto listeners = linux::ReceiveProxyListeners(child.proxy_listeners.get());
       child.proxy_listeners.reset();
       if (listeners.ok()) {
-        auto started = supervise::Egress::Start(plan, options, std::move(listeners->first), std::move(listeners->second));
+        auto started = supervise::Egress::Start(plan, options, std::move(listeners->first), std::move(listeners->second),
+                                                0, terminator);
         if (started.ok()) {
           egress = std::move(*started);
         } else {
@@ -263,15 +314,27 @@ int WorldMain() {
       return failure ? 125 : 0;
     }
     if (fds[i_chan].revents) {
-      char in[4096];
-      ssize_t got = recv(kChannelFd, in, sizeof(in), MSG_DONTWAIT);
+      // Big enough for a rotated secret (64 KiB, hex-encoded); zeroed after.
+      static std::vector<char> in(kSecretsMessageMax);
+      ssize_t got = recv(kChannelFd, in.data(), in.size(), MSG_DONTWAIT);
       if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR)) {
         end_world("closed");  // the caller is gone
         return 0;
       }
       if (got > 0) {
-        json req = json::parse(std::string(in, static_cast<size_t>(got)), nullptr, false);
+        json req = json::parse(std::string_view(in.data(), static_cast<size_t>(got)), nullptr, false);
+        OPENSSL_cleanse(in.data(), static_cast<size_t>(got));
         const std::string op = req.is_object() ? req.value("op", "") : "";
+        if (op == "rotate") {
+          auto values = TakeSecrets(req);
+          for (auto& [name, value] : values.ok() ? *values : std::vector<std::pair<std::string, std::string>>{}) {
+            Status rotated = secrets ? secrets->Rotate(name, value)
+                                     : Status::Error("credentials", "this session has no secrets");
+            net::Wipe(value);
+            Send(json{{"t", "note"}, {"message", rotated.ok() ? "credentials.secrets." + name + " rotated"
+                                                                : rotated.message()}});
+          }
+        }
         if (op == "stats") {
           linux::CgroupStats stats;
           if (cgroup) stats = cgroup->ReadStats();

@@ -62,7 +62,8 @@ struct Egress::State {
 };
 
 Result<std::unique_ptr<Egress>> Egress::Start(const Plan& plan, const RunOptions& options, linux::UniqueFd http,
-                                              linux::UniqueFd socks, pid_t served_root) {
+                                              linux::UniqueFd socks, pid_t served_root,
+                                              std::shared_ptr<net::Terminator> terminator) {
   auto rules = net::RuleSet::Build(plan.network.allow, plan.network.deny,
                                    plan.network.default_allow ? NetDefault::kAllow : NetDefault::kDeny);
   if (!rules.ok()) return Status::Error("network", rules.status().message());
@@ -88,6 +89,7 @@ Result<std::unique_ptr<Egress>> Egress::Start(const Plan& plan, const RunOptions
   popts.ask_timeout = ask_timeout + std::chrono::seconds(1);
   popts.check_sni = plan.network.sni_check;
   popts.sni_ports = plan.network.sni_ports;
+  popts.terminator = std::move(terminator);
   if (served_root > 0) {
     popts.admit = [served_root](int fd) { return linux::LoopbackPeerBelow(served_root, fd); };
   }
@@ -132,31 +134,56 @@ const std::vector<net::ConnectionRecord>& Egress::records() const { return state
 
 void AddNetworkReport(const std::vector<net::ConnectionRecord>& records, Outcome* out) {
   constexpr size_t kMaxNetworkDenials = 32;
+  constexpr size_t kMaxCredentialUses = 64;
   NetworkConnections sum;
   std::vector<Denial> denials;
+  auto add_denial = [&](Denial d) {
+    for (auto& e : denials) {
+      if (e.facet == d.facet && e.op == d.op && e.target == d.target && e.reason == d.reason) {
+        ++e.count;
+        return;
+      }
+    }
+    if (denials.size() < kMaxNetworkDenials) denials.push_back(std::move(d));
+  };
+  auto add_use = [&](CredentialUse u) {
+    for (auto& e : out->credential_uses) {
+      if (e.secret == u.secret && e.host == u.host && e.method == u.method && e.path == u.path &&
+          e.decision == u.decision) {
+        ++e.count;
+        return;
+      }
+    }
+    if (out->credential_uses.size() < kMaxCredentialUses) out->credential_uses.push_back(std::move(u));
+  };
   for (const auto& r : records) {
     sum.bytes_up += r.bytes_up;
     sum.bytes_down += r.bytes_down;
+    const std::string target = r.host + ":" + std::to_string(r.port);
     if (r.decision == "allow") {
       ++sum.allowed;
     } else if (r.decision == "deny") {
       ++sum.denied;
-      const std::string target = r.host + ":" + std::to_string(r.port);
+    } else {
+      ++sum.errors;
+    }
+    // Requests decided one by one (the terminator, or a placeholder in a
+    // proxy request's head): each refusal is a denial of its own facet.
+    bool request_denial = false;
+    for (const auto& q : r.requests) {
+      for (const auto& secret : q.secrets) add_use({secret, r.host, q.method, q.path, q.decision, 1});
+      if (q.decision != "deny") continue;
+      request_denial = true;
+      std::string reason = q.reason;
+      if (!q.rule.empty()) reason += " (rule: " + q.rule + ")";
+      std::string what = q.op == "git-push" ? target + " " + q.path : target;
+      add_denial({q.facet.empty() ? "network" : q.facet, q.op.empty() ? "request" : q.op, what, reason, "proxy", 1});
+    }
+    if (r.decision == "deny" && !request_denial) {
       std::string reason = r.reason;
       if (!r.message.empty()) reason += ": " + r.message;
       if (!r.rule.empty()) reason += " (rule: " + r.rule + ")";
-      bool counted = false;
-      for (auto& d : denials) {
-        if (d.target == target && d.reason == reason) {
-          ++d.count;
-          counted = true;
-        }
-      }
-      if (!counted && denials.size() < kMaxNetworkDenials) {
-        denials.push_back({"network", "connect", target, reason, "proxy", 1});
-      }
-    } else {
-      ++sum.errors;
+      add_denial({"network", "connect", target, reason, "proxy", 1});
     }
   }
   out->network = sum;

@@ -15,6 +15,7 @@
 
 namespace agentbox::net {
 struct ConnectionRecord;
+class Terminator;
 }
 
 namespace agentbox::supervise {
@@ -26,8 +27,11 @@ class Egress {
   // `served_root` > 0 (landlock-only: listeners on the host's loopback, where
   // any local process may connect): only connections whose client socket a
   // process below that pid (the runner) holds are served; others are closed.
+  // `terminator` (from PrepareCredentials, may be null) ends TLS for the
+  // hosts it covers; used on the proxy's thread from here on.
   static Result<std::unique_ptr<Egress>> Start(const Plan& plan, const RunOptions& options, linux::UniqueFd http,
-                                               linux::UniqueFd socks, pid_t served_root = 0);
+                                               linux::UniqueFd socks, pid_t served_root = 0,
+                                               std::shared_ptr<net::Terminator> terminator = nullptr);
   ~Egress();  // Stop()
 
   // Closes the listeners and every connection (each delivers its record),

@@ -29,6 +29,7 @@
 #include "linux/status_pipe.h"
 #include "linux/upper_layer.h"
 #include "net/proxy.h"
+#include "supervise/credentials.h"
 #include "supervise/denial_scanner.h"
 #include "supervise/egress.h"
 #include "supervise/private_dir.h"
@@ -153,7 +154,8 @@ Outcome RefusedOutcome(const Status& why, const EnforcementReport& enforcement,
 // cloned: it does not exec, and would inherit a lock held by one).
 static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& argv,
                            const std::vector<Signature>& denial_signatures, const RunOptions& options,
-                           std::optional<linux::HostProxyListeners> host_proxy = std::nullopt) {
+                           std::optional<linux::HostProxyListeners> host_proxy,
+                           std::shared_ptr<net::Terminator> terminator) {
   Outcome out;
   out.policy_sha256 = plan.policy_sha256;
   const auto started = Clock::now();
@@ -219,7 +221,7 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
   bool proxy_open = child.proxy_listeners.valid();
   if (host_proxy) {
     auto started_proxy = supervise::Egress::Start(plan, options, std::move(host_proxy->http),
-                                                  std::move(host_proxy->socks), child.pid);
+                                                  std::move(host_proxy->socks), child.pid, terminator);
     if (started_proxy.ok()) {
       egress = std::move(*started_proxy);
     } else {
@@ -291,7 +293,7 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
       child.proxy_listeners.reset();
       if (listeners.ok()) {
         auto started_proxy = supervise::Egress::Start(plan, options, std::move(listeners->first),
-                                                      std::move(listeners->second));
+                                                      std::move(listeners->second), 0, terminator);
         if (started_proxy.ok()) {
           egress = std::move(*started_proxy);
         } else {
@@ -463,10 +465,25 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
   return out;
 }
 
+// The outcome of a run refused in preparation (nothing was launched).
+static Outcome PrepareFailed(const Plan& plan, const Status& why) {
+  Outcome out;
+  out.policy_sha256 = plan.policy_sha256;
+  out.kind = OutcomeKind::kSandboxError;
+  out.error = ErrorInfo{why.stage(), why.message(), why.err()};
+  return out;
+}
+
 Outcome RunPlan(const Plan& plan, const std::vector<std::string>& argv,
                 const std::vector<Signature>& denial_signatures, const RunOptions& options) {
   if (!plan.confined || plan.backend != Backend::kLandlockOnly) {
-    return RunPrepared(plan, argv, denial_signatures, options);
+    if (!plan.network.terminate) return RunPrepared(plan, argv, denial_signatures, options, std::nullopt, nullptr);
+    // The CA and the placeholders exist from here on: before the runner is
+    // cloned (it does not exec), and before any thread.
+    Plan prepared = plan;
+    auto terminator = supervise::PrepareCredentials(&prepared);
+    if (!terminator.ok()) return PrepareFailed(plan, terminator.status());
+    return RunPrepared(prepared, argv, denial_signatures, options, std::nullopt, std::move(*terminator));
   }
   // Landlock-only: a private directory for this run, removed (with whatever
   // is in it) once the runner and everything it left are gone.
@@ -479,7 +496,7 @@ Outcome RunPlan(const Plan& plan, const std::vector<std::string>& argv,
   }
   Plan with_dir = plan;
   AdoptPrivateDir(&with_dir, (*dir)->path());
-  if (!with_dir.network.proxy) return RunPrepared(with_dir, argv, denial_signatures, options);
+  if (!with_dir.network.proxy) return RunPrepared(with_dir, argv, denial_signatures, options, std::nullopt, nullptr);
   // No network namespace to put the proxy's listeners in: they are bound on
   // the host's loopback, on ports of this run, which the plan then allows
   // (Landlock's port rules, the runner's connect() mediation, the variables).
@@ -492,7 +509,9 @@ Outcome RunPlan(const Plan& plan, const std::vector<std::string>& argv,
     return out;
   }
   AdoptProxyPorts(&with_dir, listeners->ports);
-  return RunPrepared(with_dir, argv, denial_signatures, options, std::move(*listeners));
+  auto terminator = supervise::PrepareCredentials(&with_dir);
+  if (!terminator.ok()) return PrepareFailed(plan, terminator.status());
+  return RunPrepared(with_dir, argv, denial_signatures, options, std::move(*listeners), std::move(*terminator));
 }
 
 Outcome Run(const ConfinedCommand& command, const RunOptions& options) {

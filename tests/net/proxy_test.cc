@@ -32,6 +32,7 @@
 #include <thread>
 
 #include "linux/loopback_peer.h"
+#include "loopback.h"
 #include "net/ask.h"
 #include "net/proxy.h"
 #include "net/socks5.h"
@@ -43,68 +44,6 @@ namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
 
 // --- plumbing ------------------------------------------------------------------
-
-int Listen(std::uint16_t* port, int backlog = 4096) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  int one = 1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, backlog) != 0) {
-    ADD_FAILURE() << "bind/listen: " << std::strerror(errno);
-  }
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  *port = ntohs(a.sin_port);
-  return fd;
-}
-
-int Connect(std::uint16_t port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(port);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ADD_FAILURE() << "connect: " << std::strerror(errno);
-  }
-  timeval tv{10, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  return fd;
-}
-
-void SendAll(int fd, std::string_view data) {
-  while (!data.empty()) {
-    ssize_t n = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL);
-    if (n <= 0) return;
-    data.remove_prefix(static_cast<std::size_t>(n));
-  }
-}
-
-// Reads until `marker` was seen (or EOF/timeout when marker is empty).
-std::string RecvUntil(int fd, std::string_view marker = {}) {
-  std::string out;
-  char buf[4096];
-  while (marker.empty() || out.find(marker) == std::string::npos) {
-    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    if (n < 0 && errno == EINTR) continue;  // a child of the test (an ask command) ended
-    if (n <= 0) break;
-    out.append(buf, static_cast<std::size_t>(n));
-  }
-  return out;
-}
-
-std::string RecvN(int fd, std::size_t want) {
-  std::string out;
-  char buf[4096];
-  while (out.size() < want) {
-    ssize_t n = ::recv(fd, buf, std::min(sizeof buf, want - out.size()), 0);
-    if (n <= 0) break;
-    out.append(buf, static_cast<std::size_t>(n));
-  }
-  return out;
-}
 
 // An echo server on its own thread: echoes until EOF, then half-closes back.
 class EchoServer {

