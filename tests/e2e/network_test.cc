@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "harness.h"
+#include "net_fixtures.h"
 #include "linux/fd.h"
 
 namespace agentbox::e2e {
@@ -38,100 +39,7 @@ std::string PolicyFile(const Sandbox& sb, const std::string& network) {
   return path;
 }
 
-const nlohmann::json* Connections(const RunResult& r) {
-  if (!r.report || !(*r.report)["network"].is_object()) return nullptr;
-  return &(*r.report)["network"]["connections"];
-}
-
-// ------------------------------------------------------------ host-side helpers
-//
-// Servers on the host's 127.0.0.1 and a name table for the supervisor's
-// resolver, all made by the test at run time (nothing generated is committed).
-
-std::string Python() { return FindTool("python3"); }
-
-// The report's `denials` entry for `target`, or null.
-const nlohmann::json* DenialFor(const RunResult& r, const std::string& target) {
-  if (!r.report || !(*r.report)["denials"].is_array()) return nullptr;
-  for (const auto& d : (*r.report)["denials"]) {
-    if (d["facet"] == "network" && d["target"] == target) return &d;
-  }
-  return nullptr;
-}
-
-// A python3 server on the host, started from a script written to `dir`. The
-// script prints "PORT <n>" first, then one line per event; the process group
-// is killed when this goes away.
-class HostScript {
- public:
-  HostScript(const Sandbox& sb, const std::string& name, const std::string& script,
-             const std::vector<std::string>& args) {
-    const std::string path = sb.scratch() + "/" + name;
-    WriteFile(path, script, 0644);
-    Command c;
-    c.argv = {Python(), path};
-    c.argv.insert(c.argv.end(), args.begin(), args.end());
-    c.cwd = sb.scratch();
-    c.env = sb.Env();
-    process_ = std::make_unique<Process>(c);
-    if (!process_->started() || !process_->WaitForStdout("\n", 15000)) return;
-    const std::string& out = process_->out();
-    if (out.rfind("PORT ", 0) == 0) port_ = std::atoi(out.c_str() + 5);
-  }
-  int port() const { return port_; }
-  std::string target() const { return "127.0.0.1:" + std::to_string(port_); }
-  // Everything printed so far, after pumping for up to `wait_ms` for `needle`.
-  std::string Output(const std::string& needle = "", int wait_ms = 0) {
-    if (!needle.empty()) process_->WaitForStdout(needle, wait_ms);
-    return process_->out() + process_->err();
-  }
-
- private:
-  std::unique_ptr<Process> process_;
-  int port_ = 0;
-};
-
-// A test CA and a server certificate for tls.test, front.test and 127.0.0.1,
-// made with the openssl CLI in `dir`.
-struct TestCa {
-  std::string ca_pem, server_pem, server_key;
-  bool ok = false;
-  std::string log;
-
-  explicit TestCa(const std::string& dir) {
-    const std::string openssl = FindTool("openssl");
-    if (openssl.empty()) {
-      log = "openssl not found";
-      return;
-    }
-    ca_pem = dir + "/ca.pem";
-    server_pem = dir + "/server.pem";
-    server_key = dir + "/server.key";
-    WriteFile(dir + "/server.ext",
-              "subjectAltName=DNS:tls.test,DNS:front.test,IP:127.0.0.1\n"
-              "basicConstraints=critical,CA:FALSE\n"
-              "keyUsage=critical,digitalSignature\n"
-              "extendedKeyUsage=serverAuth\n");
-    const std::vector<std::vector<std::string>> steps = {
-        {openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout",
-         dir + "/ca.key", "-out", ca_pem, "-days", "2", "-subj", "/CN=agentbox test CA", "-addext",
-         "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"},
-        {openssl, "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout",
-         server_key, "-out", dir + "/server.csr", "-subj", "/CN=tls.test"},
-        {openssl, "x509", "-req", "-in", dir + "/server.csr", "-CA", ca_pem, "-CAkey", dir + "/ca.key",
-         "-CAcreateserial", "-out", server_pem, "-days", "2", "-extfile", dir + "/server.ext"}};
-    for (const auto& argv : steps) {
-      Command c;
-      c.argv = argv;
-      c.cwd = dir;
-      c.env = {"PATH=/usr/bin:/bin", "HOME=" + dir, "RANDFILE=" + dir + "/.rnd"};
-      RunResult r = RunCommand(c);
-      log += r.out + r.err;
-      if (r.status != 0) return;
-    }
-    ok = true;
-  }
-};
+// ------------------------------------------------------------ host-side servers
 
 // HTTPS/1.0 on 127.0.0.1 with the test CA's server certificate; answers
 // "tls-hello sni=<name the client sent>" and prints "SERVED sni=<name>".
@@ -167,96 +75,6 @@ while True:
     conn, _ = srv.accept()
     threading.Thread(target=serve, args=(conn,), daemon=True).start()
 )PY";
-
-// Smart HTTP for `git clone`: every request runs `git http-backend` as a CGI
-// program over the repositories in argv[1]; prints "GIT <method> <path> <status>".
-const char* const kGitServer = R"PY(
-import http.server, os, subprocess, sys
-root = sys.argv[1]
-class Handler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.0"
-    def do_GET(self):
-        self.cgi()
-    def do_POST(self):
-        self.cgi()
-    def cgi(self):
-        path, _, query = self.path.partition("?")
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else b""
-        env = {"GIT_PROJECT_ROOT": root, "GIT_HTTP_EXPORT_ALL": "1", "PATH_INFO": path,
-               "QUERY_STRING": query, "REQUEST_METHOD": self.command,
-               "CONTENT_TYPE": self.headers.get("Content-Type", ""), "CONTENT_LENGTH": str(len(body)),
-               "GIT_PROTOCOL": self.headers.get("Git-Protocol", ""), "REMOTE_ADDR": "127.0.0.1",
-               "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": root}
-        out = subprocess.run(["git", "http-backend"], input=body, env=env, capture_output=True).stdout
-        sep = b"\r\n\r\n" if b"\r\n\r\n" in out else b"\n\n"
-        head, _, payload = out.partition(sep)
-        status, fields = 200, []
-        for line in head.decode("latin-1").splitlines():
-            name, _, value = line.partition(":")
-            if name.lower() == "status":
-                status = int(value.split()[0])
-            elif name:
-                fields.append((name, value.strip()))
-        self.send_response(status)
-        for name, value in fields:
-            self.send_header(name, value)
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-        print("GIT", self.command, path, status, flush=True)
-    def log_message(self, *args):
-        pass
-srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-print("PORT", srv.server_address[1], flush=True)
-srv.serve_forever()
-)PY";
-
-// Runs argv[3:] in a new mount namespace (and, when not root, a user
-// namespace mapping only the caller's own ids, so nothing is gained) where
-// argv[1] is bound over /etc/hosts: the supervisor's resolver then knows
-// the test's names. Capabilities in the new namespace end at execve.
-const char* const kWithHosts = R"PY(
-import ctypes, os, sys
-libc = ctypes.CDLL(None, use_errno=True)
-hosts, argv = sys.argv[1], sys.argv[2:]
-uid, gid = os.getuid(), os.getgid()
-CLONE_NEWNS, CLONE_NEWUSER = 0x20000, 0x10000000
-MS_BIND, MS_REC, MS_PRIVATE = 0x1000, 0x4000, 1 << 18
-def check(rc, what):
-    if rc != 0:
-        sys.exit("with-hosts: %s: %s" % (what, os.strerror(ctypes.get_errno())))
-check(libc.unshare(CLONE_NEWNS if uid == 0 else CLONE_NEWNS | CLONE_NEWUSER), "unshare")
-if uid != 0:
-    for name, text in (("setgroups", "deny"), ("uid_map", "%d %d 1" % (uid, uid)), ("gid_map", "%d %d 1" % (gid, gid))):
-        with open("/proc/self/" + name, "w") as f:
-            f.write(text)
-check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
-check(libc.mount(hosts.encode(), b"/etc/hosts", None, MS_BIND, None), "bind " + hosts + " over /etc/hosts")
-os.execv(argv[0], argv)
-)PY";
-
-// `agentbox run` as Sandbox::RunArgv does, with `hosts` as the supervisor's /etc/hosts.
-RunResult RunWithHosts(const Sandbox& sb, const std::string& hosts, const std::string& script,
-                       const std::vector<std::string>& options, int timeout_ms = 30000) {
-  WriteFile(sb.scratch() + "/hosts", hosts);
-  WriteFile(sb.scratch() + "/with_hosts.py", kWithHosts);
-  unlink(sb.report_path().c_str());
-  std::vector<std::string> args = {Python(), sb.scratch() + "/with_hosts.py", sb.scratch() + "/hosts",
-                                   AgentboxBin(), "run", "--report", sb.report_path()};
-  args.insert(args.end(), options.begin(), options.end());
-  args.insert(args.end(), {"--", "sh", "-c", script});
-  Command c = sb.AgentboxCommand({});
-  c.argv = args;
-  c.timeout_ms = timeout_ms;
-  RunResult r = RunCommand(c);
-  if (auto text = ReadFile(sb.report_path())) {
-    auto j = nlohmann::json::parse(*text, nullptr, false);
-    if (!j.is_discarded()) r.report = std::move(j);
-  }
-  return r;
-}
-
 
 TEST(Network, AllowedThroughHttpProxyEnv) {
   HostServer server;

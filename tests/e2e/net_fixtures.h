@@ -1,0 +1,78 @@
+// Host-side fixtures for the end-to-end network tests: servers on the
+// host's 127.0.0.1 started from python3 scripts, a test CA made with the
+// openssl CLI, and `agentbox run` with a name table for the supervisor's
+// resolver. Everything is made by the test at run time (nothing generated is
+// committed) and goes away with the test's Sandbox.
+#pragma once
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "harness.h"
+
+namespace agentbox::e2e {
+
+// The host's python3 ("" if none).
+std::string Python();
+
+// The report's `denials` entry of facet "network" for `target`, or null.
+const nlohmann::json* DenialFor(const RunResult& r, const std::string& target);
+
+// The report's network.connections, or null.
+const nlohmann::json* Connections(const RunResult& r);
+
+// A python3 server on the host, started from a script written to the
+// sandbox's scratch directory as `name`. The script prints "PORT <n>" first,
+// then one line per event; its process group is killed when this goes away.
+class HostScript {
+ public:
+  HostScript(const Sandbox& sb, const std::string& name, const std::string& script,
+             const std::vector<std::string>& args);
+  int port() const { return port_; }
+  std::string target() const { return "127.0.0.1:" + std::to_string(port_); }
+  // Everything printed so far (stdout, then stderr). With a `needle`, first
+  // pumps for up to `wait_ms` until it appears; without one, pumps for
+  // `wait_ms` (so that "the server printed nothing" is checked on what it
+  // has really written, not on what was read before).
+  std::string Output(const std::string& needle = "", int wait_ms = 0);
+
+ private:
+  std::unique_ptr<Process> process_;
+  int port_ = 0;
+};
+
+// A test CA and a server certificate, made with the openssl CLI in `dir`.
+// The certificate's names (DNS:tls.test, front.test, api.test, evil.test,
+// git.test and IP:127.0.0.1) serve every test host name.
+struct TestCa {
+  std::string ca_pem, server_pem, server_key;
+  bool ok = false;
+  std::string log;
+
+  explicit TestCa(const std::string& dir);
+};
+
+// Smart HTTP for git: every request runs `git http-backend` as a CGI program
+// over the repositories below argv[1] (GIT_HTTP_EXPORT_ALL). Optional
+// arguments: `--tls CERT KEY` serves HTTPS; `--basic USER PASSWORD` answers
+// 401 to a request without those credentials and runs the CGI with
+// REMOTE_USER=USER (receive-pack also needs http.receivepack in the
+// repository). Prints "GIT <method> <path> <status> auth=<ok|bad|none>"
+// before each answer leaves.
+extern const char* const kGitServer;
+
+// Runs argv[3:] in a new mount namespace (and, when not root, a user
+// namespace mapping only the caller's own ids) where argv[1] is bound over
+// /etc/hosts: the supervisor's resolver then knows the test's names.
+extern const char* const kWithHosts;
+
+// `agentbox run` as Sandbox::RunArgv does (sh -c `script`), with `hosts` as
+// the supervisor's /etc/hosts and `extra_env` added to agentbox's own
+// environment.
+RunResult RunWithHosts(const Sandbox& sb, const std::string& hosts, const std::string& script,
+                       const std::vector<std::string>& options, int timeout_ms = 30000,
+                       const std::vector<std::string>& extra_env = {});
+
+}  // namespace agentbox::e2e
