@@ -573,11 +573,32 @@ EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host, 
   if (landlock_only) {
     for (auto& gap : FenceLandlockOnly(policy, inv).gaps) r.missing.push_back(std::move(gap));
   }
-  if (policy.credentials.git != GitCredentials::kNone ||
-      policy.credentials.tools != ToolCredentials::kNone) {
-    missing(cred, std::string("credentials.git: ") + ToString(policy.credentials.git) +
-                      ", credentials.tools: " + ToString(policy.credentials.tools) +
-                      ": credential proxies are not available in this version");
+  // Secrets, git credentials and L7 rules: the proxy's TLS terminator holds
+  // and injects them; the sandbox gets placeholders and a per-run CA.
+  if (Terminates(policy) && NeedsProxy(policy)) {
+    cred.mechanisms.push_back("tls-terminator");
+    if (!policy.credentials.secrets.empty()) {
+      cred.mechanisms.push_back("secrets-injected-at-egress");
+      std::string names;
+      for (const auto& s : policy.credentials.secrets) names += (names.empty() ? "" : ", ") + s.name;
+      cred.notes.push_back("secrets held by the supervisor in locked memory and added to requests to their hosts "
+                           "only (" + names + "); the sandbox sees placeholders");
+    }
+    if (!policy.credentials.git_rules.remotes.empty() || !policy.credentials.git_rules.push.allow_refs.empty() ||
+        policy.credentials.git_rules.push.deny_force) {
+      cred.mechanisms.push_back("git-push-refs");
+    }
+  } else if (Terminates(policy)) {
+    cred.notes.push_back("credentials.secrets / network.http_rules: no egress proxy (network.allow is empty), so "
+                         "no request ever reaches a host they name");
+  }
+  if (policy.credentials.git == GitCredentials::kProxy && !Terminates(policy)) {
+    cred.notes.push_back("credentials.git: proxy without a secret for a git host or credentials.git.remotes: git "
+                         "over HTTPS goes through the proxy with no credentials added");
+  }
+  if (policy.credentials.tools != ToolCredentials::kNone) {
+    missing(cred, std::string("credentials.tools: ") + ToString(policy.credentials.tools) +
+                      ": the tool gateway's credential proxy is not available in this version");
   }
   r.facets.push_back(cred);
 
