@@ -676,6 +676,14 @@ Status Connection::Inject(RequestHead& head, Decision& d) {
 // One request and its response. False: the connection ends after it.
 awaitable<bool> Connection::Exchange(TlsStream& client, TlsStream& up, beast::flat_buffer& cbuf,
                                      beast::flat_buffer& ubuf, RequestHead head, Decision d) {
+  // The head carries the injected values from here on: zeroed when done.
+  struct WipeHead {
+    RequestHead& h;
+    ~WipeHead() {
+      Wipe(h.target);
+      for (auto& field : h.fields) Wipe(field.second);
+    }
+  } wipe_head{head};
   head.Remove("Proxy-Authorization");
   head.Remove("Proxy-Connection");
   // The proxy answers 100-continue itself once it has decided; upstream
