@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "net/git_push.h"
 #include "net/http_head.h"
 #include "net/http_request.h"
 #include "net/http_rules.h"
@@ -191,18 +192,38 @@ void FuzzHttpRules(std::string_view data) {
   if (!set->Check("other.example", method, *path).allowed) Die("an uncovered host was restricted");
 }
 
+// A receive-pack request body (what `git push` POSTs): parsed; when it
+// parses, the push is checked as deny_force would (walking the pack), and the
+// refusal's report is built. Nothing may crash, and a refusal names a ref.
+void FuzzGitPush(std::string_view body) {
+  auto request = agentbox::net::ParseReceivePack(body);
+  if (!request.ok()) return;
+  agentbox::GitPushSpec spec;
+  spec.allow_refs = {"refs/heads/agent/*"};
+  spec.deny_force = true;
+  agentbox::net::PackLimits limits;
+  limits.max_objects = 4096;
+  limits.max_inflated_bytes = 16 << 20;
+  auto verdict = agentbox::net::CheckPush(spec, *request, limits);
+  for (const auto& r : verdict.refused) {
+    if (r.reason.empty() || r.update.ref.empty()) Die("a refusal without its ref or reason");
+  }
+  (void)agentbox::net::RefusalResponseBody(*request, verdict);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size < 2) return 0;
   std::string_view rest(reinterpret_cast<const char*>(data) + 2, size - 2);
-  switch (data[0] % 6) {
+  switch (data[0] % 7) {
     case 0: FuzzHttp(rest, 1 + data[1] % 64); break;
     case 1: FuzzSocks(rest); break;
     case 2: (void)agentbox::net::ParseClientHelloSni(rest, 4096); break;
     case 3: FuzzRules(rest); break;
     case 4: FuzzTerminatedHead(rest, data[1]); break;
     case 5: FuzzHttpRules(rest); break;
+    case 6: FuzzGitPush(rest); break;
   }
   return 0;
 }

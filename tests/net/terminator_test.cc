@@ -242,7 +242,10 @@ class Terminated {
 // TLS that trusts the run's CA only, checking the host name.
 class Client {
  public:
-  Client(Terminated& t, const std::string& host, std::uint16_t port) : ctx_(ssl::context::tls_client) {
+  // `verify_as`: the name checked in the certificate (default `host`; curl,
+  // say, checks a name with a trailing dot without it).
+  Client(Terminated& t, const std::string& host, std::uint16_t port, const std::string& verify_as = "")
+      : ctx_(ssl::context::tls_client) {
     fd_ = Connect(t.port());
     const std::string target = host + ":" + std::to_string(port);
     SendAll(fd_, "CONNECT " + target + " HTTP/1.1\r\nHost: " + target + "\r\n\r\n");
@@ -252,7 +255,7 @@ class Client {
     ctx_.set_verify_mode(ssl::verify_peer);
     ssl_ = SSL_new(ctx_.native_handle());
     SSL_set_tlsext_host_name(ssl_, host.c_str());
-    SSL_set1_host(ssl_, host.c_str());
+    SSL_set1_host(ssl_, verify_as.empty() ? host.c_str() : verify_as.c_str());
     SSL_set_fd(ssl_, fd_);
     handshake_ok_ = SSL_connect(ssl_) == 1;
     if (!handshake_ok_) handshake_error_ = SslErrors("handshake failed");
@@ -413,6 +416,63 @@ TEST(Terminator, ATunnelThatIsNotTlsIsRefused) {
   ASSERT_EQ(records.size(), 1u);
   EXPECT_EQ(records[0].decision, "deny");
   EXPECT_EQ(records[0].reason, "not-tls");
+}
+
+TEST(Terminator, HostSpellingsAreNormalisedOnceAndStillTerminated) {
+  Upstream up;
+  Terminated t(up);
+  // A trailing dot and upper case name the same host: they are terminated
+  // (and injected) like the plain spelling, never tunnelled past the rules.
+  Client c(t, "API.test.", up.port(), "api.test");
+  ASSERT_TRUE(c.ok()) << c.connect_reply() << c.handshake_error();
+  std::string r = c.Exchange("GET /x HTTP/1.1\r\nHost: Api.Test.:" + std::to_string(up.port()) + "\r\n\r\n");
+  EXPECT_NE(r.find("HTTP/1.1 200"), std::string::npos) << r;
+  ASSERT_EQ(up.seen().size(), 1u);
+  EXPECT_EQ(up.seen()[0].authorization, std::string("Bearer ") + kToken);
+  // A NUL or a control character in the CONNECT target is refused before anything.
+  int fd = Connect(t.port());
+  SendAll(fd, std::string("CONNECT api.test") + '\0' + ".evil:443 HTTP/1.1\r\nHost: x\r\n\r\n");
+  std::string refused = RecvUntil(fd, "\r\n\r\n");
+  ::close(fd);
+  EXPECT_EQ(refused.rfind("HTTP/1.1 4", 0), 0u) << refused;
+  EXPECT_EQ(up.seen().size(), 1u);
+}
+
+TEST(RunCa, VouchesOnlyForTheNamesInItsConstraint) {
+  auto ca = RunCa::Create({"api.test"});
+  ASSERT_TRUE(ca.ok());
+  auto issue = [&](const std::string& host) {
+    // A server with the CA's leaf for `host`, a client that trusts the CA.
+    auto server = (*ca)->ServerContext(host);
+    EXPECT_TRUE(server.ok());
+    int sv[2];
+    EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    std::thread serve([&] {
+      SSL* s = SSL_new(*server);
+      SSL_set_fd(s, sv[1]);
+      (void)SSL_accept(s);
+      SSL_free(s);
+      ::close(sv[1]);
+    });
+    ssl::context ctx(ssl::context::tls_client);
+    ctx.add_certificate_authority(asio::buffer((*ca)->certificate_pem()));
+    ctx.set_verify_mode(ssl::verify_peer);
+    SSL* c = SSL_new(ctx.native_handle());
+    SSL_set_tlsext_host_name(c, host.c_str());
+    SSL_set1_host(c, host.c_str());
+    SSL_set_fd(c, sv[0]);
+    const bool ok = SSL_connect(c) == 1;
+    const long verify = SSL_get_verify_result(c);
+    SSL_free(c);
+    ::close(sv[0]);
+    serve.join();
+    return std::make_pair(ok, verify);
+  };
+  EXPECT_TRUE(issue("api.test").first);
+  // Even a leaf the CA itself signed for another name does not verify.
+  auto other = issue("bank.example");
+  EXPECT_FALSE(other.first);
+  EXPECT_EQ(other.second, X509_V_ERR_PERMITTED_VIOLATION);
 }
 
 // --- the request's own checks ------------------------------------------------------
