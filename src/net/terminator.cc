@@ -1,8 +1,13 @@
 #include "net/terminator.h"
 
+// GCC 12 reports Asio's coroutine frames (allocated and freed by Asio's own
+// operator new/delete pair) as mismatched: a known false positive.
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+
 #include <openssl/evp.h>
 
 #include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/ssl.hpp>
@@ -21,6 +26,7 @@
 #include "net/http_head.h"
 #include "net/http_request.h"
 #include "net/http_text.h"
+#include "net/tls_socket.h"
 
 namespace agentbox::net {
 
@@ -37,49 +43,41 @@ namespace {
 
 constexpr std::size_t kRelayChunk = 64 * 1024;
 
-// A socket whose first reads return bytes read from it earlier (the
-// ClientHello the proxy looked at to decide), so that OpenSSL sees the
-// stream whole. Writes go straight to the socket. The socket is borrowed.
-class PrefixedStream {
- public:
-  using executor_type = tcp::socket::executor_type;
-  using lowest_layer_type = tcp::socket::lowest_layer_type;
-  struct Init {
-    tcp::socket* socket;
-    std::string prefix;
-  };
-  explicit PrefixedStream(Init init) : socket_(init.socket), prefix_(std::move(init.prefix)) {}
+using TlsStream = TlsSocket;
 
-  executor_type get_executor() { return socket_->get_executor(); }
-  lowest_layer_type& lowest_layer() { return socket_->lowest_layer(); }
-  const lowest_layer_type& lowest_layer() const { return socket_->lowest_layer(); }
+// Reads on a connection are this big; OpenSSL hands out one record (16 KiB
+// at most) per read anyway.
+constexpr std::size_t kReadChunk = 16 * 1024;
 
-  template <typename Buffers, typename Token>
-  auto async_read_some(const Buffers& buffers, Token&& token) {
-    return asio::async_initiate<Token, void(error_code, std::size_t)>(
-        [this](auto handler, const Buffers& b) {
-          if (prefix_.empty()) {
-            socket_->async_read_some(b, std::move(handler));
-            return;
-          }
-          const std::size_t n = asio::buffer_copy(b, asio::buffer(prefix_));
-          prefix_.erase(0, n);
-          asio::post(socket_->get_executor(), [h = std::move(handler), n]() mutable { h(error_code(), n); });
-        },
-        token, buffers);
+// Feeds `p` from `buf`, reading more from `s` whenever it needs more, until
+// `enough()` holds (checked after each step) or the body buffer it was given
+// is full. The peer's close ends a close-delimited message; anywhere else it
+// is an error, as is a parse error.
+template <class Parser, class Enough>
+awaitable<error_code> Feed(TlsSocket& s, beast::flat_buffer& buf, Parser& p, Enough enough) {
+  error_code ec;
+  while (true) {
+    std::size_t used = 0;
+    if (buf.size() > 0) {
+      used = p.put(buf.data(), ec);
+      buf.consume(used);
+      if (ec == http::error::need_buffer) co_return error_code();
+      if (ec && ec != http::error::need_more) co_return ec;
+      ec = {};
+    }
+    if (enough()) co_return error_code();
+    if (used > 0 && buf.size() > 0) continue;
+    auto space = buf.prepare(kReadChunk);
+    const long n = co_await s.ReadSome(space.data(), space.size());
+    if (n < 0) co_return error_code(asio::error::connection_reset);
+    if (n == 0) {
+      p.put_eof(ec);
+      if (ec) co_return ec;
+      co_return enough() ? error_code() : error_code(http::error::end_of_stream);
+    }
+    buf.commit(static_cast<std::size_t>(n));
   }
-
-  template <typename Buffers, typename Token>
-  auto async_write_some(const Buffers& buffers, Token&& token) {
-    return socket_->async_write_some(buffers, std::forward<Token>(token));
-  }
-
- private:
-  tcp::socket* socket_;
-  std::string prefix_;
-};
-
-using TlsStream = ssl::stream<PrefixedStream>;
+}
 
 std::string TargetText(const std::string& host, std::uint16_t port) {
   if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);
@@ -92,21 +90,6 @@ std::string Base64(std::string_view in) {
                           reinterpret_cast<const unsigned char*>(in.data()), static_cast<int>(in.size()));
   out.resize(static_cast<std::size_t>(n));
   return out;
-}
-
-// A TLS error as people read it: the verify result when that is what failed.
-std::string TlsErrorText(const error_code& ec, SSL* ssl) {
-  if (ssl != nullptr) {
-    long v = SSL_get_verify_result(ssl);
-    if (v != X509_V_OK) return std::string("certificate not trusted: ") + X509_verify_cert_error_string(v);
-  }
-  std::string text = ec.message();
-  if (ec.category() == asio::error::get_ssl_category()) {
-    char buf[256];
-    ERR_error_string_n(static_cast<unsigned long>(ec.value()), buf, sizeof buf);
-    text = buf;
-  }
-  return text;
 }
 
 // Masks every occurrence of the needles in a stream, across the pieces it
@@ -314,7 +297,8 @@ class Connection : public Terminator::Handle, public std::enable_shared_from_thi
         port_(port),
         keep_(std::move(keep)),
         done_(std::move(done)),
-        timer_(client.get_executor()) {}
+        timer_(client.get_executor()),
+        upstream_wait_(client.get_executor()) {}
 
   void Start() {
     asio::co_spawn(client_sock_.get_executor(), Run(), [self = shared_from_this()](std::exception_ptr e) {
@@ -373,11 +357,17 @@ class Connection : public Terminator::Handle, public std::enable_shared_from_thi
   // For bytes that stay put until the write is done (a member, a buffer of
   // the caller's frame).
   awaitable<bool> WriteView(TlsStream& s, std::string_view data, std::uint64_t* count) {
-    error_code ec;
-    co_await asio::async_write(s, asio::buffer(data.data(), data.size()), asio::redirect_error(use_awaitable, ec));
-    if (ec) co_return false;
-    if (count != nullptr) *count += data.size();
-    co_return true;
+    const bool ok = co_await s.WriteAll(data);
+    if (ok && count != nullptr) *count += data.size();
+    co_return ok;
+  }
+
+  // The upstream's handshake, started as soon as the client's is done and
+  // run alongside the client's first request; Exchange waits for it.
+  awaitable<void> UpstreamHandshake() {
+    upstream_ok_ = co_await upstream_tls_->Handshake(TlsSocket::Role::kClient);
+    upstream_done_ = true;
+    upstream_wait_.cancel();
   }
 
   void Arm(std::chrono::milliseconds after, std::string what) {
@@ -463,7 +453,12 @@ class Connection : public Terminator::Handle, public std::enable_shared_from_thi
   std::uint64_t gen_ = 0;
   std::string timed_out_;
   Terminator::Outcome outcome_;
-  bool upstream_ready_ = false;  // the TLS handshake with the host is done
+  std::optional<TlsSocket> client_tls_;
+  std::optional<TlsSocket> upstream_tls_;
+  asio::steady_timer upstream_wait_;
+  bool upstream_started_ = false;
+  bool upstream_done_ = false;  // the TLS handshake with the host has ended
+  bool upstream_ok_ = false;    // ... and succeeded
   std::uint64_t up_bytes_ = 0;
   std::uint64_t down_bytes_ = 0;
   // The values injected on this connection (basic credentials in their
@@ -472,31 +467,32 @@ class Connection : public Terminator::Handle, public std::enable_shared_from_thi
 };
 
 awaitable<void> Connection::Run() {
-  error_code ec;
   auto server = t_.ca->ServerContext(host_);
   if (!server.ok()) {
     SetError("tls-setup", server.status().message());
     co_return;
   }
-  // asio's context takes a reference of its own: the CA keeps the original.
-  SSL_CTX_up_ref(*server);
-  ssl::context server_ctx(*server);
-  TlsStream client(PrefixedStream::Init{&client_sock_, std::move(hello_)}, server_ctx);
+  client_tls_.emplace(client_sock_, *server, std::move(hello_));
+  TlsSocket& client = *client_tls_;
   Arm(t_.options.header_timeout, "the TLS handshake with the client");
-  co_await client.async_handshake(ssl::stream_base::server, asio::redirect_error(use_awaitable, ec));
-  if (ec) {
-    SetError("client-tls", "TLS handshake with the client failed: " + TlsErrorText(ec, nullptr));
+  if (!co_await client.Handshake(TlsSocket::Role::kServer)) {
+    SetError("client-tls", "TLS handshake with the client failed: " + client.error());
     co_return;
   }
-  SSL_CTX_up_ref(t_.upstream_ctx.get());
-  ssl::context upstream_ctx(t_.upstream_ctx.get());
-  TlsStream up(PrefixedStream::Init{&upstream_sock_, ""}, upstream_ctx);
+  upstream_tls_.emplace(upstream_sock_, t_.upstream_ctx.get());
+  TlsSocket& up = *upstream_tls_;
   if (Status s = PrepareUpstream(up.native_handle(), host_); !s.ok()) {
     SetError("upstream-tls", s.message());
     co_return;
   }
-  // The upstream's handshake waits for the first request that is allowed:
-  // a refused one never reaches the host, not even as a ClientHello.
+  // The handshake with the host runs alongside the client's first request:
+  // it carries nothing of the request (the host was allowed already, and
+  // the TCP connection to it is open), and no byte of a request goes to
+  // the host before the request is decided.
+  upstream_started_ = true;
+  asio::co_spawn(client_sock_.get_executor(),
+                 [self = shared_from_this()]() -> awaitable<void> { co_await self->UpstreamHandshake(); },
+                 asio::detached);
   beast::flat_buffer cbuf, ubuf;
   for (bool first = true;; first = false) {
     RequestHead head;
@@ -515,10 +511,9 @@ awaitable<void> Connection::Run() {
     if (!again) break;
   }
   Disarm();
-  // close_notify, bounded: a client that does not answer it is closed anyway.
-  Arm(std::chrono::milliseconds(1000), "the TLS shutdown");
-  co_await client.async_shutdown(asio::redirect_error(use_awaitable, ec));
-  if (timed_out_ == "the TLS shutdown") timed_out_.clear();  // a client that closes without close_notify
+  client.Shutdown();
+  // The upstream's handshake may still be under way: it ends when the
+  // sockets close, and holds this object until then.
 }
 
 // Reads one request head. False: the client closed between requests, or the
@@ -553,10 +548,10 @@ awaitable<bool> Connection::ReadHead(TlsStream& client, beast::flat_buffer& buf,
         co_return false;
       }
     }
-    error_code ec;
-    std::size_t n = co_await client.async_read_some(buf.prepare(16 * 1024), asio::redirect_error(use_awaitable, ec));
-    buf.commit(n);
-    if (ec) co_return false;  // closed (or timed out: Finish names it when nothing was served)
+    auto space = buf.prepare(kReadChunk);
+    const long n = co_await client.ReadSome(space.data(), space.size());
+    if (n <= 0) co_return false;  // closed (or timed out: Finish names it when nothing was served)
+    buf.commit(static_cast<std::size_t>(n));
   }
 }
 
@@ -693,21 +688,22 @@ awaitable<bool> Connection::Exchange(TlsStream& client, TlsStream& up, beast::fl
     expect_continue = true;
     head.Remove("Expect");
   }
-  if (!upstream_ready_) {
+  if (!upstream_done_) {
     error_code ec;
     Arm(t_.options.header_timeout, "the TLS handshake with " + TargetText(host_, port_));
-    co_await up.async_handshake(ssl::stream_base::client, asio::redirect_error(use_awaitable, ec));
-    if (ec) {
-      const std::string why = "TLS to " + TargetText(host_, port_) + " failed: " + TlsErrorText(ec, up.native_handle());
-      d.record.decision = "error";
-      d.record.reason = why;
-      d.record.status = 502;
-      Record(d.record);
-      SetError("upstream-tls", why);
-      co_await Write(client, SimpleResponse(502, "", "agentbox: " + why), &down_bytes_);
-      co_return false;
-    }
-    upstream_ready_ = true;
+    upstream_wait_.expires_at(asio::steady_timer::time_point::max());
+    co_await upstream_wait_.async_wait(asio::redirect_error(use_awaitable, ec));
+  }
+  if (!upstream_ok_) {
+    const std::string why = "TLS to " + TargetText(host_, port_) + " failed: " +
+                            (upstream_done_ ? up.error() : std::string("the handshake did not end"));
+    d.record.decision = "error";
+    d.record.reason = why;
+    d.record.status = 502;
+    Record(d.record);
+    SetError("upstream-tls", why);
+    co_await Write(client, SimpleResponse(502, "", "agentbox: " + why), &down_bytes_);
+    co_return false;
   }
   if (Status s = Inject(head, d); !s.ok()) {
     d.record.decision = "error";
@@ -763,6 +759,7 @@ awaitable<bool> Connection::SendBody(TlsStream& client, TlsStream& up, beast::fl
     d.record.reason = "request head: " + ec.message();
     co_return false;
   }
+  p.eager(true);
   std::vector<std::pair<std::size_t, std::string_view>> needles;
   for (std::size_t i = 0; i < secrets_.specs().size(); ++i) {
     if (!t_.Owns(i, host_)) needles.emplace_back(i, secrets_.placeholder(i));
@@ -773,8 +770,7 @@ awaitable<bool> Connection::SendBody(TlsStream& client, TlsStream& up, beast::fl
   while (!p.is_done()) {
     p.get().body().data = buf.data();
     p.get().body().size = buf.size();
-    co_await http::async_read(client, cbuf, p, asio::redirect_error(use_awaitable, ec));
-    if (ec == http::error::need_buffer) ec = {};
+    ec = co_await Feed(client, cbuf, p, [&] { return p.is_done() || p.get().body().size < buf.size(); });
     if (ec) {
       d.record.decision = "error";
       d.record.reason = "request body: " + ec.message();
@@ -841,7 +837,8 @@ awaitable<bool> Connection::SendBufferedPush(TlsStream& client, TlsStream& up, b
   error_code ec;
   p.put(asio::buffer(cbuf.data().data(), head.head_size), ec);
   cbuf.consume(head.head_size);
-  if (!ec && !p.is_done()) co_await http::async_read(client, cbuf, p, asio::redirect_error(use_awaitable, ec));
+  p.eager(true);
+  if (!ec && !p.is_done()) ec = co_await Feed(client, cbuf, p, [&] { return p.is_done(); });
   if (ec == http::error::body_limit) {
     co_return co_await refuse_plain(413, "a push larger than " + std::to_string(t_.options.git_push_limit >> 20) +
                                              " MiB cannot be checked against credentials.git.push");
@@ -906,7 +903,7 @@ awaitable<bool> Connection::Relay(TlsStream& client, TlsStream& up, beast::flat_
     p.body_limit(std::numeric_limits<std::uint64_t>::max());
     if (head.method == "HEAD") p.skip(true);
     Arm(t_.options.idle_timeout, "the response of " + TargetText(host_, port_));
-    co_await http::async_read_header(up, ubuf, p, asio::redirect_error(use_awaitable, ec));
+    ec = co_await Feed(up, ubuf, p, [&] { return p.is_header_done(); });
     if (ec) {
       d.record.decision = "error";
       d.record.reason = "upstream response: " + ec.message();
@@ -937,14 +934,20 @@ awaitable<bool> Connection::Relay(TlsStream& client, TlsStream& up, beast::flat_
     const bool chunked = p.chunked();
     const bool keep = m.keep_alive() && head.version == 11 && !p.need_eof() &&
                       !(head.Field("Connection") != nullptr && IEquals(*head.Field("Connection"), "close"));
+    p.eager(true);
     while (!p.is_done()) {
       m.body().data = buf.data();
       m.body().size = buf.size();
-      co_await http::async_read(up, ubuf, p, asio::redirect_error(use_awaitable, ec));
-      if (ec == http::error::need_buffer) ec = {};
-      const bool eof = ec == http::error::end_of_stream || ec == asio::error::eof || ec == ssl::error::stream_truncated;
-      if (ec && !(eof && p.need_eof())) co_return false;
+      ec = co_await Feed(up, ubuf, p, [&] { return p.is_done() || m.body().size < buf.size(); });
+      if (ec) co_return false;
       const std::size_t n = buf.size() - m.body().size;
+      if (n == 0) continue;
+      if (!redactor.active() && !chunked) {
+        // The bulk path: straight from the buffer the parser filled.
+        const bool ok = co_await WriteView(client, std::string_view(buf.data(), n), &down_bytes_);
+        if (!ok) co_return false;
+        continue;
+      }
       std::string piece = redactor.active() ? redactor.Feed({buf.data(), n}) : std::string(buf.data(), n);
       if (!piece.empty()) {
         if (chunked) {
@@ -955,7 +958,6 @@ awaitable<bool> Connection::Relay(TlsStream& client, TlsStream& up, beast::flat_
         const bool ok = co_await Write(client, std::move(piece), &down_bytes_);
         if (!ok) co_return false;
       }
-      if (eof) break;
     }
     std::string rest = redactor.active() ? redactor.Flush() : std::string();
     if (!rest.empty()) {

@@ -183,7 +183,9 @@ Result<SSL_CTX*> RunCa::ServerContext(const std::string& host) {
   SslCtxPtr ctx(SSL_CTX_new(TLS_server_method()));
   if (!ctx) return SslError("SSL_CTX_new");
   SSL_CTX_set_min_proto_version(ctx.get(), TLS1_2_VERSION);
-  SSL_CTX_set_options(ctx.get(), SSL_OP_NO_RENEGOTIATION | SSL_OP_NO_COMPRESSION);
+  // A peer that closes without close_notify ends the stream (HTTP frames
+  // its own messages); renegotiation and compression are never wanted.
+  SSL_CTX_set_options(ctx.get(), SSL_OP_NO_RENEGOTIATION | SSL_OP_NO_COMPRESSION | SSL_OP_IGNORE_UNEXPECTED_EOF);
   if (SSL_CTX_use_certificate(ctx.get(), l) != 1 || SSL_CTX_add1_chain_cert(ctx.get(), issuer) != 1 ||
       SSL_CTX_use_PrivateKey(ctx.get(), key_->leaf_key.get()) != 1) {
     return SslError("server certificate for " + host);
@@ -201,7 +203,7 @@ Result<SslCtxPtr> MakeUpstreamContext() {
   SslCtxPtr ctx(SSL_CTX_new(TLS_client_method()));
   if (!ctx) return SslError("SSL_CTX_new");
   SSL_CTX_set_min_proto_version(ctx.get(), TLS1_2_VERSION);
-  SSL_CTX_set_options(ctx.get(), SSL_OP_NO_RENEGOTIATION | SSL_OP_NO_COMPRESSION);
+  SSL_CTX_set_options(ctx.get(), SSL_OP_NO_RENEGOTIATION | SSL_OP_NO_COMPRESSION | SSL_OP_IGNORE_UNEXPECTED_EOF);
   SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER, nullptr);
   if (SSL_CTX_set_default_verify_paths(ctx.get()) != 1) return SslError("loading the default trust store");
   static const unsigned char kHttp11[] = {8, 'h', 't', 't', 'p', '/', '1', '.', '1'};
