@@ -481,6 +481,9 @@ int main(int argc, char** argv) {
     auto ctx = upstream_ca->ServerContext(s->host);
     if (!ctx.ok()) return 1;
     s->server = *ctx;
+    // Real upstreams hand out session tickets (RunCa's own contexts do not):
+    // the terminator resumes with them, as it would with a real host.
+    SSL_CTX_set_num_tickets(s->server, 2);
     s->fd = Listen(&s->port);
   }
 

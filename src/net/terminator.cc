@@ -175,6 +175,7 @@ struct Terminator::Impl {
   TerminatorOptions options;
   std::unique_ptr<RunCa> ca;
   SslCtxPtr upstream_ctx;
+  std::unique_ptr<UpstreamSessions> upstream_sessions;  // after upstream_ctx: destroyed first
   std::vector<std::string> names;
 
   bool Owns(std::size_t secret, const std::string& host) const {
@@ -246,6 +247,7 @@ Result<std::unique_ptr<Terminator>> Terminator::Create(const CredentialsSpec& cr
   auto upstream = MakeUpstreamContext();
   if (!upstream.ok()) return upstream.status();
   impl.upstream_ctx = std::move(*upstream);
+  impl.upstream_sessions = std::make_unique<UpstreamSessions>(impl.upstream_ctx.get());
   return t;
 }
 
@@ -485,6 +487,7 @@ awaitable<void> Connection::Run() {
     SetError("upstream-tls", s.message());
     co_return;
   }
+  t_.upstream_sessions->Offer(up.native_handle(), host_);
   // The handshake with the host runs alongside the client's first request:
   // it carries nothing of the request (the host was allowed already, and
   // the TCP connection to it is open), and no byte of a request goes to
@@ -512,6 +515,7 @@ awaitable<void> Connection::Run() {
   }
   Disarm();
   client.Shutdown();
+  if (upstream_ok_) up.Shutdown();
   // The upstream's handshake may still be under way: it ends when the
   // sockets close, and holds this object until then.
 }

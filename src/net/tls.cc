@@ -223,6 +223,63 @@ Status PrepareUpstream(SSL* ssl, const std::string& host) {
   return {};
 }
 
+namespace {
+
+// The host a client connection was made for, on the SSL object.
+int HostIndex() {
+  static const int index = SSL_get_ex_new_index(
+      0, nullptr, nullptr, nullptr, [](void*, void* p, CRYPTO_EX_DATA*, int, long, void*) {
+        delete static_cast<std::string*>(p);
+      });
+  return index;
+}
+
+constexpr std::size_t kMaxSessionHosts = 256;
+
+}  // namespace
+
+UpstreamSessions::UpstreamSessions(SSL_CTX* ctx) : ctx_(ctx) {
+  SSL_CTX_set_session_cache_mode(ctx_, SSL_SESS_CACHE_CLIENT | SSL_SESS_CACHE_NO_INTERNAL_STORE);
+  SSL_CTX_set_app_data(ctx_, this);
+  SSL_CTX_sess_set_new_cb(ctx_, &UpstreamSessions::OnNewSession);
+}
+
+UpstreamSessions::~UpstreamSessions() {
+  SSL_CTX_sess_set_new_cb(ctx_, nullptr);
+  SSL_CTX_set_app_data(ctx_, nullptr);
+  for (auto& [host, session] : by_host_) SSL_SESSION_free(session);
+}
+
+void UpstreamSessions::Offer(SSL* ssl, const std::string& host) {
+  SSL_set_ex_data(ssl, HostIndex(), new std::string(host));
+  auto it = by_host_.find(host);
+  if (it == by_host_.end()) return;
+  if (SSL_SESSION_is_resumable(it->second) != 1) {
+    SSL_SESSION_free(it->second);
+    by_host_.erase(it);
+    return;
+  }
+  SSL_set_session(ssl, it->second);
+}
+
+int UpstreamSessions::OnNewSession(SSL* ssl, SSL_SESSION* session) {
+  auto* self = static_cast<UpstreamSessions*>(SSL_CTX_get_app_data(SSL_get_SSL_CTX(ssl)));
+  auto* host = static_cast<std::string*>(SSL_get_ex_data(ssl, HostIndex()));
+  if (self == nullptr || host == nullptr) return 0;  // not kept: OpenSSL frees it
+  auto it = self->by_host_.find(*host);
+  if (it != self->by_host_.end()) {
+    SSL_SESSION_free(it->second);
+    it->second = session;
+  } else {
+    if (self->by_host_.size() >= kMaxSessionHosts) {
+      SSL_SESSION_free(self->by_host_.begin()->second);
+      self->by_host_.erase(self->by_host_.begin());
+    }
+    self->by_host_.emplace(*host, session);
+  }
+  return 1;  // kept: the reference is ours
+}
+
 std::string DefaultTrustFile() {
   const char* env = std::getenv(X509_get_default_cert_file_env());
   return env != nullptr && *env ? env : X509_get_default_cert_file();

@@ -64,6 +64,26 @@ Result<SslCtxPtr> MakeUpstreamContext();
 // address it must list, for an IP literal).
 Status PrepareUpstream(SSL* ssl, const std::string& host);
 
+// The sessions upstreams hand out (TLS 1.3 tickets, 1.2 session ids), kept
+// per host so that the next connection to the host resumes: its handshake
+// skips the certificate chain, which was verified when the session was made.
+// A session is only ever offered to the host it came from. Installs itself
+// on `ctx`, which must outlive it; used on one thread.
+class UpstreamSessions {
+ public:
+  explicit UpstreamSessions(SSL_CTX* ctx);
+  ~UpstreamSessions();
+  UpstreamSessions(const UpstreamSessions&) = delete;
+  UpstreamSessions& operator=(const UpstreamSessions&) = delete;
+  // Before the handshake: names the connection's host and offers its session.
+  void Offer(SSL* ssl, const std::string& host);
+
+ private:
+  static int OnNewSession(SSL* ssl, SSL_SESSION* session);
+  SSL_CTX* ctx_;
+  std::map<std::string, SSL_SESSION*> by_host_;
+};
+
 // The file of certificates the default trust store reads (SSL_CERT_FILE,
 // else OpenSSL's default file): what a sandbox should trust besides the
 // run CA.

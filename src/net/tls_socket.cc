@@ -95,7 +95,13 @@ TlsSocket::TlsSocket(asio::ip::tcp::socket& socket, SSL_CTX* ctx, std::string pr
   SSL_set_bio(ssl_, bio, bio);  // one BIO both ways: one reference taken
 }
 
-TlsSocket::~TlsSocket() { SSL_free(ssl_); }
+TlsSocket::~TlsSocket() {
+  // A connection freed without close_notify would mark its session (an
+  // upstream's ticket, kept for resumption) as not resumable: what ends
+  // here ends as if it had been shut down.
+  if (ssl_ != nullptr && SSL_is_init_finished(ssl_)) SSL_set_shutdown(ssl_, SSL_get_shutdown(ssl_) | SSL_SENT_SHUTDOWN);
+  SSL_free(ssl_);
+}
 
 asio::awaitable<bool> TlsSocket::Wait(int ssl_error) {
   error_code ec;
