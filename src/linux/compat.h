@@ -36,6 +36,10 @@
 #ifndef SYS_pidfd_getfd
 #define SYS_pidfd_getfd 438
 #endif
+// pidfd_open of one thread rather than of a thread group (Linux 6.9).
+#ifndef PIDFD_THREAD
+#define PIDFD_THREAD O_EXCL
+#endif
 // seccomp user notification: synchronous wake-ups (Linux 6.6).
 #ifndef SECCOMP_IOCTL_NOTIF_SET_FLAGS
 #define SECCOMP_IOCTL_NOTIF_SET_FLAGS SECCOMP_IOW(4, __u64)
@@ -196,7 +200,10 @@ inline int MoveMount(int from_dirfd, const char* from_path, int to_dirfd, const 
 inline int MountSetattr(int dirfd, const char* path, unsigned flags, MountAttr* attr) {
   return static_cast<int>(syscall(SYS_mount_setattr, dirfd, path, flags, attr, sizeof(*attr)));
 }
-inline int PidfdOpen(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
+inline int PidfdOpen(pid_t pid, unsigned flags = 0) {
+  return static_cast<int>(syscall(SYS_pidfd_open, pid, flags));
+}
+inline int PidfdGetfd(int pidfd, int fd) { return static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, fd, 0)); }
 inline int PidfdSendSignal(int pidfd, int sig) {
   return static_cast<int>(syscall(SYS_pidfd_send_signal, pidfd, sig, nullptr, 0));
 }

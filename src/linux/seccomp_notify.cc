@@ -304,18 +304,32 @@ bool InetAllowed(const InetConnectRules& rules, const struct sockaddr_storage& a
                          rules.loopback_ports.end();
 }
 
+// The caller's descriptor `fd`, duplicated here (pidfd_getfd). Invalid
+// once the notification is dealt with: answered with the error, or no
+// longer pending (the caller was killed or interrupted: nothing to answer).
+UniqueFd CallerFd(int listener, const struct seccomp_notif& req, int fd) {
+  UniqueFd pidfd(OpenThreadPidfd(static_cast<pid_t>(req.pid)));
+  int err = errno;
+  UniqueFd copy;
+  if (pidfd.valid()) {
+    copy.reset(PidfdGetfd(pidfd.get(), fd));
+    err = errno;
+  }
+  // The id may have been reused between the notification and the open:
+  // the notification still pending proves the pidfd is the caller's.
+  std::uint64_t id = req.id;
+  if (ioctl(listener, SECCOMP_IOCTL_NOTIF_ID_VALID, &id) != 0) return {};
+  if (!copy.valid()) Respond(listener, req.id, pidfd.valid() && err == EBADF ? -EBADF : -EPERM);
+  return copy;
+}
+
 // listen() on the host's network: refused on an inet socket (its autobind
 // would take a port on every interface; Landlock checks bind() only), made
 // here on the caller's socket otherwise.
 void Listen(const std::shared_ptr<NotifyResponder::State>& st, int listener, const struct seccomp_notif& req) {
   const pid_t pid = static_cast<pid_t>(req.pid);
-  UniqueFd pidfd(static_cast<int>(syscall(SYS_pidfd_open, pid, 0)));
-  if (!pidfd.valid()) return Respond(listener, req.id, -EPERM);
-  UniqueFd sock(static_cast<int>(syscall(SYS_pidfd_getfd, pidfd.get(), static_cast<int>(req.data.args[0]), 0)));
-  const int getfd_err = errno;
-  std::uint64_t id = req.id;
-  if (ioctl(listener, SECCOMP_IOCTL_NOTIF_ID_VALID, &id) != 0) return;
-  if (!sock.valid()) return Respond(listener, req.id, getfd_err == EBADF ? -EBADF : -EPERM);
+  UniqueFd sock = CallerFd(listener, req, static_cast<int>(req.data.args[0]));
+  if (!sock.valid()) return;
   int domain = 0;
   socklen_t dlen = sizeof(domain);
   if (getsockopt(sock.get(), SOL_SOCKET, SO_DOMAIN, &domain, &dlen) != 0) return Respond(listener, req.id, -errno);
@@ -349,15 +363,8 @@ void Connect(const std::shared_ptr<NotifyResponder::State>& st, int listener, co
     }
     if (got != len) return Respond(listener, req.id, -EFAULT);
   }
-  UniqueFd pidfd(static_cast<int>(syscall(SYS_pidfd_open, pid, 0)));
-  if (!pidfd.valid()) return Respond(listener, req.id, -EPERM);
-  UniqueFd sock(static_cast<int>(syscall(SYS_pidfd_getfd, pidfd.get(), fd, 0)));
-  const int getfd_err = errno;
-  // The pid may have been reused between the notification and pidfd_open:
-  // the notification still pending proves the pidfd is the caller's.
-  std::uint64_t id = req.id;
-  if (ioctl(listener, SECCOMP_IOCTL_NOTIF_ID_VALID, &id) != 0) return;
-  if (!sock.valid()) return Respond(listener, req.id, getfd_err == EBADF ? -EBADF : -EPERM);
+  UniqueFd sock = CallerFd(listener, req, fd);
+  if (!sock.valid()) return;
   int domain = 0;
   socklen_t dlen = sizeof(domain);
   if (getsockopt(sock.get(), SOL_SOCKET, SO_DOMAIN, &domain, &dlen) != 0) {
@@ -525,6 +532,35 @@ std::vector<NotifyRecord> NotifyResponder::Take() {
   (void)!read(state_->ready.get(), &n, sizeof(n));
   std::lock_guard<std::mutex> lock(state_->mu);
   return std::exchange(state_->records, {});
+}
+
+UniqueFd OpenThreadPidfd(pid_t tid) {
+  UniqueFd thread(PidfdOpen(tid, PIDFD_THREAD));
+  // EINVAL: a kernel before 6.9, which knows no PIDFD_THREAD.
+  if (thread.valid() || errno != EINVAL) return thread;
+  const pid_t group = ThreadGroupOf(tid);
+  if (group <= 0) {
+    errno = ESRCH;
+    return {};
+  }
+  return UniqueFd(PidfdOpen(group));
+}
+
+pid_t ThreadGroupOf(pid_t tid) {
+  // /proc/self names us in the pid namespace of this /proc.
+  char self[32];
+  const ssize_t n = readlink("/proc/self", self, sizeof(self));
+  if (n <= 0 || std::string(self, static_cast<std::size_t>(n)) != std::to_string(getpid())) return 0;
+  std::ifstream status("/proc/" + std::to_string(tid) + "/status");
+  std::string key;
+  while (status >> key) {
+    if (key == "Tgid:") {
+      long tgid = 0;
+      return status >> tgid ? static_cast<pid_t>(tgid) : 0;
+    }
+    status.ignore(4096, '\n');
+  }
+  return 0;
 }
 
 std::string UnixConnectDenial(const std::string& path) { return kUnixConnectPrefix + path; }

@@ -61,7 +61,7 @@ struct InetConnectRules {
 
 // One answered notification that the runner reports.
 struct NotifyRecord {
-  pid_t pid = 0;        // the caller, in the runner's pid namespace
+  pid_t pid = 0;        // the calling thread, in the runner's pid namespace
   pid_t sid = 0;        // its session when it called (sessions attribute calls by it)
   std::string denial;   // a DenialTally name: the syscall, or UnixConnectDenial(path)
 };
@@ -92,6 +92,22 @@ class NotifyResponder {
   explicit NotifyResponder(std::shared_ptr<State> state) : state_(std::move(state)) {}
   std::shared_ptr<State> state_;
 };
+
+// A seccomp notification names the calling thread (its id in the pid
+// namespace of the process that received it), and pidfd_open refuses a
+// thread that does not lead its thread group: a connect() from any thread
+// but the main one would otherwise find no pidfd. This one reaches the
+// thread's descriptors through pidfd_getfd: the thread's own pidfd
+// (PIDFD_THREAD, Linux 6.9+; its own table, even one it unshared), else
+// its thread group's (ThreadGroupOf). Invalid, with errno set, when
+// neither can be had. `tid` may name another thread by the time this
+// returns: the caller proves the pidfd is the one meant afterwards
+// (SECCOMP_IOCTL_NOTIF_ID_VALID: a caller still waiting cannot have exited).
+UniqueFd OpenThreadPidfd(pid_t tid);
+// The thread group of the thread `tid` of our pid namespace (its leader's
+// pid, "Tgid:" in /proc/TID/status); 0 when it is gone, or when /proc is
+// not our pid namespace's (its numbers would name other processes).
+pid_t ThreadGroupOf(pid_t tid);
 
 // The tally name of a refused connect() to the unix socket at `path`, and
 // back. Both supervisors turn such names into filesystem denials.

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "harness.h"
+#include "net_fixtures.h"
 #include "linux/fd.h"
 
 namespace agentbox::e2e {
@@ -236,6 +237,24 @@ TEST(LandlockOnlyNetwork, AllowedHostThroughTheProxy) {
   for (const auto& m : (*r.report)["enforcement"]["missing"]) {
     EXPECT_NE(m["facet"], "network") << r.Describe();
   }
+}
+
+// From a worker thread (where libuv, Go and Java make their connects) as
+// from the main one: the proxy is reached, a direct dial is refused and
+// reported.
+TEST(LandlockOnlyNetwork, ConnectsFromAWorkerThreadReachTheProxyAndNothingElse) {
+  ASSERT_TRUE(HavePython()) << "python3 is missing (scripts/install-deps.sh installs it)";
+  HostServer server;
+  ASSERT_GT(server.port(), 0);
+  Sandbox box;
+  WriteFile(box.ws() + "/threaded.py", kThreadedClient);
+  RunResult r = box.RunArgv({"python3", "threaded.py", server.url(), server.target()},
+                            LandlockWith({"--allow-domain", server.target()}));
+  EXPECT_EQ(r.status, 0) << r.Describe();
+  EXPECT_EQ(Lines(r.out), (std::vector<std::string>{std::string("fetch ") + HostServer::kBody, "direct errno=13"}))
+      << r.Describe();
+  EXPECT_EQ(server.served(), 1);
+  EXPECT_NE(NetworkDenial(r, "connect", server.target()), nullptr) << r.Describe();
 }
 
 TEST(LandlockOnlyNetwork, DeniedHostThroughTheProxyIsRefusedAndReported) {

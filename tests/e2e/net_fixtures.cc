@@ -171,6 +171,34 @@ print("PORT", srv.server_address[1], flush=True)
 srv.serve_forever()
 )PY";
 
+const char* const kThreadedClient = R"PY(
+import os, socket, sys, threading, urllib.request
+for name in ("NO_PROXY", "no_proxy"):
+    os.environ.pop(name, None)
+def in_worker(call):
+    out = []
+    def run():
+        try:
+            if threading.get_native_id() == os.getpid():
+                raise RuntimeError("not a worker thread")
+            out.append(call())
+        except OSError as e:
+            out.append("errno=%d" % e.errno if e.errno else repr(e))
+        except Exception as e:
+            out.append(repr(e))
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    return out[0]
+print("fetch", in_worker(lambda: urllib.request.urlopen(sys.argv[1], timeout=10).read().decode()), flush=True)
+if len(sys.argv) > 2:
+    host, port = sys.argv[2].rsplit(":", 1)
+    def direct():
+        socket.create_connection((host, int(port)), timeout=10).close()
+        return "ok"
+    print("direct", in_worker(direct), flush=True)
+)PY";
+
 const char* const kWithHosts = R"PY(
 import ctypes, os, sys
 libc = ctypes.CDLL(None, use_errno=True)

@@ -63,6 +63,13 @@ struct TestCa {
 // before each answer leaves.
 extern const char* const kGitServer;
 
+// A python3 client whose every connect() is made on a worker thread (as
+// libuv, Go or Java make theirs): fetches argv[1] through the proxy that
+// HTTP_PROXY names (NO_PROXY cleared), printing "fetch <body>" or "fetch
+// <error>"; with argv[2] (HOST:PORT), then connects there directly and
+// prints "direct ok" or "direct errno=N".
+extern const char* const kThreadedClient;
+
 // Runs argv[3:] in a new mount namespace (and, when not root, a user
 // namespace mapping only the caller's own ids) where argv[1] is bound over
 // /etc/hosts: the supervisor's resolver then knows the test's names.

@@ -149,6 +149,26 @@ TEST(Network, PythonUrllibThroughTheProxy) {
   EXPECT_TRUE(Contains(r.out, kBody)) << r.Describe();
 }
 
+// Every connect() of a multi-threaded client (libuv, Go, Java) comes from
+// a thread other than the main one; through the proxy it gets where the
+// main thread's would, and a direct dial finds only the sandbox's loopback.
+TEST(Network, ConnectsFromAWorkerThreadReachTheProxy) {
+  ASSERT_FALSE(Python().empty()) << "python3 is missing (scripts/install-deps.sh installs it)";
+  HostServer server;
+  ASSERT_GT(server.port(), 0);
+  Sandbox sb;
+  WriteFile(sb.ws() + "/threaded.py", kThreadedClient);
+  RunResult r = sb.RunArgv({"python3", "threaded.py", server.url(), server.target()},
+                           {"--allow-domain", server.target()});
+  EXPECT_EQ(r.status, 0) << r.Describe();
+  EXPECT_EQ(Lines(r.out), (std::vector<std::string>{std::string("fetch ") + kBody, "direct errno=111"}))
+      << r.Describe();
+  EXPECT_EQ(server.served(), 1);
+  const nlohmann::json* c = Connections(r);
+  ASSERT_NE(c, nullptr) << r.Describe();
+  EXPECT_EQ((*c)["allowed"], 1) << r.Describe();
+}
+
 TEST(Network, Socks5WithRemoteNames) {
   HostServer server;
   ASSERT_GT(server.port(), 0);

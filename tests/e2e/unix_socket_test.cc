@@ -191,6 +191,52 @@ TEST_P(UnixSockets, ASocketThePolicyNamesIsReachable) {
   EXPECT_EQ(other.Accepted(), 0);
 }
 
+// A seccomp notification names the calling thread, not its process: every
+// connect() and listen() of a multi-threaded program (libuv, Go, Java,
+// Python's threads) comes from a thread other than the main one. Decided
+// there exactly as on the main thread: a named socket and the sandbox's own
+// are reached, another is refused and reported.
+TEST_P(UnixSockets, CallsFromAWorkerThreadAreDecidedAsAnyOther) {
+  Sandbox box;
+  HostListener named(box.scratch() + "/named.sock");
+  HostListener other(box.ws() + "/other.sock");
+  ASSERT_TRUE(named.ok() && other.ok());
+  const std::string policy = box.scratch() + "/policy.yaml";
+  WriteFile(policy, "version: 1\nfilesystem:\n  unix_sockets: [" + box.scratch() + "/named.sock]\n");
+  const char kThreaded[] =
+      "import os, socket, sys, threading\n"
+      "def connect(name, p):\n"
+      "    s = socket.socket(socket.AF_UNIX)\n"
+      "    try:\n"
+      "        s.connect(p); s.sendall(b'hello'); print(name, 'ok')\n"
+      "    except OSError as e:\n"
+      "        print(name, 'errno=%d' % e.errno)\n"
+      "def own():\n"
+      "    p = os.path.join(os.environ.get('TMPDIR', '/tmp'), 'thread.sock')\n"
+      "    srv = socket.socket(socket.AF_UNIX)\n"
+      "    try:\n"
+      "        srv.bind(p); srv.listen(1)\n"
+      "        c = socket.socket(socket.AF_UNIX); c.connect(p); c.sendall(b'x')\n"
+      "        print('own', 'ok' if srv.accept()[0].recv(1) == b'x' else 'short')\n"
+      "    except OSError as e:\n"
+      "        print('own', 'errno=%d' % e.errno)\n"
+      "    os.unlink(p)\n"
+      "def worker(f, *args):\n"
+      "    if threading.get_native_id() == os.getpid(): print('not a worker thread')\n"
+      "    f(*args)\n"
+      "for args in ((connect, 'named', sys.argv[1]), (connect, 'other', sys.argv[2]), (own,)):\n"
+      "    t = threading.Thread(target=worker, args=args); t.start(); t.join()\n";
+  RunResult r = box.RunArgv({"python3", "-c", kThreaded, box.scratch() + "/named.sock", "other.sock"},
+                            Options({"--policy", policy}));
+  EXPECT_EQ(r.status, 0) << r.Describe();
+  EXPECT_EQ(Lines(r.out), (std::vector<std::string>{"named ok", "other errno=13", "own ok"})) << r.Describe();
+  std::string data;
+  EXPECT_EQ(named.Accepted(&data), 1);
+  EXPECT_EQ(data, "hello");
+  EXPECT_EQ(other.Accepted(), 0);
+  EXPECT_EQ(ConnectDenials(r), std::vector<std::string>{"other.sock"}) << r.Describe();
+}
+
 TEST_P(UnixSockets, TheSandboxsOwnListenersAreReachable) {
   Sandbox box;
   // A server inside the sandbox (in $TMPDIR, and in the workspace), a
