@@ -183,6 +183,8 @@ Result<LockedBytes> RunCommandSecret(const SecretSpec& spec) {
 
 }  // namespace
 
+void ScrubEnvironmentSource(const std::string& name) { (void)CaptureEnv(name); }
+
 // --- LockedBytes ----------------------------------------------------------------
 
 Result<LockedBytes> LockedBytes::Copy(std::string_view data) {

@@ -87,6 +87,11 @@ class SecretStore {
   std::vector<LockedBytes> values_;
 };
 
+// Takes an environment variable as an `env` source does (copied once per
+// process, scrubbed from the environment) without using it: a secret whose
+// value came from elsewhere (a rotation) leaves no copy behind either.
+void ScrubEnvironmentSource(const std::string& name);
+
 // "credentials.secrets.github (from env GH_TOKEN)" for errors and explain.
 std::string DescribeSecret(const SecretSpec& spec);
 

@@ -155,7 +155,8 @@ Result<std::unique_ptr<World>> World::Start(const std::string& exe, const Plan& 
 
   // The plan travels in a memfd on fd 4, never in the environment (where it
   // would stay readable in /proc/PID/environ), and the supervisor starts with
-  // an empty environment: the variables the plan passes are resolved here.
+  // an environment of SSL_CERT_FILE and SSL_CERT_DIR alone (paths, where the
+  // daemon has them): the variables the plan passes are resolved here.
   // The secrets are read here, where their sources are (the daemon's
   // environment, files, commands), before anything is spawned: a missing one
   // fails the start. They are the world's first message on its channel.
@@ -167,7 +168,11 @@ Result<std::unique_ptr<World>> World::Start(const std::string& exe, const Plan& 
   if (plan.network.terminate && !plan.network.credentials.secrets.empty()) {
     std::vector<SecretSpec> from_sources;
     for (const auto& spec : plan.network.credentials.secrets) {
-      if (rotated == nullptr || !rotated->count(spec.name)) from_sources.push_back(spec);
+      if (rotated == nullptr || !rotated->count(spec.name)) {
+        from_sources.push_back(spec);
+      } else if (spec.from.kind == SecretSource::Kind::kEnv) {
+        net::ScrubEnvironmentSource(spec.from.env);
+      }
     }
     auto store = net::SecretStore::Create(from_sources);
     if (!store.ok()) return store.status();
@@ -201,7 +206,16 @@ Result<std::unique_ptr<World>> World::Start(const std::string& exe, const Plan& 
     if (w < 0) return Status::Errno("session", "write", "agentbox-plan");
     off += static_cast<size_t>(w);
   }
-  char* envp[] = {nullptr};
+  // Nothing of the daemon's environment but where it takes its trust from:
+  // the world's proxy verifies upstreams, and builds the sandbox's CA
+  // bundle, with the same roots as the daemon.
+  std::vector<std::string> trust;
+  for (const char* name : {"SSL_CERT_FILE", "SSL_CERT_DIR"}) {
+    if (const char* v = getenv(name); v != nullptr && *v) trust.push_back(std::string(name) + "=" + v);
+  }
+  std::vector<char*> envp;
+  for (auto& t : trust) envp.push_back(t.data());
+  envp.push_back(nullptr);
   std::string arg0 = "agentbox", arg1 = "__world";
   char* argv[] = {arg0.data(), arg1.data(), nullptr};
 
@@ -237,7 +251,7 @@ Result<std::unique_ptr<World>> World::Start(const std::string& exe, const Plan& 
   posix_spawnattr_setsigdefault(&attr, &all);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
   pid_t pid = -1;
-  int rc = posix_spawn(&pid, exe.c_str(), &actions, &attr, argv, envp);
+  int rc = posix_spawn(&pid, exe.c_str(), &actions, &attr, argv, envp.data());
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
   if (rc != 0) return Status::Syscall("session", "posix_spawn", exe, rc);
@@ -368,6 +382,8 @@ void World::PumpChannel(bool until_stats, int wait_ms) {
              (!connections_.empty() && Clock::now() - connections_.front().first > kConnectionsKeptFor)) {
         connections_.pop_front();
       }
+    } else if (t == "rotated") {
+      rotation_error_ = m.value("error", "");
     } else if (t == "stats") {
       oom_kills_ = m.value("oom_kills", std::uint64_t{0});
       stats_fresh_ = true;
@@ -394,9 +410,23 @@ std::uint64_t World::QueryOomKills() {
 Status World::RotateSecret(const std::string& name, std::string_view value) {
   std::string text = SecretsMessage("rotate", {{name, value}});
   std::lock_guard<std::mutex> lock(channel_mu_);
+  {
+    std::lock_guard<std::mutex> state(state_mu_);
+    rotation_error_.reset();
+  }
   const bool sent = !dead_ && send(channel_.get(), text.data(), text.size(), MSG_NOSIGNAL) > 0;
   net::Wipe(text);
   if (!sent) return Status::Error(kWorldGone, "the session's sandbox is not running");
+  // The supervisor answers its channel in order: once a stats request sent
+  // after the rotation is answered, the rotation has been applied (or
+  // refused, which it says first).
+  const std::string stats = json{{"op", "stats"}}.dump();
+  if (send(channel_.get(), stats.data(), stats.size(), MSG_NOSIGNAL) > 0) PumpChannel(true, 5000);
+  std::lock_guard<std::mutex> state(state_mu_);
+  if (!rotation_error_) {
+    return Status::Error(kWorldGone, "the session's supervisor did not confirm the rotation of " + name);
+  }
+  if (!rotation_error_->empty()) return Status::Error("credentials", *rotation_error_);
   return {};
 }
 

@@ -138,6 +138,7 @@ class World {
   void PumpChannel(bool until_stats, int wait_ms);
   std::uint64_t QueryOomKills();
 
+  std::optional<std::string> rotation_error_;  // the last "rotated" answer ("" = applied); state_mu_
   pid_t supervisor_pid_ = -1;
   std::string cgroup_mechanism_;
   linux::RlimitsSet rlimits_;

@@ -331,8 +331,7 @@ int WorldMain() {
             Status rotated = secrets ? secrets->Rotate(name, value)
                                      : Status::Error("credentials", "this session has no secrets");
             net::Wipe(value);
-            Send(json{{"t", "note"}, {"message", rotated.ok() ? "credentials.secrets." + name + " rotated"
-                                                                : rotated.message()}});
+            Send(json{{"t", "rotated"}, {"name", name}, {"error", rotated.ok() ? "" : rotated.message()}});
           }
         }
         if (op == "stats") {

@@ -10,9 +10,8 @@
 // e2e fixtures). The daemon runs in a mount namespace of its own (and, when
 // not root, a user namespace mapping only the caller's ids) where a hosts
 // file is bound over /etc/hosts and the test CA over OpenSSL's default trust
-// file: a world's supervisor starts with an empty environment, so the
-// daemon's SSL_CERT_FILE does not reach it
-// (DISABLED_TheDaemonsSslCertFileIsTheTrustOfItsWorlds pins that down).
+// file; TheDaemonsSslCertFileIsTheTrustOfItsWorlds shows the daemon's own
+// SSL_CERT_FILE reaching its worlds instead.
 #include <gtest/gtest.h>
 #include <openssl/x509.h>
 #include <signal.h>
@@ -431,12 +430,9 @@ TEST_F(SessionCredentials, ASessionWithoutSecretsRefusesARotation) {
 
 // The daemon's SSL_CERT_FILE is what its worlds verify upstreams against,
 // as `agentbox run` does with its own: here only the hosts file is bound,
-// and the test CA is named by SSL_CERT_FILE in the daemon's environment alone.
-// Disabled while it fails: World::Start (src/session/world.cc) spawns the
-// supervisor with an empty environment, so its proxy verifies against
-// OpenSSL's default trust file whatever the daemon's SSL_CERT_FILE says.
-// Run it with --gtest_also_run_disabled_tests.
-TEST_F(SessionCredentials, DISABLED_TheDaemonsSslCertFileIsTheTrustOfItsWorlds) {
+// and the test CA is named by SSL_CERT_FILE in the daemon's environment alone
+// (World::Start hands SSL_CERT_FILE and SSL_CERT_DIR to the world).
+TEST_F(SessionCredentials, TheDaemonsSslCertFileIsTheTrustOfItsWorlds) {
   ASSERT_NO_FATAL_FAILURE(StartDaemon(/*bind_trust=*/false));
   const std::string id = Create();
   ASSERT_FALSE(id.empty());
