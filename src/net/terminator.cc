@@ -79,6 +79,16 @@ awaitable<error_code> Feed(TlsSocket& s, beast::flat_buffer& buf, Parser& p, Eno
   }
 }
 
+// One chunk of a chunked body: its size in hex, the bytes, CRLF.
+std::string Chunk(std::string_view piece) {
+  char size[32];
+  std::snprintf(size, sizeof size, "%zx\r\n", piece.size());
+  std::string out(size);
+  out.append(piece);
+  out += "\r\n";
+  return out;
+}
+
 std::string TargetText(const std::string& host, std::uint16_t port) {
   if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);
   return host + ":" + std::to_string(port);
@@ -803,9 +813,7 @@ awaitable<bool> Connection::SendBody(TlsStream& client, TlsStream& up, beast::fl
     }
     bool ok = false;
     if (chunked) {
-      char size[32];
-      std::snprintf(size, sizeof size, "%zx\r\n", n);
-      ok = co_await Write(up, std::string(size) + std::string(piece) + "\r\n", &up_bytes_);
+      ok = co_await Write(up, Chunk(piece), &up_bytes_);
     } else {
       ok = co_await WriteView(up, piece, &up_bytes_);
     }
@@ -954,22 +962,14 @@ awaitable<bool> Connection::Relay(TlsStream& client, TlsStream& up, beast::flat_
       }
       std::string piece = redactor.active() ? redactor.Feed({buf.data(), n}) : std::string(buf.data(), n);
       if (!piece.empty()) {
-        if (chunked) {
-          char size[32];
-          std::snprintf(size, sizeof size, "%zx\r\n", piece.size());
-          piece = std::string(size) + piece + "\r\n";
-        }
+        if (chunked) piece = Chunk(piece);
         const bool ok = co_await Write(client, std::move(piece), &down_bytes_);
         if (!ok) co_return false;
       }
     }
     std::string rest = redactor.active() ? redactor.Flush() : std::string();
     if (!rest.empty()) {
-      if (chunked) {
-        char size[32];
-        std::snprintf(size, sizeof size, "%zx\r\n", rest.size());
-        rest = std::string(size) + rest + "\r\n";
-      }
+      if (chunked) rest = Chunk(rest);
       const bool ok = co_await Write(client, std::move(rest), &down_bytes_);
       if (!ok) co_return false;
     }

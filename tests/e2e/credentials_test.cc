@@ -37,7 +37,7 @@ namespace {
 // each answer leaves, "BAD <status> <why>" for a request it refuses while
 // parsing it (a line too long, a malformed request line), "TLS-FAILED ..."
 // for a handshake that failed.
-const char* const kApiServer = R"PY(
+const std::string kApiServer = R"PY(
 import http.server, json, ssl, sys
 token, tls = sys.argv[1], sys.argv[2:]
 ctx = None
@@ -83,27 +83,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             n -= min(n, len(chunk))
     def log_message(self, *args):
         pass
-class Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    def finish_request(self, request, client_address):
-        if ctx is None:
-            return super().finish_request(request, client_address)
-        # The handshake in the connection's own thread: a client that stalls
-        # holds up nobody else.
-        request.settimeout(30)
-        try:
-            conn = ctx.wrap_socket(request, server_side=True)
-        except (OSError, ssl.SSLError) as e:
-            print("TLS-FAILED", type(e).__name__, e, flush=True)
-            return
-        try:
-            self.RequestHandlerClass(conn, client_address, self)
-        finally:
-            conn.close()
-srv = Server(("127.0.0.1", 0), Handler)
-print("PORT", srv.server_address[1], flush=True)
-srv.serve_forever()
-)PY";
+)PY" + std::string(kThreadingServerMain);
 
 // ------------------------------------------------------------ clients run inside the sandbox
 

@@ -76,7 +76,33 @@ TestCa::TestCa(const std::string& dir) {
   ok = true;
 }
 
-const char* const kGitServer = R"PY(
+// The end of a python3 test server: a threading HTTP server whose connections
+// each do their TLS handshake in their own thread (a client that stalls holds
+// up nobody), on 127.0.0.1:0, printing "PORT <n>" first. The script before it
+// defines `Handler` and `ctx` (an ssl.SSLContext, or None for plain HTTP).
+const char* const kThreadingServerMain = R"PY(class Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    def finish_request(self, request, client_address):
+        if ctx is None:
+            return super().finish_request(request, client_address)
+        # The handshake in the connection's own thread: a client that stalls
+        # holds up nobody else.
+        request.settimeout(30)
+        try:
+            conn = ctx.wrap_socket(request, server_side=True)
+        except (OSError, ssl.SSLError) as e:
+            print("TLS-FAILED", type(e).__name__, e, flush=True)
+            return
+        try:
+            self.RequestHandlerClass(conn, client_address, self)
+        finally:
+            conn.close()
+srv = Server(("127.0.0.1", 0), Handler)
+print("PORT", srv.server_address[1], flush=True)
+srv.serve_forever()
+)PY";
+
+const std::string kGitServer = R"PY(
 import base64, http.server, os, ssl, subprocess, sys
 root, args = sys.argv[1], sys.argv[2:]
 ctx, basic = None, None
@@ -149,27 +175,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(payload)
     def log_message(self, *args):
         pass
-class Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    def finish_request(self, request, client_address):
-        if ctx is None:
-            return super().finish_request(request, client_address)
-        # The handshake in the connection's own thread: a client that stalls
-        # holds up nobody else.
-        request.settimeout(30)
-        try:
-            conn = ctx.wrap_socket(request, server_side=True)
-        except (OSError, ssl.SSLError) as e:
-            print("TLS-FAILED", type(e).__name__, e, flush=True)
-            return
-        try:
-            self.RequestHandlerClass(conn, client_address, self)
-        finally:
-            conn.close()
-srv = Server(("127.0.0.1", 0), Handler)
-print("PORT", srv.server_address[1], flush=True)
-srv.serve_forever()
-)PY";
+)PY" + std::string(kThreadingServerMain);
 
 const char* const kThreadedClient = R"PY(
 import os, socket, sys, threading, urllib.request

@@ -61,7 +61,9 @@ struct TestCa {
 // REMOTE_USER=USER (receive-pack also needs http.receivepack in the
 // repository). Prints "GIT <method> <path> <status> auth=<ok|bad|none>"
 // before each answer leaves.
-extern const char* const kGitServer;
+extern const std::string kGitServer;
+// The shared end of the python3 test servers (see net_fixtures.cc).
+extern const char* const kThreadingServerMain;
 
 // A python3 client whose every connect() is made on a worker thread (as
 // libuv, Go or Java make theirs): fetches argv[1] through the proxy that

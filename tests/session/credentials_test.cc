@@ -36,7 +36,7 @@ using e2e::Contains;
 // "REQ <method> <path> <the Authorization field, or -none->" before each
 // answer leaves; answers 200 to a request with a bearer token, 401 to any
 // other, and never echoes the field.
-const char* const kBearerServer = R"PY(
+const std::string kBearerServer = R"PY(
 import http.server, json, ssl, sys
 ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
 ctx.load_cert_chain(sys.argv[1], sys.argv[2])
@@ -54,23 +54,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(data)
     def log_message(self, *args):
         pass
-class Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    def finish_request(self, request, client_address):
-        request.settimeout(30)
-        try:
-            conn = ctx.wrap_socket(request, server_side=True)
-        except (OSError, ssl.SSLError) as e:
-            print("TLS-FAILED", type(e).__name__, e, flush=True)
-            return
-        try:
-            self.RequestHandlerClass(conn, client_address, self)
-        finally:
-            conn.close()
-srv = Server(("127.0.0.1", 0), Handler)
-print("PORT", srv.server_address[1], flush=True)
-srv.serve_forever()
-)PY";
+)PY" + std::string(e2e::kThreadingServerMain);
 
 // kWithHosts for several files: runs argv after "--" in a new mount
 // namespace (and, when not root, a user namespace mapping only the caller's
