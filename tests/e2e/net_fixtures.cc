@@ -205,23 +205,25 @@ if len(sys.argv) > 2:
     print("direct", in_worker(direct), flush=True)
 )PY";
 
-const char* const kWithHosts = R"PY(
+const char* const kWithBinds = R"PY(
 import ctypes, os, sys
 libc = ctypes.CDLL(None, use_errno=True)
-hosts, argv = sys.argv[1], sys.argv[2:]
+sep = sys.argv.index("--")
+pairs, argv = sys.argv[1:sep], sys.argv[sep + 1:]
 uid, gid = os.getuid(), os.getgid()
 CLONE_NEWNS, CLONE_NEWUSER = 0x20000, 0x10000000
 MS_BIND, MS_REC, MS_PRIVATE = 0x1000, 0x4000, 1 << 18
 def check(rc, what):
     if rc != 0:
-        sys.exit("with-hosts: %s: %s" % (what, os.strerror(ctypes.get_errno())))
+        sys.exit("with-binds: %s: %s" % (what, os.strerror(ctypes.get_errno())))
 check(libc.unshare(CLONE_NEWNS if uid == 0 else CLONE_NEWNS | CLONE_NEWUSER), "unshare")
 if uid != 0:
     for name, text in (("setgroups", "deny"), ("uid_map", "%d %d 1" % (uid, uid)), ("gid_map", "%d %d 1" % (gid, gid))):
         with open("/proc/self/" + name, "w") as f:
             f.write(text)
 check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
-check(libc.mount(hosts.encode(), b"/etc/hosts", None, MS_BIND, None), "bind " + hosts + " over /etc/hosts")
+for source, target in zip(pairs[0::2], pairs[1::2]):
+    check(libc.mount(source.encode(), target.encode(), None, MS_BIND, None), "bind %s over %s" % (source, target))
 os.execv(argv[0], argv)
 )PY";
 
@@ -229,10 +231,10 @@ RunResult RunWithHosts(const Sandbox& sb, const std::string& hosts, const std::s
                        const std::vector<std::string>& options, int timeout_ms,
                        const std::vector<std::string>& extra_env) {
   WriteFile(sb.scratch() + "/hosts", hosts);
-  WriteFile(sb.scratch() + "/with_hosts.py", kWithHosts);
+  WriteFile(sb.scratch() + "/with_binds.py", kWithBinds);
   unlink(sb.report_path().c_str());
-  std::vector<std::string> args = {Python(), sb.scratch() + "/with_hosts.py", sb.scratch() + "/hosts",
-                                   AgentboxBin(), "run", "--report", sb.report_path()};
+  std::vector<std::string> args = {Python(), sb.scratch() + "/with_binds.py", sb.scratch() + "/hosts", "/etc/hosts",
+                                   "--", AgentboxBin(), "run", "--report", sb.report_path()};
   args.insert(args.end(), options.begin(), options.end());
   args.insert(args.end(), {"--", "sh", "-c", script});
   Command c = sb.AgentboxCommand({}, extra_env);

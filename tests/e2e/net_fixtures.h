@@ -72,10 +72,11 @@ extern const char* const kThreadingServerMain;
 // prints "direct ok" or "direct errno=N".
 extern const char* const kThreadedClient;
 
-// Runs argv[3:] in a new mount namespace (and, when not root, a user
-// namespace mapping only the caller's own ids) where argv[1] is bound over
-// /etc/hosts: the supervisor's resolver then knows the test's names.
-extern const char* const kWithHosts;
+// `with_binds.py SOURCE TARGET [SOURCE TARGET ...] -- ARGV...`: runs ARGV in
+// a new mount namespace (and, when not root, a user namespace mapping only
+// the caller's own ids) where each SOURCE is bound over its TARGET: a hosts
+// file over /etc/hosts lets the supervisor's resolver know the test's names.
+extern const char* const kWithBinds;
 
 // `agentbox run` as Sandbox::RunArgv does (sh -c `script`), with `hosts` as
 // the supervisor's /etc/hosts and `extra_env` added to agentbox's own

@@ -742,12 +742,12 @@ struct TerminalAsk {
               const std::vector<std::string>& prefix = {}) {
     const std::string p = std::to_string(port);
     WriteFile(sb.scratch() + "/hosts", "127.0.0.1 ask.test\n");
-    WriteFile(sb.scratch() + "/with_hosts.py", kWithHosts);
+    WriteFile(sb.scratch() + "/with_binds.py", kWithBinds);
     std::string policy = PolicyFile(sb, "  allow: [\"127.0.0.1:" + p + "\"]\n  on_unknown_domain: ask\n");
     unlink(sb.report_path().c_str());
     std::vector<std::string> argv = prefix;
-    argv.insert(argv.end(), {Python(), sb.scratch() + "/with_hosts.py", sb.scratch() + "/hosts", AgentboxBin(), "run",
-                             "--report", sb.report_path(), "--policy", policy});
+    argv.insert(argv.end(), {Python(), sb.scratch() + "/with_binds.py", sb.scratch() + "/hosts", "/etc/hosts", "--",
+                             AgentboxBin(), "run", "--report", sb.report_path(), "--policy", policy});
     argv.insert(argv.end(), extra.begin(), extra.end());
     argv.insert(argv.end(), {"--", "sh", "-c", script});
     run = std::make_unique<PtyRun>(argv, sb.Env({"TERM=dumb"}), sb.ws());

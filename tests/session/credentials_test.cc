@@ -56,32 +56,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
         pass
 )PY" + std::string(e2e::kThreadingServerMain);
 
-// kWithHosts for several files: runs argv after "--" in a new mount
-// namespace (and, when not root, a user namespace mapping only the caller's
-// own ids) where each SOURCE TARGET pair before it is bound, SOURCE over
-// TARGET.
-const char* const kWithBinds = R"PY(
-import ctypes, os, sys
-libc = ctypes.CDLL(None, use_errno=True)
-sep = sys.argv.index("--")
-pairs, argv = sys.argv[1:sep], sys.argv[sep + 1:]
-uid, gid = os.getuid(), os.getgid()
-CLONE_NEWNS, CLONE_NEWUSER = 0x20000, 0x10000000
-MS_BIND, MS_REC, MS_PRIVATE = 0x1000, 0x4000, 1 << 18
-def check(rc, what):
-    if rc != 0:
-        sys.exit("with-binds: %s: %s" % (what, os.strerror(ctypes.get_errno())))
-check(libc.unshare(CLONE_NEWNS if uid == 0 else CLONE_NEWNS | CLONE_NEWUSER), "unshare")
-if uid != 0:
-    for name, text in (("setgroups", "deny"), ("uid_map", "%d %d 1" % (uid, uid)), ("gid_map", "%d %d 1" % (gid, gid))):
-        with open("/proc/self/" + name, "w") as f:
-            f.write(text)
-check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
-for source, target in zip(pairs[0::2], pairs[1::2]):
-    check(libc.mount(source.encode(), target.encode(), None, MS_BIND, None), "bind %s over %s" % (source, target))
-os.execv(argv[0], argv)
-)PY";
-
 const char* const kPolicy = R"(version: 1
 mode: workspace-write
 network:
@@ -148,13 +122,13 @@ class SessionCredentials : public ::testing::Test {
     rotated_ = "tok-rotated-" + e2e::RandomHex(16);
   }
 
-  // Starts the daemon under kWithBinds: the hosts file over /etc/hosts and,
+  // Starts the daemon under e2e::kWithBinds: the hosts file over /etc/hosts and,
   // with `bind_trust`, the test CA over OpenSSL's default trust file.
   // SSL_CERT_FILE names the test CA in the daemon's environment either way.
   void StartDaemon(bool bind_trust = true) {
     const std::string scratch = sb_->scratch();
     e2e::WriteFile(scratch + "/hosts", "127.0.0.1 api.test\n");
-    e2e::WriteFile(scratch + "/with_binds.py", kWithBinds);
+    e2e::WriteFile(scratch + "/with_binds.py", e2e::kWithBinds);
     std::string binds = scratch + "/hosts /etc/hosts";
     if (bind_trust) binds += " " + ca_->ca_pem + " " + trust_file_;
     const std::string wrapper = scratch + "/agentbox";
