@@ -7,7 +7,6 @@
 #include <openssl/evp.h>
 
 #include <boost/asio/co_spawn.hpp>
-#include <boost/asio/detached.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/ssl.hpp>
@@ -313,6 +312,7 @@ class Connection : public Terminator::Handle, public std::enable_shared_from_thi
         upstream_wait_(client.get_executor()) {}
 
   void Start() {
+    ++coroutines_;
     asio::co_spawn(client_sock_.get_executor(), Run(), [self = shared_from_this()](std::exception_ptr e) {
       if (e) {
         try {
@@ -406,12 +406,19 @@ class Connection : public Terminator::Handle, public std::enable_shared_from_thi
   }
   void Record(RequestRecord r) { outcome_.requests.push_back(std::move(r)); }
 
+  // Run has ended: the record goes out now. The caller's object (and its
+  // sockets) is let go of only when no coroutine of this connection is left
+  // that could still touch a socket (the upstream's handshake may be under
+  // way: the caller's Close ends it).
   void Finish() {
     Disarm();
     auto done = std::move(done_);
     done_ = nullptr;
     if (done) done(Conclude());
-    keep_.reset();
+    CoroutineEnded();
+  }
+  void CoroutineEnded() {
+    if (--coroutines_ == 0) keep_.reset();
   }
 
   // The caller closes the sockets next: the coroutine then ends on its own
@@ -468,7 +475,7 @@ class Connection : public Terminator::Handle, public std::enable_shared_from_thi
   std::optional<TlsSocket> client_tls_;
   std::optional<TlsSocket> upstream_tls_;
   asio::steady_timer upstream_wait_;
-  bool upstream_started_ = false;
+  int coroutines_ = 0;  // Run and the upstream's handshake, while they run
   bool upstream_done_ = false;  // the TLS handshake with the host has ended
   bool upstream_ok_ = false;    // ... and succeeded
   std::uint64_t up_bytes_ = 0;
@@ -502,10 +509,10 @@ awaitable<void> Connection::Run() {
   // it carries nothing of the request (the host was allowed already, and
   // the TCP connection to it is open), and no byte of a request goes to
   // the host before the request is decided.
-  upstream_started_ = true;
+  ++coroutines_;
   asio::co_spawn(client_sock_.get_executor(),
                  [self = shared_from_this()]() -> awaitable<void> { co_await self->UpstreamHandshake(); },
-                 asio::detached);
+                 [self = shared_from_this()](std::exception_ptr) { self->CoroutineEnded(); });
   beast::flat_buffer cbuf, ubuf;
   for (bool first = true;; first = false) {
     RequestHead head;
