@@ -412,6 +412,30 @@ TEST(ProxyHttp, DenialsAreNamed) {
   EXPECT_EQ(records.size(), 4u);
 }
 
+// Only the head is the proxy's to parse: a body past Beast's default limit
+// (1 MiB) is relayed, not refused as "body limit exceeded".
+TEST(ProxyHttp, ForwardsABodyLargerThanAMebibyte) {
+  std::size_t received = 0;
+  ScriptServer web([&](int fd) {
+    std::string head = RecvUntil(fd, "\r\n\r\n");
+    const std::size_t len = std::stoul(head.substr(head.find("Content-Length: ") + 16));
+    const std::size_t already = head.size() - (head.find("\r\n\r\n") + 4);
+    received = already + RecvN(fd, len - already).size();
+    SendAll(fd, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
+  });
+  Harness h({"web.test", "127.0.0.0/8"});
+  h.resolver().Add("web.test", {kLoop});
+  h.Start();
+  const std::size_t size = 3 << 20;
+  int fd = Connect(h.http_port());
+  SendAll(fd, "POST http://web.test:" + std::to_string(web.port()) + "/upload HTTP/1.1\r\nHost: web.test\r\n"
+              "Content-Length: " + std::to_string(size) + "\r\n\r\n" + std::string(size, 'x'));
+  std::string response = RecvUntil(fd);
+  ::close(fd);
+  EXPECT_EQ(response.rfind("HTTP/1.1 200", 0), 0u) << response.substr(0, 200);
+  EXPECT_EQ(received, size);
+}
+
 TEST(ProxyHttp, ForwardsAbsoluteUriRequests) {
   std::string seen;
   ScriptServer web([&](int fd) {
