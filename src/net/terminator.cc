@@ -593,7 +593,8 @@ Connection::Decision Connection::Decide(const RequestHead& head, std::string_vie
     r.status = status;
     std::string line = "agentbox: " + reason;
     if (!rule.empty()) line += " (rule: " + rule + ")";
-    d.response = SimpleResponse(status, denied, line);
+    // The header names the reason and, where one decided, the rule.
+    d.response = SimpleResponse(status, rule.empty() ? denied : denied + "; rule=" + rule, line);
     return d;
   };
   auto path = NormaliseRequestPath(target);

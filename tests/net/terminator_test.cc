@@ -486,7 +486,7 @@ TEST(Terminator, HttpRulesAllowAndRefuseByMethodAndPath) {
   std::string del = c.Exchange("DELETE /repos/acme/x HTTP/1.1\r\nHost: api.test:" + std::to_string(up.port()) +
                                "\r\n\r\n");
   EXPECT_NE(del.find("HTTP/1.1 403"), std::string::npos) << del;
-  EXPECT_NE(del.find("X-Agentbox-Denied: http-rule"), std::string::npos) << del;
+  EXPECT_NE(del.find("X-Agentbox-Denied: http-rule; rule=network.http_rules[api.test]"), std::string::npos) << del;
   Client c2(t, "api.test", up.port());
   std::string other = c2.Exchange(Get("api.test", up.port(), "/orgs/other"));
   EXPECT_NE(other.find("HTTP/1.1 403"), std::string::npos) << other;
