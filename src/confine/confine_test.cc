@@ -8,6 +8,7 @@
 
 #include "agentbox/plan.h"
 #include "confine/fake_host.h"
+#include "linux/compat.h"
 
 namespace agentbox {
 namespace {
@@ -465,12 +466,71 @@ TEST(Confine, NoProxyWithoutNetworkNeeds) {
   for (const auto& [k, v] : c->plan.env.set) EXPECT_NE(k, "HTTP_PROXY");
 }
 
-TEST(Confine, CredentialProxiesFailClosed) {
+TEST(Confine, TheToolGatewaysCredentialProxyFailsClosed) {
+  Policy pol = PresetFor(Mode::kWorkspaceWrite);
+  pol.credentials.tools = ToolCredentials::kVaultProxy;
+  auto c = Confine({"true"}, pol, FullHost(), Inv());
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("credentials.tools: vault_proxy"), std::string::npos) << c.status().message();
+}
+
+// Secrets (and git: proxy) are the TLS terminator's: the plan turns it on,
+// places the CA bundle as a read-only file, points the trust variables at
+// it, and the credentials facet names it; no secret value is anywhere in it.
+TEST(Confine, SecretsPlanTheTerminatorTheCaBundleAndTheTrustVariables) {
+  Policy pol = PresetFor(Mode::kWorkspaceWrite);
+  pol.network.allow = {"api.github.com"};
+  pol.credentials.git = GitCredentials::kProxy;
+  SecretSpec secret;
+  secret.name = "github";
+  secret.from.kind = SecretSource::Kind::kEnv;
+  secret.from.env = "GH_TOKEN";
+  secret.hosts = {"api.github.com"};
+  pol.credentials.secrets = {secret};
+  auto c = Confine({"true"}, pol, FullHost(), Inv());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const Plan& plan = c->plan;
+  EXPECT_TRUE(plan.network.terminate);
+  ASSERT_EQ(plan.network.credentials.secrets.size(), 1u);
+  EXPECT_EQ(plan.network.ca_bundle, "/run/agentbox/ca-bundle.pem");
+  auto file = std::find_if(plan.mounts.begin(), plan.mounts.end(),
+                           [](const MountOp& m) { return m.kind == MountKind::kFile; });
+  ASSERT_NE(file, plan.mounts.end());
+  EXPECT_EQ(file->target, plan.network.ca_bundle);
+  EXPECT_TRUE(file->read_only);
+  for (const char* name : {"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "GIT_SSL_CAINFO",
+                           "CURL_CA_BUNDLE", "CARGO_HTTP_CAINFO", "PIP_CERT"}) {
+    auto it = std::find_if(plan.env.set.begin(), plan.env.set.end(), [&](const auto& kv) { return kv.first == name; });
+    ASSERT_NE(it, plan.env.set.end()) << name;
+    EXPECT_EQ(it->second, plan.network.ca_bundle) << name;
+  }
+  EXPECT_TRUE(std::none_of(plan.env.pass.begin(), plan.env.pass.end(), [](const std::string& n) { return n == "GH_TOKEN"; }));
+  const FacetReport* facet = FacetNamed(c->enforcement, "credentials");
+  ASSERT_NE(facet, nullptr);
+  const auto& cred = facet->mechanisms;
+  EXPECT_EQ(facet->level, Level::kFull);
+  EXPECT_NE(std::find(cred.begin(), cred.end(), "tls-terminator"), cred.end());
+  EXPECT_NE(std::find(cred.begin(), cred.end(), "secrets-injected-at-egress"), cred.end());
+  // Landlock lets the bundle be read, and only read.
+  auto rule = std::find_if(plan.landlock.rules.begin(), plan.landlock.rules.end(),
+                           [&](const auto& r) { return r.path == plan.network.ca_bundle; });
+  ASSERT_NE(rule, plan.landlock.rules.end());
+  EXPECT_EQ(rule->access & ~static_cast<std::uint64_t>(LANDLOCK_ACCESS_FS_READ_FILE), 0u);
+  // The plan travels (wrap, sessions) and comes back the same.
+  auto back = PlanFromJson(PlanToJson(plan));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_TRUE(back->network.terminate);
+  ASSERT_EQ(back->network.credentials.secrets.size(), 1u);
+  EXPECT_EQ(back->network.credentials.secrets[0].from.env, "GH_TOKEN");
+  EXPECT_EQ(back->network.credentials.secrets[0].hosts, secret.hosts);
+}
+
+TEST(Confine, GitProxyWithoutASecretRunsWithANote) {
   Policy pol = PresetFor(Mode::kWorkspaceWrite);
   pol.credentials.git = GitCredentials::kProxy;
   auto c = Confine({"true"}, pol, FullHost(), Inv());
-  ASSERT_FALSE(c.ok());
-  EXPECT_NE(c.status().message().find("credentials.git: proxy"), std::string::npos) << c.status().message();
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_FALSE(c->plan.network.terminate);
 }
 
 TEST(Confine, OtherIsolationLevelsAreRefusedEvenWithPartial) {
