@@ -46,7 +46,7 @@ constexpr const char* kToken = "s3cr3t-token-value-0123456789";
 class Upstream {
  public:
   struct Seen {
-    std::string method, target, authorization, host;
+    std::string method, target, authorization, host, accept_encoding;
   };
 
   Upstream() {
@@ -113,7 +113,8 @@ class Upstream {
         in.erase(0, std::min(length, in.size()));
         auto& req = p.get();
         Seen seen{std::string(req.method_string()), std::string(req.target()),
-                  std::string(req[http::field::authorization]), std::string(req[http::field::host])};
+                  std::string(req[http::field::authorization]), std::string(req[http::field::host]),
+                  std::string(req[http::field::accept_encoding])};
         {
           std::lock_guard lock(mu_);
           seen_.push_back(seen);
@@ -314,11 +315,13 @@ TEST(Terminator, InjectsTheSecretAndTheClientNeverSeesIt) {
   ASSERT_TRUE(c.ok()) << c.connect_reply() << c.handshake_error();
   // The client sends the placeholder, as a tool given API_TOKEN would.
   std::string r = c.Exchange(Get("api.test", up.port(), "/repos/acme/x",
-                                 "Authorization: Bearer " + t.placeholder() + "\r\n"));
+                                 "Authorization: Bearer " + t.placeholder() + "\r\nAccept-Encoding: gzip\r\n"));
   ASSERT_NE(r.find("HTTP/1.1 200"), std::string::npos) << r;
   auto seen = up.seen();
   ASSERT_EQ(seen.size(), 1u);
   EXPECT_EQ(seen[0].authorization, std::string("Bearer ") + kToken);
+  // What the masking could not read (a compressed echo) is not asked for.
+  EXPECT_EQ(seen[0].accept_encoding, "identity");
   // The upstream echoed the header: the response carries it masked.
   EXPECT_EQ(r.find(kToken), std::string::npos) << r;
   EXPECT_NE(r.find("Bearer ****"), std::string::npos) << r;
