@@ -208,6 +208,7 @@ class Terminated {
     resolver_.Add("evil.test", {IpAddress::V4(0x7f000001)});
     proxy_ = std::make_unique<Proxy>(io_, std::move(*ruleset), options, resolver_, nullptr, &records_);
     EXPECT_TRUE(proxy_->Serve(Listen(&port_), ListenerKind::kHttp).ok());
+    EXPECT_TRUE(proxy_->Serve(Listen(&socks_port_), ListenerKind::kSocks5).ok());
     thread_ = std::thread([this] { io_.run(); });
   }
   ~Terminated() {
@@ -222,6 +223,7 @@ class Terminated {
     proxy_.reset();
   }
   std::uint16_t port() const { return port_; }
+  std::uint16_t socks_port() const { return socks_port_; }
   const std::string& ca_pem() const { return ca_pem_; }
   const std::string& placeholder() const { return store_->placeholder(0); }
   Records& records() { return records_; }
@@ -236,6 +238,7 @@ class Terminated {
   std::string ca_pem_;
   std::unique_ptr<Proxy> proxy_;
   std::uint16_t port_ = 0;
+  std::uint16_t socks_port_ = 0;
   std::thread thread_;
 };
 
@@ -330,6 +333,43 @@ TEST(Terminator, InjectsTheSecretAndTheClientNeverSeesIt) {
   EXPECT_NE(r2.find("HTTP/1.1 200"), std::string::npos) << r2;
   ASSERT_EQ(up.seen().size(), 2u);
   EXPECT_EQ(up.seen()[1].authorization, std::string("Bearer ") + kToken);
+}
+
+// SOCKS5 is a tunnel like CONNECT: a covered host's TLS is ended and the
+// secret injected there too.
+TEST(Terminator, ASocksTunnelToACoveredHostIsTerminatedAndInjected) {
+  Upstream up;
+  Terminated t(up);
+  int fd = Connect(t.socks_port());
+  SendAll(fd, std::string("\x05\x01\x00", 3));
+  ASSERT_EQ(RecvN(fd, 2), std::string("\x05\x00", 2));
+  const std::string host = "api.test";
+  std::string req = {5, 1, 0, 3, static_cast<char>(host.size())};
+  req += host;
+  req += static_cast<char>(up.port() >> 8);
+  req += static_cast<char>(up.port() & 0xff);
+  SendAll(fd, req);
+  std::string reply = RecvN(fd, 10);
+  ASSERT_EQ(reply.size(), 10u);
+  ASSERT_EQ(reply[1], 0) << "SOCKS reply " << static_cast<int>(reply[1]);
+  ssl::context ctx(ssl::context::tls_client);
+  ctx.add_certificate_authority(asio::buffer(t.ca_pem()));
+  ctx.set_verify_mode(ssl::verify_peer);
+  SSL* s = SSL_new(ctx.native_handle());
+  SSL_set_tlsext_host_name(s, host.c_str());
+  SSL_set1_host(s, host.c_str());
+  SSL_set_fd(s, fd);
+  ASSERT_EQ(SSL_connect(s), 1) << SslErrors("handshake");
+  const std::string get = Get(host, up.port(), "/x");
+  SSL_write(s, get.data(), static_cast<int>(get.size()));
+  char buf[4096];
+  int n = SSL_read(s, buf, sizeof buf);
+  SSL_free(s);
+  ::close(fd);
+  ASSERT_GT(n, 0);
+  EXPECT_EQ(std::string(buf, static_cast<std::size_t>(n)).rfind("HTTP/1.1 200", 0), 0u);
+  ASSERT_EQ(up.seen().size(), 1u);
+  EXPECT_EQ(up.seen()[0].authorization, std::string("Bearer ") + kToken);
 }
 
 TEST(Terminator, EveryUseIsRecordedWithoutTheValue) {
