@@ -533,6 +533,12 @@ class Session : public std::enable_shared_from_this<Session> {
           TakeTerminated(o);
           Finish(o.decision, o.reason, o.message);
         });
+    if (!terminated_) {
+      // A fatal TLS alert, internal_error: the client's library names it.
+      static const char kInternalError[] = {0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 80};
+      WriteThenFinish(std::string(kInternalError, sizeof kInternalError), "error", "terminator-busy",
+                      "too many terminated connections are open at once");
+    }
   }
 
   void TakeTerminated(Terminator::Outcome& o) {

@@ -186,6 +186,8 @@ struct Terminator::Impl {
   SslCtxPtr upstream_ctx;
   std::unique_ptr<UpstreamSessions> upstream_sessions;  // after upstream_ctx: destroyed first
   std::vector<std::string> names;
+  std::size_t open_connections = 0;
+  std::size_t push_bytes_reserved = 0;  // of options.git_push_budget
 
   bool Owns(std::size_t secret, const std::string& host) const {
     return std::any_of(secret_hosts[secret].begin(), secret_hosts[secret].end(),
@@ -309,7 +311,10 @@ class Connection : public Terminator::Handle, public std::enable_shared_from_thi
         keep_(std::move(keep)),
         done_(std::move(done)),
         timer_(client.get_executor()),
-        upstream_wait_(client.get_executor()) {}
+        upstream_wait_(client.get_executor()) {
+    ++t_.open_connections;
+  }
+  ~Connection() override { --t_.open_connections; }
 
   void Start() {
     ++coroutines_;
@@ -854,15 +859,42 @@ awaitable<bool> Connection::SendBufferedPush(TlsStream& client, TlsStream& up, b
   if (const std::string* enc = head.Field("Content-Encoding"); enc != nullptr && !IEquals(*enc, "identity")) {
     co_return co_await refuse_plain(415, "a compressed receive-pack request (" + *enc + ") cannot be checked");
   }
+  // The push is held whole while it is checked: it reserves what it may
+  // grow to (its Content-Length, or the limit) from the budget all pushes
+  // share, and gives it back when this returns.
+  const std::size_t budget_left = t_.options.git_push_budget - t_.push_bytes_reserved;
+  std::size_t limit = std::min(t_.options.git_push_limit, budget_left);
+  if (head.framing == BodyFraming::kLength) {
+    if (head.content_length > t_.options.git_push_limit) {
+      co_return co_await refuse_plain(413, "a push larger than " + std::to_string(t_.options.git_push_limit >> 20) +
+                                               " MiB cannot be checked against credentials.git.push");
+    }
+    if (head.content_length > budget_left) {
+      co_return co_await refuse_plain(503, "other pushes being checked hold the memory this one needs: push again");
+    }
+    limit = head.content_length;
+  }
+  if (limit == 0 && head.framing == BodyFraming::kChunked) {
+    co_return co_await refuse_plain(503, "other pushes being checked hold the memory this one needs: push again");
+  }
+  struct Reservation {
+    std::size_t& reserved;
+    std::size_t bytes;
+    ~Reservation() { reserved -= bytes; }
+  } reservation{t_.push_bytes_reserved, limit};
+  t_.push_bytes_reserved += limit;
   http::request_parser<http::string_body> p;
   p.header_limit(static_cast<std::uint32_t>(t_.options.header_limit));
-  p.body_limit(t_.options.git_push_limit);
+  p.body_limit(limit);
   error_code ec;
   p.put(asio::buffer(cbuf.data().data(), head.head_size), ec);
   cbuf.consume(head.head_size);
   p.eager(true);
   if (!ec && !p.is_done()) ec = co_await Feed(client, cbuf, p, [&] { return p.is_done(); });
   if (ec == http::error::body_limit) {
+    if (limit < t_.options.git_push_limit) {
+      co_return co_await refuse_plain(503, "other pushes being checked hold the memory this one needs: push again");
+    }
     co_return co_await refuse_plain(413, "a push larger than " + std::to_string(t_.options.git_push_limit >> 20) +
                                              " MiB cannot be checked against credentials.git.push");
   }
@@ -997,6 +1029,7 @@ awaitable<bool> Connection::Relay(TlsStream& client, TlsStream& up, beast::flat_
 std::shared_ptr<Terminator::Handle> Terminator::Serve(tcp::socket& client, tcp::socket& upstream,
                                                      std::string client_hello, const std::string& host,
                                                      std::uint16_t port, std::shared_ptr<void> keep_alive, Done done) {
+  if (impl_->open_connections >= impl_->options.max_connections) return nullptr;
   auto c = std::make_shared<Connection>(*impl_, *secrets_, client, upstream, std::move(client_hello), host, port,
                                         std::move(keep_alive), std::move(done));
   c->Start();

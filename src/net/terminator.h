@@ -57,6 +57,12 @@ struct TerminatorOptions {
   std::chrono::milliseconds idle_timeout{60000};    // between requests on one connection
   std::size_t header_limit = 64 * 1024;
   std::size_t git_push_limit = 256ull * 1024 * 1024;  // a receive-pack body read whole to check it
+  // What all pushes being checked at once may hold together, so that many
+  // connections cannot make the supervisor hold many limits' worth.
+  std::size_t git_push_budget = 512ull * 1024 * 1024;
+  // Terminated connections open at once (each holds two TLS connections,
+  // ~120 KiB); beyond, a new one is refused.
+  std::size_t max_connections = 1024;
 };
 
 class Terminator {
@@ -100,6 +106,7 @@ class Terminator {
   // `client_hello`) and `upstream` (connected TCP to the checked address).
   // Both sockets stay owned by the caller, who keeps them open until `done`
   // runs, or calls Abort. `keep_alive` is held until then.
+  // Null, and nothing started, when max_connections are open already.
   std::shared_ptr<Handle> Serve(boost::asio::ip::tcp::socket& client, boost::asio::ip::tcp::socket& upstream,
                                 std::string client_hello, const std::string& host, std::uint16_t port,
                                 std::shared_ptr<void> keep_alive, Done done);

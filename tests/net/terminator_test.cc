@@ -372,6 +372,34 @@ TEST(Terminator, ASocksTunnelToACoveredHostIsTerminatedAndInjected) {
   EXPECT_EQ(up.seen()[0].authorization, std::string("Bearer ") + kToken);
 }
 
+// The sandbox cannot make the supervisor hold more than its budgets: open
+// terminated connections, and pushes held whole to be checked.
+TEST(Terminator, BudgetsBoundWhatTheSandboxCanMakeTheSupervisorHold) {
+  Upstream up;
+  CredentialsSpec creds;
+  creds.secrets = {ApiSecret()};
+  creds.git_rules.push.deny_force = true;
+  TerminatorOptions options;
+  options.max_connections = 1;
+  options.git_push_budget = 4096;
+  Terminated t(up, creds, {}, options);
+  Client first(t, "api.test", up.port());
+  ASSERT_TRUE(first.ok()) << first.handshake_error();
+  // A second terminated connection while the first is open: refused.
+  Client second(t, "api.test", up.port());
+  EXPECT_FALSE(second.ok());
+  // A push larger than what is left of the budget: 503, never upstream.
+  std::string r = first.Exchange("POST /acme/app.git/git-receive-pack HTTP/1.1\r\nHost: api.test:" +
+                                 std::to_string(up.port()) +
+                                 "\r\nContent-Type: application/x-git-receive-pack-request\r\n"
+                                 "Content-Length: 100000\r\n\r\n");
+  EXPECT_NE(r.find("HTTP/1.1 503"), std::string::npos) << r;
+  EXPECT_TRUE(up.seen().empty());
+  auto records = t.records().WaitFor(1);
+  ASSERT_GE(records.size(), 1u);
+  EXPECT_EQ(records[0].reason, "terminator-busy");
+}
+
 TEST(Terminator, EveryUseIsRecordedWithoutTheValue) {
   Upstream up;
   {
