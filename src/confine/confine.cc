@@ -800,8 +800,32 @@ std::string CacheDirFor(const Invocation& inv, const char* what) {
 
 }  // namespace
 
+namespace {
+Result<ConfinedCommand> ConfinePolicy(const std::vector<std::string>& argv, const Policy& policy,
+                                      const HostCaps& host, const Invocation& inv);
+}  // namespace
+
 Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Policy& policy,
                                 const HostCaps& host, const Invocation& inv) {
+  // A secret read from a file is the supervisor's to read: the file is
+  // denied inside like any filesystem.deny entry (a token under /etc or in
+  // the workspace would otherwise be one `cat` away).
+  const bool file_secret = std::any_of(policy.credentials.secrets.begin(), policy.credentials.secrets.end(),
+                                       [](const SecretSpec& s) { return s.from.kind == SecretSource::Kind::kFile; });
+  if (!file_secret || !Confines(policy)) return ConfinePolicy(argv, policy, host, inv);
+  Policy with_files = policy;
+  for (const auto& s : policy.credentials.secrets) {
+    if (s.from.kind != SecretSource::Kind::kFile) continue;
+    auto& deny = with_files.filesystem.deny;
+    if (std::find(deny.begin(), deny.end(), s.from.file) == deny.end()) deny.push_back(s.from.file);
+  }
+  return ConfinePolicy(argv, with_files, host, inv);
+}
+
+namespace {
+
+Result<ConfinedCommand> ConfinePolicy(const std::vector<std::string>& argv, const Policy& policy,
+                                      const HostCaps& host, const Invocation& inv) {
   if (argv.empty()) return Status::Error("confine", "no command given");
   if (Status s = CheckHardRequirements(policy, inv); !s.ok()) return s;
 
@@ -1181,5 +1205,7 @@ Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Poli
   out.env.emplace_back(kPlanEnv, PlanToJson(plan));
   return out;
 }
+
+}  // namespace
 
 }  // namespace agentbox

@@ -47,6 +47,9 @@ using TlsStream = TlsSocket;
 // Reads on a connection are this big; OpenSSL hands out one record (16 KiB
 // at most) per read anyway.
 constexpr std::size_t kReadChunk = 16 * 1024;
+// Bytes a parser may leave unconsumed before the stream is refused: a head
+// has its own (smaller) limit; this bounds chunk headers and trailers.
+constexpr std::size_t kMaxUnparsed = 128 * 1024;
 
 // Feeds `p` from `buf`, reading more from `s` whenever it needs more, until
 // `enough()` holds (checked after each step) or the body buffer it was given
@@ -66,6 +69,10 @@ awaitable<error_code> Feed(TlsSocket& s, beast::flat_buffer& buf, Parser& p, Eno
     }
     if (enough()) co_return error_code();
     if (used > 0 && buf.size() > 0) continue;
+    // What the parser will not take yet (a chunk header with endless
+    // extensions, endless trailers) is bounded: bodies themselves are
+    // consumed as they come.
+    if (buf.size() >= kMaxUnparsed) co_return error_code(http::error::buffer_overflow);
     auto space = buf.prepare(kReadChunk);
     const long n = co_await s.ReadSome(space.data(), space.size());
     if (n < 0) co_return error_code(asio::error::connection_reset);
@@ -75,6 +82,29 @@ awaitable<error_code> Feed(TlsSocket& s, beast::flat_buffer& buf, Parser& p, Eno
       co_return enough() ? error_code() : error_code(http::error::end_of_stream);
     }
     buf.commit(static_cast<std::size_t>(n));
+  }
+}
+
+// "/a;x/b;y=1" → "/a/b": each segment without its parameters.
+std::string WithoutParams(std::string_view path) {
+  std::string out;
+  out.reserve(path.size());
+  bool in_params = false;
+  for (char c : path) {
+    if (c == '/') in_params = false;
+    if (c == ';') in_params = true;
+    if (!in_params) out += c;
+  }
+  return out;
+}
+
+// Whether `path` is a remote's repository or lies below one.
+bool UnderARemote(const std::vector<std::string>& remotes, const std::string& host, std::uint16_t port,
+                  std::string_view path) {
+  for (std::size_t slash = path.find('/', 1);; slash = path.find('/', slash + 1)) {
+    const std::string_view prefix = slash == std::string_view::npos ? path : path.substr(0, slash);
+    if (!prefix.empty() && RemoteMatches(remotes, host, port, prefix)) return true;
+    if (slash == std::string_view::npos) return false;
   }
 }
 
@@ -192,6 +222,10 @@ struct Terminator::Impl {
   bool Owns(std::size_t secret, const std::string& host) const {
     return std::any_of(secret_hosts[secret].begin(), secret_hosts[secret].end(),
                        [&](const Rule& r) { return Matches(r, host, 0); });
+  }
+  bool IsGitHost(const std::string& host, std::uint16_t port) const {
+    return std::any_of(git_hosts.begin(), git_hosts.end(),
+                       [&](const GitHost& g) { return g.host == host && g.port == port; });
   }
   bool PushRules() const {
     return !credentials.git_rules.push.allow_refs.empty() || credentials.git_rules.push.deny_force;
@@ -354,6 +388,37 @@ class Connection : public Terminator::Handle, public std::enable_shared_from_thi
   awaitable<bool> Relay(TlsStream& client, TlsStream& up, beast::flat_buffer& ubuf, const RequestHead& head,
                         Decision& d);
   Status Inject(RequestHead& head, Decision& d);
+
+  // A value injected on this connection, to be masked in responses: as it
+  // is, percent-encoded (upper- and lower-case hex: an echoed URL) and
+  // JSON-escaped ("\/", "\"", "\\": an echoed field in a JSON body).
+  void AddMasked(std::string_view value) {
+    static const char kUpper[] = "0123456789ABCDEF";
+    static const char kLower[] = "0123456789abcdef";
+    std::string forms[4];
+    forms[0].assign(value);
+    for (unsigned char c : value) {
+      const bool unreserved = std::isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~';
+      for (int k = 1; k <= 2; ++k) {
+        const char* digits = k == 1 ? kUpper : kLower;
+        if (unreserved) {
+          forms[k] += static_cast<char>(c);
+        } else {
+          forms[k] += '%';
+          forms[k] += digits[c >> 4];
+          forms[k] += digits[c & 15];
+        }
+      }
+      if (c == '/' || c == '"' || c == '\\') forms[3] += '\\';
+      forms[3] += static_cast<char>(c);
+    }
+    for (auto& form : forms) {
+      if (std::none_of(injected_.begin(), injected_.end(), [&](const LockedBytes& b) { return b.view() == form; })) {
+        if (auto copy = LockedBytes::Copy(form); copy.ok()) injected_.push_back(std::move(*copy));
+      }
+      Wipe(form);
+    }
+  }
 
   // A head that does not serialise back to the same request (a secret's
   // value with a line break, say): nothing goes upstream.
@@ -629,12 +694,28 @@ Connection::Decision Connection::Decide(const RequestHead& head, std::string_vie
     if (!v.allowed) return refuse(403, "network", "request", "http-rule", v.message, v.rule);
     r.rule = v.rule;
   }
-  d.git = ClassifyGitRequest(head.method, *path, query);
+  // git is classified on the path as servers route it: without the
+  // ";params" of its segments (servlet containers drop them), and
+  // ".../info/refs" is git's whatever its query says.
+  const std::string git_path = WithoutParams(*path);
+  d.git = ClassifyGitRequest(head.method, git_path, query);
+  if (d.git.service == GitService::kNone && git_path.ends_with("/info/refs")) {
+    d.git.service = GitService::kUploadPack;
+    d.git.advertisement = true;
+    d.git.repo_path = git_path.substr(0, git_path.size() - std::string_view("/info/refs").size());
+  }
   bool credentials_allowed = true;
-  if (d.git.service != GitService::kNone && !t_.credentials.git_rules.remotes.empty() &&
-      !RemoteMatches(t_.credentials.git_rules.remotes, host_, port_, d.git.repo_path)) {
-    credentials_allowed = false;
-    r.reason = "no credentials: " + d.git.repo_path + " is not in credentials.git.remotes";
+  const auto& remotes = t_.credentials.git_rules.remotes;
+  if (!remotes.empty() && t_.IsGitHost(host_, port_)) {
+    // On a host that credentials.git.remotes names, credentials go only to
+    // what lies under a remote: smart HTTP by its repository, anything else
+    // (the dumb protocol, an API beside the repositories) by its path.
+    credentials_allowed = d.git.service != GitService::kNone ? RemoteMatches(remotes, host_, port_, d.git.repo_path)
+                                                             : UnderARemote(remotes, host_, port_, git_path);
+    if (!credentials_allowed) {
+      r.reason = "no credentials: " + (d.git.service != GitService::kNone ? d.git.repo_path : git_path) +
+                 " is not in credentials.git.remotes";
+    }
   }
   d.check_push = d.git.service == GitService::kReceivePack && !d.git.advertisement && t_.PushRules();
   if (credentials_allowed) {
@@ -649,6 +730,7 @@ Connection::Decision Connection::Decide(const RequestHead& head, std::string_vie
 // Adds the host's secrets to the head. Errors (a secret that cannot be
 // read) name the secret and its source.
 Status Connection::Inject(RequestHead& head, Decision& d) {
+  std::string unsendable;
   for (std::size_t i : d.inject) {
     const SecretSpec& spec = secrets_.specs()[i];
     const std::string& placeholder = secrets_.placeholder(i);
@@ -668,28 +750,35 @@ Status Connection::Inject(RequestHead& head, Decision& d) {
           pair.append(value);
           std::string encoded = Base64(pair);
           Wipe(pair);
-          if (auto copy = LockedBytes::Copy(encoded); copy.ok()) injected_.push_back(std::move(*copy));
+          AddMasked(encoded);
           head.Set("Authorization", "Basic " + encoded);
           Wipe(encoded);
           break;
         }
         case SecretInjection::Kind::kPlaceholder: {
-          auto replace = [&](std::string& s) {
+          auto replace = [&](std::string& s, bool in_target) {
             for (std::size_t at = s.find(placeholder); at != std::string::npos;
                  at = s.find(placeholder, at + value.size())) {
+              // In the target, a placeholder right after "%" or "%X" would
+              // join a percent-escape with the value's first bytes: the
+              // host would decode something else, which the masking of
+              // responses could not recognise.
+              if (in_target && ((at >= 1 && s[at - 1] == '%') || (at >= 2 && s[at - 2] == '%'))) {
+                unsendable = "the placeholder of " + spec.name + " follows a '%' in the request target";
+                return;
+              }
               s.replace(at, placeholder.size(), value);
             }
           };
-          replace(head.target);
-          for (auto& [name, v] : head.fields) replace(v);
+          replace(head.target, true);
+          for (auto& [name, v] : head.fields) replace(v, false);
           break;
         }
       }
-      if (std::none_of(injected_.begin(), injected_.end(), [&](const LockedBytes& b) { return b.view() == value; })) {
-        if (auto copy = LockedBytes::Copy(value); copy.ok()) injected_.push_back(std::move(*copy));
-      }
+      AddMasked(value);
     });
     if (!used.ok()) return used;
+    if (!unsendable.empty()) return Status::Error("credentials", unsendable);
     d.record.secrets.push_back(spec.name);
   }
   // A response the masking cannot read (compressed) could carry an echoed
@@ -711,6 +800,14 @@ awaitable<bool> Connection::Exchange(TlsStream& client, TlsStream& up, beast::fl
   } wipe_head{head};
   head.Remove("Proxy-Authorization");
   head.Remove("Proxy-Connection");
+  // The host gets its name as it was checked, not as the client spelled it
+  // (a trailing dot, upper case): a shared front end routes on it.
+  {
+    auto authority = SplitAuthority(head.host, std::nullopt);
+    head.Set("Host", authority ? TargetText(host_, port_) : (host_.find(':') != std::string::npos ? "[" + host_ + "]" : host_));
+  }
+  // A transfer coding the relay does not frame (TE: gzip) is not asked for.
+  head.Remove("TE");
   // The proxy answers 100-continue itself once it has decided; upstream
   // gets the body straight away.
   bool expect_continue = false;
@@ -800,6 +897,7 @@ awaitable<bool> Connection::SendBody(TlsStream& client, TlsStream& up, beast::fl
   while (!p.is_done()) {
     p.get().body().data = buf.data();
     p.get().body().size = buf.size();
+    Arm(t_.options.idle_timeout, "the request body");  // idle, not total: a long upload is fine
     ec = co_await Feed(client, cbuf, p, [&] { return p.is_done() || p.get().body().size < buf.size(); });
     if (ec) {
       d.record.decision = "error";
@@ -904,6 +1002,21 @@ awaitable<bool> Connection::SendBufferedPush(TlsStream& client, TlsStream& up, b
     co_return false;
   }
   const std::string& body = p.get().body();
+  for (std::size_t i = 0; i < secrets_.specs().size(); ++i) {
+    if (!t_.Owns(i, host_) && body.find(secrets_.placeholder(i)) != std::string::npos) {
+      const std::string& name = secrets_.specs()[i].name;
+      d.refused = true;
+      d.record.decision = "deny";
+      d.record.facet = "credentials";
+      d.record.op = "send";
+      d.record.reason = "placeholder for " + name + " sent to " + host_ + " (in a push)";
+      d.record.rule = "credentials.secrets." + name + ".hosts";
+      d.record.status = 403;
+      co_await Write(client, SimpleResponse(403, "placeholder; rule=" + d.record.rule, "agentbox: " + d.record.reason),
+                     &down_bytes_);
+      co_return false;
+    }
+  }
   auto request = ParseReceivePack(body);
   if (!request.ok()) {
     co_return co_await refuse_plain(400, "malformed receive-pack request: " + request.status().message());
@@ -975,6 +1088,19 @@ awaitable<bool> Connection::Relay(TlsStream& client, TlsStream& up, beast::flat_
       d.record.reason = "the upstream switched protocols, which the terminator does not relay";
       co_return false;
     }
+    if (redactor.active() && status / 100 != 1) {
+      auto enc = m.find(http::field::content_encoding);
+      if (enc != m.end() && !IEquals(std::string_view(enc->value().data(), enc->value().size()), "identity")) {
+        // Asked for identity, answered compressed: nothing of it can be
+        // shown to be free of the value, so none of it is passed on.
+        d.record.decision = "error";
+        d.record.reason = "the response of " + TargetText(host_, port_) + " is compressed (" +
+                          std::string(enc->value()) + "), which the masking of injected values cannot read";
+        d.record.status = 502;
+        co_await Write(client, SimpleResponse(502, "", "agentbox: " + d.record.reason), &down_bytes_);
+        co_return false;
+      }
+    }
     std::string wire = "HTTP/" + std::to_string(m.version() / 10) + "." + std::to_string(m.version() % 10) + " " +
                        std::to_string(status) + " " + std::string(m.reason()) + "\r\n";
     for (const auto& f : m) {
@@ -993,6 +1119,7 @@ awaitable<bool> Connection::Relay(TlsStream& client, TlsStream& up, beast::flat_
     while (!p.is_done()) {
       m.body().data = buf.data();
       m.body().size = buf.size();
+      Arm(t_.options.idle_timeout, "the response body of " + TargetText(host_, port_));
       ec = co_await Feed(up, ubuf, p, [&] { return p.is_done() || m.body().size < buf.size(); });
       if (ec) co_return false;
       const std::size_t n = buf.size() - m.body().size;

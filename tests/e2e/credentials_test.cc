@@ -942,6 +942,23 @@ TEST_F(Credentials, SecretFromAFile) {
   ExpectNoSecretIn(r);
 }
 
+// A secret file the sandbox could otherwise see (here: in the workspace) is
+// denied inside: the supervisor reads it, the command cannot.
+TEST_F(Credentials, ASecretFileInsideTheSandboxsTreesIsDeniedThere) {
+  const std::string file = sb().ws() + "/api-token";
+  WriteFile(file, token_ + "\n", 0600);
+  Knobs k;
+  k.api_from = "{ file: \"" + file + "\" }";
+  k.api_token_in_env = false;
+  RunResult r = Run("if cat " + file + " 2>/dev/null; then echo READ; else echo DENIED; fi; curl -sS --max-time 20 " +
+                        ApiUrl("/repos/acme/x"),
+                    k);
+  EXPECT_TRUE(Contains(r.out, "DENIED")) << r.Describe();
+  EXPECT_FALSE(Contains(r.out, "READ\n")) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, "\"auth\": \"ok\"")) << r.Describe();
+  ExpectNoSecretIn(r);
+}
+
 TEST_F(Credentials, SecretFromACommand) {
   const std::string file = sb().scratch() + "/api-token";
   WriteFile(file, token_ + "\n", 0600);

@@ -278,6 +278,9 @@ class Client {
     SSL_write(ssl_, request.data(), static_cast<int>(request.size()));
     return ReadResponse();
   }
+  void Send(const std::string& data) {
+    if (handshake_ok_) SSL_write(ssl_, data.data(), static_cast<int>(data.size()));
+  }
   std::string ReadResponse() {
     std::string in;
     char buf[16384];
@@ -398,6 +401,95 @@ TEST(Terminator, BudgetsBoundWhatTheSandboxCanMakeTheSupervisorHold) {
   auto records = t.records().WaitFor(1);
   ASSERT_GE(records.size(), 1u);
   EXPECT_EQ(records[0].reason, "terminator-busy");
+}
+
+// On a host credentials.git.remotes names, credentials go only under a
+// remote, however the request is spelled.
+TEST(Terminator, GitCredentialsGoOnlyUnderTheRemotes) {
+  Upstream up;
+  CredentialsSpec creds;
+  creds.secrets = {ApiSecret()};
+  creds.git_rules.remotes = {"https://api.test:" + std::to_string(up.port()) + "/acme/*"};
+  Terminated t(up, creds);
+  const std::vector<std::pair<std::string, bool>> cases = {
+      {"/acme/app.git/info/refs?service=git-upload-pack", true},
+      {"/acme/app.git/objects/ab/cdef", true},  // the dumb protocol, under a remote
+      {"/other/secret.git/info/refs?service=git-upload-pack", false},
+      {"/other/secret.git/info/refs?service=git-upload-pack&service=git-upload-pack", false},
+      {"/other/secret.git/info/refs;x?service=git-upload-pack", false},
+      {"/api/v4/projects", false},  // an API beside the repositories
+  };
+  for (const auto& [target, injected] : cases) {
+    Client c(t, "api.test", up.port());
+    ASSERT_TRUE(c.ok()) << c.handshake_error();
+    std::string r = c.Exchange(Get("api.test", up.port(), target));
+    EXPECT_NE(r.find("HTTP/1.1 200"), std::string::npos) << target << " → " << r;
+  }
+  auto seen = up.seen();
+  ASSERT_EQ(seen.size(), cases.size());
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    EXPECT_EQ(!seen[i].authorization.empty(), cases[i].second) << cases[i].first << ": " << seen[i].authorization;
+  }
+}
+
+// A push is checked however its path is spelled (";params", which servlet
+// containers drop before routing).
+TEST(Terminator, APushWithParamsInItsPathIsStillChecked) {
+  Upstream up;
+  CredentialsSpec creds;
+  creds.secrets = {ApiSecret()};
+  creds.git_rules.remotes = {"https://api.test:" + std::to_string(up.port()) + "/acme/*"};
+  creds.git_rules.push.allow_refs = {"refs/heads/agent/*"};
+  Terminated t(up, creds);
+  const std::string line = std::string(40, '0') + " " + std::string(40, '1') + " refs/heads/main" + '\0' +
+                           "report-status\n";
+  char size[5];
+  std::snprintf(size, sizeof size, "%04zx", line.size() + 4);
+  const std::string body = std::string(size) + line + "0000";
+  for (const char* path : {"/acme/app.git/git-receive-pack", "/acme/app.git/git-receive-pack;x",
+                           "/acme/app.git;y/git-receive-pack"}) {
+    Client c(t, "api.test", up.port());
+    ASSERT_TRUE(c.ok()) << c.handshake_error();
+    std::string r = c.Exchange(std::string("POST ") + path + " HTTP/1.1\r\nHost: api.test:" +
+                               std::to_string(up.port()) +
+                               "\r\nContent-Type: application/x-git-receive-pack-request\r\nContent-Length: " +
+                               std::to_string(body.size()) + "\r\n\r\n" + body);
+    EXPECT_NE(r.find("X-Agentbox-Denied: git-push"), std::string::npos) << path << " → " << r;
+    EXPECT_NE(r.find("push to refs/heads/main refused by policy"), std::string::npos) << path << " → " << r;
+  }
+  EXPECT_TRUE(up.seen().empty());
+}
+
+// What the parser cannot consume yet is bounded: a chunk header that never
+// ends does not make the supervisor buffer it.
+TEST(Terminator, AnEndlessChunkHeaderIsCutOff) {
+  Upstream up;
+  Terminated t(up);
+  Client c(t, "api.test", up.port());
+  ASSERT_TRUE(c.ok()) << c.handshake_error();
+  std::string r = c.Exchange("POST /x HTTP/1.1\r\nHost: api.test:" + std::to_string(up.port()) +
+                             "\r\nTransfer-Encoding: chunked\r\n\r\n1;" + std::string(1 << 20, 'a'));
+  auto records = t.records().WaitFor(1);
+  ASSERT_EQ(records.size(), 1u);
+  ASSERT_EQ(records[0].requests.size(), 1u) << records[0].ToJson();
+  EXPECT_EQ(records[0].requests[0].decision, "error") << records[0].ToJson();
+}
+
+// The idle timeout is idle: a slow body that keeps coming is not cut.
+TEST(Terminator, ASlowBodyThatKeepsComingIsNotCut) {
+  Upstream up;
+  TerminatorOptions options;
+  options.idle_timeout = std::chrono::milliseconds(1500);
+  Terminated t(up, {}, {}, options);
+  Client c(t, "api.test", up.port());
+  ASSERT_TRUE(c.ok()) << c.handshake_error();
+  c.Send("POST /slow HTTP/1.1\r\nHost: api.test:" + std::to_string(up.port()) + "\r\nContent-Length: 10\r\n\r\n");
+  for (int i = 0; i < 10; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    c.Send("x");
+  }
+  std::string r = c.ReadResponse();
+  EXPECT_NE(r.find("HTTP/1.1 200"), std::string::npos) << r;
 }
 
 TEST(Terminator, EveryUseIsRecordedWithoutTheValue) {
