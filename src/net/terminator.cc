@@ -412,12 +412,25 @@ class Connection : public Terminator::Handle, public std::enable_shared_from_thi
       if (c == '/' || c == '"' || c == '\\') forms[3] += '\\';
       forms[3] += static_cast<char>(c);
     }
+    // One locked page for all of a value's forms (one mmap and mlock, not four).
+    std::string all;
+    std::vector<std::pair<std::size_t, std::size_t>> spans;
     for (auto& form : forms) {
-      if (std::none_of(injected_.begin(), injected_.end(), [&](const LockedBytes& b) { return b.view() == form; })) {
-        if (auto copy = LockedBytes::Copy(form); copy.ok()) injected_.push_back(std::move(*copy));
+      const bool seen = std::any_of(injected_.begin(), injected_.end(), [&](std::string_view v) { return v == form; }) ||
+                        std::any_of(spans.begin(), spans.end(), [&](const auto& sp) {
+                          return std::string_view(all).substr(sp.first, sp.second) == form;
+                        });
+      if (!seen) {
+        spans.emplace_back(all.size(), form.size());
+        all += form;
       }
       Wipe(form);
     }
+    auto copy = LockedBytes::Copy(all);
+    Wipe(all);
+    if (!copy.ok()) return;
+    for (const auto& [at, n] : spans) injected_.push_back(copy->view().substr(at, n));
+    injected_storage_.push_back(std::move(*copy));
   }
 
   // A head that does not serialise back to the same request (a secret's
@@ -552,7 +565,8 @@ class Connection : public Terminator::Handle, public std::enable_shared_from_thi
   std::uint64_t down_bytes_ = 0;
   // The values injected on this connection (basic credentials in their
   // encoded form too), masked in responses.
-  std::vector<LockedBytes> injected_;
+  std::vector<LockedBytes> injected_storage_;
+  std::vector<std::string_view> injected_;  // into injected_storage_ (whose pages never move)
 };
 
 awaitable<void> Connection::Run() {
@@ -1062,7 +1076,7 @@ awaitable<bool> Connection::SendBufferedPush(TlsStream& client, TlsStream& up, b
 awaitable<bool> Connection::Relay(TlsStream& client, TlsStream& up, beast::flat_buffer& ubuf,
                                   const RequestHead& head, Decision& d) {
   Redactor redactor;
-  for (const auto& v : injected_) redactor.Add(v.view());
+  for (std::string_view v : injected_) redactor.Add(v);
   error_code ec;
   std::vector<char> buf(kRelayChunk);
   while (true) {
