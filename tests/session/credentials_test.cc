@@ -350,6 +350,12 @@ TEST_F(SessionCredentials, ARestartedWorldUsesTheRotatedValue) {
   ASSERT_TRUE(Daemon::WaitGone({sup}, 10000));
 
   r = Curl(id, "/two");
+  // A world whose death the daemon meets only while sending the call ends
+  // that call as a sandbox_error that says the next one starts afresh
+  // (docs/sessions.md): the fresh world is what this test is about.
+  if (r.value("kind", "") == "sandbox_error" && Contains(Output(r), "the next call starts a fresh sandbox")) {
+    r = Curl(id, "/two");
+  }
   ExpectAnswered(r);
   EXPECT_EQ(Seen("/two"), SawBearer("/two", rotated_)) << api_->Output();
   const pid_t next = SandboxPid(id);
