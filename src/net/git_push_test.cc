@@ -235,7 +235,7 @@ std::vector<std::string> Blocks(std::size_t n, std::size_t size) {
 class GitTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (Shell("git --version").code != 0) GTEST_SKIP() << "git is not installed";
+    if (Shell("git --version").code != 0) GTEST_SKIP() << "not applicable here: git is not installed";
     ASSERT_FALSE(dir_.path().empty());
     env_ = "unset GIT_DIR GIT_WORK_TREE GIT_INDEX_FILE GIT_OBJECT_DIRECTORY; export HOME=" + Quote(dir_.path()) +
            " GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null GIT_TERMINAL_PROMPT=0"
@@ -837,7 +837,7 @@ TEST_F(GitTest, DeltifiedCommitsOfsAndRef) {
 }
 
 TEST_F(GitTest, Sha256Repositories) {
-  if (!InitRepos("sha256")) GTEST_SKIP() << "this git cannot make SHA-256 repositories";
+  if (!InitRepos("sha256")) GTEST_SKIP() << "not applicable here: this git cannot make SHA-256 repositories";
   std::string old_tip = Head();
   ASSERT_EQ(old_tip.size(), 64u);
   Commit("two");

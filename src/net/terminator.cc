@@ -433,6 +433,21 @@ class Connection : public Terminator::Handle, public std::enable_shared_from_thi
     injected_storage_.push_back(std::move(*copy));
   }
 
+  // The head, serialised (and checked), to the host; the bytes that carried
+  // a value are zeroed once sent. False: refused or the host is gone.
+  awaitable<bool> SendHead(TlsStream& client, TlsStream& up, const RequestHead& head, Decision& d) {
+    auto serialised = SerialiseRequestHead(head);
+    if (!serialised.ok()) co_return co_await RefuseUnsendable(client, d, serialised.status());
+    std::string wire = std::move(*serialised);
+    const bool ok = co_await WriteView(up, wire, &up_bytes_);
+    Wipe(wire);
+    if (!ok) {
+      d.record.decision = "error";
+      d.record.reason = "upstream closed";
+    }
+    co_return ok;
+  }
+
   // A head that does not serialise back to the same request (a secret's
   // value with a line break, say): nothing goes upstream.
   awaitable<bool> RefuseUnsendable(TlsStream& client, Decision& d, const Status& why) {
@@ -876,18 +891,7 @@ awaitable<bool> Connection::Exchange(TlsStream& client, TlsStream& up, beast::fl
 
 awaitable<bool> Connection::SendBody(TlsStream& client, TlsStream& up, beast::flat_buffer& cbuf,
                                      const RequestHead& head, Decision& d) {
-  auto serialised = SerialiseRequestHead(head);
-  if (!serialised.ok()) {
-    co_return co_await RefuseUnsendable(client, d, serialised.status());
-  }
-  std::string wire = std::move(*serialised);
-  const bool ok = co_await WriteView(up, wire, &up_bytes_);
-  Wipe(wire);
-  if (!ok) {
-    d.record.decision = "error";
-    d.record.reason = "upstream closed";
-    co_return false;
-  }
+  if (!co_await SendHead(client, up, head, d)) co_return false;
   // Beast takes the body's framing from the head the strict parser passed.
   http::request_parser<http::buffer_body> p;
   p.header_limit(static_cast<std::uint32_t>(t_.options.header_limit));
@@ -1059,14 +1063,7 @@ awaitable<bool> Connection::SendBufferedPush(TlsStream& client, TlsStream& up, b
   head.Set("Content-Length", std::to_string(body.size()));
   head.framing = BodyFraming::kLength;
   head.content_length = body.size();
-  auto serialised = SerialiseRequestHead(head);
-  if (!serialised.ok()) {
-    co_return co_await RefuseUnsendable(client, d, serialised.status());
-  }
-  std::string wire = std::move(*serialised);
-  const bool ok = co_await WriteView(up, wire, &up_bytes_);
-  Wipe(wire);
-  if (!ok) co_return false;
+  if (!co_await SendHead(client, up, head, d)) co_return false;
   const bool sent = co_await WriteView(up, body, &up_bytes_);
   co_return sent;
 }
