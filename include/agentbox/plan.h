@@ -195,6 +195,17 @@ struct NetworkPlan {
   // Inside the sandbox: the per-run CA with the roots the supervisor trusts
   // (a kFile mount, or a file in the private directory on landlock-only).
   std::string ca_bundle;
+  // Transparent egress: every inet connect() of the sandbox is decided by
+  // the supervisor (the seccomp broker), which opens allowed connections
+  // from the host side and installs them in place of the caller's socket;
+  // on the namespaces backend the supervisor also serves DNS inside, at
+  // dns_address port 53 (UDP and TCP), and /etc/resolv.conf points there.
+  bool broker = false;
+  std::string dns_address;  // empty: no DNS served inside (landlock-only)
+  // network.inspect_tls: brokered connections to these hosts (or all) go
+  // through the relay with its SNI check rather than directly.
+  bool inspect_tls_all = false;
+  std::vector<std::string> inspect_tls;
 };
 
 // A session's workspace: overlayfs with the base workspace (`source` of the

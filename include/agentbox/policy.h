@@ -77,6 +77,11 @@ struct NetworkSpec {
   std::vector<std::uint16_t> tls_sni_ports{443};
   // L7 rules on hosts whose TLS agentbox terminates (network.http_rules).
   std::vector<HttpRuleSpec> http_rules;
+  // network.inspect_tls: connections the connect() broker opens to these
+  // hosts (or to every host: inspect_tls_all) keep the supervisor's relay
+  // and its SNI check instead of being handed over directly.
+  bool inspect_tls_all = false;
+  std::vector<std::string> inspect_tls;
 };
 
 // Where the supervisor reads a secret's value from (exactly one is set).

@@ -312,6 +312,10 @@ std::string PlanToJson(const Plan& plan, int indent) {
     net["proxy"] = n.proxy ? json{{"http_port", n.proxy->http_port}, {"socks_port", n.proxy->socks_port}}
                            : json(nullptr);
     if (n.terminate) net["terminator"] = CredentialsToJson(n);
+    net["broker"] = n.broker;
+    net["dns_address"] = n.dns_address;
+    net["inspect_tls_all"] = n.inspect_tls_all;
+    net["inspect_tls"] = n.inspect_tls;
     j["network"] = net;
   }
   if (plan.timeout_ms) j["timeout_ms"] = *plan.timeout_ms;
@@ -425,6 +429,10 @@ Result<Plan> PlanFromJson(const std::string& text) {
       plan.network.ask_unknown = n.value("on_unknown_domain", std::string("deny")) == "ask";
       plan.network.sni_check = n.value("tls_sni_check", true);
       plan.network.sni_ports = n.value("tls_sni_ports", std::vector<std::uint16_t>{443});
+      plan.network.broker = n.value("broker", false);
+      plan.network.dns_address = n.value("dns_address", std::string());
+      plan.network.inspect_tls_all = n.value("inspect_tls_all", false);
+      plan.network.inspect_tls = n.value("inspect_tls", std::vector<std::string>{});
       if (n.contains("proxy") && n.at("proxy").is_object()) {
         plan.network.proxy = ProxyPorts{n.at("proxy").at("http_port").get<std::uint16_t>(),
                                         n.at("proxy").at("socks_port").get<std::uint16_t>()};
