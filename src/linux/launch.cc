@@ -62,7 +62,10 @@ Result<Launched> Launch(const Plan& plan, const std::vector<std::string>& argv, 
 
   // The proxy's listeners come back over another: created by the runner
   // inside the network namespace, served by the supervisor.
-  const bool proxied = plan.confined && plan.backend == Backend::kNamespaces && plan.network.proxy.has_value();
+  // With the connect() broker, the same socket then carries its requests
+  // (on both backends).
+  const bool proxied = plan.confined && ((plan.backend == Backend::kNamespaces && plan.network.proxy.has_value()) ||
+                                         plan.network.broker);
   UniqueFd proxy_send;
   if (proxied) {
     int sv[2];

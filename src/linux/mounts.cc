@@ -329,6 +329,20 @@ Status ReplaceHostIds() {
   return s;
 }
 
+Status PointResolverInside(const std::string& dns_address, const std::string& hostname) {
+  if (mkdir(kIdsDir, 0700) != 0) return Status::Errno("ids", "mkdir", kIdsDir);
+  // Nothing but the supervisor's DNS: no search domains of the host's, no
+  // second server to fall back on.
+  Status s = BindContentOver("/etc/resolv.conf", "nameserver " + dns_address + "\noptions edns0\n");
+  // The host's own names stay the host's: a name in its /etc/hosts would be
+  // resolved without asking, and its address would be unknown to the broker.
+  std::string hosts = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n";
+  if (!hostname.empty()) hosts += "127.0.1.1\t" + hostname + "\n";
+  if (s.ok()) s = BindContentOver("/etc/hosts", hosts);
+  rmdir(kIdsDir);
+  return s;
+}
+
 Status MakeMountsPrivate() {
   if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
     return Status::Errno("root", "mount(MS_REC|MS_PRIVATE)", "/");

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace agentbox::linux {
 namespace {
@@ -55,27 +56,79 @@ Result<HostProxyListeners> BindHostProxyListeners() {
   return out;
 }
 
-Status SendProxyListeners(int sock, const ProxyPorts& ports) {
-  auto http = Listen(ports.http_port);
-  if (!http.ok()) return http.status();
-  auto socks = Listen(ports.socks_port);
-  if (!socks.ok()) return socks.status();
-  int fds[2] = {http->get(), socks->get()};
-  const char tag = 'L';
-  if (!SendWithFds(sock, &tag, 1, fds, 2)) return Status::Errno("network", "sendmsg(SCM_RIGHTS)", "proxy listeners");
+Result<UniqueFd> BindDns(const std::string& address, int type) {
+  const std::string where = address + ":53 (" + (type == SOCK_DGRAM ? "UDP" : "TCP") + ")";
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(53);
+  if (inet_pton(AF_INET, address.c_str(), &addr.sin_addr) != 1) {
+    return Status::Error("network", "not an IPv4 address for DNS: " + address);
+  }
+  UniqueFd fd(socket(AF_INET, type | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return Status::Errno("network", "socket", where);
+  int one = 1;
+  setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    return Status::Errno("network", "bind", where);
+  }
+  if (type == SOCK_STREAM && listen(fd.get(), 128) != 0) return Status::Errno("network", "listen", where);
+  return fd;
+}
+
+// The message's one byte says what it carries, in this order.
+constexpr char kHasProxy = 1;
+constexpr char kHasDns = 2;
+
+Status SendEgressListeners(int sock, const NetworkPlan& network) {
+  std::vector<UniqueFd> held;
+  char tag = 0;
+  if (network.proxy) {
+    auto http = Listen(network.proxy->http_port);
+    if (!http.ok()) return http.status();
+    auto socks = Listen(network.proxy->socks_port);
+    if (!socks.ok()) return socks.status();
+    held.push_back(std::move(*http));
+    held.push_back(std::move(*socks));
+    tag |= kHasProxy;
+  }
+  if (!network.dns_address.empty()) {
+    auto udp = BindDns(network.dns_address, SOCK_DGRAM);
+    if (!udp.ok()) return udp.status();
+    auto tcp = BindDns(network.dns_address, SOCK_STREAM);
+    if (!tcp.ok()) return tcp.status();
+    held.push_back(std::move(*udp));
+    held.push_back(std::move(*tcp));
+    tag |= kHasDns;
+  }
+  std::vector<int> fds;
+  for (const auto& f : held) fds.push_back(f.get());
+  if (!SendWithFds(sock, &tag, 1, fds.data(), fds.size())) {
+    return Status::Errno("network", "sendmsg(SCM_RIGHTS)", "egress listeners");
+  }
   return {};  // ours close here; the supervisor's copies stay open
 }
 
-Result<std::pair<UniqueFd, UniqueFd>> ReceiveProxyListeners(int sock) {
+Result<EgressListeners> ReceiveEgressListeners(int sock) {
   char tag = 0;
   std::vector<UniqueFd> fds;
   bool truncated = false;
   const ssize_t n = RecvWithFds(sock, &tag, 1, 0, &fds, &truncated);
-  if (n < 0) return Status::Errno("network", "recvmsg(SCM_RIGHTS)", "proxy listeners");
-  if (n == 0 || fds.size() != 2 || truncated) {
-    return Status::Error("network", "the sandbox runner did not hand over the proxy listeners");
+  if (n < 0) return Status::Errno("network", "recvmsg(SCM_RIGHTS)", "egress listeners");
+  const std::size_t want = ((tag & kHasProxy) ? 2 : 0) + ((tag & kHasDns) ? 2 : 0);
+  if (n == 0 || fds.size() != want || truncated) {
+    return Status::Error("network", "the sandbox runner did not hand over the egress listeners");
   }
-  return std::make_pair(std::move(fds[0]), std::move(fds[1]));
+  EgressListeners out;
+  std::size_t i = 0;
+  if (tag & kHasProxy) {
+    out.http = std::move(fds[i++]);
+    out.socks = std::move(fds[i++]);
+  }
+  if (tag & kHasDns) {
+    out.dns_udp = std::move(fds[i++]);
+    out.dns_tcp = std::move(fds[i++]);
+  }
+  return out;
 }
 
 }  // namespace agentbox::linux

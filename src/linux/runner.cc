@@ -192,6 +192,9 @@ Status BuildRoot(const Plan& plan, const ResolvedPlan& resolved, UpperFs* upper_
     }
   }
   if (Status s = ReplaceHostIds(); !s.ok()) return s;
+  if (!plan.network.dns_address.empty()) {
+    if (Status s = PointResolverInside(plan.network.dns_address, plan.hostname); !s.ok()) return s;
+  }
   if (Status s = DetachOldRoot(); !s.ok()) return s;
   return SealRoot();
 }
@@ -201,7 +204,7 @@ Status BuildRoot(const Plan& plan, const ResolvedPlan& resolved, UpperFs* upper_
 // the vfork, the command; the thread that answers the filter's
 // notifications starts in between, inside Landlock and outside the filter.
 // Returns that responder (null: no filter).
-Result<std::unique_ptr<NotifyResponder>> ApplyLayers(const Plan& plan, int status_fd, int filter_fd) {
+Result<std::unique_ptr<NotifyResponder>> ApplyLayers(const Plan& plan, int status_fd, int filter_fd, int broker_fd) {
   if (plan.landlock.abi > 0) {
     auto ll = ApplyLandlock(plan.landlock);
     if (!ll.ok()) return ll.status();
@@ -235,6 +238,7 @@ Result<std::unique_ptr<NotifyResponder>> ApplyLayers(const Plan& plan, int statu
   if (inet.host_network && plan.network.proxy) {
     inet.loopback_ports = {plan.network.proxy->http_port, plan.network.proxy->socks_port};
   }
+  if (plan.network.broker) inet.broker_fd = broker_fd;
   auto responder = NotifyResponder::Start(std::move(rules), std::move(inet));
   if (!responder.ok()) return responder.status();
   auto listener = InstallSeccomp(*program);
@@ -436,10 +440,13 @@ SetUpResult SetUpSandbox(const Plan& plan, const ResolvedPlan& resolved, int* st
     if (Status s = BringUpLoopback(); !s.ok()) Fail(*status_fd, s);
     // The egress proxy's listeners, bound on this namespace's loopback and
     // handed to the supervisor; none stays open in here.
-    if (*proxy_fd >= 0 && plan.network.proxy) {
-      if (Status s = SendProxyListeners(*proxy_fd, *plan.network.proxy); !s.ok()) Fail(*status_fd, s);
-      close(*proxy_fd);
-      *proxy_fd = -1;
+    if (*proxy_fd >= 0 && (plan.network.proxy || !plan.network.dns_address.empty())) {
+      if (Status s = SendEgressListeners(*proxy_fd, plan.network); !s.ok()) Fail(*status_fd, s);
+      // With the broker the same socket goes on carrying its requests.
+      if (!plan.network.broker) {
+        close(*proxy_fd);
+        *proxy_fd = -1;
+      }
     }
     // Empty when the probe found sethostname refused (the report says so).
     if (!plan.hostname.empty()) {
@@ -464,7 +471,7 @@ SetUpResult SetUpSandbox(const Plan& plan, const ResolvedPlan& resolved, int* st
   // DropAllCapabilities also sets no_new_privs, which Landlock and seccomp need.
   if (plan.confined) {
     if (Status s = DropAllCapabilities(); !s.ok()) Fail(*status_fd, s);
-    auto layers = ApplyLayers(plan, *status_fd, *filter_fd);
+    auto layers = ApplyLayers(plan, *status_fd, *filter_fd, *proxy_fd);
     if (!layers.ok()) Fail(*status_fd, layers.status());
     out.responder = std::move(*layers);
   }

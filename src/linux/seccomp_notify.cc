@@ -32,8 +32,10 @@
 #include <sstream>
 #include <system_error>
 #include <thread>
+#include <unordered_map>
 
 #include "linux/compat.h"
+#include "linux/connect_broker.h"
 #include "linux/descendants.h"
 
 namespace agentbox::linux {
@@ -41,6 +43,19 @@ namespace agentbox::linux {
 struct NotifyResponder::State {
   UnixConnectRules rules;
   InetConnectRules inet;
+  // Broker requests sent and not yet answered, by notification id: where
+  // the socket goes in the caller's table, and its close-on-exec flag.
+  struct Pending {
+    int fd = -1;
+    bool cloexec = false;
+    struct sockaddr_storage addr {};
+  };
+  std::mutex broker_mu;
+  std::unordered_map<std::uint64_t, Pending> pending;
+  // Sockets the broker installed (the host's, not the sandbox's), by inode,
+  // with the address each was connected to: a later connect() on one to
+  // another address is brokered anew, never made on it here.
+  std::unordered_map<std::uint64_t, struct sockaddr_storage> installed;
   UniqueFd ready;
   std::mutex mu;
   std::condition_variable cv;
@@ -323,6 +338,174 @@ UniqueFd CallerFd(int listener, const struct seccomp_notif& req, int fd) {
   return copy;
 }
 
+bool IsInetFamily(const struct sockaddr_storage& addr, int len) {
+  return len >= static_cast<int>(sizeof(sa_family_t)) && (addr.ss_family == AF_INET || addr.ss_family == AF_INET6);
+}
+
+// The sandbox's own namespace: its loopback (127/8, ::1, and those as
+// v4-mapped) and the unspecified address, which means the local host.
+bool IsOwnLoopback(const struct sockaddr_storage& addr, int len) {
+  if (addr.ss_family == AF_INET && len >= static_cast<int>(sizeof(struct sockaddr_in))) {
+    const std::uint32_t a = ntohl(reinterpret_cast<const struct sockaddr_in*>(&addr)->sin_addr.s_addr);
+    return (a >> 24) == 127 || a == 0;
+  }
+  if (addr.ss_family == AF_INET6 && len >= static_cast<int>(sizeof(struct sockaddr_in6))) {
+    const auto& a6 = reinterpret_cast<const struct sockaddr_in6*>(&addr)->sin6_addr;
+    if (IN6_IS_ADDR_LOOPBACK(&a6) || IN6_IS_ADDR_UNSPECIFIED(&a6)) return true;
+    if (IN6_IS_ADDR_V4MAPPED(&a6)) return a6.s6_addr[12] == 127 || (a6.s6_addr[12] | a6.s6_addr[13] | a6.s6_addr[14] | a6.s6_addr[15]) == 0;
+  }
+  return false;
+}
+
+bool SameTarget(const struct sockaddr_storage& a, const struct sockaddr_storage& b) {
+  if (a.ss_family != b.ss_family) return false;
+  if (a.ss_family == AF_INET) {
+    const auto* x = reinterpret_cast<const struct sockaddr_in*>(&a);
+    const auto* y = reinterpret_cast<const struct sockaddr_in*>(&b);
+    return x->sin_port == y->sin_port && x->sin_addr.s_addr == y->sin_addr.s_addr;
+  }
+  const auto* x = reinterpret_cast<const struct sockaddr_in6*>(&a);
+  const auto* y = reinterpret_cast<const struct sockaddr_in6*>(&b);
+  return x->sin6_port == y->sin6_port && std::memcmp(&x->sin6_addr, &y->sin6_addr, sizeof(x->sin6_addr)) == 0;
+}
+
+enum class InetRoute {
+  kHere,          // made here, on the caller's socket, as asked
+  kBroker,        // decided by the supervisor, which opens the connection
+  kUnreachable,   // UDP (or another datagram protocol) past the sandbox's own loopback
+  kNotSupported,  // disconnecting a socket the broker installed
+  kRefuse,        // the host's network, no broker: only the proxy's ports
+};
+
+// Where an inet connect() goes. A socket the broker installed belongs to
+// the host's network: it is connected again here only to the address it
+// was opened to (what the kernel answers then is the caller's to see),
+// and never disconnected (AF_UNSPEC would make it free to reach the host's
+// own loopback).
+InetRoute ChooseInet(NotifyResponder::State& st, int sock, const struct sockaddr_storage& addr, int len) {
+  std::optional<struct sockaddr_storage> opened;
+  struct stat sst {};
+  if (st.inet.broker_fd >= 0 && fstat(sock, &sst) == 0) {
+    std::lock_guard<std::mutex> lock(st.broker_mu);
+    auto it = st.installed.find(sst.st_ino);
+    if (it != st.installed.end()) opened = it->second;
+  }
+  if (opened) {
+    if (!IsInetFamily(addr, len)) return InetRoute::kNotSupported;
+    if (SameTarget(*opened, addr)) return InetRoute::kHere;
+    return InetRoute::kBroker;
+  }
+  if (!IsInetFamily(addr, len)) return InetRoute::kHere;  // AF_UNSPEC: a disconnect; anything else: the kernel's EAFNOSUPPORT
+  if (st.inet.host_network) {
+    std::string ignored;
+    if (InetAllowed(st.inet, addr, len, &ignored)) return InetRoute::kHere;
+    if (st.inet.broker_fd < 0) return InetRoute::kRefuse;
+  } else if (st.inet.broker_fd < 0 || IsOwnLoopback(addr, len)) {
+    return InetRoute::kHere;
+  }
+  int type = 0;
+  socklen_t tl = sizeof(type);
+  if (getsockopt(sock, SOL_SOCKET, SO_TYPE, &type, &tl) != 0 || type != SOCK_STREAM) {
+    // Only TCP is brokered; UDP leaves the sandbox as DNS to the
+    // supervisor alone (getaddrinfo's address sorting connects UDP sockets
+    // to every answer, so this is no denial of its own).
+    return st.inet.host_network ? InetRoute::kRefuse : InetRoute::kUnreachable;
+  }
+  return InetRoute::kBroker;
+}
+
+// The caller's descriptor flags (FD_CLOEXEC): fdinfo's "flags:" carries
+// O_CLOEXEC for it.
+bool CallerCloexec(pid_t pid, int fd) {
+  std::ifstream info("/proc/" + std::to_string(pid) + "/fdinfo/" + std::to_string(fd));
+  std::string key;
+  while (info >> key) {
+    if (key == "flags:") {
+      std::string octal;
+      info >> octal;
+      return (std::strtoul(octal.c_str(), nullptr, 8) & O_CLOEXEC) != 0;
+    }
+    info.ignore(4096, '\n');
+  }
+  return false;
+}
+
+// Sends the connect() to the supervisor; its reply (BrokerReplies) answers
+// the call. The caller's socket goes along for its options.
+void Broker(const std::shared_ptr<NotifyResponder::State>& st, int listener, const struct seccomp_notif& req,
+            int sock, int domain, const struct sockaddr_storage& addr, int len) {
+  BrokerRequest r;
+  r.id = req.id;
+  r.pid = static_cast<std::int32_t>(req.pid);
+  r.domain = domain;
+  const int flags = fcntl(sock, F_GETFL);
+  if (flags < 0) return Respond(listener, req.id, -errno);
+  r.nonblock = (flags & O_NONBLOCK) != 0;
+  r.addr_len = static_cast<std::uint32_t>(len);
+  std::memcpy(&r.addr, &addr, static_cast<std::size_t>(len));
+  const int target = static_cast<int>(req.data.args[0]);
+  {
+    std::lock_guard<std::mutex> lock(st->broker_mu);
+    st->pending[req.id] = {target, CallerCloexec(static_cast<pid_t>(req.pid), target), addr};
+  }
+  if (!SendWithFds(st->inet.broker_fd, &r, sizeof(r), &sock, 1)) {
+    {
+      std::lock_guard<std::mutex> lock(st->broker_mu);
+      st->pending.erase(req.id);
+    }
+    Respond(listener, req.id, -ENETUNREACH);
+  }
+}
+
+// The supervisor's answers to Broker(), on a thread of their own: a socket
+// comes installed in the caller's table (in place of its own, at the same
+// number) before connect() returns.
+void BrokerReplies(std::shared_ptr<NotifyResponder::State> st) {
+  int listener;
+  {
+    std::unique_lock<std::mutex> lock(st->mu);
+    st->cv.wait(lock, [&] { return st->listener >= 0; });
+    listener = st->listener;
+  }
+  for (;;) {
+    BrokerReply reply;
+    std::vector<UniqueFd> fds;
+    const ssize_t n = RecvWithFds(st->inet.broker_fd, &reply, sizeof(reply), 0, &fds);
+    if (n <= 0) return;  // the supervisor is gone, and with it the sandbox
+    if (static_cast<std::size_t>(n) != sizeof(reply)) continue;
+    NotifyResponder::State::Pending where;
+    {
+      std::lock_guard<std::mutex> lock(st->broker_mu);
+      auto it = st->pending.find(reply.id);
+      if (it == st->pending.end()) continue;
+      where = it->second;
+      st->pending.erase(it);
+    }
+    int error = reply.error;
+    if (reply.has_fd && !fds.empty()) {
+      struct seccomp_notif_addfd add;
+      std::memset(&add, 0, sizeof(add));
+      add.id = reply.id;
+      add.flags = SECCOMP_ADDFD_FLAG_SETFD;
+      add.srcfd = static_cast<std::uint32_t>(fds[0].get());
+      add.newfd = static_cast<std::uint32_t>(where.fd);
+      add.newfd_flags = where.cloexec ? O_CLOEXEC : 0;
+      struct stat sst {};
+      if (fstat(fds[0].get(), &sst) == 0) {
+        // Remembered before it is installed: the caller may connect it again
+        // the moment it holds it.
+        std::lock_guard<std::mutex> lock(st->broker_mu);
+        st->installed[sst.st_ino] = where.addr;
+      }
+      if (ioctl(listener, SECCOMP_IOCTL_NOTIF_ADDFD, &add) < 0) {
+        if (errno == ENOENT) continue;  // the caller is gone or was interrupted
+        error = ECONNABORTED;
+      }
+    }
+    Respond(listener, reply.id, -error);
+  }
+}
+
 // listen() on the host's network: refused on an inet socket (its autobind
 // would take a port on every interface; Landlock checks bind() only), made
 // here on the caller's socket otherwise.
@@ -370,11 +553,22 @@ void Connect(const std::shared_ptr<NotifyResponder::State>& st, int listener, co
   if (getsockopt(sock.get(), SOL_SOCKET, SO_DOMAIN, &domain, &dlen) != 0) {
     return Respond(listener, req.id, -errno);
   }
-  if (st->inet.host_network && (domain == AF_INET || domain == AF_INET6)) {
-    std::string target;
-    if (!InetAllowed(st->inet, addr, len, &target)) {
-      Record(*st, pid, NetworkDenialName("connect", target));
-      return Respond(listener, req.id, -EACCES);  // what Landlock answers, had the call reached it
+  if (domain == AF_INET || domain == AF_INET6) {
+    switch (ChooseInet(*st, sock.get(), addr, len)) {
+      case InetRoute::kHere:
+        break;
+      case InetRoute::kBroker:
+        return Broker(st, listener, req, sock.get(), domain, addr, len);
+      case InetRoute::kUnreachable:
+        return Respond(listener, req.id, -ENETUNREACH);  // what the sandbox's own namespace answers
+      case InetRoute::kNotSupported:
+        return Respond(listener, req.id, -EOPNOTSUPP);
+      case InetRoute::kRefuse: {
+        std::string target;
+        (void)InetAllowed(st->inet, addr, len, &target);
+        Record(*st, pid, NetworkDenialName("connect", target));
+        return Respond(listener, req.id, -EACCES);  // what Landlock answers, had the call reached it
+      }
     }
   }
   socklen_t addr_len = static_cast<socklen_t>(len);
@@ -506,6 +700,7 @@ Result<std::unique_ptr<NotifyResponder>> NotifyResponder::Start(UnixConnectRules
   if (!st->ready.valid()) return Status::Errno("seccomp", "eventfd");
   try {
     std::thread(AnswerLoop, st).detach();
+    if (st->inet.broker_fd >= 0) std::thread(BrokerReplies, st).detach();
   } catch (const std::system_error& e) {
     return Status::Error("seccomp", std::string("starting the connect() responder thread: ") + e.what());
   }

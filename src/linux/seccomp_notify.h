@@ -57,6 +57,12 @@ struct InetConnectRules {
   // Ports on 127.0.0.1 (and ::ffff:127.0.0.1) that connect() may reach:
   // the egress proxy's.
   std::vector<std::uint16_t> loopback_ports;
+  // The connect() broker's channel to the supervisor (connect_broker.h), or
+  // -1. Set: a TCP connect() that leaves the sandbox (any address but the
+  // sandbox's own loopback; on the host's network, any but the proxy's
+  // ports) is decided by the supervisor, which opens the connection and
+  // hands back the socket that replaces the caller's. Owned by the responder.
+  int broker_fd = -1;
 };
 
 // One answered notification that the runner reports.

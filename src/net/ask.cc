@@ -152,8 +152,10 @@ std::unique_ptr<TerminalAsker> TerminalAsker::OpenControllingTerminal(asio::io_c
 }
 
 void TerminalAsker::Ask(const std::string& host, std::uint16_t port, std::function<void(AskAnswer)> done) {
-  std::string target = host.find(':') != std::string::npos ? "[" + host + "]:" + std::to_string(port)
-                                                            : host + ":" + std::to_string(port);
+  // Port 0: a question about the name itself (DNS inside the sandbox).
+  std::string target = port == 0 ? host + " (any port)"
+                       : host.find(':') != std::string::npos ? "[" + host + "]:" + std::to_string(port)
+                                                             : host + ":" + std::to_string(port);
   queue_.push_back({std::move(target), std::move(done)});
   if (!asking_) Next();
 }

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "net/http_request.h"
@@ -124,6 +125,7 @@ struct Proxy::Impl : std::enable_shared_from_this<Proxy::Impl> {
   std::deque<std::shared_ptr<Question>> waiting;  // open, not yet asked, oldest first
   std::size_t asking = 0;  // put to the asker and not yet answered by it
   std::unordered_set<std::string> always;  // "host:port" answered "always" this run
+  std::unordered_map<std::uint16_t, AdoptedTarget> expected;  // kAdopted, by the client's local port
   ProxyStats stats;
 };
 
@@ -141,7 +143,7 @@ class Session : public std::enable_shared_from_this<Session> {
         kind_(kind),
         start_(std::chrono::steady_clock::now()),
         parser_(impl_->options.header_limit) {
-    record_.protocol = kind == ListenerKind::kHttp ? "http" : "socks5";
+    record_.protocol = kind == ListenerKind::kHttp ? "http" : kind == ListenerKind::kSocks5 ? "socks5" : "connect";
   }
   ~Session() {
     if (!recorded_) impl_->sessions.erase(this);
@@ -164,6 +166,19 @@ class Session : public std::enable_shared_from_this<Session> {
       }
     });
     ReadMore();
+  }
+
+  // A connection the broker opened: already decided, dialled at once.
+  void StartAdopted(AdoptedTarget t) {
+    impl_->sessions.insert(this);
+    error_code ec;
+    client_.set_option(tcp::no_delay(true), ec);
+    host_ = std::move(t.host);
+    port_ = t.port;
+    record_.host = host_;
+    record_.port = port_;
+    candidates_.push_back({t.address.Unmapped(), t.rule});
+    Resolve(Decision::Allow(std::move(t.rule)));
   }
 
   // Stop(): ends the connection now; the record is delivered here.
@@ -370,6 +385,7 @@ class Session : public std::enable_shared_from_this<Session> {
       s.Fail(504, kSocksTtlExpired, "connect-timeout",
              "no connection to " + TargetText(s.host_, s.port_) + " within the connect timeout");
     });
+    if (kind_ == ListenerKind::kAdopted) return DialNext();  // the broker checked the address
     if (auto ip = IpAddress::Parse(host_)) return OnResolved(std::vector<IpAddress>{*ip});
     if (IsLocalhostName(host_)) {
       // RFC 6761: localhost is loopback, never asked of a resolver.
@@ -448,6 +464,7 @@ class Session : public std::enable_shared_from_this<Session> {
       std::string().swap(in_);
       return SendPreface();
     }
+    if (kind_ == ListenerKind::kAdopted) return Established(*this);  // no handshake to answer
     std::string reply;
     if (kind_ == ListenerKind::kHttp) {
       reply = "HTTP/1.1 200 Connection established\r\n\r\n";
@@ -455,20 +472,24 @@ class Session : public std::enable_shared_from_this<Session> {
       auto r = SocksReply(kSocksSucceeded);
       reply.assign(r.begin(), r.end());
     }
-    WriteClient(std::move(reply), [](Session& s) {
-      const auto& ports = s.impl_->options.sni_ports;
-      s.terminate_ = s.impl_->options.terminator && s.impl_->options.terminator->Covers(s.host_);
-      if (s.terminate_ ||
-          (s.impl_->options.check_sni && std::find(ports.begin(), ports.end(), s.port_) != ports.end())) {
-        s.phase_ = Phase::kSni;
-        s.Arm(s.impl_->options.header_timeout,
-              [](Session& t) { t.Finish("error", "header-timeout", "TLS ClientHello not received in time"); });
-        return s.OnSni();
-      }
-      s.preface_ = std::move(s.in_);
-      std::string().swap(s.in_);
-      s.SendPreface();
-    });
+    WriteClient(std::move(reply), &Established);
+  }
+
+  // The tunnel is up: the SNI check or the terminator first where they
+  // apply, else the relay.
+  static void Established(Session& s) {
+    const auto& ports = s.impl_->options.sni_ports;
+    s.terminate_ = s.impl_->options.terminator && s.impl_->options.terminator->Covers(s.host_);
+    if (s.terminate_ ||
+        (s.impl_->options.check_sni && std::find(ports.begin(), ports.end(), s.port_) != ports.end())) {
+      s.phase_ = Phase::kSni;
+      s.Arm(s.impl_->options.header_timeout,
+            [](Session& t) { t.Finish("error", "header-timeout", "TLS ClientHello not received in time"); });
+      return s.OnSni();
+    }
+    s.preface_ = std::move(s.in_);
+    std::string().swap(s.in_);
+    s.SendPreface();
   }
 
   void OnSni() {
@@ -668,6 +689,13 @@ class Session : public std::enable_shared_from_this<Session> {
   // A failure that is not a policy decision: 502/504 or a SOCKS error code.
   void Fail(int http_status, std::uint8_t socks_reply, const std::string& reason, const std::string& message) {
     if (kind_ == ListenerKind::kHttp) return Refuse(http_status, "", message, reason);
+    if (kind_ == ListenerKind::kAdopted) {
+      // The sandbox's connect() has returned already: a reset is what it
+      // would have seen from an upstream that went away.
+      error_code ec;
+      client_.set_option(asio::socket_base::linger(true, 0), ec);
+      return Finish("error", reason, message);
+    }
     SocksFail(socks_reply, "error", reason, message);
   }
 
@@ -828,6 +856,23 @@ void Proxy::Impl::Accept(Listener* listener) {
       ++self->stats.refused_not_admitted;
       error_code ignored;
       socket.close(ignored);
+    } else if (listener->kind == ListenerKind::kAdopted) {
+      // Only what the broker announced, from the port it announced.
+      error_code pec;
+      const tcp::endpoint peer = socket.remote_endpoint(pec);
+      const auto it = pec ? self->expected.end() : self->expected.find(peer.port());
+      const bool loopback = !pec && (peer.address().is_loopback() ||
+                                     (peer.address().is_v6() && peer.address().to_v6().is_v4_mapped() &&
+                                      asio::ip::make_address_v4(asio::ip::v4_mapped, peer.address().to_v6()).is_loopback()));
+      if (it == self->expected.end() || !loopback) {
+        ++self->stats.refused_not_admitted;
+        error_code ignored;
+        socket.close(ignored);
+      } else {
+        AdoptedTarget target = std::move(it->second);
+        self->expected.erase(it);
+        std::make_shared<Session>(self, std::move(socket), listener->kind)->StartAdopted(std::move(target));
+      }
     } else {
       std::make_shared<Session>(self, std::move(socket), listener->kind)->Start();
     }
@@ -945,6 +990,10 @@ void Proxy::Stop() {
   impl_->sink = nullptr;
 }
 
+void Proxy::Expect(std::uint16_t client_port, AdoptedTarget target) {
+  impl_->expected[client_port] = std::move(target);
+}
+
 ProxyStats Proxy::stats() const {
   ProxyStats s = impl_->stats;
   s.active = impl_->sessions.size();
@@ -1046,6 +1095,7 @@ std::string ConnectionRecord::ToJson() const {
                       {"reason", reason},     {"message", message}, {"bytes_up", bytes_up},
                       {"bytes_down", bytes_down}, {"duration_ms", duration_ms}};
   if (terminated) j["terminated"] = true;
+  if (count != 1) j["count"] = count;
   if (!requests.empty()) {
     j["requests"] = nlohmann::json::array();
     for (const auto& r : requests) j["requests"].push_back(nlohmann::json::parse(r.ToJsonText()));

@@ -87,7 +87,8 @@ const char* ToString(AskAnswer a);
 class Asker {
  public:
   virtual ~Asker() = default;
-  // Asks about one target. `done` runs once on the io_context thread, within
+  // Asks about one target (port 0: about the name on any port, for DNS
+  // inside the sandbox). `done` runs once on the io_context thread, within
   // the asker's own bound (the proxy counts a question as open until then);
   // the proxy bounds the wait itself too and treats silence as kDeny.
   // The proxy asks one question per host:port at a time, and at most
@@ -97,7 +98,7 @@ class Asker {
 
 // One per client connection, delivered when the connection ends.
 struct ConnectionRecord {
-  std::string protocol;    // "http-connect", "http", "socks5"
+  std::string protocol;    // "http-connect", "http", "socks5", "connect" (the broker), "dns"
   std::string host;        // the target as asked (normalised when it could be)
   std::uint16_t port = 0;
   std::string address;     // the address dialled; empty when none was
@@ -109,6 +110,7 @@ struct ConnectionRecord {
   std::uint64_t bytes_down = 0;  // upstream → client
   std::uint64_t duration_ms = 0;
   bool terminated = false;  // TLS ended by the terminator: `requests` says what went through
+  std::uint64_t count = 1;  // "dns": how many refused queries this record stands for
   std::vector<RequestRecord> requests;
 
   std::string ToJson() const;  // one line, for the --network-log JSONL
@@ -120,7 +122,20 @@ class RecordSink {
   virtual void Record(const ConnectionRecord& record) = 0;
 };
 
-enum class ListenerKind { kHttp, kSocks5 };
+// kAdopted: connections the connect() broker opened for the sandbox to a
+// host that keeps the relay (TLS termination, network.inspect_tls); each
+// arrives from the local port it was announced with (Proxy::Expect), and
+// any other is closed without a word.
+enum class ListenerKind { kHttp, kSocks5, kAdopted };
+
+// What the broker decided for an adopted connection: the name it was
+// allowed as, and the address the sandbox asked for (dialled as is).
+struct AdoptedTarget {
+  std::string host;
+  std::uint16_t port = 0;
+  IpAddress address;
+  std::string rule;
+};
 
 struct ProxyOptions {
   bool ask_unknown = false;  // on_unknown_domain: ask (needs an Asker; otherwise deny)
@@ -165,6 +180,11 @@ class Proxy {
   // Serves a bound, listening TCP socket (IPv4 or IPv6). Takes ownership of
   // `fd` whatever the outcome.
   Status Serve(int fd, ListenerKind kind);
+
+  // The connection from 127.0.0.1:`client_port` (or its v4-mapped form) to
+  // a kAdopted listener goes to `target`: relayed with the SNI check, or
+  // terminated when the terminator covers the host. One connection each.
+  void Expect(std::uint16_t client_port, AdoptedTarget target);
 
   // Closes the listeners and every connection; each open connection's record
   // is delivered before Stop returns. Irreversible.

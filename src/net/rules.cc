@@ -442,6 +442,25 @@ Decision RuleSet::Decide(const std::string& host, std::uint16_t port) const {
   return d;
 }
 
+Decision RuleSet::DecideName(const std::string& host) const {
+  for (const auto& rule : deny_) {
+    if (rule.port == 0 && Matches(rule, host, 1)) {
+      return Decision::Deny(DenyReason::kDenyRule, rule.text, host + " is denied by network.deny entry " + Quoted(rule.text));
+    }
+  }
+  for (const auto& rule : allow_) {
+    if (rule.kind != RuleKind::kAddress && Matches(rule, host, rule.port == 0 ? 1 : rule.port)) {
+      Decision d = Decision::Allow(rule.text);
+      d.via_localhost = rule.kind == RuleKind::kLocalhost;
+      return d;
+    }
+  }
+  if (default_ == NetDefault::kAllow) return Decision::Allow("network.default: allow");
+  Decision d = Decision::Deny(DenyReason::kNotAllowed, "network.default: deny", host + " is not in network.allow");
+  d.verdict = Verdict::kUnknown;
+  return d;
+}
+
 Decision RuleSet::CheckAddress(const std::string& host, const Decision& by_name, const IpAddress& address,
                                std::uint16_t port) const {
   const IpAddress a = address.Unmapped();

@@ -135,6 +135,12 @@ class RuleSet {
   Decision CheckAddress(const std::string& host, const Decision& by_name, const IpAddress& address,
                         std::uint16_t port) const;
 
+  // Whether `host` may be resolved at all (DNS inside the sandbox): allowed
+  // when an allow entry names it on any port, denied by a deny entry for
+  // every port; kUnknown otherwise (the caller asks or refuses). The ports
+  // are decided when the sandbox connects.
+  Decision DecideName(const std::string& host) const;
+
   const std::vector<Rule>& allow() const { return allow_; }
   const std::vector<Rule>& deny() const { return deny_; }
   NetDefault default_action() const { return default_; }
