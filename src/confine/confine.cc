@@ -48,6 +48,10 @@ bool Terminates(const Policy& p) {
 // sandbox (a fresh file in the new root, read-only).
 constexpr const char* kCaBundlePath = "/run/agentbox/ca-bundle.pem";
 
+// Where the supervisor's DNS listens inside the network namespace: where a
+// resolver without /etc/resolv.conf looks too.
+constexpr const char* kDnsAddressInside = "127.0.0.1";
+
 // The proxy's rules, copied from the policy, and its ports.
 void PlanEgress(const Policy& p, ProxyPorts ports, NetworkPlan* net) {
   net->proxy = ports;
@@ -181,9 +185,11 @@ void AssessHostNetwork(const Policy& policy, int ll_abi, const std::string& why_
   if (proxy) net->mechanisms.push_back("egress-proxy");
   net->level = Level::kFull;
   net->notes.push_back(
-      proxy ? "egress only through the supervisor's proxy on the host's 127.0.0.1 (two ephemeral ports per run, "
-              "in HTTP_PROXY/HTTPS_PROXY/ALL_PROXY), deciding each connection by network.allow / deny; any other "
-              "TCP connect or bind is refused and reported, UDP, ICMP, raw and other sockets are not made"
+      proxy ? "egress through the supervisor's proxy on the host's 127.0.0.1 (two ephemeral ports per run, in "
+              "HTTP_PROXY/HTTPS_PROXY/ALL_PROXY), or directly: every other TCP connect() is decided by the "
+              "supervisor by network.allow / deny (IP and CIDR entries: no DNS is served without a network "
+              "namespace, so names are the proxy's), refused ones reported; bind is refused, UDP, ICMP, raw and "
+              "other sockets are not made"
             : "no egress: every TCP connect and bind is refused (and reported), UDP, ICMP, raw and other sockets "
               "are not made");
   net->notes.push_back(why_no_ns + ": the host's interfaces, addresses and routes stay visible (/proc/net, "
@@ -419,6 +425,20 @@ EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host, 
   } else if (userns && host.net_ns) {
     net.mechanisms = {"network-namespace"};
     net.level = Level::kFull;
+    if (host.seccomp_filter) {
+      net.mechanisms.push_back("connect-broker");
+      net.mechanisms.push_back("dns-inside");
+      net.notes.push_back(
+          "DNS inside is the supervisor's, at 127.0.0.1:53 (UDP and TCP): a name network.allow admits gets its "
+          "real addresses, any other is refused (REFUSED) and reported; every TCP connect() past the sandbox's "
+          "own loopback is decided by the supervisor, which opens an allowed connection from the host and "
+          "installs it in place of the caller's socket; UDP leaves only as DNS");
+      net.notes.push_back(
+          "a connection installed directly carries no relay and so no TLS SNI check: a client may name another "
+          "tenant of an allowed address in its TLS handshake (domain fronting); network.inspect_tls keeps the "
+          "relay and the check for the hosts it names, and hosts with credentials or network.http_rules always "
+          "go through the terminator");
+    }
     if (NeedsProxy(policy)) {
       net.mechanisms.push_back("egress-proxy");
       net.notes.push_back("no route out; egress only through the supervisor's proxy at 127.0.0.1:3128 (HTTP) "
@@ -931,6 +951,9 @@ Result<ConfinedCommand> ConfinePolicy(const std::vector<std::string>& argv, cons
     }
     plan.seccomp = PlanSeccomp(host.seccomp_filter, SocketScope::kHostNetwork);
     plan.seccomp.cache_dir = CacheDirFor(inv, "seccomp");
+    // The connect() broker decides TCP past the proxy's ports (no DNS is
+    // served: there is no namespace to serve it in).
+    plan.network.broker = plan.seccomp.enabled;
     // The proxy's ports are the supervisor's to bind, per run, on the host's
     // loopback (AdoptProxyPorts): 0 until then.
     if (NeedsProxy(policy)) PlanEgress(policy, ProxyPorts{0, 0}, &plan.network);
@@ -1166,6 +1189,13 @@ Result<ConfinedCommand> ConfinePolicy(const std::vector<std::string>& argv, cons
     plan.landlock = PlanLandlock(plan, host.landlock_abi, policy.sandbox.require == Requirement::kFull);
     plan.seccomp = PlanSeccomp(host.seccomp_filter);
     plan.seccomp.cache_dir = CacheDirFor(inv, "seccomp");
+    // Transparent egress: the seccomp filter's connect() notifications go to
+    // the supervisor's broker, and DNS is served inside the namespace.
+    if (plan.seccomp.enabled &&
+        std::find(plan.namespaces.begin(), plan.namespaces.end(), "net") != plan.namespaces.end()) {
+      plan.network.broker = true;
+      plan.network.dns_address = kDnsAddressInside;
+    }
 
     std::string cwd = paths::IsWithin(inv.cwd, inv.workspace)
                           ? paths::Rebase(inv.cwd, inv.workspace, plan.workspace_target)

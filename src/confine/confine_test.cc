@@ -418,7 +418,10 @@ TEST(Confine, NetworkAllowlistGoesThroughTheProxy) {
   const FacetReport* net = FacetNamed(c->enforcement, "network");
   ASSERT_NE(net, nullptr);
   EXPECT_EQ(net->level, Level::kFull);
-  EXPECT_EQ(net->mechanisms, (std::vector<std::string>{"network-namespace", "egress-proxy"}));
+  EXPECT_EQ(net->mechanisms,
+            (std::vector<std::string>{"network-namespace", "connect-broker", "dns-inside", "egress-proxy"}));
+  EXPECT_TRUE(c->plan.network.broker);
+  EXPECT_EQ(c->plan.network.dns_address, "127.0.0.1");
   // The plan survives the trip through `wrap`.
   auto back = PlanFromJson(PlanToJson(c->plan));
   ASSERT_TRUE(back.ok());

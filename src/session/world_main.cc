@@ -264,11 +264,17 @@ int WorldMain() {
 
     if (i_proxy >= 0 && fds[i_proxy].revents) {
       proxy_open = false;
-      auto listeners = linux::ReceiveProxyListeners(child.proxy_listeners.get());
-      child.proxy_listeners.reset();
+      auto listeners = linux::ReceiveEgressListeners(child.proxy_listeners.get());
       if (listeners.ok()) {
-        auto started = supervise::Egress::Start(plan, options, std::move(listeners->first), std::move(listeners->second),
-                                                0, terminator);
+        supervise::Egress::Fds fds{std::move(listeners->http), std::move(listeners->socks),
+                                   std::move(listeners->dns_udp), std::move(listeners->dns_tcp), {}};
+        // With the broker the channel goes on carrying its requests.
+        if (plan.network.broker) {
+          fds.broker = std::move(child.proxy_listeners);
+        } else {
+          child.proxy_listeners.reset();
+        }
+        auto started = supervise::Egress::Start(plan, options, std::move(fds), 0, terminator);
         if (started.ok()) {
           egress = std::move(*started);
         } else {

@@ -13,11 +13,15 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <unordered_set>
 
 #include "linux/loopback_peer.h"
+#include "linux/proxy_listeners.h"
 #include "net/ask.h"
+#include "net/dns.h"
 #include "net/proxy.h"
 #include "net/rules.h"
+#include "supervise/broker.h"
 
 namespace agentbox::supervise {
 namespace {
@@ -55,21 +59,73 @@ struct Egress::State {
   std::unique_ptr<net::SystemResolver> resolver;
   std::unique_ptr<net::Asker> asker;
   CollectingSink sink;
+  std::unique_ptr<net::RuleSet> rules;
+  net::AddressBook book;
+  std::unordered_set<std::string> approved;  // names allowed when the DNS asked
   std::unique_ptr<net::Proxy> proxy;
+  std::unique_ptr<net::DnsServer> dns;
+  std::unique_ptr<ConnectBroker> broker;
   std::thread thread;
   bool stopped = false;
   std::vector<net::ConnectionRecord> records;
 };
 
-Result<std::unique_ptr<Egress>> Egress::Start(const Plan& plan, const RunOptions& options, linux::UniqueFd http,
-                                              linux::UniqueFd socks, pid_t served_root,
-                                              std::shared_ptr<net::Terminator> terminator) {
+namespace {
+
+// Whether `host` matches an inspect_tls entry (a name, or "*.suffix").
+bool Inspected(const NetworkPlan& n, const std::string& host) {
+  if (n.inspect_tls_all) return true;
+  for (const auto& p : n.inspect_tls) {
+    if (p.rfind("*.", 0) == 0) {
+      const std::string suffix = p.substr(1);
+      if (host.size() > suffix.size() && host.ends_with(suffix)) return true;
+    } else if (host == p) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// The DNS's question to the rules: may the sandbox know this name?
+void DecideName(Egress::State& s, const NetworkPlan& n, const std::string& name,
+                std::function<void(net::DnsVerdict)> done) {
+  net::Decision d = s.rules->DecideName(name);
+  if (d.verdict == net::Verdict::kAllow) return done({true, d.rule, "", ""});
+  if (d.verdict == net::Verdict::kUnknown && s.approved.count(name)) return done({true, "on_unknown_domain: ask", "", ""});
+  const bool off = n.allow.empty() && !n.default_allow && !n.ask_unknown;
+  auto deny = [name, off](const net::Decision& why) {
+    net::DnsVerdict v;
+    v.rule = why.rule;
+    v.reason = ToString(why.reason);
+    v.message = off ? "dns: " + name + " not resolved: networking is off by policy (network.allow is empty, "
+                                       "network.default: deny)"
+                    : "dns: " + name + " not allowed by " +
+                          (why.reason == net::DenyReason::kDenyRule ? "network.deny entry \"" + why.rule + "\""
+                           : why.reason == net::DenyReason::kAskDenied ? std::string("the answer to the question")
+                                                                        : std::string("network.allow"));
+    return v;
+  };
+  if (d.verdict == net::Verdict::kDeny || !n.ask_unknown || !s.asker) return done(deny(d));
+  s.asker->Ask(name, 0, [&s, name, done, deny](net::AskAnswer a) {
+    if (a == net::AskAnswer::kDeny) {
+      return done(deny(net::Decision::Deny(net::DenyReason::kAskDenied, "on_unknown_domain: ask", "")));
+    }
+    s.approved.insert(name);
+    done({true, "on_unknown_domain: ask", "", ""});
+  });
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Egress>> Egress::Start(const Plan& plan, const RunOptions& options, Fds fds,
+                                              pid_t served_root, std::shared_ptr<net::Terminator> terminator) {
   auto rules = net::RuleSet::Build(plan.network.allow, plan.network.deny,
                                    plan.network.default_allow ? NetDefault::kAllow : NetDefault::kDeny);
   if (!rules.ok()) return Status::Error("network", rules.status().message());
   std::unique_ptr<Egress> e(new Egress());
   e->state_ = std::make_unique<State>();
   State& s = *e->state_;
+  s.rules = std::make_unique<net::RuleSet>(*rules);
   s.resolver = std::make_unique<net::SystemResolver>(s.io);
   if (options.on_connection) s.sink.Forward(options.on_connection);
   const std::chrono::milliseconds ask_timeout(options.ask_timeout_ms);
@@ -89,14 +145,65 @@ Result<std::unique_ptr<Egress>> Egress::Start(const Plan& plan, const RunOptions
   popts.ask_timeout = ask_timeout + std::chrono::seconds(1);
   popts.check_sni = plan.network.sni_check;
   popts.sni_ports = plan.network.sni_ports;
+  const bool terminating = terminator != nullptr;
   popts.terminator = std::move(terminator);
   if (served_root > 0) {
     popts.admit = [served_root](int fd) { return linux::LoopbackPeerBelow(served_root, fd); };
   }
-  s.proxy = std::make_unique<net::Proxy>(s.io, std::move(*rules), popts, *s.resolver, s.asker.get(), &s.sink);
+  s.proxy = std::make_unique<net::Proxy>(s.io, *rules, popts, *s.resolver, s.asker.get(), &s.sink);
   // Not yet running: set up on this thread, before the proxy's thread starts.
-  if (Status st = s.proxy->Serve(http.release(), net::ListenerKind::kHttp); !st.ok()) return st;
-  if (Status st = s.proxy->Serve(socks.release(), net::ListenerKind::kSocks5); !st.ok()) return st;
+  if (fds.http.valid()) {
+    if (Status st = s.proxy->Serve(fds.http.release(), net::ListenerKind::kHttp); !st.ok()) return st;
+  }
+  if (fds.socks.valid()) {
+    if (Status st = s.proxy->Serve(fds.socks.release(), net::ListenerKind::kSocks5); !st.ok()) return st;
+  }
+  if (fds.dns_udp.valid() && fds.dns_tcp.valid()) {
+    const NetworkPlan& n = plan.network;
+    State* sp = &s;
+    s.dns = std::make_unique<net::DnsServer>(
+        s.io, *s.resolver,
+        [sp, n](const std::string& name, std::function<void(net::DnsVerdict)> done) {
+          DecideName(*sp, n, name, std::move(done));
+        },
+        [sp](const std::string& name, const net::DnsVerdict& v, std::uint64_t count) {
+          net::ConnectionRecord r;
+          r.protocol = "dns";
+          r.host = name;
+          r.port = 53;
+          r.decision = "deny";
+          r.rule = v.rule;
+          r.reason = v.reason;
+          r.message = v.message;
+          r.count = count;
+          sp->sink.Record(r);
+        },
+        s.book);
+    if (Status st = s.dns->ServeUdp(fds.dns_udp.release()); !st.ok()) return st;
+    if (Status st = s.dns->ServeTcp(fds.dns_tcp.release()); !st.ok()) return st;
+  }
+  if (fds.broker.valid()) {
+    BrokerDeps deps;
+    deps.rules = s.rules.get();
+    deps.book = &s.book;
+    deps.approved = &s.approved;
+    deps.proxy = s.proxy.get();
+    deps.sink = &s.sink;
+    const bool inspect = plan.network.inspect_tls_all || !plan.network.inspect_tls.empty();
+    if (terminating || inspect) {
+      // The relay's door for brokered connections: on the supervisor's own
+      // loopback, where only connections announced by the broker are served.
+      auto adopt = linux::BindHostProxyListeners();
+      if (!adopt.ok()) return adopt.status();
+      deps.adopt_port = adopt->ports.http_port;
+      if (Status st = s.proxy->Serve(adopt->http.release(), net::ListenerKind::kAdopted); !st.ok()) return st;
+      const net::Terminator* t = popts.terminator.get();
+      const NetworkPlan n = plan.network;
+      deps.relay = [t, n](const std::string& host) { return (t && t->Covers(host)) || Inspected(n, host); };
+    }
+    s.broker = std::make_unique<ConnectBroker>(s.io, std::move(fds.broker), std::move(deps));
+    s.broker->Start();
+  }
   s.thread = std::thread([&s] {
     // A peer that closes early must not kill the supervisor.
     sigset_t pipe;
@@ -117,6 +224,8 @@ void Egress::Stop() {
   if (s.thread.joinable()) {
     std::promise<void> done;
     boost::asio::post(s.io, [&] {
+      if (s.broker) s.broker->Stop();
+      if (s.dns) s.dns->Stop();
       s.proxy->Stop();
       done.set_value();
     });
@@ -125,6 +234,8 @@ void Egress::Stop() {
     s.io.stop();
     s.thread.join();
   } else {
+    if (s.broker) s.broker->Stop();
+    if (s.dns) s.dns->Stop();
     s.proxy->Stop();
   }
   s.records = s.sink.Take();
@@ -140,7 +251,7 @@ void AddNetworkReport(const std::vector<net::ConnectionRecord>& records, Outcome
   auto add_denial = [&](Denial d) {
     for (auto& e : denials) {
       if (e.facet == d.facet && e.op == d.op && e.target == d.target && e.reason == d.reason) {
-        ++e.count;
+        e.count += d.count;
         return;
       }
     }
@@ -179,11 +290,17 @@ void AddNetworkReport(const std::vector<net::ConnectionRecord>& records, Outcome
       std::string what = q.op == "git-push" ? target + " " + q.path : target;
       add_denial({q.facet.empty() ? "network" : q.facet, q.op.empty() ? "request" : q.op, what, reason, "proxy", 1});
     }
+    if (r.protocol == "dns") {
+      // Refused names: counted, not connections.
+      sum.denied += r.count - 1;
+      add_denial({"network", "dns", r.host, r.message, "dns", r.count});
+      continue;
+    }
     if (r.decision == "deny" && !request_denial) {
       std::string reason = r.reason;
       if (!r.message.empty()) reason += ": " + r.message;
       if (!r.rule.empty()) reason += " (rule: " + r.rule + ")";
-      add_denial({"network", "connect", target, reason, "proxy", 1});
+      add_denial({"network", "connect", target, reason, r.protocol == "connect" ? "broker" : "proxy", 1});
     }
   }
   out->network = sum;

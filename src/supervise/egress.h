@@ -1,6 +1,7 @@
-// The egress proxy in the supervisor: one Proxy on one io_context, run on one
-// background thread, serving the listeners the runner created inside the
-// sandbox's network namespace.
+// Egress in the supervisor, on one io_context run on one background thread:
+// the proxy serving the listeners the runner created inside the sandbox's
+// network namespace, the DNS served there, and the connect() broker; one
+// rule engine, one record sink, one report for all three.
 #pragma once
 
 #include <memory>
@@ -29,8 +30,14 @@ class Egress {
   // process below that pid (the runner) holds are served; others are closed.
   // `terminator` (from PrepareCredentials, may be null) ends TLS for the
   // hosts it covers; used on the proxy's thread from here on.
-  static Result<std::unique_ptr<Egress>> Start(const Plan& plan, const RunOptions& options, linux::UniqueFd http,
-                                               linux::UniqueFd socks, pid_t served_root = 0,
+  // `fds`: the proxy's listeners (absent: no proxy variables inside), the
+  // DNS's socket and listener (absent: no DNS served), and the broker's
+  // channel (absent: no connect() broker).
+  struct Fds {
+    linux::UniqueFd http, socks, dns_udp, dns_tcp, broker;
+  };
+  static Result<std::unique_ptr<Egress>> Start(const Plan& plan, const RunOptions& options, Fds fds,
+                                               pid_t served_root = 0,
                                                std::shared_ptr<net::Terminator> terminator = nullptr);
   ~Egress();  // Stop()
 

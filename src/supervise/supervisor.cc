@@ -148,6 +148,18 @@ Outcome RefusedOutcome(const Status& why, const EnforcementReport& enforcement,
   return out;
 }
 
+// What the runner handed over, and the channel that goes on as the
+// broker's (closed here when there is no broker).
+static supervise::Egress::Fds EgressFds(const Plan& plan, linux::EgressListeners& l, linux::Launched* child) {
+  supervise::Egress::Fds fds{std::move(l.http), std::move(l.socks), std::move(l.dns_udp), std::move(l.dns_tcp), {}};
+  if (plan.network.broker) {
+    fds.broker = std::move(child->proxy_listeners);
+  } else {
+    child->proxy_listeners.reset();
+  }
+  return fds;
+}
+
 // `host_proxy`: the landlock-only backend's proxy listeners, bound on the
 // host's loopback before the launch (the plan names their ports); served
 // once the runner is started (no proxy thread may exist when the runner is
@@ -218,10 +230,18 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
   // The egress proxy starts once the runner has handed over its listeners.
   std::unique_ptr<supervise::Egress> egress;
   std::optional<Status> proxy_error;
-  bool proxy_open = child.proxy_listeners.valid();
-  if (host_proxy) {
-    auto started_proxy = supervise::Egress::Start(plan, options, std::move(host_proxy->http),
-                                                  std::move(host_proxy->socks), child.pid, terminator);
+  // Landlock-only: no listeners come from the runner; the channel, if
+  // any, is the broker's from the start.
+  const bool landlock_only = plan.confined && plan.backend == Backend::kLandlockOnly;
+  bool proxy_open = child.proxy_listeners.valid() && !landlock_only;
+  if (landlock_only && (host_proxy || plan.network.broker)) {
+    supervise::Egress::Fds fds;
+    if (host_proxy) {
+      fds.http = std::move(host_proxy->http);
+      fds.socks = std::move(host_proxy->socks);
+    }
+    if (plan.network.broker) fds.broker = std::move(child.proxy_listeners);
+    auto started_proxy = supervise::Egress::Start(plan, options, std::move(fds), child.pid, terminator);
     if (started_proxy.ok()) {
       egress = std::move(*started_proxy);
     } else {
@@ -289,11 +309,10 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
     }
     if (i_proxy >= 0 && fds[i_proxy].revents) {
       proxy_open = false;
-      auto listeners = linux::ReceiveProxyListeners(child.proxy_listeners.get());
-      child.proxy_listeners.reset();
+      auto listeners = linux::ReceiveEgressListeners(child.proxy_listeners.get());
       if (listeners.ok()) {
-        auto started_proxy = supervise::Egress::Start(plan, options, std::move(listeners->first),
-                                                      std::move(listeners->second), 0, terminator);
+        auto started_proxy = supervise::Egress::Start(plan, options, EgressFds(plan, *listeners, &child), 0,
+                                                      terminator);
         if (started_proxy.ok()) {
           egress = std::move(*started_proxy);
         } else {
