@@ -208,6 +208,11 @@ struct NetworkPlan {
   std::vector<std::string> inspect_tls;
 };
 
+// For explain: that connections the broker installs directly carry no SNI
+// check, and which hosts keep the relay and the check (network.inspect_tls).
+// "" without a broker, or with the SNI check off everywhere.
+std::string DescribeBrokeredTls(const NetworkPlan& network);
+
 // A session's workspace: overlayfs with the base workspace (`source` of the
 // kOverlay mount) at the bottom, snapshot layers above it, and the session's
 // own upper layer on top. Host paths, all of them.

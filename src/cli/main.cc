@@ -610,6 +610,9 @@ void PrintPlan(const Plan& plan) {
       std::printf("    TLS SNI check: off (network.tls_sni_check: false)\n");
     }
   }
+  if (std::string brokered = DescribeBrokeredTls(plan.network); !brokered.empty()) {
+    std::printf("    %s\n", brokered.c_str());
+  }
   if (!plan.seccomp.enabled) {
     std::printf("  seccomp: no filter (this host has no seccomp filtering)\n");
   } else {

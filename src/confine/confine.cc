@@ -61,6 +61,8 @@ void PlanEgress(const Policy& p, ProxyPorts ports, NetworkPlan* net) {
   net->ask_unknown = p.network.on_unknown_domain == UnknownDomain::kAsk;
   net->sni_check = p.network.tls_sni_check;
   net->sni_ports = p.network.tls_sni_ports;
+  net->inspect_tls_all = p.network.inspect_tls_all;
+  net->inspect_tls = p.network.inspect_tls;
   net->terminate = Terminates(p);
   if (net->terminate) {
     net->credentials = p.credentials;
@@ -824,6 +826,22 @@ namespace {
 Result<ConfinedCommand> ConfinePolicy(const std::vector<std::string>& argv, const Policy& policy,
                                       const HostCaps& host, const Invocation& inv);
 }  // namespace
+
+std::string DescribeBrokeredTls(const NetworkPlan& n) {
+  if (!n.broker || !n.sni_check) return "";
+  std::string keep;
+  if (n.inspect_tls_all) {
+    keep = "network.inspect_tls is true: all hosts keep the relay and the SNI check";
+  } else {
+    keep = "network.inspect_tls lists the hosts that keep the relay and the SNI check: ";
+    if (n.inspect_tls.empty()) keep += "none";
+    for (std::size_t i = 0; i < n.inspect_tls.size(); ++i) keep += (i ? ", " : "") + n.inspect_tls[i];
+  }
+  // A connection handed over as is never passes the relay, so nothing
+  // compares its ClientHello with the name it was allowed for.
+  return "connections the broker installs directly carry no SNI check, so domain fronting to another tenant of "
+         "an allowed address is possible there; " + keep;
+}
 
 Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Policy& policy,
                                 const HostCaps& host, const Invocation& inv) {

@@ -446,6 +446,60 @@ TEST(Confine, TlsSniSwitchReachesThePlan) {
   EXPECT_EQ(back->network.sni_ports, (std::vector<std::uint16_t>{443, 8443}));
 }
 
+TEST(Confine, InspectTlsReachesThePlan) {
+  Policy pol = PresetFor(Mode::kWorkspaceWrite);
+  pol.network.allow = {"github.com", "*.example.com"};
+  auto none = Confine({"true"}, pol, FullHost(), Inv());
+  ASSERT_TRUE(none.ok()) << none.status().message();
+  EXPECT_FALSE(none->plan.network.inspect_tls_all);
+  EXPECT_TRUE(none->plan.network.inspect_tls.empty());
+
+  pol.network.inspect_tls = {"github.com", "*.example.com"};
+  auto hosts = Confine({"true"}, pol, FullHost(), Inv());
+  ASSERT_TRUE(hosts.ok()) << hosts.status().message();
+  EXPECT_FALSE(hosts->plan.network.inspect_tls_all);
+  EXPECT_EQ(hosts->plan.network.inspect_tls, (std::vector<std::string>{"github.com", "*.example.com"}));
+  auto back = PlanFromJson(PlanToJson(hosts->plan));
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->network.inspect_tls, hosts->plan.network.inspect_tls);
+
+  pol.network.inspect_tls.clear();
+  pol.network.inspect_tls_all = true;
+  auto all = Confine({"true"}, pol, FullHost(), Inv());
+  ASSERT_TRUE(all.ok()) << all.status().message();
+  EXPECT_TRUE(all->plan.network.inspect_tls_all);
+  EXPECT_TRUE(all->plan.network.inspect_tls.empty());
+}
+
+// What `policy explain` prints about connections the broker installs.
+TEST(DescribeBrokeredTls, SaysWhereFrontingIsPossibleAndWhoKeepsTheCheck) {
+  NetworkPlan n;
+  EXPECT_EQ(DescribeBrokeredTls(n), "") << "no broker, nothing installed directly";
+  n.broker = true;
+  const std::string none = DescribeBrokeredTls(n);
+  EXPECT_NE(none.find("connections the broker installs directly carry no SNI check"), std::string::npos) << none;
+  EXPECT_NE(none.find("domain fronting to another tenant of an allowed address is possible there"),
+            std::string::npos)
+      << none;
+  EXPECT_NE(none.find("network.inspect_tls lists the hosts that keep the relay and the SNI check: none"),
+            std::string::npos)
+      << none;
+
+  n.inspect_tls = {"github.com", "*.example.com"};
+  const std::string hosts = DescribeBrokeredTls(n);
+  EXPECT_NE(hosts.find("keep the relay and the SNI check: github.com, *.example.com"), std::string::npos) << hosts;
+
+  n.inspect_tls.clear();
+  n.inspect_tls_all = true;
+  const std::string all = DescribeBrokeredTls(n);
+  EXPECT_NE(all.find("all hosts keep the relay and the SNI check"), std::string::npos) << all;
+
+  // With the check off everywhere the SNI line says so already.
+  n.inspect_tls_all = false;
+  n.sni_check = false;
+  EXPECT_EQ(DescribeBrokeredTls(n), "");
+}
+
 TEST(Confine, PolicyProxyVariablesWin) {
   Policy pol = PresetFor(Mode::kWorkspaceWrite);
   pol.network.egress_proxy = true;

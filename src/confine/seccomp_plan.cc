@@ -26,7 +26,8 @@ constexpr std::uint64_t kCloneNamespaceFlags = 0x00020000 /*NEWNS*/ | 0x02000000
 // ADDR_NO_RANDOMIZE, MMAP_PAGE_ZERO. 0xffffffff only queries and stays allowed.
 constexpr std::uint64_t kWeakPersonality = 0x0400000 | 0x0040000 | 0x0100000;
 constexpr std::uint64_t kTiocsti = 0x5412, kTioclinux = 0x541C;
-constexpr std::uint64_t kAfUnix = 1, kAfInet = 2, kAfInet6 = 10, kAfMax = 46;
+constexpr std::uint64_t kAfUnix = 1, kAfInet = 2, kAfInet6 = 10, kAfNetlink = 16, kAfMax = 46;
+constexpr std::uint64_t kNetlinkRoute = 0;
 constexpr std::uint64_t kSetIdBits = 06000;                 // S_ISUID | S_ISGID
 constexpr std::uint64_t kOCreat = 0100, kOTmpfile = 020000000;  // O_CREAT, __O_TMPFILE
 constexpr std::uint64_t kSockDgram = 2, kSockRaw = 3, kSockRdm = 4, kSockSeqpacket = 5, kSockDccp = 6,
@@ -127,9 +128,25 @@ SeccompPlan PlanSeccomp(bool host_has_seccomp, SocketScope scope) {
                                         : "TIOCLINUX reads and writes the console"});
   }
   SeccompArgCheck domain{Kind::kLow32NotIn, 0, 0, kAfMax};
-  domain.values = {kAfUnix, kAfInet, kAfInet6};
+  domain.values = {kAfUnix, kAfInet, kAfInet6, kAfNetlink};
   sp.rules.push_back({"socket", SeccompAction::kNotifyEperm, domain,
-                      "socket families other than unix, inet and inet6: rarely used, often buggy"});
+                      "socket families other than unix, inet, inet6 and netlink: rarely used, often buggy"});
+  // Netlink: NETLINK_ROUTE alone, which getifaddrs (Node's
+  // os.networkInterfaces, getaddrinfo's AI_ADDRCONFIG) reads interfaces and
+  // addresses through. Without CAP_NET_ADMIN, which the sandbox never holds
+  // (nor the runner that makes its connect()s), it can only read. The
+  // kernel takes no other type than SOCK_RAW and SOCK_DGRAM for netlink
+  // (ESOCKTNOSUPPORT). A protocol with high bits set is refused too: the
+  // comparison is on all 64 bits.
+  SeccompArgCheck netlink{Kind::kLow32NotIn, 2, 0, kNetlinkRoute + 1};
+  netlink.values = {kNetlinkRoute};
+  netlink.has_also = true;
+  netlink.also_arg = 0;
+  netlink.also_mask = 0xffffffff;
+  netlink.also_value = kAfNetlink;
+  sp.rules.push_back({"socket", SeccompAction::kNotifyEperm, netlink,
+                      "netlink protocols other than NETLINK_ROUTE (audit, netfilter, sock_diag, uevents, generic, "
+                      "...): kernel interfaces tools do not need"});
   // Set-id bits: a file the sandbox marks set-uid or set-gid stays so on
   // the host (the workspace is nosuid only inside), and as root it is owned
   // by root. Every call that sets a mode is filtered on the mode's set-id
@@ -180,11 +197,18 @@ SeccompPlan PlanSeccomp(bool host_has_seccomp, SocketScope scope) {
   // names and makes the connection itself (filesystem.unix_sockets).
   sp.rules.push_back({"connect", SeccompAction::kNotifyMediate, {},
                       "pathname unix sockets outside the sandbox are reached only when the policy names them"});
-  for (std::uint64_t type : {kSockRaw, kSockPacket}) {
-    SeccompArgCheck t{Kind::kMaskedEquals, 1, kSockTypeMask, type};
-    sp.rules.push_back({"socket", SeccompAction::kNotifyEperm, t,
-                        type == kSockRaw ? "SOCK_RAW: forged packets" : "SOCK_PACKET: forged packets"});
+  // SOCK_RAW on the families the domain rule lets through, netlink's aside
+  // (its datagrams are messages to the kernel, not packets).
+  for (std::uint64_t family : {kAfUnix, kAfInet, kAfInet6}) {
+    SeccompArgCheck raw{Kind::kMaskedEquals, 1, kSockTypeMask, kSockRaw};
+    raw.has_also = true;
+    raw.also_arg = 0;
+    raw.also_mask = 0xffffffff;
+    raw.also_value = family;
+    sp.rules.push_back({"socket", SeccompAction::kNotifyEperm, raw, "SOCK_RAW: forged packets"});
   }
+  SeccompArgCheck packet{Kind::kMaskedEquals, 1, kSockTypeMask, kSockPacket};
+  sp.rules.push_back({"socket", SeccompAction::kNotifyEperm, packet, "SOCK_PACKET: forged packets"});
   if (scope == SocketScope::kHostNetwork) AddHostNetworkRules(&sp);
   return sp;
 }

@@ -3,6 +3,8 @@
 // docs/seccomp.md and never lets clone create a namespace.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <random>
 #include <set>
 #include <string>
@@ -115,6 +117,70 @@ bool MediatesListenAndRefusesUdp(const SeccompPlan& sp) {
     udp6 |= dgram && r.when.value == 10 /*AF_INET6*/;
   }
   return listen && udp4 && udp6;
+}
+
+// The rule of `sp` that refuses this call, read as CompileSeccomp
+// (src/linux/seccomp_filter.cc) compiles each kind, or null.
+const SeccompRule* Refusing(const SeccompPlan& sp, const std::string& syscall, std::array<std::uint64_t, 6> args) {
+  constexpr std::uint64_t kLow32 = 0xffffffff;
+  for (const auto& r : sp.rules) {
+    if (r.syscall != syscall || r.action != SeccompAction::kNotifyEperm) continue;
+    const SeccompArgCheck& w = r.when;
+    const std::uint64_t a = args[w.arg];
+    bool match = false;
+    switch (w.kind) {
+      case SeccompArgCheck::Kind::kAlways: match = true; break;
+      case SeccompArgCheck::Kind::kAnyBitSet:
+        match = (a & w.mask) != 0 && !(w.has_except && (a & kLow32) == (w.except & kLow32));
+        break;
+      case SeccompArgCheck::Kind::kLow32Equals: match = (a & kLow32) == (w.value & kLow32); break;
+      case SeccompArgCheck::Kind::kMaskedEquals: match = (a & w.mask) == w.value; break;
+      case SeccompArgCheck::Kind::kLow32NotIn:
+        match = a >= w.value || std::find(w.values.begin(), w.values.end(), a & kLow32) == w.values.end();
+        break;
+    }
+    if (match && w.has_also) match = (args[w.also_arg] & w.also_mask) == w.also_value;
+    if (match) return &r;
+  }
+  return nullptr;
+}
+
+// socket(2) as Node's os.networkInterfaces (getifaddrs) makes it, and its kin.
+TEST(SeccompPlan, NetlinkRouteAloneOfTheNetlinkProtocols) {
+  constexpr std::uint64_t kAfNetlink = 16, kSockRaw = 3, kSockDgram = 2, kCloexec = 02000000, kNonblock = 04000;
+  for (SocketScope scope : {SocketScope::kOwnNamespace, SocketScope::kHostNetwork}) {
+    const SeccompPlan sp = PlanSeccomp(true, scope);
+    const std::string where = scope == SocketScope::kHostNetwork ? "host network" : "own network";
+    auto refusing = [&](std::uint64_t domain, std::uint64_t type, std::uint64_t protocol) {
+      return Refusing(sp, "socket", {domain, type, protocol, 0, 0, 0});
+    };
+    EXPECT_EQ(refusing(kAfNetlink, kSockRaw | kCloexec, 0), nullptr) << where;
+    EXPECT_EQ(refusing(kAfNetlink, kSockRaw, 0), nullptr) << where;
+    EXPECT_EQ(refusing(kAfNetlink, kSockDgram | kCloexec | kNonblock, 0), nullptr) << where;
+    // NETLINK_SOCK_DIAG, NETLINK_AUDIT, NETLINK_NETFILTER, NETLINK_KOBJECT_UEVENT, NETLINK_GENERIC.
+    for (std::uint64_t protocol : {4, 9, 12, 15, 16}) {
+      for (std::uint64_t type : {kSockRaw, kSockDgram | kCloexec}) {
+        const SeccompRule* r = refusing(kAfNetlink, type, protocol);
+        ASSERT_NE(r, nullptr) << where << ": netlink protocol " << protocol << " type " << type;
+        EXPECT_NE(r->why.find("NETLINK_ROUTE"), std::string::npos) << r->why;
+      }
+    }
+    // The kernel reads an int; high bits are refused rather than ignored.
+    EXPECT_NE(refusing(kAfNetlink, kSockRaw, 1ULL << 32), nullptr) << where;
+    // Raw and packet sockets of every other family stay refused.
+    EXPECT_NE(refusing(2 /*AF_INET*/, kSockRaw, 1 /*ICMP*/), nullptr) << where;
+    EXPECT_NE(refusing(10 /*AF_INET6*/, kSockRaw | kCloexec, 58 /*ICMPV6*/), nullptr) << where;
+    EXPECT_NE(refusing(1 /*AF_UNIX*/, kSockRaw, 0), nullptr) << where;
+    EXPECT_NE(refusing(17 /*AF_PACKET*/, kSockRaw, 0x0300), nullptr) << where;
+    EXPECT_NE(refusing(2 /*AF_INET*/, 10 /*SOCK_PACKET*/, 0x0300), nullptr) << where;
+    EXPECT_NE(refusing(kAfNetlink, 10 /*SOCK_PACKET*/, 0), nullptr) << where;
+    EXPECT_NE(refusing(40 /*AF_VSOCK*/, 1, 0), nullptr) << where;
+    EXPECT_NE(refusing(kAfNetlink | (1ULL << 32), kSockRaw, 0), nullptr) << where;
+    // What tools use every day passes.
+    EXPECT_EQ(refusing(2 /*AF_INET*/, 1 /*SOCK_STREAM*/ | kCloexec, 0), nullptr) << where;
+    EXPECT_EQ(refusing(10 /*AF_INET6*/, 1 /*SOCK_STREAM*/, 6), nullptr) << where;
+    EXPECT_EQ(refusing(1 /*AF_UNIX*/, 1 /*SOCK_STREAM*/ | kCloexec, 0), nullptr) << where;
+  }
 }
 
 TEST(SeccompPlan, HostNetworkRulesOnlyWithoutANetworkNamespace) {

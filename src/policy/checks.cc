@@ -478,6 +478,11 @@ std::optional<std::string> SecretsModeProblem(Mode mode, const CredentialsSpec& 
          "environment, and nothing keeps a secret out of it";
 }
 
+std::optional<std::string> InspectTlsProblem(const NetworkSpec& network) {
+  if (network.tls_sni_check || (!network.inspect_tls_all && network.inspect_tls.empty())) return std::nullopt;
+  return "inspect_tls keeps the SNI check, which tls_sni_check: false turns off";
+}
+
 std::string FormatNumber(double value) {
   char buf[64];
   auto [end, ec] = std::to_chars(buf, buf + sizeof buf, value);

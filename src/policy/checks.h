@@ -103,6 +103,10 @@ std::optional<std::string> EnvSecretProblem(const SecretSpec& secret, Credential
 // command on the host, with the caller's environment.
 std::optional<std::string> SecretsModeProblem(Mode mode, const CredentialsSpec& credentials);
 
+// network.inspect_tls keeps a connection on the relay for the SNI check;
+// with network.tls_sni_check: false there would be no check to keep.
+std::optional<std::string> InspectTlsProblem(const NetworkSpec& network);
+
 // Canonical text forms used by ToYaml; each parses back to the same value.
 std::string FormatNumber(double value);          // shortest round-trip form: "0.5", "2"
 std::string FormatSize(std::uint64_t bytes);     // "512Mi", "1G", "1234B"

@@ -43,6 +43,7 @@ using policy_internal::HeaderFormatProblem;
 using policy_internal::HeaderNameProblem;
 using policy_internal::HostPattern;
 using policy_internal::HttpRuleProblem;
+using policy_internal::InspectTlsProblem;
 using policy_internal::IsValidUtf8;
 using policy_internal::PathRule;
 using policy_internal::RefPatternProblem;
@@ -176,6 +177,7 @@ class Parser {
   Status ReadPorts(const Field& f, std::vector<std::uint16_t>& out) const;
   Status ReadEnvName(const Field& f, std::string& out) const;
   Status ReadHosts(const Field& f, HostPattern pattern, std::vector<std::string>& out) const;
+  Status ReadInspectTls(const Field& f, NetworkSpec& out) const;
 
   // Sections. ParseSection dispatches a top-level key (already checked
   // against the allowed set) to its parser.
@@ -197,6 +199,8 @@ class Parser {
   Status ParseOnViolation(const Field& f, OnViolationSpec& out) const;
   // Secrets against the mode and the environment, once every section is read.
   Status CheckSecrets(const Field& root, const Policy& policy) const;
+  // Network keys against each other, once the whole section is read.
+  Status CheckNetwork(const Field& root, const Policy& policy) const;
 
   const std::string& text_;
   const std::string& source_;
@@ -549,11 +553,30 @@ Status Parser::ReadPorts(const Field& f, std::vector<std::uint16_t>& out) const 
   return Status();
 }
 
+// network.inspect_tls: true (every host), false (none), or host names and
+// "*.suffix" patterns as credentials.secrets.*.hosts take them: names as a
+// TLS ClientHello carries them, so no port and no address.
+Status Parser::ReadInspectTls(const Field& f, NetworkSpec& out) const {
+  if (!f.node.IsSequence()) {
+    if (ReadBool(f, out.inspect_tls_all).ok()) {
+      out.inspect_tls.clear();
+      return Status();
+    }
+    return Fail(f, "expected true, false or a list of hosts, got " + Describe(f));
+  }
+  std::vector<std::string> hosts;
+  if (Status s = ReadHosts(f, HostPattern::kWildcard, hosts); !s.ok()) return s;
+  if (hosts.empty()) return Fail(f, "empty list (to inspect no host, use inspect_tls: false)");
+  out.inspect_tls_all = false;
+  out.inspect_tls = std::move(hosts);
+  return Status();
+}
+
 Status Parser::ParseNetwork(const Field& f, NetworkSpec& out) const {
   return ForEachKey(
       f,
       {"default", "egress_proxy", "allow", "deny", "on_unknown_domain", "tls_sni_check", "tls_sni_ports",
-       "http_rules"},
+       "inspect_tls", "http_rules"},
       [&](const std::string& key, const Field& v) -> Status {
         if (key == "default") {
           return ReadEnum(v, {NetDefault::kDeny, NetDefault::kAllow}, out.default_action);
@@ -563,6 +586,7 @@ Status Parser::ParseNetwork(const Field& f, NetworkSpec& out) const {
         if (key == "deny") return ReadDomains(v, DomainList::kDeny, out.deny);
         if (key == "tls_sni_check") return ReadBool(v, out.tls_sni_check);
         if (key == "tls_sni_ports") return ReadPorts(v, out.tls_sni_ports);
+        if (key == "inspect_tls") return ReadInspectTls(v, out);
         if (key == "http_rules") return ParseHttpRules(v, out.http_rules);
         return ReadEnum(v, {UnknownDomain::kDeny, UnknownDomain::kAsk}, out.on_unknown_domain);
       });
@@ -967,6 +991,15 @@ Status Parser::CheckSecrets(const Field& root, const Policy& policy) const {
   return Status();
 }
 
+Status Parser::CheckNetwork(const Field& root, const Policy& policy) const {
+  std::optional<std::string> problem = InspectTlsProblem(policy.network);
+  if (!problem) return Status();
+  // No preset inspects TLS, so the key is in the file.
+  std::optional<Field> network = Child(root, "network");
+  std::optional<Field> inspect = network ? Child(*network, "inspect_tls") : std::nullopt;
+  return Fail(inspect ? *inspect : root, *problem);
+}
+
 Status Parser::ParseSection(const std::string& key, const Field& v, Policy& policy) const {
   if (key == "version") return ParseVersion(v, policy.version);
   if (key == "mode") return Status();  // read first, in Parse()
@@ -1031,6 +1064,7 @@ Result<Policy> Parser::Parse() const {
        "on_violation"},
       [&](const std::string& key, const Field& value) { return ParseSection(key, value, policy); });
   if (!status.ok()) return status;
+  if (Status s = CheckNetwork(root, policy); !s.ok()) return s;
   if (Status s = CheckSecrets(root, policy); !s.ok()) return s;
 
   policy.source = source_;

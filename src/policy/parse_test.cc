@@ -204,6 +204,22 @@ TEST(ParsePolicyTest, TlsSniCheckSwitchAndPorts) {
   EXPECT_EQ(ports.network.tls_sni_ports, (std::vector<std::uint16_t>{443, 8443}));
 }
 
+TEST(ParsePolicyTest, InspectTlsIsTrueFalseOrHosts) {
+  Policy none = MustParse("network:\n  allow: [example.com]\n");
+  EXPECT_FALSE(none.network.inspect_tls_all);
+  EXPECT_TRUE(none.network.inspect_tls.empty());
+  Policy all = MustParse("network:\n  inspect_tls: true\n");
+  EXPECT_TRUE(all.network.inspect_tls_all);
+  EXPECT_TRUE(all.network.inspect_tls.empty());
+  Policy off = MustParse("network:\n  inspect_tls: false\n");
+  EXPECT_FALSE(off.network.inspect_tls_all);
+  EXPECT_TRUE(off.network.inspect_tls.empty());
+  // Host names are normalised as secrets' hosts are.
+  Policy hosts = MustParse("network:\n  inspect_tls: [Example.COM., \"*.cdn.example.net\"]\n");
+  EXPECT_FALSE(hosts.network.inspect_tls_all);
+  EXPECT_EQ(hosts.network.inspect_tls, (std::vector<std::string>{"example.com", "*.cdn.example.net"}));
+}
+
 TEST(ParsePolicyTest, EnvSetKeepsFileOrderAndTextAsWritten) {
   Policy p =
       MustParse("env:\n  pass: [HOME]\n  set: {ZED: 1, ALPHA: true, MID: 0.50, T: ~, E: \"\"}\n");
@@ -417,7 +433,7 @@ const BadCase kBadCases[] = {
      "policy.yaml:2:1: netwrk: unknown key " + kTopKeys},
     {"UnknownNestedKey", "network:\n  alow: [example.com]\n",
      "policy.yaml:2:3: network.alow: unknown key (expected one of: default, egress_proxy, allow, "
-     "deny, on_unknown_domain, tls_sni_check, tls_sni_ports, http_rules)"},
+     "deny, on_unknown_domain, tls_sni_check, tls_sni_ports, inspect_tls, http_rules)"},
     {"UnknownResourceKey", "resources:\n  cpu: {guaranteed: 1, max: 2}\n",
      "policy.yaml:2:24: resources.cpu.max: unknown key (expected one of: guaranteed, limit)"},
     {"StringWhereBoolExpected", "sandbox:\n  fresh_per_task: yes\n",
@@ -552,6 +568,30 @@ const BadCase kBadCases[] = {
      "policy.yaml:2:18: network.tls_sni_ports: empty list (to turn the check off, use tls_sni_check: false)"},
     {"SniPortsScalar", "network:\n  tls_sni_ports: 443\n",
      "policy.yaml:2:18: network.tls_sni_ports: expected a list, got \"443\""},
+    {"InspectTlsNumber", "network:\n  inspect_tls: 1\n",
+     "policy.yaml:2:16: network.inspect_tls: expected true, false or a list of hosts, got \"1\""},
+    {"InspectTlsMap", "network:\n  inspect_tls: {example.com: true}\n",
+     "policy.yaml:2:16: network.inspect_tls: expected true, false or a list of hosts, got a map"},
+    {"InspectTlsEmpty", "network:\n  inspect_tls: []\n",
+     "policy.yaml:2:16: network.inspect_tls: empty list (to inspect no host, use inspect_tls: false)"},
+    {"InspectTlsPort", "network:\n  inspect_tls: [\"example.com:443\"]\n",
+     "policy.yaml:2:17: network.inspect_tls[0]: no port here (\"example.com:443\")"},
+    {"InspectTlsCidr", "network:\n  inspect_tls: [10.0.0.0/8]\n",
+     "policy.yaml:2:17: network.inspect_tls[0]: \"10.0.0.0/8\" is not a host name"},
+    {"InspectTlsAddress", "network:\n  inspect_tls: [10.0.0.1]\n",
+     "policy.yaml:2:17: network.inspect_tls[0]: \"10.0.0.1\" is, or reads as, an IP address: a host name is "
+     "required here"},
+    {"InspectTlsTooBroad", "network:\n  inspect_tls: [\"*.com\"]\n",
+     "policy.yaml:2:17: network.inspect_tls[0]: \"*.com\" is too broad (a wildcard needs at least two labels, "
+     "e.g. \"*.example.com\")"},
+    {"InspectTlsDuplicate", "network:\n  inspect_tls: [example.com, EXAMPLE.com]\n",
+     "policy.yaml:2:30: network.inspect_tls[1]: duplicate host \"example.com\""},
+    {"InspectTlsWithoutSniCheck", "network:\n  inspect_tls: [example.com]\n  tls_sni_check: false\n",
+     "policy.yaml:2:16: network.inspect_tls: inspect_tls keeps the SNI check, which tls_sni_check: false "
+     "turns off"},
+    {"InspectTlsAllWithoutSniCheck", "network:\n  tls_sni_check: false\n  inspect_tls: true\n",
+     "policy.yaml:3:16: network.inspect_tls: inspect_tls keeps the SNI check, which tls_sni_check: false "
+     "turns off"},
     {"EmptyImage", "sandbox: {image: \"\"}\n",
      "policy.yaml:1:18: sandbox.image: must not be empty"},
     {"DuplicateTopLevelKey", "version: 1\nversion: 1\n", "policy.yaml:2:1: version: duplicate key"},

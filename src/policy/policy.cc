@@ -358,6 +358,14 @@ std::string ToYaml(const Policy& p) {
   out << YAML::Key << "tls_sni_ports" << YAML::Value << YAML::Flow << YAML::BeginSeq;
   for (std::uint16_t port : net.tls_sni_ports) out << port;
   out << YAML::EndSeq;
+  out << YAML::Key << "inspect_tls" << YAML::Value;
+  if (net.inspect_tls_all || net.inspect_tls.empty()) {
+    out << net.inspect_tls_all;
+  } else {
+    out << YAML::Flow << YAML::BeginSeq;
+    for (const std::string& host : net.inspect_tls) out << host;
+    out << YAML::EndSeq;
+  }
   out << YAML::Key << "http_rules" << YAML::Value;
   if (net.http_rules.empty()) out << YAML::Flow;
   out << YAML::BeginSeq;

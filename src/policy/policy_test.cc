@@ -115,6 +115,39 @@ TEST(ToYamlTest, AwkwardValuesRoundTrip) {
   EXPECT_EQ(q.network.tls_sni_ports, (std::vector<std::uint16_t>{443, 8443}));
 }
 
+TEST(ToYamlTest, InspectTlsRoundTripsInEachForm) {
+  Policy p = PresetFor(Mode::kWorkspaceWrite);
+  ExpectRoundTrip(p);
+  EXPECT_NE(ToYaml(p).find("inspect_tls: false\n"), std::string::npos) << ToYaml(p);
+
+  p.network.inspect_tls_all = true;
+  ExpectRoundTrip(p);
+  Policy all = *ParsePolicy(ToYaml(p), "x");
+  EXPECT_TRUE(all.network.inspect_tls_all);
+  EXPECT_TRUE(all.network.inspect_tls.empty());
+
+  p.network.inspect_tls_all = false;
+  p.network.inspect_tls = {"example.com", "*.cdn.example.net"};
+  ExpectRoundTrip(p);
+  Policy hosts = *ParsePolicy(ToYaml(p), "x");
+  EXPECT_FALSE(hosts.network.inspect_tls_all);
+  EXPECT_EQ(hosts.network.inspect_tls, p.network.inspect_tls);
+}
+
+TEST(PolicyDigestTest, ChangesWithInspectTls) {
+  Policy none = PresetFor(Mode::kWorkspaceWrite);
+  Policy all = none;
+  all.network.inspect_tls_all = true;
+  Policy one = none;
+  one.network.inspect_tls = {"example.com"};
+  Policy other = none;
+  other.network.inspect_tls = {"example.org"};
+  EXPECT_NE(PolicyDigest(none), PolicyDigest(all));
+  EXPECT_NE(PolicyDigest(none), PolicyDigest(one));
+  EXPECT_NE(PolicyDigest(all), PolicyDigest(one));
+  EXPECT_NE(PolicyDigest(one), PolicyDigest(other));
+}
+
 // Every field of the credentials section and network.http_rules, compared
 // one by one (ExpectRoundTrip compares YAML, which would miss a field that
 // ToYaml leaves out).

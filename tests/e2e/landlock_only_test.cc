@@ -161,8 +161,8 @@ TEST(LandlockOnlyNetwork, DirectTcpToAHostLoopbackServiceIsDeniedAndReported) {
       << r.Describe();
 }
 
-// UDP, ICMP (ping sockets), raw, SCTP, netlink and packet sockets: none is
-// made. A TCP socket may not listen (listen() would bind it to a port on
+// UDP, ICMP (ping sockets), raw, SCTP, netlink (but NETLINK_ROUTE, which
+// only reads) and packet sockets: none is made. A TCP socket may not listen (listen() would bind it to a port on
 // every interface of the host).
 TEST(LandlockOnlyNetwork, UdpAndEveryOtherProtocolAreDenied) {
   ASSERT_TRUE(HavePython()) << "python3 is missing (scripts/install-deps.sh installs it)";
@@ -198,14 +198,16 @@ TEST(LandlockOnlyNetwork, UdpAndEveryOtherProtocolAreDenied) {
        "attempt('raw', lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP))\n"
        "attempt('sctp', lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM, 132))\n"
        "attempt('seqpacket', lambda: socket.socket(socket.AF_INET, socket.SOCK_SEQPACKET, 132))\n"
-       "attempt('netlink', lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0))\n"
+       "attempt('netlink', lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 9))\n"  // NETLINK_AUDIT
+       "attempt('netlink-route', lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0))\n"
        "attempt('packet', lambda: socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, 0))\n"
        "attempt('listen', lambda: socket.socket().listen())\n"
        "attempt('tcp', lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP))\n"},
       kLandlockPartial);
   EXPECT_EQ(r.status, 0) << r.Describe();
   EXPECT_EQ(Lines(r.out), (std::vector<std::string>{"udp=1", "udp6=1", "udp-proto=1", "ping=1", "raw=1", "sctp=1",
-                                                    "seqpacket=1", "netlink=1", "packet=1", "listen=13", "tcp=ok"}))
+                                                    "seqpacket=1", "netlink=1", "netlink-route=ok", "packet=1",
+                                                    "listen=13", "tcp=ok"}))
       << r.Describe();
   // Loopback delivery happens inside sendto: had anything arrived, it would be queued now.
   EXPECT_EQ(recv(udp.get(), buf, sizeof buf, MSG_DONTWAIT), -1);

@@ -81,7 +81,8 @@ t("ioctl", 16, 0, 0xffffffff00005412, addr)       # TIOCSTI with high bits set
 t("tioclinux", 16, 0, 0x541C, addr)
 t("socket-packet", 41, 17, 3, 0)                  # AF_PACKET, SOCK_RAW
 t("socket-raw", 41, 2, 3, 1)                      # AF_INET, SOCK_RAW, ICMP
-t("socket-netlink", 41, 16, 2, 0)                 # AF_NETLINK
+t("socket-netlink", 41, 16, 2, 9)                 # AF_NETLINK, NETLINK_AUDIT
+t("socket-netlink-route", 41, 16, 3, 0)           # AF_NETLINK, SOCK_RAW, NETLINK_ROUTE (getifaddrs)
 t("socket-inet", 41, 2, 1, 0)
 t("socket-unix", 41, 1, 1, 0)
 )PY";
@@ -126,10 +127,11 @@ TEST(Seccomp, EveryDeniedGroupFailsWithEpermAndIsReportedByName) {
       EXPECT_TRUE(HasSyscallDenial(r, e.reported)) << e.reported << "\n" << r.Describe();
     }
   }
-  // Allowed: the personality query, inet and unix sockets; clone3's ENOSYS is no denial.
+  // Allowed: the personality query, inet, unix and NETLINK_ROUTE sockets; clone3's ENOSYS is no denial.
   EXPECT_FALSE(Contains(r.out, "personality-query -1")) << r.Describe();
   EXPECT_FALSE(Contains(r.out, "socket-inet -1")) << r.Describe();
   EXPECT_FALSE(Contains(r.out, "socket-unix -1")) << r.Describe();
+  EXPECT_FALSE(Contains(r.out, "socket-netlink-route -1")) << r.Describe();
   EXPECT_FALSE(HasSyscallDenial(r, "clone3")) << r.Describe();
   EXPECT_EQ(OutcomeOf(r), "exited") << "a successful command stays exited\n" << r.Describe();
 }

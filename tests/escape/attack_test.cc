@@ -570,7 +570,8 @@ TEST(Attack, ClockSettime) {
 TEST(Attack, RawSocket) { Surface("raw socket", "raw_socket", "socket", NeedsPrivilege("CAP_NET_RAW")); }
 TEST(Attack, PacketSocket) { Surface("packet socket", "packet_socket", "socket", NeedsPrivilege("CAP_NET_RAW")); }
 TEST(Attack, OtherSocketFamilies) {
-  Surface("AF_NETLINK socket", "netlink_socket", "socket", "the host refuses AF_NETLINK sockets unconfined");
+  Surface("AF_NETLINK socket (NETLINK_AUDIT)", "netlink_socket", "socket",
+          "the host refuses NETLINK_AUDIT sockets unconfined");
 }
 TEST(Attack, PersonalityWeakening) {
   Surface("personality(ADDR_NO_RANDOMIZE)", "personality", "personality", "the host refuses personality unconfined");

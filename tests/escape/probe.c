@@ -974,7 +974,7 @@ int main(int argc, char** argv) {
   if (!strcmp(c, "unix_path")) return DoUnix(n, a, 0);
   if (!strcmp(c, "raw_socket")) return DoSocket(AF_INET, SOCK_RAW, IPPROTO_ICMP, "AF_INET, SOCK_RAW");
   if (!strcmp(c, "packet_socket")) return DoSocket(AF_PACKET, SOCK_RAW, htons(0x0003), "AF_PACKET, SOCK_RAW");
-  if (!strcmp(c, "netlink_socket")) return DoSocket(AF_NETLINK, SOCK_RAW, 0, "AF_NETLINK");
+  if (!strcmp(c, "netlink_socket")) return DoSocket(AF_NETLINK, SOCK_RAW, 9 /*NETLINK_AUDIT*/, "AF_NETLINK, NETLINK_AUDIT");
   if (!strcmp(c, "dns")) return DoDns(n, a);
   if (!strcmp(c, "whoami")) return DoWhoami();
   if (!strcmp(c, "caps_raw")) return DoCapsRaw();
