@@ -95,13 +95,20 @@ void AddHostNetworkRules(SeccompPlan* sp) {
   }
   sp->rules.push_back({"listen", SeccompAction::kNotifyMediate, {},
                        "no network namespace: an inet listener would take a port on every host interface"});
+}
+
+// TCP Fast Open connects from sendto/sendmsg, past the connect() broker:
+// on the host's network directly, and in a namespace of its own through a
+// socket the broker installed (the host's) that a failed handshake left
+// free to connect again.
+void AddFastOpenRules(SeccompPlan* sp) {
   struct FlagsArg {
     const char* syscall;
     unsigned arg;
   };
   for (const FlagsArg& f : {FlagsArg{"sendto", 3}, FlagsArg{"sendmsg", 2}, FlagsArg{"sendmmsg", 3}}) {
     sp->rules.push_back({f.syscall, SeccompAction::kNotifyEperm, {Kind::kAnyBitSet, f.arg, kMsgFastopen},
-                         "MSG_FASTOPEN connects without connect(), past its mediation"});
+                         "MSG_FASTOPEN connects without connect(), past the connect() broker"});
   }
 }
 
@@ -210,6 +217,7 @@ SeccompPlan PlanSeccomp(bool host_has_seccomp, SocketScope scope) {
   SeccompArgCheck packet{Kind::kMaskedEquals, 1, kSockTypeMask, kSockPacket};
   sp.rules.push_back({"socket", SeccompAction::kNotifyEperm, packet, "SOCK_PACKET: forged packets"});
   if (scope == SocketScope::kHostNetwork) AddHostNetworkRules(&sp);
+  AddFastOpenRules(&sp);
   return sp;
 }
 

@@ -133,13 +133,14 @@ BrokerDecision DecideConnect(const net::RuleSet& rules, const net::AddressBook& 
       refusal = BrokerDecision{d, name};
     }
   }
-  if (refusal) return *refusal;
+  // An IP or CIDR entry speaks for the address whatever name it came by.
   const std::string literal = a.ToString();
   Decision d = rules.Decide(literal, port);
   if (d.verdict == Verdict::kAllow) {
     Decision c = rules.CheckAddress(literal, d, a, port);
-    return {c, literal};
+    if (c.verdict == Verdict::kAllow || !refusal) return {c, literal};
   }
+  if (refusal) return *refusal;
   if (d.verdict == Verdict::kUnknown) {
     d = Decision::Deny(DenyReason::kNotAllowed, d.rule,
                        Target(literal, port) + " is not in network.allow, and no name the sandbox resolved has "
