@@ -19,6 +19,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -91,10 +92,20 @@ class AddressBook {
   std::vector<std::string> NamesFor(const IpAddress& address) const;
 
  private:
+  struct Entry {
+    std::vector<std::string> names;  // newest first, at most kMaxNamesPerAddress
+    std::uint64_t stamp = 0;         // of the key's newest place in order_
+  };
+  static constexpr std::size_t kMaxNamesPerAddress = 16;
+  void Compact();  // drops order_'s stale places
+
   std::size_t max_;
   mutable std::mutex mu_;
-  std::unordered_map<std::string, std::vector<std::string>> by_address_;  // key: Unmapped().ToString()
-  std::vector<std::string> order_;  // keys, oldest first
+  std::unordered_map<std::string, Entry> by_address_;  // key: Unmapped().ToString()
+  // (stamp, key), oldest first. An address added again gets a new place
+  // (the old one turns stale), so that what is still handed out stays.
+  std::deque<std::pair<std::uint64_t, std::string>> order_;
+  std::uint64_t next_stamp_ = 0;
 };
 
 // --- the server --------------------------------------------------------------
@@ -141,6 +152,9 @@ class DnsServer {
   // Closes both and every TCP connection. Irreversible.
   void Stop();
 
+  // queries: messages received (malformed and dropped ones too); answered:
+  // answers sent, whatever their rcode; refused / formerr / servfail: the
+  // answers with that rcode; cache_hits: answers served from the cache.
   struct Stats {
     std::uint64_t queries = 0, answered = 0, refused = 0, formerr = 0, servfail = 0, cache_hits = 0;
   };
