@@ -509,7 +509,9 @@ class Session : public std::enable_shared_from_this<Session> {
           if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f || c == '"') c = '?';
         }
         return Deny(Decision::Deny(DenyReason::kSniMismatch, "sni-check",
-                                   target + ": TLS SNI names \"" + shown + "\", not the CONNECT target"));
+                                   target + ": TLS SNI names \"" + shown + "\", not " +
+                                       (kind_ == ListenerKind::kAdopted ? "the name the connection was allowed as"
+                                                                        : "the CONNECT target")));
       }
     }
     if (terminate_) {

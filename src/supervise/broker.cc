@@ -165,10 +165,18 @@ struct ConnectBroker::Impl : std::enable_shared_from_this<ConnectBroker::Impl> {
   void RecordConnect(const BrokerDecision& d, const net::IpAddress& address, std::uint16_t port,
                      const std::string& decision, const std::string& reason, const std::string& message);
 
+  void Preresolve();
+  void Ready();
+
   asio::io_context& io;
   asio::posix::stream_descriptor channel;
   BrokerDeps deps;
   bool stopped = false;
+  // Until the names in deps.preresolve are known, requests wait here.
+  bool ready = true;
+  std::size_t resolving = 0;
+  std::deque<std::pair<BrokerRequest, UniqueFd>> waiting;
+  std::unique_ptr<asio::steady_timer> preresolve_timer;
   bool writing = false;
   std::deque<std::pair<BrokerReply, UniqueFd>> out;
 };
@@ -183,10 +191,44 @@ void ConnectBroker::Impl::Read() {
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
       if (n <= 0) return;  // the runner is gone
       if (static_cast<std::size_t>(n) != sizeof(r) || fds.size() != 1) continue;
+      if (!self->ready) {
+        self->waiting.emplace_back(r, std::move(fds[0]));
+        continue;
+      }
       self->Handle(r, std::move(fds[0]));
     }
     self->Read();
   });
+}
+
+// How long requests wait for the names of network.allow to be resolved.
+constexpr std::chrono::seconds kPreresolveWait{5};
+
+void ConnectBroker::Impl::Preresolve() {
+  if (deps.preresolve.empty() || !deps.resolver) return;
+  ready = false;
+  resolving = deps.preresolve.size();
+  preresolve_timer = std::make_unique<asio::steady_timer>(io, kPreresolveWait);
+  preresolve_timer->async_wait([self = shared_from_this()](error_code ec) {
+    if (!ec) self->Ready();
+  });
+  for (const auto& name : deps.preresolve) {
+    deps.resolver->Resolve(name, [self = shared_from_this(), name](Result<std::vector<net::IpAddress>> r) {
+      if (r.ok()) self->deps.book->Add(name, *r);
+      if (self->resolving > 0 && --self->resolving == 0) self->Ready();
+    });
+  }
+}
+
+void ConnectBroker::Impl::Ready() {
+  if (ready) return;
+  ready = true;
+  if (preresolve_timer) preresolve_timer->cancel();
+  while (!waiting.empty() && !stopped) {
+    auto [r, fd] = std::move(waiting.front());
+    waiting.pop_front();
+    Handle(r, std::move(fd));
+  }
 }
 
 void ConnectBroker::Impl::RecordConnect(const BrokerDecision& d, const net::IpAddress& address, std::uint16_t port,
@@ -338,7 +380,10 @@ ConnectBroker::ConnectBroker(asio::io_context& io, UniqueFd channel, BrokerDeps 
 
 ConnectBroker::~ConnectBroker() { Stop(); }
 
-void ConnectBroker::Start() { impl_->Read(); }
+void ConnectBroker::Start() {
+  impl_->Preresolve();
+  impl_->Read();
+}
 
 void ConnectBroker::Stop() {
   if (impl_->stopped) return;
@@ -347,6 +392,8 @@ void ConnectBroker::Stop() {
   impl_->channel.cancel(ec);
   impl_->channel.close(ec);
   impl_->out.clear();
+  impl_->waiting.clear();
+  if (impl_->preresolve_timer) impl_->preresolve_timer->cancel();
 }
 
 }  // namespace agentbox::supervise

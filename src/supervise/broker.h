@@ -18,6 +18,7 @@
 #include <memory>
 #include <string>
 #include <unordered_set>
+#include <vector>
 
 #include "linux/fd.h"
 #include "net/dns.h"
@@ -38,6 +39,13 @@ struct BrokerDeps {
   net::Proxy* proxy = nullptr;
   std::uint16_t adopt_port = 0;
   net::RecordSink* sink = nullptr;
+  // Without DNS inside (landlock-only) the sandbox resolves names through
+  // the host's /etc/hosts or not at all: these names (the exact host names
+  // of network.allow) are resolved by `resolver` when the broker starts,
+  // and their addresses known by them, so that host rules decide there too.
+  // Requests wait for those answers (at most kPreresolveWait).
+  std::vector<std::string> preresolve;
+  net::Resolver* resolver = nullptr;
 };
 
 class ConnectBroker {

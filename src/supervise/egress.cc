@@ -201,6 +201,12 @@ Result<std::unique_ptr<Egress>> Egress::Start(const Plan& plan, const RunOptions
       const NetworkPlan n = plan.network;
       deps.relay = [t, n](const std::string& host) { return (t && t->Covers(host)) || Inspected(n, host); };
     }
+    if (plan.network.dns_address.empty()) {
+      deps.resolver = s.resolver.get();
+      for (const auto& rule : s.rules->allow()) {
+        if (rule.kind == net::RuleKind::kExactHost) deps.preresolve.push_back(rule.host);
+      }
+    }
     s.broker = std::make_unique<ConnectBroker>(s.io, std::move(fds.broker), std::move(deps));
     s.broker->Start();
   }

@@ -90,7 +90,7 @@ TEST(LandlockOnly, FilesystemNetworkProcessesAndCleanUp) {
   EXPECT_TRUE(Contains(r.out, "workspace=0")) << r.Describe();
   EXPECT_EQ(ReadFile(box.ws() + "/ws-file").value_or(""), "x\n");
   EXPECT_TRUE(Contains(r.out, "signal=1")) << r.Describe();
-  EXPECT_TRUE(Contains(r.out, "connect=13")) << r.Describe();  // EACCES from Landlock
+  EXPECT_TRUE(Contains(r.out, "connect=111")) << r.Describe();  // ECONNREFUSED from the connect() broker
   EXPECT_TRUE(Contains(r.out, "unshare=-1/1")) << r.Describe();
   EXPECT_TRUE(Contains(r.out, "io_uring=-1/1")) << r.Describe();
   EXPECT_TRUE(Contains(r.out, "ptrace=-1/1")) << r.Describe();
@@ -148,11 +148,12 @@ TEST(LandlockOnlyNetwork, DirectTcpToAHostLoopbackServiceIsDeniedAndReported) {
                              "    except OSError as e: print('connect=%d' % e.errno)\n"},
                             kLandlockPartial);
   EXPECT_EQ(r.status, 0) << r.Describe();
-  EXPECT_EQ(Lines(r.out), (std::vector<std::string>{"connect=13", "connect=13"})) << r.Describe();
+  EXPECT_EQ(Lines(r.out), (std::vector<std::string>{"connect=111", "connect=111"})) << r.Describe();
   EXPECT_EQ(server.served(), 0);
+  // The v4-mapped form is decided, and named, as the address it carries.
   const nlohmann::json* d = NetworkDenial(r, "connect", server.target());
   ASSERT_NE(d, nullptr) << r.Describe();
-  EXPECT_EQ((*d)["source"], "seccomp") << r.Describe();
+  EXPECT_EQ((*d)["source"], "broker") << r.Describe();
   EXPECT_EQ((*d)["count"], 2) << r.Describe();
   ASSERT_TRUE(r.report);
   const auto& net = (*r.report)["enforcement"]["facets"]["network"];
@@ -242,8 +243,8 @@ TEST(LandlockOnlyNetwork, AllowedHostThroughTheProxy) {
 }
 
 // From a worker thread (where libuv, Go and Java make their connects) as
-// from the main one: the proxy is reached, a direct dial is refused and
-// reported.
+// from the main one: the proxy is reached, and so is the allowed host
+// directly, through the connect() broker (one record each).
 TEST(LandlockOnlyNetwork, ConnectsFromAWorkerThreadReachTheProxyAndNothingElse) {
   ASSERT_TRUE(HavePython()) << "python3 is missing (scripts/install-deps.sh installs it)";
   HostServer server;
@@ -253,10 +254,12 @@ TEST(LandlockOnlyNetwork, ConnectsFromAWorkerThreadReachTheProxyAndNothingElse) 
   RunResult r = box.RunArgv({"python3", "threaded.py", server.url(), server.target()},
                             LandlockWith({"--allow-domain", server.target()}));
   EXPECT_EQ(r.status, 0) << r.Describe();
-  EXPECT_EQ(Lines(r.out), (std::vector<std::string>{std::string("fetch ") + HostServer::kBody, "direct errno=13"}))
+  EXPECT_EQ(Lines(r.out), (std::vector<std::string>{std::string("fetch ") + HostServer::kBody, "direct ok"}))
       << r.Describe();
-  EXPECT_EQ(server.served(), 1);
-  EXPECT_NE(NetworkDenial(r, "connect", server.target()), nullptr) << r.Describe();
+  EXPECT_EQ(server.served(), 2);  // the fetch, and the direct connect
+  EXPECT_EQ(NetworkDenial(r, "connect", server.target()), nullptr) << r.Describe();
+  ASSERT_TRUE(r.report);
+  EXPECT_EQ((*r.report)["network"]["connections"]["allowed"], 2) << r.Describe();
 }
 
 TEST(LandlockOnlyNetwork, DeniedHostThroughTheProxyIsRefusedAndReported) {
@@ -275,18 +278,25 @@ TEST(LandlockOnlyNetwork, DeniedHostThroughTheProxyIsRefusedAndReported) {
   EXPECT_EQ((*d)["source"], "proxy") << r.Describe();
 }
 
-TEST(LandlockOnlyNetwork, DirectConnectToTheAllowedHostBypassingTheProxyIsDenied) {
-  HostServer server;
+// Without the proxy, the allowed host is reached directly (the connect()
+// broker opens it), and another port of the same address is refused.
+TEST(LandlockOnlyNetwork, DirectConnectsAreDecidedByTheBroker) {
+  HostServer server, other;
   ASSERT_GT(server.port(), 0);
+  ASSERT_GT(other.port(), 0);
   Sandbox box;
-  RunResult r = box.Sh("curl -s -m 5 --noproxy '*' " + server.url() + "; echo curl=$?",
+  RunResult r = box.Sh("curl -s -m 5 --noproxy '*' " + server.url() + "; echo curl=$?; curl -s -m 5 --noproxy '*' " +
+                           other.url() + "; echo other=$?",
                        LandlockWith({"--allow-domain", server.target()}));
-  EXPECT_FALSE(Contains(r.out, HostServer::kBody)) << r.Describe();
-  EXPECT_FALSE(Contains(r.out, "curl=0")) << r.Describe();
-  EXPECT_EQ(server.served(), 0);
-  const nlohmann::json* d = NetworkDenial(r, "connect", server.target());
+  EXPECT_TRUE(Contains(r.out, HostServer::kBody)) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, "curl=0")) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, "other=7")) << r.Describe();
+  EXPECT_EQ(server.served(), 1);
+  EXPECT_EQ(other.served(), 0);
+  EXPECT_EQ(NetworkDenial(r, "connect", server.target()), nullptr) << r.Describe();
+  const nlohmann::json* d = NetworkDenial(r, "connect", other.target());
   ASSERT_NE(d, nullptr) << r.Describe();
-  EXPECT_EQ((*d)["source"], "seccomp") << r.Describe();
+  EXPECT_EQ((*d)["source"], "broker") << r.Describe();
 }
 
 // The proxy's ports are on the host's loopback, where any local process can

@@ -92,7 +92,8 @@ TEST(Network, AllowedThroughHttpProxyEnv) {
   ASSERT_TRUE(r.report);
   const auto& net = (*r.report)["enforcement"]["facets"]["network"];
   EXPECT_EQ(net["level"], "full") << r.Describe();
-  EXPECT_EQ(net["mechanisms"], nlohmann::json({"network-namespace", "egress-proxy"})) << r.Describe();
+  EXPECT_EQ(net["mechanisms"], nlohmann::json({"network-namespace", "connect-broker", "dns-inside", "egress-proxy"}))
+      << r.Describe();
   EXPECT_EQ(server.served(), 1);
 }
 
@@ -600,9 +601,11 @@ print("resolver heard %d" % heard, flush=True)
 sys.exit(os.waitstatus_to_exitcode(status))
 )PY";
 
-// The sandbox has no DNS: with /etc/resolv.conf naming 127.0.0.1 (the
-// sandbox's own loopback, where nothing listens), lookups fail, and the
-// resolver on the host's 127.0.0.1:53 hears nothing, proxy or not.
+// The sandbox's DNS is the supervisor's: the host's /etc/resolv.conf does
+// not reach inside, and the resolver on the host's 127.0.0.1:53 hears only
+// the supervisor's own lookups of allowed names (this one never answers),
+// never a query of the sandbox's; a name nothing allows is refused without
+// asking it, and reported.
 TEST(Network, NameResolutionInsideFailsAndSendsNothing) {
   ASSERT_FALSE(Python().empty()) << "python3 is missing (scripts/install-deps.sh installs it)";
   Sandbox sb;
@@ -615,17 +618,33 @@ TEST(Network, NameResolutionInsideFailsAndSendsNothing) {
   for (const std::vector<std::string>& options :
        {std::vector<std::string>{}, std::vector<std::string>{"--allow-domain", "resolve-me.test"}}) {
     Command c = sb.AgentboxCommand({});
-    c.argv = {Python(), sb.scratch() + "/with_resolver.py", sb.scratch() + "/resolv.conf", AgentboxBin(), "run"};
+    c.argv = {Python(), sb.scratch() + "/with_resolver.py", sb.scratch() + "/resolv.conf", AgentboxBin(), "run",
+              "--report", sb.report_path()};
     c.argv.insert(c.argv.end(), options.begin(), options.end());
     c.argv.insert(c.argv.end(), {"--", "sh", "-c", script});
+    unlink(sb.report_path().c_str());
     RunResult r = RunCommand(c);
+    if (auto text = ReadFile(sb.report_path())) {
+      auto j = nlohmann::json::parse(*text, nullptr, false);
+      if (!j.is_discarded()) r.report = std::move(j);
+    }
     EXPECT_EQ(r.status, 0) << r.Describe();
     EXPECT_TRUE(Contains(r.out, "resolver listening")) << r.Describe();
     EXPECT_TRUE(Contains(r.out, "nameserver 127.0.0.1")) << r.Describe();
     EXPECT_FALSE(Contains(r.out, "getent=0")) << r.Describe();
     EXPECT_TRUE(Contains(r.out, "gaierror")) << r.Describe();
     EXPECT_FALSE(Contains(r.out, "resolved\n")) << r.Describe();
-    EXPECT_TRUE(Contains(r.out, "resolver heard 0")) << r.Describe();
+    if (options.empty()) {
+      EXPECT_TRUE(Contains(r.out, "resolver heard 0")) << r.Describe();
+      ASSERT_TRUE(r.report) << r.Describe();
+      const nlohmann::json* d = DenialFor(r, "resolve-me.test");
+      ASSERT_NE(d, nullptr) << r.Describe();
+      EXPECT_EQ((*d)["op"], "dns") << r.Describe();
+      EXPECT_NE((*d)["reason"].get<std::string>().find("networking is off by policy"), std::string::npos)
+          << r.Describe();
+    } else {
+      EXPECT_FALSE(Contains(r.out, "resolver heard 0")) << r.Describe();  // the supervisor asked
+    }
   }
 }
 
@@ -959,7 +978,10 @@ TEST(Network, NoProxyWithoutNetworkNeeds) {
   EXPECT_EQ(r.status, 0) << r.Describe();
   EXPECT_TRUE(Contains(r.out, "0")) << r.Describe();
   ASSERT_TRUE(r.report);
-  EXPECT_FALSE(r.report->contains("network")) << r.Describe();
+  // No proxy, and nothing tried: the broker's summary is all zero.
+  EXPECT_EQ((*r.report)["network"]["connections"],
+            nlohmann::json({{"allowed", 0}, {"denied", 0}, {"errors", 0}, {"bytes_up", 0}, {"bytes_down", 0}}))
+      << r.Describe();
 }
 
 }  // namespace

@@ -135,8 +135,8 @@ TEST(Network, LoopbackInsideTheSandboxWorks) {
 TEST(Network, NoRouteToTheOutside) {
   ASSERT_TRUE(HavePython()) << "python3 is missing (scripts/install-deps.sh installs it)";
   Sandbox sb;
-  // 192.0.2.1 (TEST-NET-1) is never routed: only the absence of a route is
-  // tested, the address is never reached from the host either.
+  // 192.0.2.1 (TEST-NET-1): the connect() broker refuses it (nothing is
+  // allowed), so nothing is dialled from the host either.
   RunResult r = sb.RunArgv({"python3", "-c",
                             "import socket\n"
                             "s = socket.socket(); s.settimeout(2)\n"
@@ -145,7 +145,13 @@ TEST(Network, NoRouteToTheOutside) {
                             "except OSError as e:\n"
                             "    print('failed', e.errno)\n"});
   ASSERT_EQ(r.status, 0) << r.Describe();
-  EXPECT_TRUE(Contains(r.out, "failed 101")) << "expected ENETUNREACH\n" << r.Describe();
+  EXPECT_TRUE(Contains(r.out, "failed 111")) << "expected ECONNREFUSED\n" << r.Describe();
+  ASSERT_TRUE(r.report);
+  bool denied = false;
+  for (const auto& d : (*r.report)["denials"]) {
+    denied = denied || (d["facet"] == "network" && d["op"] == "connect" && d["target"] == "192.0.2.1:80");
+  }
+  EXPECT_TRUE(denied) << r.Describe();
 }
 
 // ------------------------------------------------------------ fds
