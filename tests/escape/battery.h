@@ -145,8 +145,9 @@ class Attack {
   // is the errno and "seccomp-bpf" among the syscalls facet's mechanisms.
   void ExpectSeccomp(const Probe& inside, int expected_errno, const std::string& syscall, bool reported = true);
 
-  // The report names the refusal: a denial with source "seccomp" and these
-  // facet, op and target.
+  // The report names the refusal: a denial from a layer inside (source
+  // "seccomp", or the supervisor's "broker" or "dns" the filter hands calls
+  // to) with these facet, op and target.
   void ExpectDenial(const std::string& facet, const std::string& op, const std::string& target);
 
   static std::string Stage(const Sandbox& sb);  // copies the probe into the workspace

@@ -817,6 +817,7 @@ static int DoDns(int argc, char** argv) {
     fclose(f);
   }
   if (!ns[0]) strcpy(ns, "127.0.0.53");
+  if (argc >= 2) snprintf(ns, sizeof(ns), "%s", argv[1]);  // a server named outright
   unsigned char q[512];
   size_t n = 0;
   const unsigned char hdr[12] = {0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0};
@@ -844,7 +845,12 @@ static int DoDns(int argc, char** argv) {
   unsigned char ans[512];
   ssize_t got = recv(s, ans, sizeof(ans), 0);
   if (got < 0) return BLOCKED(errno, "recv: %s", strerror(errno));
-  return OK("%zd-byte answer from %s", got, ns);
+  // An answer that refuses, or carries no address, resolved nothing.
+  if (got < 12) return BLOCKED(EPROTO, "%zd-byte answer from %s", got, ns);
+  const int rcode = ans[3] & 0x0f, answers = (ans[6] << 8) | ans[7];
+  if (rcode == 5) return BLOCKED(ECONNREFUSED, "REFUSED by %s", ns);
+  if (rcode != 0 || answers == 0) return BLOCKED(ENOENT, "rcode %d, %d answers from %s", rcode, answers, ns);
+  return OK("%zd-byte answer from %s with %d answers", got, ns, answers);
 }
 
 // ------------------------------------------------------------ privileges
