@@ -23,6 +23,8 @@ packages=(
   golang-github-containers-common
   # disk_gib by project quotas: the e2e test and the bench make a loop-mounted ext4
   e2fsprogs mount
+  # the transparent-egress e2e test: an ssh server inside the test's network namespace
+  openssh-server
 )
 
 # npm installs the MCP tests' client (tests/mcp). Debian packages it apart

@@ -1,5 +1,7 @@
 #include "net_fixtures.h"
 
+#include <limits.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -246,6 +248,272 @@ RunResult RunWithHosts(const Sandbox& sb, const std::string& hosts, const std::s
     if (!j.is_discarded()) r.report = std::move(j);
   }
   return r;
+}
+
+}  // namespace agentbox::e2e
+
+namespace agentbox::e2e {
+
+const char* const kWithNetns = R"PY(
+import ctypes, json, os, signal, socket, struct, subprocess, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x20000, 0x10000000, 0x40000000
+MS_BIND, MS_REC, MS_PRIVATE = 0x1000, 0x4000, 1 << 18
+PR_SET_PDEATHSIG, PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_NET_ADMIN = 1, 47, 2, 12
+spec = json.load(open(sys.argv[1]))
+uid, gid = os.getuid(), os.getgid()
+
+def fail(message):
+    sys.stderr.write("with-netns: %s\n" % message)
+    sys.stderr.flush()
+    os._exit(120)
+
+def check(rc, what):
+    if rc != 0:
+        fail("%s: %s" % (what, os.strerror(ctypes.get_errno())))
+
+# --- namespaces
+host_netns = os.stat("/proc/self/ns/net").st_ino
+check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET | (0 if uid == 0 else CLONE_NEWUSER)), "unshare")
+if uid != 0:
+    for name, text in (("setgroups", "deny"), ("uid_map", "%d %d 1" % (uid, uid)), ("gid_map", "%d %d 1" % (gid, gid))):
+        with open("/proc/self/" + name, "w") as f:
+            f.write(text)
+if os.stat("/proc/self/ns/net").st_ino == host_netns:
+    fail("still in the network namespace it started in")
+check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
+
+# --- the interfaces. Not root, the caller keeps its capabilities in the new
+# user namespace only until it execs as a non-zero uid: `ip` gets
+# CAP_NET_ADMIN as an ambient capability.
+class CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+class CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+def keep_net_admin():
+    hdr, data = CapHeader(0x20080522, 0), (CapData * 2)()
+    if libc.capget(ctypes.byref(hdr), data) != 0:
+        os._exit(121)
+    data[0].inheritable |= 1 << CAP_NET_ADMIN
+    if libc.capset(ctypes.byref(hdr), data) != 0:
+        os._exit(122)
+    if libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_NET_ADMIN, 0, 0) != 0:
+        os._exit(123)
+def ip(*args, may_fail=False):
+    r = subprocess.run([spec["ip"]] + list(args), preexec_fn=keep_net_admin, capture_output=True, text=True)
+    if r.returncode != 0 and not may_fail:
+        fail("ip %s: exit %d: %s" % (" ".join(args), r.returncode, (r.stdout + r.stderr).strip()))
+    return r.stdout if r.returncode == 0 else None
+ip("link", "set", "lo", "up")
+# A kernel built without the dummy driver may have bridges (a bridge with
+# no ports serves its own addresses just the same); with neither, the
+# addresses go on lo.
+dev = "t0"
+if ip("link", "add", "t0", "type", "dummy", may_fail=True) is None:
+    if ip("link", "add", "t0", "type", "bridge", may_fail=True) is None:
+        dev = "lo"
+for address in spec["addresses"]:
+    ip("addr", "add", address, "dev", dev)
+ip("link", "set", dev, "up")
+links = sorted(line.split(": ")[1].split("@")[0] for line in ip("-o", "link", "show").splitlines() if line.strip())
+if links != sorted({"lo", dev}):
+    fail("the new namespace has links %s, not only lo and %s" % (links, dev))
+for family in ("-4", "-6"):
+    routes = ip(family, "route", "show", "default").strip()
+    if routes:
+        fail("the new namespace has a default route: %s" % routes)
+shown = ip("-o", "-4", "addr", "show", "dev", dev)
+for address in spec["addresses"]:
+    if " %s " % address not in shown:
+        fail("%s lacks %s: %s" % (dev, address, shown))
+
+# --- files
+for name in spec["run_dirs"]:
+    if os.path.isdir("/run/" + name):
+        continue
+    aside = spec["scratch"] + "/run-host"
+    if not os.path.isdir(aside):
+        os.mkdir(aside)
+        check(libc.mount(b"/run", aside.encode(), None, MS_BIND | MS_REC, None), "bind /run aside")
+        check(libc.mount(b"tmpfs", b"/run", b"tmpfs", 0, b"mode=0755"), "tmpfs over /run")
+        for entry in os.listdir(aside):
+            source, target = aside + "/" + entry, "/run/" + entry
+            if os.path.islink(source):
+                os.symlink(os.readlink(source), target)
+                continue
+            if os.path.isdir(source):
+                os.mkdir(target)
+            else:
+                open(target, "w").close()
+            check(libc.mount(source.encode(), target.encode(), None, MS_BIND | MS_REC, None), "bind back " + target)
+    os.mkdir("/run/" + name, 0o755)
+for source, target in spec["binds"]:
+    check(libc.mount(source.encode(), target.encode(), None, MS_BIND, None), "bind %s over %s" % (source, target))
+
+# --- servers
+def die_with_parent():
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+servers = []
+def stop_servers():
+    for p, _ in servers:
+        try:
+            os.kill(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for p, _ in servers:
+        p.wait()
+def hexaddr(address):
+    return "%08X" % struct.unpack("=I", socket.inet_aton(address))[0]
+def listening(listen):
+    proto, address, port = listen.split(":")
+    want = "%s:%04X" % (hexaddr(address), int(port))
+    state = "0A" if proto == "tcp" else "07"
+    with open("/proc/self/net/" + proto) as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            if fields[1] == want and fields[3] == state:
+                return True
+    return False
+for s in spec["servers"]:
+    log = open(s["log"], "wb")
+    p = subprocess.Popen(s["argv"], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                         cwd=s["cwd"] or None, preexec_fn=die_with_parent)
+    log.close()
+    servers.append((p, s))
+deadline = time.monotonic() + 20
+for p, s in servers:
+    for listen in s["listens"]:
+        while not listening(listen):
+            if p.poll() is not None or time.monotonic() > deadline:
+                why = "exited with %s" % p.returncode if p.returncode is not None else "is not listening after 20 s"
+                stop_servers()
+                fail("server %s %s (%s); it printed: %s" % (s["name"], why, listen, open(s["log"]).read()[-2000:]))
+            time.sleep(0.02)
+
+# --- the command
+try:
+    run = subprocess.Popen(spec["argv"])
+except OSError as e:
+    stop_servers()
+    fail("cannot run %s: %s" % (spec["argv"][0], e))
+rc = run.wait()
+stop_servers()
+sys.exit(rc if rc >= 0 else 128 - rc)
+)PY";
+
+const char* const kNetnsServer = R"PY(
+import socket, sys, threading
+def answer(conn, name):
+    try:
+        conn.settimeout(10)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = conn.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+        if b"\r\n\r\n" in data:
+            body = ("hello from %s\n" % name).encode()
+            conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n"
+                         b"Connection: close\r\n\r\n" % len(body) + body)
+            print("SERVED", name, data.split(b"\r\n")[0].decode("latin-1"), flush=True)
+    except OSError as e:
+        print("ERROR", name, e, flush=True)
+    finally:
+        conn.close()
+def serve_tcp(srv, name):
+    while True:
+        conn, _ = srv.accept()
+        print("ACCEPT", name, flush=True)
+        threading.Thread(target=answer, args=(conn, name), daemon=True).start()
+def serve_udp(srv, name):
+    while True:
+        data, _ = srv.recvfrom(65535)
+        print("UDP", name, len(data), "bytes", flush=True)
+threads = []
+for arg in sys.argv[1:]:
+    proto, host, port = arg.split(":")
+    name = "%s:%s" % (host, port)
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM if proto == "tcp" else socket.SOCK_DGRAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((host, int(port)))
+    if proto == "tcp":
+        s.listen(512)
+    threads.append(threading.Thread(target=serve_tcp if proto == "tcp" else serve_udp, args=(s, name), daemon=True))
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+)PY";
+
+std::string TestNetns::WhyNot() {
+  if (Python().empty()) return "python3 is not installed";
+  if (FindTool("ip").empty()) return "ip (iproute2) is not installed";
+  return "";
+}
+
+TestNetns::TestNetns(const Sandbox& sb, std::string hosts) : sb_(sb), hosts_(std::move(hosts)) {}
+
+void TestNetns::AddServer(const std::string& name, const std::vector<std::string>& argv,
+                          const std::vector<std::string>& listens, const std::string& cwd) {
+  servers_.push_back({{"name", name},
+                      {"argv", argv},
+                      {"listens", listens},
+                      {"cwd", cwd},
+                      {"log", sb_.scratch() + "/" + name + ".log"}});
+}
+
+void TestNetns::AddPythonServer(const std::string& name, const std::vector<std::string>& listens) {
+  const std::string path = sb_.scratch() + "/netns_server.py";
+  WriteFile(path, kNetnsServer);
+  std::vector<std::string> argv = {Python(), path};
+  argv.insert(argv.end(), listens.begin(), listens.end());
+  AddServer(name, argv, listens);
+}
+
+RunResult TestNetns::Sh(const std::string& script, const std::vector<std::string>& options, int timeout_ms,
+                        const std::vector<std::string>& extra_env) const {
+  const std::string scratch = sb_.scratch();
+  WriteFile(scratch + "/netns-hosts", hosts_);
+  // The supervisor's resolver finds the test's names in the hosts file;
+  // anything else goes to a nameserver that is not there.
+  WriteFile(scratch + "/netns-resolv.conf", "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n");
+  WriteFile(scratch + "/with_netns.py", kWithNetns);
+  nlohmann::json binds = nlohmann::json::array({{scratch + "/netns-hosts", "/etc/hosts"}});
+  char real[PATH_MAX];
+  if (realpath("/etc/resolv.conf", real)) binds.push_back({scratch + "/netns-resolv.conf", "/etc/resolv.conf"});
+  unlink(sb_.report_path().c_str());
+  std::vector<std::string> argv = {AgentboxBin(), "run", "--report", sb_.report_path()};
+  argv.insert(argv.end(), options.begin(), options.end());
+  argv.insert(argv.end(), {"--", "sh", "-c", script});
+  nlohmann::json spec = {{"ip", FindTool("ip")},
+                         {"addresses", {std::string(kAddr) + "/24", std::string(kOtherAddr) + "/24"}},
+                         {"scratch", scratch},
+                         {"run_dirs", run_dirs_},
+                         {"binds", binds},
+                         {"servers", servers_},
+                         {"argv", argv}};
+  WriteFile(scratch + "/netns-spec.json", spec.dump());
+  Command c = sb_.AgentboxCommand({}, extra_env);
+  c.argv = {Python(), scratch + "/with_netns.py", scratch + "/netns-spec.json"};
+  c.timeout_ms = timeout_ms;
+  RunResult r = RunCommand(c);
+  if (auto text = ReadFile(sb_.report_path())) {
+    auto j = nlohmann::json::parse(*text, nullptr, false);
+    if (!j.is_discarded()) r.report = std::move(j);
+  }
+  return r;
+}
+
+std::string TestNetns::Log(const std::string& name) const {
+  return ReadFile(sb_.scratch() + "/" + name + ".log").value_or("");
+}
+
+std::string NetnsError(const RunResult& r) {
+  for (const auto& line : Lines(r.err)) {
+    if (line.rfind("with-netns: ", 0) == 0) return line;
+  }
+  return "";
 }
 
 }  // namespace agentbox::e2e

@@ -85,4 +85,67 @@ RunResult RunWithHosts(const Sandbox& sb, const std::string& hosts, const std::s
                        const std::vector<std::string>& options, int timeout_ms = 30000,
                        const std::vector<std::string>& extra_env = {});
 
+// `with_netns.py SPEC.json`: a network of the test's own, away from the
+// host's. In a new network namespace (and mount namespace, and, when not
+// root, a user namespace mapping only the caller's own ids) it brings `lo`
+// up, adds the interface t0 (dummy; a bridge without ports where the kernel
+// has no dummy driver; with neither, lo itself) with the spec's addresses
+// (198.18.0.0/15, the benchmarking range: on no real network), checks that
+// only lo and t0 are there and that there is no default route, binds the
+// spec's files (a hosts file over /etc/hosts), starts the spec's servers and
+// waits until each listens, then runs the spec's argv (agentbox) and, when it exits,
+// kills every server it started by pid. Its own failures go to stderr as
+// "with-netns: ..." with exit status 120; otherwise the status is argv's.
+extern const char* const kWithNetns;
+
+// A python3 server for the namespace: listens on every argument
+// ("tcp:ADDR:PORT" or "udp:ADDR:PORT"); prints "ACCEPT ADDR:PORT" for each
+// TCP connection it accepts, answers an HTTP request with "hello from
+// ADDR:PORT" and prints "SERVED ADDR:PORT <request line>"; prints
+// "UDP ADDR:PORT <n> bytes" for each datagram.
+extern const char* const kNetnsServer;
+
+// The test network of one Sandbox: servers on 198.18.0.10 and 198.18.0.11
+// (on t0) inside a network namespace of its own, and `agentbox run`
+// started there with `hosts` as the supervisor's /etc/hosts. The sandbox's
+// loopback is its own, so the servers are reachable only as the supervisor
+// reaches them: through the sandbox's DNS and the connect() broker.
+class TestNetns {
+ public:
+  static constexpr const char* kAddr = "198.18.0.10";
+  static constexpr const char* kOtherAddr = "198.18.0.11";
+
+  // Why this host cannot make one ("" when it can): python3 and ip are needed.
+  static std::string WhyNot();
+
+  TestNetns(const Sandbox& sb, std::string hosts);
+
+  // A server started in the namespace before agentbox, output to Log(name);
+  // agentbox starts once each of `listens` ("tcp:ADDR:PORT", "udp:ADDR:PORT")
+  // is listening.
+  void AddServer(const std::string& name, const std::vector<std::string>& argv,
+                 const std::vector<std::string>& listens, const std::string& cwd = "");
+  // kNetnsServer on `listens`.
+  void AddPythonServer(const std::string& name, const std::vector<std::string>& listens);
+  // /run/NAME exists for the servers (sshd's privilege separation directory
+  // as root): when missing, /run becomes a tmpfs in the wrapper's mount
+  // namespace with the host's entries bound back, and NAME made in it.
+  void NeedRunDir(const std::string& name) { run_dirs_.push_back(name); }
+
+  // agentbox run --report R OPTIONS -- sh -c SCRIPT, in the namespace.
+  RunResult Sh(const std::string& script, const std::vector<std::string>& options, int timeout_ms = 60000,
+               const std::vector<std::string>& extra_env = {}) const;
+  // What server `name` printed (after Sh returned: everything).
+  std::string Log(const std::string& name) const;
+
+ private:
+  const Sandbox& sb_;
+  std::string hosts_;
+  nlohmann::json servers_ = nlohmann::json::array();
+  std::vector<std::string> run_dirs_;
+};
+
+// The wrapper's own failure line ("with-netns: ..."), "" when it had none.
+std::string NetnsError(const RunResult& r);
+
 }  // namespace agentbox::e2e
