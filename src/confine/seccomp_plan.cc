@@ -93,8 +93,6 @@ void AddHostNetworkRules(SeccompPlan* sp) {
     sp->rules.push_back({"socket", SeccompAction::kNotifyEperm, proto,
                          "no network namespace: inet protocols other than TCP are not fenced by Landlock"});
   }
-  sp->rules.push_back({"listen", SeccompAction::kNotifyMediate, {},
-                       "no network namespace: an inet listener would take a port on every host interface"});
 }
 
 // TCP Fast Open connects from sendto/sendmsg, past the connect() broker:
@@ -218,6 +216,13 @@ SeccompPlan PlanSeccomp(bool host_has_seccomp, SocketScope scope) {
   sp.rules.push_back({"socket", SeccompAction::kNotifyEperm, packet, "SOCK_PACKET: forged packets"});
   if (scope == SocketScope::kHostNetwork) AddHostNetworkRules(&sp);
   AddFastOpenRules(&sp);
+  // listen(): on the host's network an inet listener would take a port on
+  // every interface; in a namespace of its own, on a socket the broker
+  // installed (the host's) whose handshake failed, the same.
+  sp.rules.push_back({"listen", SeccompAction::kNotifyMediate, {},
+                      scope == SocketScope::kHostNetwork
+                          ? "no network namespace: an inet listener would take a port on every host interface"
+                          : "a socket the connect() broker installed is the host's: no listener on it"});
   return sp;
 }
 

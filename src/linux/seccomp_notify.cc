@@ -18,6 +18,7 @@
 #include <sys/un.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -374,6 +375,8 @@ enum class InetRoute {
   kBroker,        // decided by the supervisor, which opens the connection
   kUnreachable,   // UDP (or another datagram protocol) past the sandbox's own loopback
   kNotSupported,  // disconnecting a socket the broker installed
+  kIsConnected,   // another address for a socket the broker connected: EISCONN
+  kAlready,       // the same, its handshake still under way: EALREADY
   kRefuse,        // the host's network, no broker: only the proxy's ports
 };
 
@@ -393,9 +396,22 @@ InetRoute ChooseInet(NotifyResponder::State& st, int sock, const struct sockaddr
   if (opened) {
     if (!IsInetFamily(addr, len)) return InetRoute::kNotSupported;
     if (SameTarget(*opened, addr)) return InetRoute::kHere;
+    // Connected or connecting: answered here as the kernel would (EISCONN,
+    // EALREADY), never by a connect() on the host's socket, whose handshake
+    // could fail meanwhile and leave it free to go elsewhere. A socket
+    // whose handshake failed (TCP_CLOSE) gets a new connection, decided.
+    struct tcp_info info {};
+    socklen_t il = sizeof(info);
+    if (getsockopt(sock, IPPROTO_TCP, TCP_INFO, &info, &il) == 0 && info.tcpi_state != TCP_CLOSE) {
+      return info.tcpi_state == TCP_SYN_SENT ? InetRoute::kAlready : InetRoute::kIsConnected;
+    }
     return InetRoute::kBroker;
   }
   if (!IsInetFamily(addr, len)) return InetRoute::kHere;  // AF_UNSPEC: a disconnect; anything else: the kernel's EAFNOSUPPORT
+  // Too short for its family: the kernel's EINVAL, on the caller's own socket.
+  if (len < static_cast<int>(addr.ss_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6))) {
+    return InetRoute::kHere;
+  }
   if (st.inet.host_network) {
     std::string ignored;
     if (InetAllowed(st.inet, addr, len, &ignored)) return InetRoute::kHere;
@@ -516,7 +532,13 @@ void Listen(const std::shared_ptr<NotifyResponder::State>& st, int listener, con
   int domain = 0;
   socklen_t dlen = sizeof(domain);
   if (getsockopt(sock.get(), SOL_SOCKET, SO_DOMAIN, &domain, &dlen) != 0) return Respond(listener, req.id, -errno);
-  if (domain == AF_INET || domain == AF_INET6) {
+  bool refused = st->inet.host_network && (domain == AF_INET || domain == AF_INET6);
+  if (!refused && st->inet.broker_fd >= 0 && (domain == AF_INET || domain == AF_INET6)) {
+    struct stat sst {};
+    std::lock_guard<std::mutex> lock(st->broker_mu);
+    refused = fstat(sock.get(), &sst) == 0 && st->installed.count(sst.st_ino) > 0;
+  }
+  if (refused) {
     Record(*st, pid, NetworkDenialName("listen", domain == AF_INET ? "AF_INET" : "AF_INET6"));
     return Respond(listener, req.id, -EACCES);
   }
@@ -563,6 +585,10 @@ void Connect(const std::shared_ptr<NotifyResponder::State>& st, int listener, co
         return Respond(listener, req.id, -ENETUNREACH);  // what the sandbox's own namespace answers
       case InetRoute::kNotSupported:
         return Respond(listener, req.id, -EOPNOTSUPP);
+      case InetRoute::kIsConnected:
+        return Respond(listener, req.id, -EISCONN);
+      case InetRoute::kAlready:
+        return Respond(listener, req.id, -EALREADY);
       case InetRoute::kRefuse: {
         std::string target;
         (void)InetAllowed(st->inet, addr, len, &target);
@@ -680,7 +706,7 @@ void AnswerLoop(std::shared_ptr<NotifyResponder::State> st) {
       continue;
     }
     if (static_cast<long>(req.data.nr) == SYS_listen && req.data.arch == seccomp_arch_native() &&
-        st->inet.host_network) {
+        (st->inet.host_network || st->inet.broker_fd >= 0)) {
       Listen(st, listener, req);
       continue;
     }

@@ -737,6 +737,48 @@ TEST(TransparentEgress, UdpReachesOnlyTheDns) {
 // socket in place of the descriptor that called connect(), and the
 // duplicate still holds the caller's own socket, unconnected, and subject to
 // the same rules when it connects.
+// A socket the broker installed is the host's. Connected, it stays where it
+// was allowed to go (another address: EISCONN, as the kernel says); left
+// free by a failed handshake, it can neither listen (a host port on every
+// interface) nor be connected elsewhere without a new decision.
+TEST(TransparentEgress, AnInstalledSocketGoesNowhereElse) {
+  if (std::string why = Missing({}); !why.empty()) GTEST_SKIP() << "not applicable here: " << why;
+  Sandbox sb;
+  TestNetns net(sb, kHosts);
+  net.AddPythonServer("web", {"tcp:198.18.0.10:8080", "tcp:198.18.0.11:8080"});
+  const std::string script =
+      "import errno, select, socket\n"
+      "s = socket.create_connection(('api.test', 8080))\n"
+      "try:\n"
+      "    s.connect(('198.18.0.11', 8080)); print('again ok')\n"
+      "except OSError as e: print('again errno', e.errno)\n"
+      // Nothing listens on 198.18.0.10:8081 (allowed): the handshake fails
+      // after the socket was installed (non-blocking: EINPROGRESS first).
+      "f = socket.socket(); f.setblocking(False)\n"
+      "print('connect', f.connect_ex(('198.18.0.10', 8081)))\n"
+      "select.select([], [f], [], 5)\n"
+      "print('so_error', f.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR))\n"
+      "try:\n"
+      "    f.bind(('0.0.0.0', 0)); f.listen(1); print('listen ok', f.getsockname())\n"
+      "except OSError as e: print('listen errno', e.errno)\n"
+      "f.setblocking(True)\n"
+      "try:\n"
+      "    f.connect(('198.18.0.11', 8080)); print('reuse ok')\n"
+      "except OSError as e: print('reuse errno', e.errno)\n";
+  WriteFile(sb.ws() + "/again.py", script);
+  RunResult r = net.Sh(kNoProxy + "python3 again.py",
+                       {"--policy", WritePolicy(sb, {"api.test", "198.18.0.10"})}, kRunMs);
+  ASSERT_EQ(NetnsError(r), "") << r.Describe();
+  EXPECT_EQ(r.status, 0) << r.Describe();
+  EXPECT_EQ(Lines(r.out), (std::vector<std::string>{"again errno 106", "connect 115", "so_error 111",
+                                                    "listen errno 13", "reuse errno 111"}))
+      << r.Describe();
+  const std::string log = net.Log("web");
+  EXPECT_EQ(CountLines(log, "ACCEPT 198.18.0.11:8080"), 0) << log;
+  EXPECT_NE(NetDenial(r, "listen", "AF_INET"), nullptr) << r.Describe();
+  EXPECT_NE(NetDenial(r, "connect", "198.18.0.11:8080"), nullptr) << r.Describe();
+}
+
 TEST(TransparentEgress, DuplicateOfASocketStaysUnconnectedAndIsStillDecided) {
   if (std::string why = Missing({}); !why.empty()) GTEST_SKIP() << "not applicable here: " << why;
   Sandbox sb;
