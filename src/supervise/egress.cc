@@ -13,6 +13,7 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "linux/loopback_peer.h"
@@ -62,6 +63,9 @@ struct Egress::State {
   std::unique_ptr<net::RuleSet> rules;
   net::AddressBook book;
   std::unordered_set<std::string> approved;  // names allowed when the DNS asked
+  // Names refused when the DNS asked, and until when the answer stands: one
+  // lookup (A and AAAA, a resolver's retries) is one question.
+  std::unordered_map<std::string, std::chrono::steady_clock::time_point> refused_answers;
   std::unique_ptr<net::Proxy> proxy;
   std::unique_ptr<net::DnsServer> dns;
   std::unique_ptr<ConnectBroker> broker;
@@ -86,6 +90,9 @@ bool Inspected(const NetworkPlan& n, const std::string& host) {
   return false;
 }
 
+// How long a "no" to a name's question answers its lookups without asking.
+constexpr std::chrono::seconds kAnswerStands{30};
+
 // The DNS's question to the rules: may the sandbox know this name?
 void DecideName(Egress::State& s, const NetworkPlan& n, const std::string& name,
                 std::function<void(net::DnsVerdict)> done) {
@@ -106,9 +113,16 @@ void DecideName(Egress::State& s, const NetworkPlan& n, const std::string& name,
     return v;
   };
   if (d.verdict == net::Verdict::kDeny || !n.ask_unknown || !s.asker) return done(deny(d));
-  s.asker->Ask(name, 0, [&s, name, done, deny](net::AskAnswer a) {
+  const net::Decision said_no = net::Decision::Deny(net::DenyReason::kAskDenied, "on_unknown_domain: ask", "");
+  const auto now = std::chrono::steady_clock::now();
+  if (auto it = s.refused_answers.find(name); it != s.refused_answers.end()) {
+    if (now < it->second) return done(deny(said_no));
+    s.refused_answers.erase(it);
+  }
+  s.asker->Ask(name, 0, [&s, name, done, deny, said_no](net::AskAnswer a) {
     if (a == net::AskAnswer::kDeny) {
-      return done(deny(net::Decision::Deny(net::DenyReason::kAskDenied, "on_unknown_domain: ask", "")));
+      if (s.refused_answers.size() < 4096) s.refused_answers[name] = std::chrono::steady_clock::now() + kAnswerStands;
+      return done(deny(said_no));
     }
     s.approved.insert(name);
     done({true, "on_unknown_domain: ask", "", ""});

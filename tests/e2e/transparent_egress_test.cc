@@ -779,6 +779,41 @@ TEST(TransparentEgress, AnInstalledSocketGoesNowhereElse) {
   EXPECT_NE(NetDenial(r, "connect", "198.18.0.11:8080"), nullptr) << r.Describe();
 }
 
+// on_unknown_domain: ask puts the question when the name is looked up:
+// --ask-command is asked about the name (port 0: any port); a yes makes it
+// resolvable and its connections allowed, a no is a refusal the report
+// names.
+TEST(TransparentEgress, AskedWhenTheNameIsLookedUp) {
+  if (std::string why = Missing({"curl"}); !why.empty()) GTEST_SKIP() << "not applicable here: " << why;
+  Sandbox sb;
+  TestNetns net(sb, kHosts);
+  net.AddPythonServer("web", {"tcp:198.18.0.10:8080", "tcp:198.18.0.11:8080"});
+  const std::string policy = sb.scratch() + "/ask.yaml";
+  // The IP entries only pass the address guard (198.18/15 is not public):
+  // the names are what is asked about.
+  WriteFile(policy, "version: 1\nmode: workspace-write\nnetwork:\n  allow: [\"198.18.0.10:8080\", "
+                    "\"198.18.0.11:8080\"]\n  on_unknown_domain: ask\n");
+  const std::string asked = sb.scratch() + "/asked.jsonl";
+  const std::string ask = sb.scratch() + "/ask.sh";
+  WriteFile(ask, "#!/bin/sh\nq=$(cat)\necho \"$q\" >> '" + asked + "'\ncase \"$q\" in *'\"api.test\"'*) echo allow;; "
+                 "*) echo deny;; esac\n", 0755);
+  RunResult r = net.Sh(kNoProxy + "curl -sS -m 10 http://api.test:8080/ask; echo api=$?; "
+                       "curl -sS -m 10 http://other.test:8080/ask; echo other=$?",
+                       {"--policy", policy, "--ask-command", ask}, kRunMs);
+  ASSERT_EQ(NetnsError(r), "") << r.Describe();
+  EXPECT_TRUE(Contains(r.out, "api=0")) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, "other=6")) << r.Describe();
+  const std::string questions = ReadFile(asked).value_or("");
+  EXPECT_EQ(CountLines(questions, "{\"host\":\"api.test\",\"port\":0}"), 1) << questions;
+  EXPECT_EQ(CountLines(questions, "{\"host\":\"other.test\",\"port\":0}"), 1) << questions;
+  const nlohmann::json* d = NetDenial(r, "dns", "other.test");
+  ASSERT_NE(d, nullptr) << r.Describe();
+  EXPECT_NE((*d)["reason"].get<std::string>().find("the answer to the question"), std::string::npos) << r.Describe();
+  const std::string log = net.Log("web");
+  EXPECT_EQ(CountLines(log, "SERVED 198.18.0.10:8080 GET /ask"), 1) << log;
+  EXPECT_EQ(CountLines(log, "ACCEPT 198.18.0.11:8080"), 0) << log;
+}
+
 TEST(TransparentEgress, DuplicateOfASocketStaysUnconnectedAndIsStillDecided) {
   if (std::string why = Missing({}); !why.empty()) GTEST_SKIP() << "not applicable here: " << why;
   Sandbox sb;
