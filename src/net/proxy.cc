@@ -1091,6 +1091,45 @@ const char* ToString(AskAnswer a) {
   return "?";
 }
 
+std::optional<ConnectionRecord> ConnectionRecord::FromJson(std::string_view line) {
+  const auto j = nlohmann::json::parse(line, nullptr, false);
+  if (!j.is_object()) return std::nullopt;
+  try {
+    ConnectionRecord r;
+    r.protocol = j.value("protocol", "");
+    r.host = j.value("host", "");
+    r.port = j.value("port", std::uint16_t{0});
+    r.address = j.value("address", "");
+    r.decision = j.value("decision", "");
+    r.rule = j.value("rule", "");
+    r.reason = j.value("reason", "");
+    r.message = j.value("message", "");
+    r.bytes_up = j.value("bytes_up", std::uint64_t{0});
+    r.bytes_down = j.value("bytes_down", std::uint64_t{0});
+    r.duration_ms = j.value("duration_ms", std::uint64_t{0});
+    r.terminated = j.value("terminated", false);
+    r.count = j.value("count", std::uint64_t{1});
+    if (j.contains("requests") && j["requests"].is_array()) {
+      for (const auto& q : j["requests"]) {
+        RequestRecord rr;
+        rr.method = q.value("method", "");
+        rr.path = q.value("path", "");
+        rr.decision = q.value("decision", "");
+        rr.facet = q.value("facet", "");
+        rr.op = q.value("op", "");
+        rr.reason = q.value("reason", "");
+        rr.rule = q.value("rule", "");
+        rr.secrets = q.value("secrets", std::vector<std::string>{});
+        rr.status = q.value("status", 0);
+        r.requests.push_back(std::move(rr));
+      }
+    }
+    return r;
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;  // a field of the wrong type
+  }
+}
+
 std::string ConnectionRecord::ToJson() const {
   nlohmann::json j = {{"protocol", protocol}, {"host", host},     {"port", port},
                       {"address", address},   {"decision", decision}, {"rule", rule},

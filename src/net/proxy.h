@@ -21,7 +21,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -114,6 +116,9 @@ struct ConnectionRecord {
   std::vector<RequestRecord> requests;
 
   std::string ToJson() const;  // one line, for the --network-log JSONL
+  // The record back from its line (a session's world sends them so);
+  // nullopt for anything that is not one.
+  static std::optional<ConnectionRecord> FromJson(std::string_view line);
 };
 
 class RecordSink {

@@ -43,10 +43,12 @@
 #include "linux/user_dirs.h"
 #include "session/layers.h"
 #include "session/upper_image.h"
+#include "net/proxy.h"
 #include "net/secrets.h"
 #include "session/world.h"
 #include "supervise/denial_scanner.h"
 #include "supervise/disk_limit.h"
+#include "supervise/egress.h"
 #include "supervise/resources.h"
 
 namespace agentbox::session {
@@ -683,33 +685,18 @@ Json Manager::Impl::RunBash(SessionState& s, World& world, const ConfinedCommand
   o.usage.limits = supervise::LimitsFor(plan, world.cgroup_mechanism(), world.rlimits());
   o.usage.limits.wall_clock_ms = exec.timeout_ms;
   if (r.oom_kills) o.usage.oom_kills = r.oom_kills;
-  // Evidence: seccomp first, then the proxy, then what the output says.
+  // Evidence: the network's (proxy, broker, DNS) first, then seccomp's,
+  // then what the output says.
   for (const auto& [name, count] : r.seccomp) {
     o.denials.push_back(linux::SeccompDenial(name, count));
   }
-  if (!r.connections.empty()) {
-    NetworkConnections net;
+  if (!r.connections.empty() || plan.network.proxy || plan.network.broker) {
+    // The world's records, summed and named as `run` names them.
+    std::vector<net::ConnectionRecord> records;
     for (const auto& c : r.connections) {
-      const std::string decision = c.value("decision", "");
-      if (decision == "allow") ++net.allowed;
-      if (decision == "deny") ++net.denied;
-      if (decision == "error") ++net.errors;
-      net.bytes_up += c.value("bytes_up", std::uint64_t{0});
-      net.bytes_down += c.value("bytes_down", std::uint64_t{0});
-      if (decision == "deny") {
-        const std::string target = c.value("host", "") + ":" + std::to_string(c.value("port", 0));
-        bool dup = std::any_of(o.denials.begin(), o.denials.end(),
-                               [&](const Denial& d) { return d.facet == "network" && d.target == target; });
-        if (!dup) {
-          std::string reason = c.value("message", "");
-          if (reason.empty()) reason = c.value("reason", "denied");
-          o.denials.push_back({"network", "connect", target, reason, "proxy", 0});
-        }
-      }
+      if (auto rec = net::ConnectionRecord::FromJson(c.dump())) records.push_back(std::move(*rec));
     }
-    o.network = net;
-  } else if (plan.network.proxy) {
-    o.network = NetworkConnections{};
+    supervise::AddNetworkReport(records, &o);
   }
   // disk_gib: a workspace found full after the call, or a command that says
   // it hit ENOSPC (and freed space before it ended).

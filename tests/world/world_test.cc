@@ -723,6 +723,28 @@ TEST_F(WorldTest, AKilledProcessTakesACappedUpperLayerWithItAndSaysSo) {
 
 // The capped upper layer is memory: what the session writes there counts
 // toward its memory limit, which a fill meets first when it is the smaller.
+// A session's world has the supervisor's DNS and the connect() broker too:
+// a name nothing allows is refused when it is looked up, and the call's
+// report names it; a literal address is refused at connect().
+TEST_F(WorldTest, TheWorldsDnsAndConnectsAreDecidedAndNamed) {
+  std::string id = Create("");
+  Json r = Bash(id, "getent hosts registry.example; echo getent=$?; "
+                    "python3 -c 'import socket\ntry:\n  socket.create_connection((\"192.0.2.1\", 80), 5)\n"
+                    "except OSError as e: print(\"errno\", e.errno)'; exit 3");
+  const std::string out = r["output"].get<std::string>();
+  EXPECT_NE(out.find("getent=2"), std::string::npos) << r.dump();
+  EXPECT_NE(out.find("errno 111"), std::string::npos) << r.dump();
+  EXPECT_EQ(r["kind"], "sandbox_denied") << r.dump();
+  bool dns = false, connect = false;
+  for (const auto& d : r["outcome"]["denials"]) {
+    dns = dns || (d["facet"] == "network" && d["op"] == "dns" && d["target"] == "registry.example" &&
+                  d["reason"].get<std::string>().find("networking is off by policy") != std::string::npos);
+    connect = connect || (d["facet"] == "network" && d["op"] == "connect" && d["target"] == "192.0.2.1:80");
+  }
+  EXPECT_TRUE(dns) << r["outcome"].dump();
+  EXPECT_TRUE(connect) << r["outcome"].dump();
+}
+
 TEST_F(WorldTest, ACappedUpperLayerCountsTowardTheSessionsMemory) {
   std::string id = Create("resources:\n  memory_gib: { limit: 128Mi }\n  disk_gib: 1\n");
   Json r = Bash(id, "echo small > s.txt; for i in 1 2 3 4; do dd if=/dev/zero of=f$i bs=1M count=100 status=none || exit 1; done");
