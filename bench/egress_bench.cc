@@ -306,6 +306,11 @@ Run RunAndRead(const std::vector<std::string>& argv, const std::string& cwd) {
   rusage ru{};
   ::wait4(pid, &status, 0, &ru);
   r.ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  if (!r.ok) {
+    std::fprintf(stderr, "egress_bench: %s ... %s: %s %d; stdout: %.2000s\n", argv[0].c_str(), argv.back().c_str(),
+                 WIFEXITED(status) ? "exit" : "signal", WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status),
+                 out.c_str());
+  }
   r.cpu_s = static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
             static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
   for (const char* at = out.c_str(); *at != '\0';) {
