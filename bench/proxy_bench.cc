@@ -45,30 +45,6 @@ using namespace agentbox::bench;
 
 using Clock = std::chrono::steady_clock;
 
-
-
-
-bool ReadHead(int fd) {
-  std::string head;
-  char c;
-  while (head.size() < 4096 && (head.size() < 4 || head.compare(head.size() - 4, 4, "\r\n\r\n") != 0)) {
-    if (::recv(fd, &c, 1, 0) != 1) return false;
-    head += c;
-  }
-  return head.rfind("HTTP/1.1 200", 0) == 0;
-}
-
-int Tunnel(std::uint16_t proxy, std::uint16_t target) {
-  int fd = Connect(proxy);
-  if (fd < 0) return -1;
-  std::string req = "CONNECT 127.0.0.1:" + std::to_string(target) + " HTTP/1.1\r\n\r\n";
-  if (!SendAll(fd, req.data(), req.size()) || !ReadHead(fd)) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 // The proxy process: serves the listener until killed.
 [[noreturn]] void RunProxy(int listen_fd) {
   boost::asio::io_context io;
@@ -78,55 +54,6 @@ int Tunnel(std::uint16_t proxy, std::uint16_t target) {
   if (!proxy.Serve(listen_fd, agentbox::net::ListenerKind::kHttp).ok()) _exit(1);
   io.run();
   _exit(0);
-}
-
-
-
-// The reference relay: every accepted connection is joined to `target` by
-// two threads, each splicing one direction through its own pipe.
-void SplicePump(int from, int to) {
-  int p[2];
-  if (::pipe2(p, O_CLOEXEC) != 0) return;
-  (void)::fcntl(p[1], F_SETPIPE_SZ, 1 << 20);
-  while (true) {
-    ssize_t n = ::splice(from, nullptr, p[1], nullptr, 1 << 20, SPLICE_F_MOVE);
-    if (n <= 0) break;
-    while (n > 0) {
-      ssize_t w = ::splice(p[0], nullptr, to, nullptr, static_cast<std::size_t>(n), SPLICE_F_MOVE);
-      if (w <= 0) break;
-      n -= w;
-    }
-  }
-  ::shutdown(to, SHUT_WR);
-  ::close(p[0]);
-  ::close(p[1]);
-}
-
-[[noreturn]] void RunReferenceRelay(int listen_fd, std::uint16_t target) {
-  while (true) {
-    int c = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-    if (c < 0) _exit(1);
-    int u = Connect(target);
-    std::thread up(SplicePump, c, u), down(SplicePump, u, c);
-    up.join();
-    down.join();
-    ::close(c);
-    ::close(u);
-  }
-}
-
-
-// Discards what it reads; answers one byte at EOF.
-void SinkServer(int listen_fd) {
-  std::vector<char> buf(1 << 20);
-  while (true) {
-    int c = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-    if (c < 0) return;
-    while (::recv(c, buf.data(), buf.size(), 0) > 0) {
-    }
-    SendAll(c, "k", 1);
-    ::close(c);
-  }
 }
 
 // Echoes each connection on its own thread (the latency test is sequential,
@@ -142,25 +69,6 @@ void EchoServer(int listen_fd) {
       ::close(c);
     }).detach();
   }
-}
-
-double Bulk(int fd, std::size_t bytes) {
-  std::vector<char> block(1 << 20, 'b');
-  auto t0 = Clock::now();
-  for (std::size_t sent = 0; sent < bytes; sent += block.size()) {
-    if (!SendAll(fd, block.data(), std::min(block.size(), bytes - sent))) return -1;
-  }
-  ::shutdown(fd, SHUT_WR);
-  char k;
-  if (::recv(fd, &k, 1, 0) != 1) return -1;
-  double s = std::chrono::duration<double>(Clock::now() - t0).count();
-  ::close(fd);
-  return static_cast<double>(bytes) / s / (1 << 20);  // MiB/s
-}
-
-double P50(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
 }
 
 }  // namespace
@@ -195,12 +103,12 @@ int main(int argc, char** argv) {
   std::vector<double> ratios, reference_ratios;
   for (int i = 0; i < rounds; ++i) {
     double self0 = SelfCpuSeconds();
-    double d = Bulk(Connect(sink_port), bytes);
+    double d = BulkSend(Connect(sink_port), bytes);
     double self1 = SelfCpuSeconds(), proxy1 = CpuSeconds(proxy);
-    int fd = Tunnel(proxy_port, sink_port);
-    double t = fd < 0 ? -1 : Bulk(fd, bytes);
+    int fd = Tunnel(proxy_port, "127.0.0.1:" + std::to_string(sink_port));
+    double t = fd < 0 ? -1 : BulkSend(fd, bytes);
     double self2 = SelfCpuSeconds(), proxy2 = CpuSeconds(proxy), relay2 = CpuSeconds(relay);
-    double r = Bulk(Connect(relay_port), bytes);
+    double r = BulkSend(Connect(relay_port), bytes);
     double relay3 = CpuSeconds(relay);
     std::printf("  round %d: direct %.0f MiB/s (endpoints %.2f s CPU/GiB); tunnel %.0f MiB/s (endpoints %.2f, "
                 "proxy %.2f s CPU/GiB), ratio %.2f; reference relay %.0f MiB/s (relay %.2f s CPU/GiB), ratio %.2f\n",
@@ -214,7 +122,8 @@ int main(int argc, char** argv) {
   }
   std::printf("bulk %.0f MiB: best direct %.0f MiB/s, best CONNECT tunnel %.0f MiB/s, best reference relay %.0f MiB/s; "
               "median round ratio: tunnel %.2f (target >= 0.90), reference relay %.2f\n",
-              static_cast<double>(bytes) / (1 << 20), direct, tunnel, reference, P50(ratios), P50(reference_ratios));
+              static_cast<double>(bytes) / (1 << 20), direct, tunnel, reference, Percentile(ratios, 0.5),
+              Percentile(reference_ratios, 0.5));
 
   // 2. Connection setup + first byte, sequential, p50 over 2,000 each.
   std::vector<double> d_ms, t_ms;
@@ -222,7 +131,7 @@ int main(int argc, char** argv) {
   for (int i = 0; i < 2000; ++i) {
     for (int via_proxy = 0; via_proxy < 2; ++via_proxy) {
       auto t0 = Clock::now();
-      int fd = via_proxy ? Tunnel(proxy_port, echo_port) : Connect(echo_port);
+      int fd = via_proxy ? Tunnel(proxy_port, "127.0.0.1:" + std::to_string(echo_port)) : Connect(echo_port);
       char c = 'x';
       bool ok = fd >= 0 && SendAll(fd, &c, 1) && ::recv(fd, &c, 1, 0) == 1;
       double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
@@ -236,7 +145,8 @@ int main(int argc, char** argv) {
   }
   std::printf("connect + first byte: direct p50 %.3f ms, via CONNECT p50 %.3f ms, added %.3f ms "
               "(target <= 0.300), errors %d\n",
-              P50(d_ms), P50(t_ms), P50(t_ms) - P50(d_ms), latency_errors);
+              Percentile(d_ms, 0.5), Percentile(t_ms, 0.5), Percentile(t_ms, 0.5) - Percentile(d_ms, 0.5),
+              latency_errors);
 
   // 3. 1,000 concurrent tunnels, each with a byte echoed through it.
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -245,7 +155,7 @@ int main(int argc, char** argv) {
   std::vector<int> fds;
   int errors = 0;
   for (int i = 0; i < kTunnels; ++i) {
-    int fd = Tunnel(proxy_port, echo_port);
+    int fd = Tunnel(proxy_port, "127.0.0.1:" + std::to_string(echo_port));
     if (fd < 0) {
       ++errors;
       continue;

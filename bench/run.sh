@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds and runs the start-up benchmark; prints the ratio table at the end.
+# Builds and runs the start-up benchmark, then the transparent-egress one
+# (which needs root and says so otherwise); each prints its ratios at the end.
 #
 #   bench/run.sh [benchmark flags]
 #   AGENTBOX_CORE_REV=<rev> bench/run.sh   also builds that revision's binary
@@ -18,3 +19,4 @@ if [ -n "${AGENTBOX_CORE_REV:-}" ]; then
   export AGENTBOX_CORE_BIN="$core/build/agentbox"
 fi
 "$root/build/bench/startup_bench" "$@"
+"$root/build/bench/egress_bench"

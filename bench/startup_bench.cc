@@ -22,50 +22,27 @@
 #include <thread>
 #include <vector>
 
-extern char** environ;
+#include "bench_net.h"
 
 namespace {
 
 namespace fs = std::filesystem;
+using agentbox::bench::RunOnce;
+using agentbox::bench::Spawn;
 
 std::string g_agentbox = AGENTBOX_BIN;
 std::string g_empty_ws;
 std::string g_big_ws;
 std::string g_noglob_policy;
 
-pid_t Spawn(const std::vector<std::string>& argv, const std::string& cwd, const std::string& env = "") {
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid = fork();
-  if (pid == 0) {
-    if (!cwd.empty() && chdir(cwd.c_str()) != 0) _exit(126);
-    if (!env.empty()) putenv(const_cast<char*>(env.c_str()));
-    int null = open("/dev/null", O_RDWR);
-    dup2(null, 0);
-    dup2(null, 1);
-    dup2(null, 2);
-    execvp(args[0], args.data());
-    _exit(127);
-  }
-  return pid;
-}
-
-int RunOnce(const std::vector<std::string>& argv, const std::string& cwd = "", const std::string& env = "") {
-  pid_t pid = Spawn(argv, cwd, env);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
 void Measure(benchmark::State& state, const std::vector<std::string>& argv, const std::string& cwd = "",
              const std::string& env = "") {
-  if (RunOnce(argv, cwd, env) != 0) {
+  if (RunOnce(argv, {.cwd = cwd, .env = env}) != 0) {
     state.SkipWithError(("command failed: " + argv[0]).c_str());
     return;
   }
   for (auto _ : state) {
-    if (RunOnce(argv, cwd, env) != 0) {
+    if (RunOnce(argv, {.cwd = cwd, .env = env}) != 0) {
       state.SkipWithError("command failed during the run");
       return;
     }
@@ -137,7 +114,7 @@ class RatioReporter : public benchmark::ConsoleReporter {
 
 // VmHWM of the supervisor while its command sleeps: its peak after set-up.
 long SupervisorPeakRssKib() {
-  pid_t pid = Spawn({g_agentbox, "run", "--", "sleep", "0.4"}, g_empty_ws);
+  pid_t pid = Spawn({g_agentbox, "run", "--", "sleep", "0.4"}, {.cwd = g_empty_ws});
   long hwm = -1;
   for (int i = 0; i < 30; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -205,7 +182,7 @@ int main(int argc, char** argv) {
   for (int i = 0; i < rounds; ++i) {
     for (auto& e : entries) {
       auto t0 = std::chrono::steady_clock::now();
-      RunOnce(e.argv, e.cwd);
+      RunOnce(e.argv, {.cwd = e.cwd});
       e.ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
   }

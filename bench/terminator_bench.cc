@@ -313,15 +313,6 @@ class Client {
 
 // --- figures ---------------------------------------------------------------------------
 
-double Percentile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<std::size_t>(q * static_cast<double>(v.size())))];
-}
-
-
-
-
 struct Site {
   const char* host;
   std::uint16_t port = 0;
