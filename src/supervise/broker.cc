@@ -190,7 +190,11 @@ void ConnectBroker::Impl::Read() {
       const ssize_t n = linux::RecvWithFds(self->channel.native_handle(), &r, sizeof(r), MSG_DONTWAIT, &fds);
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
       if (n <= 0) return;  // the runner is gone
-      if (static_cast<std::size_t>(n) != sizeof(r) || fds.size() != 1) continue;
+      if (static_cast<std::size_t>(n) != sizeof(r)) continue;
+      if (fds.size() != 1) {
+        self->Reply(r.id, EBADF);  // never left waiting
+        continue;
+      }
       if (!self->ready) {
         self->waiting.emplace_back(r, std::move(fds[0]));
         continue;

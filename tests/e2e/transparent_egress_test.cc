@@ -814,6 +814,99 @@ TEST(TransparentEgress, AskedWhenTheNameIsLookedUp) {
   EXPECT_EQ(CountLines(log, "ACCEPT 198.18.0.11:8080"), 0) << log;
 }
 
+// A host that holds a secret is reached through the terminator even when the
+// sandbox connects directly: the broker's socket leads to the proxy, which
+// ends TLS with the per-run CA, adds the credential and masks it in the
+// answer. The value is never inside.
+const char* const kEchoAuthServer = R"PY(
+import http.server, ssl, sys
+cert, key, host, port = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = ("auth=%s\n" % self.headers.get("Authorization")).encode()
+        print("SERVED %s %s" % (self.path, self.headers.get("Authorization")), flush=True)
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+httpd = http.server.HTTPServer((host, port), H)
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(cert, key)
+httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True)
+httpd.serve_forever()
+)PY";
+
+TEST(TransparentEgress, ASecretsHostGoesThroughTheTerminatorWithoutProxyVariables) {
+  if (std::string why = Missing({"curl", "openssl"}); !why.empty()) GTEST_SKIP() << "not applicable here: " << why;
+  Sandbox sb;
+  TestCa ca(sb.scratch());
+  ASSERT_TRUE(ca.ok) << ca.log;
+  TestNetns net(sb, kHosts);
+  const std::string server = sb.scratch() + "/echo_auth.py";
+  WriteFile(server, kEchoAuthServer);
+  net.AddServer("tls", {Python(), server, ca.server_pem, ca.server_key, kAddr, "443"}, {"tcp:198.18.0.10:443"});
+  const std::string policy = sb.scratch() + "/secret.yaml";
+  WriteFile(policy, "version: 1\nmode: workspace-write\nnetwork:\n  allow: [\"api.test\", \"198.18.0.10:443\"]\n"
+                    "credentials:\n  secrets:\n    tok: { from: { env: TE_TOKEN }, hosts: [api.test], "
+                    "inject: { header: Authorization, format: \"Bearer {}\" } }\n");
+  const std::string token = "te-" + RandomHex();
+  RunResult r = net.Sh(kNoProxy + "curl -sS -m 10 https://api.test/secret; echo rc=$?; env | grep -c " + token +
+                           "; true",
+                       {"--policy", policy}, kRunMs, {"TE_TOKEN=" + token, "SSL_CERT_FILE=" + ca.ca_pem});
+  ASSERT_EQ(NetnsError(r), "") << r.Describe();
+  EXPECT_TRUE(Contains(r.out, "auth=Bearer ******")) << r.Describe();  // added, and masked on the way back
+  EXPECT_TRUE(Contains(r.out, "rc=0")) << r.Describe();
+  EXPECT_FALSE(Contains(r.out, token)) << r.Describe();
+  EXPECT_EQ(CountLines(net.Log("tls"), "SERVED /secret Bearer " + token), 1) << net.Log("tls");
+  ASSERT_TRUE(r.report);
+  const auto& uses = (*r.report)["credentials"]["uses"];
+  ASSERT_TRUE(uses.is_array() && uses.size() == 1) << r.Describe();
+  EXPECT_EQ(uses[0]["secret"], "tok") << r.Describe();
+  EXPECT_EQ(uses[0]["host"], "api.test") << r.Describe();
+}
+
+// A direct connection carries no SNI check: a handshake naming another
+// tenant of an allowed address goes through (domain fronting), which the
+// docs and explain say; network.inspect_tls keeps the relay and the check.
+TEST(TransparentEgress, InspectTlsKeepsTheSniCheckForBrokeredConnections) {
+  if (std::string why = Missing({"curl", "openssl"}); !why.empty()) GTEST_SKIP() << "not applicable here: " << why;
+  for (const bool inspect : {false, true}) {
+    SCOPED_TRACE(inspect ? "inspect_tls: true" : "inspect_tls: false");
+    Sandbox sb;
+    TestCa ca(sb.scratch());
+    ASSERT_TRUE(ca.ok) << ca.log;
+    TestNetns net(sb, kHosts);
+    const std::string server = sb.scratch() + "/echo_auth.py";
+    WriteFile(server, kEchoAuthServer);
+    net.AddServer("tls", {Python(), server, ca.server_pem, ca.server_key, kAddr, "443"}, {"tcp:198.18.0.10:443"});
+    const std::string policy = sb.scratch() + "/inspect.yaml";
+    WriteFile(policy, std::string("version: 1\nmode: workspace-write\nnetwork:\n  allow: [\"api.test\", "
+                                  "\"198.18.0.10:443\"]\n  inspect_tls: ") +
+                          (inspect ? "true" : "false") + "\n");
+    RunResult r = net.Sh(kNoProxy + "curl -skS -m 10 https://api.test/own; echo own=$?; "
+                         "curl -skS -m 10 --resolve front.test:443:198.18.0.10 https://front.test/fronted; "
+                         "echo fronted=$?",
+                         {"--policy", policy}, kRunMs);
+    ASSERT_EQ(NetnsError(r), "") << r.Describe();
+    EXPECT_TRUE(Contains(r.out, "own=0")) << r.Describe();
+    const std::string log = net.Log("tls");
+    EXPECT_EQ(CountLines(log, "SERVED /own"), 1) << log;
+    if (!inspect) {
+      EXPECT_TRUE(Contains(r.out, "fronted=0")) << r.Describe();
+      EXPECT_EQ(CountLines(log, "SERVED /fronted"), 1) << log;
+      continue;
+    }
+    EXPECT_FALSE(Contains(r.out, "fronted=0")) << r.Describe();
+    EXPECT_EQ(CountLines(log, "SERVED /fronted"), 0) << log;
+    const nlohmann::json* d = NetDenial(r, "connect", "api.test:443");
+    ASSERT_NE(d, nullptr) << r.Describe();
+    EXPECT_NE((*d)["reason"].get<std::string>().find("sni-mismatch"), std::string::npos) << r.Describe();
+    EXPECT_NE((*d)["reason"].get<std::string>().find("front.test"), std::string::npos) << r.Describe();
+  }
+}
+
 TEST(TransparentEgress, DuplicateOfASocketStaysUnconnectedAndIsStillDecided) {
   if (std::string why = Missing({}); !why.empty()) GTEST_SKIP() << "not applicable here: " << why;
   Sandbox sb;
