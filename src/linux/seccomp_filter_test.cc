@@ -20,6 +20,7 @@
 
 #include "confine/layers.h"
 #include "linux/fd.h"
+#include "linux/in_child.h"
 #include "linux/seccomp_notify.h"
 
 namespace agentbox::linux {
@@ -30,37 +31,18 @@ using Json = nlohmann::json;
 // Runs `body` in a forked child under the filter of `plan`, and returns
 // the JSON it produced.
 Json UnderFilter(const SeccompPlan& plan, const std::function<Json(NotifyResponder&)>& body) {
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) return Json{{"child", "pipe failed"}};
-  pid_t pid = fork();
-  if (pid == 0) {
-    close(fds[0]);
-    auto run = [&]() -> Json {
-      if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return Json{{"child", "no_new_privs"}};
-      auto program = CompileSeccomp(plan);
-      if (!program.ok()) return Json{{"child", program.status().ToString()}};
-      // The responder's thread first: it stays outside the filter.
-      auto responder = NotifyResponder::Start(UnixConnectRules{});
-      if (!responder.ok()) return Json{{"child", responder.status().ToString()}};
-      auto listener = InstallSeccomp(*program);
-      if (!listener.ok()) return Json{{"child", listener.status().ToString()}};
-      (*responder)->Serve(std::move(*listener));
-      return body(**responder);
-    };
-    std::string out = run().dump();
-    (void)!write(fds[1], out.data(), out.size());
-    _exit(0);
-  }
-  close(fds[1]);
-  std::string text;
-  char buf[4096];
-  for (ssize_t n; (n = read(fds[0], buf, sizeof(buf))) > 0;) text.append(buf, static_cast<std::size_t>(n));
-  close(fds[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  Json result = Json::parse(text, nullptr, false);
-  if (result.is_discarded()) return Json{{"child", "no result"}, {"status", status}};
-  return result;
+  return testing::InChild([&]() -> Json {
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return Json{{"child", "no_new_privs"}};
+    auto program = CompileSeccomp(plan);
+    if (!program.ok()) return Json{{"child", program.status().ToString()}};
+    // The responder's thread first: it stays outside the filter.
+    auto responder = NotifyResponder::Start(UnixConnectRules{});
+    if (!responder.ok()) return Json{{"child", responder.status().ToString()}};
+    auto listener = InstallSeccomp(*program);
+    if (!listener.ok()) return Json{{"child", listener.status().ToString()}};
+    (*responder)->Serve(std::move(*listener));
+    return body(**responder);
+  });
 }
 
 // 0 when the socket was made, else the errno.

@@ -19,8 +19,9 @@
 #include <functional>
 
 #include "confine/layers.h"
-#include "session/test_files.h"
+#include "linux/in_child.h"
 #include "linux/landlock_ruleset.h"
+#include "session/test_files.h"
 
 namespace agentbox::session {
 namespace {
@@ -58,28 +59,7 @@ class FileToolsTest : public ::testing::Test {
   FileToolLimits limits_{t_.path()};
 };
 
-// Runs `body` in a forked child and returns the JSON it produced.
-Json InChild(const std::function<Json()>& body) {
-  int fds[2];
-  if (pipe(fds) != 0) return Json{{"child", "pipe failed"}};
-  pid_t pid = fork();
-  if (pid == 0) {
-    close(fds[0]);
-    std::string out = body().dump();
-    (void)!write(fds[1], out.data(), out.size());
-    _exit(0);
-  }
-  close(fds[1]);
-  std::string text;
-  char buf[4096];
-  for (ssize_t n; (n = read(fds[0], buf, sizeof(buf))) > 0;) text.append(buf, static_cast<std::size_t>(n));
-  close(fds[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  Json result = Json::parse(text, nullptr, false);
-  if (result.is_discarded()) return Json{{"child", "no result"}, {"status", status}};
-  return result;
-}
+using linux::testing::InChild;
 
 // Becomes root of new user and mount namespaces (mapped to the caller), with
 // mounts private to them; false when the host does not allow it.
