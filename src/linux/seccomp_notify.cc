@@ -57,6 +57,10 @@ struct NotifyResponder::State {
   // with the address each was connected to: a later connect() on one to
   // another address is brokered anew, never made on it here.
   std::unordered_map<std::uint64_t, struct sockaddr_storage> installed;
+  // The thread that takes the supervisor's replies: started by the first
+  // request (most sandboxes make none), from the answering thread, so
+  // outside the filter too. Touched by that thread only.
+  bool replies_started = false;
   UniqueFd ready;
   std::mutex mu;
   std::condition_variable cv;
@@ -446,10 +450,20 @@ bool CallerCloexec(pid_t pid, int fd) {
   return false;
 }
 
+void BrokerReplies(std::shared_ptr<NotifyResponder::State> st);
+
 // Sends the connect() to the supervisor; its reply (BrokerReplies) answers
 // the call. The caller's socket goes along for its options.
 void Broker(const std::shared_ptr<NotifyResponder::State>& st, int listener, const struct seccomp_notif& req,
             int sock, int domain, const struct sockaddr_storage& addr, int len) {
+  if (!st->replies_started) {
+    try {
+      std::thread(BrokerReplies, st).detach();
+      st->replies_started = true;
+    } catch (const std::system_error&) {
+      return Respond(listener, req.id, -EAGAIN);  // at the process limit, as a fork there
+    }
+  }
   BrokerRequest r;
   r.id = req.id;
   r.pid = static_cast<std::int32_t>(req.pid);
@@ -726,7 +740,6 @@ Result<std::unique_ptr<NotifyResponder>> NotifyResponder::Start(UnixConnectRules
   if (!st->ready.valid()) return Status::Errno("seccomp", "eventfd");
   try {
     std::thread(AnswerLoop, st).detach();
-    if (st->inet.broker_fd >= 0) std::thread(BrokerReplies, st).detach();
   } catch (const std::system_error& e) {
     return Status::Error("seccomp", std::string("starting the connect() responder thread: ") + e.what());
   }

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <optional>
 #include <unordered_map>
+#include <system_error>
 #include <unordered_set>
 
 #include "net/http_request.h"
@@ -1018,9 +1019,7 @@ void StaticResolver::Resolve(const std::string& host, Callback done) {
 }
 
 SystemResolver::SystemResolver(asio::io_context& io, int threads, std::size_t max_queued)
-    : io_(io), max_queued_(max_queued) {
-  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Work(); });
-}
+    : io_(io), max_queued_(max_queued), wanted_threads_(threads) {}
 
 SystemResolver::~SystemResolver() {
   {
@@ -1035,6 +1034,18 @@ void SystemResolver::Resolve(const std::string& host, Callback done) {
   {
     std::lock_guard lock(mu_);
     if (queue_.size() < max_queued_ && !stopping_) {
+      // The pool starts with the first lookup: most sandboxes resolve
+      // nothing, and a thread is a cost of every run's start and end.
+      if (threads_.empty()) {
+        try {
+          for (int i = 0; i < wanted_threads_; ++i) threads_.emplace_back([this] { Work(); });
+        } catch (const std::system_error&) {
+          if (threads_.empty()) {
+            asio::post(io_, [done = std::move(done)] { done(Status::Error("resolve", "no resolver thread")); });
+            return;
+          }
+        }
+      }
       queue_.emplace_back(host, std::move(done));
       cv_.notify_one();
       return;

@@ -62,9 +62,10 @@ class StaticResolver : public Resolver {
   int calls_ = 0;
 };
 
-// getaddrinfo on a small, fixed pool of worker threads with a bounded queue
-// (no thread per connection). Must be destroyed before the io_context; the
-// destructor waits for lookups in progress.
+// getaddrinfo on a small, fixed pool of worker threads (started by the
+// first lookup) with a bounded queue (no thread per connection). Must be
+// destroyed before the io_context; the destructor waits for lookups in
+// progress. Resolve is called on one thread (the io_context's).
 class SystemResolver : public Resolver {
  public:
   explicit SystemResolver(boost::asio::io_context& io, int threads = 2, std::size_t max_queued = 256);
@@ -75,6 +76,7 @@ class SystemResolver : public Resolver {
   void Work();
   boost::asio::io_context& io_;
   std::size_t max_queued_;
+  int wanted_threads_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::pair<std::string, Callback>> queue_;

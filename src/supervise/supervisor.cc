@@ -248,6 +248,9 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
       proxy_error = started_proxy.status();
     }
   }
+  // The runner's listeners and the broker's channel, until the first of
+  // them has something to serve.
+  std::optional<supervise::Egress::Fds> idle_egress;
   std::vector<linux::RunnerMessage> messages;
   linux::StatusReader status;
   bool status_open = true, stderr_open = child.stderr_pipe.valid(), exited = false;
@@ -294,10 +297,18 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
                                 1, std::chrono::duration_cast<std::chrono::milliseconds>(*wake - now).count()))
                           : -1;
 
-    struct pollfd fds[5];
+    struct pollfd fds[10];
     int n = 0;
     int i_status = -1, i_err = -1, i_pid = -1, i_sig = -1, i_proxy = -1;
     if (proxy_open) fds[i_proxy = n++] = {child.proxy_listeners.get(), POLLIN, 0};
+    const int idle_begin = n;
+    if (idle_egress) {
+      for (const linux::UniqueFd* f : {&idle_egress->http, &idle_egress->socks, &idle_egress->dns_udp,
+                                       &idle_egress->dns_tcp, &idle_egress->broker}) {
+        if (f->valid()) fds[n++] = {f->get(), POLLIN, 0};
+      }
+    }
+    const int idle_end = n;
     if (status_open) fds[i_status = n++] = {child.status.get(), POLLIN, 0};
     if (stderr_open) fds[i_err = n++] = {child.stderr_pipe.get(), POLLIN, 0};
     if (!exited) fds[i_pid = n++] = {child.pidfd.get(), POLLIN, 0};
@@ -307,18 +318,30 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
       if (errno == EINTR) continue;
       break;
     }
+    // Something to serve: a connection, a query, a request. The channel's
+    // hang-up when the runner ends is not.
+    bool start_egress = false, runner_gone = false;
+    for (int i = idle_begin; i < idle_end; ++i) {
+      runner_gone = runner_gone || (fds[i].revents & (POLLHUP | POLLERR));
+      start_egress = start_egress || (fds[i].revents & POLLIN);
+    }
+    if (runner_gone || exited) {
+      idle_egress.reset();  // nothing to serve any more
+    } else if (start_egress) {
+      auto started_proxy = supervise::Egress::Start(plan, options, std::move(*idle_egress), 0, terminator);
+      idle_egress.reset();
+      if (started_proxy.ok()) {
+        egress = std::move(*started_proxy);
+      } else {
+        proxy_error = started_proxy.status();
+      }
+    }
     if (i_proxy >= 0 && fds[i_proxy].revents) {
       proxy_open = false;
       auto listeners = linux::ReceiveEgressListeners(child.proxy_listeners.get());
-      if (listeners.ok()) {
-        auto started_proxy = supervise::Egress::Start(plan, options, EgressFds(plan, *listeners, &child), 0,
-                                                      terminator);
-        if (started_proxy.ok()) {
-          egress = std::move(*started_proxy);
-        } else {
-          proxy_error = started_proxy.status();
-        }
-      }
+      // Served from the first connection, query or connect() on: a sandbox
+      // that uses none starts no egress thread at all.
+      if (listeners.ok()) idle_egress = EgressFds(plan, *listeners, &child);
       // Nothing received: the runner failed before, and says why on the status pipe.
     }
     if (i_status >= 0 && fds[i_status].revents) status_open = status.Read(child.status.get(), &messages);
@@ -415,7 +438,7 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
         WriteAll(options.stderr_fd, line.data(), line.size());
       }
     }
-  } else if (proxied) {
+  } else if (proxied || plan.network.broker) {
     out.network = NetworkConnections{};
   }
   if (proxy_error) {
