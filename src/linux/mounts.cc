@@ -313,7 +313,7 @@ Status BindContentOver(const std::string& target, const std::string& content) {
 
 }  // namespace
 
-Status ReplaceHostIds() {
+Status ReplaceHostFiles(const std::string& dns_address, const std::string& hostname) {
   if (mkdir(kIdsDir, 0700) != 0) return Status::Errno("ids", "mkdir", kIdsDir);
   std::string boot = RandomHex(16);
   boot[12] = '4';  // a version-4 uuid, as the kernel's
@@ -325,20 +325,17 @@ Status ReplaceHostIds() {
   for (const char* path : {"/etc/machine-id", "/var/lib/dbus/machine-id"}) {
     if (s.ok()) s = BindContentOver(path, machine + "\n");
   }
-  rmdir(kIdsDir);
-  return s;
-}
-
-Status PointResolverInside(const std::string& dns_address, const std::string& hostname) {
-  if (mkdir(kIdsDir, 0700) != 0) return Status::Errno("ids", "mkdir", kIdsDir);
   // Nothing but the supervisor's DNS: no search domains of the host's, no
   // second server to fall back on.
-  Status s = BindContentOver("/etc/resolv.conf", "nameserver " + dns_address + "\noptions edns0\n");
-  // The host's own names stay the host's: a name in its /etc/hosts would be
-  // resolved without asking, and its address would be unknown to the broker.
-  std::string hosts = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n";
-  if (!hostname.empty()) hosts += "127.0.1.1\t" + hostname + "\n";
-  if (s.ok()) s = BindContentOver("/etc/hosts", hosts);
+  if (s.ok() && !dns_address.empty()) {
+    s = BindContentOver("/etc/resolv.conf", "nameserver " + dns_address + "\noptions edns0\n");
+    // The host's own names stay the host's: a name in its /etc/hosts would
+    // be resolved without asking, and refused (or let through) by its
+    // address alone, with no word of the name.
+    std::string hosts = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n";
+    if (!hostname.empty()) hosts += "127.0.1.1\t" + hostname + "\n";
+    if (s.ok()) s = BindContentOver("/etc/hosts", hosts);
+  }
   rmdir(kIdsDir);
   return s;
 }

@@ -38,14 +38,13 @@ struct UpperFs {
 
 // Binds per-sandbox random values over the host's identifiers where they
 // show inside the new root: /proc/sys/kernel/random/boot_id, /etc/machine-id
-// and /var/lib/dbus/machine-id. After the plan's mounts (procfs, /etc).
-[[nodiscard]] Status ReplaceHostIds();
-// The sandbox's /etc/resolv.conf names the supervisor's DNS at
-// `dns_address` alone, and its /etc/hosts holds localhost and `hostname`
-// only (the connect() broker knows a name's addresses only when it handed
-// them out). Absent files stay absent: a resolver without resolv.conf asks
-// 127.0.0.1, where the DNS listens. After the new root is the process's root.
-[[nodiscard]] Status PointResolverInside(const std::string& dns_address, const std::string& hostname);
+// and /var/lib/dbus/machine-id; and, with a `dns_address`, a resolv.conf
+// naming the supervisor's DNS there alone over /etc/resolv.conf and an
+// /etc/hosts with localhost and `hostname` only (the connect() broker knows
+// a name's addresses when its DNS handed them out). Absent files stay
+// absent: a resolver without resolv.conf asks 127.0.0.1, where the DNS
+// listens. After the plan's mounts (procfs, /etc).
+[[nodiscard]] Status ReplaceHostFiles(const std::string& dns_address, const std::string& hostname);
 
 // Detaches the host root: after this nothing of the host is reachable except
 // what was bound. procfs must be mounted before (the kernel checks that a

@@ -64,10 +64,9 @@ Result<UniqueFd> BindDns(const std::string& address, int type) {
   if (inet_pton(AF_INET, address.c_str(), &addr.sin_addr) != 1) {
     return Status::Error("network", "not an IPv4 address for DNS: " + address);
   }
+  // A fresh namespace: nothing of an earlier run can hold the port.
   UniqueFd fd(socket(AF_INET, type | SOCK_CLOEXEC, 0));
   if (!fd.valid()) return Status::Errno("network", "socket", where);
-  int one = 1;
-  setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   if (bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
     return Status::Errno("network", "bind", where);
   }

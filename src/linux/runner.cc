@@ -191,10 +191,7 @@ Status BuildRoot(const Plan& plan, const ResolvedPlan& resolved, UpperFs* upper_
       return s.WithContext(std::string(ToString(m.op.kind)) + " " + m.op.target + " (" + m.op.why + ")");
     }
   }
-  if (Status s = ReplaceHostIds(); !s.ok()) return s;
-  if (!plan.network.dns_address.empty()) {
-    if (Status s = PointResolverInside(plan.network.dns_address, plan.hostname); !s.ok()) return s;
-  }
+  if (Status s = ReplaceHostFiles(plan.network.dns_address, plan.hostname); !s.ok()) return s;
   if (Status s = DetachOldRoot(); !s.ok()) return s;
   return SealRoot();
 }
