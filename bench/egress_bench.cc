@@ -504,6 +504,14 @@ int main(int argc, char** argv) {
       {"agentbox run, policy without network", {b.agentbox, "run", "--policy", b.nonet_policy, "--", "/bin/true"}},
       {"agentbox run, policy with network.allow", {b.agentbox, "run", "--policy", b.net_policy, "--", "/bin/true"}},
   };
+  // AGENTBOX_BASELINE_BIN: an earlier build, measured in the same rounds,
+  // so that what this one adds per command is seen beside it.
+  const char* baseline = std::getenv("AGENTBOX_BASELINE_BIN");
+  if (baseline && *baseline) {
+    entries.push_back({"baseline: agentbox run -- /bin/true", {baseline, "run", "--", "/bin/true"}});
+    entries.push_back(
+        {"baseline: policy with network.allow", {baseline, "run", "--policy", b.net_policy, "--", "/bin/true"}});
+  }
   constexpr int kCommandRounds = 100;
   for (int i = 0; i < kCommandRounds; ++i) {
     for (auto& e : entries) {
@@ -548,6 +556,12 @@ int main(int argc, char** argv) {
   std::printf("  %-48s %8.2fx\n", "agentbox run / bubblewrap", plain / bwrap);
   std::printf("  %-48s %8.2f ms, %.2fx\n", "added by network.allow (proxy, DNS, broker)", net - nonet, net / nonet);
   std::printf("  %-48s %8.2fx\n", "agentbox run with network.allow / bubblewrap", net / bwrap);
+  if (entries.size() > 4) {
+    const double base = Median(entries[4].ms), base_net = Median(entries[5].ms);
+    std::printf("  %-48s %8.2fx (this build %.2fx)\n", "baseline run / bubblewrap", base / bwrap, plain / bwrap);
+    std::printf("  %-48s %8.2fx (this build %.2fx)\n", "baseline with network.allow / bubblewrap", base_net / bwrap,
+                net / bwrap);
+  }
   std::printf("whole bench: %.1f s\n", std::chrono::duration<double>(Clock::now() - started).count());
   return 0;
 }

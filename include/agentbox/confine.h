@@ -58,6 +58,11 @@ struct Invocation {
   // `run --workspace-overlay`: the run writes into a capped upper layer over
   // the workspace, applied at the end as `apply` says (namespaces backend only).
   std::optional<OverlayApply> workspace_overlay;
+  // Whether ConfinedCommand::argv and env (the wrapped command a harness
+  // spawns, the plan serialised into it) are wanted. `run`, `explain` and
+  // sessions use the plan itself and say no: serialising it costs a run
+  // more than its network set-up does.
+  bool wrapped_command = true;
 };
 
 // A stderr classifier: an ECMAScript regex and what a match means. Group 1,
@@ -68,7 +73,8 @@ struct Signature {
 };
 
 struct ConfinedCommand {
-  // What a harness spawns: the wrapped argv, with `env` added to its environment.
+  // What a harness spawns: the wrapped argv, with `env` added to its
+  // environment (empty unless Invocation::wrapped_command).
   std::vector<std::string> argv;
   std::vector<std::pair<std::string, std::string>> env;
   EnforcementReport enforcement;

@@ -335,6 +335,7 @@ int CmdRun(const PolicyFlags& f, const std::vector<std::string>& command, const 
     return kExitSandbox;
   }
   if (!of.Apply(&*inv)) return kExitUsage;
+  inv->wrapped_command = false;  // run spawns the plan itself
   auto confined = Confine(command, *policy, host, *inv);
   if (!confined.ok()) {
     Outcome o = RefusedOutcome(confined.status(), AssessEnforcement(*policy, host, *inv), policy->sha256);
@@ -638,6 +639,7 @@ int CmdExplain(PolicyFlags f, bool as_json) {
   // Show the plan even where `run` would refuse, and say that it would.
   Policy relaxed = *policy;
   relaxed.sandbox.require = Requirement::kPartial;
+  inv->wrapped_command = false;
   auto strict = Confine({"COMMAND"}, *policy, host, *inv);
   auto confined = Confine({"COMMAND"}, relaxed, host, *inv);
   if (as_json) {

@@ -1248,9 +1248,11 @@ Result<ConfinedCommand> ConfinePolicy(const std::vector<std::string>& argv, cons
       {"^agentbox: sandbox error \\[" + inv.nonce + "\\] stage=([a-z_-]+)",
        "the sandbox runner failed before or while starting the command: infrastructure, not the "
        "command"});
-  out.argv = {inv.self_exe, "__exec", "--"};
-  out.argv.insert(out.argv.end(), argv.begin(), argv.end());
-  out.env.emplace_back(kPlanEnv, PlanToJson(plan));
+  if (inv.wrapped_command) {
+    out.argv = {inv.self_exe, "__exec", "--"};
+    out.argv.insert(out.argv.end(), argv.begin(), argv.end());
+    out.env.emplace_back(kPlanEnv, PlanToJson(plan));
+  }
   return out;
 }
 

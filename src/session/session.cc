@@ -547,6 +547,7 @@ Status Manager::Impl::Provision(SessionState& s) {
   inv.nonce = RandomId("");
   inv.backend = BackendChoice::kNamespaces;
   inv.session = true;
+  inv.wrapped_command = false;  // a world spawns the plan itself
   auto confined = Confine({"true"}, *policy, ProbeHostFor(*policy), inv);
   if (!confined.ok()) return confined.status();
   Plan& plan = confined->plan;
