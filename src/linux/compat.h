@@ -15,6 +15,10 @@
 #include <cerrno>
 #include <cstdint>
 
+// A socket's network namespace, as a cookie (Linux 5.14).
+#ifndef SO_NETNS_COOKIE
+#define SO_NETNS_COOKIE 71
+#endif
 #ifndef SYS_clone3
 #define SYS_clone3 435
 #endif

@@ -34,6 +34,7 @@
 #include <system_error>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "linux/compat.h"
 #include "linux/connect_broker.h"
@@ -49,14 +50,15 @@ struct NotifyResponder::State {
   struct Pending {
     int fd = -1;
     bool cloexec = false;
-    struct sockaddr_storage addr {};
   };
   std::mutex broker_mu;
   std::unordered_map<std::uint64_t, Pending> pending;
-  // Sockets the broker installed (the host's, not the sandbox's), by inode,
-  // with the address each was connected to: a later connect() on one to
-  // another address is brokered anew, never made on it here.
-  std::unordered_map<std::uint64_t, struct sockaddr_storage> installed;
+  // How a socket the broker installed (the host's) is told from one of the
+  // sandbox's own: its network namespace's cookie (SO_NETNS_COOKIE, Linux
+  // 5.14) is not the sandbox's. 0: no cookie on this kernel; then the
+  // inodes of the sockets installed are remembered instead.
+  std::uint64_t own_netns_cookie = 0;
+  std::unordered_set<std::uint64_t> installed;
   // The thread that takes the supervisor's replies: started by the first
   // request (most sandboxes make none), from the answering thread, so
   // outside the filter too. Touched by that thread only.
@@ -362,54 +364,59 @@ bool IsOwnLoopback(const struct sockaddr_storage& addr, int len) {
   return false;
 }
 
-bool SameTarget(const struct sockaddr_storage& a, const struct sockaddr_storage& b) {
-  if (a.ss_family != b.ss_family) return false;
-  if (a.ss_family == AF_INET) {
-    const auto* x = reinterpret_cast<const struct sockaddr_in*>(&a);
-    const auto* y = reinterpret_cast<const struct sockaddr_in*>(&b);
-    return x->sin_port == y->sin_port && x->sin_addr.s_addr == y->sin_addr.s_addr;
-  }
-  const auto* x = reinterpret_cast<const struct sockaddr_in6*>(&a);
-  const auto* y = reinterpret_cast<const struct sockaddr_in6*>(&b);
-  return x->sin6_port == y->sin6_port && std::memcmp(&x->sin6_addr, &y->sin6_addr, sizeof(x->sin6_addr)) == 0;
-}
-
 enum class InetRoute {
   kHere,          // made here, on the caller's socket, as asked
   kBroker,        // decided by the supervisor, which opens the connection
   kUnreachable,   // UDP (or another datagram protocol) past the sandbox's own loopback
   kNotSupported,  // disconnecting a socket the broker installed
-  kIsConnected,   // another address for a socket the broker connected: EISCONN
+  kIsConnected,   // a socket the broker connected, connected again: EISCONN
   kAlready,       // the same, its handshake still under way: EALREADY
-  kRefuse,        // the host's network, no broker: only the proxy's ports
+  kRefuse,        // the host's network, no broker: only the proxy's ports; or the host's loopback
 };
 
-// Where an inet connect() goes. A socket the broker installed belongs to
-// the host's network: it is connected again here only to the address it
-// was opened to (what the kernel answers then is the caller's to see),
-// and never disconnected (AF_UNSPEC would make it free to reach the host's
-// own loopback).
-InetRoute ChooseInet(NotifyResponder::State& st, int sock, const struct sockaddr_storage& addr, int len) {
-  std::optional<struct sockaddr_storage> opened;
-  struct stat sst {};
-  if (st.inet.broker_fd >= 0 && fstat(sock, &sst) == 0) {
-    std::lock_guard<std::mutex> lock(st.broker_mu);
-    auto it = st.installed.find(sst.st_ino);
-    if (it != st.installed.end()) opened = it->second;
+// Whether `sock` is the host's (one the broker installed) rather than one of
+// the sandbox's own namespace.
+bool IsHostSocket(NotifyResponder::State& st, int sock) {
+  if (st.own_netns_cookie != 0) {
+    std::uint64_t cookie = 0;
+    socklen_t cl = sizeof(cookie);
+    return getsockopt(sock, SOL_SOCKET, SO_NETNS_COOKIE, &cookie, &cl) != 0 || cookie != st.own_netns_cookie;
   }
-  if (opened) {
+  struct stat sst {};
+  if (fstat(sock, &sst) != 0) return true;
+  std::lock_guard<std::mutex> lock(st.broker_mu);
+  return st.installed.count(sst.st_ino) > 0;
+}
+
+// TCP's state of `sock` (TCP_CLOSE when it cannot be read).
+int TcpState(int sock) {
+  struct tcp_info info {};
+  socklen_t il = sizeof(info);
+  return getsockopt(sock, IPPROTO_TCP, TCP_INFO, &info, &il) == 0 ? static_cast<int>(info.tcpi_state) : static_cast<int>(TCP_CLOSE);
+}
+
+// Where an inet connect() goes.
+//
+// A socket the broker installed belongs to the host's network. Connected
+// or connecting, it is answered here as the kernel would answer (EISCONN,
+// EALREADY), never by a connect() on it, whose handshake could fail
+// meanwhile and leave it free to go elsewhere; never disconnected
+// (AF_UNSPEC); never sent to a loopback address, which would be the
+// host's. One whose handshake failed (TCP_CLOSE) gets a new connection,
+// decided. On the host's network every socket is the host's, Landlock
+// fences the runner's own connect()s, and a connected or connecting socket
+// is left to the kernel's answer.
+InetRoute ChooseInet(NotifyResponder::State& st, int sock, const struct sockaddr_storage& addr, int len) {
+  if (st.inet.broker_fd >= 0 && !st.inet.host_network && IsHostSocket(st, sock)) {
     if (!IsInetFamily(addr, len)) return InetRoute::kNotSupported;
-    if (SameTarget(*opened, addr)) return InetRoute::kHere;
-    // Connected or connecting: answered here as the kernel would (EISCONN,
-    // EALREADY), never by a connect() on the host's socket, whose handshake
-    // could fail meanwhile and leave it free to go elsewhere. A socket
-    // whose handshake failed (TCP_CLOSE) gets a new connection, decided.
-    struct tcp_info info {};
-    socklen_t il = sizeof(info);
-    if (getsockopt(sock, IPPROTO_TCP, TCP_INFO, &info, &il) == 0 && info.tcpi_state != TCP_CLOSE) {
-      return info.tcpi_state == TCP_SYN_SENT ? InetRoute::kAlready : InetRoute::kIsConnected;
-    }
+    const int state = TcpState(sock);
+    if (state == TCP_SYN_SENT) return InetRoute::kAlready;
+    if (state != TCP_CLOSE) return InetRoute::kIsConnected;
+    if (IsOwnLoopback(addr, len)) return InetRoute::kRefuse;
     return InetRoute::kBroker;
+  }
+  if (st.inet.broker_fd >= 0 && st.inet.host_network && IsInetFamily(addr, len) && TcpState(sock) != TCP_CLOSE) {
+    return InetRoute::kHere;
   }
   if (!IsInetFamily(addr, len)) return InetRoute::kHere;  // AF_UNSPEC: a disconnect; anything else: the kernel's EAFNOSUPPORT
   // Too short for its family: the kernel's EINVAL, on the caller's own socket.
@@ -476,7 +483,7 @@ void Broker(const std::shared_ptr<NotifyResponder::State>& st, int listener, con
   const int target = static_cast<int>(req.data.args[0]);
   {
     std::lock_guard<std::mutex> lock(st->broker_mu);
-    st->pending[req.id] = {target, CallerCloexec(static_cast<pid_t>(req.pid), target), addr};
+    st->pending[req.id] = {target, CallerCloexec(static_cast<pid_t>(req.pid), target)};
   }
   if (!SendWithFds(st->inet.broker_fd, &r, sizeof(r), &sock, 1)) {
     {
@@ -521,11 +528,11 @@ void BrokerReplies(std::shared_ptr<NotifyResponder::State> st) {
       add.newfd = static_cast<std::uint32_t>(where.fd);
       add.newfd_flags = where.cloexec ? O_CLOEXEC : 0;
       struct stat sst {};
-      if (fstat(fds[0].get(), &sst) == 0) {
+      if (st->own_netns_cookie == 0 && fstat(fds[0].get(), &sst) == 0) {
         // Remembered before it is installed: the caller may connect it again
         // the moment it holds it.
         std::lock_guard<std::mutex> lock(st->broker_mu);
-        st->installed[sst.st_ino] = where.addr;
+        st->installed.insert(sst.st_ino);
       }
       if (ioctl(listener, SECCOMP_IOCTL_NOTIF_ADDFD, &add) < 0) {
         if (errno == ENOENT) continue;  // the caller is gone or was interrupted
@@ -548,9 +555,7 @@ void Listen(const std::shared_ptr<NotifyResponder::State>& st, int listener, con
   if (getsockopt(sock.get(), SOL_SOCKET, SO_DOMAIN, &domain, &dlen) != 0) return Respond(listener, req.id, -errno);
   bool refused = st->inet.host_network && (domain == AF_INET || domain == AF_INET6);
   if (!refused && st->inet.broker_fd >= 0 && (domain == AF_INET || domain == AF_INET6)) {
-    struct stat sst {};
-    std::lock_guard<std::mutex> lock(st->broker_mu);
-    refused = fstat(sock.get(), &sst) == 0 && st->installed.count(sst.st_ino) > 0;
+    refused = IsHostSocket(*st, sock.get());
   }
   if (refused) {
     Record(*st, pid, NetworkDenialName("listen", domain == AF_INET ? "AF_INET" : "AF_INET6"));
@@ -738,6 +743,13 @@ Result<std::unique_ptr<NotifyResponder>> NotifyResponder::Start(UnixConnectRules
   st->inet = std::move(inet);
   st->ready.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!st->ready.valid()) return Status::Errno("seccomp", "eventfd");
+  if (st->inet.broker_fd >= 0 && !st->inet.host_network) {
+    UniqueFd probe(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    socklen_t cl = sizeof(st->own_netns_cookie);
+    if (!probe.valid() || getsockopt(probe.get(), SOL_SOCKET, SO_NETNS_COOKIE, &st->own_netns_cookie, &cl) != 0) {
+      st->own_netns_cookie = 0;
+    }
+  }
   try {
     std::thread(AnswerLoop, st).detach();
   } catch (const std::system_error& e) {
@@ -817,8 +829,10 @@ Denial SeccompDenial(const std::string& tally_name, std::uint64_t count) {
     const std::size_t colon = tally_name.find(':', np);
     if (colon != std::string::npos) {
       const std::string op = tally_name.substr(np, colon - np);
-      const char* why = op == "connect" ? "a direct connection: without a network namespace only the egress proxy "
-                                          "(127.0.0.1, its ports) is reachable"
+      const char* why = op == "connect" ? "a direct connection the sandbox may not make: without a network namespace "
+                                          "only the egress proxy (127.0.0.1, its ports) and what the connect() broker "
+                                          "allows are reachable, and a socket the broker installed never reaches the "
+                                          "host's loopback"
                         : op == "listen" ? "an inet listener would take a port on every interface of the host"
                                          : "only TCP leaves a sandbox without a network namespace, through the "
                                            "egress proxy";

@@ -746,6 +746,7 @@ TEST(TransparentEgress, AnInstalledSocketGoesNowhereElse) {
   Sandbox sb;
   TestNetns net(sb, kHosts);
   net.AddPythonServer("web", {"tcp:198.18.0.10:8080", "tcp:198.18.0.11:8080"});
+  net.AddPythonServer("host-loopback", {"tcp:127.0.0.1:8080"});
   const std::string script =
       "import errno, select, socket\n"
       "s = socket.create_connection(('api.test', 8080))\n"
@@ -764,17 +765,22 @@ TEST(TransparentEgress, AnInstalledSocketGoesNowhereElse) {
       "f.setblocking(True)\n"
       "try:\n"
       "    f.connect(('198.18.0.11', 8080)); print('reuse ok')\n"
-      "except OSError as e: print('reuse errno', e.errno)\n";
+      "except OSError as e: print('reuse errno', e.errno)\n"
+      // The host's socket, still free: the loopback it would reach is the host's.
+      "try:\n"
+      "    f.connect(('127.0.0.1', 8080)); print('loopback ok')\n"
+      "except OSError as e: print('loopback errno', e.errno)\n";
   WriteFile(sb.ws() + "/again.py", script);
   RunResult r = net.Sh(kNoProxy + "python3 again.py",
                        {"--policy", WritePolicy(sb, {"api.test", "198.18.0.10"})}, kRunMs);
   ASSERT_EQ(NetnsError(r), "") << r.Describe();
   EXPECT_EQ(r.status, 0) << r.Describe();
   EXPECT_EQ(Lines(r.out), (std::vector<std::string>{"again errno 106", "connect 115", "so_error 111",
-                                                    "listen errno 13", "reuse errno 111"}))
+                                                    "listen errno 13", "reuse errno 111", "loopback errno 13"}))
       << r.Describe();
   const std::string log = net.Log("web");
   EXPECT_EQ(CountLines(log, "ACCEPT 198.18.0.11:8080"), 0) << log;
+  EXPECT_EQ(CountLines(net.Log("host-loopback"), "ACCEPT"), 0) << net.Log("host-loopback");
   EXPECT_NE(NetDenial(r, "listen", "AF_INET"), nullptr) << r.Describe();
   EXPECT_NE(NetDenial(r, "connect", "198.18.0.11:8080"), nullptr) << r.Describe();
 }
@@ -846,13 +852,13 @@ TEST(TransparentEgress, ASecretsHostGoesThroughTheTerminatorWithoutProxyVariable
   TestNetns net(sb, kHosts);
   const std::string server = sb.scratch() + "/echo_auth.py";
   WriteFile(server, kEchoAuthServer);
-  net.AddServer("tls", {Python(), server, ca.server_pem, ca.server_key, kAddr, "443"}, {"tcp:198.18.0.10:443"});
+  net.AddServer("tls", {Python(), server, ca.server_pem, ca.server_key, kAddr, "8443"}, {"tcp:198.18.0.10:8443"});
   const std::string policy = sb.scratch() + "/secret.yaml";
-  WriteFile(policy, "version: 1\nmode: workspace-write\nnetwork:\n  allow: [\"api.test\", \"198.18.0.10:443\"]\n"
+  WriteFile(policy, "version: 1\nmode: workspace-write\nnetwork:\n  allow: [\"api.test\", \"198.18.0.10:8443\"]\n"
                     "credentials:\n  secrets:\n    tok: { from: { env: TE_TOKEN }, hosts: [api.test], "
                     "inject: { header: Authorization, format: \"Bearer {}\" } }\n");
   const std::string token = "te-" + RandomHex();
-  RunResult r = net.Sh(kNoProxy + "curl -sS -m 10 https://api.test/secret; echo rc=$?; env | grep -c " + token +
+  RunResult r = net.Sh(kNoProxy + "curl -sS -m 10 https://api.test:8443/secret; echo rc=$?; env | grep -c " + token +
                            "; true",
                        {"--policy", policy}, kRunMs, {"TE_TOKEN=" + token, "SSL_CERT_FILE=" + ca.ca_pem});
   ASSERT_EQ(NetnsError(r), "") << r.Describe();
@@ -880,13 +886,13 @@ TEST(TransparentEgress, InspectTlsKeepsTheSniCheckForBrokeredConnections) {
     TestNetns net(sb, kHosts);
     const std::string server = sb.scratch() + "/echo_auth.py";
     WriteFile(server, kEchoAuthServer);
-    net.AddServer("tls", {Python(), server, ca.server_pem, ca.server_key, kAddr, "443"}, {"tcp:198.18.0.10:443"});
+    net.AddServer("tls", {Python(), server, ca.server_pem, ca.server_key, kAddr, "8443"}, {"tcp:198.18.0.10:8443"});
     const std::string policy = sb.scratch() + "/inspect.yaml";
     WriteFile(policy, std::string("version: 1\nmode: workspace-write\nnetwork:\n  allow: [\"api.test\", "
-                                  "\"198.18.0.10:443\"]\n  inspect_tls: ") +
+                                  "\"198.18.0.10:8443\"]\n  tls_sni_ports: [8443]\n  inspect_tls: ") +
                           (inspect ? "true" : "false") + "\n");
-    RunResult r = net.Sh(kNoProxy + "curl -skS -m 10 https://api.test/own; echo own=$?; "
-                         "curl -skS -m 10 --resolve front.test:443:198.18.0.10 https://front.test/fronted; "
+    RunResult r = net.Sh(kNoProxy + "curl -skS -m 10 https://api.test:8443/own; echo own=$?; "
+                         "curl -skS -m 10 --resolve front.test:8443:198.18.0.10 https://front.test:8443/fronted; "
                          "echo fronted=$?",
                          {"--policy", policy}, kRunMs);
     ASSERT_EQ(NetnsError(r), "") << r.Describe();
@@ -900,7 +906,7 @@ TEST(TransparentEgress, InspectTlsKeepsTheSniCheckForBrokeredConnections) {
     }
     EXPECT_FALSE(Contains(r.out, "fronted=0")) << r.Describe();
     EXPECT_EQ(CountLines(log, "SERVED /fronted"), 0) << log;
-    const nlohmann::json* d = NetDenial(r, "connect", "api.test:443");
+    const nlohmann::json* d = NetDenial(r, "connect", "api.test:8443");
     ASSERT_NE(d, nullptr) << r.Describe();
     EXPECT_NE((*d)["reason"].get<std::string>().find("sni-mismatch"), std::string::npos) << r.Describe();
     EXPECT_NE((*d)["reason"].get<std::string>().find("front.test"), std::string::npos) << r.Describe();
