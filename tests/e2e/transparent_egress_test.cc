@@ -913,6 +913,26 @@ TEST(TransparentEgress, InspectTlsKeepsTheSniCheckForBrokeredConnections) {
   }
 }
 
+// What dev servers and npm call: Node's os.networkInterfaces() reads the
+// interfaces over NETLINK_ROUTE, on both backends, with no denial.
+TEST(TransparentEgress, NodeListsTheInterfacesWithoutADenial) {
+  if (std::string why = Missing({"node"}); !why.empty()) GTEST_SKIP() << "not applicable here: " << why;
+  for (const std::vector<std::string>& backend :
+       {std::vector<std::string>{}, std::vector<std::string>{"--backend", "landlock", "--require", "partial"}}) {
+    Sandbox sb;
+    RunResult r = sb.RunArgv({"node", "-e", "console.log('ifaces', Object.keys(require('os').networkInterfaces()).join(','))"},
+                             backend);
+    EXPECT_EQ(r.status, 0) << r.Describe();
+    EXPECT_TRUE(Contains(r.out, "ifaces ") && Contains(r.out, "lo")) << r.Describe();
+    ASSERT_TRUE(r.report) << r.Describe();
+    for (const auto& d : (*r.report)["denials"]) EXPECT_NE(d["op"], "socket") << r.Describe();
+    if (!backend.empty()) {
+      // Landlock-only: the host's network, whose interfaces show.
+      EXPECT_NE((*r.report)["enforcement"]["backend"], "linux-namespaces") << r.Describe();
+    }
+  }
+}
+
 TEST(TransparentEgress, DuplicateOfASocketStaysUnconnectedAndIsStillDecided) {
   if (std::string why = Missing({}); !why.empty()) GTEST_SKIP() << "not applicable here: " << why;
   Sandbox sb;
