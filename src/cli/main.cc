@@ -64,13 +64,17 @@ struct PolicyFlags {
     if (!full) return;
     app->add_option("--backend", backend, "auto | namespaces | landlock (default: auto)");
     app->add_option("--require", require, "full | partial (default: the policy's, else full)");
-    app->add_option("--allow-domain", allow_domains, "allow egress to PATTERN (repeatable)");
+    // One value per flag, repeated for more: a second word is the command's,
+    // even without `--`.
+    app->add_option("--allow-domain", allow_domains, "allow egress to PATTERN (repeatable)")
+        ->allow_extra_args(false);
     app->add_option("--timeout", timeout, "wall clock limit, e.g. 30s, 5m");
     app->add_option("--kill-grace", kill_grace, "after SIGTERM at the deadline, wait this long before killing (default 2s)");
     app->add_option("--memory", memory, "memory ceiling, e.g. 512Mi, 2Gi");
     app->add_option("--max-processes", max_processes, "process limit");
     app->add_option("--cpus", cpus, "CPU ceiling in cores");
-    app->add_option("--env", env, "pass NAME, or set NAME=VALUE (repeatable)");
+    app->add_option("--env", env, "pass NAME, or set NAME=VALUE (repeatable)")
+        ->allow_extra_args(false);
   }
 };
 
@@ -227,6 +231,16 @@ void Summarise(const Outcome& o) {
     case OutcomeKind::kTimedOut:
       Error("timed_out: " + (o.error ? o.error->message : std::string("deadline reached")) + " (exit 124)");
       break;
+    case OutcomeKind::kOomKilled: {
+      // One line, as for a timeout: the memory limit ended it, not the code.
+      std::string what = "oom_killed";
+      if (o.usage.limits.memory_max_bytes) {
+        what += " at the memory limit of " + std::to_string(*o.usage.limits.memory_max_bytes / (1024 * 1024)) + " MiB";
+      }
+      if (o.usage.oom_kills) what += " (" + std::to_string(*o.usage.oom_kills) + " OOM kill(s) in the sandbox's cgroup)";
+      Error(what + " (exit 137)");
+      break;
+    }
     case OutcomeKind::kSandboxDenied:
       for (const auto& d : o.denials) {
         Error("sandbox_denied: " + d.op + " " + d.target + ": " + d.reason);

@@ -102,6 +102,10 @@ struct Client::Impl {
     if (!endpoint.unix_socket.empty()) {
       if (endpoint.check_socket) {
         Status s = CheckSocketIsPrivate(endpoint.unix_socket);
+        if (!s.ok() && s.err() == ENOENT) {
+          return Status::Error("connect", "no daemon answers at " + endpoint.unix_socket +
+                                              ": start one with `agentbox serve` (or name its socket with --socket)");
+        }
         if (!s.ok()) return s;
       }
       unix_socket.emplace(io);

@@ -343,6 +343,21 @@ TEST(Cli, RepeatableOptionBeforeDoubleDash) {
   EXPECT_EQ(w.status, 0) << w.Describe();
 }
 
+// --env and --allow-domain take one value each and are repeated for more:
+// without `--`, the first word after their value is the command's, not a
+// second value (it used to be swallowed, and the run had no command).
+TEST(Cli, RepeatedFlagsLeaveTheCommandAloneWithoutDoubleDash) {
+  Sandbox sb;
+  RunResult r = RunCommand(sb.AgentboxCommand({"run", "--require", "partial", "--env", "FOO=1", "--env", "BAR=2",
+                                               "--allow-domain", "a.example", "--allow-domain", "b.example", "printenv",
+                                               "FOO", "BAR"}));
+  EXPECT_EQ(r.status, 0) << r.Describe();
+  EXPECT_EQ(r.out, "1\n2\n") << r.Describe();
+  RunResult w = RunCommand(sb.AgentboxCommand({"wrap", "--env", "FOO=bar", "true"}));
+  EXPECT_EQ(w.status, 0) << w.Describe();
+  EXPECT_TRUE(Contains(w.out, "\"true\"")) << w.Describe();
+}
+
 // Durations and sizes past their bound are refused naming the flag, before
 // anything runs (125, as for any bad flag value): --timeout 3000000h used to
 // wrap and time the command out after 30 ms.

@@ -127,6 +127,10 @@ TEST(Memory, BombIsOomKilledWithPeakNearTheLimit) {
   ASSERT_TRUE(r.report) << r.Describe();
   EXPECT_EQ(OutcomeOf(r), "oom_killed") << r.Describe();
   EXPECT_EQ(ErrorStage(r), "oom");
+  // One line on stderr says so, as for a timeout.
+  std::size_t lines = 0;
+  for (const auto& line : Lines(r.err)) lines += line.rfind("agentbox: oom_killed at the memory limit of 64 MiB", 0) == 0;
+  EXPECT_EQ(lines, 1u) << r.Describe();
   const auto& u = Usage(r);
   EXPECT_GE(u["oom_kills"].get<int>(), 1);
   ASSERT_TRUE(u["peak_memory_bytes"].is_number()) << r.Describe();

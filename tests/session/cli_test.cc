@@ -210,6 +210,7 @@ TEST_F(SessionCliTest, NoDaemonIsAClearError) {
   e2e::RunResult r = e2e::RunCommand(c);
   EXPECT_EQ(r.status, 125) << r.Describe();
   EXPECT_TRUE(Contains(r.err, "nothing.sock")) << r.Describe();
+  EXPECT_TRUE(Contains(r.err, "start one with `agentbox serve`")) << r.Describe();  // and how to get one
 }
 
 TEST_F(SessionCliTest, EnvironmentVariableFindsTheSocket) {
