@@ -868,6 +868,13 @@ Status Parser::ParseResources(const Field& f, ResourcesSpec& out) const {
           return Status();
         }
         if (key == "memory_gib") {
+          // A size alone (`memory_gib: 512Mi`, `memory_gib: 2`) is the limit.
+          if (v.node.IsScalar()) {
+            std::uint64_t bytes = 0;
+            if (Status r = ReadBytes(v, bytes); !r.ok()) return r;
+            out.memory_limit_bytes = bytes;
+            return Status();
+          }
           std::optional<Field> guaranteed, limit;
           Status s =
               ForEachKey(v, {"guaranteed", "limit"}, [&](const std::string& k, const Field& m) {

@@ -157,6 +157,25 @@ TEST(ParsePolicyTest, ResourceUnits) {
   EXPECT_FALSE(minutes.resources.cpu.requested());
 }
 
+// A size where a number of GiB is expected, and memory_gib given alone as
+// its limit.
+TEST(ParsePolicyTest, MemoryGibAloneIsTheLimitAsASizeOrGiB) {
+  Policy sized = MustParse("resources:\n  memory_gib: 512Mi\n  disk_gib: 2Gi\n");
+  EXPECT_EQ(sized.resources.memory_limit_bytes, 512ULL << 20);
+  EXPECT_FALSE(sized.resources.memory_guaranteed_bytes.has_value());
+  EXPECT_EQ(sized.resources.disk_bytes, 2ULL << 30);
+  Policy gib = MustParse("resources:\n  memory_gib: 0.5\n");
+  EXPECT_EQ(gib.resources.memory_limit_bytes, 512ULL << 20);
+  auto bad = ParsePolicy("resources:\n  memory_gib: 2Qi\n", "policy.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("policy.yaml:2:15: resources.memory_gib: invalid size \"2Qi\""),
+            std::string::npos)
+      << bad.status().message();
+  // The round trip writes the map form, which reads back the same.
+  Policy back = MustParse(ToYaml(sized));
+  EXPECT_EQ(back.resources.memory_limit_bytes, 512ULL << 20);
+}
+
 TEST(ParsePolicyTest, PathsAreNormalisedAndTildeKept) {
   Policy p = MustParse(
       "filesystem:\n"
