@@ -355,9 +355,11 @@ def die_with_parent():
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 servers = []
 def stop_servers():
+    # Each server leads a process group of its own: `git daemon` runs
+    # git-daemon as a child, which killing `git` alone would leave running.
     for p, _ in servers:
         try:
-            os.kill(p.pid, signal.SIGKILL)
+            os.killpg(p.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
     for p, _ in servers:
@@ -377,7 +379,7 @@ def listening(listen):
 for s in spec["servers"]:
     log = open(s["log"], "wb")
     p = subprocess.Popen(s["argv"], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                         cwd=s["cwd"] or None, preexec_fn=die_with_parent)
+                         cwd=s["cwd"] or None, preexec_fn=die_with_parent, start_new_session=True)
     log.close()
     servers.append((p, s))
 deadline = time.monotonic() + 20
