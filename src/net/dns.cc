@@ -961,18 +961,21 @@ Result<int> SocketFamily(int fd, const char* what) {
   return static_cast<int>(addr.ss_family);
 }
 
+// The family of a socket handed to Serve*, or why it is not taken (then
+// the descriptor is closed: ownership passed in whatever the outcome).
+Result<int> AcceptedSocketFamily(int fd, bool stopped, bool served, const std::string& what) {
+  Result<int> family = stopped  ? Result<int>(Status::Error("dns", "the DNS server was stopped"))
+                       : served ? Result<int>(Status::Error("dns", "a " + what + " is served already"))
+                                : SocketFamily(fd, what.substr(0, 3).c_str());
+  if (!family.ok()) ::close(fd);
+  return family;
+}
+
 }  // namespace
 
 Status DnsServer::ServeUdp(int fd) {
-  if (impl_->stopped || impl_->udp_socket) {
-    ::close(fd);
-    return Status::Error("dns", impl_->stopped ? "the DNS server was stopped" : "a UDP socket is served already");
-  }
-  Result<int> family = SocketFamily(fd, "UDP");
-  if (!family.ok()) {
-    ::close(fd);
-    return family.status();
-  }
+  Result<int> family = AcceptedSocketFamily(fd, impl_->stopped, impl_->udp_socket != nullptr, "UDP socket");
+  if (!family.ok()) return family.status();
   auto socket = std::make_unique<udp::socket>(impl_->io);
   error_code ec;
   socket->assign(*family == AF_INET ? udp::v4() : udp::v6(), fd, ec);
@@ -987,15 +990,8 @@ Status DnsServer::ServeUdp(int fd) {
 }
 
 Status DnsServer::ServeTcp(int fd) {
-  if (impl_->stopped || impl_->acceptor) {
-    ::close(fd);
-    return Status::Error("dns", impl_->stopped ? "the DNS server was stopped" : "a TCP listener is served already");
-  }
-  Result<int> family = SocketFamily(fd, "TCP");
-  if (!family.ok()) {
-    ::close(fd);
-    return family.status();
-  }
+  Result<int> family = AcceptedSocketFamily(fd, impl_->stopped, impl_->acceptor != nullptr, "TCP listener");
+  if (!family.ok()) return family.status();
   auto acceptor = std::make_unique<tcp::acceptor>(impl_->io);
   impl_->acceptor_protocol = *family == AF_INET ? tcp::v4() : tcp::v6();
   error_code ec;

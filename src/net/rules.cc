@@ -420,6 +420,26 @@ Result<RuleSet> RuleSet::Build(const std::vector<std::string>& allow, const std:
   return set;
 }
 
+namespace {
+
+// Allowed by `rule`; a `localhost` entry also admits loopback addresses.
+Decision AllowedBy(const Rule& rule) {
+  Decision d = Decision::Allow(rule.text);
+  d.via_localhost = rule.kind == RuleKind::kLocalhost;
+  return d;
+}
+
+// No entry matched `target`: `default: allow` allows, else the caller asks
+// or refuses (kUnknown).
+Decision NoEntry(NetDefault default_action, const std::string& target) {
+  if (default_action == NetDefault::kAllow) return Decision::Allow("network.default: allow");
+  Decision d = Decision::Deny(DenyReason::kNotAllowed, "network.default: deny", target + " is not in network.allow");
+  d.verdict = Verdict::kUnknown;
+  return d;
+}
+
+}  // namespace
+
 Decision RuleSet::Decide(const std::string& host, std::uint16_t port) const {
   const std::string target = Target(host, port);
   if (port == 0) return Decision::Deny(DenyReason::kBadRequest, "", target + ": port 0");
@@ -431,15 +451,10 @@ Decision RuleSet::Decide(const std::string& host, std::uint16_t port) const {
   }
   for (const auto& rule : allow_) {
     if (Matches(rule, host, port)) {
-      Decision d = Decision::Allow(rule.text);
-      d.via_localhost = rule.kind == RuleKind::kLocalhost;
-      return d;
+      return AllowedBy(rule);
     }
   }
-  if (default_ == NetDefault::kAllow) return Decision::Allow("network.default: allow");
-  Decision d = Decision::Deny(DenyReason::kNotAllowed, "network.default: deny", target + " is not in network.allow");
-  d.verdict = Verdict::kUnknown;
-  return d;
+  return NoEntry(default_, target);
 }
 
 Decision RuleSet::DecideName(const std::string& host) const {
@@ -450,15 +465,10 @@ Decision RuleSet::DecideName(const std::string& host) const {
   }
   for (const auto& rule : allow_) {
     if (rule.kind != RuleKind::kAddress && Matches(rule, host, rule.port == 0 ? 1 : rule.port)) {
-      Decision d = Decision::Allow(rule.text);
-      d.via_localhost = rule.kind == RuleKind::kLocalhost;
-      return d;
+      return AllowedBy(rule);
     }
   }
-  if (default_ == NetDefault::kAllow) return Decision::Allow("network.default: allow");
-  Decision d = Decision::Deny(DenyReason::kNotAllowed, "network.default: deny", host + " is not in network.allow");
-  d.verdict = Verdict::kUnknown;
-  return d;
+  return NoEntry(default_, host);
 }
 
 Decision RuleSet::CheckAddress(const std::string& host, const Decision& by_name, const IpAddress& address,
