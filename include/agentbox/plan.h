@@ -285,6 +285,9 @@ struct Plan {
   NetworkPlan network;                  // egress through the supervisor's proxy, when set
   SeccompPlan seccomp;                  // applied after Landlock (it may forbid Landlock's syscalls)
   std::optional<std::uint64_t> timeout_ms;
+  // run --tty: the command's stdio is a pty of the sandbox's own (its
+  // controlling terminal), relayed by the runner to the caller's stdio.
+  bool tty = false;
   bool denial_outcome = true;           // false: on_violation.report_as task_failure
   std::uint64_t kill_grace_ms = 2000;
   std::string nonce;                    // marks this run's runner-failure lines

@@ -2,6 +2,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <sys/random.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -330,8 +331,31 @@ struct OverlayFlags {
   }
 };
 
+// run --tty on a terminal: ours is raw for the run, so every key (^C, ^Z
+// and ^D included) reaches the sandbox's pty, whose line discipline does
+// what a terminal does; restored when the run ends.
+class RawTerminal {
+ public:
+  explicit RawTerminal(int fd) : fd_(fd) {
+    if (!isatty(fd_) || tcgetattr(fd_, &saved_) != 0) return;
+    struct termios raw = saved_;
+    cfmakeraw(&raw);
+    active_ = tcsetattr(fd_, TCSADRAIN, &raw) == 0;
+  }
+  ~RawTerminal() {
+    if (active_) tcsetattr(fd_, TCSADRAIN, &saved_);
+  }
+  RawTerminal(const RawTerminal&) = delete;
+  RawTerminal& operator=(const RawTerminal&) = delete;
+
+ private:
+  int fd_;
+  struct termios saved_ {};
+  bool active_ = false;
+};
+
 int CmdRun(const PolicyFlags& f, const std::vector<std::string>& command, const std::string& report,
-           bool quiet, const NetworkFlags& nf, const OverlayFlags& of) {
+           bool quiet, bool tty, const NetworkFlags& nf, const OverlayFlags& of) {
   auto policy = BuildPolicy(f);
   if (!policy.ok()) {
     Error(policy.status().message());
@@ -357,10 +381,16 @@ int CmdRun(const PolicyFlags& f, const std::vector<std::string>& command, const 
     WriteReport(report, o);
     return kExitSandbox;
   }
+  confined->plan.tty = tty;
   RunOptions opts;
   opts.scan_stderr = !isatty(STDERR_FILENO);
   if (!nf.Apply(&opts)) return kExitUsage;
-  Outcome outcome = Run(*confined, opts);
+  Outcome outcome;
+  {
+    std::optional<RawTerminal> raw;
+    if (tty) raw.emplace(STDIN_FILENO);
+    outcome = Run(*confined, opts);
+  }
   if (!quiet) Summarise(outcome);
   WriteReport(report, outcome);
   return outcome.ExitStatus();
@@ -699,6 +729,9 @@ int main(int argc, char** argv) {
   run_flags.Register(run, true);
   run->add_option("--report", report, "write the outcome report (JSON) to FILE");
   run->add_flag("--quiet", quiet, "print nothing of agentbox's own on success or failure");
+  bool tty = false;
+  run->add_flag("--tty", tty,
+                "give the command a pseudo-terminal of the sandbox's own (controlling tty, job control, resize)");
   bool systemd_scope = false;
   run->add_flag("--systemd-scope", systemd_scope,
                 "start the supervisor in a systemd user scope with Delegate=yes (systemd-run --user --scope), "
@@ -779,7 +812,7 @@ int main(int argc, char** argv) {
   if (*run && systemd_scope) {
     if (int status = SystemdScope(argc, argv); status >= 0) return status;
   }
-  if (*run) return CmdRun(run_flags, run_cmd, report, quiet, net_flags, overlay_flags);
+  if (*run) return CmdRun(run_flags, run_cmd, report, quiet, tty, net_flags, overlay_flags);
   if (*wrap) return CmdWrap(wrap_flags, wrap_cmd, wrap_net_flags);
   if (*exec) return CmdExec(exec_cmd, exec_net_flags);
   if (*check) return CmdCheck(check_policy, check_backend, check_json);

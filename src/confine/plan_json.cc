@@ -319,6 +319,7 @@ std::string PlanToJson(const Plan& plan, int indent) {
     j["network"] = net;
   }
   if (plan.timeout_ms) j["timeout_ms"] = *plan.timeout_ms;
+  if (plan.tty) j["tty"] = true;
   j["denial_outcome"] = plan.denial_outcome;
   j["kill_grace_ms"] = plan.kill_grace_ms;
   j["nonce"] = plan.nonce;
@@ -440,6 +441,7 @@ Result<Plan> PlanFromJson(const std::string& text) {
       if (n.contains("terminator")) CredentialsFromJson(n.at("terminator"), &plan.network);
     }
     if (j.contains("timeout_ms")) plan.timeout_ms = j.at("timeout_ms").get<std::uint64_t>();
+    plan.tty = j.value("tty", false);
     plan.kill_grace_ms = j.value("kill_grace_ms", plan.kill_grace_ms);
     plan.denial_outcome = j.value("denial_outcome", true);
     plan.nonce = j.at("nonce").get<std::string>();

@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -27,6 +28,7 @@
 #include <cstring>
 #include <string>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -38,6 +40,7 @@
 #include "linux/mounts.h"
 #include "linux/namespaces.h"
 #include "linux/proxy_listeners.h"
+#include "linux/pty.h"
 #include "linux/seccomp_filter.h"
 #include "linux/seccomp_notify.h"
 #include "linux/status_pipe.h"
@@ -289,6 +292,7 @@ struct ExecRequest {
   std::vector<char*> cargv, cenv;
   char exec_error_prefix[512];          // the status line, up to the errno
   int signal_scope = -1;                // a Landlock ruleset the command restricts itself to (-1: none)
+  int tty_fd = -1;                      // a pty's slave: the command's stdio and controlling terminal (-1: none)
 };
 
 // execvpe() searches the caller's PATH, not the new environment's: search
@@ -326,6 +330,23 @@ void PrepareExec(const Plan& plan, const std::vector<std::string>& argv, ExecReq
                 name.c_str());
 }
 
+// Sets one variable of a prepared request's environment (the pointers are
+// built again: the strings may move).
+void SetEnv(ExecRequest* req, const std::string& name, const std::string& value) {
+  const std::string prefix = name + "=";
+  bool found = false;
+  for (auto& e : req->env) {
+    if (e.compare(0, prefix.size(), prefix) == 0) {
+      e = prefix + value;
+      found = true;
+    }
+  }
+  if (!found) req->env.push_back(prefix + value);
+  req->cenv.clear();
+  for (const auto& e : req->env) req->cenv.push_back(const_cast<char*>(e.c_str()));
+  req->cenv.push_back(nullptr);
+}
+
 // The end of every command's process: default signals, the original mask,
 // then exec along the PATH candidates; on failure one exec_error line on
 // `report_fd` and exit 127 (not found) or 126. Syscalls only (vfork).
@@ -353,9 +374,20 @@ void PrepareExec(const Plan& plan, const std::vector<std::string>& argv, ExecReq
 // waits for the exec: none of these calls may be one the filter notifies.
 [[noreturn]] void CommandChild(const ExecRequest& req, bool new_session, int status_fd,
                                const sigset_t& original_mask) {
-  if (new_session && setsid() < 0) {
+  if ((new_session || req.tty_fd >= 0) && setsid() < 0) {
     static const char kMsg[] =
         "{\"t\":\"setup_error\",\"stage\":\"session\",\"syscall\":\"setsid\",\"path\":\"\",\"message\":\"\",\"errno\":1}\n";
+    (void)!write(status_fd, kMsg, sizeof(kMsg) - 1);
+    _exit(125);
+  }
+  // run --tty: the sandbox's own pty becomes the controlling terminal of
+  // the command's new session (and its group the foreground one), so job
+  // control and window sizes work; the caller's terminal is not reachable.
+  if (req.tty_fd >= 0 &&
+      (ioctl(req.tty_fd, TIOCSCTTY, 0) != 0 || dup2(req.tty_fd, STDIN_FILENO) < 0 ||
+       dup2(req.tty_fd, STDOUT_FILENO) < 0 || dup2(req.tty_fd, STDERR_FILENO) < 0)) {
+    static const char kMsg[] =
+        "{\"t\":\"setup_error\",\"stage\":\"pty\",\"syscall\":\"ioctl(TIOCSCTTY)/dup2\",\"path\":\"/dev/pts\",\"message\":\"\",\"errno\":1}\n";
     (void)!write(status_fd, kMsg, sizeof(kMsg) - 1);
     _exit(125);
   }
@@ -461,6 +493,7 @@ SetUpResult SetUpSandbox(const Plan& plan, const ResolvedPlan& resolved, int* st
   sigemptyset(&mask);
   for (int sig : kForwarded) sigaddset(&mask, sig);
   sigaddset(&mask, SIGCHLD);
+  if (plan.tty) sigaddset(&mask, SIGWINCH);  // the caller's terminal was resized
   sigprocmask(SIG_BLOCK, &mask, &out.original);
 
   // Set-up is done: neither the runner nor the command needs any privilege
@@ -502,8 +535,24 @@ void RunnerMain(const Plan& plan, const ResolvedPlan& resolved, const std::vecto
     signal_scope = std::move(*scope);
     request.signal_scope = signal_scope.get();
   }
+  // run --tty: a pty of the sandbox's own devpts, opened here (after the
+  // root is built, under the layers: /dev/ptmx and /dev/pts are device
+  // rules of the Landlock plan); the runner relays it to its own stdio.
+  PtyPair pty;
+  std::optional<PtyRelay> relay;
+  if (plan.tty) {
+    auto opened = OpenPty();
+    if (!opened.ok()) Fail(status_fd, opened.status());
+    pty = std::move(*opened);
+    request.tty_fd = pty.slave.get();
+    relay.emplace(pty.master.get(), STDIN_FILENO, STDOUT_FILENO);
+    // A reader of our stdout that went away ends the relay's output, not
+    // the runner (the command gets SIG_DFL back before its exec).
+    signal(SIGPIPE, SIG_IGN);
+  }
   pid_t child = SpawnCommand(request, plan.confined, status_fd, original);
   if (child < 0) Fail(status_fd, Status::Errno("fork", "vfork"));
+  pty.slave.reset();  // the command's now: its last holder's exit ends the master's output
   // Reap everything; forward termination signals to the command's group;
   // answer the filter's notifications (the callers wait for us).
   DenialTally tally;
@@ -511,14 +560,21 @@ void RunnerMain(const Plan& plan, const ResolvedPlan& resolved, const std::vecto
     if (!responder) return;
     for (const auto& r : responder->Take()) tally.Count(r.denial);
   };
+  std::vector<struct pollfd> fds;
   for (;;) {
-    struct pollfd fds[2] = {{sigfd.get(), POLLIN, 0}, {responder ? responder->ready_fd() : -1, POLLIN, 0}};
-    if (poll(fds, responder ? 2 : 1, -1) < 0) continue;
+    fds.assign({{sigfd.get(), POLLIN, 0}, {responder ? responder->ready_fd() : -1, POLLIN, 0}});
+    if (relay) relay->AddPollFds(&fds);
+    if (poll(fds.data(), fds.size(), -1) < 0) continue;
     if (fds[1].revents & POLLIN) count_records();
+    if (relay) relay->Handle(&fds[2]);
     if (!(fds[0].revents & POLLIN)) continue;
     struct signalfd_siginfo info {};
     if (read(sigfd.get(), &info, sizeof(info)) != sizeof(info)) continue;
     const int sig = static_cast<int>(info.ssi_signo);
+    if (sig == SIGWINCH) {
+      if (relay) relay->Resize();
+      continue;
+    }
     if (sig != SIGCHLD) {
       if (kill(-child, sig) != 0) kill(child, sig);
       continue;
@@ -529,6 +585,7 @@ void RunnerMain(const Plan& plan, const ResolvedPlan& resolved, const std::vecto
       if (pid != child) continue;
       // The command's calls were all recorded before they were answered.
       count_records();
+      if (relay) relay->Drain();
       // No pid namespace to end with us: kill what the command left running.
       if (plan.confined && !namespaced) KillDescendants(getpid());
       ReportDenials(status_fd, tally);
@@ -588,6 +645,21 @@ void WriteFully(int fd, const std::string& data) {
     (void)!write(result_fd, kMsg, sizeof(kMsg) - 1);
     _exit(125);
   }
+  if (req.tty_fd >= 0) {
+    // Into the terminal's foreground, as a shell puts its job there. From
+    // a background group that would stop us (SIGTTOU) but for the mask;
+    // ExecOrReport sets the original one again.
+    sigset_t ttou;
+    sigemptyset(&ttou);
+    sigaddset(&ttou, SIGTTOU);
+    sigprocmask(SIG_BLOCK, &ttou, nullptr);
+    if (tcsetpgrp(STDIN_FILENO, getpid()) != 0) {
+      static const char kMsg[] =
+          "{\"t\":\"exec_error\",\"stage\":\"pty\",\"syscall\":\"tcsetpgrp\",\"path\":\"/dev/pts\",\"message\":\"\",\"errno\":1}\n";
+      (void)!write(result_fd, kMsg, sizeof(kMsg) - 1);
+      _exit(125);
+    }
+  }
   if (cwd[0] != 0 && chdir(cwd) != 0) {
     static const char kMsg[] =
         "{\"t\":\"exec_error\",\"stage\":\"cwd\",\"syscall\":\"chdir\",\"path\":\"\",\"message\":\"\",\"errno\":2}\n";
@@ -638,6 +710,13 @@ constexpr int kEndCallSignal = SIGUSR1;
   if (setsid() < 0 || prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0) {
     WriteFully(result_fd, std::string("{\"t\":\"exec_error\",\"stage\":\"session\",\"syscall\":\"setsid/prctl\",") +
                               "\"path\":\"\",\"message\":\"\",\"errno\":" + std::to_string(errno) + "}\n");
+    _exit(125);
+  }
+  // A terminal: the pty is the controlling terminal of the call's session
+  // (the keeper leads it); the command's group takes the foreground.
+  if (req.tty_fd >= 0 && ioctl(req.tty_fd, TIOCSCTTY, 0) != 0) {
+    WriteFully(result_fd, std::string("{\"t\":\"exec_error\",\"stage\":\"pty\",\"syscall\":\"ioctl(TIOCSCTTY)\",") +
+                              "\"path\":\"/dev/pts\",\"message\":\"\",\"errno\":" + std::to_string(errno) + "}\n");
     _exit(125);
   }
   sigset_t wait_for;
@@ -878,6 +957,50 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
           } else {
             WriteFully(received[first_io].get(), "{\"kind\":\"sandbox_error\",\"error\":\"fork: " +
                                                      JsonEscape(std::strerror(terminating ? ESHUTDOWN : errno)) + "\"}");
+          }
+        } else if (op == "pty" && io == 2 && req.contains("argv") && req["argv"].is_array() && !req["argv"].empty()) {
+          // A terminal: {"op":"pty","id","argv","cwd","cols","rows","term"}
+          // with the answer's socket and the result's pipe. The pty is the
+          // sandbox's own; its master goes back over the socket, its slave
+          // to the command (stdio and controlling terminal).
+          const int answer = received[first_io].get(), res = received[first_io + 1].get();
+          struct winsize size {};
+          size.ws_col = static_cast<unsigned short>(std::clamp(req.value("cols", 80), 1, 1000));
+          size.ws_row = static_cast<unsigned short>(std::clamp(req.value("rows", 24), 1, 1000));
+          auto pty = terminating ? Result<PtyPair>(Status::Syscall("pty", "fork", "", ESHUTDOWN)) : OpenPty(&size);
+          if (!pty.ok()) {
+            WriteFully(res, "{\"t\":\"exec_error\",\"stage\":\"pty\",\"syscall\":\"" +
+                                JsonEscape(pty.status().syscall()) + "\",\"path\":\"/dev/ptmx\",\"message\":\"\",\"errno\":" +
+                                std::to_string(pty.status().err()) + "}\n");
+          } else {
+            std::vector<std::string> argv;
+            for (const auto& a : req["argv"]) argv.push_back(a.is_string() ? a.get<std::string>() : a.dump());
+            const std::string cwd = req.value("cwd", "");
+            ExecRequest exec;
+            PrepareExec(plan, argv, &exec);
+            const std::string term = req.value("term", "");
+            if (!term.empty()) SetEnv(&exec, "TERM", term);
+            exec.signal_scope = signal_scope.valid() ? signal_scope.get() : -1;
+            exec.tty_fd = pty->slave.get();
+            const int master = pty->master.get();
+            pid_t child = SpawnCallKeeper(exec, cwd.c_str(), exec.tty_fd, exec.tty_fd, res, original);
+            static const char kPty[] = "{\"t\":\"pty\"}";
+            if (child > 0 && SendWithFds(answer, kPty, sizeof(kPty) - 1, &master, 1)) {
+              SessionCall call;
+              call.id = id;
+              call.command = true;
+              call.result = std::move(received[first_io + 1]);
+              calls.emplace(child, std::move(call));
+            } else if (child > 0) {
+              kill(child, kEndCallSignal);  // nobody holds its master: end it
+              SessionCall call;
+              call.id = id;
+              call.command = true;
+              calls.emplace(child, std::move(call));
+            } else {
+              WriteFully(res, "{\"t\":\"exec_error\",\"stage\":\"fork\",\"syscall\":\"fork\",\"path\":\"\",\"message\":\"\",\"errno\":" +
+                                  std::to_string(errno) + "}\n");
+            }
           }
         } else if (op == "kill") {
           if (auto* entry = find_by_id(id)) {

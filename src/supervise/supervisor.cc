@@ -177,6 +177,7 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
   sigemptyset(&mask);
   if (options.forward_signals) {
     for (int s : kForwarded) sigaddset(&mask, s);
+    if (plan.tty) sigaddset(&mask, SIGWINCH);  // the runner resizes the sandbox's pty
   }
   sigprocmask(SIG_BLOCK, &mask, &saved);
   linux::UniqueFd sigfd(options.forward_signals ? signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK) : -1);
@@ -185,7 +186,8 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
     ~RestoreMask() { sigprocmask(SIG_SETMASK, &m, nullptr); }
   } restore{saved};
 
-  const bool scan = options.scan_stderr && !denial_signatures.empty();
+  // With a pty the command's stderr is the pty: nothing to scan.
+  const bool scan = options.scan_stderr && !denial_signatures.empty() && !plan.tty;
   // The run's cgroup (none without cgroup-backed limits); removed, with
   // anything left in it, when this function returns.
   auto made = supervise::MakeRunCgroup(plan);
