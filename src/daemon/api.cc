@@ -17,11 +17,12 @@
 #include "session/layers.h"
 
 namespace agentbox::daemon {
-namespace {
 
 using nlohmann::json;
 
+namespace {
 constexpr std::size_t kLogChunk = 64u << 10;
+}  // namespace
 
 Response ErrorFor(const Status& s) {
   const std::string& stage = s.stage();
@@ -83,6 +84,8 @@ bool CheckFields(const json& obj, const std::vector<std::string>& allowed, const
   }
   return true;
 }
+
+namespace {
 
 std::string Str(const json& obj, const char* key) {
   return obj.contains(key) ? obj[key].get<std::string>() : std::string();
@@ -411,6 +414,7 @@ void RegisterApi(Server& server, session::Manager& manager) {
   r.Add("POST", "/v1/sessions/{id}/secrets", bind(&Api::RotateSecret));
   r.Add("GET", "/v1/sessions/{id}/diff", bind(&Api::Diff));
   r.Add("GET", "/v1/sessions/{id}/log", bind(&Api::Log));
+  RegisterTerminalApi(server, manager);
 }
 
 }  // namespace agentbox::daemon

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "daemon/server.h"
 #include "session/session.h"
@@ -26,6 +27,26 @@ namespace agentbox::daemon {
 
 // Registers the routes; `manager` must outlive the server's Run().
 void RegisterApi(Server& server, session::Manager& manager);
+
+// The terminal routes (terminals.cc), registered by RegisterApi:
+//   POST   /v1/sessions/{id}/ptys                    {command?|argv?, cwd?, cols?, rows?, term?} → 201 terminal
+//   GET    /v1/sessions/{id}/ptys                    {ptys: [terminal...]}
+//   GET    /v1/sessions/{id}/ptys/{pty}              the terminal; with Upgrade: websocket, attaches
+//   POST   /v1/sessions/{id}/ptys/{pty}/resize       {cols, rows}
+//   POST   /v1/sessions/{id}/ptys/{pty}/input        {data}
+//   DELETE /v1/sessions/{id}/ptys/{pty}              204: killed, with everything it started
+void RegisterTerminalApi(Server& server, session::Manager& manager);
+
+// Shared by the route files.
+// The response for a Manager's Status (its stage names the HTTP status).
+Response ErrorFor(const Status& s);
+Response Busy();
+// The body as a JSON object ("" counts as {}); else a 400 naming the problem.
+bool ParseObject(const Request& req, nlohmann::json* out, Response* error);
+// Checks that `obj` has only `allowed` keys and that each present key in
+// `strings` is a string; names the first offender.
+bool CheckFields(const nlohmann::json& obj, const std::vector<std::string>& allowed,
+                 const std::vector<std::string>& strings, Response* error);
 
 // The SSE framing of a streamed execute:
 //   "event: output\ndata: <JSON string>\n\n" per chunk of output, then

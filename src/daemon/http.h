@@ -42,6 +42,7 @@ struct Request {
   std::string body;
   Peer peer;
   std::vector<std::string> params;            // the route's {placeholders}, in order, percent-decoded
+  bool websocket = false;                     // it asks for a WebSocket (Upgrade: websocket, RFC 6455)
 
   // The first header with this (lowercase) name, or "".
   std::string Header(std::string_view name) const;
@@ -59,6 +60,26 @@ struct Response {
   // {"error": {"code": CODE, "message": MESSAGE}}
   static Response Error(int status, std::string code, std::string message);
   static Response NoContent();
+};
+
+// A WebSocket a route accepted (Reply::Upgrade). Thread-safe: Send and
+// Close queue their frames on the server's event loop.
+class WebSocket {
+ public:
+  virtual ~WebSocket() = default;
+  // A text or binary message; dropped once the socket is closing. A client
+  // that lets more than 8 MiB queue up is disconnected.
+  virtual void Send(std::string data, bool binary) = 0;
+  // A normal closure (1000) with `reason`, after what is queued.
+  virtual void Close(std::string reason) = 0;
+  virtual bool Closed() const = 0;
+};
+
+struct WebSocketHandler {
+  // On the event loop thread; none may block.
+  std::function<void(std::shared_ptr<WebSocket>)> on_open;        // the handshake is done
+  std::function<void(std::string data, bool binary)> on_message;  // a whole message
+  std::function<void()> on_close;                                 // once, however it closed
 };
 
 // The answer to one request: either Send() once, or Begin() once, then any
@@ -79,6 +100,9 @@ class Reply {
   virtual bool Gone() const = 0;
   // Adds a field (e.g. "session", "call_id") to this request's log line.
   virtual void Note(const std::string& key, const std::string& value) = 0;
+  // Takes the connection over as a WebSocket (101 Switching Protocols);
+  // only for a request whose `websocket` is set (else a 400 goes out).
+  virtual void Upgrade(WebSocketHandler handler) = 0;
 };
 
 using ReplyPtr = std::shared_ptr<Reply>;

@@ -11,8 +11,10 @@
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
+#include <boost/beast/core/buffers_to_string.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/websocket.hpp>
 
 #include <algorithm>
 #include <cerrno>
@@ -20,6 +22,7 @@
 #include <cctype>
 #include <chrono>
 #include <condition_variable>
+#include <atomic>
 #include <deque>
 #include <mutex>
 #include <optional>
@@ -36,6 +39,7 @@ namespace {
 namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
+namespace websocket = beast::websocket;
 using boost::system::error_code;
 using Clock = std::chrono::steady_clock;
 
@@ -85,6 +89,146 @@ class ConnectionBase : public std::enable_shared_from_this<ConnectionBase> {
   // Shutdown: close if waiting for a request; else close after the response.
   virtual void CloseIfIdle() = 0;
   virtual void CloseNow() = 0;
+  virtual void Upgrade(WebSocketHandler handler) = 0;
+};
+
+constexpr std::size_t kWebSocketQueueBytes = 8u << 20;  // a client this far behind is disconnected
+constexpr std::size_t kWebSocketMessageBytes = 1u << 20;
+
+// A connection taken over as a WebSocket (RFC 6455, through Beast). Its
+// state lives on the event loop thread; Send and Close post there.
+template <class Socket>
+class WebSocketSession : public ConnectionBase, public WebSocket {
+ public:
+  WebSocketSession(std::set<ConnectionBase*>& registry, asio::io_context& io, Socket socket,
+                   WebSocketHandler handler)
+      : registry_(registry), io_(io), ws_(std::move(socket)), handler_(std::move(handler)) {
+    registry_.insert(this);
+  }
+  ~WebSocketSession() override { registry_.erase(this); }
+
+  void Accept(http::request<http::string_body> request) {
+    ws_.set_option(websocket::stream_base::timeout{std::chrono::seconds(30), websocket::stream_base::none(), false});
+    ws_.read_message_max(kWebSocketMessageBytes);
+    ws_.set_option(websocket::stream_base::decorator([](websocket::response_type& res) {
+      res.set(http::field::server, std::string("agentbox/") + Version());
+    }));
+    auto self = Self();
+    auto req = std::make_shared<http::request<http::string_body>>(std::move(request));
+    ws_.async_accept(*req, [self, req](error_code ec) {
+      if (ec) return self->Ended();
+      self->open_ = true;
+      if (self->handler_.on_open) self->handler_.on_open(self);
+      self->Read();
+      self->Pump();
+    });
+  }
+
+  void Send(std::string data, bool binary) override {
+    asio::post(io_, [self = Self(), data = std::move(data), binary]() mutable {
+      if (self->closing_ || self->ended_) return;
+      self->queued_ += data.size();
+      if (self->queued_ > kWebSocketQueueBytes) {
+        self->out_.clear();
+        self->queued_ = 0;
+        self->CloseWith(websocket::close_code::policy_error, "client too slow; attach again for the scrollback");
+        return;
+      }
+      self->out_.emplace_back(std::move(data), binary);
+      self->Pump();
+    });
+  }
+
+  void Close(std::string reason) override {
+    asio::post(io_, [self = Self(), reason = std::move(reason)] {
+      self->CloseWith(websocket::close_code::normal, reason);
+    });
+  }
+
+  bool Closed() const override { return closed_flag_.load(); }
+
+  // Shutdown: a normal closure; then the socket.
+  void CloseIfIdle() override { CloseWith(websocket::close_code::going_away, "the daemon is shutting down"); }
+  void CloseNow() override {
+    error_code ec;
+    beast::get_lowest_layer(ws_).close(ec);
+    Ended();
+  }
+  void SendFull(Response) override {}
+  void BeginStream(int, std::string, Headers) override {}
+  void Pump() override {
+    if (!open_ || writing_ || ended_) return;
+    if (out_.empty()) {
+      if (closing_ && !close_sent_) {
+        close_sent_ = true;
+        writing_ = true;
+        auto self = Self();
+        ws_.async_close(close_reason_, [self](error_code) {
+          self->writing_ = false;
+          // The peer's close frame ends the read loop, which ends us.
+        });
+      }
+      return;
+    }
+    writing_ = true;
+    auto data = std::make_shared<std::string>(std::move(out_.front().first));
+    ws_.binary(out_.front().second);
+    out_.pop_front();
+    queued_ -= std::min(queued_, data->size());
+    auto self = Self();
+    ws_.async_write(asio::buffer(*data), [self, data](error_code ec, std::size_t) {
+      self->writing_ = false;
+      if (ec) return self->CloseNow();
+      self->Pump();
+    });
+  }
+  void Upgrade(WebSocketHandler) override {}
+
+ private:
+  std::shared_ptr<WebSocketSession> Self() {
+    return std::static_pointer_cast<WebSocketSession>(shared_from_this());
+  }
+
+  void Read() {
+    auto self = Self();
+    ws_.async_read(buffer_, [self](error_code ec, std::size_t) {
+      if (ec) return self->Ended();
+      std::string data = beast::buffers_to_string(self->buffer_.data());
+      self->buffer_.consume(self->buffer_.size());
+      if (self->handler_.on_message && !self->closing_) self->handler_.on_message(std::move(data), self->ws_.got_binary());
+      self->Read();
+    });
+  }
+
+  void CloseWith(websocket::close_code code, const std::string& reason) {
+    if (closing_ || ended_) return;
+    closing_ = true;
+    closed_flag_ = true;
+    close_reason_ = websocket::close_reason(code, reason.substr(0, 120));
+    if (!open_) return CloseNow();
+    Pump();
+  }
+
+  void Ended() {
+    if (ended_) return;
+    ended_ = true;
+    closed_flag_ = true;
+    out_.clear();
+    auto on_close = std::move(handler_.on_close);
+    handler_ = {};  // what the handler holds goes now (a terminal's attachment)
+    if (on_close) on_close();
+  }
+
+  std::set<ConnectionBase*>& registry_;
+  asio::io_context& io_;
+  websocket::stream<Socket> ws_;
+  WebSocketHandler handler_;
+  beast::flat_buffer buffer_;
+  std::deque<std::pair<std::string, bool>> out_;
+  std::size_t queued_ = 0;
+  bool open_ = false, writing_ = false, closing_ = false, close_sent_ = false, ended_ = false;
+  std::atomic<bool> closed_flag_{false};
+  websocket::close_reason close_reason_;
 };
 
 }  // namespace
@@ -197,6 +341,15 @@ class ReplyImpl : public Reply {
       box_->ended = true;
     }
     asio::post(server_.io, [conn = conn_] { conn->Pump(); });
+  }
+
+  void Upgrade(WebSocketHandler handler) override {
+    {
+      std::lock_guard lock(box_->mu);
+      if (box_->mode != Outbox::Mode::kNone) return;
+      box_->mode = Outbox::Mode::kFull;
+    }
+    asio::post(server_.io, [conn = conn_, h = std::move(handler)]() mutable { conn->Upgrade(std::move(h)); });
   }
 
   bool Gone() const override {
@@ -320,6 +473,25 @@ class Connection : public ConnectionBase {
 
   void CloseIfIdle() override {
     if (phase_ == Phase::kIdle) CloseNow();
+  }
+
+  void Upgrade(WebSocketHandler handler) override {
+    if (phase_ == Phase::kClosed) return;
+    if (!upgrade_) {
+      return SendFull(Response::Error(400, "bad_request", "this route needs a WebSocket (Upgrade: websocket)"));
+    }
+    Disarm();
+    status_ = 101;
+    LogRequest({});
+    if (box_) {
+      box_->MarkGone();
+      box_.reset();
+    }
+    phase_ = Phase::kClosed;
+    auto ws = std::make_shared<WebSocketSession<Socket>>(server_.connections, server_.io, std::move(socket_),
+                                                         std::move(handler));
+    ws->Accept(std::move(*upgrade_));
+    upgrade_.reset();
   }
 
   void CloseNow() override {
@@ -458,6 +630,11 @@ class Connection : public ConnectionBase {
     for (const auto& field : msg) {
       request.headers.emplace_back(Lower(std::string(field.name_string())), std::string(field.value()));
     }
+    request.websocket = websocket::is_upgrade(msg);
+    if (request.websocket) {
+      upgrade_ = msg;  // the handshake needs its headers
+      upgrade_->body().clear();
+    }
     request.body = std::move(msg.body());
 
     if (over_capacity_) {
@@ -576,6 +753,7 @@ class Connection : public ConnectionBase {
   Peer peer_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
+  std::optional<http::request<http::string_body>> upgrade_;  // a WebSocket handshake's request
   std::shared_ptr<Outbox> box_;
   Phase phase_ = Phase::kIdle;
   bool forbidden_ = false;

@@ -45,6 +45,7 @@
 #include "session/upper_image.h"
 #include "net/proxy.h"
 #include "net/secrets.h"
+#include "session/terminal.h"
 #include "session/world.h"
 #include "supervise/denial_scanner.h"
 #include "supervise/disk_limit.h"
@@ -340,6 +341,9 @@ struct SessionState {
   // Direct mode: the repositories the world protects (audited after calls: the others).
   std::shared_ptr<const std::set<std::string>> git_known;
   std::uint64_t provisions = 0;
+  // Terminals (ptys) by id; guarded by mu. They end with the world.
+  std::map<std::string, std::shared_ptr<Terminal>> terminals;
+  std::uint64_t next_terminal = 1;
 
   // `sync`: on disk before returning (calls and results); events that a
   // later synced line carries along need not wait.
@@ -430,6 +434,15 @@ struct Manager::Impl {
   Status Load(const std::string& id);
   Result<std::vector<std::string>> SnapshotChain(const std::string& snapshot_id, std::string* mode);
   Status Provision(SessionState& s);
+  // The session's world, provisioned on first use and again when its
+  // sandbox died (an event in the log either way); used without the
+  // provisioning lock, so calls run side by side.
+  struct LiveWorld {
+    std::shared_ptr<World> world;
+    std::shared_ptr<const ConfinedCommand> confined;
+    std::shared_ptr<const std::set<std::string>> git_known;
+  };
+  Result<LiveWorld> EnsureWorld(SessionState& s);
   Json RunBash(SessionState& s, World& world, const ConfinedCommand& confined, const Json& input,
               const OutputSink& sink, const std::atomic<bool>* cancel);
   Json RunFile(SessionState& s, World& world, const ConfinedCommand& confined, const std::string& name,
@@ -897,6 +910,30 @@ Manager::~Manager() {
   if (impl_) Shutdown(0);
 }
 
+Result<Manager::Impl::LiveWorld> Manager::Impl::EnsureWorld(SessionState& s) {
+  std::unique_lock<std::mutex> wl(s.world_mu);
+  if (!s.world || !s.world->Alive()) {
+    std::string event = "provisioned";
+    Json extra;
+    if (s.world) {
+      event = "reprovisioned";
+      extra["reason"] = s.world->death();
+      s.world->Stop(0);
+      s.world.reset();
+    }
+    Status p = Provision(s);
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (!p.ok()) {
+      (void)s.AppendLog({{"type", "event"}, {"event", "provision_failed"}, {"error", p.ToString()}});
+      return p;
+    }
+    Json e = {{"type", "event"}, {"event", event}, {"sandbox_pid", s.world->supervisor_pid()}};
+    if (!extra.is_null()) e.update(extra);
+    (void)s.AppendLog(e);
+  }
+  return LiveWorld{s.world, s.confined, s.git_known};
+}
+
 Result<std::unique_ptr<Manager>> Manager::Open(const ManagerOptions& options) {
   auto impl = std::make_unique<Impl>();
   impl->options = options;
@@ -1067,6 +1104,9 @@ Result<Json> Manager::Describe(const std::string& id) const {
     if (s->upper_lost) d["upper_lost"] = true;
     d["calls"] = s->calls;
     d["calls_in_flight"] = s->in_flight.size();
+    Json terminals = Json::array();
+    for (const auto& [tid, t] : s->terminals) terminals.push_back(t->Describe());
+    d["terminals"] = terminals;
   }
   {
     std::unique_lock<std::mutex> lock(s->world_mu, std::try_to_lock);
@@ -1177,41 +1217,20 @@ Result<Json> Manager::Execute(const std::string& id, const std::string& name, co
   // and send it again, once.
   for (int attempt = 0; attempt < 2 && (result.is_null() || result.value("world_gone", false)); ++attempt) {
     result = Json();
-    std::shared_ptr<World> world;
-    std::shared_ptr<const ConfinedCommand> confined;
-    std::shared_ptr<const std::set<std::string>> git_known;
-    {
-      // Provision on first use, and again when the sandbox died.
-      std::unique_lock<std::mutex> wl(s->world_mu);
-      if (!s->world || !s->world->Alive()) {
-        std::string event = "provisioned";
-        Json extra;
-        if (s->world) {
-          event = "reprovisioned";
-          extra["reason"] = s->world->death();
-          s->world->Stop(0);
-          s->world.reset();
-        }
-        Status p = m.Provision(*s);
-        std::lock_guard<std::mutex> lock(s->mu);
-        if (!p.ok()) {
-          (void)s->AppendLog({{"type", "event"}, {"event", "provision_failed"}, {"error", p.ToString()}});
-          result = {{"output", "sandbox_error: " + p.ToString()},
-                    {"is_error", true},
-                    {"kind", "sandbox_error"},
-                    {"outcome",
-                     {{"kind", "sandbox_error"},
-                      {"error", {{"stage", p.stage()}, {"message", p.message()}, {"errno", p.err()}}}}}};
-          break;
-        }
-        Json e = {{"type", "event"}, {"event", event}, {"sandbox_pid", s->world->supervisor_pid()}};
-        if (!extra.is_null()) e.update(extra);
-        (void)s->AppendLog(e);
-      }
-      world = s->world;
-      confined = s->confined;
-      git_known = s->git_known;
+    auto live = m.EnsureWorld(*s);
+    if (!live.ok()) {
+      const Status& p = live.status();
+      result = {{"output", "sandbox_error: " + p.ToString()},
+                {"is_error", true},
+                {"kind", "sandbox_error"},
+                {"outcome",
+                 {{"kind", "sandbox_error"},
+                  {"error", {{"stage", p.stage()}, {"message", p.message()}, {"errno", p.err()}}}}}};
+      break;
     }
+    std::shared_ptr<World> world = live->world;
+    std::shared_ptr<const ConfinedCommand> confined = live->confined;
+    std::shared_ptr<const std::set<std::string>> git_known = live->git_known;
     // The world is used without the provisioning lock: calls run side by side.
     if (name == "bash") {
       result = m.RunBash(*s, *world, *confined, input, sink, cancel);
@@ -1322,6 +1341,14 @@ Status Manager::Remove(const std::string& id) {
     }
   }
   {
+    std::map<std::string, std::shared_ptr<Terminal>> terminals;
+    {
+      std::lock_guard<std::mutex> lock(s->mu);
+      terminals.swap(s->terminals);
+    }
+    terminals.clear();  // each is killed and its reader joined
+  }
+  {
     std::lock_guard<std::mutex> wl(s->world_mu);
     if (s->world) s->world->Stop(0);
     s->world.reset();
@@ -1355,6 +1382,13 @@ void Manager::Shutdown(int grace_ms) {
   std::vector<std::thread> stoppers;
   for (auto& s : all) {
     stoppers.emplace_back([s, grace_ms] {
+      {
+        std::map<std::string, std::shared_ptr<Terminal>> terminals;
+        {
+          std::lock_guard<std::mutex> lock(s->mu);
+          terminals.swap(s->terminals);
+        }
+      }
       std::lock_guard<std::mutex> wl(s->world_mu);
       if (s->world) s->world->Stop(grace_ms);
       SpillUpperLayer(*s);
@@ -1363,6 +1397,137 @@ void Manager::Shutdown(int grace_ms) {
     });
   }
   for (auto& t : stoppers) t.join();
+}
+
+// Terminals ------------------------------------------------------------------
+
+namespace {
+
+constexpr std::size_t kMaxTerminals = 16;
+
+// A terminal request's input: {command?, argv?, cwd?, cols?, rows?, term?}.
+Result<WorldTerminalSpec> TerminalSpec(const Json& input, const Plan& plan) {
+  if (!input.is_object()) return Status::Error(kBadRequest, "a terminal's request must be a JSON object");
+  WorldTerminalSpec spec;
+  spec.term = "xterm-256color";
+  for (auto it = input.begin(); it != input.end(); ++it) {
+    const std::string& key = it.key();
+    const Json& v = it.value();
+    if (key == "command") {
+      if (!v.is_string() || v.get<std::string>().empty()) return Status::Error(kBadRequest, "command: a non-empty string");
+      spec.argv = {"bash", "-c", v.get<std::string>()};
+    } else if (key == "argv") {
+      if (!v.is_array() || v.empty()) return Status::Error(kBadRequest, "argv: a non-empty array of strings");
+      for (const auto& a : v) {
+        if (!a.is_string()) return Status::Error(kBadRequest, "argv: a non-empty array of strings");
+        spec.argv.push_back(a.get<std::string>());
+      }
+    } else if (key == "cwd") {
+      if (!v.is_string()) return Status::Error(kBadRequest, "cwd: a string, relative to the workspace");
+      const std::string cwd = v.get<std::string>();
+      if (!cwd.empty() && cwd[0] == '/') return Status::Error(kBadRequest, "cwd: '" + cwd + "' is not relative to the workspace");
+      for (size_t start = 0; start <= cwd.size();) {
+        size_t slash = cwd.find('/', start);
+        if (slash == std::string::npos) slash = cwd.size();
+        if (cwd.compare(start, slash - start, "..") == 0 && slash - start == 2) {
+          return Status::Error(kBadRequest, "cwd: '" + cwd + "' leaves the workspace");
+        }
+        start = slash + 1;
+      }
+      spec.cwd = cwd.empty() ? plan.cwd : plan.workspace_target + "/" + cwd;
+    } else if (key == "cols" || key == "rows") {
+      if (!v.is_number_integer() || v.get<long>() < 1 || v.get<long>() > 1000) {
+        return Status::Error(kBadRequest, key + ": an integer from 1 to 1000");
+      }
+      (key == "cols" ? spec.cols : spec.rows) = v.get<int>();
+    } else if (key == "term") {
+      if (!v.is_string() || v.get<std::string>().empty() ||
+          v.get<std::string>().find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-+._") !=
+              std::string::npos) {
+        return Status::Error(kBadRequest, "term: a terminal type such as xterm-256color");
+      }
+      spec.term = v.get<std::string>();
+    } else {
+      return Status::Error(kBadRequest, "unknown field '" + key +
+                                            "' in a terminal's request (command, argv, cwd, cols, rows, term)");
+    }
+  }
+  if (input.contains("command") && input.contains("argv")) {
+    return Status::Error(kBadRequest, "command and argv: give one of them");
+  }
+  if (spec.argv.empty()) spec.argv = {"bash"};
+  if (spec.cwd.empty()) spec.cwd = plan.cwd;
+  return spec;
+}
+
+}  // namespace
+
+Result<Json> Manager::OpenTerminal(const std::string& id, const Json& input) {
+  Impl& m = *impl_;
+  auto s = m.Find(id);
+  if (!s) return Status::Error(kNotFound, "no session " + id);
+  if (m.shutting_down) return Status::Error(kConflict, "agentbox is shutting down");
+  {
+    std::lock_guard<std::mutex> lock(s->mu);
+    if (s->removing) return Status::Error(kConflict, "session " + id + " is being removed");
+    std::size_t running = 0;
+    for (const auto& [tid, t] : s->terminals) running += t->Running() ? 1 : 0;
+    if (running >= kMaxTerminals) {
+      return Status::Error(kBusy, "session " + id + " has " + std::to_string(kMaxTerminals) +
+                                      " running terminals, the most it may have");
+    }
+  }
+  auto live = m.EnsureWorld(*s);
+  if (!live.ok()) return live.status();
+  auto spec = TerminalSpec(input, live->confined->plan);
+  if (!spec.ok()) return spec.status();
+  std::string tid;
+  {
+    std::lock_guard<std::mutex> lock(s->mu);
+    tid = "t" + std::to_string(s->next_terminal++);
+  }
+  auto terminal = Terminal::Open(live->world, tid, *spec);
+  if (!terminal.ok()) return terminal.status();
+  Json d = (*terminal)->Describe();
+  std::lock_guard<std::mutex> lock(s->mu);
+  s->terminals[tid] = *terminal;
+  (void)s->AppendLog({{"type", "event"}, {"event", "terminal_opened"}, {"terminal", tid}, {"command", spec->argv}},
+                     false);
+  return d;
+}
+
+Result<std::shared_ptr<Terminal>> Manager::FindTerminal(const std::string& id, const std::string& terminal) const {
+  auto s = impl_->Find(id);
+  if (!s) return Status::Error(kNotFound, "no session " + id);
+  std::lock_guard<std::mutex> lock(s->mu);
+  auto it = s->terminals.find(terminal);
+  if (it == s->terminals.end()) return Status::Error(kNotFound, "session " + id + " has no terminal " + terminal);
+  return it->second;
+}
+
+Result<Json> Manager::ListTerminals(const std::string& id) const {
+  auto s = impl_->Find(id);
+  if (!s) return Status::Error(kNotFound, "no session " + id);
+  std::lock_guard<std::mutex> lock(s->mu);
+  Json list = Json::array();
+  for (const auto& [tid, t] : s->terminals) list.push_back(t->Describe());
+  return list;
+}
+
+Status Manager::CloseTerminal(const std::string& id, const std::string& terminal) {
+  auto s = impl_->Find(id);
+  if (!s) return Status::Error(kNotFound, "no session " + id);
+  std::shared_ptr<Terminal> t;
+  {
+    std::lock_guard<std::mutex> lock(s->mu);
+    auto it = s->terminals.find(terminal);
+    if (it == s->terminals.end()) return Status::Error(kNotFound, "session " + id + " has no terminal " + terminal);
+    t = std::move(it->second);
+    s->terminals.erase(it);
+    (void)s->AppendLog({{"type", "event"}, {"event", "terminal_closed"}, {"terminal", terminal}}, false);
+  }
+  t->Kill();
+  return {};
 }
 
 }  // namespace agentbox::session

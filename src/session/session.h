@@ -21,6 +21,7 @@
 
 namespace agentbox::session {
 
+class Terminal;
 using Json = nlohmann::json;
 
 // Status::stage() values that callers map to protocol errors. Anything else
@@ -122,6 +123,16 @@ class Manager {
   Result<std::string> LogPath(const std::string& id) const;
   // Stops the sandbox and removes the session's state.
   Status Remove(const std::string& id);
+
+  // Terminals: a command on a pty inside the session's world (terminal.h).
+  // `input`: {command? (bash -c), argv?, cwd? (workspace-relative), cols?,
+  // rows?, term?}; the default is an interactive bash. Provisions the world
+  // when it is not running. Returns the terminal's Describe().
+  Result<Json> OpenTerminal(const std::string& id, const Json& input);
+  Result<std::shared_ptr<Terminal>> FindTerminal(const std::string& id, const std::string& terminal) const;
+  Result<Json> ListTerminals(const std::string& id) const;
+  // Kills it (everything it started) and forgets it.
+  Status CloseTerminal(const std::string& id, const std::string& terminal);
 
   // Stops every sandbox (SIGTERM, then SIGKILL after `grace_ms`); sessions
   // stay on disk. Calls in flight end as interrupted.

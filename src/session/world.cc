@@ -474,6 +474,56 @@ Status World::SendControl(const json& request, const std::vector<int>& fds) {
   }
 }
 
+Result<WorldTerminal> World::OpenTerminal(const WorldTerminalSpec& spec) {
+  if (!Alive()) return Status::Error("session", "the session's sandbox is not running: " + death());
+  UniqueFd res_r, res_w;
+  if (Status s = Pipe(&res_r, &res_w); !s.ok()) return s;
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) return Status::Errno("session", "socketpair");
+  UniqueFd answer_r(sv[0]), answer_w(sv[1]);
+  WorldTerminal out;
+  out.id = next_id_++;
+  json req = {{"op", "pty"}, {"id", out.id}, {"argv", spec.argv}, {"cwd", spec.cwd},
+              {"cols", spec.cols}, {"rows", spec.rows}, {"term", spec.term}};
+  if (Status s = SendControl(req, {answer_w.get(), res_w.get()}); !s.ok()) return s;
+  answer_w.reset();
+  res_w.reset();
+  // The master comes back on the socket; an error (or nothing: the init
+  // went away) on the result pipe.
+  char text[64];
+  struct iovec iov = {text, sizeof(text)};
+  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  struct msghdr msg {};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  struct pollfd p = {answer_r.get(), POLLIN, 0};
+  if (poll(&p, 1, 10000) <= 0) return Status::Error("pty", "the sandbox's init did not answer the terminal request");
+  ssize_t n = recvmsg(answer_r.get(), &msg, MSG_CMSG_CLOEXEC);
+  struct cmsghdr* c = n > 0 ? CMSG_FIRSTHDR(&msg) : nullptr;
+  if (c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int))) {
+    int fd;
+    std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
+    out.master.reset(fd);
+  }
+  if (!out.master.valid()) {
+    std::string line;
+    char buf[4096];
+    ssize_t got;
+    while ((got = read(res_r.get(), buf, sizeof(buf))) > 0) line.append(buf, static_cast<size_t>(got));
+    json e = json::parse(line, nullptr, false);
+    if (e.is_object() && e.value("t", "") == "exec_error") {
+      return Status::Syscall(e.value("stage", "pty"), e.value("syscall", ""), e.value("path", ""), e.value("errno", 0));
+    }
+    return Status::Error("pty", "the sandbox's init gave no terminal" + (Alive() ? std::string() : ": " + death()));
+  }
+  out.result = std::move(res_r);
+  return out;
+}
+
+void World::KillCall(long id, int sig) { (void)SendControl(json{{"op", "kill"}, {"id", id}, {"signal", sig}}, {}); }
+
 Result<WorldExecResult> World::Exec(const WorldExec& exec, const OutputSink& sink, const std::atomic<bool>* cancel) {
   WorldExecResult out;
   const auto started = Clock::now();

@@ -75,6 +75,21 @@ struct WorldExecResult {
   std::optional<struct rusage> rusage;    // the command's, as its init reaped it (wait4)
 };
 
+// A terminal in the world (OpenTerminal): a command on a pty of the
+// sandbox's own devpts, its controlling terminal.
+struct WorldTerminalSpec {
+  std::vector<std::string> argv;  // e.g. {"bash", "-l"}
+  std::string cwd;                // inside ("" = the init's)
+  int cols = 80, rows = 24;
+  std::string term;               // TERM for the command ("" = the plan's)
+};
+
+struct WorldTerminal {
+  long id = 0;           // the call's id: KillCall ends it
+  linux::UniqueFd master;  // the pty's master, O_CLOEXEC
+  linux::UniqueFd result;  // the end of the call: one JSON line ({"t":"exit",...} or exec_error)
+};
+
 class World {
  public:
   // Spawns `exe __world` with the plan and waits (up to `ready_timeout_ms`)
@@ -110,6 +125,11 @@ class World {
   const std::vector<MissingFacet>& short_of_plan() const { return short_of_plan_; }
 
   Result<WorldExecResult> Exec(const WorldExec& exec, const OutputSink& sink, const std::atomic<bool>* cancel);
+  // Starts a command on a pty inside; it runs until it exits, KillCall or
+  // the world's end. Its processes die with it, as a call's do.
+  Result<WorldTerminal> OpenTerminal(const WorldTerminalSpec& spec);
+  // Signals a running call (a terminal's): SIGKILL ends it and everything it started.
+  void KillCall(long id, int sig);
   // Runs a file tool inside: `request` is {"name", "input", "workspace"};
   // the answer is the tool's JSON (see file_tools.h).
   Result<nlohmann::json> File(const nlohmann::json& request, int timeout_ms);
