@@ -10,7 +10,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -24,6 +23,7 @@
 #include "agentbox/plan.h"
 #include "agentbox/policy.h"
 #include "agentbox/run.h"
+#include "cli/report_sink.h"
 #include "cli/subcommand.h"
 #include "linux/cgroup_delegation.h"
 #include "linux/cgroups.h"
@@ -215,11 +215,9 @@ int CmdGc(bool quiet) {
   return 0;
 }
 
-void WriteReport(const std::string& path, const Outcome& outcome) {
-  if (path.empty()) return;
-  std::ofstream out(path, std::ios::trunc);
-  out << ToJson(outcome) << "\n";
-  if (!out) Error("could not write the report to " + path + ": " + std::strerror(errno));
+void WriteReport(const ReportSink& sink, const Outcome& outcome) {
+  if (!sink.wanted()) return;
+  if (Status s = sink.Write(ToJson(outcome) + "\n"); !s.ok()) Error("could not write the report: " + s.message());
 }
 
 void Summarise(const Outcome& o) {
@@ -330,8 +328,16 @@ struct OverlayFlags {
   }
 };
 
-int CmdRun(const PolicyFlags& f, const std::vector<std::string>& command, const std::string& report,
+int CmdRun(const PolicyFlags& f, const std::vector<std::string>& command, const ReportFlags& rf,
            bool quiet, const NetworkFlags& nf, const OverlayFlags& of) {
+  // First: a report that cannot be written refuses the run (there is none
+  // to say why, so stderr does).
+  auto sink = rf.Open();
+  if (!sink.ok()) {
+    Error(sink.status().message() + " (nothing was run)");
+    return kExitSandbox;
+  }
+  const ReportSink& report = *sink;
   auto policy = BuildPolicy(f);
   if (!policy.ok()) {
     Error(policy.status().message());
@@ -339,7 +345,7 @@ int CmdRun(const PolicyFlags& f, const std::vector<std::string>& command, const 
     WriteReport(report, o);
     return kExitSandbox;
   }
-  if (!report.empty()) policy->sha256 = PolicyDigest(*policy);
+  if (report.wanted()) policy->sha256 = PolicyDigest(*policy);
   HostCaps host = ProbeHostFor(*policy);
   auto inv = BuildInvocation(f);
   if (!inv.ok()) {
@@ -366,8 +372,18 @@ int CmdRun(const PolicyFlags& f, const std::vector<std::string>& command, const 
   return outcome.ExitStatus();
 }
 
-int CmdWrap(const PolicyFlags& f, const std::vector<std::string>& command, const NetworkFlags& nf) {
+// What `wrap --report` hands its `__exec` side beside the plan: the
+// enforcement it assessed and the denial signatures, so that the report
+// `__exec` writes is the one `run` would.
+constexpr const char* kWrapReportEnv = "AGENTBOX_WRAP_REPORT";
+
+int CmdWrap(const PolicyFlags& f, const std::vector<std::string>& command, const NetworkFlags& nf,
+            const ReportFlags& rf) {
   if (RunOptions check; !nf.Apply(&check)) return kExitUsage;
+  if (Status s = rf.CheckForWrap(); !s.ok()) {
+    Error(s.message());
+    return kExitSandbox;
+  }
   auto policy = BuildPolicy(f);
   if (!policy.ok()) {
     Error(policy.status().message());
@@ -385,14 +401,19 @@ int CmdWrap(const PolicyFlags& f, const std::vector<std::string>& command, const
     Error("refusing to wrap: " + confined.status().message());
     return kExitSandbox;
   }
-  // argv is [agentbox, "__exec", "--", command...]: the proxy's flags go before "--".
+  // argv is [agentbox, "__exec", "--", command...]: the proxy's and the
+  // report's flags go before "--".
   std::vector<std::string> exec_flags = nf.ForExec();
+  for (auto& a : rf.ForExec()) exec_flags.push_back(std::move(a));
   confined->argv.insert(confined->argv.begin() + 2, exec_flags.begin(), exec_flags.end());
   json env = json::object();
   for (const auto& [k, v] : confined->env) env[k] = v;
   json sigs = json::array(), rules = json::array();
   for (const auto& s : confined->denial_signatures) sigs.push_back({{"pattern", s.pattern}, {"meaning", s.meaning}});
   for (const auto& s : confined->runner_failure_rules) rules.push_back({{"pattern", s.pattern}, {"meaning", s.meaning}});
+  if (rf.wanted()) {
+    env[kWrapReportEnv] = json{{"enforcement", ToJsonValue(confined->enforcement)}, {"denial_signatures", sigs}}.dump();
+  }
   json out = {{"argv", confined->argv},
               {"env", env},
               {"enforcement", ToJsonValue(confined->enforcement)},
@@ -403,33 +424,81 @@ int CmdWrap(const PolicyFlags& f, const std::vector<std::string>& command, const
   return 0;
 }
 
-// The far side of `wrap`: a harness spawned us with the plan in the environment.
-int CmdExec(const std::vector<std::string>& command, const NetworkFlags& nf) {
-  const char* text = getenv(kPlanEnv);
+// kWrapReportEnv's content: what `run` knows from planning and `__exec`
+// does not.
+struct WrapReport {
+  EnforcementReport enforcement;
+  std::vector<Signature> denial_signatures;
+};
+
+Result<WrapReport> ParseWrapReport(const char* text) {
   if (!text) {
-    Error(std::string("sandbox error [-] stage=plan: ") + kPlanEnv + " is not set (use `agentbox wrap`)");
+    return Status::Error("report", std::string(kWrapReportEnv) +
+                                       " is not set: a report needs the argv and env of `agentbox wrap --report`");
+  }
+  const json j = json::parse(text, nullptr, false);
+  if (!j.is_object() || !j.contains("enforcement") || !j.value("denial_signatures", json()).is_array()) {
+    return Status::Error("report", std::string(kWrapReportEnv) + ": not {enforcement, denial_signatures}");
+  }
+  auto enforcement = EnforcementFromJson(j.at("enforcement"));
+  if (!enforcement.ok()) return enforcement.status().WithContext(kWrapReportEnv);
+  WrapReport out{std::move(*enforcement), {}};
+  for (const auto& s : j.at("denial_signatures")) {
+    if (!s.is_object() || !s.value("pattern", json()).is_string() || !s.value("meaning", json()).is_string()) {
+      return Status::Error("report", std::string(kWrapReportEnv) + ": denial_signatures: each is {pattern, meaning}");
+    }
+    out.denial_signatures.push_back({s.at("pattern").get<std::string>(), s.at("meaning").get<std::string>()});
+  }
+  return out;
+}
+
+// The far side of `wrap`: a harness spawned us with the plan in the environment.
+int CmdExec(const std::vector<std::string>& command, const NetworkFlags& nf, const ReportFlags& rf) {
+  // Opened first, refused only once the plan's nonce can mark the line.
+  auto sink = rf.Open();
+  const char* text = getenv(kPlanEnv);
+  const char* report_text = getenv(kWrapReportEnv);
+  Result<Plan> plan = Status::Error("plan", std::string(kPlanEnv) + " is not set (use `agentbox wrap`)");
+  if (text) {
+    plan = PlanFromJson(text);
+    if (!plan.ok()) plan = Status::Error("plan", plan.status().message());
+  }
+  auto context = rf.wanted() ? ParseWrapReport(report_text) : Result<WrapReport>(WrapReport{});
+  // Never into the sandbox.
+  unsetenv(kPlanEnv);
+  unsetenv(kWrapReportEnv);
+  const std::string nonce = plan.ok() ? plan->nonce : "-";
+  if (!sink.ok()) {
+    Error("sandbox error [" + nonce + "] stage=report: " + sink.status().message() + " (nothing was run)");
     return kExitSandbox;
   }
-  auto plan = PlanFromJson(text);
-  unsetenv(kPlanEnv);  // never into the sandbox
-  if (!plan.ok()) {
-    Error("sandbox error [-] stage=plan: " + plan.status().message());
+  auto refuse = [&](const Status& why) {
+    Error("sandbox error [" + nonce + "] stage=" + why.stage() + ": " + why.message());
+    WriteReport(*sink, RefusedOutcome(why, context.ok() ? context->enforcement : EnforcementReport{},
+                                      plan.ok() ? plan->policy_sha256 : ""));
     return kExitSandbox;
-  }
-  if (command.empty()) {
-    Error("sandbox error [" + plan->nonce + "] stage=plan: no command after --");
-    return kExitSandbox;
-  }
+  };
+  if (!plan.ok()) return refuse(plan.status());
+  if (!context.ok()) return refuse(context.status());
+  if (command.empty()) return refuse(Status::Error("plan", "no command after --"));
   RunOptions opts;
-  opts.scan_stderr = false;  // the harness applies the signatures itself
   if (!nf.Apply(&opts)) return kExitSandbox;
-  Outcome o = RunPlan(*plan, command, {}, opts);
+  // Without a report the harness applies the signatures itself; with one,
+  // stderr is scanned as `run` scans it, for the outcome `run` would give.
+  opts.scan_stderr = sink->wanted() && !isatty(STDERR_FILENO);
+  ConfinedCommand confined;
+  confined.plan = std::move(*plan);
+  confined.plan.argv = command;
+  confined.enforcement = std::move(context->enforcement);
+  confined.denial_signatures = std::move(context->denial_signatures);
+  Outcome o = Run(confined, opts);
   if (o.kind == OutcomeKind::kSandboxError) {
-    Error("sandbox error [" + plan->nonce + "] stage=" + (o.error ? o.error->stage : "runner") + ": " +
+    Error("sandbox error [" + nonce + "] stage=" + (o.error ? o.error->stage : "runner") + ": " +
           (o.error ? o.error->message : ""));
   } else if (o.kind == OutcomeKind::kTimedOut) {
-    Error("timed_out [" + plan->nonce + "]: " + (o.error ? o.error->message : ""));
+    Error("timed_out [" + nonce + "]: " + (o.error ? o.error->message : ""));
   }
+  WriteReport(*sink, o);
   return o.ExitStatus();
 }
 
@@ -693,11 +762,11 @@ int main(int argc, char** argv) {
 
   PolicyFlags run_flags;
   std::vector<std::string> run_cmd;
-  std::string report;
+  ReportFlags report;
   bool quiet = false;
   CLI::App* run = app.add_subcommand("run", "run one command confined");
   run_flags.Register(run, true);
-  run->add_option("--report", report, "write the outcome report (JSON) to FILE");
+  report.Register(run);
   run->add_flag("--quiet", quiet, "print nothing of agentbox's own on success or failure");
   bool systemd_scope = false;
   run->add_flag("--systemd-scope", systemd_scope,
@@ -715,6 +784,8 @@ int main(int argc, char** argv) {
   wrap_flags.Register(wrap, true);
   NetworkFlags wrap_net_flags;
   wrap_net_flags.Register(wrap);
+  ReportFlags wrap_report;
+  wrap_report.Register(wrap);
   wrap->add_option("command", wrap_cmd, "the command, after --");
 
   std::vector<std::string> exec_cmd;
@@ -722,6 +793,8 @@ int main(int argc, char** argv) {
   exec->group("");  // hidden: the far side of `wrap`
   NetworkFlags exec_net_flags;
   exec_net_flags.Register(exec);
+  ReportFlags exec_report;
+  exec_report.Register(exec);
   exec->add_option("command", exec_cmd);
 
   std::string check_policy;
@@ -780,8 +853,8 @@ int main(int argc, char** argv) {
     if (int status = SystemdScope(argc, argv); status >= 0) return status;
   }
   if (*run) return CmdRun(run_flags, run_cmd, report, quiet, net_flags, overlay_flags);
-  if (*wrap) return CmdWrap(wrap_flags, wrap_cmd, wrap_net_flags);
-  if (*exec) return CmdExec(exec_cmd, exec_net_flags);
+  if (*wrap) return CmdWrap(wrap_flags, wrap_cmd, wrap_net_flags, wrap_report);
+  if (*exec) return CmdExec(exec_cmd, exec_net_flags, exec_report);
   if (*check) return CmdCheck(check_policy, check_backend, check_json);
   if (*validate) return CmdValidate(validate_file);
   if (*explain) return CmdExplain(explain_flags, explain_json);
