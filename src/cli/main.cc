@@ -328,6 +328,24 @@ struct OverlayFlags {
   }
 };
 
+// PATH's directories under HOME that the plan does not mount: PATH as the
+// command gets it, each entry resolved on the host (missing ones dropped).
+HomePathDirs HomePathDirsFor(const Plan& plan, const Policy& policy, const std::string& home) {
+  const char* host_path = getenv("PATH");
+  const std::string inside = PathInside(plan.env, host_path ? host_path : "");
+  std::vector<std::string> dirs;
+  for (size_t start = 0; start <= inside.size();) {
+    size_t end = inside.find(':', start);
+    if (end == std::string::npos) end = inside.size();
+    const std::string entry = inside.substr(start, end - start);
+    start = end + 1;
+    if (entry.empty() || entry[0] != '/') continue;
+    const std::string real = RealPath(entry);
+    if (!real.empty() && std::filesystem::is_directory(real)) dirs.push_back(real);
+  }
+  return FindHomePathDirs(plan, dirs, home, policy.filesystem.read_only);
+}
+
 int CmdRun(const PolicyFlags& f, const std::vector<std::string>& command, const ReportFlags& rf,
            bool quiet, const NetworkFlags& nf, const OverlayFlags& of) {
   // First: a report that cannot be written refuses the run (there is none
@@ -368,6 +386,11 @@ int CmdRun(const PolicyFlags& f, const std::vector<std::string>& command, const 
   if (!nf.Apply(&opts)) return kExitUsage;
   Outcome outcome = Run(*confined, opts);
   if (!quiet) Summarise(outcome);
+  // 127: not found, by the runner or by the command's own shell. A
+  // toolchain under HOME is the usual reason a command found outside is not.
+  if (!quiet && outcome.ExitStatus() == 127) {
+    std::fputs(HomePathDirsText(HomePathDirsFor(confined->plan, *policy, inv->home), "agentbox: ").c_str(), stderr);
+  }
   WriteReport(report, outcome);
   return outcome.ExitStatus();
 }
@@ -725,10 +748,12 @@ int CmdExplain(PolicyFlags f, bool as_json) {
   inv->wrapped_command = false;
   auto strict = Confine({"COMMAND"}, *policy, host, *inv);
   auto confined = Confine({"COMMAND"}, relaxed, host, *inv);
+  const HomePathDirs home_path = confined.ok() ? HomePathDirsFor(confined->plan, *policy, inv->home) : HomePathDirs{};
   if (as_json) {
     json out = {{"policy_yaml", ToYaml(*policy)},
                 {"enforcement", ToJsonValue(AssessEnforcement(*policy, host, *inv))},
-                {"would_run", strict.ok()}};
+                {"would_run", strict.ok()},
+                {"path_under_home", {{"not_mounted", home_path.not_mounted}, {"read_only", home_path.read_only}}}};
     if (!strict.ok()) out["refusal"] = strict.status().message();
     if (confined.ok()) out["plan"] = json::parse(PlanToJson(confined->plan));
     std::cout << out.dump(2) << "\n";
@@ -740,6 +765,7 @@ int CmdExplain(PolicyFlags f, bool as_json) {
   for (const auto& m : r.missing) std::printf("  missing: %s: %s\n", m.facet.c_str(), m.reason.c_str());
   for (const auto& n : r.notes) std::printf("  note: %s\n", n.c_str());
   if (!strict.ok()) std::printf("`agentbox run` would refuse: %s\n", strict.status().message().c_str());
+  std::fputs(HomePathDirsText(home_path, "").c_str(), stdout);
   if (confined.ok()) {
     PrintPlan(confined->plan);
   } else {

@@ -512,6 +512,86 @@ TEST(Policy, ExplainSaysWhenRunWouldRefuse) {
   EXPECT_TRUE(Contains(r.out, "refuse")) << r.Describe();
 }
 
+// ------------------------------------------------------------ PATH under HOME
+
+// A toolchain user's PATH: shims and bin directories in the (temporary) HOME
+// before the system's, each holding a tool the system does not have.
+struct HomeToolchains {
+  explicit HomeToolchains(const Sandbox& sb) : pyenv(sb.home() + "/.pyenv/shims"), cargo(sb.home() + "/.cargo/bin") {
+    WriteFile(pyenv + "/agentbox-e2e-py", "#!/bin/sh\necho py-tool-ran\n", 0755);
+    WriteFile(cargo + "/agentbox-e2e-cargo", "#!/bin/sh\necho cargo-tool-ran\n", 0755);
+  }
+  std::vector<std::string> Env(const Sandbox& sb) const {
+    std::vector<std::string> env = sb.Env();
+    for (auto& e : env) {
+      if (e.rfind("PATH=", 0) == 0) e = "PATH=" + pyenv + ":" + cargo + ":" + e.substr(5);
+    }
+    return env;
+  }
+  std::string pyenv, cargo;
+};
+
+TEST(HomePath, ExplainNamesEachDirectoryAndTheReadOnlyEntries) {
+  Sandbox sb;
+  HomeToolchains tc(sb);
+  Command c = sb.AgentboxCommand({"policy", "explain"});
+  c.env = tc.Env(sb);
+  RunResult r = RunCommand(c);
+  EXPECT_EQ(r.status, 0) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, "PATH directories under HOME are not mounted inside")) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, tc.pyenv + ", " + tc.cargo)) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, "filesystem.read_only: [/usr, ")) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, ", ~/.pyenv, ~/.cargo]")) << r.Describe();
+
+  // Covered by read_only: not mentioned.
+  const std::string file = sb.scratch() + "/tools.yaml";
+  WriteFile(file, "version: 1\nfilesystem:\n  read_only: [/usr, /bin, /sbin, /lib, /lib64, /etc, ~/.pyenv]\n");
+  c.argv = {AgentboxBin(), "policy", "explain", "--json", "--policy", file};
+  RunResult j = RunCommand(c);
+  EXPECT_EQ(j.status, 0) << j.Describe();
+  auto out = nlohmann::json::parse(j.out, nullptr, false);
+  ASSERT_FALSE(out.is_discarded()) << j.Describe();
+  EXPECT_EQ(out["path_under_home"]["not_mounted"], nlohmann::json::array({tc.cargo})) << j.out.substr(0, 2000);
+  EXPECT_EQ(out["path_under_home"]["read_only"],
+            nlohmann::json::array({"/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc", "~/.pyenv", "~/.cargo"}));
+
+  // Nothing under HOME on PATH: nothing to say.
+  RunResult plain = RunCommand(sb.AgentboxCommand({"policy", "explain"}));
+  EXPECT_EQ(plain.status, 0) << plain.Describe();
+  EXPECT_FALSE(Contains(plain.out, "PATH directories under HOME")) << plain.Describe();
+}
+
+// `run` says it where a command was not found, and the entry it suggests
+// is the fix: with it the tool runs.
+TEST(HomePath, RunSaysItWhenACommandIsNotFoundAndTheSuggestedEntryFixesIt) {
+  Sandbox sb;
+  HomeToolchains tc(sb);
+  Command c = sb.AgentboxCommand({"run", "--", "agentbox-e2e-cargo"});
+  c.env = tc.Env(sb);
+  RunResult r = RunCommand(c);
+  EXPECT_EQ(r.status, 127) << r.Describe();
+  EXPECT_TRUE(Contains(r.err, "agentbox: PATH directories under HOME are not mounted inside")) << r.Describe();
+  EXPECT_TRUE(Contains(r.err, tc.cargo)) << r.Describe();
+  // The command's own shell not finding it is the same 127.
+  c.argv = {AgentboxBin(), "run", "--", "sh", "-c", "agentbox-e2e-py"};
+  RunResult sh = RunCommand(c);
+  EXPECT_EQ(sh.status, 127) << sh.Describe();
+  EXPECT_TRUE(Contains(sh.err, tc.pyenv)) << sh.Describe();
+  EXPECT_TRUE(Contains(sh.err, "~/.pyenv, ~/.cargo]")) << sh.Describe();
+
+  const std::string file = sb.scratch() + "/tools.yaml";
+  WriteFile(file, "version: 1\nfilesystem:\n  read_only: [/usr, /bin, /sbin, /lib, /lib64, /etc, ~/.pyenv, ~/.cargo]\n");
+  c.argv = {AgentboxBin(), "run", "--policy", file, "--", "sh", "-c", "agentbox-e2e-py; agentbox-e2e-cargo"};
+  RunResult fixed = RunCommand(c);
+  EXPECT_EQ(fixed.status, 0) << fixed.Describe();
+  EXPECT_EQ(fixed.out, "py-tool-ran\ncargo-tool-ran\n") << fixed.Describe();
+  // And nothing to say about a 127 once every directory is bound.
+  c.argv = {AgentboxBin(), "run", "--policy", file, "--", "agentbox-e2e-no-such-tool"};
+  RunResult none = RunCommand(c);
+  EXPECT_EQ(none.status, 127) << none.Describe();
+  EXPECT_FALSE(Contains(none.err, "PATH directories under HOME")) << none.Describe();
+}
+
 // ------------------------------------------------------------ stdio of `run`
 
 TEST(RunStdio, StdinReachesTheCommand) {
