@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "agentbox/host_caps.h"
+#include "agentbox/plan.h"
 
 namespace agentbox {
 
@@ -33,5 +34,34 @@ std::vector<Diagnosis> Diagnose(const HostCaps& host);
 // `agentbox check`'s text for them: a "diagnosis:" line, then per cause its
 // facet, "cause: ID: detail" and "fix: ..." lines.
 std::string DiagnosisText(const std::vector<Diagnosis>& diagnosis);
+
+// PATH directories under HOME that a plan leaves out. The sandbox's HOME is
+// private (a fresh tmpfs; on the landlock-only backend a directory of its
+// own), so a toolchain installed there (pyenv, cargo, nvm, ~/.local/bin) is
+// not found inside unless filesystem.read_only binds it. `policy explain`
+// says so, and `run` when a command was not found (exit 127).
+struct HomePathDirs {
+  std::vector<std::string> not_mounted;  // host paths, in PATH order
+  // filesystem.read_only as it would bind them: the policy's entries, then
+  // the toolchain's directory under HOME for each (~/.pyenv for
+  // ~/.pyenv/shims; ~/.local/bin itself, since ~/.local holds user data).
+  std::vector<std::string> read_only;
+};
+
+// The PATH a plan's command gets: the plan's own, else `host_path` when
+// the plan passes PATH through, else "".
+std::string PathInside(const EnvRules& env, const std::string& host_path);
+
+// Of `dirs` (host paths, absolute and canonical: the caller resolves PATH's
+// entries and drops those that do not exist), those under `home` (not HOME
+// itself) that `plan` does not show at their path: no bind covers them (a
+// deny mask is a choice, not an omission), or, landlock-only, no rule.
+// `read_only_now` is the policy's filesystem.read_only. Pure.
+HomePathDirs FindHomePathDirs(const Plan& plan, const std::vector<std::string>& dirs, const std::string& home,
+                              const std::vector<std::string>& read_only_now);
+
+// Three lines: each directory, the read_only list that would bind them, a
+// caution; each line starts with `prefix`. "" when none is missing.
+std::string HomePathDirsText(const HomePathDirs& found, const std::string& prefix);
 
 }  // namespace agentbox

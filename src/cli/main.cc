@@ -11,7 +11,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -25,6 +24,7 @@
 #include "agentbox/plan.h"
 #include "agentbox/policy.h"
 #include "agentbox/run.h"
+#include "cli/report_sink.h"
 #include "cli/subcommand.h"
 #include "linux/cgroup_delegation.h"
 #include "linux/cgroups.h"
@@ -216,11 +216,9 @@ int CmdGc(bool quiet) {
   return 0;
 }
 
-void WriteReport(const std::string& path, const Outcome& outcome) {
-  if (path.empty()) return;
-  std::ofstream out(path, std::ios::trunc);
-  out << ToJson(outcome) << "\n";
-  if (!out) Error("could not write the report to " + path + ": " + std::strerror(errno));
+void WriteReport(const ReportSink& sink, const Outcome& outcome) {
+  if (!sink.wanted()) return;
+  if (Status s = sink.Write(ToJson(outcome) + "\n"); !s.ok()) Error("could not write the report: " + s.message());
 }
 
 void Summarise(const Outcome& o) {
@@ -354,8 +352,34 @@ class RawTerminal {
   bool active_ = false;
 };
 
-int CmdRun(const PolicyFlags& f, const std::vector<std::string>& command, const std::string& report,
+// PATH's directories under HOME that the plan does not mount: PATH as the
+// command gets it, each entry resolved on the host (missing ones dropped).
+HomePathDirs HomePathDirsFor(const Plan& plan, const Policy& policy, const std::string& home) {
+  const char* host_path = getenv("PATH");
+  const std::string inside = PathInside(plan.env, host_path ? host_path : "");
+  std::vector<std::string> dirs;
+  for (size_t start = 0; start <= inside.size();) {
+    size_t end = inside.find(':', start);
+    if (end == std::string::npos) end = inside.size();
+    const std::string entry = inside.substr(start, end - start);
+    start = end + 1;
+    if (entry.empty() || entry[0] != '/') continue;
+    const std::string real = RealPath(entry);
+    if (!real.empty() && std::filesystem::is_directory(real)) dirs.push_back(real);
+  }
+  return FindHomePathDirs(plan, dirs, home, policy.filesystem.read_only);
+}
+
+int CmdRun(const PolicyFlags& f, const std::vector<std::string>& command, const ReportFlags& rf,
            bool quiet, bool tty, const NetworkFlags& nf, const OverlayFlags& of) {
+  // First: a report that cannot be written refuses the run (there is none
+  // to say why, so stderr does).
+  auto sink = rf.Open();
+  if (!sink.ok()) {
+    Error(sink.status().message() + " (nothing was run)");
+    return kExitSandbox;
+  }
+  const ReportSink& report = *sink;
   auto policy = BuildPolicy(f);
   if (!policy.ok()) {
     Error(policy.status().message());
@@ -363,7 +387,7 @@ int CmdRun(const PolicyFlags& f, const std::vector<std::string>& command, const 
     WriteReport(report, o);
     return kExitSandbox;
   }
-  if (!report.empty()) policy->sha256 = PolicyDigest(*policy);
+  if (report.wanted()) policy->sha256 = PolicyDigest(*policy);
   HostCaps host = ProbeHostFor(*policy);
   auto inv = BuildInvocation(f);
   if (!inv.ok()) {
@@ -392,12 +416,27 @@ int CmdRun(const PolicyFlags& f, const std::vector<std::string>& command, const 
     outcome = Run(*confined, opts);
   }
   if (!quiet) Summarise(outcome);
+  // 127: not found, by the runner or by the command's own shell. A
+  // toolchain under HOME is the usual reason a command found outside is not.
+  if (!quiet && outcome.ExitStatus() == 127) {
+    std::fputs(HomePathDirsText(HomePathDirsFor(confined->plan, *policy, inv->home), "agentbox: ").c_str(), stderr);
+  }
   WriteReport(report, outcome);
   return outcome.ExitStatus();
 }
 
-int CmdWrap(const PolicyFlags& f, const std::vector<std::string>& command, const NetworkFlags& nf) {
+// What `wrap --report` hands its `__exec` side beside the plan: the
+// enforcement it assessed and the denial signatures, so that the report
+// `__exec` writes is the one `run` would.
+constexpr const char* kWrapReportEnv = "AGENTBOX_WRAP_REPORT";
+
+int CmdWrap(const PolicyFlags& f, const std::vector<std::string>& command, const NetworkFlags& nf,
+            const ReportFlags& rf) {
   if (RunOptions check; !nf.Apply(&check)) return kExitUsage;
+  if (Status s = rf.CheckForWrap(); !s.ok()) {
+    Error(s.message());
+    return kExitSandbox;
+  }
   auto policy = BuildPolicy(f);
   if (!policy.ok()) {
     Error(policy.status().message());
@@ -415,14 +454,19 @@ int CmdWrap(const PolicyFlags& f, const std::vector<std::string>& command, const
     Error("refusing to wrap: " + confined.status().message());
     return kExitSandbox;
   }
-  // argv is [agentbox, "__exec", "--", command...]: the proxy's flags go before "--".
+  // argv is [agentbox, "__exec", "--", command...]: the proxy's and the
+  // report's flags go before "--".
   std::vector<std::string> exec_flags = nf.ForExec();
+  for (auto& a : rf.ForExec()) exec_flags.push_back(std::move(a));
   confined->argv.insert(confined->argv.begin() + 2, exec_flags.begin(), exec_flags.end());
   json env = json::object();
   for (const auto& [k, v] : confined->env) env[k] = v;
   json sigs = json::array(), rules = json::array();
   for (const auto& s : confined->denial_signatures) sigs.push_back({{"pattern", s.pattern}, {"meaning", s.meaning}});
   for (const auto& s : confined->runner_failure_rules) rules.push_back({{"pattern", s.pattern}, {"meaning", s.meaning}});
+  if (rf.wanted()) {
+    env[kWrapReportEnv] = json{{"enforcement", ToJsonValue(confined->enforcement)}, {"denial_signatures", sigs}}.dump();
+  }
   json out = {{"argv", confined->argv},
               {"env", env},
               {"enforcement", ToJsonValue(confined->enforcement)},
@@ -433,33 +477,81 @@ int CmdWrap(const PolicyFlags& f, const std::vector<std::string>& command, const
   return 0;
 }
 
-// The far side of `wrap`: a harness spawned us with the plan in the environment.
-int CmdExec(const std::vector<std::string>& command, const NetworkFlags& nf) {
-  const char* text = getenv(kPlanEnv);
+// kWrapReportEnv's content: what `run` knows from planning and `__exec`
+// does not.
+struct WrapReport {
+  EnforcementReport enforcement;
+  std::vector<Signature> denial_signatures;
+};
+
+Result<WrapReport> ParseWrapReport(const char* text) {
   if (!text) {
-    Error(std::string("sandbox error [-] stage=plan: ") + kPlanEnv + " is not set (use `agentbox wrap`)");
+    return Status::Error("report", std::string(kWrapReportEnv) +
+                                       " is not set: a report needs the argv and env of `agentbox wrap --report`");
+  }
+  const json j = json::parse(text, nullptr, false);
+  if (!j.is_object() || !j.contains("enforcement") || !j.value("denial_signatures", json()).is_array()) {
+    return Status::Error("report", std::string(kWrapReportEnv) + ": not {enforcement, denial_signatures}");
+  }
+  auto enforcement = EnforcementFromJson(j.at("enforcement"));
+  if (!enforcement.ok()) return enforcement.status().WithContext(kWrapReportEnv);
+  WrapReport out{std::move(*enforcement), {}};
+  for (const auto& s : j.at("denial_signatures")) {
+    if (!s.is_object() || !s.value("pattern", json()).is_string() || !s.value("meaning", json()).is_string()) {
+      return Status::Error("report", std::string(kWrapReportEnv) + ": denial_signatures: each is {pattern, meaning}");
+    }
+    out.denial_signatures.push_back({s.at("pattern").get<std::string>(), s.at("meaning").get<std::string>()});
+  }
+  return out;
+}
+
+// The far side of `wrap`: a harness spawned us with the plan in the environment.
+int CmdExec(const std::vector<std::string>& command, const NetworkFlags& nf, const ReportFlags& rf) {
+  // Opened first, refused only once the plan's nonce can mark the line.
+  auto sink = rf.Open();
+  const char* text = getenv(kPlanEnv);
+  const char* report_text = getenv(kWrapReportEnv);
+  Result<Plan> plan = Status::Error("plan", std::string(kPlanEnv) + " is not set (use `agentbox wrap`)");
+  if (text) {
+    plan = PlanFromJson(text);
+    if (!plan.ok()) plan = Status::Error("plan", plan.status().message());
+  }
+  auto context = rf.wanted() ? ParseWrapReport(report_text) : Result<WrapReport>(WrapReport{});
+  // Never into the sandbox.
+  unsetenv(kPlanEnv);
+  unsetenv(kWrapReportEnv);
+  const std::string nonce = plan.ok() ? plan->nonce : "-";
+  if (!sink.ok()) {
+    Error("sandbox error [" + nonce + "] stage=report: " + sink.status().message() + " (nothing was run)");
     return kExitSandbox;
   }
-  auto plan = PlanFromJson(text);
-  unsetenv(kPlanEnv);  // never into the sandbox
-  if (!plan.ok()) {
-    Error("sandbox error [-] stage=plan: " + plan.status().message());
+  auto refuse = [&](const Status& why) {
+    Error("sandbox error [" + nonce + "] stage=" + why.stage() + ": " + why.message());
+    WriteReport(*sink, RefusedOutcome(why, context.ok() ? context->enforcement : EnforcementReport{},
+                                      plan.ok() ? plan->policy_sha256 : ""));
     return kExitSandbox;
-  }
-  if (command.empty()) {
-    Error("sandbox error [" + plan->nonce + "] stage=plan: no command after --");
-    return kExitSandbox;
-  }
+  };
+  if (!plan.ok()) return refuse(plan.status());
+  if (!context.ok()) return refuse(context.status());
+  if (command.empty()) return refuse(Status::Error("plan", "no command after --"));
   RunOptions opts;
-  opts.scan_stderr = false;  // the harness applies the signatures itself
   if (!nf.Apply(&opts)) return kExitSandbox;
-  Outcome o = RunPlan(*plan, command, {}, opts);
+  // Without a report the harness applies the signatures itself; with one,
+  // stderr is scanned as `run` scans it, for the outcome `run` would give.
+  opts.scan_stderr = sink->wanted() && !isatty(STDERR_FILENO);
+  ConfinedCommand confined;
+  confined.plan = std::move(*plan);
+  confined.plan.argv = command;
+  confined.enforcement = std::move(context->enforcement);
+  confined.denial_signatures = std::move(context->denial_signatures);
+  Outcome o = Run(confined, opts);
   if (o.kind == OutcomeKind::kSandboxError) {
-    Error("sandbox error [" + plan->nonce + "] stage=" + (o.error ? o.error->stage : "runner") + ": " +
+    Error("sandbox error [" + nonce + "] stage=" + (o.error ? o.error->stage : "runner") + ": " +
           (o.error ? o.error->message : ""));
   } else if (o.kind == OutcomeKind::kTimedOut) {
-    Error("timed_out [" + plan->nonce + "]: " + (o.error ? o.error->message : ""));
+    Error("timed_out [" + nonce + "]: " + (o.error ? o.error->message : ""));
   }
+  WriteReport(*sink, o);
   return o.ExitStatus();
 }
 
@@ -686,10 +778,12 @@ int CmdExplain(PolicyFlags f, bool as_json) {
   inv->wrapped_command = false;
   auto strict = Confine({"COMMAND"}, *policy, host, *inv);
   auto confined = Confine({"COMMAND"}, relaxed, host, *inv);
+  const HomePathDirs home_path = confined.ok() ? HomePathDirsFor(confined->plan, *policy, inv->home) : HomePathDirs{};
   if (as_json) {
     json out = {{"policy_yaml", ToYaml(*policy)},
                 {"enforcement", ToJsonValue(AssessEnforcement(*policy, host, *inv))},
-                {"would_run", strict.ok()}};
+                {"would_run", strict.ok()},
+                {"path_under_home", {{"not_mounted", home_path.not_mounted}, {"read_only", home_path.read_only}}}};
     if (!strict.ok()) out["refusal"] = strict.status().message();
     if (confined.ok()) out["plan"] = json::parse(PlanToJson(confined->plan));
     std::cout << out.dump(2) << "\n";
@@ -701,6 +795,7 @@ int CmdExplain(PolicyFlags f, bool as_json) {
   for (const auto& m : r.missing) std::printf("  missing: %s: %s\n", m.facet.c_str(), m.reason.c_str());
   for (const auto& n : r.notes) std::printf("  note: %s\n", n.c_str());
   if (!strict.ok()) std::printf("`agentbox run` would refuse: %s\n", strict.status().message().c_str());
+  std::fputs(HomePathDirsText(home_path, "").c_str(), stdout);
   if (confined.ok()) {
     PrintPlan(confined->plan);
   } else {
@@ -723,11 +818,11 @@ int main(int argc, char** argv) {
 
   PolicyFlags run_flags;
   std::vector<std::string> run_cmd;
-  std::string report;
+  ReportFlags report;
   bool quiet = false;
   CLI::App* run = app.add_subcommand("run", "run one command confined");
   run_flags.Register(run, true);
-  run->add_option("--report", report, "write the outcome report (JSON) to FILE");
+  report.Register(run);
   run->add_flag("--quiet", quiet, "print nothing of agentbox's own on success or failure");
   bool tty = false;
   run->add_flag("--tty", tty,
@@ -748,6 +843,8 @@ int main(int argc, char** argv) {
   wrap_flags.Register(wrap, true);
   NetworkFlags wrap_net_flags;
   wrap_net_flags.Register(wrap);
+  ReportFlags wrap_report;
+  wrap_report.Register(wrap);
   wrap->add_option("command", wrap_cmd, "the command, after --");
 
   std::vector<std::string> exec_cmd;
@@ -755,6 +852,8 @@ int main(int argc, char** argv) {
   exec->group("");  // hidden: the far side of `wrap`
   NetworkFlags exec_net_flags;
   exec_net_flags.Register(exec);
+  ReportFlags exec_report;
+  exec_report.Register(exec);
   exec->add_option("command", exec_cmd);
 
   std::string check_policy;
@@ -813,8 +912,8 @@ int main(int argc, char** argv) {
     if (int status = SystemdScope(argc, argv); status >= 0) return status;
   }
   if (*run) return CmdRun(run_flags, run_cmd, report, quiet, tty, net_flags, overlay_flags);
-  if (*wrap) return CmdWrap(wrap_flags, wrap_cmd, wrap_net_flags);
-  if (*exec) return CmdExec(exec_cmd, exec_net_flags);
+  if (*wrap) return CmdWrap(wrap_flags, wrap_cmd, wrap_net_flags, wrap_report);
+  if (*exec) return CmdExec(exec_cmd, exec_net_flags, exec_report);
   if (*check) return CmdCheck(check_policy, check_backend, check_json);
   if (*validate) return CmdValidate(validate_file);
   if (*explain) return CmdExplain(explain_flags, explain_json);

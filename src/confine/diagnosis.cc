@@ -1,13 +1,16 @@
-// Diagnose(): the probe's raw facts turned into causes and fixes. No
-// syscalls here; every rule reads HostCaps only.
+// Diagnose(): the probe's raw facts turned into causes and fixes; and the
+// PATH directories a plan leaves out. No syscalls here: every rule reads
+// HostCaps or the plan only.
 #include "agentbox/diagnosis.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "confine/layers.h"
+#include "confine/paths.h"
 
 namespace agentbox {
 namespace {
@@ -218,6 +221,76 @@ std::vector<Diagnosis> Diagnose(const HostCaps& host) {
   Seccomp(host, &out);
   Cgroups(host, &out);
   return out;
+}
+
+std::string PathInside(const EnvRules& env, const std::string& host_path) {
+  for (const auto& [k, v] : env.set) {
+    if (k == "PATH") return v;
+  }
+  const bool passed = env.pass_all || std::find(env.pass.begin(), env.pass.end(), "PATH") != env.pass.end();
+  return passed ? host_path : "";
+}
+
+namespace {
+
+// Does the plan show the host directory `dir` at its own path?
+bool Shown(const Plan& plan, const std::string& dir) {
+  if (!plan.confined) return true;
+  if (plan.backend == Backend::kLandlockOnly) {
+    if (plan.landlock.abi == 0) return true;  // no fence: host paths as they are
+    return std::any_of(plan.landlock.rules.begin(), plan.landlock.rules.end(),
+                       [&](const LandlockRule& r) { return paths::IsWithin(dir, r.path); });
+  }
+  // The deepest mount over it decides: a bind shows the host's tree, a
+  // tmpfs (the new root, the private HOME) hides it.
+  const MountOp* over = nullptr;
+  for (const auto& m : plan.mounts) {
+    if (paths::IsWithin(dir, m.target) && (!over || paths::Depth(m.target) >= paths::Depth(over->target))) {
+      over = &m;
+    }
+  }
+  if (!over) return false;
+  if (over->kind == MountKind::kMask) return true;  // denied on purpose: not for a hint to undo
+  return over->kind != MountKind::kTmpfs;
+}
+
+// The read_only entry that would bind `dir` (below `home`), in `~/` form.
+std::string EntryFor(const std::string& dir, const std::string& home) {
+  const std::string rel = dir.substr(home == "/" ? 1 : home.size() + 1);
+  const std::string top = rel.substr(0, rel.find('/'));
+  return "~/" + (top == ".local" ? rel : top);
+}
+
+}  // namespace
+
+HomePathDirs FindHomePathDirs(const Plan& plan, const std::vector<std::string>& dirs, const std::string& home,
+                              const std::vector<std::string>& read_only_now) {
+  HomePathDirs out;
+  if (home.empty() || home == "/") return out;
+  std::vector<std::string> added;
+  for (const auto& d : dirs) {
+    if (d == home || !paths::IsWithin(d, home) || Shown(plan, d)) continue;
+    if (std::find(out.not_mounted.begin(), out.not_mounted.end(), d) != out.not_mounted.end()) continue;
+    out.not_mounted.push_back(d);
+    const std::string entry = EntryFor(d, home);
+    if (std::find(added.begin(), added.end(), entry) == added.end()) added.push_back(entry);
+  }
+  if (out.not_mounted.empty()) return out;
+  out.read_only = read_only_now;
+  for (auto& e : added) {
+    if (std::find(out.read_only.begin(), out.read_only.end(), e) == out.read_only.end()) out.read_only.push_back(e);
+  }
+  return out;
+}
+
+std::string HomePathDirsText(const HomePathDirs& found, const std::string& prefix) {
+  if (found.not_mounted.empty()) return "";
+  std::string list;
+  for (const auto& e : found.read_only) list += (list.empty() ? "" : ", ") + e;
+  return prefix + "PATH directories under HOME are not mounted inside (the sandbox's HOME is private), so commands " +
+         "there are not found: " + Join(found.not_mounted) + "\n" + prefix +
+         "  to use them, bind them read-only in the policy file: filesystem.read_only: [" + list + "]\n" + prefix +
+         "  (everything under an entry is readable inside: list a token file there under filesystem.deny)\n";
 }
 
 }  // namespace agentbox

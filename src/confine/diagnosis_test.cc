@@ -4,8 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <string>
+#include <vector>
 
 #include "agentbox/confine.h"
 #include "confine/fake_host.h"
@@ -231,6 +233,89 @@ TEST(SelectBackend, OvermountedProcMeansLandlockOnlyWithTheReason) {
   EXPECT_TRUE(Has(forced.status().message(), "/proc/kcore")) << forced.status().message();
   h.proc_mount_errno = 0;  // the real mount worked
   EXPECT_EQ(SelectBackend(h, BackendChoice::kAuto)->backend, Backend::kNamespaces);
+}
+
+// ------------------------------------------------------------ PATH under HOME
+
+// PATH as a toolchain user has it (FakeInvocation: HOME /home/u, workspace
+// /home/u/proj), HOME itself and a system directory among them.
+const std::vector<std::string> kPathDirs = {"/home/u/.pyenv/shims", "/home/u/.cargo/bin", "/usr/bin",
+                                            "/home/u/.local/bin",   "/home/u/proj/node_modules/.bin",
+                                            "/home/u",              "/home/u/.pyenv/shims"};
+
+HomePathDirs Find(const Policy& pol, const HostCaps& host) {
+  auto c = Confine({"true"}, pol, host, testing::FakeInvocation());
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  if (!c.ok()) return {};
+  return FindHomePathDirs(c->plan, kPathDirs, "/home/u", pol.filesystem.read_only);
+}
+
+TEST(HomePathDirs, NamesEachDirectoryUnderTheHiddenHomeAndTheEntriesThatBindThem) {
+  const Policy pol = PresetFor(Mode::kWorkspaceWrite);
+  HomePathDirs found = Find(pol, Healthy());
+  // The workspace's own directory is bound; HOME itself and /usr/bin are not toolchains.
+  EXPECT_EQ(found.not_mounted,
+            (std::vector<std::string>{"/home/u/.pyenv/shims", "/home/u/.cargo/bin", "/home/u/.local/bin"}));
+  std::vector<std::string> want = pol.filesystem.read_only;
+  for (const char* e : {"~/.pyenv", "~/.cargo", "~/.local/bin"}) want.push_back(e);
+  EXPECT_EQ(found.read_only, want);
+  const std::string text = HomePathDirsText(found, "agentbox: ");
+  for (const auto& d : found.not_mounted) EXPECT_TRUE(Has(text, d)) << text;
+  EXPECT_TRUE(Has(text, "filesystem.read_only: [/usr, ")) << text;
+  EXPECT_TRUE(Has(text, ", ~/.pyenv, ~/.cargo, ~/.local/bin]")) << text;
+  EXPECT_TRUE(Has(text, "HOME is private")) << text;
+  for (size_t at = 0; at < text.size(); at = text.find('\n', at) + 1) {
+    EXPECT_EQ(text.compare(at, 10, "agentbox: "), 0) << text.substr(at);
+  }
+}
+
+TEST(HomePathDirs, DirectoriesTheReadOnlyListCoversAreNotMentioned) {
+  Policy pol = PresetFor(Mode::kWorkspaceWrite);
+  pol.filesystem.read_only.push_back("~/.pyenv");
+  pol.filesystem.read_only.push_back("/home/u/.local/bin");
+  HomePathDirs found = Find(pol, Healthy());
+  EXPECT_EQ(found.not_mounted, (std::vector<std::string>{"/home/u/.cargo/bin"}));
+  ASSERT_FALSE(found.read_only.empty());
+  EXPECT_EQ(found.read_only.back(), "~/.cargo");
+  EXPECT_EQ(std::count(found.read_only.begin(), found.read_only.end(), "~/.pyenv"), 1);
+  pol.filesystem.read_only.push_back("~/.cargo");
+  found = Find(pol, Healthy());
+  EXPECT_TRUE(found.not_mounted.empty());
+  EXPECT_TRUE(found.read_only.empty());
+  EXPECT_EQ(HomePathDirsText(found, ""), "");
+}
+
+TEST(HomePathDirs, LandlockOnlyGrantsByRuleAlike) {
+  HostCaps h = Healthy();
+  h.user_namespaces = false;
+  Policy pol = PresetFor(Mode::kWorkspaceWrite);
+  pol.sandbox.require = Requirement::kPartial;
+  pol.filesystem.read_only.push_back("~/.cargo");
+  HomePathDirs found = Find(pol, h);
+  EXPECT_EQ(found.not_mounted, (std::vector<std::string>{"/home/u/.pyenv/shims", "/home/u/.local/bin"}));
+}
+
+TEST(HomePathDirs, NothingToSayWithoutConfinementOrWithHomeInTheWorkspace) {
+  EXPECT_TRUE(Find(PresetFor(Mode::kDangerFullAccess), Healthy()).not_mounted.empty());
+  // HOME inside the workspace: the workspace's bind shows it.
+  Invocation inv = testing::FakeInvocation("/home");
+  inv.workspace = "/home";
+  const Policy pol = PresetFor(Mode::kWorkspaceWrite);
+  auto c = Confine({"true"}, pol, Healthy(), inv);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(FindHomePathDirs(c->plan, kPathDirs, "/home/u", pol.filesystem.read_only).not_mounted.empty());
+}
+
+TEST(PathInside, ThePlansOwnElseTheHostsWhenPassedElseNone) {
+  EnvRules env;
+  EXPECT_EQ(PathInside(env, "/home/u/bin:/usr/bin"), "");
+  env.pass = {"LANG", "PATH"};
+  EXPECT_EQ(PathInside(env, "/home/u/bin:/usr/bin"), "/home/u/bin:/usr/bin");
+  env.set = {{"PATH", "/usr/bin"}};
+  EXPECT_EQ(PathInside(env, "/home/u/bin:/usr/bin"), "/usr/bin");
+  EnvRules all;
+  all.pass_all = true;
+  EXPECT_EQ(PathInside(all, "/x"), "/x");
 }
 
 }  // namespace

@@ -143,6 +143,62 @@ json ToJsonValue(const Outcome& o) {
   return j;
 }
 
+Result<EnforcementReport> EnforcementFromJson(const json& j) {
+  auto level = [](const json& v, const std::string& where) -> Result<Level> {
+    const std::string s = v.is_string() ? v.get<std::string>() : "";
+    for (Level l : {Level::kFull, Level::kPartial, Level::kNone}) {
+      if (s == ToString(l)) return l;
+    }
+    return Status::Error("report", where + ": '" + v.dump() + "' is not full, partial or none");
+  };
+  auto strings = [](const json& o, const char* key, std::vector<std::string>* out) {
+    if (!o.contains(key)) return true;
+    if (!o.at(key).is_array()) return false;
+    for (const auto& s : o.at(key)) {
+      if (!s.is_string()) return false;
+      out->push_back(s.get<std::string>());
+    }
+    return true;
+  };
+  if (!j.is_object()) return Status::Error("report", "enforcement: not an object");
+  EnforcementReport r;
+  auto l = level(j.value("level", json()), "enforcement.level");
+  if (!l.ok()) return l.status();
+  r.level = *l;
+  if (!j.value("backend", json()).is_string()) return Status::Error("report", "enforcement.backend: not a string");
+  r.backend = j.at("backend").get<std::string>();
+  const json reason = j.value("backend_reason", json(""));
+  if (!reason.is_string()) return Status::Error("report", "enforcement.backend_reason: not a string");
+  r.backend_reason = reason.get<std::string>();
+  if (!j.value("facets", json()).is_object()) return Status::Error("report", "enforcement.facets: not an object");
+  for (const auto& [name, f] : j.at("facets").items()) {
+    const std::string where = "enforcement.facets." + name;
+    if (!f.is_object()) return Status::Error("report", where + ": not an object");
+    FacetReport facet;
+    facet.name = name;
+    auto fl = level(f.value("level", json()), where + ".level");
+    if (!fl.ok()) return fl.status();
+    facet.level = *fl;
+    if (!f.value("requested", json()).is_boolean()) return Status::Error("report", where + ".requested: not a boolean");
+    facet.requested = f.at("requested").get<bool>();
+    if (!strings(f, "mechanisms", &facet.mechanisms) || !strings(f, "notes", &facet.notes)) {
+      return Status::Error("report", where + ": mechanisms and notes are lists of strings");
+    }
+    r.facets.push_back(std::move(facet));
+  }
+  if (!j.value("missing", json()).is_array()) return Status::Error("report", "enforcement.missing: not a list");
+  for (const auto& m : j.at("missing")) {
+    if (!m.is_object() || !m.value("facet", json()).is_string() || !m.value("reason", json()).is_string()) {
+      return Status::Error("report", "enforcement.missing: each entry is {facet, reason}");
+    }
+    r.missing.push_back({m.at("facet").get<std::string>(), m.at("reason").get<std::string>()});
+  }
+  if (!strings(j, "skipped", &r.skipped) || !strings(j, "notes", &r.notes)) {
+    return Status::Error("report", "enforcement: skipped and notes are lists of strings");
+  }
+  return r;
+}
+
 std::string ToJson(const Outcome& outcome, int indent) { return ToJsonValue(outcome).dump(indent); }
 std::string ToJson(const EnforcementReport& report, int indent) {
   return ToJsonValue(report).dump(indent);

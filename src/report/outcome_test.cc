@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "agentbox/outcome.h"
+#include "report/report_json.h"
 
 namespace agentbox {
 namespace {
@@ -34,6 +35,40 @@ TEST(AddMissing, LowersTheNamedFacetAndTheLevel) {
   AddMissing(&r, {"network", "x"});
   EXPECT_EQ(r.facets[1].level, Level::kNone);
   EXPECT_EQ(r.missing.size(), 2u);
+}
+
+TEST(EnforcementFromJson, ReadsBackWhatToJsonValueWrites) {
+  EnforcementReport r = FullReport();
+  r.backend = "linux-namespaces";
+  r.backend_reason = "user namespaces available";
+  r.facets[0].notes = {"workspace is a host bind"};
+  r.facets[1].requested = false;
+  AddMissing(&r, {"filesystem", "short of the plan"});
+  r.skipped = {"/opt/x (filesystem.read_only: /opt/x): absent on this host"};
+  r.notes = {"fresh_per_task: false"};
+  const nlohmann::json j = ToJsonValue(r);
+  auto back = EnforcementFromJson(j);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(ToJsonValue(*back), j);
+  EXPECT_EQ(back->level, Level::kPartial);
+  ASSERT_EQ(back->facets.size(), 2u);
+  EXPECT_FALSE(back->facets[1].requested);
+}
+
+TEST(EnforcementFromJson, NamesTheFieldItCannotRead) {
+  nlohmann::json j = ToJsonValue(FullReport());
+  j["backend"] = "linux-namespaces";
+  j["facets"]["network"]["level"] = "most";
+  auto bad = EnforcementFromJson(j);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("enforcement.facets.network.level"), std::string::npos)
+      << bad.status().message();
+  j = ToJsonValue(FullReport());
+  j["backend"] = "linux-namespaces";
+  j["missing"] = {{{"facet", 1}}};
+  auto missing = EnforcementFromJson(j);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("enforcement.missing"), std::string::npos);
 }
 
 }  // namespace

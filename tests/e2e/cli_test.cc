@@ -1,6 +1,8 @@
 // The command line (DESIGN §2): wrap, check, policy validate/explain, and
 // how `run` handles the command's stdio.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <memory>
 #include <regex>
@@ -131,6 +133,227 @@ TEST(Wrap, CommandFailureDoesNotMatchTheRunnerFailureRule) {
   for (const auto& line : Lines(r.err)) {
     EXPECT_FALSE(std::regex_search(line, rule)) << "a command can forge the runner-failure line: " << line;
   }
+}
+
+// ------------------------------------------------------------ wrap --report / --report-fd
+
+nlohmann::json ParseReport(const std::string& path) {
+  auto text = ReadFile(path);
+  if (!text) return nlohmann::json();
+  return nlohmann::json::parse(*text, nullptr, false);
+}
+
+// What a harness compares: the outcome, the codes, what was enforced, which
+// policy, what was denied.
+void ExpectSameReport(const nlohmann::json& run, const nlohmann::json& wrapped) {
+  ASSERT_TRUE(run.is_object()) << run.dump();
+  ASSERT_TRUE(wrapped.is_object()) << wrapped.dump();
+  for (const char* key : {"outcome", "exit_code", "signal", "enforcement", "policy_sha256", "error"}) {
+    EXPECT_EQ(run[key], wrapped[key]) << key << "\nrun:     " << run[key].dump() << "\nwrapped: " << wrapped[key].dump();
+  }
+  auto targets = [](const nlohmann::json& r) {
+    std::vector<std::string> out;
+    for (const auto& d : r["denials"]) out.push_back(d["op"].get<std::string>() + " " + d["target"].get<std::string>());
+    return out;
+  };
+  EXPECT_EQ(targets(run), targets(wrapped));
+}
+
+// The argv's flags between "__exec" and "--".
+std::vector<std::string> ExecFlags(const Wrapped& w) {
+  std::vector<std::string> flags;
+  const auto& argv = w.command.argv;
+  for (size_t i = 2; i < argv.size() && argv[i] != "--"; ++i) flags.push_back(argv[i]);
+  return flags;
+}
+
+// `sh -c 'exec "$@" 7>"$R"'`: the wrapped argv (or agentbox) with fd 7 open on R.
+Command WithFd7(Command c, const std::string& file) {
+  std::vector<std::string> argv = {"/bin/sh", "-c", "exec \"$@\" 7>\"$R\"", "sh"};
+  argv.insert(argv.end(), c.argv.begin(), c.argv.end());
+  c.argv = argv;
+  c.env.push_back("R=" + file);
+  return c;
+}
+
+const char* const kDeniedScript = "cat .env; echo out; exit 3";
+
+TEST(WrapReport, FileTravelsIntoTheArgvAndSaysWhatRunSays) {
+  Sandbox sb;
+  WriteFile(sb.ws() + "/.env", "SECRET=1\n");
+  RunResult run = sb.Sh(kDeniedScript);
+  ASSERT_EQ(run.status, 3) << run.Describe();
+  ASSERT_EQ(OutcomeOf(run), "sandbox_denied") << run.Describe();
+
+  // A relative FILE is the wrapping directory's: made absolute in the argv,
+  // since the harness may spawn it from anywhere.
+  Command wrap = sb.AgentboxCommand({"wrap", "--workspace", sb.ws(), "--report", "wrapped.json", "--", "sh", "-c",
+                                     kDeniedScript});
+  wrap.cwd = sb.scratch();
+  RunResult wr = RunCommand(wrap);
+  ASSERT_EQ(wr.status, 0) << wr.Describe();
+  auto j = nlohmann::json::parse(wr.out, nullptr, false);
+  ASSERT_TRUE(j.is_object() && j["argv"].is_array()) << wr.Describe();
+  Wrapped w;
+  w.j = j;
+  w.command.argv = j["argv"].get<std::vector<std::string>>();
+  w.command.cwd = sb.ws();
+  w.command.env = sb.Env();
+  for (auto it = j["env"].begin(); it != j["env"].end(); ++it) {
+    w.command.env.push_back(it.key() + "=" + it.value().get<std::string>());
+  }
+  const std::string file = sb.scratch() + "/wrapped.json";
+  EXPECT_EQ(ExecFlags(w), (std::vector<std::string>{"--report", file})) << wr.out;
+  ASSERT_FALSE(Exists(file)) << "wrap only checks FILE; the run writes it";
+  RunResult r = RunCommand(w.command);
+  EXPECT_EQ(r.status, 3) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, "out\n")) << r.Describe();
+  ExpectSameReport(*run.report, ParseReport(file));
+  struct stat st;
+  ASSERT_EQ(lstat(file.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  // Nothing of the plan or of the report's context reaches the command.
+  Wrapped env = Wrap(sb, {"sh", "-c", "env | grep -c '^AGENTBOX_' || true"}, {"--report", file});
+  RunResult e = RunCommand(env.command);
+  EXPECT_EQ(e.status, 0) << e.Describe();
+  EXPECT_EQ(e.out, "0\n") << e.Describe();
+}
+
+TEST(WrapReport, FdTravelsIntoTheArgvAndSaysWhatRunSays) {
+  Sandbox sb;
+  WriteFile(sb.ws() + "/.env", "SECRET=1\n");
+  // The command tries the report's descriptor: it never reaches the sandbox.
+  const std::string script = std::string("echo forged >&7; ") + kDeniedScript;
+  const std::string run_file = sb.scratch() + "/run.json";
+  RunResult run = RunCommand(WithFd7(sb.AgentboxCommand({"run", "--report-fd", "7", "--", "sh", "-c", script}),
+                                     run_file));
+  ASSERT_EQ(run.status, 3) << run.Describe();
+  const nlohmann::json run_report = ParseReport(run_file);
+  ASSERT_TRUE(run_report.is_object()) << ReadFile(run_file).value_or("(no file)") << "\n" << run.Describe();
+  EXPECT_EQ(run_report["outcome"], "sandbox_denied") << run_report.dump();
+  EXPECT_FALSE(Contains(*ReadFile(run_file), "forged"));
+
+  Wrapped w = Wrap(sb, {"sh", "-c", script}, {"--report-fd", "7"});
+  ASSERT_FALSE(w.command.argv.empty());
+  EXPECT_EQ(ExecFlags(w), (std::vector<std::string>{"--report-fd", "7"}));
+  const std::string file = sb.scratch() + "/wrapped.json";
+  RunResult r = RunCommand(WithFd7(w.command, file));
+  EXPECT_EQ(r.status, 3) << r.Describe();
+  EXPECT_FALSE(Contains(*ReadFile(file), "forged"));
+  ExpectSameReport(run_report, ParseReport(file));
+}
+
+// A report that cannot be written refuses before anything runs, naming it:
+// on run, at wrap time, and on the wrapped argv's side.
+TEST(WrapReport, UnwritableFileIsRefusedBeforeTheCommandRuns) {
+  Sandbox sb;
+  const std::string missing = sb.scratch() + "/no-such-dir/r.json";
+  RunResult run = RunCommand(sb.AgentboxCommand({"run", "--report", missing, "--", "sh", "-c", "echo ran"}));
+  EXPECT_EQ(run.status, 125) << run.Describe();
+  EXPECT_FALSE(Contains(run.out, "ran")) << run.Describe();
+  EXPECT_TRUE(Contains(run.err, "--report " + missing)) << run.Describe();
+
+  RunResult wrap = RunCommand(sb.AgentboxCommand({"wrap", "--report", missing, "--", "sh", "-c", "echo ran"}));
+  EXPECT_EQ(wrap.status, 125) << wrap.Describe();
+  EXPECT_EQ(wrap.out, "") << wrap.Describe();
+  EXPECT_TRUE(Contains(wrap.err, "--report " + missing)) << wrap.Describe();
+
+  // Writable when wrapped, gone when spawned.
+  const std::string dir = sb.scratch() + "/reports";
+  MakeDirs(dir);
+  Wrapped w = Wrap(sb, {"sh", "-c", "echo ran"}, {"--report", dir + "/r.json"});
+  ASSERT_FALSE(w.command.argv.empty());
+  ASSERT_TRUE(RemoveTree(dir));
+  RunResult r = RunCommand(w.command);
+  EXPECT_EQ(r.status, 125) << r.Describe();
+  EXPECT_FALSE(Contains(r.out, "ran")) << r.Describe();
+  EXPECT_TRUE(Contains(r.err, "--report " + dir + "/r.json")) << r.Describe();
+  std::regex rule(w.j["runner_failure_rules"][0]["pattern"].get<std::string>(), std::regex::ECMAScript);
+  bool matched = false;
+  for (const auto& line : Lines(r.err)) matched |= std::regex_search(line, rule);
+  EXPECT_TRUE(matched) << "the refusal is the sandbox's, by the runner-failure rule\n" << r.Describe();
+}
+
+// A symlink at FILE is never followed: refused up front, and one planted
+// during the run (here by the command, in the workspace) is replaced.
+TEST(WrapReport, SymlinkAtTheFinalPathIsNeverFollowed) {
+  Sandbox sb;
+  const std::string victim = sb.scratch() + "/victim";
+  WriteFile(victim, "untouched\n");
+  const std::string link = sb.scratch() + "/link.json";
+  ASSERT_EQ(symlink(victim.c_str(), link.c_str()), 0);
+  RunResult run = RunCommand(sb.AgentboxCommand({"run", "--report", link, "--", "sh", "-c", "echo ran"}));
+  EXPECT_EQ(run.status, 125) << run.Describe();
+  EXPECT_FALSE(Contains(run.out, "ran")) << run.Describe();
+  EXPECT_TRUE(Contains(run.err, "--report " + link + ": is a symlink")) << run.Describe();
+  RunResult wrap = RunCommand(sb.AgentboxCommand({"wrap", "--report", link, "--", "true"}));
+  EXPECT_EQ(wrap.status, 125) << wrap.Describe();
+  EXPECT_TRUE(Contains(wrap.err, "is a symlink")) << wrap.Describe();
+
+  // Planted after the check: by the sandboxed command, in its workspace.
+  const std::string in_ws = sb.ws() + "/report.json";
+  const std::string plant = "ln -s " + victim + " report.json && echo planted";
+  RunResult planted = RunCommand(sb.AgentboxCommand({"run", "--report", in_ws, "--", "sh", "-c", plant}));
+  EXPECT_EQ(planted.status, 0) << planted.Describe();
+  EXPECT_TRUE(Contains(planted.out, "planted")) << planted.Describe();
+  Wrapped w = Wrap(sb, {"sh", "-c", "rm -f report.json; " + plant}, {"--report", in_ws});
+  RunResult wr = RunCommand(w.command);
+  EXPECT_EQ(wr.status, 0) << wr.Describe();
+  EXPECT_TRUE(Contains(wr.out, "planted")) << wr.Describe();
+  EXPECT_EQ(ReadFile(victim).value_or(""), "untouched\n") << "the report was written through a planted symlink";
+  struct stat st;
+  ASSERT_EQ(lstat(in_ws.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode)) << "the planted symlink was not replaced";
+  EXPECT_EQ(ParseReport(in_ws).value("outcome", ""), "exited");
+
+  // A report replaced whole: a new file (0600) renamed over the old one.
+  const std::string old_file = sb.scratch() + "/old.json";
+  WriteFile(old_file, "old report\n", 0644);
+  struct stat before;
+  ASSERT_EQ(stat(old_file.c_str(), &before), 0);
+  RunResult again = RunCommand(sb.AgentboxCommand({"run", "--report", old_file, "--", "true"}));
+  EXPECT_EQ(again.status, 0) << again.Describe();
+  ASSERT_EQ(stat(old_file.c_str(), &st), 0);
+  EXPECT_NE(st.st_ino, before.st_ino);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  EXPECT_EQ(ParseReport(old_file).value("outcome", ""), "exited");
+}
+
+TEST(WrapReport, FdThatIsNotOpenIsRefusedBeforeTheCommandRuns) {
+  Sandbox sb;
+  RunResult run = RunCommand(sb.AgentboxCommand({"run", "--report-fd", "9", "--", "sh", "-c", "echo ran"}));
+  EXPECT_EQ(run.status, 125) << run.Describe();
+  EXPECT_FALSE(Contains(run.out, "ran")) << run.Describe();
+  EXPECT_TRUE(Contains(run.err, "--report-fd 9: not an open file descriptor")) << run.Describe();
+  // The wrapped argv checks it when it is spawned (without fd 9 here).
+  Wrapped w = Wrap(sb, {"sh", "-c", "echo ran"}, {"--report-fd", "9"});
+  ASSERT_FALSE(w.command.argv.empty());
+  RunResult r = RunCommand(w.command);
+  EXPECT_EQ(r.status, 125) << r.Describe();
+  EXPECT_FALSE(Contains(r.out, "ran")) << r.Describe();
+  EXPECT_TRUE(Contains(r.err, "stage=report: --report-fd 9: not an open file descriptor")) << r.Describe();
+  // The command's own stdio is not a report's place; both flags at once are refused.
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"run", "--report-fd", "1", "--", "sh", "-c", "echo ran"},
+           {"wrap", "--report-fd", "2", "--", "sh", "-c", "echo ran"},
+           {"run", "--report", sb.scratch() + "/r.json", "--report-fd", "7", "--", "sh", "-c", "echo ran"},
+           {"wrap", "--report", sb.scratch() + "/r.json", "--report-fd", "7", "--", "sh", "-c", "echo ran"}}) {
+    RunResult bad = RunCommand(sb.AgentboxCommand(args));
+    EXPECT_EQ(bad.status, 125) << bad.Describe();
+    EXPECT_FALSE(Contains(bad.out, "ran")) << bad.Describe();
+    EXPECT_TRUE(Contains(bad.err, "--report-fd")) << bad.Describe();
+  }
+  // A harness that adds --report to an argv wrapped without it: refused,
+  // since the enforcement the report states did not travel.
+  Wrapped plain = Wrap(sb, {"sh", "-c", "echo ran"});
+  ASSERT_GE(plain.command.argv.size(), 2u);
+  plain.command.argv.insert(plain.command.argv.begin() + 2, {"--report", sb.scratch() + "/late.json"});
+  RunResult late = RunCommand(plain.command);
+  EXPECT_EQ(late.status, 125) << late.Describe();
+  EXPECT_FALSE(Contains(late.out, "ran")) << late.Describe();
+  EXPECT_TRUE(Contains(late.err, "AGENTBOX_WRAP_REPORT is not set")) << late.Describe();
+  EXPECT_EQ(ParseReport(sb.scratch() + "/late.json").value("outcome", ""), "sandbox_error");
 }
 
 // ------------------------------------------------------------ check / policy
@@ -287,6 +510,86 @@ TEST(Policy, ExplainSaysWhenRunWouldRefuse) {
   EXPECT_EQ(r.status, 0) << r.Describe();
   EXPECT_TRUE(Contains(r.out, "microvm")) << r.Describe();
   EXPECT_TRUE(Contains(r.out, "refuse")) << r.Describe();
+}
+
+// ------------------------------------------------------------ PATH under HOME
+
+// A toolchain user's PATH: shims and bin directories in the (temporary) HOME
+// before the system's, each holding a tool the system does not have.
+struct HomeToolchains {
+  explicit HomeToolchains(const Sandbox& sb) : pyenv(sb.home() + "/.pyenv/shims"), cargo(sb.home() + "/.cargo/bin") {
+    WriteFile(pyenv + "/agentbox-e2e-py", "#!/bin/sh\necho py-tool-ran\n", 0755);
+    WriteFile(cargo + "/agentbox-e2e-cargo", "#!/bin/sh\necho cargo-tool-ran\n", 0755);
+  }
+  std::vector<std::string> Env(const Sandbox& sb) const {
+    std::vector<std::string> env = sb.Env();
+    for (auto& e : env) {
+      if (e.rfind("PATH=", 0) == 0) e = "PATH=" + pyenv + ":" + cargo + ":" + e.substr(5);
+    }
+    return env;
+  }
+  std::string pyenv, cargo;
+};
+
+TEST(HomePath, ExplainNamesEachDirectoryAndTheReadOnlyEntries) {
+  Sandbox sb;
+  HomeToolchains tc(sb);
+  Command c = sb.AgentboxCommand({"policy", "explain"});
+  c.env = tc.Env(sb);
+  RunResult r = RunCommand(c);
+  EXPECT_EQ(r.status, 0) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, "PATH directories under HOME are not mounted inside")) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, tc.pyenv + ", " + tc.cargo)) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, "filesystem.read_only: [/usr, ")) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, ", ~/.pyenv, ~/.cargo]")) << r.Describe();
+
+  // Covered by read_only: not mentioned.
+  const std::string file = sb.scratch() + "/tools.yaml";
+  WriteFile(file, "version: 1\nfilesystem:\n  read_only: [/usr, /bin, /sbin, /lib, /lib64, /etc, ~/.pyenv]\n");
+  c.argv = {AgentboxBin(), "policy", "explain", "--json", "--policy", file};
+  RunResult j = RunCommand(c);
+  EXPECT_EQ(j.status, 0) << j.Describe();
+  auto out = nlohmann::json::parse(j.out, nullptr, false);
+  ASSERT_FALSE(out.is_discarded()) << j.Describe();
+  EXPECT_EQ(out["path_under_home"]["not_mounted"], nlohmann::json::array({tc.cargo})) << j.out.substr(0, 2000);
+  EXPECT_EQ(out["path_under_home"]["read_only"],
+            nlohmann::json::array({"/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc", "~/.pyenv", "~/.cargo"}));
+
+  // Nothing under HOME on PATH: nothing to say.
+  RunResult plain = RunCommand(sb.AgentboxCommand({"policy", "explain"}));
+  EXPECT_EQ(plain.status, 0) << plain.Describe();
+  EXPECT_FALSE(Contains(plain.out, "PATH directories under HOME")) << plain.Describe();
+}
+
+// `run` says it where a command was not found, and the entry it suggests
+// is the fix: with it the tool runs.
+TEST(HomePath, RunSaysItWhenACommandIsNotFoundAndTheSuggestedEntryFixesIt) {
+  Sandbox sb;
+  HomeToolchains tc(sb);
+  Command c = sb.AgentboxCommand({"run", "--", "agentbox-e2e-cargo"});
+  c.env = tc.Env(sb);
+  RunResult r = RunCommand(c);
+  EXPECT_EQ(r.status, 127) << r.Describe();
+  EXPECT_TRUE(Contains(r.err, "agentbox: PATH directories under HOME are not mounted inside")) << r.Describe();
+  EXPECT_TRUE(Contains(r.err, tc.cargo)) << r.Describe();
+  // The command's own shell not finding it is the same 127.
+  c.argv = {AgentboxBin(), "run", "--", "sh", "-c", "agentbox-e2e-py"};
+  RunResult sh = RunCommand(c);
+  EXPECT_EQ(sh.status, 127) << sh.Describe();
+  EXPECT_TRUE(Contains(sh.err, tc.pyenv)) << sh.Describe();
+  EXPECT_TRUE(Contains(sh.err, "~/.pyenv, ~/.cargo]")) << sh.Describe();
+
+  const std::string file = sb.scratch() + "/tools.yaml";
+  WriteFile(file, "version: 1\nfilesystem:\n  read_only: [/usr, /bin, /sbin, /lib, /lib64, /etc, ~/.pyenv, ~/.cargo]\n");
+  c.argv = {AgentboxBin(), "run", "--policy", file, "--", "sh", "-c", "agentbox-e2e-py; agentbox-e2e-cargo"};
+  RunResult fixed = RunCommand(c);
+  EXPECT_EQ(fixed.status, 0) << fixed.Describe();
+  EXPECT_EQ(fixed.out, "py-tool-ran\ncargo-tool-ran\n") << fixed.Describe();
+  // And nothing to say about a 127 once every directory is bound.
+  c.argv = {AgentboxBin(), "run", "--policy", file, "--", "agentbox-e2e-no-such-tool"};
+  RunResult none = RunCommand(c);
+  EXPECT_EQ(none.status, 127) << none.Describe();
+  EXPECT_FALSE(Contains(none.err, "PATH directories under HOME")) << none.Describe();
 }
 
 // ------------------------------------------------------------ stdio of `run`
