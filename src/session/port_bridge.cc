@@ -4,6 +4,8 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -21,8 +23,15 @@ constexpr int kInsideSocketMs = 5000;    // the init's answer for a fresh socket
 constexpr int kInsideConnectMs = 5000;   // connecting inside
 
 // Moves bytes from `from` to `to` through a pipe until `from` ends; then
-// half-closes `to`, so the other side sees the end too.
+// half-closes `to`, so the other side sees the end too. When `to` is gone
+// (its peer reset or closed), both directions end. splice() takes no
+// MSG_NOSIGNAL: SIGPIPE is blocked in this thread, so a peer gone is an
+// EPIPE here, not the end of the process.
 void Pump(int from, int to) {
+  sigset_t pipe_signal;
+  sigemptyset(&pipe_signal);
+  sigaddset(&pipe_signal, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe_signal, nullptr);
   int p[2];
   if (pipe2(p, O_CLOEXEC) != 0) {
     shutdown(from, SHUT_RDWR);
@@ -34,19 +43,15 @@ void Pump(int from, int to) {
     ssize_t in = splice(from, nullptr, w.get(), nullptr, 1 << 16, SPLICE_F_MOVE);
     if (in < 0 && errno == EINTR) continue;
     if (in <= 0) break;
-    bool failed = false;
     while (in > 0) {
       ssize_t out = splice(r.get(), nullptr, to, nullptr, static_cast<size_t>(in), SPLICE_F_MOVE);
       if (out < 0 && errno == EINTR) continue;
       if (out <= 0) {
-        failed = true;
-        break;
+        shutdown(from, SHUT_RDWR);
+        shutdown(to, SHUT_RDWR);
+        return;
       }
       in -= out;
-    }
-    if (failed) {
-      shutdown(from, SHUT_RDWR);
-      break;
     }
   }
   shutdown(to, SHUT_WR);
@@ -76,10 +81,30 @@ Status ConnectWithin(int fd, const sockaddr_in& addr, int timeout_ms, const std:
 
 }  // namespace
 
+// Both sockets are closed as soon as both directions ended (a peer that
+// still sends gets a reset, not a window that never opens), under `mu`:
+// Stop() shuts them down from another thread.
 struct PortBridge::Connection {
+  std::mutex mu;
   UniqueFd client, inside;
   std::thread up, down;
-  std::atomic<int> finished{0};
+  int finished = 0;  // mu
+
+  void Finished() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (++finished < 2) return;
+    client.reset();
+    inside.reset();
+  }
+  void ShutDown() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (client.valid()) shutdown(client.get(), SHUT_RDWR);
+    if (inside.valid()) shutdown(inside.get(), SHUT_RDWR);
+  }
+  bool Done() {
+    std::lock_guard<std::mutex> lock(mu);
+    return finished == 2;
+  }
 };
 
 Result<std::unique_ptr<PortBridge>> PortBridge::Start(std::weak_ptr<World> world, int inside_port) {
@@ -133,10 +158,7 @@ void PortBridge::AcceptLoop() {
   active_ = false;
   listener_.reset();
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& c : open_) {
-    shutdown(c->client.get(), SHUT_RDWR);
-    if (c->inside.valid()) shutdown(c->inside.get(), SHUT_RDWR);
-  }
+  for (auto& c : open_) c->ShutDown();
 }
 
 void PortBridge::Relay(UniqueFd client) {
@@ -144,7 +166,7 @@ void PortBridge::Relay(UniqueFd client) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto it = open_.begin(); it != open_.end();) {
-      if ((*it)->finished == 2) {
+      if ((*it)->Done()) {
         (*it)->up.join();
         (*it)->down.join();
         it = open_.erase(it);
@@ -169,14 +191,15 @@ void PortBridge::Relay(UniqueFd client) {
   c->client = std::move(client);
   c->inside = std::move(*inside);
   Connection* raw = c.get();
+  const int client_fd = c->client.get(), inside_fd = c->inside.get();
   std::lock_guard<std::mutex> lock(mu_);
-  c->up = std::thread([raw] {
-    Pump(raw->client.get(), raw->inside.get());
-    ++raw->finished;
+  c->up = std::thread([raw, client_fd, inside_fd] {
+    Pump(client_fd, inside_fd);
+    raw->Finished();
   });
-  c->down = std::thread([raw] {
-    Pump(raw->inside.get(), raw->client.get());
-    ++raw->finished;
+  c->down = std::thread([raw, client_fd, inside_fd] {
+    Pump(inside_fd, client_fd);
+    raw->Finished();
   });
   open_.push_back(std::move(c));
 }
@@ -197,8 +220,7 @@ void PortBridge::Stop() {
     all.swap(open_);
   }
   for (auto& c : all) {
-    shutdown(c->client.get(), SHUT_RDWR);
-    shutdown(c->inside.get(), SHUT_RDWR);
+    c->ShutDown();
     if (c->up.joinable()) c->up.join();
     if (c->down.joinable()) c->down.join();
   }

@@ -182,5 +182,47 @@ TEST_F(ServicesApiTest, TheBackgroundLogHasWhatCallsLeftRunningWrote) {
   EXPECT_EQ(cli.out, "after-the-call\n") << cli.Describe();
 }
 
+// A client that leaves while the service still sends (the bridge's next
+// write fails with EPIPE) ends its own connection only: the daemon, its
+// bridge and the session go on.
+TEST_F(ServicesApiTest, AClientLeavingMidAnswerEndsOnlyItsConnection) {
+  struct stat st {};
+  if (stat(kPython, &st) != 0) GTEST_SKIP() << "not applicable here: no " << kPython << " on this host";
+  Answer started = Call(c(), "POST", P("/services"),
+                        {{"name", "flood"},
+                         {"command", std::string(kPython) +
+                                         " -c 'import socket\ns=socket.socket(); "
+                                         "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+                                         "s.bind((\"127.0.0.1\", 8301)); s.listen(8)\n"
+                                         "while True:\n  c,_=s.accept()\n  try:\n    c.sendall(b\"x\" * (8 << 20))\n"
+                                         "  except OSError: pass\n  c.close()'"}});
+  ASSERT_EQ(started.status, 201) << started.text;
+  Answer exposed = Call(c(), "POST", P("/ports"), {{"port", 8301}});
+  ASSERT_EQ(exposed.status, 201) << exposed.text;
+  const int host_port = exposed.body.value("port", 0);
+  int answered = 0;
+  for (int i = 0; i < 20 && answered < 5; ++i) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(host_port));
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0) << "the daemon's bridge is gone";
+    char byte = 0;
+    struct pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, 10000) > 0 && read(fd, &byte, 1) == 1) ++answered;
+    // Unread data at close: a reset, then EPIPE on the bridge's next write.
+    close(fd);
+    if (answered == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the service starting
+  }
+  EXPECT_EQ(answered, 5);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_TRUE(d_.running());
+  Answer health = Call(c(), "GET", "/v1/health");
+  EXPECT_EQ(health.status, 200) << "the daemon died: " << d_.output();
+  EXPECT_EQ(Bash(c(), id_, "echo alive").value("output", ""), "alive\n");
+}
+
 }  // namespace
 }  // namespace agentbox::session_test
