@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -222,6 +223,40 @@ TEST_F(ServicesApiTest, AClientLeavingMidAnswerEndsOnlyItsConnection) {
   Answer health = Call(c(), "GET", "/v1/health");
   EXPECT_EQ(health.status, 200) << "the daemon died: " << d_.output();
   EXPECT_EQ(Bash(c(), id_, "echo alive").value("output", ""), "alive\n");
+}
+
+// A follower that leaves is let go at once, though the service says nothing
+// more: its request ends (and is logged) while the service runs on.
+TEST_F(ServicesApiTest, AFollowerThatLeavesIsLetGo) {
+  Answer started = Call(c(), "POST", P("/services"), {{"name", "quiet"}, {"command", "echo hello; exec sleep 600"}});
+  ASSERT_EQ(started.status, 201) << started.text;
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", d_.socket().c_str());
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const std::string request = "GET " + P("/services/quiet/logs?follow=1") + " HTTP/1.1\r\nHost: agentbox\r\n\r\n";
+  ASSERT_EQ(write(fd, request.data(), request.size()), static_cast<ssize_t>(request.size()));
+  std::string got;
+  char buf[4096];
+  while (!Contains(got, "hello")) {
+    struct pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, 20000) <= 0) break;
+    ssize_t n = read(fd, buf, sizeof(buf));
+    if (n <= 0) break;
+    got.append(buf, static_cast<size_t>(n));
+  }
+  ASSERT_TRUE(Contains(got, "hello")) << got;
+  close(fd);
+  auto follow_ended = [&] {
+    for (const auto& e : d_.LogEvents()) {
+      if (e.value("event", "") == "request" && Contains(e.value("path", ""), "/services/quiet/logs")) return true;
+    }
+    return false;
+  };
+  EXPECT_TRUE(Eventually(follow_ended)) << "the follow of a quiet service outlived its client";
+  EXPECT_EQ(Call(c(), "GET", P("/services/quiet")).body.value("state", ""), "running");
 }
 
 }  // namespace
