@@ -18,6 +18,7 @@ using nlohmann::json;
 namespace {
 
 constexpr int kStartWaitMs = 60000;  // provisioning plus the exec, at most
+constexpr off_t kLogCap = 64 << 20;  // a service's log, across its restarts
 
 std::string Now() {
   struct timespec ts {};
@@ -161,7 +162,18 @@ void Services::Launch(const std::shared_ptr<Service>& svc) {
       svc->changed.notify_all();
     };
     const int log_fd = log.get();
-    auto r = w->world->Exec(exec, [log_fd](std::string_view chunk) { WriteAll(log_fd, chunk); }, nullptr);
+    bool capped = false;
+    auto sink = [log_fd, &capped](std::string_view chunk) {
+      if (capped) return;
+      struct stat st {};
+      if (fstat(log_fd, &st) == 0 && st.st_size + static_cast<off_t>(chunk.size()) > kLogCap) {
+        WriteAll(log_fd, "\n[agentbox: the service's log is full (64 MiB); later output dropped]\n");
+        capped = true;
+        return;
+      }
+      WriteAll(log_fd, chunk);
+    };
+    auto r = w->world->Exec(exec, sink, nullptr);
     std::string error;
     if (!r.ok()) {
       error = r.status().ToString();

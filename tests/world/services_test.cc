@@ -410,5 +410,29 @@ TEST_F(ServicesTest, ThePortBridgeReachesOnlyItsPortAndNothingInsideReachesTheHo
   close(host_server);
 }
 
+// A service's log and the background log stop at 64 MiB, with a marker:
+// a chatty process does not fill the state directory's disk.
+TEST_F(ServicesTest, LogsAreCapped) {
+  constexpr long kCap = 64L << 20;
+  ServiceSpec spec;
+  spec.name = "chatty";
+  spec.command = "head -c 70000000 /dev/zero | tr '\\0' x";
+  ASSERT_TRUE(manager_->StartService(id_, spec).ok());
+  EXPECT_TRUE(Eventually([&] { return (*manager_->ServiceStatus(id_, "chatty"))["state"] == "exited"; }));
+  struct stat st {};
+  ASSERT_EQ(stat(manager_->ServiceLogPath(id_, "chatty")->c_str(), &st), 0);
+  EXPECT_LE(st.st_size, kCap + 200);
+  EXPECT_GT(st.st_size, kCap / 2);
+  EXPECT_NE(Read(*manager_->ServiceLogPath(id_, "chatty")).find("[agentbox: the service's log is full (64 MiB)"),
+            std::string::npos);
+  Bash("(sleep 0.2; head -c 70000000 /dev/zero | tr '\\0' y) & true");
+  const std::string marker = "[agentbox: background log full (64 MiB); later output dropped]";
+  EXPECT_TRUE(Eventually([&] { return BackgroundLog().find(marker) != std::string::npos; }));
+  // The writer is not stalled on a full pipe: it ends.
+  EXPECT_TRUE(Eventually([&] { return ProcessesInside().find("head -c") == std::string::npos; }));
+  ASSERT_EQ(stat(manager_->BackgroundLogPath(id_)->c_str(), &st), 0);
+  EXPECT_LE(st.st_size, kCap + 65536 + 200);
+}
+
 }  // namespace
 }  // namespace agentbox::session
