@@ -5,6 +5,10 @@
 //   agentbox session exec ID [--json] [--stream] [--call-id X] [--timeout T] [--stdin] -- COMMAND...
 //   agentbox session read ID PATH | write ID PATH < CONTENT
 //   agentbox session snapshot ID | diff ID | log ID | rm ID | ls
+//   agentbox session service start ID NAME [--cwd DIR] [--env K=V]... -- COMMAND...
+//   agentbox session service ls ID | logs ID NAME [--follow] | restart ID NAME | stop ID NAME [--forget]
+//   agentbox session port expose ID PORT | ls ID | rm ID PORT
+//   agentbox session background-log ID
 //
 // The daemon is found at --socket, $AGENTBOX_SOCKET, or the state directory's
 // socket; or at --url http://127.0.0.1:PORT with --token-file.
@@ -20,6 +24,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "cli/subcommand.h"
 #include "daemon/client.h"
@@ -56,6 +61,13 @@ struct SessionFlags {
   bool json = false;
   bool stream = false;
   bool with_stdin = false;
+  // Services and ports.
+  std::string name;
+  std::string cwd;
+  std::vector<std::string> env;
+  int port = 0;
+  bool follow = false;
+  bool forget = false;
 };
 
 void Error(const std::string& message) { std::fprintf(stderr, "agentbox session: %s\n", message.c_str()); }
@@ -324,6 +336,86 @@ int Run(const std::string& sub, SessionFlags& f, const std::vector<std::string>&
     WriteOut(r->body);  // when the daemon sent it unchunked
     return 0;
   }
+  // Streams a text body (a log) to stdout.
+  auto print_text = [&](const std::string& target) {
+    auto r = client.Call("GET", target, "", [](std::string_view chunk) { WriteOut(chunk); });
+    if (!r.ok()) return fail(r.status());
+    if (r->status != 200) return fail(Status::Error("http", r->ErrorMessage()));
+    WriteOut(r->body);
+    return 0;
+  };
+  auto print_json = [&](const Result<json>& r) {
+    if (!r.ok()) return fail(r.status());
+    WriteOut(r->dump(2) + "\n");
+    return 0;
+  };
+  if (sub == "service start") {
+    std::string command = f.command;
+    for (const auto& a : after_dashes) command += (command.empty() ? "" : " ") + ShellQuote(a);
+    if (command.empty()) {
+      Error("no command: agentbox session service start ID NAME -- COMMAND [ARG...]  (or --command STRING)");
+      return kExitUsage;
+    }
+    json body = {{"name", f.name}, {"command", command}};
+    if (!f.cwd.empty()) body["cwd"] = f.cwd;
+    if (!f.env.empty()) {
+      body["env"] = json::object();
+      for (const auto& kv : f.env) {
+        const auto eq = kv.find('=');
+        if (eq == std::string::npos || eq == 0) {
+          Error("--env " + kv + ": expected NAME=VALUE");
+          return kExitUsage;
+        }
+        body["env"][kv.substr(0, eq)] = kv.substr(eq + 1);
+      }
+    }
+    return print_json(client.CallJson("POST", SessionPath(f.id, "/services"), body));
+  }
+  if (sub == "service ls") {
+    auto r = client.CallJson("GET", SessionPath(f.id, "/services"));
+    if (!r.ok()) return fail(r.status());
+    if (f.json) return print_json(r);
+    for (const auto& s : (*r)["services"]) {
+      std::string state = s.value("state", "");
+      if (s.contains("pid")) state += " pid " + std::to_string(s.value("pid", 0));
+      if (s.contains("exit_code")) state += " exit " + std::to_string(s.value("exit_code", 0));
+      if (s.contains("signal")) state += " signal " + std::to_string(s.value("signal", 0));
+      WriteOut(s.value("name", "") + "\t" + state + "\t" + std::to_string(s.value("restarts", 0)) + " restarts\t" +
+               s.value("command", "") + "\n");
+    }
+    return 0;
+  }
+  if (sub == "service logs") {
+    return print_text(SessionPath(f.id, "/services/" + f.name + "/logs" + (f.follow ? "?follow=1" : "")));
+  }
+  if (sub == "service restart") return print_json(client.CallJson("POST", SessionPath(f.id, "/services/" + f.name + "/restart")));
+  if (sub == "service stop") {
+    return print_json(f.forget ? client.CallJson("DELETE", SessionPath(f.id, "/services/" + f.name))
+                               : client.CallJson("POST", SessionPath(f.id, "/services/" + f.name + "/stop")));
+  }
+  if (sub == "port expose") {
+    auto r = client.CallJson("POST", SessionPath(f.id, "/ports"), json{{"port", f.port}});
+    if (!r.ok()) return fail(r.status());
+    if (f.json) return print_json(r);
+    WriteOut(r->value("host", "") + ":" + std::to_string(r->value("port", 0)) + "\n");
+    return 0;
+  }
+  if (sub == "port ls") {
+    auto r = client.CallJson("GET", SessionPath(f.id, "/ports"));
+    if (!r.ok()) return fail(r.status());
+    if (f.json) return print_json(r);
+    for (const auto& p : (*r)["ports"]) {
+      WriteOut(std::to_string(p.value("inside_port", 0)) + "\t" + p.value("host", "") + ":" +
+               std::to_string(p.value("port", 0)) + "\n");
+    }
+    return 0;
+  }
+  if (sub == "port rm") {
+    auto r = client.CallJson("DELETE", SessionPath(f.id, "/ports/" + std::to_string(f.port)));
+    if (!r.ok()) return fail(r.status());
+    return 0;
+  }
+  if (sub == "background-log") return print_text(SessionPath(f.id, "/background/log"));
   if (sub == "rm") {
     auto r = client.CallJson("DELETE", SessionPath(f.id));
     if (!r.ok()) return fail(r.status());
@@ -407,9 +499,47 @@ Subcommand AddSessionCommand(CLI::App& app) {
   CLI::App* ls = add("ls", "list sessions");
   ls->add_flag("--json", f->json, "print as JSON");
 
+  CLI::App* bglog = add("background-log", "print what the session's calls left running wrote after their call");
+  bglog->add_option("id", f->id, "session id")->required();
+
+  CLI::App* service = add("service", "named long-running processes in a session (start, ls, logs, restart, stop)");
+  service->require_subcommand(1);
+  auto add_service = [&](const char* name, const char* help, bool named) {
+    CLI::App* sub = service->add_subcommand(name, help);
+    sub->fallthrough();
+    sub->add_option("id", f->id, "session id")->required();
+    if (named) sub->add_option("name", f->name, "service name")->required();
+    return sub;
+  };
+  CLI::App* sstart = add_service("start", "start a service: agentbox session service start ID NAME -- COMMAND...", true);
+  sstart->add_option("--command", f->command, "the command as one shell string (instead of -- COMMAND...)");
+  sstart->add_option("--cwd", f->cwd, "working directory inside (relative: to the workspace)");
+  sstart->add_option("--env", f->env, "NAME=VALUE for the service (repeatable)")->allow_extra_args(false);
+  add_service("ls", "list the session's services", false)->add_flag("--json", f->json, "print as JSON");
+  add_service("logs", "print a service's output", true)->add_flag("--follow", f->follow, "and what comes, until it exits");
+  add_service("restart", "stop and start a service again", true);
+  add_service("stop", "stop a service", true)->add_flag("--forget", f->forget, "and remove it from the list");
+
+  CLI::App* port = add("port", "expose a port of the session's sandbox on the host's loopback (expose, ls, rm)");
+  port->require_subcommand(1);
+  auto add_port = [&](const char* name, const char* help, bool numbered) {
+    CLI::App* sub = port->add_subcommand(name, help);
+    sub->fallthrough();
+    sub->add_option("id", f->id, "session id")->required();
+    if (numbered) sub->add_option("port", f->port, "the port inside")->required()->check(CLI::Range(1, 65535));
+    return sub;
+  };
+  add_port("expose", "expose a port; prints 127.0.0.1:HOSTPORT", true)->add_flag("--json", f->json, "print as JSON");
+  add_port("ls", "list exposed ports (inside port, host address)", false)->add_flag("--json", f->json, "print as JSON");
+  add_port("rm", "stop exposing a port", true);
+
   return {cmd, [f, cmd](const std::vector<std::string>& after_dashes) {
             for (CLI::App* sub : cmd->get_subcommands()) {
-              if (sub->parsed()) return Run(sub->get_name(), *f, after_dashes);
+              if (!sub->parsed()) continue;
+              for (CLI::App* nested : sub->get_subcommands()) {
+                if (nested->parsed()) return Run(sub->get_name() + " " + nested->get_name(), *f, after_dashes);
+              }
+              return Run(sub->get_name(), *f, after_dashes);
             }
             return kExitUsage;
           }};

@@ -10,11 +10,13 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <thread>
 
 #include "agentbox/outcome.h"
 #include "linux/fd.h"
 #include "net/secrets.h"
 #include "session/layers.h"
+#include "session/services.h"
 
 namespace agentbox::daemon {
 
@@ -348,6 +350,180 @@ struct Api {
     });
   }
 
+  // GET /v1/sessions/{id}/background/log: what the session's calls left
+  // running wrote after their call ended, as it is on disk now.
+  void BackgroundLog(Request req, ReplyPtr reply) {
+    reply->Note("session", req.params[0]);
+    Blocking(reply, [this, reply, id = req.params[0]] {
+      auto path = manager.BackgroundLogPath(id);
+      if (!path.ok()) return reply->Send(ErrorFor(path.status()));
+      StreamFile(reply, *path, [] { return false; });
+    });
+  }
+
+  // The file at `path` as text/plain from its start; while `more()` says
+  // it may grow (a followed service), what is appended, until `more()` is
+  // false and the rest is sent, or the client leaves.
+  static void StreamFile(const ReplyPtr& reply, const std::string& path, const std::function<bool()>& more) {
+    linux::UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd.valid() && errno != ENOENT) return reply->Send(ErrorFor(Status::Errno("log", "open", path)));
+    reply->Begin(200, "text/plain; charset=utf-8");
+    std::string buf(kLogChunk, '\0');
+    for (;;) {
+      if (!fd.valid()) fd.reset(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+      ssize_t n = fd.valid() ? read(fd.get(), buf.data(), buf.size()) : 0;
+      if (n < 0 && errno == EINTR) continue;
+      if (n > 0) {
+        if (!reply->Write(buf.substr(0, static_cast<std::size_t>(n)))) return;
+        continue;
+      }
+      if (reply->Gone()) return;
+      const bool still = more();
+      if (!still) {
+        // Whatever came between the last read and the end.
+        while (fd.valid() && (n = read(fd.get(), buf.data(), buf.size())) > 0) {
+          if (!reply->Write(buf.substr(0, static_cast<std::size_t>(n)))) return;
+        }
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    reply->End();
+  }
+
+  // POST /v1/sessions/{id}/services {name, command, cwd?, env?} → 201 status.
+  void StartService(Request req, ReplyPtr reply) {
+    const std::string id = req.params[0];
+    reply->Note("session", id);
+    json body;
+    Response error;
+    if (!ParseObject(req, &body, &error) ||
+        !CheckFields(body, {"name", "command", "cwd", "env"}, {"name", "command", "cwd"}, &error)) {
+      return reply->Send(error);
+    }
+    session::ServiceSpec spec;
+    spec.name = Str(body, "name");
+    spec.command = Str(body, "command");
+    spec.cwd = Str(body, "cwd");
+    if (body.contains("env")) {
+      if (!body["env"].is_object()) {
+        return reply->Send(Response::Error(400, "bad_request", "field 'env' must be an object of strings, not " +
+                                                                   std::string(body["env"].type_name())));
+      }
+      for (auto it = body["env"].begin(); it != body["env"].end(); ++it) {
+        if (!it->is_string()) {
+          return reply->Send(Response::Error(400, "bad_request", "field 'env." + it.key() + "' must be a string"));
+        }
+        spec.env.emplace_back(it.key(), it->get<std::string>());
+      }
+    }
+    if (spec.name.empty()) return reply->Send(Response::Error(400, "bad_request", "field 'name' is required"));
+    if (Status v = session::ValidateServiceSpec(spec); !v.ok()) return reply->Send(ErrorFor(v));
+    reply->Note("service", spec.name);
+    Blocking(reply, [this, reply, id, spec = std::move(spec)] {
+      auto r = manager.StartService(id, spec);
+      if (!r.ok()) return reply->Send(ErrorFor(r.status()));
+      Response resp = Response::Json(201, *r);
+      resp.headers.emplace_back("Location", "/v1/sessions/" + id + "/services/" + spec.name);
+      reply->Send(std::move(resp));
+    });
+  }
+
+  void ListServices(Request req, ReplyPtr reply) {
+    reply->Note("session", req.params[0]);
+    Blocking(reply, [this, reply, id = req.params[0]] {
+      auto r = manager.ServiceStatus(id, "");
+      reply->Send(r.ok() ? Response::Json(200, *r) : ErrorFor(r.status()));
+    });
+  }
+
+  void GetService(Request req, ReplyPtr reply) {
+    reply->Note("session", req.params[0]);
+    Blocking(reply, [this, reply, id = req.params[0], name = req.params[1]] {
+      auto r = manager.ServiceStatus(id, name);
+      reply->Send(r.ok() ? Response::Json(200, *r) : ErrorFor(r.status()));
+    });
+  }
+
+  // GET .../services/{name}/logs[?follow=1]: the service's output so far;
+  // following, what comes until it exits or the client leaves.
+  void ServiceLogs(Request req, ReplyPtr reply) {
+    reply->Note("session", req.params[0]);
+    const bool follow = req.QueryFlag("follow");
+    Blocking(reply, [this, reply, id = req.params[0], name = req.params[1], follow] {
+      auto path = manager.ServiceLogPath(id, name);
+      if (!path.ok()) return reply->Send(ErrorFor(path.status()));
+      StreamFile(reply, *path, [&] { return follow && manager.ServiceRunning(id, name); });
+    });
+  }
+
+  void RestartService(Request req, ReplyPtr reply) {
+    reply->Note("session", req.params[0]);
+    Blocking(reply, [this, reply, id = req.params[0], name = req.params[1]] {
+      auto r = manager.RestartService(id, name);
+      reply->Send(r.ok() ? Response::Json(200, *r) : ErrorFor(r.status()));
+    });
+  }
+
+  void StopService(Request req, ReplyPtr reply) {
+    reply->Note("session", req.params[0]);
+    Blocking(reply, [this, reply, id = req.params[0], name = req.params[1]] {
+      auto r = manager.StopService(id, name, false);
+      reply->Send(r.ok() ? Response::Json(200, *r) : ErrorFor(r.status()));
+    });
+  }
+
+  void DeleteService(Request req, ReplyPtr reply) {
+    reply->Note("session", req.params[0]);
+    Blocking(reply, [this, reply, id = req.params[0], name = req.params[1]] {
+      auto r = manager.StopService(id, name, true);
+      reply->Send(r.ok() ? Response::Json(200, *r) : ErrorFor(r.status()));
+    });
+  }
+
+  // POST /v1/sessions/{id}/ports {port} → 201 {host: "127.0.0.1", port, inside_port, connections}.
+  void ExposePort(Request req, ReplyPtr reply) {
+    const std::string id = req.params[0];
+    reply->Note("session", id);
+    json body;
+    Response error;
+    if (!ParseObject(req, &body, &error) || !CheckFields(body, {"port"}, {}, &error)) return reply->Send(error);
+    if (!body.contains("port") || !body["port"].is_number_integer()) {
+      return reply->Send(Response::Error(400, "bad_request", "field 'port' (an integer, 1 to 65535) is required"));
+    }
+    const long long port = body["port"].get<long long>();
+    if (port < 1 || port > 65535) {
+      return reply->Send(Response::Error(400, "bad_request", "port " + std::to_string(port) + " is not 1 to 65535"));
+    }
+    Blocking(reply, [this, reply, id, port] {
+      bool created = false;
+      auto r = manager.ExposePort(id, static_cast<int>(port), &created);
+      reply->Send(r.ok() ? Response::Json(created ? 201 : 200, *r) : ErrorFor(r.status()));
+    });
+  }
+
+  void ListPorts(Request req, ReplyPtr reply) {
+    reply->Note("session", req.params[0]);
+    Blocking(reply, [this, reply, id = req.params[0]] {
+      auto r = manager.Ports(id);
+      reply->Send(r.ok() ? Response::Json(200, *r) : ErrorFor(r.status()));
+    });
+  }
+
+  void UnexposePort(Request req, ReplyPtr reply) {
+    reply->Note("session", req.params[0]);
+    const std::string& text = req.params[1];
+    int port = 0;
+    if (text.empty() || text.size() > 5 || text.find_first_not_of("0123456789") != std::string::npos ||
+        (port = std::stoi(text)) < 1 || port > 65535) {
+      return reply->Send(Response::Error(400, "bad_request", "port '" + text + "' is not 1 to 65535"));
+    }
+    Blocking(reply, [this, reply, id = req.params[0], port] {
+      Status s = manager.UnexposePort(id, port);
+      reply->Send(s.ok() ? Response::NoContent() : ErrorFor(s));
+    });
+  }
+
   void Remove(Request req, ReplyPtr reply) {
     reply->Note("session", req.params[0]);
     Blocking(reply, [this, reply, id = req.params[0]] {
@@ -415,6 +591,17 @@ void RegisterApi(Server& server, session::Manager& manager) {
   r.Add("GET", "/v1/sessions/{id}/diff", bind(&Api::Diff));
   r.Add("GET", "/v1/sessions/{id}/log", bind(&Api::Log));
   RegisterTerminalApi(server, manager);
+  r.Add("GET", "/v1/sessions/{id}/background/log", bind(&Api::BackgroundLog));
+  r.Add("POST", "/v1/sessions/{id}/services", bind(&Api::StartService));
+  r.Add("GET", "/v1/sessions/{id}/services", bind(&Api::ListServices));
+  r.Add("GET", "/v1/sessions/{id}/services/{name}", bind(&Api::GetService));
+  r.Add("DELETE", "/v1/sessions/{id}/services/{name}", bind(&Api::DeleteService));
+  r.Add("GET", "/v1/sessions/{id}/services/{name}/logs", bind(&Api::ServiceLogs));
+  r.Add("POST", "/v1/sessions/{id}/services/{name}/restart", bind(&Api::RestartService));
+  r.Add("POST", "/v1/sessions/{id}/services/{name}/stop", bind(&Api::StopService));
+  r.Add("POST", "/v1/sessions/{id}/ports", bind(&Api::ExposePort));
+  r.Add("GET", "/v1/sessions/{id}/ports", bind(&Api::ListPorts));
+  r.Add("DELETE", "/v1/sessions/{id}/ports/{port}", bind(&Api::UnexposePort));
 }
 
 }  // namespace agentbox::daemon

@@ -9,6 +9,15 @@
 //   POST   /v1/sessions/{id}/snapshot                   201 {snapshot_id}
 //   GET    /v1/sessions/{id}/diff[?format=patch]        diff JSON, or the raw patch (text/x-diff)
 //   GET    /v1/sessions/{id}/log                        the JSONL log (application/x-ndjson)
+//   GET    /v1/sessions/{id}/background/log             what calls left running wrote after them (text/plain)
+//   POST   /v1/sessions/{id}/services                   {name, command, cwd?, env?} → 201 status
+//   GET    /v1/sessions/{id}/services[/{name}]          {services: [status...]} or one status
+//   GET    /v1/sessions/{id}/services/{name}/logs[?follow=1]  its output (text/plain)
+//   POST   /v1/sessions/{id}/services/{name}/restart|stop     status
+//   DELETE /v1/sessions/{id}/services/{name}            stopped and forgotten: its last status
+//   POST   /v1/sessions/{id}/ports                      {port} → 201 {host: "127.0.0.1", port, inside_port}
+//   GET    /v1/sessions/{id}/ports                      {ports: [...]}
+//   DELETE /v1/sessions/{id}/ports/{port}               204
 //   DELETE /v1/sessions/{id}                            204
 //
 // Every Manager call runs on a worker thread (Server::RunBlocking): any of

@@ -432,7 +432,24 @@ class Connection : public ConnectionBase {
       self->bytes_out_ += n;
       if (ec) return self->Fail();
       self->streaming_ = true;
+      self->WatchPeer();
       self->Pump();
+    });
+  }
+
+  // While a stream goes out, a client that leaves is seen at once, not at
+  // the next chunk (a followed log may be quiet for long): the socket is
+  // watched for its end, without reading what a client may send ahead. A
+  // client that shuts its sending side down counts as gone.
+  void WatchPeer() {
+    auto self = Self();
+    socket_.async_wait(Socket::wait_read, [self](error_code ec) {
+      if (ec || !self->streaming_ || self->phase_ == Phase::kClosed) return;
+      char byte;
+      const ssize_t n = ::recv(self->socket_.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return self->Fail();
+      if (n < 0) self->WatchPeer();
+      // n > 0: the client sent its next request early; it stays unread.
     });
   }
 

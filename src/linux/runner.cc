@@ -678,26 +678,83 @@ void WriteFully(int fd, const std::string& data) {
 // The keeper's signal to end its call: everything the call started dies.
 constexpr int kEndCallSignal = SIGUSR1;
 
+// What a background process may write to the session's background log
+// before the rest is dropped (one marker line says so).
+constexpr off_t kBackgroundLogCap = 64 << 20;
+
+// Writes all of `data` to a non-blocking `fd`, waiting for room; false when
+// the reader is gone.
+bool WriteAllWaiting(int fd, const char* data, size_t n) {
+  while (n > 0) {
+    ssize_t w = write(fd, data, n);
+    if (w > 0) {
+      data += w;
+      n -= static_cast<size_t>(w);
+      continue;
+    }
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && errno == EAGAIN) {
+      struct pollfd p = {fd, POLLOUT, 0};
+      poll(&p, 1, -1);
+      continue;
+    }
+    return false;
+  }
+  return true;
+}
+
+// What a call left running writes after the call's end: drained from the
+// call's output pipe into the session's background log (-1: dropped) until
+// the last writer closes it. A process of the init's (a fork of the keeper,
+// outside the command's signal scope), so nothing inside can stop it and
+// wedge a background process on a full pipe.
+[[noreturn]] void DrainBackground(int pipe_fd, int log_fd) {
+  char buf[65536];
+  bool capped = false;
+  for (;;) {
+    ssize_t r = read(pipe_fd, buf, sizeof(buf));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    if (log_fd < 0 || capped) continue;
+    struct stat st {};
+    if (fstat(log_fd, &st) == 0 && st.st_size >= kBackgroundLogCap) {
+      static const char kMarker[] = "\n[agentbox: background log full (64 MiB); later output dropped]\n";
+      (void)!write(log_fd, kMarker, sizeof(kMarker) - 1);
+      capped = true;
+      continue;
+    }
+    (void)!write(log_fd, buf, static_cast<size_t>(r));
+  }
+  _exit(0);
+}
+
 // A session call's keeper: a process of the init's (outside the command's
 // signal scope, so the command cannot stop or kill it) that leads the call's
 // session and is a child subreaper, so every process the call starts stays
-// below it however it forks, double-forks or leaves the session. It forwards
-// the init's signals to the command's group; when the command ends, or on
-// kEndCallSignal, it SIGKILLs everything below it, stopped processes
-// included, and ends the way the command ended. A call's processes end with
-// the call, whether it exited, timed out or was cancelled. Runs in a forked
-// copy of the init, with the init's signals (kForwarded, SIGCHLD) blocked.
+// below it however it forks, double-forks or leaves the session. The
+// command's stdout and stderr are a pipe of the keeper's, relayed to the
+// caller's. It forwards the init's signals to the command's group.
+//
+// When the command exits, the call ends at once with the command's status
+// and the output it wrote up to its exit: what it started in the background
+// lives on (re-parented to the init when the keeper exits), and what that
+// writes later goes to the session's background log (DrainBackground), not
+// to the caller. A call ended from outside (kEndCallSignal: a cancel, a
+// timeout's kill; or a terminating signal: a timeout's SIGTERM, the world's
+// stop) SIGKILLs everything below it, stopped processes included. Runs in a
+// forked copy of the init, with the init's signals (kForwarded, SIGCHLD)
+// blocked.
 [[noreturn]] void CallKeeper(const ExecRequest& req, const char* cwd, int in_fd, int out_fd, int result_fd,
-                             const sigset_t& original_mask) {
+                             int log_fd, const sigset_t& original_mask) {
   // Nothing of the init's or of the other calls' descriptors (their answer
   // pipes: a file tool's caller waits for the end of its pipe) stays open
-  // here: stdio (/dev/null), this call's three pipes and the signal scope.
+  // here: stdio (/dev/null), this call's pipes, its log and the signal scope.
   {
     auto close_from_to = [](unsigned first, unsigned last) {
       if (CloseRange(first, last, 0) == 0) return;
       for (unsigned fd = first; fd <= last && fd < 65536; ++fd) close(static_cast<int>(fd));
     };
-    int keep[] = {0, 1, 2, in_fd, out_fd, result_fd, req.signal_scope};
+    int keep[] = {0, 1, 2, in_fd, out_fd, result_fd, log_fd, req.signal_scope};
     std::sort(std::begin(keep), std::end(keep));
     unsigned next = 0;
     for (int fd : keep) {
@@ -707,54 +764,123 @@ constexpr int kEndCallSignal = SIGUSR1;
     }
     close_from_to(next, ~0U);
   }
-  if (setsid() < 0 || prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0) {
-    WriteFully(result_fd, std::string("{\"t\":\"exec_error\",\"stage\":\"session\",\"syscall\":\"setsid/prctl\",") +
-                              "\"path\":\"\",\"message\":\"\",\"errno\":" + std::to_string(errno) + "}\n");
+  auto fail = [&](const char* stage, const char* syscall_name) {
+    WriteFully(result_fd, std::string("{\"t\":\"exec_error\",\"stage\":\"") + stage + "\",\"syscall\":\"" +
+                              syscall_name + "\",\"path\":\"\",\"message\":\"\",\"errno\":" + std::to_string(errno) +
+                              "}\n");
     _exit(125);
-  }
+  };
+  if (setsid() < 0 || prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0) fail("session", "setsid/prctl");
   // A terminal: the pty is the controlling terminal of the call's session
-  // (the keeper leads it); the command's group takes the foreground.
-  if (req.tty_fd >= 0 && ioctl(req.tty_fd, TIOCSCTTY, 0) != 0) {
-    WriteFully(result_fd, std::string("{\"t\":\"exec_error\",\"stage\":\"pty\",\"syscall\":\"ioctl(TIOCSCTTY)\",") +
-                              "\"path\":\"/dev/pts\",\"message\":\"\",\"errno\":" + std::to_string(errno) + "}\n");
-    _exit(125);
-  }
+  // (the keeper leads it) and the command's stdio, with no relay; the
+  // command's group takes the foreground.
+  const bool terminal = req.tty_fd >= 0;
+  if (terminal && ioctl(req.tty_fd, TIOCSCTTY, 0) != 0) fail("pty", "ioctl(TIOCSCTTY)");
   sigset_t wait_for;
   sigemptyset(&wait_for);
   for (int sig : kForwarded) sigaddset(&wait_for, sig);
   sigaddset(&wait_for, SIGCHLD);
-  const pid_t command = vfork();
-  if (command == 0) SessionCommandChild(req, cwd, in_fd, out_fd, result_fd, original_mask);
-  if (command < 0) {
-    WriteFully(result_fd, "{\"t\":\"exec_error\",\"stage\":\"fork\",\"syscall\":\"vfork\",\"path\":\"\","
-                          "\"message\":\"\",\"errno\":" + std::to_string(errno) + "}\n");
-    _exit(125);
+  UniqueFd sigfd(signalfd(-1, &wait_for, SFD_CLOEXEC | SFD_NONBLOCK));
+  if (!sigfd.valid()) fail("session", "signalfd");
+  signal(SIGPIPE, SIG_IGN);  // a caller gone mid-call: its output is dropped, the call goes on (the command resets it)
+  int output[2] = {-1, -1};
+  UniqueFd relay;
+  if (!terminal) {
+    if (pipe2(output, O_CLOEXEC) != 0) fail("session", "pipe2");
+    relay.reset(output[0]);
+    fcntl(out_fd, F_SETFL, fcntl(out_fd, F_GETFL) | O_NONBLOCK);
   }
+  const pid_t command = vfork();
+  if (command == 0) SessionCommandChild(req, cwd, in_fd, terminal ? out_fd : output[1], result_fd, original_mask);
+  const int vfork_errno = errno;
+  if (!terminal) close(output[1]);
+  if (command < 0) {
+    errno = vfork_errno;
+    fail("fork", "vfork");
+  }
+  // The command's pid, as the sandbox sees it (a service's status).
+  WriteFully(result_fd, "{\"t\":\"started\",\"pid\":" + std::to_string(command) + "}\n");
+  char buf[65536];
+  // Relays what the pipe holds (at most `limit` bytes); false at its end.
+  auto relay_some = [&](size_t limit) {
+    ssize_t r = read(relay.get(), buf, std::min(limit, sizeof(buf)));
+    if (r < 0 && (errno == EINTR || errno == EAGAIN)) return true;
+    if (r <= 0) return false;
+    (void)WriteAllWaiting(out_fd, buf, static_cast<size_t>(r));
+    return true;
+  };
   int status = 0;
-  bool ended = false;
+  // A terminal's end is its session's: what it left running dies with it.
+  bool ended = false, kill_all = terminal, relay_open = !terminal;
   while (!ended) {
-    siginfo_t info {};
-    const int sig = sigwaitinfo(&wait_for, &info);
-    if (sig < 0) continue;
-    if (sig == SIGCHLD) {
-      int ws = 0;
-      pid_t pid;
-      while ((pid = waitpid(-1, &ws, WNOHANG)) > 0) {
-        if (pid == command) {
-          status = ws;
-          ended = true;
+    struct pollfd fds[2] = {{sigfd.get(), POLLIN, 0}, {relay.get(), POLLIN, 0}};
+    if (poll(fds, relay_open ? 2 : 1, -1) < 0) continue;
+    if (relay_open && (fds[1].revents & (POLLIN | POLLHUP | POLLERR))) relay_open = relay_some(sizeof(buf));
+    if (!(fds[0].revents & POLLIN)) continue;
+    struct signalfd_siginfo info {};
+    while (read(sigfd.get(), &info, sizeof(info)) == sizeof(info)) {
+      const int sig = static_cast<int>(info.ssi_signo);
+      if (sig == SIGCHLD) {
+        int ws = 0;
+        pid_t pid;
+        while ((pid = waitpid(-1, &ws, WNOHANG)) > 0) {
+          if (pid == command) {
+            status = ws;
+            ended = true;
+          }
         }
+      } else if (sig == kEndCallSignal) {
+        status = SIGKILL;  // as if the command had been SIGKILLed
+        kill(-command, SIGKILL);
+        ended = kill_all = true;
+      } else {
+        if (sig == SIGTERM || sig == SIGINT || sig == SIGHUP || sig == SIGQUIT) kill_all = true;
+        if (kill(-command, sig) != 0) kill(command, sig);
+        kill(-command, SIGCONT);
       }
-    } else if (sig == kEndCallSignal) {
-      status = SIGKILL;  // as if the command had been SIGKILLed
-      kill(-command, SIGKILL);
-      ended = true;
-    } else {
-      if (kill(-command, sig) != 0) kill(command, sig);
-      kill(-command, SIGCONT);
     }
   }
-  KillDescendants(getpid());
+  if (kill_all) {
+    KillDescendants(getpid());
+    // What they wrote before they died; a writer outside the call's tree
+    // (handed the pipe over a socket) is not waited for.
+    fcntl(relay.get(), F_SETFL, fcntl(relay.get(), F_GETFL) | O_NONBLOCK);
+    while (relay_open) {
+      ssize_t r = read(relay.get(), buf, sizeof(buf));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) break;
+      (void)WriteAllWaiting(out_fd, buf, static_cast<size_t>(r));
+    }
+  } else {
+    // What the command wrote before it exited is in the pipe now: that much
+    // is the call's output; the rest is the background's.
+    int pending = 0;
+    if (relay_open && ioctl(relay.get(), FIONREAD, &pending) == 0) {
+      size_t left = static_cast<size_t>(pending);
+      fcntl(relay.get(), F_SETFL, fcntl(relay.get(), F_GETFL) | O_NONBLOCK);
+      while (left > 0) {
+        ssize_t r = read(relay.get(), buf, std::min(left, sizeof(buf)));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        left -= static_cast<size_t>(r);
+        (void)WriteAllWaiting(out_fd, buf, static_cast<size_t>(r));
+      }
+      fcntl(relay.get(), F_SETFL, fcntl(relay.get(), F_GETFL) & ~O_NONBLOCK);
+    }
+    // Someone still holds the pipe's write end: drain it into the log.
+    struct pollfd p = {relay.get(), POLLIN, 0};
+    const bool writers = relay_open && !(poll(&p, 1, 0) > 0 && (p.revents & POLLHUP) && !(p.revents & POLLIN));
+    if (writers) {
+      const pid_t drainer = fork();
+      if (drainer == 0) {
+        close(out_fd);
+        close(result_fd);
+        close(in_fd);
+        DrainBackground(relay.get(), log_fd);
+      }
+    }
+  }
+  close(out_fd);
   if (WIFSIGNALED(status)) {
     const int sig = WTERMSIG(status);
     signal(sig, SIG_DFL);
@@ -768,10 +894,10 @@ constexpr int kEndCallSignal = SIGUSR1;
   _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 125);
 }
 
-pid_t SpawnCallKeeper(const ExecRequest& req, const char* cwd, int in_fd, int out_fd, int result_fd,
+pid_t SpawnCallKeeper(const ExecRequest& req, const char* cwd, int in_fd, int out_fd, int result_fd, int log_fd,
                       const sigset_t& mask) {
   pid_t pid = fork();
-  if (pid == 0) CallKeeper(req, cwd, in_fd, out_fd, result_fd, mask);
+  if (pid == 0) CallKeeper(req, cwd, in_fd, out_fd, result_fd, log_fd, mask);
   return pid;
 }
 
@@ -805,6 +931,21 @@ std::string JsonEscape(const std::string& s) {
     }
   }
   return out;
+}
+
+// op "socket": a fresh TCP socket in the sandbox's network namespace, to
+// the caller on `answer_fd` ({"t":"socket"} with it, or {"t":"error"} with
+// the errno). The caller connects it to a port on this namespace's loopback
+// (a port bridge): nothing inside holds or sees it.
+void AnswerSocketRequest(int answer_fd) {
+  UniqueFd s(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!s.valid()) {
+    WriteFully(answer_fd, "{\"t\":\"error\",\"errno\":" + std::to_string(errno) + "}");
+    return;
+  }
+  static const char kText[] = "{\"t\":\"socket\"}";
+  const int fd = s.get();
+  (void)SendWithFds(answer_fd, kText, sizeof(kText) - 1, &fd, 1);
 }
 
 }  // namespace
@@ -909,15 +1050,17 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
         const std::string op = req.is_object() ? req.value("op", "") : "";
         const long id = req.is_object() ? req.value("id", 0L) : 0L;
         const size_t io = received.size() - first_io;
-        if (op == "exec" && io == 3 && req.contains("argv") && req["argv"].is_array() && !req["argv"].empty()) {
+        // exec: stdin, output, result, and optionally the background log.
+        if (op == "exec" && (io == 3 || io == 4) && req.contains("argv") && req["argv"].is_array() && !req["argv"].empty()) {
           std::vector<std::string> argv;
           for (const auto& a : req["argv"]) argv.push_back(a.is_string() ? a.get<std::string>() : a.dump());
           const std::string cwd = req.value("cwd", "");
           ExecRequest exec;
           PrepareExec(plan, argv, &exec);
           int in = received[first_io].get(), out = received[first_io + 1].get(), res = received[first_io + 2].get();
+          const int log = io == 4 ? received[first_io + 3].get() : -1;
           exec.signal_scope = signal_scope.valid() ? signal_scope.get() : -1;
-          pid_t child = terminating ? -1 : SpawnCallKeeper(exec, cwd.c_str(), in, out, res, original);
+          pid_t child = terminating ? -1 : SpawnCallKeeper(exec, cwd.c_str(), in, out, res, log, original);
           if (child > 0) {
             SessionCall call;
             call.id = id;
@@ -983,7 +1126,7 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
             exec.signal_scope = signal_scope.valid() ? signal_scope.get() : -1;
             exec.tty_fd = pty->slave.get();
             const int master = pty->master.get();
-            pid_t child = SpawnCallKeeper(exec, cwd.c_str(), exec.tty_fd, exec.tty_fd, res, original);
+            pid_t child = SpawnCallKeeper(exec, cwd.c_str(), exec.tty_fd, exec.tty_fd, res, -1, original);
             static const char kPty[] = "{\"t\":\"pty\"}";
             if (child > 0 && SendWithFds(answer, kPty, sizeof(kPty) - 1, &master, 1)) {
               SessionCall call;
@@ -1002,6 +1145,8 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
                                   std::to_string(errno) + "}\n");
             }
           }
+        } else if (op == "socket" && io == 1) {
+          AnswerSocketRequest(received[first_io].get());
         } else if (op == "kill") {
           if (auto* entry = find_by_id(id)) {
             const int sig = req.value("signal", SIGKILL);

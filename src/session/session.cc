@@ -42,6 +42,8 @@
 #include "linux/seccomp_notify.h"
 #include "linux/user_dirs.h"
 #include "session/layers.h"
+#include "session/port_bridge.h"
+#include "session/services.h"
 #include "session/upper_image.h"
 #include "net/proxy.h"
 #include "net/secrets.h"
@@ -302,6 +304,11 @@ Status ReportWorkspaceDisk(const std::string& ws_mode, const std::string& upper_
 
 const std::vector<std::string>& ToolNames() { return kTools; }
 
+static Json PortJson(const PortBridge& b) {
+  return {{"inside_port", b.inside_port()}, {"host", b.host()}, {"port", b.host_port()},
+          {"connections", b.connections()}};
+}
+
 // ---------------------------------------------------------------------------
 
 struct SessionState {
@@ -344,6 +351,32 @@ struct SessionState {
   // Terminals (ptys) by id; guarded by mu. They end with the world.
   std::map<std::string, std::shared_ptr<Terminal>> terminals;
   std::uint64_t next_terminal = 1;
+
+  // What calls leave running writes here after their end (background.log).
+  UniqueFd background_log;
+  std::unique_ptr<Services> services;
+  std::mutex ports_mu;
+  std::map<int, std::unique_ptr<PortBridge>> ports;  // inside port → its bridge
+
+  // The ports whose bridge still serves the current world; the others
+  // (their world ended) are stopped and dropped. Call with ports_mu held.
+  void PrunePorts(const World* current) {
+    for (auto it = ports.begin(); it != ports.end();) {
+      if (it->second->Serves(current)) {
+        ++it;
+      } else {
+        it->second->Stop();
+        it = ports.erase(it);
+      }
+    }
+  }
+  // Every service and port ends (removal, shutdown), before the world does.
+  void EndServicesAndPorts() {
+    if (services) services->StopAll();
+    std::lock_guard<std::mutex> lock(ports_mu);
+    for (auto& [port, bridge] : ports) bridge->Stop();
+    ports.clear();
+  }
 
   // `sync`: on disk before returning (calls and results); events that a
   // later synced line carries along need not wait.
@@ -448,7 +481,26 @@ struct Manager::Impl {
   Json RunFile(SessionState& s, World& world, const ConfinedCommand& confined, const std::string& name,
                const Json& input);
   Result<std::string> TakeSnapshot(SessionState& s);
+  // The session's world for a service or a port: provisioned when there is
+  // none or it died (logged as a call's provisioning is).
+  Result<ServiceWorld> ServiceWorldFor(SessionState& s);
 };
+
+Result<ServiceWorld> Manager::Impl::ServiceWorldFor(SessionState& s) {
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.removing) return Status::Error(kConflict, "session " + s.id + " is being removed");
+  }
+  if (shutting_down) return Status::Error(kConflict, "agentbox is shutting down");
+  auto live = EnsureWorld(s);
+  if (!live.ok()) return live.status();
+  ServiceWorld w;
+  w.world = live->world;
+  w.cwd = live->confined->plan.cwd;
+  w.kill_grace_ms = live->confined->plan.kill_grace_ms;
+  w.background_log_fd = s.background_log.get();
+  return w;
+}
 
 Status Manager::Impl::Load(const std::string& id) {
   auto s = std::make_shared<SessionState>();
@@ -495,6 +547,10 @@ Status Manager::Impl::Load(const std::string& id) {
   }
   s->log.reset(open(log_path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600));
   if (!s->log.valid()) return Status::Errno("session", "open", log_path);
+  const std::string background_path = s->dir + "/background.log";
+  s->background_log.reset(open(background_path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600));
+  if (!s->background_log.valid()) return Status::Errno("session", "open", background_path);
+  s->services = std::make_unique<Services>(s->dir, [this, raw = s.get()] { return ServiceWorldFor(*raw); });
   // A tmpfs upper layer lives as long as the process holding it: a new
   // process on this state directory finds it gone, and says so once.
   if (upper_in_memory) {
@@ -666,6 +722,7 @@ Json Manager::Impl::RunBash(SessionState& s, World& world, const ConfinedCommand
   if (input.contains("stdin")) exec.stdin_data = input["stdin"].get<std::string>();
   exec.output_cap = options.output_cap_bytes;
   exec.kill_grace_ms = plan.kill_grace_ms;
+  exec.background_log_fd = s.background_log.get();
   // The policy's timeout (resources.wall_clock_min), unless the call names one.
   if (input.contains("timeout")) {
     const Json& t = input["timeout"];
@@ -1117,6 +1174,16 @@ Result<Json> Manager::Describe(const std::string& id) const {
       d["sandbox_pid"] = s->world ? s->world->supervisor_pid() : -1;
     }
   }
+  d["services"] = s->services ? s->services->List() : Json::array();
+  d["ports"] = Json::array();
+  {
+    std::unique_lock<std::mutex> wl(s->world_mu, std::try_to_lock);
+    std::lock_guard<std::mutex> lock(s->ports_mu);
+    if (wl.owns_lock()) s->PrunePorts(s->world.get());
+    for (const auto& [port, bridge] : s->ports) {
+      if (bridge->active()) d["ports"].push_back(PortJson(*bridge));
+    }
+  }
   return d;
 }
 
@@ -1340,6 +1407,7 @@ Status Manager::Remove(const std::string& id) {
                                           " kept; fix the cause and remove it again)");
     }
   }
+  s->EndServicesAndPorts();
   {
     std::map<std::string, std::shared_ptr<Terminal>> terminals;
     {
@@ -1389,6 +1457,7 @@ void Manager::Shutdown(int grace_ms) {
           terminals.swap(s->terminals);
         }
       }
+      s->EndServicesAndPorts();
       std::lock_guard<std::mutex> wl(s->world_mu);
       if (s->world) s->world->Stop(grace_ms);
       SpillUpperLayer(*s);
@@ -1528,6 +1597,98 @@ Status Manager::CloseTerminal(const std::string& id, const std::string& terminal
   }
   t->Kill();
   return {};
+}
+
+// --- Services, ports, the background log ------------------------------------
+
+Result<std::string> Manager::BackgroundLogPath(const std::string& id) const {
+  auto s = impl_->Find(id);
+  if (!s) return Status::Error(kNotFound, "no session " + id);
+  return s->dir + "/background.log";
+}
+
+Result<Json> Manager::StartService(const std::string& id, const ServiceSpec& spec) {
+  auto s = impl_->Find(id);
+  if (!s) return Status::Error(kNotFound, "no session " + id);
+  return s->services->Start(spec);
+}
+
+Result<Json> Manager::ServiceStatus(const std::string& id, const std::string& name) const {
+  auto s = impl_->Find(id);
+  if (!s) return Status::Error(kNotFound, "no session " + id);
+  if (name.empty()) return Json{{"services", s->services->List()}};
+  return s->services->Get(name);
+}
+
+Result<Json> Manager::RestartService(const std::string& id, const std::string& name) {
+  auto s = impl_->Find(id);
+  if (!s) return Status::Error(kNotFound, "no session " + id);
+  return s->services->Restart(name);
+}
+
+Result<Json> Manager::StopService(const std::string& id, const std::string& name, bool forget) {
+  auto s = impl_->Find(id);
+  if (!s) return Status::Error(kNotFound, "no session " + id);
+  return s->services->Stop(name, forget);
+}
+
+Result<std::string> Manager::ServiceLogPath(const std::string& id, const std::string& name) const {
+  auto s = impl_->Find(id);
+  if (!s) return Status::Error(kNotFound, "no session " + id);
+  return s->services->LogPath(name);
+}
+
+bool Manager::ServiceRunning(const std::string& id, const std::string& name) const {
+  auto s = impl_->Find(id);
+  return s && s->services->Running(name);
+}
+
+Result<Json> Manager::ExposePort(const std::string& id, int port, bool* created) {
+  auto s = impl_->Find(id);
+  if (!s) return Status::Error(kNotFound, "no session " + id);
+  if (port < 1 || port > 65535) return Status::Error(kBadRequest, "port " + std::to_string(port) + " is not 1 to 65535");
+  auto w = impl_->ServiceWorldFor(*s);
+  if (!w.ok()) return w.status();
+  if (std::find(s->confined->plan.namespaces.begin(), s->confined->plan.namespaces.end(), "net") ==
+      s->confined->plan.namespaces.end()) {
+    return Status::Error(kBadRequest, "session " + id + "'s sandbox has no network namespace of its own: its "
+                                      "port " + std::to_string(port) + " is the host's already");
+  }
+  std::lock_guard<std::mutex> lock(s->ports_mu);
+  s->PrunePorts(w->world.get());
+  *created = false;
+  if (auto it = s->ports.find(port); it != s->ports.end()) return PortJson(*it->second);
+  auto bridge = PortBridge::Start(w->world, port);
+  if (!bridge.ok()) return bridge.status();
+  Json j = PortJson(**bridge);
+  s->ports[port] = std::move(*bridge);
+  *created = true;
+  return j;
+}
+
+Status Manager::UnexposePort(const std::string& id, int port) {
+  auto s = impl_->Find(id);
+  if (!s) return Status::Error(kNotFound, "no session " + id);
+  std::lock_guard<std::mutex> lock(s->ports_mu);
+  auto it = s->ports.find(port);
+  if (it == s->ports.end() || !it->second->active()) {
+    if (it != s->ports.end()) s->ports.erase(it);
+    return Status::Error(kNotFound, "session " + id + " exposes no port " + std::to_string(port));
+  }
+  it->second->Stop();
+  s->ports.erase(it);
+  return {};
+}
+
+Result<Json> Manager::Ports(const std::string& id) const {
+  auto s = impl_->Find(id);
+  if (!s) return Status::Error(kNotFound, "no session " + id);
+  Json out = Json::array();
+  std::lock_guard<std::mutex> lock(s->ports_mu);
+  for (const auto& [port, bridge] : s->ports) {
+    if (bridge->active()) out.push_back(PortJson(*bridge));
+  }
+  return Json{{"ports", out}};
 }
 
 }  // namespace agentbox::session

@@ -24,6 +24,8 @@ namespace agentbox::session {
 class Terminal;
 using Json = nlohmann::json;
 
+struct ServiceSpec;  // services.h
+
 // Status::stage() values that callers map to protocol errors. Anything else
 // is an internal failure (HTTP 500).
 inline constexpr const char* kNotFound = "not_found";      // 404: no such session or snapshot
@@ -133,6 +135,28 @@ class Manager {
   Result<Json> ListTerminals(const std::string& id) const;
   // Kills it (everything it started) and forgets it.
   Status CloseTerminal(const std::string& id, const std::string& terminal);
+  // What the session's calls left running wrote after their call ended
+  // (STATE_DIR/sessions/ID/background.log).
+  Result<std::string> BackgroundLogPath(const std::string& id) const;
+
+  // Services (services.h): named long-running processes in the session's
+  // world, provisioned if needed. Status JSON: {name, command, cwd, state
+  // (starting|running|exited), pid?, started, exited?, exit_code?, signal?,
+  // stopped?, error?, restarts}. `name` "" in ServiceStatus: {"services": [...]}.
+  Result<Json> StartService(const std::string& id, const ServiceSpec& spec);
+  Result<Json> ServiceStatus(const std::string& id, const std::string& name) const;
+  Result<Json> RestartService(const std::string& id, const std::string& name);
+  // `forget`: and it is no longer listed (its name is free again).
+  Result<Json> StopService(const std::string& id, const std::string& name, bool forget);
+  Result<std::string> ServiceLogPath(const std::string& id, const std::string& name) const;
+  bool ServiceRunning(const std::string& id, const std::string& name) const;
+
+  // Ports (port_bridge.h): a TCP port of the sandbox's loopback, exposed on
+  // the host's loopback: {inside_port, host: "127.0.0.1", port (the host's), connections}.
+  // An exposed one comes back as it is (*created false). They end with the world.
+  Result<Json> ExposePort(const std::string& id, int port, bool* created);
+  Status UnexposePort(const std::string& id, int port);
+  Result<Json> Ports(const std::string& id) const;
 
   // Stops every sandbox (SIGTERM, then SIGKILL after `grace_ms`); sessions
   // stay on disk. Calls in flight end as interrupted.

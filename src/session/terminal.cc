@@ -198,8 +198,18 @@ void Terminal::ReadLoop() {
       if (n < 0 && errno == EINTR) continue;
       // The keeper's last word: its exit line, an exec error, or nothing
       // (the world ended under it).
-      nlohmann::json end;
-      nlohmann::json line = nlohmann::json::parse(result_text.substr(0, result_text.find('\n')), nullptr, false);
+      // Lines: {"t":"started"}, then an exec_error (the command could not
+      // start) and/or the exit; the error says more than the exit after it.
+      nlohmann::json end, line;
+      for (size_t start = 0; start < result_text.size();) {
+        size_t nl = result_text.find('\n', start);
+        if (nl == std::string::npos) nl = result_text.size();
+        nlohmann::json l = nlohmann::json::parse(result_text.substr(start, nl - start), nullptr, false);
+        start = nl + 1;
+        if (!l.is_object()) continue;
+        const std::string lt = l.value("t", "");
+        if (lt == "exec_error" || (lt == "exit" && (!line.is_object() || line.value("t", "") != "exec_error"))) line = l;
+      }
       const std::string t = line.is_object() ? line.value("t", "") : "";
       if (t == "exit" && line.value("signal", 0) > 0) {
         end["signal"] = line.value("signal", 0);

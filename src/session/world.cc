@@ -546,7 +546,9 @@ Result<WorldExecResult> World::Exec(const WorldExec& exec, const OutputSink& sin
   SetNonBlocking(out_r.get());
   const long id = next_id_++;
   json req = {{"op", "exec"}, {"id", id}, {"argv", exec.argv}, {"cwd", exec.cwd}};
-  if (Status s = SendControl(req, {in_r.get(), out_w.get(), res_w.get()}); !s.ok()) return s;
+  std::vector<int> passed = {in_r.get(), out_w.get(), res_w.get()};
+  if (exec.background_log_fd >= 0) passed.push_back(exec.background_log_fd);
+  if (Status s = SendControl(req, passed); !s.ok()) return s;
   in_r.reset();
   out_w.reset();
   res_w.reset();
@@ -567,7 +569,12 @@ Result<WorldExecResult> World::Exec(const WorldExec& exec, const OutputSink& sin
       send_kill(SIGKILL);
     }
     const auto now = Clock::now();
-    if (deadline && now >= *deadline && !out.timed_out) {
+    if (exec.stop && exec.stop->load() && !out.stopped && !out.timed_out && !out.cancelled) {
+      out.stopped = true;
+      send_kill(SIGTERM);
+      kill_at = now + std::chrono::milliseconds(exec.kill_grace_ms);
+    }
+    if (deadline && now >= *deadline && !out.timed_out && !out.stopped) {
       out.timed_out = true;
       send_kill(SIGTERM);
       kill_at = now + std::chrono::milliseconds(exec.kill_grace_ms);
@@ -581,7 +588,7 @@ Result<WorldExecResult> World::Exec(const WorldExec& exec, const OutputSink& sin
       if (t && *t > now) timeout = timeout < 0 ? MsUntil(*t) + 1 : std::min(timeout, MsUntil(*t) + 1);
     }
     if (deadline && out.timed_out && !kill_at) timeout = timeout < 0 ? 1000 : timeout;
-    if (cancel) timeout = timeout < 0 ? 50 : std::min(timeout, 50);
+    if (cancel || exec.stop) timeout = timeout < 0 ? 50 : std::min(timeout, 50);
 
     struct pollfd fds[5];
     int n = 0, i_out = -1, i_res = -1, i_in = -1, i_chan = -1, i_sup = -1;
@@ -611,7 +618,10 @@ Result<WorldExecResult> World::Exec(const WorldExec& exec, const OutputSink& sin
           json m = json::parse(result_buf.substr(0, nl), nullptr, false);
           result_buf.erase(0, nl + 1);
           const std::string t = m.is_object() ? m.value("t", "") : "";
-          if (t == "exec_error") {
+          if (t == "started") {
+            out.pid = m.value("pid", 0);
+            if (exec.on_started) exec.on_started(*out.pid);
+          } else if (t == "exec_error") {
             out.exec_error = StatusFromError(m);
           } else if (t == "exit") {
             exited = true;
@@ -733,6 +743,32 @@ Result<json> World::File(const json& request, int timeout_ms) {
                                                    : "the file tool's answer is not JSON");
   }
   return parsed;
+}
+
+Result<UniqueFd> World::OpenInsideSocket(int timeout_ms) {
+  if (!Alive()) return Status::Error(kWorldGone, "the session's sandbox is not running: " + death());
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) return Status::Errno("session", "socketpair");
+  UniqueFd ours(sv[0]), theirs(sv[1]);
+  if (Status s = SendControl(json{{"op", "socket"}, {"id", next_id_++}}, {theirs.get()}); !s.ok()) return s;
+  theirs.reset();
+  struct pollfd p = {ours.get(), POLLIN, 0};
+  int r;
+  while ((r = poll(&p, 1, timeout_ms)) < 0 && errno == EINTR) {
+  }
+  if (r == 0) return Status::Error("session", "the session's init did not hand over a socket within " +
+                                                   std::to_string(timeout_ms) + " ms");
+  std::string text;
+  UniqueFd socket;
+  if (ReceiveMessage(ours.get(), &text, &socket, 0) <= 0 || !socket.valid()) {
+    json m = json::parse(text, nullptr, false);
+    if (m.is_object() && m.value("errno", 0) != 0) {
+      return Status::Syscall("session", "socket(AF_INET, SOCK_STREAM)", "inside the session's sandbox", m.value("errno", 0));
+    }
+    return Status::Error("session", "the session's init did not hand over a socket (" +
+                                        (death().empty() ? std::string("it is running") : death()) + ")");
+  }
+  return socket;
 }
 
 void World::Stop(int grace_ms) {

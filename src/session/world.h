@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -56,6 +57,14 @@ struct WorldExec {
   std::optional<std::uint64_t> timeout_ms;
   std::uint64_t kill_grace_ms = 2000;     // SIGTERM first, SIGKILL after this
   std::size_t output_cap = 256 * 1024;
+  // Where what the command leaves running writes after the call's end (the
+  // session's background log; -1: nowhere). Sent to the init with the call.
+  int background_log_fd = -1;
+  // Called once the command's process exists, with its pid inside.
+  std::function<void(int pid)> on_started;
+  // Set to true: the command is ended as by a timeout (SIGTERM, SIGKILL
+  // after kill_grace_ms), without being reported as timed out (a service's stop).
+  const std::atomic<bool>* stop = nullptr;
 };
 
 struct WorldExecResult {
@@ -66,6 +75,8 @@ struct WorldExecResult {
   std::optional<int> signal;
   bool timed_out = false;
   bool cancelled = false;
+  bool stopped = false;                   // ended through WorldExec::stop
+  std::optional<int> pid;                 // the command's, inside
   bool world_died = false;                // the init went away during the call
   std::uint64_t oom_kills = 0;            // during the call (the session's cgroup counter)
   std::vector<std::pair<std::string, std::uint64_t>> seccomp;  // denied syscalls, counted
@@ -133,6 +144,11 @@ class World {
   // Runs a file tool inside: `request` is {"name", "input", "workspace"};
   // the answer is the tool's JSON (see file_tools.h).
   Result<nlohmann::json> File(const nlohmann::json& request, int timeout_ms);
+
+  // A fresh, unconnected TCP socket (IPv4) made by the init in the
+  // sandbox's network namespace: connecting it reaches the sandbox's
+  // loopback, not the host's (a port bridge's inside end).
+  Result<linux::UniqueFd> OpenInsideSocket(int timeout_ms);
 
   // Hands the world's proxy a new value for one of the plan's secrets; the
   // next request that carries it uses the new one. The world keeps running.
