@@ -507,7 +507,7 @@ const BadCase kBadCases[] = {
     {"DiffExcludeNotAList", "diff:\n  exclude: node_modules\n",
      "policy.yaml:2:12: diff.exclude: expected a list, got \"node_modules\""},
     {"DiffExcludeEmpty", "diff:\n  exclude: [build/, \"  \"]\n",
-     "policy.yaml:2:22: diff.exclude[1]: empty pattern"},
+     "policy.yaml:2:21: diff.exclude[1]: empty pattern"},
     {"DiffExcludeComment", "diff:\n  exclude:\n    - \"#x\"\n",
      "policy.yaml:3:7: diff.exclude[0]: a pattern starting with '#' is a comment in gitignore syntax (write \\# "
      "for a literal '#')"},
