@@ -142,6 +142,42 @@ TEST_F(ApplyTest, DiffOfEveryKindOfChangeAppliesWithGitToAnIdenticalTree) {
   EXPECT_EQ(Paths(all.body).count("__pycache__/m.pyc"), 1u) << all.text;
 }
 
+// Copy mode (no overlayfs): the session works in a full copy of the base;
+// the diff walks both trees, and apply checks the base the same way.
+class ApplyCopyModeTest : public ApplyTest {
+ protected:
+  void SetUp() override {
+    if (Git({"--version"}, "/").status != 0) GTEST_SKIP() << "not applicable here: git is not installed";
+    ASSERT_TRUE(d_.Start({"--workspace-mode", "copy"})) << d_.error();
+  }
+};
+
+TEST_F(ApplyCopyModeTest, EveryKindOfChangeDiffsAppliesWithGitAndApplies) {
+  MakeBase(ws_.path());
+  std::string id = CreateSession(c(), ws_.path());
+  json r = Bash(c(), id, kEveryChange);
+  ASSERT_EQ(r.value("exit_code", -1), 0) << r.dump();
+  Answer described = Call(c(), "GET", "/v1/sessions/" + id);
+  ASSERT_EQ(described.body.value("mode", ""), "copy") << described.text;
+  const std::string session_view = Output(Bash(c(), id, kListing));
+
+  auto patch = c().Call("GET", "/v1/sessions/" + id + "/diff?format=patch");
+  ASSERT_TRUE(patch.ok()) << patch.status().ToString();
+  TempDir parent("agentbox-session-clone-");
+  const std::string clone = parent / "clone";
+  ASSERT_EQ(Git({"clone", "-q", ws_.path(), clone}, parent.path()).status, 0);
+  e2e::WriteFile(parent / "session.patch", patch->body);
+  auto applied_by_git = Git({"apply", parent / "session.patch"}, clone);
+  ASSERT_EQ(applied_by_git.status, 0) << applied_by_git.Describe() << "\n" << patch->body;
+  EXPECT_EQ(HostListing(clone), session_view);
+
+  Answer applied = Call(c(), "POST", "/v1/sessions/" + id + "/apply");
+  ASSERT_EQ(applied.status, 200) << applied.text;
+  EXPECT_EQ(HostListing(ws_.path()), session_view);
+  Answer diff = Call(c(), "GET", "/v1/sessions/" + id + "/diff");
+  EXPECT_TRUE(diff.body["files"].empty()) << diff.text;
+}
+
 TEST_F(ApplyTest, PolicyDiffExcludeLeavesOutItsPatterns) {
   MakeRepo(ws_.path(), {{"keep.txt", "k\n"}});
   std::string id = CreateSession(c(), ws_.path(),
