@@ -567,6 +567,31 @@ TEST(LayersApply, AFailurePartWayUndoesEveryStep) {
   EXPECT_EQ(Tree(t / "base"), before);
 }
 
+// A base directory swapped for a symlink after the record (to send the
+// write elsewhere) is a conflict: nothing is written, least of all there.
+TEST(LayersApply, ADirectorySwappedForASymlinkIsRefusedNotFollowed) {
+  ApplyFixture f;
+  TempDir& t = f.t;
+  Write(t / "base/d/old.txt", "old\n");
+  fs::create_directories(t / "outside");
+  ASSERT_TRUE(RecordBase(t / "base", f.record).ok());
+  Write(t / "upper/d/new.txt", "planted\n");
+  fs::remove_all(t / "base/d");
+  fs::create_symlink(t / "outside", t / "base/d");
+  auto r = ApplyChanges({t / "base", {}, t / "upper"}, f.Options());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ((*r)["conflicts"], (Json{"d", "d/new.txt"})) << r->dump();
+  EXPECT_TRUE(fs::is_empty(t / "outside"));
+  // Recorded after the swap, the symlink is the base's own, but a path
+  // below it cannot be reached without following it: refused all the same.
+  ASSERT_TRUE(RecordBase(t / "base", f.record).ok());
+  auto again = ApplyChanges({t / "base", {}, t / "upper"}, f.Options());
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ((*again)["conflicts"], (Json{"d/new.txt"})) << again->dump();
+  EXPECT_TRUE(fs::is_empty(t / "outside"));
+  EXPECT_TRUE(fs::is_symlink(t / "base/d"));
+}
+
 TEST(LayersApply, WithoutARecordItIsAConflict) {
   TempDir t;
   Write(t / "base/a.txt", "a\n");
