@@ -164,6 +164,13 @@ struct OnViolationSpec {
   Escalation escalation = Escalation::kDeny;
 };
 
+// diff: what a session's diff and apply leave out, on top of the
+// workspace's .gitignore files (docs/sessions.md).
+struct DiffSpec {
+  // Gitignore-style patterns, relative to the workspace root.
+  std::vector<std::string> exclude;
+};
+
 struct Policy {
   int version = 1;
   Mode mode = Mode::kWorkspaceWrite;
@@ -174,6 +181,7 @@ struct Policy {
   ResourcesSpec resources;
   EnvSpec env;
   OnViolationSpec on_violation;
+  DiffSpec diff;
 
   // Where it came from: a file name, or "<mode preset>".
   std::string source;

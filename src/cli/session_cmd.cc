@@ -4,7 +4,7 @@
 //   agentbox session create --workspace DIR [--policy FILE] [--mode M] [--from-snapshot S]
 //   agentbox session exec ID [--json] [--stream] [--call-id X] [--timeout T] [--stdin] -- COMMAND...
 //   agentbox session read ID PATH | write ID PATH < CONTENT
-//   agentbox session snapshot ID | diff ID | log ID | rm ID | ls
+//   agentbox session snapshot ID | diff ID [--all] | apply ID [--all] | log ID | rm ID | ls
 //   agentbox session service start ID NAME [--cwd DIR] [--env K=V]... -- COMMAND...
 //   agentbox session service ls ID | logs ID NAME [--follow] | restart ID NAME | stop ID NAME [--forget]
 //   agentbox session port expose ID PORT | ls ID | rm ID PORT
@@ -59,6 +59,7 @@ struct SessionFlags {
   std::string timeout;
   std::optional<long> offset, limit;
   bool json = false;
+  bool all = false;  // diff, apply: ignore rules off
   bool stream = false;
   bool with_stdin = false;
   // Services and ports.
@@ -318,15 +319,27 @@ int Run(const std::string& sub, SessionFlags& f, const std::vector<std::string>&
   }
   if (sub == "diff") {
     if (f.json) {
-      auto r = client.CallJson("GET", SessionPath(f.id, "/diff"));
+      auto r = client.CallJson("GET", SessionPath(f.id, f.all ? "/diff?all=1" : "/diff"));
       if (!r.ok()) return fail(r.status());
       WriteOut(r->dump(2) + "\n");
       return 0;
     }
-    auto r = client.Call("GET", SessionPath(f.id, "/diff?format=patch"));
+    auto r = client.Call("GET", SessionPath(f.id, f.all ? "/diff?format=patch&all=1" : "/diff?format=patch"));
     if (!r.ok()) return fail(r.status());
     if (r->status != 200) return fail(Status::Error("http", r->ErrorMessage()));
     WriteOut(r->body);
+    return 0;
+  }
+  if (sub == "apply") {
+    auto r = client.CallJson("POST", SessionPath(f.id, f.all ? "/apply?all=1" : "/apply"), json::object());
+    if (!r.ok()) return fail(r.status());
+    if (f.json) {
+      WriteOut(r->dump(2) + "\n");
+    } else {
+      for (const auto& file : r->value("files", json::array())) {
+        WriteOut(file.value("status", "") + " " + file.value("path", "") + "\n");
+      }
+    }
     return 0;
   }
   if (sub == "log") {
@@ -489,6 +502,12 @@ Subcommand AddSessionCommand(CLI::App& app) {
   CLI::App* diff = add("diff", "the session's changes as a patch (agentbox session diff ID | git apply)");
   diff->add_option("id", f->id, "session id")->required();
   diff->add_flag("--json", f->json, "the file list and patch as JSON");
+  diff->add_flag("--all", f->all, "include what the workspace's .gitignore files and diff.exclude leave out");
+
+  CLI::App* apply = add("apply", "write the session's changes into its workspace, all or nothing");
+  apply->add_option("id", f->id, "session id")->required();
+  apply->add_flag("--all", f->all, "include what the workspace's .gitignore files and diff.exclude leave out");
+  apply->add_flag("--json", f->json, "print the answer as JSON");
 
   CLI::App* log = add("log", "print the session's log (JSON lines)");
   log->add_option("id", f->id, "session id")->required();

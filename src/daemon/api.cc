@@ -320,14 +320,48 @@ struct Api {
     if (format != "json" && format != "patch") {
       return reply->Send(Response::Error(400, "bad_request", "format '" + format + "' is not json or patch"));
     }
-    Blocking(reply, [this, reply, id = req.params[0], format] {
-      auto d = manager.Diff(id);
+    const bool all = req.QueryFlag("all");
+    Blocking(reply, [this, reply, id = req.params[0], format, all] {
+      auto d = manager.Diff(id, all);
       if (!d.ok()) return reply->Send(ErrorFor(d.status()));
       if (format == "json") return reply->Send(Response::Json(200, *d));
       Response r;
       r.content_type = "text/x-diff";
       r.body = d->value("patch", "");
       reply->Send(std::move(r));
+    });
+  }
+
+  // POST /v1/sessions/{id}/apply[?all=1] (body empty or {}): the session's
+  // changes into its base workspace, all or nothing. 409 when base files
+  // changed since the session was created, 403 for protected paths; the
+  // error carries the paths.
+  void Apply(Request req, ReplyPtr reply) {
+    reply->Note("session", req.params[0]);
+    json body;
+    Response error;
+    if (!ParseObject(req, &body, &error) || !CheckFields(body, {}, {}, &error)) return reply->Send(error);
+    const bool all = req.QueryFlag("all");
+    Blocking(reply, [this, reply, id = req.params[0], all] {
+      auto r = manager.Apply(id, all);
+      if (!r.ok()) return reply->Send(ErrorFor(r.status()));
+      const json& conflicts = (*r)["conflicts"];
+      const json& refused = (*r)["protected"];
+      if (conflicts.empty() && refused.empty()) return reply->Send(Response::Json(200, *r));
+      auto names = [](const json& list) {
+        std::string text;
+        for (const auto& p : list) text += (text.empty() ? "" : ", ") + p.get<std::string>();
+        return text;
+      };
+      const bool conflict = !conflicts.empty();
+      std::string message =
+          conflict ? "the base workspace changed since the session was created: " + names(conflicts)
+                   : "protected paths are never written by apply: " + names(refused);
+      if (conflict && !refused.empty()) message += "; protected paths are never written by apply: " + names(refused);
+      message += " (nothing was applied)";
+      json err = {{"code", conflict ? "conflict" : "protected"}, {"message", message}, {"conflicts", conflicts},
+                  {"protected", refused}};
+      reply->Send(Response::Json(conflict ? 409 : 403, {{"error", err}}));
     });
   }
 
@@ -589,6 +623,7 @@ void RegisterApi(Server& server, session::Manager& manager) {
   r.Add("POST", "/v1/sessions/{id}/snapshot", bind(&Api::Snapshot));
   r.Add("POST", "/v1/sessions/{id}/secrets", bind(&Api::RotateSecret));
   r.Add("GET", "/v1/sessions/{id}/diff", bind(&Api::Diff));
+  r.Add("POST", "/v1/sessions/{id}/apply", bind(&Api::Apply));
   r.Add("GET", "/v1/sessions/{id}/log", bind(&Api::Log));
   RegisterTerminalApi(server, manager);
   r.Add("GET", "/v1/sessions/{id}/background/log", bind(&Api::BackgroundLog));

@@ -7,7 +7,8 @@
 //   POST   /v1/sessions/{id}/execute[?stream=1]         {name, input, call_id?} → result (or SSE)
 //   POST   /v1/sessions/{id}/calls/{call_id}/cancel     202: a running call is being cancelled
 //   POST   /v1/sessions/{id}/snapshot                   201 {snapshot_id}
-//   GET    /v1/sessions/{id}/diff[?format=patch]        diff JSON, or the raw patch (text/x-diff)
+//   GET    /v1/sessions/{id}/diff[?format=patch][&all=1] diff JSON, or the raw patch (text/x-diff)
+//   POST   /v1/sessions/{id}/apply[?all=1]              {applied, files, conflicts, protected}; 409 / 403
 //   GET    /v1/sessions/{id}/log                        the JSONL log (application/x-ndjson)
 //   GET    /v1/sessions/{id}/background/log             what calls left running wrote after them (text/plain)
 //   POST   /v1/sessions/{id}/services                   {name, command, cwd?, env?} → 201 status

@@ -197,6 +197,7 @@ class Parser {
   Status ParseResources(const Field& f, ResourcesSpec& out) const;
   Status ParseEnv(const Field& f, EnvSpec& out) const;
   Status ParseOnViolation(const Field& f, OnViolationSpec& out) const;
+  Status ParseDiff(const Field& f, DiffSpec& out) const;
   // Secrets against the mode and the environment, once every section is read.
   Status CheckSecrets(const Field& root, const Policy& policy) const;
   // Network keys against each other, once the whole section is read.
@@ -954,6 +955,28 @@ Status Parser::ParseOnViolation(const Field& f, OnViolationSpec& out) const {
       });
 }
 
+// diff.exclude: gitignore-style patterns, one per item as a line of a
+// .gitignore would hold it; a comment or a blank would silently match
+// nothing, so they are refused.
+Status Parser::ParseDiff(const Field& f, DiffSpec& out) const {
+  return ForEachKey(f, {"exclude"}, [&](const std::string&, const Field& v) {
+    std::vector<std::string> patterns;
+    Status status = ForEachItem(v, [&](const Field& item) {
+      std::string pattern;
+      if (Status s = ReadString(item, pattern); !s.ok()) return s;
+      if (pattern.find_first_not_of(" \t") == std::string::npos) return Fail(item, "empty pattern");
+      if (pattern.find_first_of("\n\r") != std::string::npos) return Fail(item, "a pattern is one line");
+      if (pattern[0] == '#') return Fail(item, "a pattern starting with '#' is a comment in gitignore syntax (write \\# for a literal '#')");
+      if (pattern == "!" || pattern == "/" || pattern == "!/") return Fail(item, "pattern \"" + pattern + "\" matches nothing");
+      patterns.push_back(std::move(pattern));
+      return Status();
+    });
+    if (!status.ok()) return status;
+    out.exclude = std::move(patterns);
+    return Status();
+  });
+}
+
 Status Parser::CheckSecrets(const Field& root, const Policy& policy) const {
   const CredentialsSpec& c = policy.credentials;
   if (c.secrets.empty()) return Status();
@@ -1016,6 +1039,7 @@ Status Parser::ParseSection(const std::string& key, const Field& v, Policy& poli
   if (key == "credentials") return ParseCredentials(v, policy.credentials);
   if (key == "resources") return ParseResources(v, policy.resources);
   if (key == "env") return ParseEnv(v, policy.env);
+  if (key == "diff") return ParseDiff(v, policy.diff);
   return ParseOnViolation(v, policy.on_violation);
 }
 
@@ -1068,7 +1092,7 @@ Result<Policy> Parser::Parse() const {
   Status status = ForEachKey(
       root,
       {"version", "mode", "sandbox", "filesystem", "network", "credentials", "resources", "env",
-       "on_violation"},
+       "on_violation", "diff"},
       [&](const std::string& key, const Field& value) { return ParseSection(key, value, policy); });
   if (!status.ok()) return status;
   if (Status s = CheckNetwork(root, policy); !s.ok()) return s;

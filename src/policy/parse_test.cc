@@ -442,9 +442,20 @@ TEST_P(BadPolicyTest, ReportsExactError) {
   EXPECT_EQ(r.status().message(), GetParam().message);
 }
 
+TEST(PolicyParse, DiffExcludeKeepsItsPatternsAndRoundTrips) {
+  auto r = ParsePolicy("version: 1\ndiff:\n  exclude: [\"*.log\", \"!keep.log\", /build/, \"**/tmp\"]\n",
+                       "policy.yaml");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->diff.exclude, (std::vector<std::string>{"*.log", "!keep.log", "/build/", "**/tmp"}));
+  auto again = ParsePolicy(ToYaml(*r), "again.yaml");
+  ASSERT_TRUE(again.ok()) << again.status().ToString() << "\n" << ToYaml(*r);
+  EXPECT_EQ(again->diff.exclude, r->diff.exclude);
+  EXPECT_TRUE(ParsePolicy("version: 1\n", "p.yaml")->diff.exclude.empty());
+}
+
 const std::string kTopKeys =
     "(expected one of: version, mode, sandbox, filesystem, network, credentials, resources, env, "
-    "on_violation)";
+    "on_violation, diff)";
 const std::string kEnvHint = "(expected [A-Za-z_][A-Za-z0-9_]*)";
 
 const BadCase kBadCases[] = {
@@ -493,6 +504,15 @@ const BadCase kBadCases[] = {
      "policy.yaml:3:7: filesystem.deny[0]: \"..\" components are not allowed (\"src/../secrets\")"},
     {"DotDotAtEnd", "filesystem: {read_only: [/usr/..]}\n",
      "policy.yaml:1:26: filesystem.read_only[0]: \"..\" components are not allowed (\"/usr/..\")"},
+    {"DiffExcludeNotAList", "diff:\n  exclude: node_modules\n",
+     "policy.yaml:2:12: diff.exclude: expected a list, got \"node_modules\""},
+    {"DiffExcludeEmpty", "diff:\n  exclude: [build/, \"  \"]\n",
+     "policy.yaml:2:21: diff.exclude[1]: empty pattern"},
+    {"DiffExcludeComment", "diff:\n  exclude:\n    - \"#x\"\n",
+     "policy.yaml:3:7: diff.exclude[0]: a pattern starting with '#' is a comment in gitignore syntax (write \\# "
+     "for a literal '#')"},
+    {"DiffUnknownKey", "diff: {include: [x]}\n",
+     "policy.yaml:1:8: diff.include: unknown key (expected one of: exclude)"},
     {"EmptyPath", "filesystem:\n  protect: [\"\"]\n",
      "policy.yaml:2:13: filesystem.protect[0]: empty path"},
     {"EmptyWorkspacePath", "filesystem: {workspace: {path: \"\"}}\n",

@@ -432,6 +432,13 @@ std::string ToYaml(const Policy& p) {
   out << YAML::Key << "escalation" << YAML::Value << ToString(p.on_violation.escalation);
   out << YAML::EndMap;
 
+  // Only when given: the digests of policies without it stay as they were.
+  if (!p.diff.exclude.empty()) {
+    out << YAML::Key << "diff" << YAML::Value << YAML::BeginMap;
+    EmitList(out, "exclude", p.diff.exclude, /*quoted=*/true);
+    out << YAML::EndMap;
+  }
+
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }

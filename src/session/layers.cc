@@ -16,15 +16,19 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
+#include <stdexcept>
 #include <unordered_map>
 
 #include "linux/compat.h"
 #include "linux/fd.h"
 #include "policy/sha256.h"
+#include "session/gitignore.h"
 #include "session/unified_diff.h"
 
 namespace agentbox::session {
@@ -606,7 +610,7 @@ enum class GitDirs { kSkip, kInclude };
 // Adds every path below `rel` of the tree `root_fd` (not `rel` itself) to
 // `paths`, never following a symlink.
 Status CollectPaths(int root_fd, const std::string& root, const std::string& rel, GitDirs git, const char* stage,
-                    std::set<std::string>* paths) {
+                    std::set<std::string>* paths, IgnoreRules* ignore = nullptr) {
   UniqueFd dir(OpenBeneath(root_fd, rel, O_RDONLY | O_DIRECTORY));
   if (!dir.valid()) {
     if (errno == ENOENT || errno == ENOTDIR || errno == ELOOP) return {};  // changed meanwhile
@@ -618,10 +622,12 @@ Status CollectPaths(int root_fd, const std::string& root, const std::string& rel
     if (git == GitDirs::kSkip && name == ".git") continue;
     std::string child = Join(rel, name);
     if (TooLong(root, child)) return PathTooLong(stage, root, child);
-    paths->insert(child);
     struct stat st {};
-    if (fstatat(dir.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode)) {
-      if (Status s = CollectPaths(root_fd, root, child, git, stage, paths); !s.ok()) return s;
+    const bool is_dir = fstatat(dir.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode);
+    if (ignore && ignore->Ignored(child, is_dir)) continue;
+    paths->insert(child);
+    if (is_dir) {
+      if (Status s = CollectPaths(root_fd, root, child, git, stage, paths, ignore); !s.ok()) return s;
     }
   }
   return {};
@@ -764,13 +770,20 @@ bool AppendSection(std::string* out, const std::string& path, const Side* old_si
     *out += "old mode " + ModeText(old_side->git_mode) + "\n";
     *out += "new mode " + ModeText(new_side->git_mode) + "\n";
   }
-  const std::string& before = old_side ? old_side->content : std::string();
-  const std::string& after = new_side ? new_side->content : std::string();
+  static const std::string kNoContent;
+  const std::string& before = old_side ? old_side->content : kNoContent;
+  const std::string& after = new_side ? new_side->content : kNoContent;
   if (before == after) return true;  // a mode change, or an empty file added or deleted
+  // Full object ids, as `git diff --full-index`: `git apply` needs them for
+  // a binary section and checks the file it patches against them.
+  static const std::string kNullId(40, '0');
+  *out += "index " + (old_side ? GitBlobId(before) : kNullId) + ".." + (new_side ? GitBlobId(after) : kNullId);
+  if (old_side && new_side && old_side->git_mode == new_side->git_mode) *out += " " + ModeText(old_side->git_mode);
+  *out += "\n";
   const std::string a_label = old_side ? a : "/dev/null";
   const std::string b_label = new_side ? b : "/dev/null";
   if ((old_side && old_side->binary) || (new_side && new_side->binary)) {
-    *out += "Binary files " + a_label + " and " + b_label + " differ\n";
+    *out += GitBinaryPatch(before, after);
     return true;
   }
   *out += FileLine("---", a_label);
@@ -975,7 +988,40 @@ Status CopyTreeUnguarded(const std::string& from, const std::string& to) {
 
 // ------------------------------------------------------------------ diff
 
-Result<Json> ComputeDiffUnguarded(const LayerStack& stack, std::size_t max_patch_bytes, std::size_t max_files) {
+// A .gitignore or exclude file larger than this is refused, not truncated.
+constexpr std::size_t kMaxIgnoreFileBytes = 1 << 20;
+
+// The views a diff compares and the paths that can differ between them.
+struct Candidates {
+  // Held by pointer: the ignore rules' loader refers to them.
+  std::unique_ptr<LayeredView> merged;
+  std::unique_ptr<LayeredView> base;
+  std::unique_ptr<IgnoreRules> ignore;
+  std::set<std::string> paths;
+};
+
+// A small regular file of `view` ("" when it is not one). Read errors are
+// thrown (the callers are Guarded): an unreadable .gitignore fails the diff
+// rather than widen it.
+std::string ReadSmallFile(LayeredView& view, const std::string& rel) {
+  Node node = view.Lookup(rel);
+  if (node.kind != Kind::kFile) return "";
+  const std::string path = Join(view.root(node.layer), rel);
+  UniqueFd fd(view.OpenNode(node, rel));
+  if (!fd.valid()) {
+    if (errno == ENOENT || errno == ENOTDIR || errno == ELOOP) return "";
+    throw std::runtime_error(Status::Errno("diff", "open", path).message());
+  }
+  auto data = ReadUpTo(fd.get(), kMaxIgnoreFileBytes + 1, path, "diff");
+  if (!data.ok()) throw std::runtime_error(data.status().message());
+  if (data->size() > kMaxIgnoreFileBytes) {
+    throw std::runtime_error(path + ": larger than " + std::to_string(kMaxIgnoreFileBytes) + " bytes");
+  }
+  return std::move(*data);
+}
+
+Result<Candidates> CollectCandidates(const LayerStack& stack, const DiffOptions& options) {
+  Candidates c;
   std::vector<std::string> merged_roots;
   merged_roots.push_back(stack.upper);
   if (!stack.copy_mode) {
@@ -984,34 +1030,59 @@ Result<Json> ComputeDiffUnguarded(const LayerStack& stack, std::size_t max_patch
   }
   auto merged = LayeredView::Open(merged_roots);
   if (!merged.ok()) return merged.status();
+  c.merged = std::make_unique<LayeredView>(std::move(*merged));
   auto base = LayeredView::Open({stack.base});
   if (!base.ok()) return base.status();
+  c.base = std::make_unique<LayeredView>(std::move(*base));
+  LayeredView& m = *c.merged;
+  LayeredView& b = *c.base;
+  if (!options.all) {
+    // The session's .gitignore files decide; a directory it deleted keeps
+    // the base's, so that its deleted contents are judged as git would.
+    auto loader = [&m, &b](const std::string& dir) -> std::optional<std::string> {
+      LayeredView& view = m.Lookup(dir).kind == Kind::kDir ? m : b;
+      return ReadSmallFile(view, Join(dir, ".gitignore"));
+    };
+    c.ignore = std::make_unique<IgnoreRules>(loader, ReadSmallFile(b, ".git/info/exclude"), options.exclude);
+  }
+  IgnoreRules* ignore = c.ignore.get();
 
   // The paths that can differ: everything in the layers above the base
   // (the copy, in copy mode, and the base too).
-  std::set<std::string> paths;
-  const int scanned = stack.copy_mode ? 1 : merged->layers() - 1;
+  std::set<std::string>& paths = c.paths;
+  const int scanned = stack.copy_mode ? 1 : m.layers() - 1;
   for (int layer = 0; layer < scanned; ++layer) {
-    Status s = CollectPaths(merged->root_fd(layer), merged->root(layer), "", GitDirs::kSkip, "diff", &paths);
+    Status s = CollectPaths(m.root_fd(layer), m.root(layer), "", GitDirs::kSkip, "diff", &paths, ignore);
     if (!s.ok()) return s;
   }
   if (stack.copy_mode) {
-    Status s = CollectPaths(base->root_fd(0), base->root(0), "", GitDirs::kSkip, "diff", &paths);
+    Status s = CollectPaths(b.root_fd(0), b.root(0), "", GitDirs::kSkip, "diff", &paths, ignore);
     if (!s.ok()) return s;
   } else {
     // A base directory that the merged view no longer shows whole (deleted,
     // replaced, made opaque) loses what is below it: look there too.
-    const int base_layer = merged->layers() - 1;
+    const int base_layer = m.layers() - 1;
     std::set<std::string> hidden;
     for (const std::string& path : paths) {
-      if (base->Lookup(path).kind != Kind::kDir) continue;
-      const std::vector<int>& layers = merged->DirLayers(path);
+      if (b.Lookup(path).kind != Kind::kDir) continue;
+      const std::vector<int>& layers = m.DirLayers(path);
       if (std::find(layers.begin(), layers.end(), base_layer) != layers.end()) continue;
-      Status s = CollectPaths(base->root_fd(0), base->root(0), path, GitDirs::kSkip, "diff", &hidden);
+      Status s = CollectPaths(b.root_fd(0), b.root(0), path, GitDirs::kSkip, "diff", &hidden, ignore);
       if (!s.ok()) return s;
     }
     paths.insert(hidden.begin(), hidden.end());
   }
+  return c;
+}
+
+Result<Json> ComputeDiffUnguarded(const LayerStack& stack, const DiffOptions& options) {
+  const std::size_t max_patch_bytes = options.max_patch_bytes;
+  const std::size_t max_files = options.max_files;
+  auto candidates = CollectCandidates(stack, options);
+  if (!candidates.ok()) return candidates.status();
+  LayeredView* merged = candidates->merged.get();
+  LayeredView* base = candidates->base.get();
+  const std::set<std::string>& paths = candidates->paths;
 
   Json files = Json::array();
   std::string patch;
@@ -1085,6 +1156,431 @@ Result<Json> ComputeDiffUnguarded(const LayerStack& stack, std::size_t max_patch
               {"files_truncated", files_truncated}};
 }
 
+// ------------------------------------------------------------------ apply
+
+// A base entry's identity: what tells that it changed since it was recorded.
+struct BaseId {
+  char type = 0;  // f file, l symlink, d directory, o anything else; 0 absent
+  unsigned mode = 0;
+  std::uint64_t size = 0, mtime_ns = 0, ctime_ns = 0, ino = 0;
+
+  static BaseId Of(const struct stat& st) {
+    BaseId id;
+    id.type = S_ISREG(st.st_mode) ? 'f' : S_ISLNK(st.st_mode) ? 'l' : S_ISDIR(st.st_mode) ? 'd' : 'o';
+    id.mode = st.st_mode & 07777;
+    id.size = static_cast<std::uint64_t>(st.st_size);
+    id.mtime_ns = static_cast<std::uint64_t>(st.st_mtim.tv_sec) * 1000000000u + st.st_mtim.tv_nsec;
+    id.ctime_ns = static_cast<std::uint64_t>(st.st_ctim.tv_sec) * 1000000000u + st.st_ctim.tv_nsec;
+    id.ino = st.st_ino;
+    return id;
+  }
+  // A directory changes with every entry made in it: only its type counts.
+  bool Same(const BaseId& o) const {
+    if (type != o.type) return false;
+    if (type == 'd' || type == 0) return true;
+    return mode == o.mode && size == o.size && mtime_ns == o.mtime_ns && ctime_ns == o.ctime_ns && ino == o.ino;
+  }
+};
+
+using BaseRecord = std::map<std::string, BaseId>;
+
+// The base entry at `rel` now, without following a symlink on the way (a
+// symlink in between is "o": it is not what the session saw).
+BaseId CurrentId(int base_fd, const std::string& rel) {
+  UniqueFd fd(OpenBeneath(base_fd, rel, O_PATH));
+  struct stat st {};
+  if (!fd.valid()) {
+    BaseId id;
+    if (errno != ENOENT && errno != ENOTDIR) id.type = 'o';
+    return id;
+  }
+  if (fstat(fd.get(), &st) != 0) return BaseId{'o'};
+  return BaseId::Of(st);
+}
+
+Status RecordWalk(int dir_fd, const std::string& root, const std::string& rel, BaseRecord* out) {
+  auto names = ListNames(dir_fd, Join(root, rel), "session");
+  if (!names.ok()) return names.status();
+  for (const std::string& name : *names) {
+    if (name == ".git") continue;
+    struct stat st {};
+    if (fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      if (errno == ENOENT) continue;
+      return Status::Errno("session", "fstatat", Join(root, Join(rel, name)));
+    }
+    const std::string child = Join(rel, name);
+    (*out)[child] = BaseId::Of(st);
+    if (S_ISDIR(st.st_mode)) {
+      UniqueFd sub(openat(dir_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+      if (!sub.valid()) return Status::Errno("session", "open", Join(root, child));
+      if (Status s = RecordWalk(sub.get(), root, child, out); !s.ok()) return s;
+    }
+  }
+  return {};
+}
+
+// One line per entry: "<type> <mode> <size> <mtime_ns> <ctime_ns> <ino> <hex path>".
+std::string FormatRecord(const BaseRecord& record) {
+  std::string out;
+  char buf[128];
+  for (const auto& [path, id] : record) {
+    std::snprintf(buf, sizeof(buf), "%c %o %llu %llu %llu %llu ", id.type, id.mode,
+                  static_cast<unsigned long long>(id.size), static_cast<unsigned long long>(id.mtime_ns),
+                  static_cast<unsigned long long>(id.ctime_ns), static_cast<unsigned long long>(id.ino));
+    out += buf;
+    out += Hex(path);
+    out += '\n';
+  }
+  return out;
+}
+
+Status WriteRecord(const std::string& dest_file, const BaseRecord& record) {
+  const std::size_t slash = dest_file.rfind('/');
+  if (slash == std::string::npos) return Status::Error("session", "base record " + dest_file + ": not absolute");
+  return WriteFileDurably(slash == 0 ? "/" : dest_file.substr(0, slash), dest_file.substr(slash + 1),
+                          FormatRecord(record), "session");
+}
+
+Status RecordBaseUnguarded(const std::string& base, const std::string& dest_file) {
+  UniqueFd root(open(base.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!root.valid()) return Status::Errno("session", "open", base);
+  BaseRecord record;
+  if (Status s = RecordWalk(root.get(), base, "", &record); !s.ok()) return s;
+  return WriteRecord(dest_file, record);
+}
+
+Result<BaseRecord> ReadRecord(const std::string& file) {
+  UniqueFd fd(open(file.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) {
+    if (errno == ENOENT) {
+      return Status::Error("conflict", "the session has no record of the base it started from (" + file +
+                                           " is missing: sessions created before apply existed have none)");
+    }
+    return Status::Errno("apply", "open", file);
+  }
+  auto text = ReadUpTo(fd.get(), std::numeric_limits<std::size_t>::max(), file, "apply");
+  if (!text.ok()) return text.status();
+  BaseRecord record;
+  std::size_t start = 0, line_no = 0;
+  while (start < text->size()) {
+    std::size_t nl = text->find('\n', start);
+    if (nl == std::string::npos) nl = text->size();
+    const std::string line = text->substr(start, nl - start);
+    start = nl + 1;
+    ++line_no;
+    BaseId id;
+    unsigned long long size = 0, mtime = 0, ctime = 0, ino = 0;
+    char hex[PATH_MAX * 2 + 2];
+    if (line.size() > sizeof(hex) + 100 ||
+        std::sscanf(line.c_str(), "%c %o %llu %llu %llu %llu %8193s", &id.type, &id.mode, &size, &mtime, &ctime,
+                    &ino, hex) != 7) {
+      return Status::Error("apply", file + ":" + std::to_string(line_no) + ": malformed base record line");
+    }
+    auto path = Unhex(hex);
+    if (!path) return Status::Error("apply", file + ":" + std::to_string(line_no) + ": malformed path");
+    id.size = size;
+    id.mtime_ns = mtime;
+    id.ctime_ns = ctime;
+    id.ino = ino;
+    record[*path] = id;
+  }
+  return record;
+}
+
+bool Tracked(const Node& n) { return n.kind == Kind::kFile || n.kind == Kind::kSymlink; }
+
+bool Below(const std::string& path, const std::string& dir) {
+  return dir.empty() || (path.size() > dir.size() && path.compare(0, dir.size(), dir) == 0 && path[dir.size()] == '/');
+}
+
+// A bare repository as git finds one: HEAD, objects/ and refs/.
+bool IsBareRepo(LayeredView& view, const std::string& dir) {
+  return view.Lookup(Join(dir, "HEAD")).kind == Kind::kFile &&
+         view.Lookup(Join(dir, "objects")).kind == Kind::kDir && view.Lookup(Join(dir, "refs")).kind == Kind::kDir;
+}
+
+bool IsProtected(const std::string& path, const std::vector<std::string>& protect, LayeredView& merged,
+                 LayeredView& base) {
+  for (const std::string& p : protect) {
+    if (path == p || Below(path, p) || Below(p, path)) return true;
+  }
+  // The hooks and config of a bare repository (git runs them on the host).
+  std::size_t at = 0;
+  for (;;) {
+    const std::string dir = at == 0 ? "" : path.substr(0, at - 1);
+    const std::string rest = path.substr(at);
+    if ((rest == "config" || rest.rfind("hooks/", 0) == 0) && (IsBareRepo(merged, dir) || IsBareRepo(base, dir))) {
+      return true;
+    }
+    std::size_t slash = path.find('/', at);
+    if (slash == std::string::npos) return false;
+    at = slash + 1;
+  }
+}
+
+struct Change {
+  std::string path;
+  const char* status = nullptr;
+  Node after, before;
+};
+
+Result<bool> Unchanged(LayeredView& merged, const Node& after, LayeredView& base, const Node& before,
+                       const std::string& rel) {
+  if (after.kind != before.kind) return false;
+  if (after.kind == Kind::kSymlink) {
+    auto a = ReadSide(merged, after, rel, std::numeric_limits<std::size_t>::max());
+    if (!a.ok()) return a.status();
+    auto b = ReadSide(base, before, rel, std::numeric_limits<std::size_t>::max());
+    if (!b.ok()) return b.status();
+    return a->content == b->content;
+  }
+  if ((after.st.st_mode & S_IXUSR) != (before.st.st_mode & S_IXUSR)) return false;
+  if (after.st.st_size != before.st.st_size) return false;
+  return SameContent(base, before, merged, after, rel);
+}
+
+std::pair<std::string, std::string> SplitParent(const std::string& rel) {
+  std::size_t slash = rel.rfind('/');
+  if (slash == std::string::npos) return {"", rel};
+  return {rel.substr(0, slash), rel.substr(slash + 1)};
+}
+
+// Steps taken on the base, undone in reverse when a later one fails.
+class Undo {
+ public:
+  void Add(std::function<void()> step) { steps_.push_back(std::move(step)); }
+  void Run() {
+    for (auto it = steps_.rbegin(); it != steps_.rend(); ++it) (*it)();
+    steps_.clear();
+  }
+  void Forget() { steps_.clear(); }
+
+ private:
+  std::vector<std::function<void()>> steps_;
+};
+
+Result<Json> ApplyChangesUnguarded(const LayerStack& stack, const ApplyOptions& options) {
+  const char* stage = "apply";
+  auto record = ReadRecord(options.base_record);
+  if (!record.ok()) return record.status();
+  auto candidates = CollectCandidates(stack, options.diff);
+  if (!candidates.ok()) return candidates.status();
+  LayeredView& merged = *candidates->merged;
+  LayeredView& base = *candidates->base;
+  const int base_fd = base.root_fd(0);
+
+  std::vector<Change> changes;
+  std::vector<std::string> removed_dirs;  // base directories the merged view no longer has as directories
+  for (const std::string& path : candidates->paths) {
+    Change c{path, nullptr, merged.Lookup(path), base.Lookup(path)};
+    if (c.before.kind == Kind::kDir && c.after.kind != Kind::kDir) removed_dirs.push_back(path);
+    if (!Tracked(c.after) && !Tracked(c.before)) continue;
+    if (Tracked(c.after) && Tracked(c.before)) {
+      auto same = Unchanged(merged, c.after, base, c.before, path);
+      if (!same.ok()) return same.status();
+      if (*same) continue;
+    }
+    c.status = !Tracked(c.before) ? "added" : !Tracked(c.after) ? "deleted" : "modified";
+    changes.push_back(std::move(c));
+  }
+
+  // Refusals first: nothing is written unless every change may be.
+  std::set<std::string> conflicts, refused;
+  auto check = [&](const std::string& rel) {
+    auto it = record->find(rel);
+    const BaseId then = it == record->end() ? BaseId{} : it->second;
+    if (!then.Same(CurrentId(base_fd, rel))) conflicts.insert(rel);
+  };
+  for (const Change& c : changes) {
+    if (IsProtected(c.path, options.protect, merged, base)) refused.insert(c.path);
+    check(c.path);
+    for (std::size_t slash = c.path.find('/'); slash != std::string::npos; slash = c.path.find('/', slash + 1)) {
+      check(c.path.substr(0, slash));
+    }
+  }
+  auto utf8_list = [](const std::set<std::string>& paths) {
+    Json list = Json::array();
+    for (const std::string& p : paths) list.push_back(Utf8Lossy(p));
+    return list;
+  };
+  if (!conflicts.empty() || !refused.empty()) {
+    return Json{{"applied", Json::array()},
+                {"files", Json::array()},
+                {"conflicts", utf8_list(conflicts)},
+                {"protected", utf8_list(refused)}};
+  }
+
+  // Stage every new file and symlink beside the base.
+  std::string stage_dir = Join(stack.base, ".agentbox-apply-XXXXXX");
+  if (mkdtemp(stage_dir.data()) == nullptr) return Status::Errno(stage, "mkdtemp", stage_dir);
+  UniqueFd stage_fd(open(stage_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  struct StageCleanup {
+    const std::string& dir;
+    int fd;
+    ~StageCleanup() {
+      if (fd >= 0) {
+        auto names = ListNames(fd, dir, "apply");
+        if (names.ok()) {
+          for (const std::string& n : *names) unlinkat(fd, n.c_str(), 0);
+        }
+      }
+      rmdir(dir.c_str());
+    }
+  } cleanup{stage_dir, stage_fd.get()};
+  if (!stage_fd.valid()) return Status::Errno(stage, "open", stage_dir);
+  const bool as_root = geteuid() == 0;
+  // For syncfs at the end (the views' descriptors are O_PATH).
+  UniqueFd base_dir(open(stack.base.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!base_dir.valid()) return Status::Errno(stage, "open", stack.base);
+
+  for (std::size_t i = 0; i < changes.size(); ++i) {
+    const Change& c = changes[i];
+    if (!Tracked(c.after)) continue;
+    const std::string name = "n" + std::to_string(i);
+    const std::string src_path = Join(merged.root(c.after.layer), c.path);
+    UniqueFd src(merged.OpenNode(c.after, c.path));
+    if (!src.valid()) return Status::Errno(stage, "open", src_path);
+    if (c.after.kind == Kind::kSymlink) {
+      auto target = ReadLinkAt(src.get(), "", src_path, stage);
+      if (!target.ok()) return target.status();
+      if (symlinkat(target->c_str(), stage_fd.get(), name.c_str()) != 0) {
+        return Status::Errno(stage, "symlinkat", Join(stage_dir, name));
+      }
+      continue;
+    }
+    struct stat st {};
+    if (fstat(src.get(), &st) != 0) return Status::Errno(stage, "fstat", src_path);
+    UniqueFd out(openat(stage_fd.get(), name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+    if (!out.valid()) return Status::Errno(stage, "open", Join(stage_dir, name));
+    if (Status s = CopyData(src.get(), out.get(), src_path, stage); !s.ok()) return s;
+    if (fchmod(out.get(), st.st_mode & 0777) != 0) return Status::Errno(stage, "fchmod", Join(stage_dir, name));
+    if (fdatasync(out.get()) != 0) return Status::Errno(stage, "fdatasync", Join(stage_dir, name));
+  }
+
+  Undo undo;
+  auto fail = [&](Status s) {
+    undo.Run();
+    return s;
+  };
+  auto open_dir = [&](const std::string& rel) { return OpenBeneath(base_fd, rel, O_RDONLY | O_DIRECTORY); };
+
+  // 1. Every base file or symlink replaced or deleted goes into the staging directory.
+  for (std::size_t i = 0; i < changes.size(); ++i) {
+    const Change& c = changes[i];
+    if (!Tracked(c.before)) continue;
+    auto [parent, leaf] = SplitParent(c.path);
+    auto dir = std::make_shared<UniqueFd>(open_dir(parent));
+    if (!dir->valid()) return fail(Status::Errno(stage, "open", Join(stack.base, parent)));
+    const std::string backup = "b" + std::to_string(i);
+    if (renameat(dir->get(), leaf.c_str(), stage_fd.get(), backup.c_str()) != 0) {
+      return fail(Status::Errno(stage, "rename", Join(stack.base, c.path)));
+    }
+    undo.Add([dir, leaf, backup, sfd = stage_fd.get()] { renameat(sfd, backup.c_str(), dir->get(), leaf.c_str()); });
+  }
+  // 2. Directories the session removed or replaced, deepest first, when now
+  // empty (ignored files may keep one).
+  std::vector<std::string> dirs_removed;
+  for (auto it = removed_dirs.rbegin(); it != removed_dirs.rend(); ++it) {
+    auto [parent, leaf] = SplitParent(*it);
+    auto dir = std::make_shared<UniqueFd>(open_dir(parent));
+    if (!dir->valid()) continue;  // its parent went with it
+    struct stat st {};
+    if (fstatat(dir->get(), leaf.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(st.st_mode)) continue;
+    if (unlinkat(dir->get(), leaf.c_str(), AT_REMOVEDIR) != 0) {
+      if (errno == ENOTEMPTY || errno == EEXIST) continue;
+      return fail(Status::Errno(stage, "rmdir", Join(stack.base, *it)));
+    }
+    dirs_removed.push_back(*it);
+    const mode_t mode = st.st_mode & 07777;
+    const uid_t uid = st.st_uid;
+    const gid_t gid = st.st_gid;
+    undo.Add([dir, leaf, mode, uid, gid, as_root] {
+      if (mkdirat(dir->get(), leaf.c_str(), mode) == 0 && as_root) {
+        (void)fchownat(dir->get(), leaf.c_str(), uid, gid, AT_SYMLINK_NOFOLLOW);
+      }
+    });
+  }
+  // 3. New contents into place, creating the directories they need.
+  std::vector<std::string> dirs_made;
+  auto make_parents = [&](const std::string& rel) -> Status {
+    std::size_t slash = 0;
+    while ((slash = rel.find('/', slash)) != std::string::npos) {
+      const std::string prefix = rel.substr(0, slash++);
+      UniqueFd existing(open_dir(prefix));
+      if (existing.valid()) continue;
+      if (errno != ENOENT) return Status::Errno(stage, "open", Join(stack.base, prefix));
+      auto [parent, leaf] = SplitParent(prefix);
+      auto dir = std::make_shared<UniqueFd>(open_dir(parent));
+      if (!dir->valid()) return Status::Errno(stage, "open", Join(stack.base, parent));
+      mode_t mode = 0755;
+      struct stat mst {};
+      for (int layer : merged.DirLayers(prefix)) {
+        UniqueFd fd(OpenBeneath(merged.root_fd(layer), prefix, O_PATH));
+        if (fd.valid() && fstat(fd.get(), &mst) == 0) {
+          mode = mst.st_mode & 0777;
+          break;
+        }
+      }
+      if (mkdirat(dir->get(), leaf.c_str(), mode) != 0) return Status::Errno(stage, "mkdir", Join(stack.base, prefix));
+      undo.Add([dir, leaf] { unlinkat(dir->get(), leaf.c_str(), AT_REMOVEDIR); });
+      dirs_made.push_back(prefix);
+      struct stat pst {};
+      if (as_root && fstat(dir->get(), &pst) == 0) (void)fchownat(dir->get(), leaf.c_str(), pst.st_uid, pst.st_gid, AT_SYMLINK_NOFOLLOW);
+    }
+    return {};
+  };
+  std::vector<std::string> applied;
+  Json files = Json::array();
+  for (std::size_t i = 0; i < changes.size(); ++i) {
+    const Change& c = changes[i];
+    applied.push_back(c.path);
+    files.push_back({{"path", Utf8Lossy(c.path)}, {"status", c.status}});
+    if (!Tracked(c.after)) continue;
+    if (Status s = make_parents(c.path); !s.ok()) return fail(s);
+    auto [parent, leaf] = SplitParent(c.path);
+    auto dir = std::make_shared<UniqueFd>(open_dir(parent));
+    if (!dir->valid()) return fail(Status::Errno(stage, "open", Join(stack.base, parent)));
+    const std::string name = "n" + std::to_string(i);
+    if (as_root) {
+      // The owner of the file replaced, or of the directory it goes in.
+      struct stat owner {};
+      if (Tracked(c.before)) {
+        owner = c.before.st;
+      } else {
+        fstat(dir->get(), &owner);
+      }
+      (void)fchownat(stage_fd.get(), name.c_str(), owner.st_uid, owner.st_gid, AT_SYMLINK_NOFOLLOW);
+    }
+    if (renameat2(stage_fd.get(), name.c_str(), dir->get(), leaf.c_str(), RENAME_NOREPLACE) != 0) {
+      return fail(Status::Errno(stage, "rename", Join(stack.base, c.path)));
+    }
+    undo.Add([dir, leaf, name, sfd = stage_fd.get()] { renameat(dir->get(), leaf.c_str(), sfd, name.c_str()); });
+  }
+  undo.Forget();
+  if (syncfs(base_dir.get()) != 0) {
+    return Status::Error(stage, "the changes are in " + stack.base + " but flushing them failed: syncfs: " +
+                                    std::strerror(errno));
+  }
+
+  // The base now holds these: later changes to them are based on this.
+  for (const std::string& p : applied) {
+    BaseId now = CurrentId(base_fd, p);
+    if (now.type == 0) {
+      record->erase(p);
+    } else {
+      (*record)[p] = now;
+    }
+  }
+  for (const std::string& d : dirs_removed) record->erase(d);
+  for (const std::string& d : dirs_made) (*record)[d] = CurrentId(base_fd, d);
+  if (Status s = WriteRecord(options.base_record, *record); !s.ok()) return s;
+
+  return Json{{"applied", utf8_list(std::set<std::string>(applied.begin(), applied.end()))},
+              {"files", std::move(files)},
+              {"conflicts", Json::array()},
+              {"protected", Json::array()}};
+}
+
 // Runs `f`, turning any exception (a JSON error, memory exhausted) into an
 // error of `stage` naming `what`: no exception leaves this module.
 template <typename F>
@@ -1147,9 +1643,23 @@ Status CopyUpperLayer(int from_dir, int to_dir) {
   });
 }
 
+Result<Json> ComputeDiff(const LayerStack& stack, const DiffOptions& options) {
+  return Guarded("diff", stack.upper, [&] { return ComputeDiffUnguarded(stack, options); });
+}
+
 Result<Json> ComputeDiff(const LayerStack& stack, std::size_t max_patch_bytes, std::size_t max_files) {
-  return Guarded("diff", "diff of " + stack.upper,
-                 [&] { return ComputeDiffUnguarded(stack, max_patch_bytes, max_files); });
+  DiffOptions options;
+  options.max_patch_bytes = max_patch_bytes;
+  options.max_files = max_files;
+  return ComputeDiff(stack, options);
+}
+
+Status RecordBase(const std::string& base, const std::string& dest_file) {
+  return Guarded("session", base, [&] { return RecordBaseUnguarded(base, dest_file); });
+}
+
+Result<Json> ApplyChanges(const LayerStack& stack, const ApplyOptions& options) {
+  return Guarded("apply", stack.base, [&] { return ApplyChangesUnguarded(stack, options); });
 }
 
 }  // namespace agentbox::session

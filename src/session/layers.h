@@ -126,10 +126,10 @@ Status CopyUpperTree(const std::string& from, const std::string& to);
 // the cost follows the changes, not the workspace. Copy mode walks both
 // trees whole. Paths under a directory named `.git` are repository
 // metadata, left out as git leaves them out (and `git apply` refuses them).
-// `git apply` in a checkout of the base applies the patch; binary files
-// are listed (binary: true) and appear in the patch as "Binary files a/p and
-// b/p differ", which git apply refuses, so a diff with binary changes must
-// be applied with its binary files copied by other means. The patch holds
+// `git apply` in a checkout of the base applies the patch: every section
+// has git's full "index <old>..<new>" line (SHA-1 blob ids), and binary
+// files (listed with binary: true) are in git's binary format ("GIT binary
+// patch", literal hunks both ways: unified_diff.h GitBinaryPatch). The patch holds
 // whole file sections only: when the next one would pass `max_patch_bytes`
 // (or a file is bigger than that) it and the rest are left out of the patch
 // (still listed in files) and "truncated" is true. No file is read past
@@ -142,7 +142,57 @@ Status CopyUpperTree(const std::string& from, const std::string& to);
 // None of these functions throws: failures, including JSON and memory
 // errors, come back as a Status naming the path.
 inline constexpr std::size_t kMaxDiffFiles = 10000;
+
+struct DiffOptions {
+  std::size_t max_patch_bytes = 0;
+  std::size_t max_files = kMaxDiffFiles;
+  // false: paths the workspace's ignore rules leave out (gitignore.h: its
+  // .gitignore files as the merged view holds them, a deleted directory's
+  // as the base held them, the base's .git/info/exclude, then `exclude`)
+  // are neither listed nor in the patch; the walk does not enter an
+  // ignored directory. true: everything.
+  bool all = false;
+  std::vector<std::string> exclude;  // diff.exclude: gitignore-style, relative to the root
+};
+Result<Json> ComputeDiff(const LayerStack& stack, const DiffOptions& options);
+// The same with default options (ignore rules honoured, no diff.exclude).
 Result<Json> ComputeDiff(const LayerStack& stack, std::size_t max_patch_bytes,
                          std::size_t max_files = kMaxDiffFiles);
+
+// What a session's changes are based on: the identity of every path of the
+// base (type, mode, size, mtime, ctime, inode; directories by type only),
+// written to `dest_file` (replaced atomically) when the session is created.
+// Paths under a directory named .git are left out, as in the diff. Cost: one
+// fstatat per entry of the base, no file read.
+Status RecordBase(const std::string& base, const std::string& dest_file);
+
+struct ApplyOptions {
+  DiffOptions diff;           // which changes (max_patch_bytes, max_files unused)
+  std::string base_record;    // RecordBase's file
+  // Relative to the base: never written (policy filesystem.protect). The
+  // hooks and config of every bare repository in either view are too.
+  std::vector<std::string> protect;
+};
+
+// Writes the session's changes (the paths ComputeDiff lists, same options)
+// into the base, all or nothing:
+//   - every changed path, and each directory above it, is checked against
+//     `base_record`: a base entry created, removed or changed since is a
+//     conflict; a change to a protected path is refused. Either way nothing
+//     is written and the answer lists them:
+//       {"applied": [], "conflicts": [paths], "protected": [paths]}
+//   - new contents are staged in a directory under the base (same
+//     filesystem: .agentbox-apply-XXXXXX, removed at the end), flushed, then
+//     renamed into place; replaced and deleted entries are first moved into
+//     the staging directory, so that a failure part-way undoes every step
+//     taken, in reverse. Directories the session removed are removed when
+//     empty (ignored files may remain in them); new ones are created with
+//     the session's modes. Not atomic across a crash of this process.
+//   - files get the session's permission bits (set-id bits dropped); as
+//     root, the owner of the file replaced, or of the directory created in.
+// Success: {"applied": [paths], "files": [{"path", "status"}],
+// "conflicts": [], "protected": []}, and `base_record` is brought up to date
+// for the paths written. Errors name the path and the syscall.
+Result<Json> ApplyChanges(const LayerStack& stack, const ApplyOptions& options);
 
 }  // namespace agentbox::session

@@ -3,6 +3,7 @@
 // namespaces) applied with `git apply`, snapshots and their verification.
 #include "session/layers.h"
 #include "session/test_files.h"
+#include "session/unified_diff.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -128,13 +129,17 @@ TEST(LayersDiff, AddedModifiedDeletedInAHandBuiltUpper) {
   Json d = Diff({t / "base", {}, t / "upper"});
   EXPECT_EQ(Statuses(d), (std::map<std::string, std::string>{
                              {"added.txt", "added"}, {"edit.txt", "modified"}, {"gone.txt", "deleted"}}));
+  const std::string null_id(40, '0');
   EXPECT_EQ(d["patch"],
-            "diff --git a/added.txt b/added.txt\nnew file mode 100644\n--- /dev/null\n+++ b/added.txt\n"
-            "@@ -0,0 +1 @@\n+hello\n"
-            "diff --git a/edit.txt b/edit.txt\n--- a/edit.txt\n+++ b/edit.txt\n"
-            "@@ -1,3 +1,3 @@\n one\n-two\n+TWO\n three\n"
-            "diff --git a/gone.txt b/gone.txt\ndeleted file mode 100644\n--- a/gone.txt\n+++ /dev/null\n"
-            "@@ -1 +0,0 @@\n-bye\n");
+            "diff --git a/added.txt b/added.txt\nnew file mode 100644\nindex " + null_id + ".." +
+                GitBlobId("hello\n") + "\n--- /dev/null\n+++ b/added.txt\n"
+                "@@ -0,0 +1 @@\n+hello\n"
+                "diff --git a/edit.txt b/edit.txt\nindex " + GitBlobId("one\ntwo\nthree\n") + ".." +
+                GitBlobId("one\nTWO\nthree\n") + " 100644\n--- a/edit.txt\n+++ b/edit.txt\n"
+                "@@ -1,3 +1,3 @@\n one\n-two\n+TWO\n three\n"
+                "diff --git a/gone.txt b/gone.txt\ndeleted file mode 100644\nindex " + GitBlobId("bye\n") + ".." +
+                null_id + "\n--- a/gone.txt\n+++ /dev/null\n"
+                "@@ -1 +0,0 @@\n-bye\n");
   EXPECT_FALSE(d["truncated"].get<bool>());
 }
 
@@ -212,7 +217,8 @@ TEST(LayersDiff, SymlinksAddedRetargetedAndTurnedIntoFiles) {
   EXPECT_EQ(Statuses(d), (std::map<std::string, std::string>{
                              {"becomes_file", "modified"}, {"new_link", "added"}, {"old_link", "modified"}}));
   const std::string patch = d["patch"];
-  EXPECT_NE(patch.find("diff --git a/new_link b/new_link\nnew file mode 120000\n--- /dev/null\n+++ b/new_link\n"
+  EXPECT_NE(patch.find("diff --git a/new_link b/new_link\nnew file mode 120000\nindex " + std::string(40, '0') + ".." +
+                       GitBlobId("target.txt") + "\n--- /dev/null\n+++ b/new_link\n"
                        "@@ -0,0 +1 @@\n+target.txt\n\\ No newline at end of file\n"),
             std::string::npos)
       << patch;
@@ -224,18 +230,43 @@ TEST(LayersDiff, SymlinksAddedRetargetedAndTurnedIntoFiles) {
                                                                       {"target.txt", "f:t\n"}}));
 }
 
-TEST(LayersDiff, BinaryFilesAreListedNotDiffed) {
+TEST(LayersDiff, BinaryFilesAreGitBinaryPatchesThatGitApplies) {
   TempDir t;
   Write(t / "base/blob.bin", std::string("a\0b", 3));
+  Write(t / "base/gone.bin", std::string("\0gone", 5));
+  std::string big;
+  std::mt19937 rng(7);
+  for (int i = 0; i < 5000; ++i) big.push_back(static_cast<char>(rng()));  // incompressible, many lines
   Write(t / "upper/blob.bin", std::string("a\0c", 3));
   Write(t / "upper/new.bin", std::string("\0\1\2", 3));
+  Write(t / "upper/big.bin", big + std::string(1, '\0'));
+  Whiteout(t / "upper/gone.bin");
   Json d = Diff({t / "base", {}, t / "upper"});
-  ASSERT_EQ(d["files"].size(), 2u);
-  EXPECT_EQ(d["files"][0], (Json{{"path", "blob.bin"}, {"status", "modified"}, {"binary", true}}));
-  EXPECT_EQ(d["files"][1], (Json{{"path", "new.bin"}, {"status", "added"}, {"binary", true}}));
-  EXPECT_EQ(d["patch"],
-            "diff --git a/blob.bin b/blob.bin\nBinary files a/blob.bin and b/blob.bin differ\n"
-            "diff --git a/new.bin b/new.bin\nnew file mode 100644\nBinary files /dev/null and b/new.bin differ\n");
+  ASSERT_EQ(d["files"].size(), 4u);
+  EXPECT_EQ(d["files"][1], (Json{{"path", "blob.bin"}, {"status", "modified"}, {"binary", true}}));
+  EXPECT_EQ(d["files"][3], (Json{{"path", "new.bin"}, {"status", "added"}, {"binary", true}}));
+  const std::string patch = d["patch"];
+  EXPECT_NE(patch.find("diff --git a/blob.bin b/blob.bin\nindex " + GitBlobId(std::string("a\0b", 3)) + ".." +
+                       GitBlobId(std::string("a\0c", 3)) + " 100644\nGIT binary patch\nliteral 3\n"),
+            std::string::npos)
+      << patch;
+  EXPECT_EQ(patch.find("Binary files"), std::string::npos) << patch;
+  CommitAll(t / "base");
+  EXPECT_EQ(GitApply(t / "base", t / "clone", patch), "");
+  EXPECT_EQ(GitView(t / "clone"), (std::map<std::string, std::string>{
+                                      {"big.bin", "f:" + big + std::string(1, '\0')},
+                                      {"blob.bin", "f:" + std::string("a\0c", 3)},
+                                      {"new.bin", "f:" + std::string("\0\1\2", 3)}}));
+}
+
+TEST(LayersDiff, BlobIdsAreGits) {
+  TempDir t;
+  for (const std::string& content : {std::string(), std::string("x\n"), std::string("a\0b\xff", 4)}) {
+    Write(t / "f", content);
+    std::string out;
+    ASSERT_EQ(Sh("git hash-object " + (t / "f"), &out), 0) << out;
+    EXPECT_EQ(GitBlobId(content) + "\n", out);
+  }
 }
 
 TEST(LayersDiff, LowerLayersStackUnderTheUpper) {
@@ -357,6 +388,220 @@ TEST(LayersDiff, CopyModeRandomEditsApplyWithGit) {
     ASSERT_EQ(GitApply(base, t / "clone", d["patch"]), "") << "round " << round;
     EXPECT_EQ(GitView(t / "clone"), GitView(copy)) << "round " << round;
   }
+}
+
+
+// ------------------------------------------------------------------ ignore rules and apply
+
+TEST(LayersDiff, GitignoreFilesAndExcludeLeaveOutWhatTheySay) {
+  TempDir t;
+  Write(t / "base/.gitignore", "node_modules/\n__pycache__/\n");
+  Write(t / "base/src/a.py", "a\n");
+  Write(t / "base/.git/info/exclude", "*.swp\n");
+  Write(t / "upper/src/a.py", "A\n");
+  Write(t / "upper/src/__pycache__/a.pyc", std::string("\0pyc", 4));
+  Write(t / "upper/node_modules/x/index.js", "x\n");
+  Write(t / "upper/src/.gitignore", "*.gen\n!keep.gen\n");
+  Write(t / "upper/src/out.gen", "g\n");
+  Write(t / "upper/src/keep.gen", "k\n");
+  Write(t / "upper/notes.swp", "s\n");
+  Write(t / "upper/secret.env", "s\n");
+  DiffOptions options;
+  options.max_patch_bytes = 1 << 20;
+  options.exclude = {"*.env"};
+  auto d = ComputeDiff({t / "base", {}, t / "upper"}, options);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(Statuses(*d), (std::map<std::string, std::string>{
+                              {"src/.gitignore", "added"}, {"src/a.py", "modified"}, {"src/keep.gen", "added"}}));
+  EXPECT_EQ((*d)["patch"].get<std::string>().find("node_modules"), std::string::npos);
+  options.all = true;
+  auto all = ComputeDiff({t / "base", {}, t / "upper"}, options);
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  EXPECT_EQ(Statuses(*all).size(), 8u) << all->dump();
+}
+
+TEST(LayersDiff, CopyModeDeletedIgnoredDirectoryIsJudgedByTheBaseRules) {
+  TempDir t;
+  Write(t / "base/pkg/.gitignore", "*.cache\n");
+  Write(t / "base/pkg/a.txt", "a\n");
+  Write(t / "base/pkg/x.cache", "c\n");
+  Write(t / "base/keep.txt", "k\n");
+  Write(t / "copy/keep.txt", "k\n");
+  LayerStack stack{t / "base", {}, t / "copy", true};
+  Json d = Diff(stack);
+  EXPECT_EQ(Statuses(d), (std::map<std::string, std::string>{{"pkg/.gitignore", "deleted"}, {"pkg/a.txt", "deleted"}}));
+}
+
+// Every entry of a tree with its type, mode bits and content or target.
+std::map<std::string, std::string> Tree(const std::string& root) {
+  std::map<std::string, std::string> tree;
+  for (auto it = fs::recursive_directory_iterator(root); it != fs::recursive_directory_iterator(); ++it) {
+    struct stat st {};
+    lstat(it->path().c_str(), &st);
+    std::string rel = it->path().lexically_relative(root).string();
+    char mode[16];
+    std::snprintf(mode, sizeof(mode), "%o:", st.st_mode & 07777);
+    if (S_ISLNK(st.st_mode)) {
+      tree[rel] = "link:" + fs::read_symlink(it->path()).string();
+    } else if (S_ISDIR(st.st_mode)) {
+      tree[rel] = std::string("dir:") + mode;
+    } else {
+      tree[rel] = std::string("file:") + mode + Read(it->path());
+    }
+  }
+  return tree;
+}
+
+struct ApplyFixture {
+  TempDir t;
+  std::string record = t / "base.record";
+  ApplyOptions Options() const {
+    ApplyOptions o;
+    o.base_record = record;
+    return o;
+  }
+};
+
+TEST(LayersApply, CleanApplyWritesEveryKindOfChangeAndOnlyThat) {
+  ApplyFixture f;
+  TempDir& t = f.t;
+  Write(t / "base/edit.txt", "one\n");
+  Write(t / "base/gone.txt", "bye\n");
+  Write(t / "base/dir/inner.txt", "in\n");
+  Write(t / "base/run.sh", "#!/bin/sh\n");
+  Write(t / "base/node_modules/x.js", "x\n");
+  Write(t / "base/.gitignore", "node_modules/\n");
+  fs::create_symlink("edit.txt", t / "base/link");
+  ASSERT_TRUE(RecordBase(t / "base", f.record).ok());
+  Write(t / "upper/edit.txt", "ONE\n");
+  Whiteout(t / "upper/gone.txt");
+  Whiteout(t / "upper/dir");
+  Write(t / "upper/run.sh", "#!/bin/sh\n", 0755);
+  Write(t / "upper/new dir/n\xc3\xa9w.bin", std::string("\0\1", 2), 0600);
+  Write(t / "upper/node_modules/y.js", "ignored\n");
+  fs::create_directories(t / "upper");
+  fs::create_symlink("run.sh", t / "upper/link");
+  auto r = ApplyChanges({t / "base", {}, t / "upper"}, f.Options());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ((*r)["applied"], (Json{"dir/inner.txt", "edit.txt", "gone.txt", "link", "new dir/n\xc3\xa9w.bin", "run.sh"}))
+      << r->dump();
+  EXPECT_TRUE((*r)["conflicts"].empty());
+  std::map<std::string, std::string> tree = Tree(t / "base");
+  EXPECT_EQ(tree["edit.txt"], "file:644:ONE\n");
+  EXPECT_EQ(tree.count("gone.txt"), 0u);
+  EXPECT_EQ(tree.count("dir"), 0u);  // emptied, so removed
+  EXPECT_EQ(tree["run.sh"], "file:755:#!/bin/sh\n");
+  EXPECT_EQ(tree["link"], "link:run.sh");
+  EXPECT_EQ(tree["new dir/n\xc3\xa9w.bin"], "file:600:" + std::string("\0\1", 2));
+  EXPECT_EQ(tree.count("node_modules/y.js"), 0u);
+  for (const auto& [path, what] : tree) EXPECT_EQ(path.find(".agentbox-apply"), std::string::npos) << path;
+  // The base now holds the changes: the diff is empty, and a second apply
+  // of later changes is not a conflict.
+  EXPECT_TRUE(Diff({t / "base", {}, t / "upper"})["files"].empty());
+  Write(t / "upper/edit.txt", "ONE more\n");
+  auto again = ApplyChanges({t / "base", {}, t / "upper"}, f.Options());
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ((*again)["applied"], (Json{"edit.txt"})) << again->dump();
+  EXPECT_EQ(Read(t / "base/edit.txt"), "ONE more\n");
+}
+
+TEST(LayersApply, ConflictRefusesNamingThePathsAndChangesNothing) {
+  ApplyFixture f;
+  TempDir& t = f.t;
+  Write(t / "base/a.txt", "a\n");
+  Write(t / "base/b.txt", "b\n");
+  ASSERT_TRUE(RecordBase(t / "base", f.record).ok());
+  Write(t / "upper/a.txt", "session a\n");
+  Write(t / "upper/b.txt", "session b\n");
+  Write(t / "upper/c.txt", "session c\n");
+  // Meanwhile, on the host: a.txt edited, c.txt created.
+  Write(t / "base/a.txt", "host a\n");
+  Write(t / "base/c.txt", "host c\n");
+  const auto before = Tree(t / "base");
+  auto r = ApplyChanges({t / "base", {}, t / "upper"}, f.Options());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ((*r)["conflicts"], (Json{"a.txt", "c.txt"})) << r->dump();
+  EXPECT_TRUE((*r)["applied"].empty());
+  EXPECT_EQ(Tree(t / "base"), before);
+}
+
+TEST(LayersApply, ProtectedPathsAndBareRepositoryHooksAreRefused) {
+  ApplyFixture f;
+  TempDir& t = f.t;
+  Write(t / "base/ok.txt", "ok\n");
+  Write(t / "base/repo.git/HEAD", "ref: refs/heads/main\n");
+  fs::create_directories(t / "base/repo.git/objects");
+  fs::create_directories(t / "base/repo.git/refs");
+  ASSERT_TRUE(RecordBase(t / "base", f.record).ok());
+  Write(t / "upper/ok.txt", "changed\n");
+  Write(t / "upper/ci/deploy.yml", "evil\n");
+  Write(t / "upper/repo.git/hooks/post-checkout", "#!/bin/sh\nevil\n", 0755);
+  Write(t / "upper/repo.git/config", "[core]\n\thooksPath = /tmp\n");
+  const auto before = Tree(t / "base");
+  ApplyOptions options = f.Options();
+  options.protect = {"ci"};
+  auto r = ApplyChanges({t / "base", {}, t / "upper"}, options);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ((*r)["protected"], (Json{"ci/deploy.yml", "repo.git/config", "repo.git/hooks/post-checkout"})) << r->dump();
+  EXPECT_TRUE((*r)["applied"].empty());
+  EXPECT_EQ(Tree(t / "base"), before);
+}
+
+TEST(LayersApply, AFailurePartWayUndoesEveryStep) {
+  ApplyFixture f;
+  TempDir& t = f.t;
+  Write(t / "base/a.txt", "a\n");
+  Write(t / "base/z/keep/ignored.o", "o\n");
+  Write(t / "base/.gitignore", "*.o\n");
+  Write(t / "base/z/file.txt", "z\n");
+  ASSERT_TRUE(RecordBase(t / "base", f.record).ok());
+  Write(t / "upper/a.txt", "A\n");
+  Write(t / "upper/b/new.txt", "new\n");
+  // z was a directory with an ignored file in it; the session made it a
+  // file: the directory cannot go, so the file cannot take its place.
+  Write(t / "upper/z", "now a file\n");
+  const auto before = Tree(t / "base");
+  auto r = ApplyChanges({t / "base", {}, t / "upper"}, f.Options());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("z"), std::string::npos) << r.status().ToString();
+  EXPECT_EQ(Tree(t / "base"), before);
+}
+
+// A base directory swapped for a symlink after the record (to send the
+// write elsewhere) is a conflict: nothing is written, least of all there.
+TEST(LayersApply, ADirectorySwappedForASymlinkIsRefusedNotFollowed) {
+  ApplyFixture f;
+  TempDir& t = f.t;
+  Write(t / "base/d/old.txt", "old\n");
+  fs::create_directories(t / "outside");
+  ASSERT_TRUE(RecordBase(t / "base", f.record).ok());
+  Write(t / "upper/d/new.txt", "planted\n");
+  fs::remove_all(t / "base/d");
+  fs::create_symlink(t / "outside", t / "base/d");
+  auto r = ApplyChanges({t / "base", {}, t / "upper"}, f.Options());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ((*r)["conflicts"], (Json{"d", "d/new.txt"})) << r->dump();
+  EXPECT_TRUE(fs::is_empty(t / "outside"));
+  // Recorded after the swap, the symlink is the base's own, but a path
+  // below it cannot be reached without following it: refused all the same.
+  ASSERT_TRUE(RecordBase(t / "base", f.record).ok());
+  auto again = ApplyChanges({t / "base", {}, t / "upper"}, f.Options());
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ((*again)["conflicts"], (Json{"d/new.txt"})) << again->dump();
+  EXPECT_TRUE(fs::is_empty(t / "outside"));
+  EXPECT_TRUE(fs::is_symlink(t / "base/d"));
+}
+
+TEST(LayersApply, WithoutARecordItIsAConflict) {
+  TempDir t;
+  Write(t / "base/a.txt", "a\n");
+  Write(t / "upper/a.txt", "b\n");
+  ApplyOptions options;
+  options.base_record = t / "missing.record";
+  auto r = ApplyChanges({t / "base", {}, t / "upper"}, options);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().stage(), "conflict");
+  EXPECT_EQ(Read(t / "base/a.txt"), "a\n");
 }
 
 // ------------------------------------------------------------------ real overlays

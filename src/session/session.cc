@@ -28,6 +28,7 @@
 #include <exception>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -61,6 +62,8 @@ using Clock = std::chrono::steady_clock;
 using linux::UniqueFd;
 
 constexpr std::size_t kMaxPatchBytes = 8u << 20;
+// The identity of the base's entries when the session was created (RecordBase).
+constexpr const char* kBaseRecordName = "base.record";
 constexpr int kFileToolTimeoutMs = 30000;  // a file tool's deadline: then timed_out, its process killed
 // upper_fs auto: from this cap on, an image on disk rather than memory.
 constexpr std::uint64_t kUpperImageFromBytes = 4ULL << 30;
@@ -191,6 +194,37 @@ std::string DenialLine(const Json& d) {
   std::string line = d.value("op", "access") + " " + d.value("target", "");
   if (!d.value("reason", "").empty()) line += ": " + d.value("reason", "");
   return line;
+}
+
+// A file tool's failure that the shell's would be a denial: the same
+// signatures (a protected path, a mask, a denied path) judge the line the
+// shell would print for it, e.g. a write below .git/hooks where `.git` is
+// the placeholder file (ENOTDIR, which the tool reports as a plain error).
+std::optional<Json> FileToolDenial(const ConfinedCommand& confined, const std::string& name, const Json& input,
+                                   const std::string& error) {
+  if (name != "write_file" && name != "edit_file" && name != "read_file" && name != "list_dir") return std::nullopt;
+  const std::string path = input.is_object() ? input.value("path", "") : "";
+  if (path.empty()) return std::nullopt;
+  const std::string target = path[0] == '/' ? path : paths::Join(confined.plan.workspace_target, path);
+  // The errno text the shell would print for the tool's failure.
+  std::string errno_text;
+  if (error.find("Not a directory") != std::string::npos || error.find(" is not a directory") != std::string::npos) {
+    errno_text = "Not a directory";
+  } else if (error.find("No such file or directory") != std::string::npos ||
+             error.find(" does not exist") != std::string::npos) {
+    errno_text = "No such file or directory";
+  } else {
+    return std::nullopt;
+  }
+  supervise::DenialScanner scanner(confined.denial_signatures);
+  const std::string line = "'" + target + "': " + errno_text + "\n";
+  scanner.Feed(line.data(), line.size());
+  scanner.Finish();
+  if (scanner.denials().empty()) return std::nullopt;
+  const Denial& d = scanner.denials().front();
+  const bool writes = name == "write_file" || name == "edit_file";
+  return Json{{"facet", d.facet}, {"op", writes ? "write" : "read"}, {"target", target}, {"reason", d.reason},
+              {"source", "file-tool"}};
 }
 
 // Direct mode: the session works on its base, so a repository that a call
@@ -893,6 +927,16 @@ Json Manager::Impl::RunFile(SessionState& s, World& world, const ConfinedCommand
               {"outcome", outcome}};
     }
   }
+  if (kind == "tool_error") {
+    if (std::optional<Json> denial = FileToolDenial(confined, name, input, a.value("error", ""))) {
+      outcome["denials"] = Json::array({*denial});
+      if (confined.plan.denial_outcome) {
+        outcome["kind"] = "sandbox_denied";
+        return {{"output", "sandbox_denied: " + DenialLine(*denial)}, {"is_error", true}, {"kind", "sandbox_denied"},
+                {"outcome", outcome}};
+      }
+    }
+  }
   return {{"output", output}, {"is_error", kind != "ok"}, {"kind", kind}, {"outcome", outcome}};
 }
 
@@ -1129,6 +1173,13 @@ Result<std::string> Manager::Create(const CreateRequest& request) {
   } else {
     recipe["upper_fs"] = "disk";
   }
+  if (ws_mode != "direct") {
+    // What apply checks the base against (BaseRecordPath).
+    if (Status s = RecordBase(workspace, dir + "/" + kBaseRecordName); !s.ok()) {
+      RemoveTree(dir);
+      return s;
+    }
+  }
   if (Status s = WriteFileDurably(dir + "/session.json", recipe.dump(2)); !s.ok()) {
     RemoveTree(dir);
     return s;
@@ -1358,28 +1409,98 @@ Status Manager::RotateSecret(const std::string& id, const std::string& name, con
   return {};  // the next world starts with it
 }
 
-Result<Json> Manager::Diff(const std::string& id) {
-  auto s = impl_->Find(id);
-  if (!s) return Status::Error(kNotFound, "no session " + id);
-  if (s->ws_mode == "direct") {
-    return Status::Error(kBadRequest, "session " + id + " works on its workspace directly (fresh_per_task: false): "
-                                      "its changes are already in " + s->workspace);
+namespace {
+
+// What the diff and apply of a session leave out: its policy's diff.exclude
+// (and, unless `all`, the workspace's ignore files).
+Result<DiffOptions> SessionDiffOptions(const SessionState& s, bool all) {
+  auto policy = BuildPolicy(s.recipe.value("policy_yaml", ""), s.recipe.value("mode", ""));
+  if (!policy.ok()) return policy.status();
+  DiffOptions options;
+  options.max_patch_bytes = kMaxPatchBytes;
+  options.all = all;
+  if (!all) options.exclude = policy->diff.exclude;
+  return options;
+}
+
+// The session's layers, ready to read: its image mounted, an upper layer
+// that was never made made (overlay), nullopt for a copy never made.
+Result<std::optional<LayerStack>> ReadableLayers(SessionState& s, std::shared_ptr<const UniqueFd>* hold) {
+  if (s.ws_mode == "direct") {
+    return Status::Error(kBadRequest, "session " + s.id + " works on its workspace directly (fresh_per_task: "
+                                      "false): its changes are already in " + s.workspace);
   }
-  if (s->upper_kind == "image" && s->ws_mode == "overlay") {
-    if (Status m = s->EnsureImage(); !m.ok()) return m;
+  if (s.upper_kind == "image" && s.ws_mode == "overlay") {
+    if (Status m = s.EnsureImage(); !m.ok()) return m;
   }
-  std::shared_ptr<const UniqueFd> hold;
-  LayerStack stack = s->Layers(&hold);
+  LayerStack stack = s.Layers(hold);
   struct stat st {};
   if (stat(stack.upper.c_str(), &st) != 0) {
-    if (stack.copy_mode) return Json{{"files", Json::array()}, {"patch", ""}, {"truncated", false}, {"files_truncated", false}};
+    if (stack.copy_mode) return std::optional<LayerStack>();
     mkdir(stack.upper.c_str(), 0700);
   }
+  return std::optional<LayerStack>(std::move(stack));
+}
+
+}  // namespace
+
+Result<Json> Manager::Diff(const std::string& id, bool all) {
+  auto s = impl_->Find(id);
+  if (!s) return Status::Error(kNotFound, "no session " + id);
+  auto options = SessionDiffOptions(*s, all);
+  if (!options.ok()) return options.status();
+  std::shared_ptr<const UniqueFd> hold;
+  auto stack = ReadableLayers(*s, &hold);
+  if (!stack.ok()) return stack.status();
+  if (!*stack) return Json{{"files", Json::array()}, {"patch", ""}, {"truncated", false}, {"files_truncated", false}};
   try {
-    return ComputeDiff(stack, kMaxPatchBytes);
+    return ComputeDiff(**stack, *options);
   } catch (const std::exception& e) {
     return Status::Error("session", "diff of session " + id + " failed: " + e.what());
   }
+}
+
+Result<Json> Manager::Apply(const std::string& id, bool all) {
+  auto s = impl_->Find(id);
+  if (!s) return Status::Error(kNotFound, "no session " + id);
+  auto diff_options = SessionDiffOptions(*s, all);
+  if (!diff_options.ok()) return diff_options.status();
+  auto policy = BuildPolicy(s->recipe.value("policy_yaml", ""), s->recipe.value("mode", ""));
+  if (!policy.ok()) return policy.status();
+  ApplyOptions options;
+  options.diff = *diff_options;
+  options.base_record = s->dir + "/" + kBaseRecordName;
+  // filesystem.protect, relative to the workspace (absolute entries name it
+  // by its host path or by the path the sandbox sees it at).
+  for (const std::string& entry : policy->filesystem.protect) {
+    std::string rel = entry;
+    for (const std::string& root : {s->workspace, policy->filesystem.workspace.path}) {
+      if (!root.empty() && !entry.empty() && entry[0] == '/' && paths::IsWithin(entry, root)) {
+        rel = entry.size() > root.size() ? entry.substr(root.size() + 1) : "";
+        break;
+      }
+    }
+    while (rel.rfind("./", 0) == 0) rel.erase(0, 2);
+    while (!rel.empty() && rel.back() == '/') rel.pop_back();
+    if (rel.empty() || rel[0] == '/') continue;  // outside the workspace: apply never writes there
+    options.protect.push_back(rel);
+  }
+  std::shared_ptr<const UniqueFd> hold;
+  auto stack = ReadableLayers(*s, &hold);
+  if (!stack.ok()) return stack.status();
+  if (!*stack) {
+    return Json{{"applied", Json::array()}, {"files", Json::array()}, {"conflicts", Json::array()},
+                {"protected", Json::array()}};
+  }
+  // One apply at a time: two would race on the same base and record.
+  static std::mutex apply_mu;
+  std::lock_guard<std::mutex> lock(apply_mu);
+  auto result = ApplyChanges(**stack, options);
+  if (!result.ok()) return result.status();
+  std::lock_guard<std::mutex> log_lock(s->mu);
+  (void)s->AppendLog({{"type", "event"}, {"event", "applied"}, {"applied", (*result)["applied"]},
+                      {"conflicts", (*result)["conflicts"]}, {"protected", (*result)["protected"]}});
+  return result;
 }
 
 Result<std::string> Manager::LogPath(const std::string& id) const {

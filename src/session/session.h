@@ -120,7 +120,14 @@ class Manager {
   // Freezes the session's changes; returns the snapshot id.
   Result<std::string> Snapshot(const std::string& id);
   // {"files": [{"path", "status": added|modified|deleted, "binary"}], "patch": "<git-style unified diff>"}
-  Result<Json> Diff(const std::string& id);
+  // without what the workspace's .gitignore files and the policy's
+  // diff.exclude leave out, unless `all` (layers.h ComputeDiff).
+  Result<Json> Diff(const std::string& id, bool all = false);
+  // Writes the changes Diff lists into the base workspace, all or nothing
+  // (layers.h ApplyChanges): {"applied": [paths], "files", "conflicts",
+  // "protected"}; nothing is written when "conflicts" (base entries changed
+  // since the session was created) or "protected" is not empty.
+  Result<Json> Apply(const std::string& id, bool all = false);
   // The durable JSONL log's path (for streaming it).
   Result<std::string> LogPath(const std::string& id) const;
   // Stops the sandbox and removes the session's state.

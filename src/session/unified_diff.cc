@@ -2,7 +2,13 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdint>
+#include <new>
+#include <stdexcept>
 #include <unordered_map>
+
+#include <openssl/evp.h>
+#include <zlib.h>
 
 namespace agentbox::session {
 namespace {
@@ -381,6 +387,90 @@ Result<std::string> ApplyUnifiedHunks(std::string_view old_text, std::string_vie
   }
   for (std::size_t i = next_old; i < old_lines.size(); ++i) out.append(old_lines[i]);
   return out;
+}
+
+namespace {
+
+// git's base85 alphabet (base85.c).
+constexpr char kBase85[] =
+    "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz!#$%&()*+-;<=>?@^_`{|}~";
+
+// zlib's format (a header, deflate, adler32) at the default level, as git
+// deflates. Memory is the only way it fails, which throws as any allocation.
+std::string Deflate(std::string_view data) {
+  z_stream z{};
+  if (deflateInit(&z, Z_DEFAULT_COMPRESSION) != Z_OK) throw std::bad_alloc();
+  std::string out(deflateBound(&z, static_cast<uLong>(data.size())), '\0');
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
+  z.avail_in = static_cast<uInt>(data.size());
+  z.next_out = reinterpret_cast<Bytef*>(out.data());
+  z.avail_out = static_cast<uInt>(out.size());
+  int rc = deflate(&z, Z_FINISH);
+  out.resize(z.total_out);
+  deflateEnd(&z);
+  if (rc != Z_STREAM_END) throw std::bad_alloc();
+  return out;
+}
+
+// One hunk: "literal <size>", the base85 lines, an empty line.
+void AppendBinaryHunk(std::string* out, std::string_view content) {
+  out->append("literal ");
+  AppendNumber(out, content.size());
+  out->push_back('\n');
+  const std::string deflated = Deflate(content);
+  for (std::size_t at = 0; at < deflated.size(); at += 52) {
+    const std::size_t bytes = std::min<std::size_t>(52, deflated.size() - at);
+    out->push_back(bytes <= 26 ? static_cast<char>('A' + bytes - 1) : static_cast<char>('a' + bytes - 27));
+    for (std::size_t group = 0; group < bytes; group += 4) {
+      std::uint32_t acc = 0;
+      for (std::size_t k = 0; k < 4; ++k) {
+        const unsigned char c = group + k < bytes ? static_cast<unsigned char>(deflated[at + group + k]) : 0;
+        acc |= static_cast<std::uint32_t>(c) << (24 - 8 * k);
+      }
+      char five[5];
+      for (int k = 4; k >= 0; --k) {
+        five[k] = kBase85[acc % 85];
+        acc /= 85;
+      }
+      out->append(five, 5);
+    }
+    out->push_back('\n');
+  }
+  out->push_back('\n');
+}
+
+}  // namespace
+
+// Files too large for memory never get here (the diff caps what it loads),
+// so a 32-bit zlib length is enough; larger ones still fail closed.
+std::string GitBinaryPatch(std::string_view old_content, std::string_view new_content) {
+  if (old_content.size() > 0xffffffffu || new_content.size() > 0xffffffffu) throw std::length_error("binary patch");
+  std::string out = "GIT binary patch\n";
+  AppendBinaryHunk(&out, new_content);
+  AppendBinaryHunk(&out, old_content);
+  return out;
+}
+
+std::string GitBlobId(std::string_view content) {
+  std::string header = "blob " + std::to_string(content.size());
+  header.push_back('\0');
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  if (!ctx) throw std::bad_alloc();
+  bool ok = EVP_DigestInit_ex(ctx, EVP_sha1(), nullptr) == 1 &&
+            EVP_DigestUpdate(ctx, header.data(), header.size()) == 1 &&
+            EVP_DigestUpdate(ctx, content.data(), content.size()) == 1 &&
+            EVP_DigestFinal_ex(ctx, digest, &length) == 1;
+  EVP_MD_CTX_free(ctx);
+  if (!ok) throw std::runtime_error("SHA-1 of a blob failed (OpenSSL)");
+  static const char kHex[] = "0123456789abcdef";
+  std::string hex;
+  for (unsigned int i = 0; i < length; ++i) {
+    hex.push_back(kHex[digest[i] >> 4]);
+    hex.push_back(kHex[digest[i] & 15]);
+  }
+  return hex;
 }
 
 }  // namespace agentbox::session

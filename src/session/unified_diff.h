@@ -47,4 +47,17 @@ std::string UnifiedHunks(std::string_view old_text, std::string_view new_text, i
 // stage "patch" naming the hunk and line that does not match.
 Result<std::string> ApplyUnifiedHunks(std::string_view old_text, std::string_view hunks);
 
+// git's object id of a blob holding `content`: the SHA-1 of
+// "blob <size>\0<content>", 40 lowercase hex digits (SHA-1 repositories,
+// git's default), as "index" lines of a patch name them.
+std::string GitBlobId(std::string_view content);
+
+// The body of a binary file's section as `git diff --binary` writes it:
+// "GIT binary patch", then a forward hunk "literal <new size>" and a reverse
+// one "literal <old size>", each the zlib-deflated bytes in base85 lines
+// (a length character, A-Z for 1-26 bytes and a-z for 27-52, then 5
+// characters per 4 bytes) ended by an empty line. `git apply` needs the
+// section's full "index <old id>..<new id>" line with it, and checks both.
+std::string GitBinaryPatch(std::string_view old_content, std::string_view new_content);
+
 }  // namespace agentbox::session
