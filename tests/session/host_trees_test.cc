@@ -72,5 +72,18 @@ TEST(SessionHostTrees, ImportedGitconfigGivesGitItsIdentity) {
   EXPECT_EQ(e2e::ReadFile(home + "/.gitconfig").value_or(""), gitconfig);
 }
 
+// A session's commands sit in a signal-scoping Landlock layer of their
+// own: links and renames across directories still work (the layer would
+// deny them, EXDEV, without its rule), and only where the world allows.
+TEST(SessionHostTrees, LinksAcrossDirectoriesWork) {
+  TempDir ws("agentbox-session-ws-");
+  Daemon d;
+  ASSERT_TRUE(d.Start()) << d.error();
+  const std::string id = CreateSession(d.client(), ws.path(), {});
+  json r = Bash(d.client(), id, "mkdir -p a b && echo x > a/f && ln a/f b/g; echo ln=$?; ln a/f /usr/g; echo usr=$?");
+  EXPECT_TRUE(Contains(r.value("output", ""), "ln=0")) << r.dump();
+  EXPECT_FALSE(Contains(r.value("output", ""), "usr=0")) << r.dump();
+}
+
 }  // namespace
 }  // namespace agentbox::session_test
