@@ -172,7 +172,7 @@ struct ResourcesSpec {
 
 struct EnvSpec {
   // Names copied from the caller; an entry holding `*` is a pattern over
-  // the caller's variables (EnvPatternMatch), which never matches AGENTBOX_*.
+  // the caller's variables (EnvPatternMatch).
   std::vector<std::string> pass;
   std::vector<std::pair<std::string, std::string>> set;   // fixed values, in file order
 };
@@ -264,7 +264,9 @@ Result<std::uint64_t> ParseDurationMs(const std::string& text);  // "30s", "5m",
 
 // Whether the env.pass entry `pattern` (a name, or a pattern with `*`
 // spanning any run of characters) takes the variable `name`. A pattern
-// never matches AGENTBOX_* (agentbox's own variables); a name matches itself.
+// never matches AGENTBOX_* (agentbox's own variables) nor the proxy
+// variables (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY, NO_PROXY, lower-case too);
+// a name matches itself.
 bool EnvPatternMatch(std::string_view pattern, std::string_view name);
 
 // Names, for reports and errors.

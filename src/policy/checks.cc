@@ -269,6 +269,13 @@ bool EnvPatternMatch(std::string_view pattern, std::string_view name) {
   // agentbox's own variables (the plan a wrapped command carries) are
   // nobody's to pass by a pattern.
   if (name.substr(0, 9) == "AGENTBOX_") return false;
+  // Nor the proxy variables: where the sandbox has a proxy, they are the
+  // egress path agentbox gives it (NO_PROXY would route around it); where
+  // it has none, there is no way out for a caller's proxy to lead to.
+  for (std::string_view proxy : {"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy", "https_proxy",
+                                 "all_proxy", "no_proxy"}) {
+    if (name == proxy) return false;
+  }
   // Greedy match with backtracking to the last star: linear enough for names.
   std::size_t p = 0, n = 0, star = std::string_view::npos, mark = 0;
   while (n < name.size()) {

@@ -458,7 +458,12 @@ TEST(ParsePolicyTest, EnvPassTakesPatterns) {
   EXPECT_TRUE(EnvPatternMatch("NPM_CONFIG_*", "NPM_CONFIG_REGISTRY"));
   EXPECT_TRUE(EnvPatternMatch("NPM_CONFIG_*", "NPM_CONFIG_"));
   EXPECT_FALSE(EnvPatternMatch("NPM_CONFIG_*", "NPM_CONFIGX"));
-  EXPECT_TRUE(EnvPatternMatch("*_PROXY", "HTTPS_PROXY"));
+  EXPECT_TRUE(EnvPatternMatch("*_PROXY", "GOPROXY_PROXY"));
+  // The proxy variables agentbox sets (or that would route around it) never come in by a pattern.
+  for (const char* proxy : {"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "no_proxy", "https_proxy"}) {
+    EXPECT_FALSE(EnvPatternMatch("*", proxy)) << proxy;
+    EXPECT_FALSE(EnvPatternMatch("*_PROXY", proxy)) << proxy;
+  }
   EXPECT_TRUE(EnvPatternMatch("A*B*C", "AxxBxxBxC"));
   EXPECT_FALSE(EnvPatternMatch("A*B*C", "AxxBxxBx"));
   EXPECT_TRUE(EnvPatternMatch("*", "HOME"));

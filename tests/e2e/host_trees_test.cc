@@ -166,14 +166,16 @@ TEST_P(HostTreesTest, CacheIsSharedAcrossRunsAndNotTheUsersOwn) {
 
 TEST_P(HostTreesTest, EnvPassPatternsTakeMatchingVariablesOnly) {
   Sandbox box;
-  RunResult r = Run(box, "env:\n  pass: [PATH, NPM_CONFIG_*]\n", "env | sort",
+  RunResult r = Run(box, "env:\n  pass: [PATH, NPM_CONFIG_*, \"*_proxy\"]\n", "env | sort",
                     {"NPM_CONFIG_REGISTRY=http://registry.invalid/", "NPM_CONFIG_CACHE=/c", "NPM_TOKEN=tok-secret",
-                     "AGENTBOX_TEST_MARKER=x"});
+                     "AGENTBOX_TEST_MARKER=x", "no_proxy=*", "other_proxy=kept"});
   EXPECT_EQ(r.status, 0) << r.Describe();
   EXPECT_TRUE(Contains(r.out, "NPM_CONFIG_REGISTRY=http://registry.invalid/\n")) << r.Describe();
   EXPECT_TRUE(Contains(r.out, "NPM_CONFIG_CACHE=/c\n")) << r.Describe();
   EXPECT_FALSE(Contains(r.out, "NPM_TOKEN")) << r.Describe();
   EXPECT_FALSE(Contains(r.out, "AGENTBOX_TEST_MARKER")) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, "other_proxy=kept\n")) << r.Describe();
+  EXPECT_FALSE(Contains(r.out, "no_proxy=*")) << "a caller's no_proxy would route around the proxy: " << r.Describe();
 }
 
 // A .gitconfig imported from the real home gives git its identity; the
