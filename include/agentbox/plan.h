@@ -54,11 +54,25 @@ struct GlobScan {
   std::vector<std::string> patterns;  // gitignore-style, relative to the patterns' root
 };
 
+// kLandlockOnly: a symlink the launcher makes in the per-run private home,
+// so that a policy's `~/…` entry (read_only, read_write, a cache, an
+// imported dotfile) is found at `~/…` although HOME is the private one.
+struct HomeLink {
+  std::string name;    // relative to the private home (".pyenv", ".cache/pip")
+  std::string target;  // host path
+  bool optional = false;  // a missing target is skipped and reported; else an error
+  std::string why;
+};
+
 struct EnvRules {
   bool pass_all = false;     // danger-full-access only
-  std::vector<std::string> pass;
+  std::vector<std::string> pass;  // names and `*` patterns (EnvPatternMatch)
   std::vector<std::pair<std::string, std::string>> set;
 };
+
+// The variables of `envp` that `pass` takes, once each: names in the order
+// given, each pattern's matches in the order of `envp`.
+std::vector<std::string> PassedNames(const std::vector<std::string>& pass, char* const* envp);
 
 // Resource limits (policy `resources`), in the units the kernel takes them.
 // The cgroup-backed ones are set only where the host can enforce them
@@ -273,6 +287,10 @@ struct Plan {
   std::vector<std::string> protect_git;
   std::vector<std::string> absent;      // deny entries that are absent by construction
   std::vector<std::string> unix_sockets;  // sockets outside the sandbox it may connect to, as paths inside
+  // filesystem.caches backed by agentbox's own directories: host paths the
+  // launcher creates (0700, parents too) before anything is mounted.
+  std::vector<std::string> cache_dirs;
+  std::vector<HomeLink> home_links;     // kLandlockOnly only
   EnvRules env;
   std::string home;                     // HOME inside
   std::string workspace_source;

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -41,10 +42,25 @@ struct WorkspaceSpec {
   Access access = Access::kReadWrite;
 };
 
+// filesystem.caches.NAME: a directory shared by every run and session of
+// the user, mounted writable at `path`. Its backing directory is agentbox's
+// own (the launcher's cache root + "/caches/" + NAME, created 0700) unless
+// `host` names one explicitly.
+struct CacheSpec {
+  std::string name;  // [a-z0-9][a-z0-9_.-]*
+  std::string path;  // inside: absolute, or ~/... (the sandbox's home)
+  std::string host;  // "" = agentbox's; else absolute or ~/... (the caller's home), which must exist
+};
+
 struct FilesystemSpec {
   WorkspaceSpec workspace;
   // Absolute paths (after `~` expansion), bound read-only; missing ones are skipped.
   std::vector<std::string> read_only;
+  // Absolute or `~/…`, bound writable at the same path; a missing one is an
+  // error (a writable tree asked for never silently vanishes). deny entries
+  // inside are masked as they are elsewhere.
+  std::vector<std::string> read_write;
+  std::vector<CacheSpec> caches;  // in file order
   // Absent inside the sandbox. Absolute, `~/…`, or relative to the workspace;
   // may hold gitignore-style globs (`**/.env`).
   std::vector<std::string> deny;
@@ -155,8 +171,18 @@ struct ResourcesSpec {
 };
 
 struct EnvSpec {
-  std::vector<std::string> pass;                          // names copied from the caller
+  // Names copied from the caller; an entry holding `*` is a pattern over
+  // the caller's variables (EnvPatternMatch).
+  std::vector<std::string> pass;
   std::vector<std::pair<std::string, std::string>> set;   // fixed values, in file order
+};
+
+// home: what of the caller's real home the sandbox's private home gets.
+struct HomeSpec {
+  // Paths relative to the real home (".gitconfig", ".config/git/config"),
+  // given read-only at the same place in the sandbox's home; missing ones
+  // are skipped and reported.
+  std::vector<std::string> import;
 };
 
 struct OnViolationSpec {
@@ -180,6 +206,7 @@ struct Policy {
   CredentialsSpec credentials;
   ResourcesSpec resources;
   EnvSpec env;
+  HomeSpec home;
   OnViolationSpec on_violation;
   DiffSpec diff;
 
@@ -201,6 +228,13 @@ Result<Policy> ParsePolicy(const std::string& text, const std::string& source_na
 
 // Reads and parses a file; a read error names the path and errno.
 Result<Policy> LoadPolicyFile(const std::string& path);
+
+// `agentbox policy validate`: every error in the text, in the form
+// ParsePolicy gives the first; empty when the policy is valid. A key with
+// an error is skipped and the next one checked, so independent mistakes
+// are all listed; checks across sections run only when every key parsed.
+std::vector<Status> ValidatePolicy(const std::string& text, const std::string& source_name);
+std::vector<Status> ValidatePolicyFile(const std::string& path);
 
 // Command-line overrides, applied after the file (DESIGN §2: flags override).
 struct PolicyOverrides {
@@ -235,6 +269,13 @@ inline constexpr double kMaxCpus = 4096;
 // above kMaxSizeBytes / kMaxDurationMs; the error says which bound.
 Result<std::uint64_t> ParseSize(const std::string& text);       // "512Mi", "2Gi", "1.5G", "4096"
 Result<std::uint64_t> ParseDurationMs(const std::string& text);  // "30s", "5m", "1h", "250ms"
+
+// Whether the env.pass entry `pattern` (a name, or a pattern with `*`
+// spanning any run of characters) takes the variable `name`. A pattern
+// never matches AGENTBOX_* (agentbox's own variables) nor the proxy
+// variables (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY, NO_PROXY, lower-case too);
+// a name matches itself.
+bool EnvPatternMatch(std::string_view pattern, std::string_view name);
 
 // Names, for reports and errors.
 const char* ToString(Mode);

@@ -653,6 +653,10 @@ int CmdCheck(const std::string& policy_file, const std::string& backend_flag, bo
 }
 
 int CmdValidate(const std::string& file) {
+  // Every error, one per line; the policy itself only once there are none.
+  std::vector<Status> errors = ValidatePolicyFile(file);
+  for (const Status& e : errors) std::fprintf(stderr, "%s\n", e.message().c_str());
+  if (!errors.empty()) return 1;
   auto p = LoadPolicyFile(file);
   if (!p.ok()) {
     std::fprintf(stderr, "%s\n", p.status().message().c_str());
@@ -674,6 +678,10 @@ void PrintPlan(const Plan& plan) {
                 "  and is removed afterwards; the runner is a child subreaper and kills what is left at the end\n",
                 plan.private_dir_parent.c_str());
     for (const auto& a : plan.absent) std::printf("  outside every allowed tree (denied by Landlock): %s\n", a.c_str());
+    for (const auto& l : plan.home_links) {
+      std::printf("  link in the private home: ~/%s -> %s%s (%s)\n", l.name.c_str(), l.target.c_str(),
+                  l.optional ? " [if present]" : "", l.why.c_str());
+    }
     std::printf("  cwd: %s\n", plan.cwd.c_str());
   } else {
   std::string ns;

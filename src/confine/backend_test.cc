@@ -317,3 +317,42 @@ TEST(LandlockOnly, ProxyOnTheHostLoopbackWithPortsOfTheRun) {
 
 }  // namespace
 }  // namespace agentbox
+
+namespace agentbox {
+namespace {
+
+TEST(LandlockOnly, HomeEntriesAreLinkedIntoThePrivateHome) {
+  Policy p = Partial();
+  p.filesystem.read_only.push_back("~/.pyenv");
+  p.filesystem.read_write = {"~/repos/x.git"};
+  p.filesystem.caches = {{"npm", "~/.npm", ""}};
+  p.home.import = {".gitconfig", ".pyenv/version"};
+  Invocation inv = Inv(BackendChoice::kLandlock);
+  inv.cache_dir = "/home/u/.cache/agentbox";
+  auto c = Confine({"true"}, p, Host(true), inv);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::vector<std::string> links;
+  for (const auto& l : c->plan.home_links) links.push_back(l.name + " -> " + l.target);
+  // .pyenv/version is reached through the .pyenv link already.
+  EXPECT_EQ(links, (std::vector<std::string>{".pyenv -> /home/u/.pyenv", ".npm -> /home/u/.cache/agentbox/caches/npm",
+                                             ".gitconfig -> /home/u/.gitconfig", "repos/x.git -> /home/u/repos/x.git"}));
+  const LandlockRule* rw = Rule(c->plan, "/home/u/repos/x.git");
+  ASSERT_NE(rw, nullptr);
+  EXPECT_TRUE(rw->access & LANDLOCK_ACCESS_FS_REFER);
+  EXPECT_FALSE(rw->optional);
+  const LandlockRule* imported = Rule(c->plan, "/home/u/.gitconfig");
+  ASSERT_NE(imported, nullptr);
+  EXPECT_FALSE(imported->access & LANDLOCK_ACCESS_FS_WRITE_FILE);
+
+  // A cache outside the home has no place without a mount namespace.
+  Policy outside = Partial();
+  outside.filesystem.caches = {{"npm", "/npm", ""}};
+  auto refused = Confine({"true"}, outside, Host(true), inv);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("filesystem.caches.npm: /npm: the landlock-only backend has no mount"),
+            std::string::npos)
+      << refused.status().message();
+}
+
+}  // namespace
+}  // namespace agentbox

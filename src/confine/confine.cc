@@ -125,10 +125,13 @@ struct LandlockOnlyFences {
 };
 
 LandlockOnlyFences FenceLandlockOnly(const Policy& policy, const Invocation& inv) {
-  std::vector<std::string> trees;
-  for (const auto& entry : policy.filesystem.read_only) {
-    std::string p = paths::ExpandHome(entry, inv.home);
-    if (!p.empty()) trees.push_back(p);
+  std::vector<std::pair<std::string, const char*>> trees;  // host path, its list
+  for (const auto& [list, name] : {std::pair{&policy.filesystem.read_only, "read_only"},
+                                   std::pair{&policy.filesystem.read_write, "read_write"}}) {
+    for (const auto& entry : *list) {
+      std::string p = paths::ExpandHome(entry, inv.home);
+      if (!p.empty()) trees.emplace_back(p, name);
+    }
   }
   LandlockOnlyFences out;
   for (const auto& entry : policy.filesystem.deny) {
@@ -142,10 +145,12 @@ LandlockOnlyFences FenceLandlockOnly(const Policy& policy, const Invocation& inv
     } else {
       const std::string root =
           paths::HasGlob(p) ? paths::Parent(p.substr(0, p.find_first_of("*?[") + 1)) : p;
+      auto it = std::find_if(trees.begin(), trees.end(), [&](const auto& t) {
+        return paths::IsWithin(root, t.first) || paths::IsWithin(t.first, root);
+      });
       auto overlaps = [&](const std::string& t) { return paths::IsWithin(root, t) || paths::IsWithin(t, root); };
-      auto it = std::find_if(trees.begin(), trees.end(), overlaps);
       if (it != trees.end()) {
-        tree = "the read_only entry " + *it;
+        tree = std::string("the ") + it->second + " entry " + it->first;
       } else if (!inv.workspace.empty() && overlaps(inv.workspace)) {
         tree = "the workspace " + inv.workspace;
       }
@@ -159,6 +164,17 @@ LandlockOnlyFences FenceLandlockOnly(const Policy& policy, const Invocation& inv
                                            tree + ", which Landlock grants, and Landlock rules only add "
                                            "access, so what it names stays readable (file permissions alone "
                                            "guard it; the namespaces backend masks it)"});
+  }
+  for (const auto& entry : policy.filesystem.protect) {
+    if (entry[0] != '/') continue;
+    for (const auto& rw : policy.filesystem.read_write) {
+      std::string tree = paths::ExpandHome(rw, inv.home);
+      if (tree.empty() || !paths::IsWithin(entry, tree)) continue;
+      out.gaps.push_back({"filesystem", "filesystem.protect '" + entry + "' stays writable: it lies in "
+                                            "filesystem.read_write '" + rw + "', which Landlock grants "
+                                            "read-write, and Landlock rules only add access"});
+      break;
+    }
   }
   if (Writable(policy)) {
     for (const auto& entry : policy.filesystem.protect) {
@@ -799,6 +815,14 @@ Status CheckOwnDirs(const Policy& policy, const Invocation& inv, bool landlock_o
     std::string p = paths::ExpandHome(entry, inv.home);
     if (!p.empty()) trees.emplace_back(p, "filesystem.read_only '" + entry + "'");
   }
+  for (const auto& entry : policy.filesystem.read_write) {
+    std::string p = paths::ExpandHome(entry, inv.home);
+    if (!p.empty()) trees.emplace_back(p, "filesystem.read_write '" + entry + "'");
+  }
+  for (const auto& cache : policy.filesystem.caches) {
+    std::string p = paths::ExpandHome(cache.host, inv.home);
+    if (!p.empty()) trees.emplace_back(p, "filesystem.caches." + cache.name + ".host '" + cache.host + "'");
+  }
   for (const auto& d : inv.own_dirs) {
     for (const auto& [tree, what] : trees) {
       if (paths::IsWithin(tree, d)) {
@@ -818,6 +842,144 @@ Status CheckOwnDirs(const Policy& policy, const Invocation& inv, bool landlock_o
 std::string CacheDirFor(const Invocation& inv, const char* what) {
   if (inv.cache_dir.empty() || inv.cache_dir[0] != '/' || paths::IsWithin(inv.cache_dir, inv.workspace)) return "";
   return paths::Join(inv.cache_dir, what);
+}
+
+// filesystem.read_write, filesystem.caches and home.import: host trees the
+// namespaces backend binds at `target`, and the landlock-only backend
+// grants and links into its private home (at `home_rel`).
+struct ExtraTree {
+  enum class Kind { kReadWrite, kCache, kImport };
+  Kind kind = Kind::kReadWrite;
+  std::string source;    // host path
+  std::string target;    // inside, given the sandbox's home (namespaces)
+  std::string home_rel;  // relative to the sandbox's home, for `~/…` entries ("" otherwise)
+  bool writable = false;
+  bool optional = false;
+  std::string why;
+};
+
+std::string HomeRelative(const std::string& entry) { return entry.rfind("~/", 0) == 0 ? entry.substr(2) : ""; }
+
+// Whether the host path `p` is, holds or lies in a filesystem.deny entry;
+// the entry when it does.
+std::optional<std::string> DeniedBy(const Policy& policy, const Invocation& inv, const std::string& p) {
+  for (const auto& entry : policy.filesystem.deny) {
+    std::string d = paths::ExpandHome(entry, inv.home);
+    if (d.empty() || d[0] != '/') continue;  // workspace-relative: the workspace's own
+    if (!paths::HasGlob(d)) {
+      if (paths::IsWithin(p, d) || paths::IsWithin(d, p)) return entry;
+      continue;
+    }
+    std::string root = paths::Parent(d.substr(0, d.find_first_of("*?[") + 1));
+    if (!paths::IsWithin(p, root) || p == root) continue;
+    const std::size_t cut = root == "/" ? 1 : root.size() + 1;
+    if (GlobMatch(d.substr(cut), p.substr(cut))) return entry;
+  }
+  return std::nullopt;
+}
+
+// `sandbox_home`: HOME inside ("" on landlock-only, where it is per run).
+Result<std::vector<ExtraTree>> PlanExtraTrees(const Policy& policy, const Invocation& inv,
+                                              const std::string& sandbox_home, std::vector<std::string>* cache_dirs) {
+  std::vector<ExtraTree> out;
+  auto no_home = [](const std::string& what) {
+    return Status::Error("confine", what + ": no HOME to expand ~ against");
+  };
+  for (const auto& entry : policy.filesystem.read_write) {
+    ExtraTree t;
+    t.source = paths::ExpandHome(entry, inv.home);
+    if (t.source.empty()) return no_home("filesystem.read_write '" + entry + "'");
+    t.target = t.source;
+    t.home_rel = HomeRelative(entry);
+    t.writable = true;
+    t.why = "filesystem.read_write: " + entry;
+    out.push_back(std::move(t));
+  }
+  for (const auto& cache : policy.filesystem.caches) {
+    const std::string key = "filesystem.caches." + cache.name;
+    ExtraTree t;
+    t.kind = ExtraTree::Kind::kCache;
+    if (cache.host.empty()) {
+      const std::string root = CacheDirFor(inv, "caches");
+      if (root.empty()) {
+        return Status::Error("confine", key + ": agentbox has no cache directory for it here (neither "
+                                              "$XDG_CACHE_HOME nor HOME is set, or it lies in the workspace)");
+      }
+      t.source = paths::Join(root, cache.name);
+      cache_dirs->push_back(t.source);
+    } else {
+      t.source = paths::ExpandHome(cache.host, inv.home);
+      if (t.source.empty()) return no_home(key + ".host '" + cache.host + "'");
+    }
+    t.home_rel = HomeRelative(cache.path);
+    t.target = t.home_rel.empty() ? cache.path : paths::Join(sandbox_home, t.home_rel);
+    t.writable = true;
+    t.why = key + ": " + cache.path + (cache.host.empty() ? "" : " (host " + cache.host + ")");
+    out.push_back(std::move(t));
+  }
+  for (const auto& rel : policy.home.import) {
+    if (inv.home.empty()) return no_home("home.import '" + rel + "'");
+    ExtraTree t;
+    t.kind = ExtraTree::Kind::kImport;
+    t.source = paths::Join(inv.home, rel);
+    // A dotfile the policy hides stays hidden: deny wins over import.
+    if (auto denied = DeniedBy(policy, inv, t.source)) {
+      return Status::Error("confine", "home.import '" + rel + "' (" + t.source + ") overlaps filesystem.deny '" +
+                                          *denied + "', which keeps it out of the sandbox");
+    }
+    t.home_rel = rel;
+    t.target = paths::Join(sandbox_home, rel);
+    t.optional = true;
+    t.why = "home.import: " + rel;
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+// The report's word on the trees above, in the filesystem facet.
+void NoteExtraTrees(const std::vector<ExtraTree>& trees, EnforcementReport* r) {
+  std::string rw, caches, imports;
+  for (const auto& t : trees) {
+    switch (t.kind) {
+      case ExtraTree::Kind::kReadWrite: rw += (rw.empty() ? "" : ", ") + t.source; break;
+      case ExtraTree::Kind::kCache:
+        caches += (caches.empty() ? "" : ", ") + t.why.substr(std::string("filesystem.caches.").size()) + " from " +
+                  t.source;
+        break;
+      case ExtraTree::Kind::kImport: imports += (imports.empty() ? "" : ", ") + t.home_rel; break;
+    }
+  }
+  for (auto& f : r->facets) {
+    if (f.name != "filesystem") continue;
+    if (!rw.empty()) f.notes.push_back("filesystem.read_write, writable outside the workspace: " + rw);
+    if (!caches.empty()) f.notes.push_back("filesystem.caches, writable and kept across runs: " + caches);
+    if (!imports.empty()) {
+      f.notes.push_back("home.import, read-only in the sandbox's home (missing ones under skipped): " + imports);
+    }
+  }
+}
+
+// Landlock-only: the home links, nested ones dropped when an outer link
+// reaches the same host path already; any other overlap is refused (a link
+// made inside another link's target would land in the host's tree).
+Status AddHomeLinks(std::vector<HomeLink> links, Plan* plan) {
+  std::stable_sort(links.begin(), links.end(),
+                   [](const HomeLink& a, const HomeLink& b) { return paths::Depth(a.name) < paths::Depth(b.name); });
+  for (auto& link : links) {
+    bool covered = false;
+    for (const auto& outer : plan->home_links) {
+      if (!paths::IsWithin(link.name, outer.name)) continue;
+      if (paths::Rebase(link.name, outer.name, outer.target) != link.target) {
+        return Status::Error("confine", link.why + " lies in ~/" + outer.name + " (" + outer.why + "), which the "
+                                           "landlock-only backend gives as a link to " + outer.target +
+                                           "; without a mount namespace one cannot be placed inside the other");
+      }
+      covered = true;
+      break;
+    }
+    if (!covered) plan->home_links.push_back(std::move(link));
+  }
+  return {};
 }
 
 }  // namespace
@@ -963,6 +1125,28 @@ Result<ConfinedCommand> ConfinePolicy(const std::vector<std::string>& argv, cons
     }
     // Landlock is the only filesystem fence here: a kernel without it refuses.
     plan.landlock = PlanLandlockOnly(read_only, inv.workspace, writable, host.landlock_abi, true);
+    // `~/…` entries are where the policy says only through links in the
+    // private home (HOME points there, not at the caller's home).
+    auto extra = PlanExtraTrees(policy, inv, "", &plan.cache_dirs);
+    if (!extra.ok()) return extra.status();
+    std::vector<HomeLink> links;
+    for (const auto& entry : policy.filesystem.read_only) {
+      std::string rel = HomeRelative(entry);
+      if (!rel.empty() && !inv.home.empty()) {
+        links.push_back({rel, paths::ExpandHome(entry, inv.home), true, "filesystem.read_only: " + entry});
+      }
+    }
+    for (const auto& t : *extra) {
+      AddLandlockTree(&plan.landlock, t.source, t.writable, t.optional, t.why);
+      if (!t.home_rel.empty()) {
+        links.push_back({t.home_rel, t.source, t.optional, t.why});
+      } else if (t.kind == ExtraTree::Kind::kCache) {
+        return Status::Error("confine", t.why + ": the landlock-only backend has no mount namespace to place a "
+                                               "cache outside the home; give it as ~/…");
+      }
+    }
+    if (Status s = AddHomeLinks(std::move(links), &plan); !s.ok()) return s;
+    NoteExtraTrees(*extra, &out.enforcement);
     for (const auto& entry : policy.filesystem.unix_sockets) {
       std::string p = paths::ExpandHome(entry, inv.home);
       if (!p.empty()) plan.unix_sockets.push_back(p);
@@ -1049,6 +1233,16 @@ Result<ConfinedCommand> ConfinePolicy(const std::vector<std::string>& argv, cons
       mounts.push_back({MountKind::kTmpfs, "", home, false, false,
                         "mode=0700,size=" + SizeText(tmp_bytes), "private HOME"});
     }
+
+    // read_write trees at their own paths (deny masks apply inside them, as
+    // in the workspace), caches and imported dotfiles in the private home.
+    auto extra = PlanExtraTrees(policy, inv, plan.home, &plan.cache_dirs);
+    if (!extra.ok()) return extra.status();
+    for (const auto& t : *extra) {
+      mounts.push_back({MountKind::kBind, t.source, t.target, !t.writable, t.optional, "", t.why});
+      if (t.kind == ExtraTree::Kind::kReadWrite) mounted.push_back({t.source, t.target});
+    }
+    NoteExtraTrees(*extra, &out.enforcement);
 
     if (inv.workspace_overlay) {
       // The run's writes go to an upper layer on a capped tmpfs the runner
@@ -1175,6 +1369,29 @@ Result<ConfinedCommand> ConfinePolicy(const std::vector<std::string>& argv, cons
       if (!plan.protect_git.empty() && plan.scan_cache_dir.empty()) {
         plan.scan_cache_dir = CacheDirFor(inv, "deny-scan");
       }
+    }
+
+    // protect inside a read_write tree: a read-only bind of the path onto
+    // itself, every ancestor below the tree's root pinned. It must exist
+    // (there is no placeholder outside the workspace): else the launch fails.
+    std::set<std::string> rw_pinned;
+    for (const auto& entry : policy.filesystem.protect) {
+      if (entry[0] != '/') continue;
+      auto tree = std::find_if(extra->begin(), extra->end(), [&](const ExtraTree& t) {
+        return t.kind == ExtraTree::Kind::kReadWrite && paths::IsWithin(entry, t.source);
+      });
+      if (tree == extra->end()) continue;
+      if (entry == tree->source) {
+        return Status::Error("confine", "filesystem.protect: '" + entry + "' is the whole " + tree->why +
+                                            " entry; list it under read_only instead");
+      }
+      for (std::string a = paths::Parent(entry); a != tree->source; a = paths::Parent(a)) {
+        if (rw_pinned.insert(a).second) {
+          mounts.push_back({MountKind::kPin, a, a, false, false, "", "ancestor of protected " + entry});
+        }
+      }
+      mounts.push_back({MountKind::kBind, entry, entry, true, false, "",
+                        "filesystem.protect: " + entry + " (in " + tree->why + ")"});
     }
 
     // unix_sockets: each socket the policy names is bound in at its own

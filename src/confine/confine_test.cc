@@ -871,3 +871,91 @@ TEST(WorkspaceDisk, OverlayIsRefusedWhereItCannotBe) {
 
 }  // namespace
 }  // namespace agentbox
+
+namespace agentbox {
+namespace {
+
+Policy WithHostTrees() {
+  Policy p = PresetFor(Mode::kWorkspaceWrite);
+  p.filesystem.read_write = {"~/repos/x.git", "/srv/shared"};
+  p.filesystem.caches = {{"npm", "~/.npm", ""}, {"pip", "/pip-cache", "~/.cache/pip"}};
+  p.home.import = {".gitconfig"};
+  p.filesystem.deny.push_back("/srv/shared/secret");
+  p.filesystem.protect.push_back("/srv/shared/hooks/post");
+  return p;
+}
+
+TEST(ConfineHostTrees, ReadWriteCachesAndImportsAreBindsWithTheirLandlockRights) {
+  Invocation inv = Inv();
+  inv.cache_dir = "/home/u/.cache/agentbox";
+  auto c = Confine({"true"}, WithHostTrees(), FullHost(), inv);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const Plan& p = c->plan;
+  const MountOp* rw = Find(p, MountKind::kBind, "/home/u/repos/x.git");
+  ASSERT_NE(rw, nullptr);
+  EXPECT_FALSE(rw->read_only);
+  EXPECT_FALSE(rw->optional) << "a writable tree asked for never silently vanishes";
+  // After the private HOME's tmpfs, which it lies in.
+  EXPECT_GT(IndexOf(p, "/home/u/repos/x.git"), IndexOf(p, "/home/u"));
+  const MountOp* npm = Find(p, MountKind::kBind, "/home/u/.npm");
+  ASSERT_NE(npm, nullptr);
+  EXPECT_EQ(npm->source, "/home/u/.cache/agentbox/caches/npm");
+  EXPECT_EQ(p.cache_dirs, (std::vector<std::string>{"/home/u/.cache/agentbox/caches/npm"}));
+  const MountOp* pip = Find(p, MountKind::kBind, "/pip-cache");
+  ASSERT_NE(pip, nullptr);
+  EXPECT_EQ(pip->source, "/home/u/.cache/pip");
+  const MountOp* gitconfig = Find(p, MountKind::kBind, "/home/u/.gitconfig");
+  ASSERT_NE(gitconfig, nullptr);
+  EXPECT_TRUE(gitconfig->read_only);
+  EXPECT_TRUE(gitconfig->optional);
+  // deny inside a read_write tree is masked; protect is bound read-only, its ancestor pinned.
+  EXPECT_NE(Find(p, MountKind::kMask, "/srv/shared/secret"), nullptr);
+  const MountOp* hook = Find(p, MountKind::kBind, "/srv/shared/hooks/post");
+  ASSERT_NE(hook, nullptr);
+  EXPECT_TRUE(hook->read_only);
+  EXPECT_NE(Find(p, MountKind::kPin, "/srv/shared/hooks"), nullptr);
+  for (const auto& rule : p.landlock.rules) {
+    if (rule.path == "/srv/shared") EXPECT_TRUE(rule.access & LANDLOCK_ACCESS_FS_WRITE_FILE);
+    if (rule.path == "/home/u/.gitconfig") EXPECT_FALSE(rule.access & LANDLOCK_ACCESS_FS_WRITE_FILE);
+  }
+  const FacetReport* fs = FacetNamed(c->enforcement, "filesystem");
+  ASSERT_NE(fs, nullptr);
+  std::string notes;
+  for (const auto& n : fs->notes) notes += n + "\n";
+  EXPECT_NE(notes.find("filesystem.read_write, writable outside the workspace: /home/u/repos/x.git, /srv/shared"),
+            std::string::npos)
+      << notes;
+  EXPECT_NE(notes.find("npm: ~/.npm from /home/u/.cache/agentbox/caches/npm"), std::string::npos) << notes;
+}
+
+TEST(ConfineHostTrees, RefusalsNameTheEntry) {
+  Invocation inv = Inv();
+  inv.cache_dir = "/home/u/.cache/agentbox";
+  Policy denied = PresetFor(Mode::kWorkspaceWrite);
+  denied.home.import = {".aws/config"};
+  auto c = Confine({"true"}, denied, FullHost(), inv);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("home.import '.aws/config' (/home/u/.aws/config) overlaps filesystem.deny "
+                                      "'~/.aws'"),
+            std::string::npos)
+      << c.status().message();
+
+  Policy cache = PresetFor(Mode::kWorkspaceWrite);
+  cache.filesystem.caches = {{"npm", "~/.npm", ""}};
+  inv.cache_dir.clear();
+  c = Confine({"true"}, cache, FullHost(), inv);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("filesystem.caches.npm: agentbox has no cache directory"), std::string::npos)
+      << c.status().message();
+
+  Policy own = PresetFor(Mode::kWorkspaceWrite);
+  own.filesystem.read_write = {"~/.local/state/agentbox/sessions"};
+  inv.own_dirs = {"/home/u/.local/state/agentbox"};
+  c = Confine({"true"}, own, FullHost(), inv);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("filesystem.read_write '~/.local/state/agentbox/sessions'"), std::string::npos)
+      << c.status().message();
+}
+
+}  // namespace
+}  // namespace agentbox

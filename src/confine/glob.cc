@@ -1,6 +1,8 @@
-// Gitignore-style glob matching for deny entries.
+// Gitignore-style glob matching for deny entries; env.pass patterns.
 #include <fnmatch.h>
 
+#include <algorithm>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -50,6 +52,26 @@ bool GlobMatch(const std::string& pattern, const std::string& relative_path) {
   std::vector<std::string> pp = Split(pat);
   if (!anchored) pp.insert(pp.begin(), "**");
   return MatchParts(pp, 0, Split(relative_path), 0);
+}
+
+std::vector<std::string> PassedNames(const std::vector<std::string>& pass, char* const* envp) {
+  std::vector<std::string> out;
+  auto add = [&out](std::string name) {
+    if (std::find(out.begin(), out.end(), name) == out.end()) out.push_back(std::move(name));
+  };
+  for (const auto& entry : pass) {
+    if (entry.find('*') == std::string::npos) {
+      add(entry);
+      continue;
+    }
+    for (char* const* e = envp; e && *e; ++e) {
+      const char* eq = std::strchr(*e, '=');
+      if (!eq) continue;
+      std::string name(*e, static_cast<std::size_t>(eq - *e));
+      if (EnvPatternMatch(entry, name)) add(std::move(name));
+    }
+  }
+  return out;
 }
 
 }  // namespace agentbox

@@ -105,6 +105,12 @@ LandlockPlan PlanLandlockOnly(const std::vector<std::string>& read_only, const s
   return ll;
 }
 
+void AddLandlockTree(LandlockPlan* plan, const std::string& path, bool writable, bool optional,
+                     const std::string& why) {
+  if (plan->abi <= 0) return;
+  plan->rules.push_back({path, (writable ? kReadExec | kWrite : kReadExec) & plan->handled_fs, optional, why});
+}
+
 void AdoptPrivateDir(Plan* plan, const std::string& dir) {
   plan->private_dir = dir;
   if (plan->landlock.abi > 0) {

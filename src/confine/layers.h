@@ -31,6 +31,12 @@ LandlockPlan PlanLandlock(const Plan& plan, int host_abi, bool required);
 LandlockPlan PlanLandlockOnly(const std::vector<std::string>& read_only, const std::string& workspace,
                               bool writable, int host_abi, bool required);
 
+// A landlock-only rule for a host tree the policy adds (read_write, a
+// cache, an imported dotfile): read+exec, and every write right when
+// `writable`; `optional` ones are skipped when absent.
+void AddLandlockTree(LandlockPlan* plan, const std::string& path, bool writable, bool optional,
+                     const std::string& why);
+
 // Gives a landlock-only plan its per-run private directory `dir` (which
 // holds `home` and `tmp`): a read-write Landlock rule, and HOME and TMPDIR
 // pointing into it unless the policy sets them.

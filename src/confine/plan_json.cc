@@ -264,6 +264,14 @@ std::string PlanToJson(const Plan& plan, int indent) {
   j["protect_git"] = plan.protect_git;
   j["absent"] = plan.absent;
   j["unix_sockets"] = plan.unix_sockets;
+  if (!plan.cache_dirs.empty()) j["cache_dirs"] = plan.cache_dirs;
+  if (!plan.home_links.empty()) {
+    json links = json::array();
+    for (const auto& l : plan.home_links) {
+      links.push_back({{"name", l.name}, {"target", l.target}, {"optional", l.optional}, {"why", l.why}});
+    }
+    j["home_links"] = links;
+  }
   json set = json::array();
   for (const auto& [k, v] : plan.env.set) set.push_back({k, v});
   j["env"] = {{"pass_all", plan.env.pass_all}, {"pass", plan.env.pass}, {"set", set}};
@@ -367,6 +375,13 @@ Result<Plan> PlanFromJson(const std::string& text) {
     }
     plan.absent = j.at("absent").get<std::vector<std::string>>();
     plan.unix_sockets = j.value("unix_sockets", std::vector<std::string>{});
+    plan.cache_dirs = j.value("cache_dirs", std::vector<std::string>{});
+    if (j.contains("home_links")) {
+      for (const auto& l : j.at("home_links")) {
+        plan.home_links.push_back({l.at("name").get<std::string>(), l.at("target").get<std::string>(),
+                                   l.value("optional", false), l.value("why", "")});
+      }
+    }
     plan.scan_cache_dir = j.value("scan_cache_dir", "");
     if (j.contains("protect_git")) plan.protect_git = j.at("protect_git").get<std::vector<std::string>>();
     const json& env = j.at("env");

@@ -126,10 +126,20 @@ Result<LandlockOutcome> ApplyLandlock(const LandlockPlan& plan) {
 
 Result<UniqueFd> SignalScopeRuleset() {
   if (LandlockAbiVersion() < 6) return UniqueFd();
+  // Every layer denies REFER (renames and links across directories, EXDEV)
+  // unless one of its rules grants it, whether it handles REFER or not: this
+  // layer, there for signals only, grants it everywhere, so that the layer
+  // below alone decides.
   LandlockRulesetAttr attr{};
+  attr.handled_access_fs = LANDLOCK_ACCESS_FS_REFER;
   attr.scoped = LANDLOCK_SCOPE_SIGNAL;
   UniqueFd fd(CreateRuleset(&attr, sizeof(attr), 0));
   if (!fd.valid()) return Status::Errno("landlock", "landlock_create_ruleset(LANDLOCK_SCOPE_SIGNAL)");
+  UniqueFd root(open("/", O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!root.valid()) return Status::Errno("landlock", "open(O_PATH)", "/");
+  if (AddRule(fd.get(), root.get(), LANDLOCK_ACCESS_FS_REFER) != 0) {
+    return Status::Errno("landlock", "landlock_add_rule(REFER)", "/");
+  }
   return fd;
 }
 

@@ -224,6 +224,68 @@ Status ProtectGitRepos(const Plan& plan, ResolvedPlan* rp, std::set<std::string>
   return {};
 }
 
+// filesystem.caches backed by agentbox: each directory and every missing
+// parent made 0700 (the caches of one user are that user's alone).
+Status MakeCacheDirs(const Plan& plan) {
+  for (const auto& dir : plan.cache_dirs) {
+    for (std::size_t slash = dir.find('/', 1);; slash = dir.find('/', slash + 1)) {
+      const std::string part = dir.substr(0, slash);
+      if (mkdir(part.c_str(), 0700) != 0 && errno != EEXIST) return Status::Errno("mount", "mkdir", part);
+      if (slash == std::string::npos) break;
+    }
+    struct stat st {};
+    if (lstat(dir.c_str(), &st) != 0) return Status::Errno("mount", "lstat", dir);
+    if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid()) {
+      return Status::Error("mount", "cache directory " + dir + " is not a directory of uid " +
+                                        std::to_string(geteuid()) + "; refusing to mount it");
+    }
+  }
+  return {};
+}
+
+// Landlock-only: the paths a rule must find (a read_write tree, a cache)
+// exist, and the private home holds the plan's links. A link's parents are
+// made in the private home without following symlinks: the command may
+// have left none there yet, but a link made through one would land outside.
+Status SettleLandlockOnly(const Plan& plan, ResolvedPlan* rp) {
+  for (const auto& rule : plan.landlock.rules) {
+    struct stat st {};
+    if (rule.optional || stat(rule.path.c_str(), &st) == 0) continue;
+    if (errno != ENOENT) return Status::Errno("mount", "stat", rule.path);
+    return Status::Error("mount", rule.why + ": " + rule.path + " does not exist (a writable path the policy "
+                                                                "names is never left out)");
+  }
+  if (plan.home_links.empty()) return {};
+  if (plan.private_dir.empty()) return Status::Error("mount", "home links planned without a private directory");
+  for (const auto& link : plan.home_links) {
+    struct stat st {};
+    if (lstat(link.target.c_str(), &st) != 0) {
+      if (errno == ENOENT && link.optional) {
+        rp->skipped.push_back(link.target + " (" + link.why + "): absent on this host");
+        continue;
+      }
+      return Status::Errno("mount", "lstat", link.target);
+    }
+    UniqueFd dir(open(plan.home.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!dir.valid()) return Status::Errno("mount", "open", plan.home);
+    std::vector<std::string> parts = Components(link.name);
+    std::string at = plan.home;
+    for (std::size_t i = 0; i + 1 < parts.size(); ++i) {
+      at = paths::Join(at, parts[i]);
+      if (mkdirat(dir.get(), parts[i].c_str(), 0700) != 0 && errno != EEXIST) {
+        return Status::Errno("mount", "mkdirat", at);
+      }
+      UniqueFd next(openat(dir.get(), parts[i].c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+      if (!next.valid()) return Status::Errno("mount", "openat", at);
+      dir = std::move(next);
+    }
+    if (symlinkat(link.target.c_str(), dir.get(), parts.back().c_str()) != 0) {
+      return Status::Errno("mount", "symlinkat", paths::Join(plan.home, link.name));
+    }
+  }
+  return {};
+}
+
 }  // namespace
 
 Placeholder::~Placeholder() {
@@ -249,7 +311,11 @@ Result<ResolvedPlan> ResolvePlan(const Plan& plan) {
   if (!S_ISDIR(ws.st_mode)) {
     return Status::Syscall("workspace", "stat", plan.workspace_source, ENOTDIR);
   }
-  if (plan.backend == Backend::kLandlockOnly) return rp;  // nothing to mount
+  if (Status s = MakeCacheDirs(plan); !s.ok()) return s;
+  if (plan.backend == Backend::kLandlockOnly) {  // nothing to mount
+    if (Status s = SettleLandlockOnly(plan, &rp); !s.ok()) return s;
+    return rp;
+  }
 
   // Protected paths first: they decide which pins exist.
   std::map<std::string, ProtectResolution> protects;
@@ -277,7 +343,18 @@ Result<ResolvedPlan> ResolvePlan(const Plan& plan) {
             rp.skipped.push_back(op.source + " (" + op.why + "): absent on this host");
             continue;
           }
+          if (op.source != plan.workspace_source && errno == ENOENT) {
+            return Status::Error("mount", op.why + ": " + op.source + " does not exist (a path the policy makes "
+                                                                      "writable or protects is never left out)");
+          }
           return Status::Errno(op.optional ? "mount" : "workspace", "lstat", op.source);
+        }
+        if (S_ISLNK(st.st_mode) && !op.read_only && !op.optional && op.source != plan.workspace_source) {
+          // A writable tree given as a link would come in as the link alone.
+          return Status::Error("mount", op.why + ": " + op.source + " is a symlink; name the directory it points to");
+        }
+        if (S_ISLNK(st.st_mode) && op.why.rfind("filesystem.protect", 0) == 0) {
+          return Status::Error("protect", op.why + ": '" + op.source + "' is a symlink; refusing");
         }
         if (S_ISLNK(st.st_mode)) {
           // Keep the link as a link: its target is mounted (or not) on its own terms.

@@ -261,7 +261,7 @@ std::vector<std::string> BuildEnv(const EnvRules& rules) {
   if (rules.pass_all) {
     for (char** e = environ; *e; ++e) env.emplace_back(*e);
   } else {
-    for (const auto& name : rules.pass) {
+    for (const auto& name : PassedNames(rules.pass, environ)) {
       if (const char* v = getenv(name.c_str())) env.push_back(name + "=" + v);
     }
   }

@@ -153,6 +153,25 @@ std::optional<std::string> EnvNameProblem(std::string_view name) {
   return "invalid variable name " + Quoted(name) + " (expected [A-Za-z_][A-Za-z0-9_]*)";
 }
 
+std::optional<std::string> EnvPassProblem(std::string_view entry) {
+  if (entry.find('*') == std::string_view::npos) return EnvNameProblem(entry);
+  auto name_char = [](char c) {
+    return c == '_' || c == '*' || (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+  };
+  bool ok = !(entry.front() >= '0' && entry.front() <= '9');
+  for (char c : entry) ok = ok && name_char(c);
+  if (ok) return std::nullopt;
+  return "invalid variable pattern " + Quoted(entry) + " (expected [A-Za-z_][A-Za-z0-9_]* with * as the only wildcard)";
+}
+
+std::optional<std::string> CacheNameProblem(std::string_view name) {
+  auto lead = [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); };
+  bool ok = !name.empty() && name.size() <= 64 && lead(name.front());
+  for (char c : name) ok = ok && (lead(c) || c == '_' || c == '.' || c == '-');
+  if (ok) return std::nullopt;
+  return "invalid cache name " + Quoted(name) + " (expected [a-z0-9][a-z0-9_.-]*, at most 64 characters)";
+}
+
 std::optional<std::string> CheckPath(std::string& path, PathRule rule) {
   if (path.empty()) return "empty path";
   for (unsigned char c : path) {
@@ -166,6 +185,10 @@ std::optional<std::string> CheckPath(std::string& path, PathRule rule) {
     }
     if (rule == PathRule::kWorkspace || rule == PathRule::kProtect) {
       return "~ is not allowed here (" + Quoted(path) + ")";
+    }
+    if (rule == PathRule::kHomeImport) {
+      return "relative to the home directory already: write " + Quoted(path == "~" ? "" : path.substr(2)) +
+             " without ~/";
     }
   }
 
@@ -194,7 +217,11 @@ std::optional<std::string> CheckPath(std::string& path, PathRule rule) {
   if (rule == PathRule::kWorkspace && !absolute) {
     return "must be an absolute path (" + Quoted(path) + ")";
   }
-  if ((rule == PathRule::kReadOnly || rule == PathRule::kFile) && !absolute && !tilde) {
+  if (rule == PathRule::kHomeImport && absolute) {
+    return "must be relative to the home directory, not absolute (" + Quoted(path) + ")";
+  }
+  if ((rule == PathRule::kReadOnly || rule == PathRule::kFile || rule == PathRule::kReadWrite) && !absolute &&
+      !tilde) {
     return "must be an absolute path or start with ~/ (" + Quoted(path) + ")";
   }
 
@@ -212,12 +239,66 @@ std::optional<std::string> CheckPath(std::string& path, PathRule rule) {
            "socket on the host (a read-only mount does not stop connect() to a daemon's socket); list the "
            "directories the command needs instead";
   }
+  if (rule == PathRule::kReadWrite && (normal == "/" || normal == "~")) {
+    return Quoted(normal) + " would make " + (normal == "/" ? "the host's whole root" : "the caller's whole home") +
+           " writable from the sandbox; name the directories the command writes";
+  }
+  if (rule == PathRule::kHomeImport) {
+    for (std::size_t start = 0; start <= normal.size();) {
+      std::size_t end = normal.find('/', start);
+      if (end == std::string::npos) end = normal.size();
+      if (normal.compare(start, end - start, ".") == 0) {
+        return "\".\" components are not allowed (" + Quoted(path) + "): name a file or directory in the home";
+      }
+      start = end + 1;
+    }
+  }
   if (rule == PathRule::kFile && (normal == "/" || normal == "~")) {
     return "must name a file, not a directory (" + Quoted(path) + ")";
   }
   path = std::move(normal);
   return std::nullopt;
 }
+
+}  // namespace agentbox::policy_internal
+
+namespace agentbox {
+
+bool EnvPatternMatch(std::string_view pattern, std::string_view name) {
+  if (pattern.find('*') == std::string_view::npos) return pattern == name;
+  // agentbox's own variables (the plan a wrapped command carries) are
+  // nobody's to pass by a pattern.
+  if (name.substr(0, 9) == "AGENTBOX_") return false;
+  // Nor the proxy variables: where the sandbox has a proxy, they are the
+  // egress path agentbox gives it (NO_PROXY would route around it); where
+  // it has none, there is no way out for a caller's proxy to lead to.
+  for (std::string_view proxy : {"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy", "https_proxy",
+                                 "all_proxy", "no_proxy"}) {
+    if (name == proxy) return false;
+  }
+  // Greedy match with backtracking to the last star: linear enough for names.
+  std::size_t p = 0, n = 0, star = std::string_view::npos, mark = 0;
+  while (n < name.size()) {
+    if (p < pattern.size() && pattern[p] == '*') {
+      star = p++;
+      mark = n;
+    } else if (p < pattern.size() && pattern[p] == name[n]) {
+      ++p;
+      ++n;
+    } else if (star != std::string_view::npos) {
+      p = star + 1;
+      n = ++mark;
+    } else {
+      return false;
+    }
+  }
+  while (p < pattern.size() && pattern[p] == '*') ++p;
+  return p == pattern.size();
+}
+
+}  // namespace agentbox
+
+namespace agentbox::policy_internal {
 
 bool IsValidUtf8(std::string_view text) {
   std::size_t i = 0;
@@ -459,6 +540,18 @@ std::optional<std::string> BasicUsernameProblem(std::string_view username) {
 std::optional<std::string> EnvSecretProblem(const SecretSpec& secret, CredentialsInSandbox in_sandbox,
                                             std::string_view name, EnvUse use) {
   const std::string where = "credentials.secrets." + secret.name;
+  if (use == EnvUse::kPass && name.find('*') != std::string_view::npos) {
+    const std::string matched = !secret.placeholder_env.empty() && EnvPatternMatch(name, secret.placeholder_env)
+                                    ? secret.placeholder_env
+                                    : in_sandbox == CredentialsInSandbox::kNone &&
+                                              secret.from.kind == SecretSource::Kind::kEnv &&
+                                              EnvPatternMatch(name, secret.from.env)
+                                          ? secret.from.env
+                                          : "";
+    if (matched.empty()) return std::nullopt;
+    return "the pattern " + Quoted(name) + " matches " + matched + ": " +
+           *EnvSecretProblem(secret, in_sandbox, matched, use);
+  }
   if (!secret.placeholder_env.empty() && name == secret.placeholder_env) {
     return std::string(name) + " is " + where + ".placeholder_env: " +
            (use == EnvUse::kSet ? "a value here would replace the placeholder"

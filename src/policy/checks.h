@@ -20,6 +20,13 @@ std::optional<std::string> DomainProblem(std::string_view pattern, DomainList li
 
 // Environment variable names: [A-Za-z_][A-Za-z0-9_]*.
 std::optional<std::string> EnvNameProblem(std::string_view name);
+// env.pass entries: a name, or a pattern of name characters and `*`
+// (NPM_CONFIG_*, *_PROXY); a pattern must not start with a digit.
+std::optional<std::string> EnvPassProblem(std::string_view entry);
+
+// filesystem.caches keys: [a-z0-9][a-z0-9_.-]*, at most 64 characters (a
+// directory name under agentbox's cache root).
+std::optional<std::string> CacheNameProblem(std::string_view name);
 
 // Which filesystem list a path belongs to; each accepts different forms.
 enum class PathRule {
@@ -28,6 +35,8 @@ enum class PathRule {
   kDeny,       // absolute, ~/..., or workspace-relative; globs allowed
   kProtect,    // absolute or workspace-relative
   kFile,       // absolute or ~/...; names a file (not "/" or "~"); no globs
+  kReadWrite,  // absolute or ~/...; not "/" or "~" (the host root, the caller's whole home); no globs
+  kHomeImport, // relative to the caller's home: not absolute, no ~, no globs, not "."
 };
 // Checks `path` against `rule` and normalises it in place (no duplicate or
 // trailing slashes). `~` is kept as written: it is expanded outside the
@@ -95,6 +104,8 @@ std::optional<std::string> BasicUsernameProblem(std::string_view username);
 // Whether giving the sandbox the variable `name` (env.pass, env.set, --env)
 // clashes with `secret`: its source under credentials.in_sandbox: none, or
 // its placeholder variable. The message names the secret.
+// An env.pass pattern (EnvPatternMatch) matches the source or the
+// placeholder variable the same way a name equal to it does.
 enum class EnvUse { kPass, kSet };
 std::optional<std::string> EnvSecretProblem(const SecretSpec& secret, CredentialsInSandbox in_sandbox,
                                             std::string_view name, EnvUse use);

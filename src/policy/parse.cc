@@ -29,6 +29,7 @@ namespace agentbox {
 namespace {
 
 using policy_internal::BasicUsernameProblem;
+using policy_internal::CacheNameProblem;
 using policy_internal::CheckGitRemote;
 using policy_internal::CheckHostName;
 using policy_internal::CheckPath;
@@ -36,6 +37,7 @@ using policy_internal::CredentialsInSandboxName;
 using policy_internal::DomainList;
 using policy_internal::DomainProblem;
 using policy_internal::EnvNameProblem;
+using policy_internal::EnvPassProblem;
 using policy_internal::EnvSecretProblem;
 using policy_internal::EnvUse;
 using policy_internal::FormatNumber;
@@ -133,7 +135,11 @@ class DocumentProbe : public YAML::EventHandler {
 
 class Parser {
  public:
-  Parser(const std::string& text, const std::string& source) : text_(text), source_(source) {}
+  // With `errors`, every error is collected there (ForEachKey and
+  // ForEachItem go on with the next key or item after one fails), and
+  // Parse() still returns the first; without, parsing stops at the first.
+  Parser(const std::string& text, const std::string& source, std::vector<Status>* errors = nullptr)
+      : text_(text), source_(source), errors_(errors) {}
 
   Result<Policy> Parse() const;
 
@@ -142,6 +148,9 @@ class Parser {
   using ItemFn = std::function<Status(const Field& item)>;
 
   Status Fail(const YAML::Mark& mark, const std::string& path, const std::string& what) const;
+  // Collecting: records `status` once (a nested key's error comes up
+  // through every enclosing ForEachKey) and says to go on. Else: stop.
+  bool Continue(const Status& status, Status& first) const;
   Status Fail(const Field& field, const std::string& what) const {
     return Fail(field.mark, field.path, what);
   }
@@ -196,6 +205,8 @@ class Parser {
   Status ParseInjection(const Field& f, SecretInjection& out) const;
   Status ParseResources(const Field& f, ResourcesSpec& out) const;
   Status ParseEnv(const Field& f, EnvSpec& out) const;
+  Status ParseCaches(const Field& f, std::vector<CacheSpec>& out) const;
+  Status ParseHome(const Field& f, HomeSpec& out) const;
   Status ParseOnViolation(const Field& f, OnViolationSpec& out) const;
   Status ParseDiff(const Field& f, DiffSpec& out) const;
   // Secrets against the mode and the environment, once every section is read.
@@ -205,7 +216,18 @@ class Parser {
 
   const std::string& text_;
   const std::string& source_;
+  std::vector<Status>* errors_;
 };
+
+bool Parser::Continue(const Status& status, Status& first) const {
+  if (first.ok()) first = status;
+  if (!errors_) return false;
+  const std::string text = status.message();
+  if (std::none_of(errors_->begin(), errors_->end(), [&](const Status& e) { return e.message() == text; })) {
+    errors_->push_back(status);
+  }
+  return true;
+}
 
 Status Parser::Fail(const YAML::Mark& mark, const std::string& path,
                     const std::string& what) const {
@@ -246,39 +268,46 @@ Status Parser::ForEachKey(const Field& map, std::initializer_list<const char*> a
   // yaml-cpp keeps every entry of a map, duplicates included, but a lookup
   // returns only the first: report the second instead of ignoring it.
   std::vector<std::string> seen;
+  Status first;
   // yaml-cpp's `it->first` is a member of a temporary proxy; bind the
   // dereferenced pair itself (range-for keeps it alive) and copy the nodes.
   for (const auto& entry : map.node) {
     const YAML::Node key = entry.first;
     const YAML::Node value = entry.second;
     Field key_field{key, map.path, key.Mark(), key.Mark()};
-    if (!key.IsScalar()) return Fail(key_field, "keys must be strings, got " + Describe(key_field));
+    if (!key.IsScalar()) {
+      if (Continue(Fail(key_field, "keys must be strings, got " + Describe(key_field)), first)) continue;
+      return first;
+    }
     const std::string& name = key.Scalar();
     Field field = Entry(map, key, value);
     if (std::find(seen.begin(), seen.end(), name) != seen.end()) {
-      return Fail(key.Mark(), field.path, "duplicate key");
+      if (Continue(Fail(key.Mark(), field.path, "duplicate key"), first)) continue;
+      return first;
     }
     seen.push_back(name);
     if (allowed.size() != 0 &&
         std::none_of(allowed.begin(), allowed.end(), [&](const char* a) { return name == a; })) {
       std::string expected;
       for (const char* a : allowed) expected += (expected.empty() ? "" : ", ") + std::string(a);
-      return Fail(key.Mark(), field.path, "unknown key (expected one of: " + expected + ")");
+      if (Continue(Fail(key.Mark(), field.path, "unknown key (expected one of: " + expected + ")"), first)) continue;
+      return first;
     }
     Status status = fn(name, field);
-    if (!status.ok()) return status;
+    if (!status.ok() && !Continue(status, first)) return first;
   }
-  return Status();
+  return first;
 }
 
 Status Parser::ForEachItem(const Field& list, const ItemFn& fn) const {
   if (!list.node.IsSequence()) return Fail(list, "expected a list, got " + Describe(list));
   std::size_t index = 0;
+  Status first;
   for (const YAML::Node& item : list.node) {
     Status status = fn(Item(list, index++, item));
-    if (!status.ok()) return status;
+    if (!status.ok() && !Continue(status, first)) return first;
   }
-  return Status();
+  return first;
 }
 
 Field Parser::Entry(const Field& map, const YAML::Node& key, const YAML::Node& value) const {
@@ -512,7 +541,7 @@ Status Parser::ParseSandbox(const Field& f, SandboxSpec& out) const {
 
 Status Parser::ParseFilesystem(const Field& f, FilesystemSpec& out) const {
   return ForEachKey(
-      f, {"workspace", "read_only", "deny", "protect", "unix_sockets"},
+      f, {"workspace", "read_only", "read_write", "caches", "deny", "protect", "unix_sockets"},
       [&](const std::string& key, const Field& v) -> Status {
         if (key == "workspace") {
           return ForEachKey(v, {"path", "mode"}, [&](const std::string& wkey, const Field& w) {
@@ -527,6 +556,8 @@ Status Parser::ParseFilesystem(const Field& f, FilesystemSpec& out) const {
           });
         }
         if (key == "read_only") return ReadPaths(v, PathRule::kReadOnly, out.read_only);
+        if (key == "read_write") return ReadPaths(v, PathRule::kReadWrite, out.read_write);
+        if (key == "caches") return ParseCaches(v, out.caches);
         if (key == "deny") return ReadPaths(v, PathRule::kDeny, out.deny);
         if (key == "unix_sockets") return ReadPaths(v, PathRule::kReadOnly, out.unix_sockets);
         return ReadPaths(v, PathRule::kProtect, out.protect);
@@ -922,7 +953,8 @@ Status Parser::ParseEnv(const Field& f, EnvSpec& out) const {
       std::vector<std::string> pass;
       Status s = ForEachItem(v, [&](const Field& item) {
         std::string name;
-        if (Status r = ReadEnvName(item, name); !r.ok()) return r;
+        if (Status r = ReadString(item, name); !r.ok()) return r;
+        if (auto problem = EnvPassProblem(name)) return Fail(item, *problem);
         pass.push_back(std::move(name));
         return Status();
       });
@@ -942,6 +974,47 @@ Status Parser::ParseEnv(const Field& f, EnvSpec& out) const {
     if (!s.ok()) return s;
     out.set = std::move(set);
     return Status();
+  });
+}
+
+// filesystem.caches: NAME: PATH, or NAME: {path: PATH, host: DIR} to back
+// the cache with a host directory of the caller's choosing.
+Status Parser::ParseCaches(const Field& f, std::vector<CacheSpec>& out) const {
+  std::vector<CacheSpec> caches;
+  Status status = ForEachKey(f, {}, [&](const std::string& name, const Field& v) -> Status {
+    if (auto problem = CacheNameProblem(name)) return Fail(v.key_mark, v.path, *problem);
+    CacheSpec cache;
+    cache.name = name;
+    auto read_path = [&](const Field& p, PathRule rule, std::string& path) -> Status {
+      if (Status s = ReadString(p, path); !s.ok()) return s;
+      if (auto problem = CheckPath(path, rule)) return Fail(p, *problem);
+      return Status();
+    };
+    if (v.node.IsMap()) {
+      Status s = ForEachKey(v, {"path", "host"}, [&](const std::string& key, const Field& c) -> Status {
+        return read_path(c, PathRule::kReadWrite, key == "path" ? cache.path : cache.host);
+      });
+      if (!s.ok()) return s;
+      if (Status r = RequireKeys(v, {"path"}); !r.ok()) return r;
+    } else if (Status s = read_path(v, PathRule::kReadWrite, cache.path); !s.ok()) {
+      return s;
+    }
+    for (const CacheSpec& other : caches) {
+      if (other.path == cache.path) {
+        return Fail(v, "the same path as filesystem.caches." + other.name + " (" + cache.path + ")");
+      }
+    }
+    caches.push_back(std::move(cache));
+    return Status();
+  });
+  if (!status.ok()) return status;
+  out = std::move(caches);
+  return Status();
+}
+
+Status Parser::ParseHome(const Field& f, HomeSpec& out) const {
+  return ForEachKey(f, {"import"}, [&](const std::string&, const Field& v) -> Status {
+    return ReadPaths(v, PathRule::kHomeImport, out.import);
   });
 }
 
@@ -1040,6 +1113,7 @@ Status Parser::ParseSection(const std::string& key, const Field& v, Policy& poli
   if (key == "resources") return ParseResources(v, policy.resources);
   if (key == "env") return ParseEnv(v, policy.env);
   if (key == "diff") return ParseDiff(v, policy.diff);
+  if (key == "home") return ParseHome(v, policy.home);
   return ParseOnViolation(v, policy.on_violation);
 }
 
@@ -1083,7 +1157,9 @@ Result<Policy> Parser::Parse() const {
       Field f{value, "mode", value.IsNull() ? key.Mark() : value.Mark(), key.Mark()};
       Status s =
           ReadEnum(f, {Mode::kReadOnly, Mode::kWorkspaceWrite, Mode::kDangerFullAccess}, mode);
-      if (!s.ok()) return s;
+      // Collecting, the rest is checked against the default mode's preset.
+      Status first;
+      if (!s.ok() && !Continue(s, first)) return s;
       break;
     }
   }
@@ -1091,10 +1167,13 @@ Result<Policy> Parser::Parse() const {
   Policy policy = PresetFor(mode);
   Status status = ForEachKey(
       root,
-      {"version", "mode", "sandbox", "filesystem", "network", "credentials", "resources", "env",
+      {"version", "mode", "sandbox", "filesystem", "network", "credentials", "resources", "env", "home",
        "on_violation", "diff"},
       [&](const std::string& key, const Field& value) { return ParseSection(key, value, policy); });
   if (!status.ok()) return status;
+  // Collecting: an invalid mode was recorded, and the checks below
+  // compare values that parsed.
+  if (errors_ && !errors_->empty()) return errors_->front();
   if (Status s = CheckNetwork(root, policy); !s.ok()) return s;
   if (Status s = CheckSecrets(root, policy); !s.ok()) return s;
 
@@ -1119,7 +1198,9 @@ Result<Policy> ParsePolicy(const std::string& text, const std::string& source_na
   }
 }
 
-Result<Policy> LoadPolicyFile(const std::string& path) {
+namespace {
+
+Result<std::string> ReadPolicyText(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Status::Errno("policy", "open", path);
   struct Closer {
@@ -1136,7 +1217,44 @@ Result<Policy> LoadPolicyFile(const std::string& path) {
     if (n == 0) break;
     text.append(buf, static_cast<std::size_t>(n));
   }
-  return ParsePolicy(text, path);
+  return text;
+}
+
+}  // namespace
+
+Result<Policy> LoadPolicyFile(const std::string& path) {
+  auto text = ReadPolicyText(path);
+  if (!text.ok()) return text.status();
+  return ParsePolicy(*text, path);
+}
+
+std::vector<Status> ValidatePolicy(const std::string& text, const std::string& source_name) {
+  std::vector<Status> errors;
+  Status failure;
+  try {
+    Result<Policy> parsed = Parser(text, source_name, &errors).Parse();
+    if (!parsed.ok()) failure = parsed.status();
+  } catch (const YAML::Exception& e) {
+    failure = Status::Error("policy", source_name + ":" + std::to_string(std::max(e.mark.line, 0) + 1) + ":" +
+                                         std::to_string(std::max(e.mark.column, 0) + 1) + ": " + e.msg);
+  } catch (const std::exception& e) {
+    failure = Status::Error("policy", source_name + ": " + e.what());
+  }
+  // Errors before the keys (syntax, the document's shape) and after them
+  // (checks across sections) come back from Parse() alone.
+  if (!failure.ok()) {
+    const std::string what = failure.message();
+    if (std::none_of(errors.begin(), errors.end(), [&](const Status& e) { return e.message() == what; })) {
+      errors.push_back(failure);
+    }
+  }
+  return errors;
+}
+
+std::vector<Status> ValidatePolicyFile(const std::string& path) {
+  auto text = ReadPolicyText(path);
+  if (!text.ok()) return {text.status()};
+  return ValidatePolicy(*text, path);
 }
 
 }  // namespace agentbox

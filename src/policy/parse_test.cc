@@ -423,6 +423,100 @@ TEST(ParsePolicyTest, TrailingEmptyDocumentIsFine) {
   EXPECT_EQ(MustParse("version: 1\n---\n").version, 1);
 }
 
+TEST(ParsePolicyTest, ReadWriteCachesAndHomeImport) {
+  Policy p = MustParse(
+      "filesystem:\n"
+      "  read_write: [~/repos/bare.git/, /srv//cache]\n"
+      "  caches:\n"
+      "    npm: ~/.npm\n"
+      "    pip: {path: ~/.cache/pip, host: ~/.cache/pip}\n"
+      "    go-build.v1: /go-cache\n"
+      "home:\n"
+      "  import: [.gitconfig, .config/git/ignore]\n");
+  EXPECT_EQ(p.filesystem.read_write, (std::vector<std::string>{"~/repos/bare.git", "/srv/cache"}));
+  ASSERT_EQ(p.filesystem.caches.size(), 3u);
+  EXPECT_EQ(p.filesystem.caches[0].name, "npm");
+  EXPECT_EQ(p.filesystem.caches[0].path, "~/.npm");
+  EXPECT_EQ(p.filesystem.caches[0].host, "");
+  EXPECT_EQ(p.filesystem.caches[1].host, "~/.cache/pip");
+  EXPECT_EQ(p.filesystem.caches[2].name, "go-build.v1");
+  EXPECT_EQ(p.home.import, (std::vector<std::string>{".gitconfig", ".config/git/ignore"}));
+  // The effective policy reads back the same.
+  Policy again = MustParse(ToYaml(p));
+  EXPECT_EQ(again.filesystem.read_write, p.filesystem.read_write);
+  ASSERT_EQ(again.filesystem.caches.size(), 3u);
+  EXPECT_EQ(again.filesystem.caches[1].host, "~/.cache/pip");
+  EXPECT_EQ(again.home.import, p.home.import);
+  // Left out, they are not written: the digest of older policies stays.
+  EXPECT_EQ(ToYaml(PresetFor(Mode::kWorkspaceWrite)).find("read_write"), std::string::npos);
+  EXPECT_EQ(ToYaml(PresetFor(Mode::kWorkspaceWrite)).find("home:"), std::string::npos);
+}
+
+TEST(ParsePolicyTest, EnvPassTakesPatterns) {
+  Policy p = MustParse("env:\n  pass: [PATH, NPM_CONFIG_*, \"*_PROXY\"]\n");
+  EXPECT_EQ(p.env.pass, (std::vector<std::string>{"PATH", "NPM_CONFIG_*", "*_PROXY"}));
+  EXPECT_TRUE(EnvPatternMatch("NPM_CONFIG_*", "NPM_CONFIG_REGISTRY"));
+  EXPECT_TRUE(EnvPatternMatch("NPM_CONFIG_*", "NPM_CONFIG_"));
+  EXPECT_FALSE(EnvPatternMatch("NPM_CONFIG_*", "NPM_CONFIGX"));
+  EXPECT_TRUE(EnvPatternMatch("*_PROXY", "GOPROXY_PROXY"));
+  // The proxy variables agentbox sets (or that would route around it) never come in by a pattern.
+  for (const char* proxy : {"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "no_proxy", "https_proxy"}) {
+    EXPECT_FALSE(EnvPatternMatch("*", proxy)) << proxy;
+    EXPECT_FALSE(EnvPatternMatch("*_PROXY", proxy)) << proxy;
+  }
+  EXPECT_TRUE(EnvPatternMatch("A*B*C", "AxxBxxBxC"));
+  EXPECT_FALSE(EnvPatternMatch("A*B*C", "AxxBxxBx"));
+  EXPECT_TRUE(EnvPatternMatch("*", "HOME"));
+  // agentbox's own variables never come in by a pattern; by name they do.
+  EXPECT_FALSE(EnvPatternMatch("*", "AGENTBOX_PLAN"));
+  EXPECT_FALSE(EnvPatternMatch("AGENTBOX_*", "AGENTBOX_PLAN"));
+  EXPECT_TRUE(EnvPatternMatch("PATH", "PATH"));
+  EXPECT_FALSE(EnvPatternMatch("PATH", "PATHX"));
+}
+
+TEST(ParsePolicyTest, EnvPassPatternsKeepSecretSourcesOut) {
+  const std::string secrets =
+      "credentials:\n  secrets:\n    npm: {from: {env: NPM_TOKEN}, hosts: [registry.npmjs.org]}\n";
+  Result<Policy> r = ParsePolicy(secrets + "env:\n  pass: [PATH, NPM_*]\n", "policy.yaml");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(),
+            "policy.yaml:5:16: env.pass[1]: the pattern \"NPM_*\" matches NPM_TOKEN: NPM_TOKEN is the source of "
+            "credentials.secrets.npm; with credentials.in_sandbox: none it never enters the sandbox");
+  // A pattern that matches no secret's variable is fine.
+  EXPECT_TRUE(ParsePolicy(secrets + "env:\n  pass: [NPM_CONFIG_*]\n", "policy.yaml").ok());
+}
+
+TEST(ValidatePolicyTest, ReportsEveryIndependentError) {
+  const std::string text =
+      "version: 1\n"
+      "sandbox:\n"
+      "  isolation: vm\n"
+      "filesystem:\n"
+      "  caches: {NPM: ~/.npm}\n"
+      "  read_write: [relative/path]\n"
+      "netwrk: {}\n";
+  std::vector<Status> errors = ValidatePolicy(text, "policy.yaml");
+  std::vector<std::string> messages;
+  for (const auto& e : errors) messages.push_back(e.message());
+  EXPECT_EQ(messages,
+            (std::vector<std::string>{
+                "policy.yaml:3:14: sandbox.isolation: unknown value \"vm\" (expected one of: host, os, container, "
+                "microvm, remote)",
+                "policy.yaml:5:12: filesystem.caches.NPM: invalid cache name \"NPM\" (expected [a-z0-9][a-z0-9_.-]*, "
+                "at most 64 characters)",
+                "policy.yaml:6:16: filesystem.read_write[0]: must be an absolute path or start with ~/ "
+                "(\"relative/path\")",
+                "policy.yaml:7:1: netwrk: unknown key (expected one of: version, mode, sandbox, filesystem, "
+                "network, credentials, resources, env, home, on_violation)"}));
+  // Loading still stops at the first.
+  Result<Policy> r = ParsePolicy(text, "policy.yaml");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), messages.front());
+  // A valid policy has none; a syntax error is the one error.
+  EXPECT_TRUE(ValidatePolicy("version: 1\n", "policy.yaml").empty());
+  EXPECT_EQ(ValidatePolicy("a: [\n", "policy.yaml").size(), 1u);
+}
+
 // ---- Invalid files: every error names file:line:column and the key --------
 
 struct BadCase {
@@ -454,7 +548,7 @@ TEST(PolicyParse, DiffExcludeKeepsItsPatternsAndRoundTrips) {
 }
 
 const std::string kTopKeys =
-    "(expected one of: version, mode, sandbox, filesystem, network, credentials, resources, env, "
+    "(expected one of: version, mode, sandbox, filesystem, network, credentials, resources, env, home, "
     "on_violation, diff)";
 const std::string kEnvHint = "(expected [A-Za-z_][A-Za-z0-9_]*)";
 
@@ -929,6 +1023,42 @@ const BadCase kBadCases[] = {
      "policy.yaml:3:38: network.http_rules[0].allow[0]: a segment of only ;params in \"/a/;x/b\""},
     {"HttpRuleDuplicate", "network:\n  http_rules:\n    - host: api.github.com\n      allow:\n        - GET /\n        - GET /\n",
      "policy.yaml:6:11: network.http_rules[0].allow[1]: duplicate rule \"GET /\""},
+    {"ReadWriteRoot", "filesystem:\n  read_write: [/]\n",
+     "policy.yaml:2:16: filesystem.read_write[0]: \"/\" would make the host's whole root writable from the "
+     "sandbox; name the directories the command writes"},
+    {"ReadWriteWholeHome", "filesystem:\n  read_write: [\"~\"]\n",
+     "policy.yaml:2:16: filesystem.read_write[0]: \"~\" would make the caller's whole home writable from the "
+     "sandbox; name the directories the command writes"},
+    {"ReadWriteGlob", "filesystem:\n  read_write: [/srv/*]\n",
+     "policy.yaml:2:16: filesystem.read_write[0]: globs are not allowed here (\"/srv/*\")"},
+    {"CacheBadName", "filesystem:\n  caches:\n    ../x: ~/.x\n",
+     "policy.yaml:3:5: filesystem.caches.../x: invalid cache name \"../x\" (expected [a-z0-9][a-z0-9_.-]*, at "
+     "most 64 characters)"},
+    {"CacheLeadingDot", "filesystem:\n  caches:\n    .npm: ~/.npm\n",
+     "policy.yaml:3:5: filesystem.caches..npm: invalid cache name \".npm\" (expected [a-z0-9][a-z0-9_.-]*, at "
+     "most 64 characters)"},
+    {"CacheRelativePath", "filesystem:\n  caches:\n    npm: .npm\n",
+     "policy.yaml:3:10: filesystem.caches.npm: must be an absolute path or start with ~/ (\".npm\")"},
+    {"CacheUnknownKey", "filesystem:\n  caches:\n    npm: {path: ~/.npm, hots: ~/.npm}\n",
+     "policy.yaml:3:25: filesystem.caches.npm.hots: unknown key (expected one of: path, host)"},
+    {"CacheWithoutPath", "filesystem:\n  caches:\n    npm: {host: ~/.npm}\n",
+     "policy.yaml:3:5: filesystem.caches.npm: missing key \"path\""},
+    {"CacheSamePath", "filesystem:\n  caches:\n    a: ~/.npm\n    b: ~/.npm/\n",
+     "policy.yaml:4:8: filesystem.caches.b: the same path as filesystem.caches.a (~/.npm)"},
+    {"HomeImportAbsolute", "home:\n  import: [/etc/passwd]\n",
+     "policy.yaml:2:12: home.import[0]: must be relative to the home directory, not absolute (\"/etc/passwd\")"},
+    {"HomeImportDotDot", "home:\n  import: [../other/.gitconfig]\n",
+     "policy.yaml:2:12: home.import[0]: \"..\" components are not allowed (\"../other/.gitconfig\")"},
+    {"HomeImportTilde", "home:\n  import: [~/.gitconfig]\n",
+     "policy.yaml:2:12: home.import[0]: relative to the home directory already: write \".gitconfig\" without ~/"},
+    {"HomeImportDot", "home:\n  import: [.]\n",
+     "policy.yaml:2:12: home.import[0]: \".\" components are not allowed (\".\"): name a file or directory in the "
+     "home"},
+    {"HomeUnknownKey", "home:\n  imports: [.gitconfig]\n",
+     "policy.yaml:2:3: home.imports: unknown key (expected one of: import)"},
+    {"EnvPassBadPattern", "env:\n  pass: [\"NPM-*\"]\n",
+     "policy.yaml:2:10: env.pass[0]: invalid variable pattern \"NPM-*\" (expected [A-Za-z_][A-Za-z0-9_]* with * "
+     "as the only wildcard)"},
 };
 
 INSTANTIATE_TEST_SUITE_P(Errors, BadPolicyTest, ::testing::ValuesIn(kBadCases),

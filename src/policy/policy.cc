@@ -342,6 +342,22 @@ std::string ToYaml(const Policy& p) {
   out << YAML::Key << "mode" << YAML::Value << ToString(fs.workspace.access);
   out << YAML::EndMap;
   EmitList(out, "read_only", fs.read_only);
+  // Written only when given, so that the digest of a policy without them
+  // stays what it was.
+  if (!fs.read_write.empty()) EmitList(out, "read_write", fs.read_write);
+  if (!fs.caches.empty()) {
+    out << YAML::Key << "caches" << YAML::Value << YAML::BeginMap;
+    for (const CacheSpec& cache : fs.caches) {
+      out << YAML::Key << cache.name << YAML::Value;
+      if (cache.host.empty()) {
+        out << cache.path;
+      } else {
+        out << YAML::Flow << YAML::BeginMap << YAML::Key << "path" << YAML::Value << cache.path << YAML::Key
+            << "host" << YAML::Value << cache.host << YAML::EndMap;
+      }
+    }
+    out << YAML::EndMap;
+  }
   EmitList(out, "deny", fs.deny);
   EmitList(out, "protect", fs.protect);
   EmitList(out, "unix_sockets", fs.unix_sockets);
@@ -426,6 +442,12 @@ std::string ToYaml(const Policy& p) {
   }
   out << YAML::EndMap;
   out << YAML::EndMap;
+
+  if (!p.home.import.empty()) {
+    out << YAML::Key << "home" << YAML::Value << YAML::BeginMap;
+    EmitList(out, "import", p.home.import);
+    out << YAML::EndMap;
+  }
 
   out << YAML::Key << "on_violation" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "report_as" << YAML::Value << ToString(p.on_violation.report_as);

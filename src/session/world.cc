@@ -136,7 +136,7 @@ Plan WithResolvedEnv(const Plan& plan) {
       if (!overridden(name)) set.emplace_back(std::move(name), eq + 1);
     }
   } else {
-    for (const auto& name : plan.env.pass) {
+    for (const auto& name : PassedNames(plan.env.pass, environ)) {
       if (const char* v = getenv(name.c_str()); v && !overridden(name)) set.emplace_back(name, v);
     }
   }
