@@ -197,6 +197,7 @@ class Parser {
   Status ParseResources(const Field& f, ResourcesSpec& out) const;
   Status ParseEnv(const Field& f, EnvSpec& out) const;
   Status ParseOnViolation(const Field& f, OnViolationSpec& out) const;
+  Status ParseSession(const Field& f, SessionSpec& out) const;
   // Secrets against the mode and the environment, once every section is read.
   Status CheckSecrets(const Field& root, const Policy& policy) const;
   // Network keys against each other, once the whole section is read.
@@ -954,6 +955,25 @@ Status Parser::ParseOnViolation(const Field& f, OnViolationSpec& out) const {
       });
 }
 
+Status Parser::ParseSession(const Field& f, SessionSpec& out) const {
+  return ForEachKey(
+      f, {"call_timeout", "idle_timeout", "shell"}, [&](const std::string& key, const Field& v) -> Status {
+        if (key == "shell") return ReadEnum(v, {ShellMode::kFresh, ShellMode::kPersistent}, out.shell);
+        // The unit is required: a bare number could mean seconds or minutes.
+        Result<std::uint64_t> ms = v.node.IsScalar()
+                                       ? ParseDurationMs(v.node.Scalar())
+                                       : Result<std::uint64_t>(Status::Error("policy", "expected a duration such as 10m"));
+        if (!ms.ok()) return Fail(v, ms.status().message());
+        if (*ms == 0) return Fail(v, "must be > 0");
+        if (key == "call_timeout") {
+          out.call_timeout_ms = *ms;
+        } else {
+          out.idle_timeout_ms = *ms;
+        }
+        return Status();
+      });
+}
+
 Status Parser::CheckSecrets(const Field& root, const Policy& policy) const {
   const CredentialsSpec& c = policy.credentials;
   if (c.secrets.empty()) return Status();
@@ -1016,6 +1036,7 @@ Status Parser::ParseSection(const std::string& key, const Field& v, Policy& poli
   if (key == "credentials") return ParseCredentials(v, policy.credentials);
   if (key == "resources") return ParseResources(v, policy.resources);
   if (key == "env") return ParseEnv(v, policy.env);
+  if (key == "session") return ParseSession(v, policy.session);
   return ParseOnViolation(v, policy.on_violation);
 }
 
@@ -1068,7 +1089,7 @@ Result<Policy> Parser::Parse() const {
   Status status = ForEachKey(
       root,
       {"version", "mode", "sandbox", "filesystem", "network", "credentials", "resources", "env",
-       "on_violation"},
+       "on_violation", "session"},
       [&](const std::string& key, const Field& value) { return ParseSection(key, value, policy); });
   if (!status.ok()) return status;
   if (Status s = CheckNetwork(root, policy); !s.ok()) return s;
