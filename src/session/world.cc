@@ -496,6 +496,7 @@ Result<WorldExecResult> World::Exec(const WorldExec& exec, const OutputSink& sin
   SetNonBlocking(out_r.get());
   const long id = next_id_++;
   json req = {{"op", "exec"}, {"id", id}, {"argv", exec.argv}, {"cwd", exec.cwd}};
+  if (!exec.env.empty()) req["env"] = exec.env;
   if (Status s = SendControl(req, {in_r.get(), out_w.get(), res_w.get()}); !s.ok()) return s;
   in_r.reset();
   out_w.reset();
