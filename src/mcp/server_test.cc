@@ -219,8 +219,10 @@ TEST_F(ServerTest, BadToolArgumentsAreInvalidParamsNamingTheField) {
            {"nope", Json::object(), "unknown tool \"nope\""},
            {"bash", Json::object(), "arguments.command: required"},
            {"bash", {{"command", 5}}, "arguments.command: expected string, got integer"},
-           {"bash", {{"command", "x"}, {"timeout", "soon"}}, "arguments.timeout: expected integer"},
-           {"bash", {{"command", "x"}, {"timeout", 0}}, "arguments.timeout: must be at least 1"},
+           {"bash", {{"command", "x"}, {"timeout", "soon"}}, "arguments.timeout: expected number, got string; or does not match"},
+           {"bash", {{"command", "x"}, {"timeout", 0}}, "arguments.timeout: must be more than 0"},
+           {"bash", {{"command", "x"}, {"env", {{"A", 1}}}}, "arguments.env.A: expected string, got integer"},
+           {"bash", {{"command", "x"}, {"env", {{"1A", "v"}}}}, "arguments.env name \"1A\": does not match"},
            {"bash", {{"command", ""}}, "arguments.command: must not be empty"},
            {"read_file", {{"path", "a"}, {"lines", 3}}, "arguments.lines: unknown field"},
            {"edit_file", {{"path", "a"}, {"old", "x"}}, "arguments.new: required"},
@@ -333,7 +335,13 @@ TEST_F(ServerTest, ProgressNotificationsCarryTheTokenAndIncrease) {
     EXPECT_GT(n["params"]["progress"].get<double>(), last);
     last = n["params"]["progress"].get<double>();
   }
-  EXPECT_NE(notes.back()["params"]["message"].get<std::string>().find("line "), std::string::npos);
+  // The messages are the output, in order: joined, they begin as the session's output did.
+  std::string joined;
+  for (const auto& n : notes) joined += n["params"].value("message", "");
+  std::string all;
+  for (int i = 0; i < 200; ++i) all += "line " + std::to_string(i) + "\n";
+  EXPECT_EQ(joined.rfind("line 0\n", 0), 0u) << joined;
+  EXPECT_EQ(all.rfind(joined, 0), 0u) << "not the output, in order, each line once: " << joined;
 }
 
 TEST_F(ServerTest, NoProgressWithoutAToken) {
