@@ -9,6 +9,7 @@
 //   sessions/<id>/spill/upper    that tmpfs layer, written here when the process stops
 //   sessions/<id>/copy           copy mode: the session's full copy
 //   snapshots/<id>/manifest.json, tree/    frozen changes (layers.h)
+//   snapshots/<id>/owner.json    the session it was taken from, whether it outlives it
 #include "session/session.h"
 
 #include <dirent.h>
@@ -61,7 +62,7 @@ using Clock = std::chrono::steady_clock;
 using linux::UniqueFd;
 
 constexpr std::size_t kMaxPatchBytes = 8u << 20;
-// Beside a snapshot's manifest: {"session": the id it was taken from, "keep": bool}.
+// Beside a snapshot's manifest: {"session": the id it was taken from, "keep": bool, "taken_ns"}.
 constexpr const char* kSnapshotOwnerFile = "owner.json";
 constexpr int kFileToolTimeoutMs = 30000;  // a file tool's deadline: then timed_out, its process killed
 // upper_fs auto: from this cap on, an image on disk rather than memory.
@@ -1031,7 +1032,11 @@ Result<std::string> Manager::Impl::TakeSnapshot(SessionState& s, bool keep) {
   if (!manifest.ok()) return manifest.status();
   // Whose it is, beside the manifest: a snapshot without it (an older one,
   // or one whose owner file never got written) is never removed but by name.
-  if (Status o = WriteFileDurably(dest + "/" + kSnapshotOwnerFile, Json{{"session", s.id}, {"keep", keep}}.dump());
+  // taken_ns orders snapshots taken within a file timestamp's granularity.
+  const std::int64_t taken_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                    std::chrono::system_clock::now().time_since_epoch()).count();
+  if (Status o = WriteFileDurably(dest + "/" + kSnapshotOwnerFile,
+                                  Json{{"session", s.id}, {"keep", keep}, {"taken_ns", taken_ns}}.dump());
       !o.ok()) {
     return o;
   }
@@ -1049,6 +1054,7 @@ std::vector<Json> Manager::Impl::AllSnapshots() const {
     if (ValidId(e->d_name)) ids.emplace_back(e->d_name);
   }
   closedir(d);
+  std::vector<std::pair<std::int64_t, std::string>> order;  // beside `all`
   for (const auto& id : ids) {
     const std::string dir = SnapshotsDir() + "/" + id;
     auto manifest = ReadSnapshotManifest(dir);
@@ -1059,19 +1065,29 @@ std::vector<Json> Manager::Impl::AllSnapshots() const {
                  {"created", manifest->value("created", "")},
                  {"session", ""},
                  {"keep", true}};
+    // Oldest first: when it was taken (owner.json), else when its manifest
+    // (written last) was.
+    struct stat mst {};
+    std::int64_t taken_ns = stat((dir + "/manifest.json").c_str(), &mst) == 0
+                                ? static_cast<std::int64_t>(mst.st_mtim.tv_sec) * 1000000000 + mst.st_mtim.tv_nsec
+                                : 0;
     if (auto owner = ReadWholeFile(dir + "/" + kSnapshotOwnerFile); owner.ok()) {
       Json o = Json::parse(*owner, nullptr, false);
       if (o.is_object()) {
         snap["session"] = o.value("session", "");
         snap["keep"] = o.value("keep", true);
+        taken_ns = o.value("taken_ns", taken_ns);
       }
     }
+    order.emplace_back(taken_ns, id);
     all.push_back(std::move(snap));
   }
-  std::sort(all.begin(), all.end(), [](const Json& a, const Json& b) {
-    return std::make_pair(a.value("created", ""), a.value("id", "")) <
-           std::make_pair(b.value("created", ""), b.value("id", ""));
-  });
+  std::vector<std::size_t> index(all.size());
+  for (std::size_t i = 0; i < index.size(); ++i) index[i] = i;
+  std::sort(index.begin(), index.end(), [&](std::size_t a, std::size_t b) { return order[a] < order[b]; });
+  std::vector<Json> sorted;
+  for (std::size_t i : index) sorted.push_back(std::move(all[i]));
+  all = std::move(sorted);
   std::vector<std::shared_ptr<SessionState>> live;
   {
     std::lock_guard<std::mutex> lock(mu);
