@@ -195,6 +195,22 @@ TEST_F(CallsTest, AnIdleSessionsWorldStopsAndComesBackWithItsFiles) {
   EXPECT_TRUE(Contains(log->body, "was idle")) << log->body;
 }
 
+// With disk_gib the session's changes are on a tmpfs its world's init
+// mounted: stopping an idle world keeps them (the daemon holds the layer).
+TEST_F(CallsTest, AnIdleStopKeepsAnUpperLayerInMemory) {
+  const std::string id = CreateSession(
+      c(), ws_.path(), {{"policy", "version: 1\nresources:\n  disk_gib: 1\nsession:\n  idle_timeout: 1s\n"}});
+  Answer d = Call(c(), "GET", "/v1/sessions/" + id);
+  ASSERT_EQ(d.body.value("upper_fs", ""), "tmpfs") << d.text;
+  json wrote = Bash(c(), id, "echo in-memory > mem.txt");
+  ASSERT_EQ(wrote.value("exit_code", -1), 0) << wrote.dump();
+  ASSERT_TRUE(WaitDescribed(id, [](const json& s) { return !s.value("provisioned", true); }));
+  // While no world runs, the diff reads the layer the daemon holds.
+  Answer diff = Call(c(), "GET", "/v1/sessions/" + id + "/diff");
+  EXPECT_TRUE(Contains(diff.body.value("patch", ""), "+in-memory")) << diff.text;
+  EXPECT_EQ(Output(Bash(c(), id, "cat mem.txt")), "in-memory\n");
+}
+
 TEST_F(CallsTest, ASessionWithACallInFlightIsNeverIdle) {
   const std::string id = CreateSession(c(), ws_.path(), {{"policy", "version: 1\nsession:\n  idle_timeout: 1s\n"}});
   // Longer than the idle timeout, several times over.
