@@ -37,6 +37,13 @@ class FakeSession : public SessionTools {
       }
       return Json{{"output", "line 0\n...\n"}, {"is_error", false}, {"kind", "exited"}, {"exit_code", 0}};
     }
+    if (name == "bash" && input.value("command", "") == "flood") {
+      // 100 KiB at once, then a line of its own once the first went out.
+      if (sink) sink(std::string(100 * 1024, 'x'));
+      for (int i = 0; i < 200 && !(progress_seen && progress_seen() >= 1); ++i) std::this_thread::sleep_for(10ms);
+      if (sink) sink("tail\n");
+      return Json{{"output", "x...tail\n"}, {"is_error", false}, {"kind", "exited"}, {"exit_code", 0}};
+    }
     if (name == "bash" && input.value("command", "") == "refuse") {
       return Status::Error(session::kBadRequest, "bash: timeout 0 is not a duration");
     }
@@ -342,6 +349,27 @@ TEST_F(ServerTest, ProgressNotificationsCarryTheTokenAndIncrease) {
   for (int i = 0; i < 200; ++i) all += "line " + std::to_string(i) + "\n";
   EXPECT_EQ(joined.rfind("line 0\n", 0), 0u) << joined;
   EXPECT_EQ(all.rfind(joined, 0), 0u) << "not the output, in order, each line once: " << joined;
+}
+
+// A notification carries at most 16 KiB of output and says what it left
+// out; what comes after is sent as it comes.
+TEST_F(ServerTest, ProgressOutputIsCappedPerNotificationWithANote) {
+  Initialize();
+  session.progress_seen = [this] {
+    std::lock_guard<std::mutex> lock(notes_mu);
+    return notes.size();
+  };
+  Json call = Call(33, "bash", {{"command", "flood"}});
+  call["params"]["_meta"] = {{"progressToken", 7}};
+  ASSERT_TRUE(Send(call));
+  std::lock_guard<std::mutex> lock(notes_mu);
+  ASSERT_GE(notes.size(), 2u);
+  const std::string first = notes[0]["params"].value("message", "");
+  EXPECT_EQ(first.rfind(std::string(16 * 1024, 'x'), 0), 0u);
+  EXPECT_NE(first.find("[" + std::to_string(100 * 1024 - 16 * 1024) + " bytes of output not shown here"),
+            std::string::npos)
+      << first.substr(16 * 1024);
+  EXPECT_EQ(notes.back()["params"].value("message", ""), "tail\n");
 }
 
 TEST_F(ServerTest, NoProgressWithoutAToken) {
