@@ -27,6 +27,7 @@ enum class GitCredentials { kNone, kProxy };
 enum class ToolCredentials { kNone, kVaultProxy };
 enum class ReportAs { kSandboxDenial, kTaskFailure };
 enum class Escalation { kDeny, kOneTimeApproval };
+enum class ShellMode { kFresh, kPersistent };
 
 struct SandboxSpec {
   Isolation isolation = Isolation::kOs;
@@ -196,6 +197,20 @@ struct DiffSpec {
   // Gitignore-style patterns, relative to the workspace root.
   std::vector<std::string> exclude;
 };
+// Defaults for a session's calls (agentbox serve, agentbox mcp); `run`
+// ignores them.
+struct SessionSpec {
+  // A bash call without a timeout of its own: this, else
+  // resources.wall_clock_min, else kDefaultCallTimeoutMs.
+  std::optional<std::uint64_t> call_timeout_ms;
+  // This long without a call (none in flight), the session's world is
+  // stopped, its state kept; the next call provisions a new one.
+  std::uint64_t idle_timeout_ms = 30ULL * 60 * 1000;
+  // fresh: a new bash per call; persistent: one bash per session (cd and
+  // export carry over between calls).
+  ShellMode shell = ShellMode::kFresh;
+};
+inline constexpr std::uint64_t kDefaultCallTimeoutMs = 10ULL * 60 * 1000;
 
 struct Policy {
   int version = 1;
@@ -209,6 +224,7 @@ struct Policy {
   HomeSpec home;
   OnViolationSpec on_violation;
   DiffSpec diff;
+  SessionSpec session;
 
   // Where it came from: a file name, or "<mode preset>".
   std::string source;
@@ -288,6 +304,7 @@ const char* ToString(GitCredentials);
 const char* ToString(ToolCredentials);
 const char* ToString(ReportAs);
 const char* ToString(Escalation);
+const char* ToString(ShellMode);
 std::optional<Mode> ParseMode(const std::string& name);
 
 // The effective policy as YAML that ParsePolicy accepts again (round trip).

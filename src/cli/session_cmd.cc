@@ -2,9 +2,10 @@
 // offers is usable from a shell (docs/daemon.md).
 //
 //   agentbox session create --workspace DIR [--policy FILE] [--mode M] [--from-snapshot S]
-//   agentbox session exec ID [--json] [--stream] [--call-id X] [--timeout T] [--stdin] -- COMMAND...
+//   agentbox session exec ID [--json] [--stream] [--call-id X] [--timeout T] [--cwd DIR] [--env N=V]... [--stdin] -- COMMAND...
 //   agentbox session read ID PATH | write ID PATH < CONTENT
-//   agentbox session snapshot ID | diff ID [--all] | apply ID [--all] | log ID | rm ID | ls
+//   agentbox session snapshot ID [--keep] | snapshots [ID] | snapshot-rm SNAP | diff ID [--all] | apply ID [--all]
+//   agentbox session log ID | rm ID | ls
 //   agentbox session service start ID NAME [--cwd DIR] [--env K=V]... -- COMMAND...
 //   agentbox session service ls ID | logs ID NAME [--follow] | restart ID NAME | stop ID NAME [--forget]
 //   agentbox session port expose ID PORT | ls ID | rm ID PORT
@@ -57,7 +58,10 @@ struct SessionFlags {
   std::string command;
   std::string call_id;
   std::string timeout;
+  std::string cwd;
+  std::vector<std::string> env;  // NAME=VALUE, one a flag
   std::optional<long> offset, limit;
+  bool keep = false;
   bool json = false;
   bool all = false;  // diff, apply: ignore rules off
   bool stream = false;
@@ -299,6 +303,19 @@ int Run(const std::string& sub, SessionFlags& f, const std::vector<std::string>&
     }
     json input = {{"command", command}};
     if (!f.timeout.empty()) input["timeout"] = f.timeout;
+    if (!f.cwd.empty()) input["cwd"] = f.cwd;
+    if (!f.env.empty()) {
+      json env = json::object();
+      for (const auto& e : f.env) {
+        const auto eq = e.find('=');
+        if (eq == std::string::npos || eq == 0) {
+          Error("--env " + e + ": expected NAME=VALUE");
+          return kExitUsage;
+        }
+        env[e.substr(0, eq)] = e.substr(eq + 1);
+      }
+      input["env"] = env;
+    }
     if (f.with_stdin) input["stdin"] = ReadAll(std::cin);
     return Execute(client, f, "bash", input, false);
   }
@@ -312,9 +329,28 @@ int Run(const std::string& sub, SessionFlags& f, const std::vector<std::string>&
     return Execute(client, f, "write_file", {{"path", f.path}, {"content", ReadAll(std::cin)}}, true);
   }
   if (sub == "snapshot") {
-    auto r = client.CallJson("POST", SessionPath(f.id, "/snapshot"));
+    auto r = f.keep ? client.CallJson("POST", SessionPath(f.id, "/snapshot"), json{{"keep", true}})
+                    : client.CallJson("POST", SessionPath(f.id, "/snapshot"));
     if (!r.ok()) return fail(r.status());
     WriteOut(f.json ? r->dump(2) + "\n" : r->value("snapshot_id", "") + "\n");
+    return 0;
+  }
+  if (sub == "snapshots") {
+    auto r = client.CallJson("GET", f.id.empty() ? "/v1/snapshots" : SessionPath(f.id, "/snapshots"));
+    if (!r.ok()) return fail(r.status());
+    if (f.json) {
+      WriteOut(r->dump(2) + "\n");
+      return 0;
+    }
+    for (const auto& s : (*r)["snapshots"]) {
+      WriteOut(s.value("id", "") + "\t" + (s.value("session", "").empty() ? "-" : s.value("session", "")) + "\t" +
+               s.value("created", "") + "\t" + (s.value("keep", false) ? "kept" : "with its session") + "\n");
+    }
+    return 0;
+  }
+  if (sub == "snapshot-rm") {
+    auto r = client.CallJson("DELETE", "/v1/snapshots/" + f.id);
+    if (!r.ok()) return fail(r.status());
     return 0;
   }
   if (sub == "diff") {
@@ -479,6 +515,9 @@ Subcommand AddSessionCommand(CLI::App& app) {
   exec->add_option("--command", f->command, "the command as one shell string (instead of -- COMMAND...)");
   exec->add_option("--call-id", f->call_id, "idempotency key: a call id already in the log returns its result");
   exec->add_option("--timeout", f->timeout, "wall clock limit, e.g. 30s");
+  exec->add_option("--cwd", f->cwd, "directory to start in, relative to the workspace (must stay inside it)");
+  exec->add_option("--env", f->env, "NAME=VALUE added to the command's environment (repeatable)")
+      ->allow_extra_args(false);
   exec->add_flag("--stdin", f->with_stdin, "send this process's standard input to the command");
   exec->add_flag("--stream", f->stream, "print output as it comes");
   exec->add_flag("--json", f->json, "print the result JSON instead of the output");
@@ -498,6 +537,14 @@ Subcommand AddSessionCommand(CLI::App& app) {
   CLI::App* snapshot = add("snapshot", "freeze the session's changes; prints the snapshot id");
   snapshot->add_option("id", f->id, "session id")->required();
   snapshot->add_flag("--json", f->json, "print the answer as JSON");
+  snapshot->add_flag("--keep", f->keep, "keep the snapshot when the session is removed");
+
+  CLI::App* snapshots = add("snapshots", "list snapshots (all, or those taken from one session)");
+  snapshots->add_option("id", f->id, "session id (default: every snapshot)");
+  snapshots->add_flag("--json", f->json, "print as JSON");
+
+  CLI::App* snapshot_rm = add("snapshot-rm", "delete a snapshot");
+  snapshot_rm->add_option("id", f->id, "snapshot id")->required();
 
   CLI::App* diff = add("diff", "the session's changes as a patch (agentbox session diff ID | git apply)");
   diff->add_option("id", f->id, "session id")->required();

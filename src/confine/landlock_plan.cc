@@ -7,6 +7,7 @@
 // gets read-write rights from Landlock, and stays read-only by its mount
 // flag; the two layers are each enough on their own where they overlap.
 #include <algorithm>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -128,6 +129,23 @@ void AdoptPrivateDir(Plan* plan, const std::string& dir) {
   set_default("TMPDIR", dir + "/tmp");
 }
 
+namespace {
+const char* const kProxyVars[] = {"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY",
+                                  "http_proxy", "https_proxy", "all_proxy", "no_proxy"};
+const char* const kTrustVars[] = {"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "GIT_SSL_CAINFO",
+                                  "CURL_CA_BUNDLE", "CARGO_HTTP_CAINFO", "PIP_CERT"};
+}  // namespace
+
+const std::vector<std::string>& SandboxEnvNames() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> all(std::begin(kProxyVars), std::end(kProxyVars));
+    all.insert(all.end(), std::begin(kTrustVars), std::end(kTrustVars));
+    all.emplace_back("SSL_CERT_DIR");
+    return all;
+  }();
+  return names;
+}
+
 void SetProxyEnv(EnvRules* env, const ProxyPorts& ports, const std::string& no_proxy) {
   const std::string http = "http://127.0.0.1:" + std::to_string(ports.http_port);
   const std::string socks = "socks5h://127.0.0.1:" + std::to_string(ports.socks_port);
@@ -148,8 +166,7 @@ void SetProxyEnv(EnvRules* env, const ProxyPorts& ports, const std::string& no_p
 // the bundle (curl, OpenSSL, Python requests, Node, git, cargo, pip). A
 // variable the policy sets itself is left as the policy says.
 void SetTrustEnv(EnvRules* env, const std::string& bundle) {
-  for (const char* name : {"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "GIT_SSL_CAINFO",
-                           "CURL_CA_BUNDLE", "CARGO_HTTP_CAINFO", "PIP_CERT"}) {
+  for (const char* name : kTrustVars) {
     const bool set = std::any_of(env->set.begin(), env->set.end(), [&](const auto& kv) { return kv.first == name; });
     if (!set) env->set.emplace_back(name, bundle);
   }

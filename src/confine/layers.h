@@ -65,5 +65,9 @@ void SetProxyEnv(EnvRules* env, const ProxyPorts& ports, const std::string& no_p
 // CURL_CA_BUNDLE, CARGO_HTTP_CAINFO and PIP_CERT name `bundle`, unless the
 // policy sets one itself.
 void SetTrustEnv(EnvRules* env, const std::string& bundle);
+// Every variable SetProxyEnv and SetTrustEnv may set (SSL_CERT_DIR too, the
+// trust store a world's supervisor is given): what agentbox itself decides
+// for a sandbox's egress. A session call may not override them.
+const std::vector<std::string>& SandboxEnvNames();
 
 }  // namespace agentbox

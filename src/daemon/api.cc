@@ -285,11 +285,38 @@ struct Api {
     reply->Send(Response::Json(202, {{"cancelling", true}, {"call_id", call_id}}));
   }
 
+  // POST /v1/sessions/{id}/snapshot [{"keep": bool}]
   void Snapshot(Request req, ReplyPtr reply) {
     reply->Note("session", req.params[0]);
-    Blocking(reply, [this, reply, id = req.params[0]] {
-      auto s = manager.Snapshot(id);
+    json body;
+    Response error;
+    if (!ParseObject(req, &body, &error) || !CheckFields(body, {"keep"}, {}, &error)) return reply->Send(error);
+    if (body.contains("keep") && !body["keep"].is_boolean()) {
+      return reply->Send(Response::Error(400, "bad_request", "field 'keep' must be a boolean, not " +
+                                                                 std::string(body["keep"].type_name())));
+    }
+    const auto life = body.value("keep", false) ? session::Manager::SnapshotLife::kKeep
+                                                : session::Manager::SnapshotLife::kWithSession;
+    Blocking(reply, [this, reply, id = req.params[0], life] {
+      auto s = manager.Snapshot(id, life);
       reply->Send(s.ok() ? Response::Json(201, {{"snapshot_id", *s}}) : ErrorFor(s.status()));
+    });
+  }
+
+  // GET /v1/snapshots, GET /v1/sessions/{id}/snapshots
+  void ListSnapshots(Request req, ReplyPtr reply) {
+    const std::string id = req.params.empty() ? "" : req.params[0];
+    if (!id.empty()) reply->Note("session", id);
+    Blocking(reply, [this, reply, id] {
+      auto list = manager.ListSnapshots(id);
+      reply->Send(list.ok() ? Response::Json(200, *list) : ErrorFor(list.status()));
+    });
+  }
+
+  void DeleteSnapshot(Request req, ReplyPtr reply) {
+    Blocking(reply, [this, reply, id = req.params[0]] {
+      Status s = manager.DeleteSnapshot(id);
+      reply->Send(s.ok() ? Response::NoContent() : ErrorFor(s));
     });
   }
 
@@ -621,6 +648,9 @@ void RegisterApi(Server& server, session::Manager& manager) {
   r.Add("POST", "/v1/sessions/{id}/execute", bind(&Api::Execute));
   r.Add("POST", "/v1/sessions/{id}/calls/{call_id}/cancel", bind(&Api::Cancel));
   r.Add("POST", "/v1/sessions/{id}/snapshot", bind(&Api::Snapshot));
+  r.Add("GET", "/v1/sessions/{id}/snapshots", bind(&Api::ListSnapshots));
+  r.Add("GET", "/v1/snapshots", bind(&Api::ListSnapshots));
+  r.Add("DELETE", "/v1/snapshots/{id}", bind(&Api::DeleteSnapshot));
   r.Add("POST", "/v1/sessions/{id}/secrets", bind(&Api::RotateSecret));
   r.Add("GET", "/v1/sessions/{id}/diff", bind(&Api::Diff));
   r.Add("POST", "/v1/sessions/{id}/apply", bind(&Api::Apply));

@@ -297,8 +297,17 @@ struct ExecRequest {
 
 // execvpe() searches the caller's PATH, not the new environment's: search
 // the sandbox's PATH ourselves.
-void PrepareExec(const Plan& plan, const std::vector<std::string>& argv, ExecRequest* req) {
+// `call_env` ("NAME=VALUE" entries, a session call's own) is added last,
+// replacing the plan's value of the same name.
+void PrepareExec(const Plan& plan, const std::vector<std::string>& argv, ExecRequest* req,
+                 const std::vector<std::string>& call_env = {}) {
   req->env = BuildEnv(plan.env);
+  for (const auto& entry : call_env) {
+    const std::string prefix = entry.substr(0, entry.find('=') + 1);
+    if (prefix.empty()) continue;
+    std::erase_if(req->env, [&](const std::string& e) { return e.compare(0, prefix.size(), prefix) == 0; });
+    req->env.push_back(entry);
+  }
   for (const auto& a : argv) req->cargv.push_back(const_cast<char*>(a.c_str()));
   req->cargv.push_back(nullptr);
   for (const auto& e : req->env) req->cenv.push_back(const_cast<char*>(e.c_str()));
@@ -1055,8 +1064,14 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
           std::vector<std::string> argv;
           for (const auto& a : req["argv"]) argv.push_back(a.is_string() ? a.get<std::string>() : a.dump());
           const std::string cwd = req.value("cwd", "");
+          std::vector<std::string> call_env;
+          if (req.contains("env") && req["env"].is_array()) {
+            for (const auto& e : req["env"]) {
+              if (e.is_string()) call_env.push_back(e.get<std::string>());
+            }
+          }
           ExecRequest exec;
-          PrepareExec(plan, argv, &exec);
+          PrepareExec(plan, argv, &exec, call_env);
           int in = received[first_io].get(), out = received[first_io + 1].get(), res = received[first_io + 2].get();
           const int log = io == 4 ? received[first_io + 3].get() : -1;
           exec.signal_scope = signal_scope.valid() ? signal_scope.get() : -1;

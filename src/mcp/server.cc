@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <optional>
 #include <thread>
 
 namespace agentbox::mcp {
@@ -10,7 +11,8 @@ namespace {
 constexpr std::size_t kMaxEarlyCancels = 1024;
 // The quickest progress notifications follow each other on output.
 constexpr std::chrono::milliseconds kProgressMinGap{200};
-constexpr std::size_t kProgressLineBytes = 200;
+// The output one progress notification carries at most.
+constexpr std::size_t kProgressChunkBytes = 16 * 1024;
 
 const char* kInstructions =
     "agentbox runs your commands and file edits in a sandbox: one session on one workspace, with a "
@@ -28,9 +30,12 @@ Json Ok(const Json& id, Json result) { return {{"jsonrpc", "2.0"}, {"id", id}, {
 
 std::string IdText(const Json& id) { return id.dump(); }
 
-// Sends notifications/progress for one running call: every interval, and on
-// output (at most every kProgressMinGap), from a thread of its own so that
-// the output sink never waits on the transport. Stops (joined) on
+// Sends notifications/progress for one running call: the output that came
+// since the last one as its message (at most every kProgressMinGap, whole
+// UTF-8 sequences, at most kProgressChunkBytes each with a note for what is
+// left out), and without a message every interval while nothing comes; the
+// rest of the output goes out as the call ends. From a thread of its own, so
+// that the output sink never waits on the transport. Stops (joined) on
 // destruction: no progress after the response.
 class ProgressReporter {
  public:
@@ -50,16 +55,9 @@ class ProgressReporter {
   void Output(std::string_view chunk) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      bytes_ += chunk.size();
-      // The last complete (or partial) line, for the message.
-      std::string_view s = chunk;
-      while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.remove_suffix(1);
-      if (!s.empty()) {
-        auto nl = s.find_last_of('\n');
-        if (nl != std::string_view::npos) s = s.substr(nl + 1);
-        last_line_ = std::string(s.substr(0, kProgressLineBytes));
-      }
-      fresh_output_ = true;
+      const std::size_t room = pending_.size() < kProgressChunkBytes ? kProgressChunkBytes - pending_.size() : 0;
+      pending_.append(chunk.substr(0, room));
+      dropped_ += chunk.size() - std::min(room, chunk.size());
     }
     cv_.notify_all();
   }
@@ -67,28 +65,58 @@ class ProgressReporter {
  private:
   using Clock = std::chrono::steady_clock;
 
+  // The pending output as a message: what ends in an unfinished UTF-8
+  // sequence waits for the rest (unless the call is over).
+  std::string TakeMessage(bool last) {
+    std::size_t cut = pending_.size();
+    if (!last) {
+      for (std::size_t back = 1; back <= 3 && back <= cut; ++back) {
+        const unsigned char c = static_cast<unsigned char>(pending_[cut - back]);
+        if ((c & 0xC0) == 0x80) continue;
+        const std::size_t need = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
+        if (need > back) cut -= back;
+        break;
+      }
+    }
+    std::string message = pending_.substr(0, cut);
+    pending_.erase(0, cut);
+    if (dropped_ > 0) {
+      message += "\n[" + std::to_string(dropped_) + " bytes of output not shown here: they are in the result]\n";
+      dropped_ = 0;
+    }
+    return message;
+  }
+
+  void Send(std::unique_lock<std::mutex>& lock, std::optional<std::string> message) {
+    Json params = {{"progressToken", token_}, {"progress", ++count_}};
+    if (message) params["message"] = std::move(*message);
+    Json note = {{"jsonrpc", "2.0"}, {"method", "notifications/progress"}, {"params", std::move(params)}};
+    lock.unlock();
+    notify_(note);
+    lock.lock();
+  }
+
   void Run() {
     std::unique_lock<std::mutex> lock(mu_);
     Clock::time_point last = start_;
+    auto has_output = [&] { return !pending_.empty() || dropped_ > 0; };
     while (!done_) {
       // Output brings the next notification forward to kProgressMinGap after the last.
-      const bool for_output = fresh_output_;
-      const Clock::time_point deadline = last + (for_output ? std::min<std::chrono::milliseconds>(kProgressMinGap, interval_) : interval_);
-      const bool woken = cv_.wait_until(lock, deadline, [&] { return done_ || (!for_output && fresh_output_); });
+      const bool for_output = has_output();
+      const Clock::time_point deadline =
+          last + (for_output ? std::min<std::chrono::milliseconds>(kProgressMinGap, interval_) : interval_);
+      const bool woken = cv_.wait_until(lock, deadline, [&] { return done_ || (!for_output && has_output()); });
       if (done_) break;
       if (woken) continue;  // output came during the long wait: recompute the deadline
       last = Clock::now();
-      fresh_output_ = false;
-      const auto secs = std::chrono::duration_cast<std::chrono::seconds>(last - start_).count();
-      std::string message = "running for " + std::to_string(secs) + "s, " + std::to_string(bytes_) + " bytes of output";
-      if (!last_line_.empty()) message += "; last line: " + last_line_;
-      Json note = {{"jsonrpc", "2.0"},
-                   {"method", "notifications/progress"},
-                   {"params", {{"progressToken", token_}, {"progress", ++count_}, {"message", message}}}};
-      lock.unlock();
-      notify_(note);
-      lock.lock();
+      if (has_output()) {
+        std::string message = TakeMessage(false);
+        if (!message.empty()) Send(lock, std::move(message));
+      } else {
+        Send(lock, std::nullopt);  // still running
+      }
     }
+    if (has_output()) Send(lock, TakeMessage(true));
   }
 
   const Json token_;
@@ -98,10 +126,9 @@ class ProgressReporter {
   std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
-  bool fresh_output_ = false;
-  std::size_t bytes_ = 0;
+  std::string pending_;       // output not yet sent
+  std::size_t dropped_ = 0;   // output past kProgressChunkBytes since the last notification
   std::uint64_t count_ = 0;
-  std::string last_line_;
   std::thread thread_;
 };
 

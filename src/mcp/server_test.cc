@@ -37,6 +37,13 @@ class FakeSession : public SessionTools {
       }
       return Json{{"output", "line 0\n...\n"}, {"is_error", false}, {"kind", "exited"}, {"exit_code", 0}};
     }
+    if (name == "bash" && input.value("command", "") == "flood") {
+      // 100 KiB at once, then a line of its own once the first went out.
+      if (sink) sink(std::string(100 * 1024, 'x'));
+      for (int i = 0; i < 200 && !(progress_seen && progress_seen() >= 1); ++i) std::this_thread::sleep_for(10ms);
+      if (sink) sink("tail\n");
+      return Json{{"output", "x...tail\n"}, {"is_error", false}, {"kind", "exited"}, {"exit_code", 0}};
+    }
     if (name == "bash" && input.value("command", "") == "refuse") {
       return Status::Error(session::kBadRequest, "bash: timeout 0 is not a duration");
     }
@@ -219,8 +226,10 @@ TEST_F(ServerTest, BadToolArgumentsAreInvalidParamsNamingTheField) {
            {"nope", Json::object(), "unknown tool \"nope\""},
            {"bash", Json::object(), "arguments.command: required"},
            {"bash", {{"command", 5}}, "arguments.command: expected string, got integer"},
-           {"bash", {{"command", "x"}, {"timeout", "soon"}}, "arguments.timeout: expected integer"},
-           {"bash", {{"command", "x"}, {"timeout", 0}}, "arguments.timeout: must be at least 1"},
+           {"bash", {{"command", "x"}, {"timeout", "soon"}}, "arguments.timeout: expected number, got string; or does not match"},
+           {"bash", {{"command", "x"}, {"timeout", 0}}, "arguments.timeout: must be more than 0"},
+           {"bash", {{"command", "x"}, {"env", {{"A", 1}}}}, "arguments.env.A: expected string, got integer"},
+           {"bash", {{"command", "x"}, {"env", {{"1A", "v"}}}}, "arguments.env name \"1A\": does not match"},
            {"bash", {{"command", ""}}, "arguments.command: must not be empty"},
            {"read_file", {{"path", "a"}, {"lines", 3}}, "arguments.lines: unknown field"},
            {"edit_file", {{"path", "a"}, {"old", "x"}}, "arguments.new: required"},
@@ -333,7 +342,34 @@ TEST_F(ServerTest, ProgressNotificationsCarryTheTokenAndIncrease) {
     EXPECT_GT(n["params"]["progress"].get<double>(), last);
     last = n["params"]["progress"].get<double>();
   }
-  EXPECT_NE(notes.back()["params"]["message"].get<std::string>().find("line "), std::string::npos);
+  // The messages are the output, in order: joined, they begin as the session's output did.
+  std::string joined;
+  for (const auto& n : notes) joined += n["params"].value("message", "");
+  std::string all;
+  for (int i = 0; i < 200; ++i) all += "line " + std::to_string(i) + "\n";
+  EXPECT_EQ(joined.rfind("line 0\n", 0), 0u) << joined;
+  EXPECT_EQ(all.rfind(joined, 0), 0u) << "not the output, in order, each line once: " << joined;
+}
+
+// A notification carries at most 16 KiB of output and says what it left
+// out; what comes after is sent as it comes.
+TEST_F(ServerTest, ProgressOutputIsCappedPerNotificationWithANote) {
+  Initialize();
+  session.progress_seen = [this] {
+    std::lock_guard<std::mutex> lock(notes_mu);
+    return notes.size();
+  };
+  Json call = Call(33, "bash", {{"command", "flood"}});
+  call["params"]["_meta"] = {{"progressToken", 7}};
+  ASSERT_TRUE(Send(call));
+  std::lock_guard<std::mutex> lock(notes_mu);
+  ASSERT_GE(notes.size(), 2u);
+  const std::string first = notes[0]["params"].value("message", "");
+  EXPECT_EQ(first.rfind(std::string(16 * 1024, 'x'), 0), 0u);
+  EXPECT_NE(first.find("[" + std::to_string(100 * 1024 - 16 * 1024) + " bytes of output not shown here"),
+            std::string::npos)
+      << first.substr(16 * 1024);
+  EXPECT_EQ(notes.back()["params"].value("message", ""), "tail\n");
 }
 
 TEST_F(ServerTest, NoProgressWithoutAToken) {

@@ -1,6 +1,7 @@
 #include "mcp/tools.h"
 
 #include <cstdint>
+#include <regex>
 
 namespace agentbox::mcp {
 namespace {
@@ -146,8 +147,23 @@ std::vector<ToolSpec> MakeTools(std::size_t cap) {
        {"properties",
         {{"command", {{"type", "string"}, {"minLength", 1}, {"description", "the command line, run with bash -c"}}},
          {"timeout",
-          {{"type", "integer"}, {"minimum", 1}, {"description", "seconds before the command is killed"}}},
-         {"stdin", {{"type", "string"}, {"description", "text given to the command on standard input"}}}}},
+          {{"anyOf",
+            {{{"type", "number"}, {"exclusiveMinimum", 0}, {"maximum", 604800}},
+             {{"type", "string"}, {"pattern", "^[0-9]+(\\.[0-9]+)?(ms|s|m|h)$"}}}},
+           {"description", "seconds (or a duration such as \"90s\", \"5m\") before the command is killed; "
+                           "default: the session's call timeout (10 minutes unless the policy says otherwise)"}}},
+         {"stdin", {{"type", "string"}, {"description", "text given to the command on standard input"}}},
+         {"cwd",
+          {{"type", "string"},
+           {"minLength", 1},
+           {"description", "directory to start in, relative to the workspace (default: the workspace); it must "
+                           "stay inside the workspace"}}},
+         {"env",
+          {{"type", "object"},
+           {"propertyNames", {{"pattern", "^[A-Za-z_][A-Za-z0-9_]*$"}}},
+           {"additionalProperties", {{"type", "string"}}},
+           {"description", "variables added to the command's environment (the sandbox's proxy and CA "
+                           "variables cannot be overridden)"}}}}},
        {"required", {"command"}},
        {"additionalProperties", false}},
       ResultSchema()});
@@ -287,6 +303,18 @@ Json ToolJson(const ToolSpec& spec) {
 }
 
 std::string Validate(const Json& value, const Json& schema, const std::string& where) {
+  if (auto any = schema.find("anyOf"); any != schema.end()) {
+    std::string problems;
+    for (const auto& branch : *any) {
+      const std::string e = Validate(value, branch, where);
+      if (e.empty()) {
+        problems.clear();
+        break;
+      }
+      problems += (problems.empty() ? "" : "; or ") + e.substr(std::min(e.size(), where.size() + 2));
+    }
+    if (!problems.empty()) return where + ": " + problems;
+  }
   if (auto t = schema.find("type"); t != schema.end()) {
     bool ok = false;
     std::string expected;
@@ -303,6 +331,17 @@ std::string Validate(const Json& value, const Json& schema, const std::string& w
   }
   if (auto m = schema.find("minimum"); m != schema.end() && value.is_number()) {
     if (value.get<double>() < m->get<double>()) return where + ": must be at least " + m->dump();
+  }
+  if (auto m = schema.find("exclusiveMinimum"); m != schema.end() && value.is_number()) {
+    if (!(value.get<double>() > m->get<double>())) return where + ": must be more than " + m->dump();
+  }
+  if (auto m = schema.find("maximum"); m != schema.end() && value.is_number()) {
+    if (value.get<double>() > m->get<double>()) return where + ": must be at most " + m->dump();
+  }
+  if (auto p = schema.find("pattern"); p != schema.end() && value.is_string()) {
+    if (!std::regex_search(value.get_ref<const std::string&>(), std::regex(p->get<std::string>()))) {
+      return where + ": does not match " + p->get<std::string>();
+    }
   }
   if (auto m = schema.find("minLength"); m != schema.end() && value.is_string()) {
     if (value.get_ref<const std::string&>().size() < m->get<std::size_t>()) {
@@ -329,8 +368,17 @@ std::string Validate(const Json& value, const Json& schema, const std::string& w
     }
     auto extra = schema.find("additionalProperties");
     const bool closed = extra != schema.end() && extra->is_boolean() && !extra->get<bool>();
+    const bool typed = extra != schema.end() && extra->is_object();
+    auto names = schema.find("propertyNames");
     for (const auto& [key, v] : value.items()) {
+      if (names != schema.end()) {
+        if (auto e = Validate(Json(key), *names, where + " name \"" + key + "\""); !e.empty()) return e;
+      }
       auto p = props.find(key);
+      if (p == props.end() && typed) {
+        if (auto e = Validate(v, *extra, where + "." + key); !e.empty()) return e;
+        continue;
+      }
       if (p == props.end()) {
         if (closed) return where + "." + key + ": unknown field (allowed: " + [&] {
                              std::string names;

@@ -35,8 +35,9 @@ Json ToolJson(const ToolSpec& spec);
 
 // Checks `value` against `schema`, for the subset the tool schemas use:
 // type (string | integer | number | boolean | object | array, or a list of
-// them), properties, required, additionalProperties: false, minimum,
-// minLength, items. Returns "" when valid, else the first problem, naming
+// them), properties, required, additionalProperties (false, or a schema for
+// the others), propertyNames, minimum, exclusiveMinimum, maximum,
+// minLength, pattern (strings), items, anyOf. Returns "" when valid, else the first problem, naming
 // the field: "arguments.timeout: expected integer, got string".
 std::string Validate(const Json& value, const Json& schema, const std::string& where = "arguments");
 

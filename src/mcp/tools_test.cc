@@ -2,6 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
+
+#include "session/session.h"
+#include "session/tool_inputs.h"
+
 namespace agentbox::mcp {
 namespace {
 
@@ -128,6 +133,105 @@ TEST(Tools, EverySchemaValidatesAMinimalCall) {
     if (t.name == "bash" || t.name == "read_file") {
       EXPECT_NE(t.description.find("capped at 64 KiB"), std::string::npos) << t.name;
     }
+  }
+}
+
+// A value the session takes for a field of this type.
+Json Sample(session::FieldType type) {
+  switch (type) {
+    case session::FieldType::kString: return "x";
+    case session::FieldType::kCount: return 2;
+    case session::FieldType::kDuration: return 5;
+    case session::FieldType::kEnv: return Json{{"NAME", "value"}};
+  }
+  return nullptr;
+}
+
+// Every session tool's schema says what the session accepts: the same
+// fields, the same required ones, absent optional fields fine, undeclared
+// fields refused by both. (A schema that declared a field optional which
+// the session then refused would fail a model's call it was told is fine.)
+TEST(Tools, SchemasAgreeWithWhatTheSessionAccepts) {
+  std::size_t session_tools = 0;
+  for (const auto& t : Tools(64 * 1024)) {
+    const auto& fields = session::ToolFields(t.name);
+    const Json& props = t.input_schema["properties"];
+    EXPECT_EQ(t.input_schema.value("additionalProperties", true), false) << t.name;
+    if (fields.empty()) {
+      // diff and snapshot: MCP's own, without arguments.
+      EXPECT_TRUE(props.empty()) << t.name;
+      continue;
+    }
+    ++session_tools;
+    std::set<std::string> declared, required_in_schema, known, required;
+    for (const auto& [name, _] : props.items()) declared.insert(name);
+    for (const auto& r : t.input_schema.value("required", Json::array())) required_in_schema.insert(r.get<std::string>());
+    for (const auto& f : fields) {
+      known.insert(f.name);
+      if (f.required) required.insert(f.name);
+    }
+    EXPECT_EQ(declared, known) << t.name;
+    EXPECT_EQ(required_in_schema, required) << t.name;
+
+    Json minimal = Json::object();
+    for (const auto& f : fields) {
+      if (f.required) minimal[f.name] = Sample(f.type);
+    }
+    EXPECT_EQ(Validate(minimal, t.input_schema), "") << t.name << " " << minimal.dump();
+    EXPECT_TRUE(session::ValidateToolInput(t.name, minimal).ok()) << t.name << " " << minimal.dump();
+    for (const auto& f : fields) {
+      Json with = minimal;
+      if (f.required) {
+        with.erase(f.name);
+        EXPECT_NE(Validate(with, t.input_schema), "") << t.name << " without " << f.name;
+        EXPECT_FALSE(session::ValidateToolInput(t.name, with).ok()) << t.name << " without " << f.name;
+      } else {
+        with[f.name] = Sample(f.type);
+        EXPECT_EQ(Validate(with, t.input_schema), "") << t.name << " " << with.dump();
+        EXPECT_TRUE(session::ValidateToolInput(t.name, with).ok()) << t.name << " " << with.dump();
+      }
+      // An empty string where the session wants one that is not.
+      if (f.type == session::FieldType::kString) {
+        Json empty = minimal;
+        empty[f.name] = "";
+        EXPECT_EQ(Validate(empty, t.input_schema).empty(), session::ValidateToolInput(t.name, empty).ok())
+            << t.name << "." << f.name << " = \"\"";
+      }
+    }
+    Json undeclared = minimal;
+    undeclared["undeclared"] = "x";
+    EXPECT_NE(Validate(undeclared, t.input_schema), "") << t.name;
+    const Status refused = session::ValidateToolInput(t.name, undeclared);
+    EXPECT_FALSE(refused.ok()) << t.name;
+    EXPECT_NE(refused.message().find("input.undeclared"), std::string::npos) << refused.message();
+  }
+  EXPECT_EQ(session_tools, session::ToolNames().size());
+}
+
+// The values a duration, a count and an env field take or refuse, alike.
+TEST(Tools, FieldValuesAgreeWithTheSession) {
+  const auto tools = Tools(64 * 1024);
+  const ToolSpec* bash = FindTool(tools, "bash");
+  const ToolSpec* read = FindTool(tools, "read_file");
+  ASSERT_TRUE(bash && read);
+  const std::vector<Json> timeouts = {5, 0.5, "30s", "250ms", "2m", 0, -1, "30", "soon", true, 604800, 604801};
+  for (const Json& timeout : timeouts) {
+    const Json input = {{"command", "x"}, {"timeout", timeout}};
+    EXPECT_EQ(Validate(input, bash->input_schema).empty(), session::ValidateToolInput("bash", input).ok())
+        << "timeout " << timeout.dump();
+  }
+  const std::vector<Json> counts = {1, 3.0, 0, -2, 2.5, "3"};
+  for (const Json& n : counts) {
+    const Json input = {{"path", "x"}, {"offset", n}};
+    EXPECT_EQ(Validate(input, read->input_schema).empty(), session::ValidateToolInput("read_file", input).ok())
+        << "offset " << n.dump();
+  }
+  const std::vector<Json> envs = {Json::object(), Json{{"A_1", "v"}}, Json{{"1A", "v"}}, Json{{"A", 1}},
+                                  Json{{"A-B", "v"}}, Json::array()};
+  for (const Json& env : envs) {
+    const Json input = {{"command", "x"}, {"env", env}};
+    EXPECT_EQ(Validate(input, bash->input_schema).empty(), session::ValidateToolInput("bash", input).ok())
+        << "env " << env.dump();
   }
 }
 

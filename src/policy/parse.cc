@@ -209,6 +209,7 @@ class Parser {
   Status ParseHome(const Field& f, HomeSpec& out) const;
   Status ParseOnViolation(const Field& f, OnViolationSpec& out) const;
   Status ParseDiff(const Field& f, DiffSpec& out) const;
+  Status ParseSession(const Field& f, SessionSpec& out) const;
   // Secrets against the mode and the environment, once every section is read.
   Status CheckSecrets(const Field& root, const Policy& policy) const;
   // Network keys against each other, once the whole section is read.
@@ -1048,6 +1049,23 @@ Status Parser::ParseDiff(const Field& f, DiffSpec& out) const {
     out.exclude = std::move(patterns);
     return Status();
   });
+Status Parser::ParseSession(const Field& f, SessionSpec& out) const {
+  return ForEachKey(
+      f, {"call_timeout", "idle_timeout", "shell"}, [&](const std::string& key, const Field& v) -> Status {
+        if (key == "shell") return ReadEnum(v, {ShellMode::kFresh, ShellMode::kPersistent}, out.shell);
+        // The unit is required: a bare number could mean seconds or minutes.
+        Result<std::uint64_t> ms = v.node.IsScalar()
+                                       ? ParseDurationMs(v.node.Scalar())
+                                       : Result<std::uint64_t>(Status::Error("policy", "expected a duration such as 10m"));
+        if (!ms.ok()) return Fail(v, ms.status().message());
+        if (*ms == 0) return Fail(v, "must be > 0");
+        if (key == "call_timeout") {
+          out.call_timeout_ms = *ms;
+        } else {
+          out.idle_timeout_ms = *ms;
+        }
+        return Status();
+      });
 }
 
 Status Parser::CheckSecrets(const Field& root, const Policy& policy) const {
@@ -1114,6 +1132,7 @@ Status Parser::ParseSection(const std::string& key, const Field& v, Policy& poli
   if (key == "env") return ParseEnv(v, policy.env);
   if (key == "diff") return ParseDiff(v, policy.diff);
   if (key == "home") return ParseHome(v, policy.home);
+  if (key == "session") return ParseSession(v, policy.session);
   return ParseOnViolation(v, policy.on_violation);
 }
 
@@ -1168,7 +1187,7 @@ Result<Policy> Parser::Parse() const {
   Status status = ForEachKey(
       root,
       {"version", "mode", "sandbox", "filesystem", "network", "credentials", "resources", "env", "home",
-       "on_violation", "diff"},
+       "on_violation", "diff", "session"},
       [&](const std::string& key, const Field& value) { return ParseSection(key, value, policy); });
   if (!status.ok()) return status;
   // Collecting: an invalid mode was recorded, and the checks below

@@ -419,6 +419,26 @@ TEST(ParseHttpRulesTest, HostsAndPatterns) {
   EXPECT_TRUE(MustParse("network: {http_rules: []}\n").network.http_rules.empty());
 }
 
+TEST(ParsePolicyTest, SessionSectionAndItsDefaults) {
+  Policy preset = MustParse("version: 1\n");
+  EXPECT_FALSE(preset.session.call_timeout_ms.has_value());
+  EXPECT_EQ(preset.session.idle_timeout_ms, 30u * 60 * 1000);
+  EXPECT_EQ(preset.session.shell, ShellMode::kFresh);
+  Policy p = MustParse("version: 1\nsession:\n  call_timeout: 90s\n  idle_timeout: 2h\n  shell: persistent\n");
+  EXPECT_EQ(p.session.call_timeout_ms, 90000u);
+  EXPECT_EQ(p.session.idle_timeout_ms, 2u * 60 * 60 * 1000);
+  EXPECT_EQ(p.session.shell, ShellMode::kPersistent);
+  // Written back with its units, it reads the same; the digest follows it.
+  Policy back = MustParse(ToYaml(p));
+  EXPECT_EQ(ToYaml(back), ToYaml(p));
+  EXPECT_EQ(back.session.call_timeout_ms, 90000u);
+  Policy other = p;
+  other.session.idle_timeout_ms += 1000;
+  other.sha256.clear();
+  p.sha256.clear();
+  EXPECT_NE(PolicyDigest(other), PolicyDigest(p));
+}
+
 TEST(ParsePolicyTest, TrailingEmptyDocumentIsFine) {
   EXPECT_EQ(MustParse("version: 1\n---\n").version, 1);
 }
@@ -549,10 +569,19 @@ TEST(PolicyParse, DiffExcludeKeepsItsPatternsAndRoundTrips) {
 
 const std::string kTopKeys =
     "(expected one of: version, mode, sandbox, filesystem, network, credentials, resources, env, home, "
-    "on_violation, diff)";
+    "on_violation, diff, session)";
 const std::string kEnvHint = "(expected [A-Za-z_][A-Za-z0-9_]*)";
 
 const BadCase kBadCases[] = {
+    {"SessionDurationWithoutUnit", "version: 1\nsession:\n  call_timeout: 10\n",
+     "policy.yaml:3:17: session.call_timeout: invalid duration \"10\" (expected a number with a unit ms, s, m or h, "
+     "e.g. 90s)"},
+    {"SessionIdleTimeoutZero", "session: {idle_timeout: 0s}\n",
+     "policy.yaml:1:25: session.idle_timeout: duration \"0s\" must be > 0"},
+    {"SessionUnknownShell", "session:\n  shell: forever\n",
+     "policy.yaml:2:10: session.shell: unknown value \"forever\" (expected one of: fresh, persistent)"},
+    {"SessionUnknownKey", "session:\n  idle: 5m\n",
+     "policy.yaml:2:3: session.idle: unknown key (expected one of: call_timeout, idle_timeout, shell)"},
     {"UnknownTopLevelKey", "version: 1\nnetwrk: {}\n",
      "policy.yaml:2:1: netwrk: unknown key " + kTopKeys},
     {"UnknownNestedKey", "network:\n  alow: [example.com]\n",

@@ -107,6 +107,14 @@ const char* ToString(Escalation v) {
   return "?";
 }
 
+const char* ToString(ShellMode v) {
+  switch (v) {
+    case ShellMode::kFresh: return "fresh";
+    case ShellMode::kPersistent: return "persistent";
+  }
+  return "?";
+}
+
 std::optional<Mode> ParseMode(const std::string& name) {
   for (Mode mode : {Mode::kReadOnly, Mode::kWorkspaceWrite, Mode::kDangerFullAccess}) {
     if (name == ToString(mode)) return mode;
@@ -317,6 +325,15 @@ void EmitCredentials(YAML::Emitter& out, const CredentialsSpec& c) {
   out << YAML::EndMap;
 }
 
+// Durations with their units, so that they read back exactly.
+void EmitSession(YAML::Emitter& out, const SessionSpec& s) {
+  out << YAML::Key << "session" << YAML::Value << YAML::BeginMap;
+  if (s.call_timeout_ms) out << YAML::Key << "call_timeout" << YAML::Value << FormatDurationMs(*s.call_timeout_ms);
+  out << YAML::Key << "idle_timeout" << YAML::Value << FormatDurationMs(s.idle_timeout_ms);
+  out << YAML::Key << "shell" << YAML::Value << ToString(s.shell);
+  out << YAML::EndMap;
+}
+
 }  // namespace
 
 std::string ToYaml(const Policy& p) {
@@ -460,6 +477,7 @@ std::string ToYaml(const Policy& p) {
     EmitList(out, "exclude", p.diff.exclude, /*quoted=*/true);
     out << YAML::EndMap;
   }
+  EmitSession(out, p.session);
 
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";

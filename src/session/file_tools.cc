@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "confine/paths.h"
 #include "linux/fd.h"
 
 namespace agentbox::session {
@@ -683,6 +684,27 @@ Json Glob(const Json& input, const FileToolLimits& limits) {
   return result;
 }
 
+// A bash call's cwd, as the shell would reach it: relative to the
+// workspace, every symlink followed. It must stay inside the workspace.
+Json ResolveDir(const Json& input, const FileToolLimits& limits) {
+  Json error;
+  const std::string* given = StringField(input, "cwd", "path", &error);
+  if (!given) return error;
+  const std::string path = Resolve(*given, limits);
+  char buf[PATH_MAX];
+  if (!realpath(limits.workspace.c_str(), buf)) return FromErrno(errno, "read", "resolve the workspace", limits.workspace);
+  const std::string workspace = buf;
+  if (!realpath(path.c_str(), buf)) return FromErrno(errno, "read", "cwd", *given);
+  const std::string real = buf;
+  if (!paths::IsWithin(real, workspace)) {
+    return ToolError("cwd " + *given + " leads to " + real + ", outside the workspace " + limits.workspace);
+  }
+  struct stat st {};
+  if (stat(real.c_str(), &st) != 0) return FromErrno(errno, "read", "cwd", *given);
+  if (!S_ISDIR(st.st_mode)) return ToolError("cwd " + *given + " is not a directory");
+  return Ok(real);
+}
+
 }  // namespace
 
 Json RunFileTool(const std::string& name, const Json& input, const FileToolLimits& limits) {
@@ -691,6 +713,7 @@ Json RunFileTool(const std::string& name, const Json& input, const FileToolLimit
   if (name == "edit_file") return EditFile(input, limits);
   if (name == "list_dir") return ListDir(input, limits);
   if (name == "glob") return Glob(input, limits);
+  if (name == kResolveDirTool) return ResolveDir(input, limits);
   return ToolError("unknown file tool \"" + name + "\" (read_file, write_file, edit_file, list_dir, glob)");
 }
 

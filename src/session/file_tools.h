@@ -72,7 +72,14 @@ struct FileToolLimits {
 //              start at the workspace and give workspace-relative paths;
 //              absolute patterns give absolute paths. Sorted, one per line,
 //              at most max_entries ("truncated"); "count".
+// And one the session uses itself, no tool of execute():
+//   resolve_dir {path}  a bash call's cwd: realpath() as the shell would
+//              reach it; "output" is the directory, or a tool_error when it is
+//              missing, not a directory, or outside the workspace (`..`, an
+//              absolute path, a symlink leading out).
 // Anything else is a tool_error ("unknown file tool ...").
+inline constexpr const char* kResolveDirTool = "resolve_dir";
+
 Json RunFileTool(const std::string& name, const Json& input, const FileToolLimits& limits);
 
 }  // namespace agentbox::session

@@ -98,6 +98,23 @@ void ExpectDenied(const Json& r, const char* op, const std::string& target, cons
 
 // ------------------------------------------------------------------ read_file
 
+TEST_F(FileToolsTest, ResolveDirStaysInsideTheWorkspace) {
+  fs::create_directories(t_.path() + "/a/b");
+  fs::create_symlink("a/b", t_.path() + "/in");
+  fs::create_symlink("/", t_.path() + "/out");
+  Write(t_.path() + "/file", "x");
+  Json in = Run(kResolveDirTool, {{"path", "in"}});
+  EXPECT_EQ(in["kind"], "ok") << in.dump();
+  EXPECT_EQ(in["output"], fs::canonical(t_.path()).string() + "/a/b");
+  EXPECT_EQ(Run(kResolveDirTool, {{"path", "a/../a/b"}})["kind"], "ok");
+  EXPECT_EQ(Run(kResolveDirTool, {{"path", t_.path() + "/a"}})["kind"], "ok");
+  for (const std::string bad : {"..", "a/../..", "/", "/tmp", "out", "out/tmp", "missing", "file"}) {
+    Json r = Run(kResolveDirTool, {{"path", bad}});
+    EXPECT_EQ(r["kind"], "tool_error") << bad << ": " << r.dump();
+    EXPECT_NE(r.value("error", "").find(bad), std::string::npos) << r.dump();
+  }
+}
+
 TEST_F(FileToolsTest, ReadWholeFileAndCountLines) {
   Write(t_ / "a.txt", "one\ntwo\nthree");
   Json r = Run("read_file", {{"path", "a.txt"}});

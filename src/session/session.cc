@@ -9,6 +9,7 @@
 //   sessions/<id>/spill/upper    that tmpfs layer, written here when the process stops
 //   sessions/<id>/copy           copy mode: the session's full copy
 //   snapshots/<id>/manifest.json, tree/    frozen changes (layers.h)
+//   snapshots/<id>/owner.json    the session it was taken from, whether it outlives it
 #include "session/session.h"
 
 #include <dirent.h>
@@ -21,6 +22,7 @@
 #include <cerrno>
 #include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -42,9 +44,11 @@
 #include "linux/random.h"
 #include "linux/seccomp_notify.h"
 #include "linux/user_dirs.h"
+#include "session/file_tools.h"
 #include "session/layers.h"
 #include "session/port_bridge.h"
 #include "session/services.h"
+#include "session/tool_inputs.h"
 #include "session/upper_image.h"
 #include "net/proxy.h"
 #include "net/secrets.h"
@@ -64,6 +68,8 @@ using linux::UniqueFd;
 constexpr std::size_t kMaxPatchBytes = 8u << 20;
 // The identity of the base's entries when the session was created (RecordBase).
 constexpr const char* kBaseRecordName = "base.record";
+// Beside a snapshot's manifest: {"session": the id it was taken from, "keep": bool, "taken_ns"}.
+constexpr const char* kSnapshotOwnerFile = "owner.json";
 constexpr int kFileToolTimeoutMs = 30000;  // a file tool's deadline: then timed_out, its process killed
 // upper_fs auto: from this cap on, an image on disk rather than memory.
 constexpr std::uint64_t kUpperImageFromBytes = 4ULL << 30;
@@ -334,6 +340,32 @@ Status ReportWorkspaceDisk(const std::string& ws_mode, const std::string& upper_
   return {};
 }
 
+// A value as a message quotes it: JSON, cut short.
+std::string Quoted(const Json& v) {
+  std::string text = v.dump(-1, ' ', false, Json::error_handler_t::replace);
+  if (text.size() > 80) text = text.substr(0, 77) + "...";
+  return text;
+}
+
+// How a request differs from the one recorded under its call_id ("" when
+// it is the same): "with input.command \"ls\", not \"pwd\"".
+std::string RequestDifference(const std::string& recorded_name, const Json& recorded, const std::string& name,
+                              const Json& input) {
+  if (recorded_name != name) return "for tool " + recorded_name + ", not " + name;
+  if (recorded == input) return "";
+  std::set<std::string> keys;
+  for (const auto& [k, v] : recorded.items()) keys.insert(k);
+  for (const auto& [k, v] : input.items()) keys.insert(k);
+  for (const auto& k : keys) {
+    const bool had = recorded.contains(k), has = input.contains(k);
+    if (had && has && recorded[k] == input[k]) continue;
+    if (!has) return "with input." + k + " " + Quoted(recorded[k]) + ", not without it";
+    if (!had) return "without input." + k + ", not with " + Quoted(input[k]);
+    return "with input." + k + " " + Quoted(recorded[k]) + ", not " + Quoted(input[k]);
+  }
+  return "with another input";
+}
+
 }  // namespace
 
 const std::vector<std::string>& ToolNames() { return kTools; }
@@ -368,6 +400,11 @@ struct SessionState {
   bool upper_lost = false;  // the process that held it ended (a restart): the changes are gone
   UniqueFd log;
   std::map<std::string, Json> results;  // call_id → recorded result
+  std::map<std::string, std::pair<std::string, Json>> requests;  // call_id → (name, input) as recorded
+  std::size_t active_calls = 0;         // execute calls in this session now (with or without call_id)
+  Clock::time_point last_call_end = Clock::now();
+  std::uint64_t idle_timeout_ms = 0;    // the policy's session.idle_timeout (0: not yet provisioned)
+  bool stopped_idle = false;            // its world was stopped for idleness (world_mu)
   std::set<std::string> in_flight;
   std::uint64_t next_seq = 1;
   std::uint64_t calls = 0;
@@ -389,7 +426,7 @@ struct SessionState {
   // What calls leave running writes here after their end (background.log).
   UniqueFd background_log;
   std::unique_ptr<Services> services;
-  std::mutex ports_mu;
+  mutable std::mutex ports_mu;
   std::map<int, std::unique_ptr<PortBridge>> ports;  // inside port → its bridge
 
   // The ports whose bridge still serves the current world; the others
@@ -410,6 +447,23 @@ struct SessionState {
     std::lock_guard<std::mutex> lock(ports_mu);
     for (auto& [port, bridge] : ports) bridge->Stop();
     ports.clear();
+  }
+
+  // Whether something holds the session's world in use, so that it is not
+  // stopped as idle: a call in flight, a running terminal, a running
+  // service or an exposed port. Call with mu held.
+  bool Busy() const {
+    if (active_calls > 0) return true;
+    for (const auto& [tid, t] : terminals) {
+      if (t->Running()) return true;
+    }
+    if (services) {
+      for (const auto& svc : services->List()) {
+        if (svc.value("state", "") != "exited") return true;
+      }
+    }
+    std::lock_guard<std::mutex> lock(ports_mu);
+    return !ports.empty();
   }
 
   // `sync`: on disk before returning (calls and results); events that a
@@ -510,14 +564,35 @@ struct Manager::Impl {
     std::shared_ptr<const std::set<std::string>> git_known;
   };
   Result<LiveWorld> EnsureWorld(SessionState& s);
+  // A bash call's cwd, as the shell in `world` reaches it (file_tools.h
+  // resolve_dir); bad_request when it leads outside the workspace.
+  Result<std::string> ResolveCwd(World& world, const ConfinedCommand& confined, const std::string& cwd);
+  // Stops the world of every session idle past its idle_timeout (state kept).
+  void StopIdleWorlds();
+  std::thread idle_reaper;
+  std::mutex reaper_mu;
+  std::condition_variable reaper_cv;
+  bool reaper_stop = false;
   Json RunBash(SessionState& s, World& world, const ConfinedCommand& confined, const Json& input,
-              const OutputSink& sink, const std::atomic<bool>* cancel);
+               const std::string& cwd, const OutputSink& sink, const std::atomic<bool>* cancel);
   Json RunFile(SessionState& s, World& world, const ConfinedCommand& confined, const std::string& name,
                const Json& input);
-  Result<std::string> TakeSnapshot(SessionState& s);
+  Result<std::string> TakeSnapshot(SessionState& s, bool keep);
   // The session's world for a service or a port: provisioned when there is
   // none or it died (logged as a call's provisioning is).
   Result<ServiceWorld> ServiceWorldFor(SessionState& s);
+
+  // Snapshots: taken, listed, deleted and started from under this lock, so
+  // that none is deleted while a session is being created on it.
+  mutable std::mutex snapshots_mu;
+  // Every snapshot with a manifest, oldest first (snapshots_mu held).
+  std::vector<Json> AllSnapshots() const;
+  // What needs snapshot `id`: live sessions with it among their layers, and
+  // snapshots whose parent it is ("" when nothing does).
+  std::string SnapshotUsers(const std::string& id, const std::vector<Json>& all) const;
+  Status DeleteSnapshotLocked(const std::string& id);
+  // Remove's part: the session's own snapshots, but those kept or needed.
+  void RemoveSnapshotsOf(const std::string& session_id);
 };
 
 Result<ServiceWorld> Manager::Impl::ServiceWorldFor(SessionState& s) {
@@ -572,6 +647,8 @@ Status Manager::Impl::Load(const std::string& id) {
       if (type == "call") {
         open_calls[seq] = e;
         ++s->calls;
+        const std::string call_id = e.value("call_id", "");
+        if (!call_id.empty()) s->requests[call_id] = {e.value("name", ""), e.value("input", Json::object())};
       } else if (type == "result") {
         open_calls.erase(seq);
         const std::string call_id = e.value("call_id", "");
@@ -658,6 +735,7 @@ Status Manager::Impl::Provision(SessionState& s) {
     return Status::Error(kBadRequest, "sessions run confined: a danger-full-access policy has no sandbox to keep");
   }
   if (plan.policy_sha256.empty()) plan.policy_sha256 = PolicyDigest(*policy);
+  s.idle_timeout_ms = policy->session.idle_timeout_ms;
   // The policy's timeout bounds each call, not the session.
   plan.timeout_ms.reset();
   if (s.ws_mode != "direct") {
@@ -747,27 +825,68 @@ Status Manager::Impl::Provision(SessionState& s) {
   return {};
 }
 
+Result<std::string> Manager::Impl::ResolveCwd(World& world, const ConfinedCommand& confined, const std::string& cwd) {
+  Json req = {{"name", kResolveDirTool}, {"input", {{"path", cwd}}}, {"workspace", confined.plan.workspace_target}};
+  auto answer = world.File(req, kFileToolTimeoutMs);
+  if (!answer.ok()) return answer.status();
+  if (answer->value("kind", "") != "ok" || answer->value("invalid_utf8", false)) {
+    std::string why = answer->value("error", "cwd " + cwd + " cannot be used");
+    for (const char* kind : {"tool_error: ", "sandbox_denied: "}) {
+      if (why.rfind(kind, 0) == 0) why = why.substr(std::strlen(kind));
+    }
+    return Status::Error(kBadRequest, "bash: input.cwd: " + why);
+  }
+  return answer->value("output", "");
+}
+
+void Manager::Impl::StopIdleWorlds() {
+  std::vector<std::shared_ptr<SessionState>> all;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto& [id, s] : sessions) all.push_back(s);
+  }
+  const auto now = Clock::now();
+  for (auto& s : all) {
+    std::unique_lock<std::mutex> wl(s->world_mu, std::try_to_lock);
+    if (!wl.owns_lock() || !s->world || !s->world->Alive() || s->idle_timeout_ms == 0) continue;
+    {
+      // Busy() is checked with world_mu held: a call that starts later
+      // waits for it, and finds the world stopped (and provisions another).
+      std::lock_guard<std::mutex> lock(s->mu);
+      if (s->Busy() || s->removing || now - s->last_call_end < std::chrono::milliseconds(s->idle_timeout_ms)) continue;
+    }
+    s->world->Stop(0);
+    s->stopped_idle = true;
+    std::lock_guard<std::mutex> lock(s->mu);
+    (void)s->AppendLog({{"type", "event"}, {"event", "idle_stopped"}, {"idle_timeout_ms", s->idle_timeout_ms}});
+  }
+}
+
 Json Manager::Impl::RunBash(SessionState& s, World& world, const ConfinedCommand& confined, const Json& input,
-                            const OutputSink& sink, const std::atomic<bool>* cancel) {
+                            const std::string& cwd, const OutputSink& sink, const std::atomic<bool>* cancel) {
   const Plan& plan = confined.plan;
   WorldExec exec;
   exec.argv = {"bash", "-c", input["command"].get<std::string>()};
-  exec.cwd = plan.cwd;
+  exec.cwd = cwd.empty() ? plan.cwd : cwd;
   if (input.contains("stdin")) exec.stdin_data = input["stdin"].get<std::string>();
+  if (input.contains("env")) {
+    for (const auto& [k, v] : input["env"].items()) exec.env.push_back(k + "=" + v.get<std::string>());
+  }
   exec.output_cap = options.output_cap_bytes;
   exec.kill_grace_ms = plan.kill_grace_ms;
   exec.background_log_fd = s.background_log.get();
-  // The policy's timeout (resources.wall_clock_min), unless the call names one.
-  if (input.contains("timeout")) {
-    const Json& t = input["timeout"];
-    if (t.is_number()) {
-      exec.timeout_ms = static_cast<std::uint64_t>(t.get<double>() * 1000);
-    } else if (auto ms = ParseDurationMs(t.get<std::string>()); ms.ok()) {
-      exec.timeout_ms = *ms;
-    }
-  }
+  // The call's timeout, else the policy's session.call_timeout, else its
+  // resources.wall_clock_min, else the default: no call runs unbounded.
   auto policy = BuildPolicy(s.recipe.value("policy_yaml", ""), s.recipe.value("mode", ""));
-  if (!exec.timeout_ms && policy.ok() && policy->resources.wall_clock_ms) exec.timeout_ms = policy->resources.wall_clock_ms;
+  if (input.contains("timeout")) {
+    exec.timeout_ms = DurationFieldMs(input["timeout"]);
+  } else if (policy.ok() && policy->session.call_timeout_ms) {
+    exec.timeout_ms = policy->session.call_timeout_ms;
+  } else if (policy.ok() && policy->resources.wall_clock_ms) {
+    exec.timeout_ms = policy->resources.wall_clock_ms;
+  } else {
+    exec.timeout_ms = kDefaultCallTimeoutMs;
+  }
 
   auto ran = world.Exec(exec, sink, cancel);
   Outcome o;
@@ -973,7 +1092,8 @@ void SpillUpperLayer(SessionState& s) {
 
 }  // namespace
 
-Result<std::string> Manager::Impl::TakeSnapshot(SessionState& s) {
+Result<std::string> Manager::Impl::TakeSnapshot(SessionState& s, bool keep) {
+  std::lock_guard<std::mutex> snapshots_lock(snapshots_mu);
   if (s.ws_mode == "direct") {
     return Status::Error(kBadRequest, "session " + s.id + " works on its workspace directly (fresh_per_task: false): "
                                       "there are no session changes to snapshot");
@@ -999,9 +1119,113 @@ Result<std::string> Manager::Impl::TakeSnapshot(SessionState& s) {
     return Status::Error("snapshot", "snapshot of session " + s.id + " failed: " + e.what());
   }
   if (!manifest.ok()) return manifest.status();
+  // Whose it is, beside the manifest: a snapshot without it (an older one,
+  // or one whose owner file never got written) is never removed but by name.
+  // taken_ns orders snapshots taken within a file timestamp's granularity.
+  const std::int64_t taken_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                    std::chrono::system_clock::now().time_since_epoch()).count();
+  if (Status o = WriteFileDurably(dest + "/" + kSnapshotOwnerFile,
+                                  Json{{"session", s.id}, {"keep", keep}, {"taken_ns", taken_ns}}.dump());
+      !o.ok()) {
+    return o;
+  }
   std::lock_guard<std::mutex> lock(s.mu);
-  (void)s.AppendLog({{"type", "event"}, {"event", "snapshot"}, {"snapshot_id", snap}});
+  (void)s.AppendLog({{"type", "event"}, {"event", "snapshot"}, {"snapshot_id", snap}, {"keep", keep}});
   return snap;
+}
+
+std::vector<Json> Manager::Impl::AllSnapshots() const {
+  std::vector<Json> all;
+  DIR* d = opendir(SnapshotsDir().c_str());
+  if (!d) return all;
+  std::vector<std::string> ids;
+  while (struct dirent* e = readdir(d)) {
+    if (ValidId(e->d_name)) ids.emplace_back(e->d_name);
+  }
+  closedir(d);
+  std::vector<std::pair<std::int64_t, std::string>> order;  // beside `all`
+  for (const auto& id : ids) {
+    const std::string dir = SnapshotsDir() + "/" + id;
+    auto manifest = ReadSnapshotManifest(dir);
+    if (!manifest.ok()) continue;  // being written, or an interrupted copy
+    Json snap = {{"id", id},
+                 {"parent", manifest->value("parent", "")},
+                 {"mode", manifest->value("mode", "overlay")},
+                 {"created", manifest->value("created", "")},
+                 {"session", ""},
+                 {"keep", true}};
+    // Oldest first: when it was taken (owner.json), else when its manifest
+    // (written last) was.
+    struct stat mst {};
+    std::int64_t taken_ns = stat((dir + "/manifest.json").c_str(), &mst) == 0
+                                ? static_cast<std::int64_t>(mst.st_mtim.tv_sec) * 1000000000 + mst.st_mtim.tv_nsec
+                                : 0;
+    if (auto owner = ReadWholeFile(dir + "/" + kSnapshotOwnerFile); owner.ok()) {
+      Json o = Json::parse(*owner, nullptr, false);
+      if (o.is_object()) {
+        snap["session"] = o.value("session", "");
+        snap["keep"] = o.value("keep", true);
+        taken_ns = o.value("taken_ns", taken_ns);
+      }
+    }
+    order.emplace_back(taken_ns, id);
+    all.push_back(std::move(snap));
+  }
+  std::vector<std::size_t> index(all.size());
+  for (std::size_t i = 0; i < index.size(); ++i) index[i] = i;
+  std::sort(index.begin(), index.end(), [&](std::size_t a, std::size_t b) { return order[a] < order[b]; });
+  std::vector<Json> sorted;
+  for (std::size_t i : index) sorted.push_back(std::move(all[i]));
+  all = std::move(sorted);
+  std::vector<std::shared_ptr<SessionState>> live;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const auto& [sid, st] : sessions) live.push_back(st);
+  }
+  for (Json& snap : all) {
+    const std::string tree = SnapshotsDir() + "/" + snap.value("id", "") + "/tree";
+    Json used = Json::array();
+    for (const auto& st : live) {
+      if (std::find(st->lowers.begin(), st->lowers.end(), tree) != st->lowers.end()) used.push_back(st->id);
+    }
+    snap["used_by"] = used;
+  }
+  return all;
+}
+
+std::string Manager::Impl::SnapshotUsers(const std::string& id, const std::vector<Json>& all) const {
+  std::string users;
+  for (const Json& snap : all) {
+    if (snap.value("id", "") == id) {
+      for (const auto& sid : snap["used_by"]) users += (users.empty() ? "" : ", ") + ("session " + sid.get<std::string>());
+    }
+    if (snap.value("parent", "") == id) users += (users.empty() ? "" : ", ") + ("snapshot " + snap.value("id", ""));
+  }
+  return users;
+}
+
+Status Manager::Impl::DeleteSnapshotLocked(const std::string& id) {
+  const std::string dir = SnapshotsDir() + "/" + id;
+  if (!ReadSnapshotManifest(dir).ok()) return Status::Error(kNotFound, "no snapshot " + id);
+  const std::string users = SnapshotUsers(id, AllSnapshots());
+  if (!users.empty()) {
+    return Status::Error(kConflict, "snapshot " + id + " is in use by " + users +
+                                        ": remove those first (a session's snapshots are layers of it)");
+  }
+  // The manifest goes first: a half-removed snapshot is no snapshot.
+  if (unlink((dir + "/manifest.json").c_str()) != 0) return Status::Errno("snapshot", "unlink", dir + "/manifest.json");
+  RemoveTree(dir);
+  return {};
+}
+
+void Manager::Impl::RemoveSnapshotsOf(const std::string& session_id) {
+  std::lock_guard<std::mutex> lock(snapshots_mu);
+  // Newest first: a child goes before its parent, which it would keep.
+  std::vector<Json> all = AllSnapshots();
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    if (it->value("session", "") != session_id || it->value("keep", true)) continue;
+    (void)DeleteSnapshotLocked(it->value("id", ""));  // one still needed stays, as a kept one
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -1016,12 +1240,16 @@ Result<Manager::Impl::LiveWorld> Manager::Impl::EnsureWorld(SessionState& s) {
   if (!s.world || !s.world->Alive()) {
     std::string event = "provisioned";
     Json extra;
-    if (s.world) {
+    if (s.stopped_idle) {
+      event = "reprovisioned";
+      extra["reason"] = "the session was idle and its sandbox stopped";
+    } else if (s.world) {
       event = "reprovisioned";
       extra["reason"] = s.world->death();
-      s.world->Stop(0);
-      s.world.reset();
     }
+    if (s.world) s.world->Stop(0);
+    s.world.reset();
+    s.stopped_idle = false;
     Status p = Provision(s);
     std::lock_guard<std::mutex> lock(s.mu);
     if (!p.ok()) {
@@ -1076,6 +1304,19 @@ Result<std::unique_ptr<Manager>> Manager::Open(const ManagerOptions& options) {
     }
     closedir(d);
   }
+  // Idle sessions' worlds are stopped (session.idle_timeout), checked a
+  // few times a second: the timeouts are minutes, or seconds in tests.
+  Impl* raw = impl.get();
+  impl->idle_reaper = std::thread([raw] {
+    std::unique_lock<std::mutex> lock(raw->reaper_mu);
+    while (!raw->reaper_stop) {
+      raw->reaper_cv.wait_for(lock, std::chrono::milliseconds(250));
+      if (raw->reaper_stop) break;
+      lock.unlock();
+      raw->StopIdleWorlds();
+      lock.lock();
+    }
+  });
   return std::unique_ptr<Manager>(new Manager(std::move(impl)));
 }
 
@@ -1109,6 +1350,10 @@ Result<std::string> Manager::Create(const CreateRequest& request) {
   if (policy->mode == Mode::kDangerFullAccess) {
     return Status::Error(kBadRequest, "sessions run confined: a danger-full-access policy has no sandbox to keep");
   }
+  if (policy->session.shell == ShellMode::kPersistent) {
+    return Status::Error(kBadRequest, "session.shell: persistent is not available in this version (every bash "
+                                      "call gets a fresh shell); use shell: fresh");
+  }
   std::string ws_mode, mode_reason;
   if (!policy->sandbox.fresh_per_task) {
     ws_mode = "direct";
@@ -1134,6 +1379,8 @@ Result<std::string> Manager::Create(const CreateRequest& request) {
     mode_reason = "overlayfs";
   }
   std::vector<std::string> lowers;
+  // Until the session is in the list (Load): its snapshot cannot go meanwhile.
+  std::unique_lock<std::mutex> snapshots_lock(m.snapshots_mu);
   if (!request.from_snapshot.empty()) {
     if (ws_mode == "direct") return Status::Error(kBadRequest, "from_snapshot needs a fresh_per_task session");
     std::string snap_mode;
@@ -1245,7 +1492,7 @@ std::vector<std::string> Manager::List() const {
   return ids;
 }
 
-Result<Json> Manager::Execute(const std::string& id, const std::string& name, const Json& input,
+Result<Json> Manager::Execute(const std::string& id, const std::string& name, const Json& given,
                               const std::string& call_id, const OutputSink& sink, const std::atomic<bool>* cancel) {
   Impl& m = *impl_;
   auto s = m.Find(id);
@@ -1255,46 +1502,19 @@ Result<Json> Manager::Execute(const std::string& id, const std::string& name, co
     for (const auto& t : kTools) names += (names.empty() ? "" : ", ") + t;
     return Status::Error(kBadRequest, "unknown tool '" + name + "'; the tools are: " + names);
   }
-  if (!input.is_object()) return Status::Error(kBadRequest, name + ": input must be a JSON object");
-  auto require_string = [&](const char* field) -> Status {
-    if (!input.contains(field)) return Status::Error(kBadRequest, name + ": input." + field + " is required");
-    if (!input[field].is_string()) return Status::Error(kBadRequest, name + ": input." + field + " must be a string");
-    return {};
-  };
-  static const std::map<std::string, std::vector<const char*>> kRequired = {
-      {"bash", {"command"}},           {"read_file", {"path"}}, {"write_file", {"path", "content"}},
-      {"edit_file", {"path", "old", "new"}}, {"list_dir", {"path"}}, {"glob", {"pattern"}}};
-  for (const char* field : kRequired.at(name)) {
-    if (Status st = require_string(field); !st.ok()) return st;
-  }
-  if (name == "bash") {
-    if (input.contains("stdin") && !input["stdin"].is_string()) {
-      return Status::Error(kBadRequest, "bash: input.stdin must be a string");
-    }
-    if (input.contains("timeout")) {
-      const Json& t = input["timeout"];
-      if (t.is_number()) {
-        if (!(t.get<double>() > 0)) return Status::Error(kBadRequest, "bash: input.timeout must be positive");
-        if (!(t.get<double>() * 1000 <= static_cast<double>(kMaxDurationMs))) {
-          return Status::Error(kBadRequest, "bash: input.timeout is longer than the maximum, 168h");
-        }
-      } else if (!t.is_string() || !ParseDurationMs(t.get<std::string>()).ok()) {
-        return Status::Error(kBadRequest, "bash: input.timeout must be seconds or a duration like \"30s\"");
-      }
-    }
-  }
-  if (name == "read_file") {
-    for (const char* f : {"offset", "limit"}) {
-      if (input.contains(f) && !input[f].is_number_unsigned()) {
-        return Status::Error(kBadRequest, std::string("read_file: input.") + f + " must be a non-negative integer");
-      }
-    }
-  }
+  if (Status st = ValidateToolInput(name, given); !st.ok()) return st;
+  const Json input = NormalizeToolInput(name, given);
 
+  std::uint64_t seq;
   {
     std::lock_guard<std::mutex> lock(s->mu);
     if (s->removing) return Status::Error(kConflict, "session " + id + " is being removed");
     if (!call_id.empty()) {
+      // A call_id names one request: the same again is a replay, another is a mistake.
+      if (auto req = s->requests.find(call_id); req != s->requests.end()) {
+        const std::string diff = RequestDifference(req->second.first, req->second.second, name, input);
+        if (!diff.empty()) return Status::Error(kConflict, "call_id " + call_id + " was recorded " + diff);
+      }
       auto it = s->results.find(call_id);
       if (it != s->results.end()) {
         Json replay = it->second;
@@ -1305,32 +1525,51 @@ Result<Json> Manager::Execute(const std::string& id, const std::string& name, co
         return Status::Error(kConflict, "call " + call_id + " is running in session " + id);
       }
     }
-  }
-  if (m.shutting_down) return Status::Error(kConflict, "agentbox is shutting down");
-  if (m.calls_in_flight.fetch_add(1) >= m.options.max_concurrent_calls) {
-    m.calls_in_flight.fetch_sub(1);
-    return Status::Error(kBusy, "the limit of " + std::to_string(m.options.max_concurrent_calls) +
-                                    " concurrent calls is reached");
-  }
-  struct Release {
-    std::atomic<std::size_t>& n;
-    ~Release() { n.fetch_sub(1); }
-  } release{m.calls_in_flight};
-
-  std::uint64_t seq;
-  {
-    std::lock_guard<std::mutex> lock(s->mu);
+    if (m.shutting_down) return Status::Error(kConflict, "agentbox is shutting down");
+    if (m.calls_in_flight.fetch_add(1) >= m.options.max_concurrent_calls) {
+      m.calls_in_flight.fetch_sub(1);
+      return Status::Error(kBusy, "the limit of " + std::to_string(m.options.max_concurrent_calls) +
+                                      " concurrent calls is reached");
+    }
+    // From here the session is busy (Busy()): never stopped as idle.
+    ++s->active_calls;
     seq = s->next_seq++;
-    ++s->calls;
-    if (!call_id.empty()) s->in_flight.insert(call_id);
-    if (Status st = s->AppendLog({{"type", "call"}, {"seq", seq}, {"call_id", call_id}, {"name", name}, {"input", input}});
-        !st.ok()) {
-      s->in_flight.erase(call_id);
-      return st;
+    if (!call_id.empty()) {
+      s->in_flight.insert(call_id);
+      s->requests[call_id] = {name, input};
     }
   }
+  struct Release {
+    Impl& m;
+    SessionState& s;
+    ~Release() {
+      m.calls_in_flight.fetch_sub(1);
+      std::lock_guard<std::mutex> lock(s.mu);
+      --s.active_calls;
+      s.last_call_end = Clock::now();
+    }
+  } release{m, *s};
+  // A call refused before it ran leaves no trace: its call_id is free again.
+  auto refuse = [&](Status st) -> Status {
+    std::lock_guard<std::mutex> lock(s->mu);
+    if (!call_id.empty()) {
+      s->in_flight.erase(call_id);
+      s->requests.erase(call_id);
+    }
+    return st;
+  };
+  bool logged = false;
+  auto log_call = [&]() -> Status {
+    if (logged) return {};
+    std::lock_guard<std::mutex> lock(s->mu);
+    ++s->calls;
+    logged = true;
+    return s->AppendLog({{"type", "call"}, {"seq", seq}, {"call_id", call_id}, {"name", name}, {"input", input}});
+  };
+
   const auto started = Clock::now();
   Json result;
+  std::string cwd;  // a bash call's cwd, resolved inside its world
   // A world found dead when the call is sent ran nothing: provision afresh
   // and send it again, once.
   for (int attempt = 0; attempt < 2 && (result.is_null() || result.value("world_gone", false)); ++attempt) {
@@ -1349,14 +1588,35 @@ Result<Json> Manager::Execute(const std::string& id, const std::string& name, co
     std::shared_ptr<World> world = live->world;
     std::shared_ptr<const ConfinedCommand> confined = live->confined;
     std::shared_ptr<const std::set<std::string>> git_known = live->git_known;
+    if (name == "bash" && input.contains("cwd") && cwd.empty()) {
+      auto resolved = m.ResolveCwd(*world, *confined, input["cwd"].get<std::string>());
+      if (!resolved.ok() && resolved.status().stage() == kWorldGone) {
+        result = {{"output", "sandbox_error: " + resolved.status().ToString()}, {"is_error", true},
+                  {"kind", "sandbox_error"}, {"outcome", {{"kind", "sandbox_error"}, {"error", resolved.status().ToString()}}},
+                  {"world_gone", true}};
+        continue;
+      }
+      if (!resolved.ok()) {
+        if (logged) {  // a fresh world that disagrees with the first: recorded, as any failure
+          result = {{"output", "tool_error: " + resolved.status().message()}, {"is_error", true},
+                    {"kind", "tool_error"}, {"outcome", {{"kind", "tool_error"}, {"error", resolved.status().message()}}}};
+          break;
+        }
+        return refuse(resolved.status());
+      }
+      cwd = *resolved;
+    }
+    // The call line is on disk before anything of the call runs.
+    if (Status st = log_call(); !st.ok()) return refuse(st);
     // The world is used without the provisioning lock: calls run side by side.
     if (name == "bash") {
-      result = m.RunBash(*s, *world, *confined, input, sink, cancel);
+      result = m.RunBash(*s, *world, *confined, input, cwd, sink, cancel);
     } else {
       result = m.RunFile(*s, *world, *confined, name, input);
     }
     if (git_known && !result.value("world_gone", false)) AuditGitAfterCall(confined->plan, *git_known, &result);
   }
+  if (Status st = log_call(); !st.ok()) return refuse(st);
   result.erase("world_gone");
   if (m.shutting_down && result.value("kind", "") == "sandbox_error") {
     result["kind"] = "interrupted";
@@ -1377,10 +1637,26 @@ Result<Json> Manager::Execute(const std::string& id, const std::string& name, co
   return result;
 }
 
-Result<std::string> Manager::Snapshot(const std::string& id) {
+Result<std::string> Manager::Snapshot(const std::string& id, SnapshotLife life) {
   auto s = impl_->Find(id);
   if (!s) return Status::Error(kNotFound, "no session " + id);
-  return impl_->TakeSnapshot(*s);
+  return impl_->TakeSnapshot(*s, life == SnapshotLife::kKeep);
+}
+
+Result<Json> Manager::ListSnapshots(const std::string& session_id) const {
+  if (!session_id.empty() && !impl_->Find(session_id)) return Status::Error(kNotFound, "no session " + session_id);
+  std::lock_guard<std::mutex> lock(impl_->snapshots_mu);
+  Json list = Json::array();
+  for (Json& snap : impl_->AllSnapshots()) {
+    if (session_id.empty() || snap.value("session", "") == session_id) list.push_back(std::move(snap));
+  }
+  return Json{{"snapshots", list}};
+}
+
+Status Manager::DeleteSnapshot(const std::string& snapshot_id) {
+  if (!ValidId(snapshot_id)) return Status::Error(kBadRequest, "snapshot id '" + snapshot_id + "' is malformed");
+  std::lock_guard<std::mutex> lock(impl_->snapshots_mu);
+  return impl_->DeleteSnapshotLocked(snapshot_id);
 }
 
 Status Manager::RotateSecret(const std::string& id, const std::string& name, const std::string& value) {
@@ -1519,7 +1795,7 @@ Status Manager::Remove(const std::string& id) {
     s->removing = true;
   }
   if (s->recipe.value("snapshot_on_exit", false)) {
-    auto snap = m.TakeSnapshot(*s);
+    auto snap = m.TakeSnapshot(*s, /*keep=*/true);
     if (!snap.ok()) {
       // Kept, and usable: the caller may fix what broke the snapshot and remove it again.
       std::lock_guard<std::mutex> lock(s->mu);
@@ -1557,12 +1833,19 @@ Status Manager::Remove(const std::string& id) {
   }
   s->log.reset();
   RemoveTree(s->dir);
+  m.RemoveSnapshotsOf(id);
   return {};
 }
 
 void Manager::Shutdown(int grace_ms) {
   Impl& m = *impl_;
   m.shutting_down = true;
+  {
+    std::lock_guard<std::mutex> lock(m.reaper_mu);
+    m.reaper_stop = true;
+  }
+  m.reaper_cv.notify_all();
+  if (m.idle_reaper.joinable()) m.idle_reaper.join();
   std::vector<std::shared_ptr<SessionState>> all;
   {
     std::lock_guard<std::mutex> lock(m.mu);

@@ -117,8 +117,18 @@ class Manager {
   // is held in locked memory and never logged.
   Status RotateSecret(const std::string& id, const std::string& name, const std::string& value);
 
-  // Freezes the session's changes; returns the snapshot id.
-  Result<std::string> Snapshot(const std::string& id);
+  // Freezes the session's changes; returns the snapshot id. The snapshot
+  // is removed with its session (Remove) unless `keep` (snapshot_on_exit's
+  // always are), and unless something still needs it then (below).
+  enum class SnapshotLife { kWithSession, kKeep };
+  Result<std::string> Snapshot(const std::string& id, SnapshotLife life = SnapshotLife::kWithSession);
+  // {"snapshots": [{id, session, parent, mode, created, keep, used_by: [session ids]}]}, oldest
+  // first: every snapshot, or those taken from session `id` (which must exist).
+  Result<Json> ListSnapshots(const std::string& session_id = "") const;
+  // Deletes a snapshot. Refused (conflict, naming them) while a live session
+  // was created from it (it is one of that session's layers) or another
+  // snapshot has it as parent.
+  Status DeleteSnapshot(const std::string& snapshot_id);
   // {"files": [{"path", "status": added|modified|deleted, "binary"}], "patch": "<git-style unified diff>"}
   // without what the workspace's .gitignore files and the policy's
   // diff.exclude leave out, unless `all` (layers.h ComputeDiff).

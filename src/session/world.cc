@@ -546,6 +546,7 @@ Result<WorldExecResult> World::Exec(const WorldExec& exec, const OutputSink& sin
   SetNonBlocking(out_r.get());
   const long id = next_id_++;
   json req = {{"op", "exec"}, {"id", id}, {"argv", exec.argv}, {"cwd", exec.cwd}};
+  if (!exec.env.empty()) req["env"] = exec.env;
   std::vector<int> passed = {in_r.get(), out_w.get(), res_w.get()};
   if (exec.background_log_fd >= 0) passed.push_back(exec.background_log_fd);
   if (Status s = SendControl(req, passed); !s.ok()) return s;

@@ -53,6 +53,7 @@ inline constexpr const char* kFileToolTimedOut = "file_tool_timed_out";
 struct WorldExec {
   std::vector<std::string> argv;          // e.g. {"bash", "-c", command}
   std::string cwd;                        // inside ("" = the init's)
+  std::vector<std::string> env;           // "NAME=VALUE", over the plan's environment
   std::optional<std::string> stdin_data;  // none: /dev/null
   std::optional<std::uint64_t> timeout_ms;
   std::uint64_t kill_grace_ms = 2000;     // SIGTERM first, SIGKILL after this

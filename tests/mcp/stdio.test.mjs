@@ -77,6 +77,46 @@ test('every schema compiles (ajv, strict) and the server agrees with it on bad a
   await assert.rejects(call('no_such_tool', {}), (e) => e.code === -32602 && /unknown tool/.test(e.message));
 });
 
+// What each schema declares optional the server takes absent; what it
+// requires, it requires; undeclared fields are refused (above).
+test('every tool runs with its required fields alone, and optional ones are accepted', async () => {
+  const sample = { command: 'true', path: 'sample.txt', content: 'x\n', old: 'x', new: 'y', pattern: '*.txt' };
+  const optional = {
+    bash: { timeout: 30, stdin: '', cwd: '.', env: { SAMPLE: '1' } },
+    read_file: { offset: 1, limit: 1 },
+    list_dir: { path: '.' },
+  };
+  for (const t of tools) {
+    const args = {};
+    for (const r of t.inputSchema.required ?? []) {
+      assert.ok(r in sample, `${t.name}.${r}: no sample value`);
+      args[r] = sample[r];
+    }
+    if (t.name === 'edit_file') await call('write_file', { path: 'sample.txt', content: 'x\n' });
+    const r = await call(t.name, args);
+    assert.ok(r.content.length >= 1, `${t.name} with ${JSON.stringify(args)}: ${JSON.stringify(r)}`);
+    for (const [field, value] of Object.entries(optional[t.name] ?? {})) {
+      assert.ok(field in t.inputSchema.properties, `${t.name}.${field} is not declared`);
+      const o = await call(t.name, { ...args, [field]: value });
+      assert.ok(o.content.length >= 1, `${t.name}.${field}: ${JSON.stringify(o)}`);
+    }
+  }
+  const listed = await call('list_dir', {});
+  assert.equal(listed.isError, false, text(listed));
+  assert.match(text(listed), /sample\.txt/);
+});
+
+test('bash takes a cwd inside the workspace and an env of its own', async () => {
+  await call('bash', { command: 'mkdir -p ctx/inner' });
+  const r = await call('bash', { command: 'pwd; echo "$CALL_VAR"', cwd: 'ctx/inner', env: { CALL_VAR: 'from the call' } });
+  assert.equal(r.isError, false, text(r));
+  assert.match(text(r), /\/ctx\/inner\nfrom the call\n$/);
+  await assert.rejects(call('bash', { command: 'pwd', cwd: '..' }), (e) => e.code === -32602 && /cwd \.\./.test(e.message));
+  await assert.rejects(call('bash', { command: 'env', env: { HTTPS_PROXY: 'http://127.0.0.1:1' } }),
+    (e) => e.code === -32602 && /HTTPS_PROXY/.test(e.message));
+  await assert.rejects(call('bash', { command: 'env', env: { '1BAD': 'x' } }), (e) => e.code === -32602 && /1BAD/.test(e.message));
+});
+
 test('each tool works, and the file tools and the shell see one workspace', async () => {
   const mk = await call('bash', { command: 'mkdir -p notes' });
   assert.equal(mk.isError, false, text(mk));
@@ -182,6 +222,9 @@ test('progress notifications come for a long command when asked for', async () =
   assert.ok(seen.length >= 1, 'no progress notification');
   for (let i = 1; i < seen.length; i++) assert.ok(seen[i].progress > seen[i - 1].progress);
   assert.ok(seen.some((p) => /step/.test(p.message ?? '')), JSON.stringify(seen));
+  // The messages carry the output itself, in order, each byte once.
+  assert.equal(seen.map((p) => p.message ?? '').join(''), 'step 1\nstep 2\nstep 3\n', JSON.stringify(seen));
+  assert.equal(text(r), 'step 1\nstep 2\nstep 3\n');
 });
 
 test('a cancelled bash call stops running', async () => {

@@ -98,9 +98,44 @@ TEST_F(SessionCliTest, ProtectedPathIsASandboxDenial) {
   EXPECT_TRUE(Contains(r.err, "sandbox_denied")) << r.Describe();
   e2e::RunResult replay = Cli({"exec", id, "--call-id", "once", "--", "sh", "-c", "echo once; exit 4"});
   EXPECT_EQ(replay.status, 4);
-  e2e::RunResult again = Cli({"exec", id, "--stream", "--call-id", "once", "--", "sh", "-c", "echo twice"});
+  e2e::RunResult again = Cli({"exec", id, "--stream", "--call-id", "once", "--", "sh", "-c", "echo once; exit 4"});
   EXPECT_EQ(again.status, 4) << "a replay exits as the recorded call did: " << again.Describe();
   EXPECT_EQ(again.out, "once\n") << again.Describe();
+  // Another command under that call_id is refused, not replayed.
+  e2e::RunResult other = Cli({"exec", id, "--call-id", "once", "--", "sh", "-c", "echo twice"});
+  EXPECT_EQ(other.status, 125) << other.Describe();
+  EXPECT_TRUE(Contains(other.err, "call_id once was recorded with input.command")) << other.Describe();
+  EXPECT_EQ(other.out, "") << other.Describe();
+}
+
+TEST_F(SessionCliTest, ExecTakesCwdAndEnvAndSnapshotsAreListedAndRemoved) {
+  const std::string id = Create();
+  ASSERT_EQ(Cli({"exec", id, "--", "mkdir", "-p", "sub/dir"}).status, 0);
+  e2e::RunResult r = Cli({"exec", id, "--cwd", "sub", "--env", "A=one", "--env", "B=two=2", "--", "sh", "-c",
+                          "echo \"$A $B\"; pwd"});
+  EXPECT_EQ(r.status, 0) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, "one two=2\n")) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, "/sub\n")) << r.Describe();
+  e2e::RunResult outside = Cli({"exec", id, "--cwd", "..", "--", "true"});
+  EXPECT_EQ(outside.status, 125) << outside.Describe();
+  EXPECT_TRUE(Contains(outside.err, "outside the workspace")) << outside.Describe();
+  e2e::RunResult bad_env = Cli({"exec", id, "--env", "NOEQUALS", "--", "true"});
+  EXPECT_NE(bad_env.status, 0) << bad_env.Describe();
+  EXPECT_TRUE(Contains(bad_env.err, "NOEQUALS")) << bad_env.Describe();
+
+  e2e::RunResult snap = Cli({"snapshot", id, "--keep"});
+  ASSERT_EQ(snap.status, 0) << snap.Describe();
+  std::string snap_id = snap.out;
+  while (!snap_id.empty() && snap_id.back() == '\n') snap_id.pop_back();
+  e2e::RunResult listed = Cli({"snapshots", id});
+  EXPECT_EQ(listed.status, 0) << listed.Describe();
+  EXPECT_TRUE(Contains(listed.out, snap_id + "\t" + id)) << listed.Describe();
+  EXPECT_TRUE(Contains(listed.out, "kept")) << listed.Describe();
+  EXPECT_EQ(Cli({"snapshot-rm", snap_id}).status, 0);
+  e2e::RunResult none = Cli({"snapshots", "--json"});
+  EXPECT_EQ(none.status, 0) << none.Describe();
+  EXPECT_FALSE(Contains(none.out, snap_id)) << none.Describe();
+  EXPECT_NE(Cli({"snapshot-rm", snap_id}).status, 0);
 }
 
 // A session never writes into its base: the placeholder that keeps a

@@ -155,7 +155,12 @@ TEST(DaemonLifecycle, SigkillAndRestartKeepSessionsLogsAndFiles) {
   json replay = Bash(d.client(), id, "echo x >> counter; wc -l < counter", "before-2");
   EXPECT_EQ(replay.value("replayed", false), true) << replay.dump();
   EXPECT_EQ(Output(replay), "1\n");
-  json again = Bash(d.client(), id, "echo never >> counter", "in-flight");
+  // Another command under the same call_id is a conflict, naming the difference; nothing runs.
+  Answer other = Call(d.client(), "POST", "/v1/sessions/" + id + "/execute",
+                      {{"name", "bash"}, {"input", {{"command", "echo never >> counter"}}}, {"call_id", "in-flight"}});
+  EXPECT_EQ(other.status, 409) << other.text;
+  EXPECT_TRUE(Contains(other.message(), "call_id in-flight was recorded with input.command")) << other.text;
+  json again = Bash(d.client(), id, "echo started; echo x >> counter; sleep 300", "in-flight");
   EXPECT_EQ(again.value("replayed", false), true) << again.dump();
   EXPECT_EQ(again.value("kind", ""), "interrupted") << again.dump();
   EXPECT_FALSE(Contains(Output(Bash(d.client(), id, "cat counter")), "never"));
@@ -188,7 +193,7 @@ TEST(DaemonLifecycle, SigtermLetsCallsInFlightFinish) {
 
   ASSERT_TRUE(d.Start()) << d.error();
   EXPECT_EQ(Call(d.client(), "GET", "/v1/sessions/" + id).status, 200) << "the session did not persist";
-  json replay = Bash(d.client(), id, "echo again", "graceful");
+  json replay = Bash(d.client(), id, "echo started; sleep 1; echo finished", "graceful");
   EXPECT_EQ(replay.value("replayed", false), true);
   EXPECT_EQ(Output(replay), "started\nfinished\n");
 }

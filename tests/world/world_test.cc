@@ -291,9 +291,13 @@ TEST_F(WorldTest, ReplayReturnsTheRecordedResultWithoutRunningAgain) {
   EXPECT_EQ(Bash(id, "wc -l < counter")["output"], "1\n");
   // After a restart too: the log is the record.
   Open();
-  auto after = manager_->Execute(id, "bash", {{"command", "echo x >> counter"}}, "call-1");
+  auto after = manager_->Execute(id, "bash", {{"command", "echo x >> counter; wc -l < counter"}}, "call-1");
   ASSERT_TRUE(after.ok());
   EXPECT_TRUE((*after)["replayed"].get<bool>());
+  // Another request under the same call_id is refused, not replayed.
+  auto other = manager_->Execute(id, "bash", {{"command", "echo x >> counter"}}, "call-1");
+  ASSERT_FALSE(other.ok());
+  EXPECT_EQ(other.status().stage(), kConflict);
   EXPECT_EQ(Bash(id, "wc -l < counter")["output"], "1\n");
 }
 
