@@ -1049,6 +1049,8 @@ Status Parser::ParseDiff(const Field& f, DiffSpec& out) const {
     out.exclude = std::move(patterns);
     return Status();
   });
+}
+
 Status Parser::ParseSession(const Field& f, SessionSpec& out) const {
   return ForEachKey(
       f, {"call_timeout", "idle_timeout", "shell"}, [&](const std::string& key, const Field& v) -> Status {
