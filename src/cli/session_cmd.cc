@@ -66,10 +66,8 @@ struct SessionFlags {
   bool all = false;  // diff, apply: ignore rules off
   bool stream = false;
   bool with_stdin = false;
-  // Services and ports.
+  // Services and ports (cwd and env too: a service's).
   std::string name;
-  std::string cwd;
-  std::vector<std::string> env;
   int port = 0;
   bool follow = false;
   bool forget = false;

@@ -14,6 +14,7 @@ class FakeReply : public Reply {
   void End() override {}
   bool Gone() const override { return false; }
   void Note(const std::string&, const std::string&) override {}
+  void Upgrade(WebSocketHandler) override {}
   Response response;
 };
 
