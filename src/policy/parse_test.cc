@@ -527,7 +527,7 @@ TEST(ValidatePolicyTest, ReportsEveryIndependentError) {
                 "policy.yaml:6:16: filesystem.read_write[0]: must be an absolute path or start with ~/ "
                 "(\"relative/path\")",
                 "policy.yaml:7:1: netwrk: unknown key (expected one of: version, mode, sandbox, filesystem, "
-                "network, credentials, resources, env, home, on_violation)"}));
+                "network, credentials, resources, env, home, on_violation, diff, session)"}));
   // Loading still stops at the first.
   Result<Policy> r = ParsePolicy(text, "policy.yaml");
   ASSERT_FALSE(r.ok());

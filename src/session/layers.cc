@@ -1198,11 +1198,15 @@ BaseId CurrentId(int base_fd, const std::string& rel) {
   return BaseId::Of(st);
 }
 
-Status RecordWalk(int dir_fd, const std::string& root, const std::string& rel, BaseRecord* out) {
+Status RecordWalk(int dir_fd, const std::string& root, const std::string& rel, const std::vector<std::string>& skip,
+                  BaseRecord* out) {
   auto names = ListNames(dir_fd, Join(root, rel), "session");
   if (!names.ok()) return names.status();
   for (const std::string& name : *names) {
     if (name == ".git") continue;
+    // agentbox's own state (a workspace that holds the home holds it):
+    // never inside a sandbox, so never among a session's changes.
+    if (std::find(skip.begin(), skip.end(), Join(root, Join(rel, name))) != skip.end()) continue;
     struct stat st {};
     if (fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
       if (errno == ENOENT) continue;
@@ -1212,8 +1216,10 @@ Status RecordWalk(int dir_fd, const std::string& root, const std::string& rel, B
     (*out)[child] = BaseId::Of(st);
     if (S_ISDIR(st.st_mode)) {
       UniqueFd sub(openat(dir_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+      // One the user cannot open is one the sandbox cannot change either.
+      if (!sub.valid() && errno == EACCES) continue;
       if (!sub.valid()) return Status::Errno("session", "open", Join(root, child));
-      if (Status s = RecordWalk(sub.get(), root, child, out); !s.ok()) return s;
+      if (Status s = RecordWalk(sub.get(), root, child, skip, out); !s.ok()) return s;
     }
   }
   return {};
@@ -1241,11 +1247,12 @@ Status WriteRecord(const std::string& dest_file, const BaseRecord& record) {
                           FormatRecord(record), "session");
 }
 
-Status RecordBaseUnguarded(const std::string& base, const std::string& dest_file) {
+Status RecordBaseUnguarded(const std::string& base, const std::string& dest_file,
+                           const std::vector<std::string>& skip) {
   UniqueFd root(open(base.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!root.valid()) return Status::Errno("session", "open", base);
   BaseRecord record;
-  if (Status s = RecordWalk(root.get(), base, "", &record); !s.ok()) return s;
+  if (Status s = RecordWalk(root.get(), base, "", skip, &record); !s.ok()) return s;
   return WriteRecord(dest_file, record);
 }
 
@@ -1654,8 +1661,8 @@ Result<Json> ComputeDiff(const LayerStack& stack, std::size_t max_patch_bytes, s
   return ComputeDiff(stack, options);
 }
 
-Status RecordBase(const std::string& base, const std::string& dest_file) {
-  return Guarded("session", base, [&] { return RecordBaseUnguarded(base, dest_file); });
+Status RecordBase(const std::string& base, const std::string& dest_file, const std::vector<std::string>& skip) {
+  return Guarded("session", base, [&] { return RecordBaseUnguarded(base, dest_file, skip); });
 }
 
 Result<Json> ApplyChanges(const LayerStack& stack, const ApplyOptions& options) {

@@ -163,8 +163,9 @@ Result<Json> ComputeDiff(const LayerStack& stack, std::size_t max_patch_bytes,
 // base (type, mode, size, mtime, ctime, inode; directories by type only),
 // written to `dest_file` (replaced atomically) when the session is created.
 // Paths under a directory named .git are left out, as in the diff. Cost: one
-// fstatat per entry of the base, no file read.
-Status RecordBase(const std::string& base, const std::string& dest_file);
+// fstatat per entry of the base, no file read. `skip`: absolute paths left
+// out with everything below them (agentbox's own directories).
+Status RecordBase(const std::string& base, const std::string& dest_file, const std::vector<std::string>& skip = {});
 
 struct ApplyOptions {
   DiffOptions diff;           // which changes (max_patch_bytes, max_files unused)

@@ -1422,7 +1422,7 @@ Result<std::string> Manager::Create(const CreateRequest& request) {
   }
   if (ws_mode != "direct") {
     // What apply checks the base against (BaseRecordPath).
-    if (Status s = RecordBase(workspace, dir + "/" + kBaseRecordName); !s.ok()) {
+    if (Status s = RecordBase(workspace, dir + "/" + kBaseRecordName, OwnDirsWith(m.options.state_dir)); !s.ok()) {
       RemoveTree(dir);
       return s;
     }
