@@ -25,23 +25,18 @@
 #include <thread>
 #include <vector>
 
+#include "bench_net.h"
 #include "daemon/client.h"
 
 namespace {
 
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
+using agentbox::bench::Percentile;
 
 constexpr const char* kPython = "/usr/bin/python3";
 
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
-
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  std::size_t i = static_cast<std::size_t>(p / 100.0 * static_cast<double>(v.size() - 1) + 0.5);
-  return v[std::min(i, v.size() - 1)];
-}
 
 void Die(const std::string& what) {
   std::fprintf(stderr, "service_bench: %s\n", what.c_str());
@@ -184,11 +179,11 @@ int main(int argc, char** argv) {
 
   std::printf("%-58s %6s %10s %10s\n", "what", "n", "p50 ms", "p99 ms");
   std::printf("%-58s %6zu %10.1f %10.1f\n", "service start + expose -> first byte (python3 http.server)",
-              session_ms.size(), Percentile(session_ms, 50), Percentile(session_ms, 99));
+              session_ms.size(), Percentile(session_ms, 0.50), Percentile(session_ms, 0.99));
   std::printf("%-58s %6zu %10.1f %10.1f\n", "  of which POST services answered (running, pid known)", started_ms.size(),
-              Percentile(started_ms, 50), Percentile(started_ms, 99));
+              Percentile(started_ms, 0.50), Percentile(started_ms, 0.99));
   std::printf("%-58s %6zu %10.1f %10.1f\n", "anchor: host python3 -m http.server -> first byte", host_ms.size(),
-              Percentile(host_ms, 50), Percentile(host_ms, 99));
-  std::printf("ratio p50: %.2fx\n", Percentile(session_ms, 50) / std::max(0.001, Percentile(host_ms, 50)));
+              Percentile(host_ms, 0.50), Percentile(host_ms, 0.99));
+  std::printf("ratio p50: %.2fx\n", Percentile(session_ms, 0.50) / std::max(0.001, Percentile(host_ms, 0.50)));
   return 0;
 }

@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_net.h"
 #include "daemon/client.h"
 
 namespace {
@@ -37,15 +38,9 @@ namespace beast = boost::beast;
 namespace websocket = beast::websocket;
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
+using agentbox::bench::Percentile;
 
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
-
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  std::size_t i = static_cast<std::size_t>(p / 100.0 * static_cast<double>(v.size() - 1) + 0.5);
-  return v[std::min(i, v.size() - 1)];
-}
 
 [[noreturn]] void Die(const std::string& what) {
   std::fprintf(stderr, "terminal_bench: %s\n", what.c_str());
@@ -184,12 +179,12 @@ int main(int argc, char** argv) {
   std::string rm = "rm -rf '" + root + "'";
   (void)!std::system(rm.c_str());
 
-  const double bp50 = Percentile(boxed, 50), hp50 = Percentile(host, 50);
+  const double bp50 = Percentile(boxed, 0.50), hp50 = Percentile(host, 0.50);
   std::printf("%-58s %6s %9s %9s\n", "keystroke to echo (interactive bash)", "n", "p50 ms", "p99 ms");
   std::printf("%-58s %6zu %9.3f %9.3f\n", "session terminal: WebSocket > daemon > sandbox pty", boxed.size(), bp50,
-              Percentile(boxed, 99));
+              Percentile(boxed, 0.99));
   std::printf("%-58s %6zu %9.3f %9.3f\n", "anchor: host pty, read and written directly", host.size(), hp50,
-              Percentile(host, 99));
+              Percentile(host, 0.99));
   std::printf("ratio p50: %.2fx   (+%.3f ms)\n", hp50 > 0 ? bp50 / hp50 : 0.0, bp50 - hp50);
   std::printf("terminal open (warm world): %.1f ms; WebSocket attach: %.1f ms\n", open_ms, attach_ms);
   return 0;

@@ -298,15 +298,6 @@ Status CopyData(int in, int out, const std::string& path, const char* stage) {
   }
 }
 
-std::string NowRfc3339() {
-  std::time_t now = std::time(nullptr);
-  struct tm tm {};
-  gmtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
 Status FsyncPath(const std::string& path, const char* stage) {
   UniqueFd fd(open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!fd.valid()) return Status::Errno(stage, "open", path);
@@ -1667,6 +1658,15 @@ Status RecordBase(const std::string& base, const std::string& dest_file, const s
 
 Result<Json> ApplyChanges(const LayerStack& stack, const ApplyOptions& options) {
   return Guarded("apply", stack.base, [&] { return ApplyChangesUnguarded(stack, options); });
+}
+
+std::string NowRfc3339() {
+  std::time_t now = std::time(nullptr);
+  struct tm tm {};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
 }
 
 }  // namespace agentbox::session

@@ -167,6 +167,9 @@ Result<Json> ComputeDiff(const LayerStack& stack, std::size_t max_patch_bytes,
 // out with everything below them (agentbox's own directories).
 Status RecordBase(const std::string& base, const std::string& dest_file, const std::vector<std::string>& skip = {});
 
+// Now, as the session layer writes times: "2026-11-29T11:10:02Z" (UTC).
+std::string NowRfc3339();
+
 struct ApplyOptions {
   DiffOptions diff;           // which changes (max_patch_bytes, max_files unused)
   std::string base_record;    // RecordBase's file

@@ -83,15 +83,6 @@ bool ValidId(const std::string& id) {
   return std::all_of(id.begin(), id.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-'; });
 }
 
-std::string NowRfc3339() {
-  char buf[64];
-  std::time_t t = std::time(nullptr);
-  struct tm tm {};
-  gmtime_r(&t, &tm);
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
 // agentbox's own directories, this Manager's state directory among them.
 std::vector<std::string> OwnDirsWith(const std::string& state_dir) {
   auto dirs = linux::OwnDirs(linux::HomeDir());

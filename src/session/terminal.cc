@@ -12,20 +12,9 @@
 #include <cstring>
 #include <ctime>
 
+#include "session/layers.h"
+
 namespace agentbox::session {
-namespace {
-
-std::string NowUtc() {
-  char buf[32];
-  std::time_t t = std::time(nullptr);
-  struct tm tm {};
-  gmtime_r(&t, &tm);
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
-}  // namespace
-
 Result<std::shared_ptr<Terminal>> Terminal::Open(std::shared_ptr<World> world, std::string id,
                                                  const WorldTerminalSpec& spec) {
   auto opened = world->OpenTerminal(spec);
@@ -35,7 +24,7 @@ Result<std::shared_ptr<Terminal>> Terminal::Open(std::shared_ptr<World> world, s
   t->spec_ = spec;
   t->cols_ = spec.cols;
   t->rows_ = spec.rows;
-  t->created_ = NowUtc();
+  t->created_ = NowRfc3339();
   t->world_ = std::move(world);
   t->call_id_ = opened->id;
   t->master_ = std::move(opened->master);

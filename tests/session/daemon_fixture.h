@@ -7,6 +7,7 @@
 // temporary directories, even when an assertion failed.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <sys/types.h>
 
 #include <memory>
@@ -117,5 +118,21 @@ int RawStatus(const std::string& response);
 e2e::RunResult Git(const std::vector<std::string>& args, const std::string& dir);
 // A git repository at `dir` with `files` committed.
 void MakeRepo(const std::string& dir, const std::vector<std::pair<std::string, std::string>>& files);
+
+// A daemon and one session on a fresh workspace: the fixture of the tests
+// of one session's resources (terminals, services, ports).
+class OneSessionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(d_.Start()) << d_.error();
+    id_ = CreateSession(c(), ws_.path());
+    ASSERT_FALSE(id_.empty());
+  }
+  daemon::Client& c() { return d_.client(); }
+
+  e2e::TempDir ws_{"agentbox-session-ws-"};  // outlives the daemon
+  Daemon d_;
+  std::string id_;
+};
 
 }  // namespace agentbox::session_test

@@ -53,14 +53,8 @@ bool Eventually(F ok) {
   return false;
 }
 
-class ServicesApiTest : public ::testing::Test {
+class ServicesApiTest : public OneSessionTest {
  protected:
-  void SetUp() override {
-    ASSERT_TRUE(d_.Start()) << d_.error();
-    id_ = CreateSession(c(), ws_.path());
-    ASSERT_FALSE(id_.empty());
-  }
-  daemon::Client& c() { return d_.client(); }
   std::string P(const std::string& rest) { return "/v1/sessions/" + id_ + rest; }
   e2e::RunResult Cli(const std::vector<std::string>& args) {
     e2e::Command cmd;
@@ -71,10 +65,6 @@ class ServicesApiTest : public ::testing::Test {
     cmd.timeout_ms = 120000;
     return e2e::RunCommand(cmd);
   }
-
-  TempDir ws_{"agentbox-session-ws-"};  // outlives the daemon
-  Daemon d_;
-  std::string id_;
 };
 
 TEST_F(ServicesApiTest, RequestsAreChecked) {

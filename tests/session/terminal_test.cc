@@ -92,14 +92,8 @@ class WsClient {
   std::string close_reason_;
 };
 
-class TerminalTest : public ::testing::Test {
+class TerminalTest : public OneSessionTest {
  protected:
-  void SetUp() override {
-    ASSERT_TRUE(d_.Start()) << d_.error();
-    id_ = CreateSession(c(), ws_.path());
-    ASSERT_FALSE(id_.empty());
-  }
-  daemon::Client& c() { return d_.client(); }
   std::string Ptys() const { return "/v1/sessions/" + id_ + "/ptys"; }
   // Opens a terminal; its id.
   std::string Open(const json& body = json::object()) {
@@ -113,10 +107,6 @@ class TerminalTest : public ::testing::Test {
     EXPECT_TRUE(ws->Connect(d_.socket(), Ptys() + "/" + pty + query, &error)) << error;
     return ws;
   }
-
-  TempDir ws_{"agentbox-session-ws-"};
-  Daemon d_;
-  std::string id_;
 };
 
 TEST_F(TerminalTest, AShellOnAPtyStreamsBothWays) {
