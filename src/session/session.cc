@@ -395,6 +395,9 @@ struct SessionState {
   std::size_t active_calls = 0;         // execute calls in this session now (with or without call_id)
   Clock::time_point last_call_end = Clock::now();
   std::uint64_t idle_timeout_ms = 0;    // the policy's session.idle_timeout (0: not yet provisioned)
+  // A bash call without a timeout of its own: the policy's session.call_timeout,
+  // else its resources.wall_clock_min, else kDefaultCallTimeoutMs (set with the world).
+  std::uint64_t call_timeout_ms = kDefaultCallTimeoutMs;
   bool stopped_idle = false;            // its world was stopped for idleness (world_mu)
   std::set<std::string> in_flight;
   std::uint64_t next_seq = 1;
@@ -727,6 +730,8 @@ Status Manager::Impl::Provision(SessionState& s) {
   }
   if (plan.policy_sha256.empty()) plan.policy_sha256 = PolicyDigest(*policy);
   s.idle_timeout_ms = policy->session.idle_timeout_ms;
+  s.call_timeout_ms =
+      policy->session.call_timeout_ms.value_or(policy->resources.wall_clock_ms.value_or(kDefaultCallTimeoutMs));
   // The policy's timeout bounds each call, not the session.
   plan.timeout_ms.reset();
   if (s.ws_mode != "direct") {
@@ -866,18 +871,8 @@ Json Manager::Impl::RunBash(SessionState& s, World& world, const ConfinedCommand
   exec.output_cap = options.output_cap_bytes;
   exec.kill_grace_ms = plan.kill_grace_ms;
   exec.background_log_fd = s.background_log.get();
-  // The call's timeout, else the policy's session.call_timeout, else its
-  // resources.wall_clock_min, else the default: no call runs unbounded.
-  auto policy = BuildPolicy(s.recipe.value("policy_yaml", ""), s.recipe.value("mode", ""));
-  if (input.contains("timeout")) {
-    exec.timeout_ms = DurationFieldMs(input["timeout"]);
-  } else if (policy.ok() && policy->session.call_timeout_ms) {
-    exec.timeout_ms = policy->session.call_timeout_ms;
-  } else if (policy.ok() && policy->resources.wall_clock_ms) {
-    exec.timeout_ms = policy->resources.wall_clock_ms;
-  } else {
-    exec.timeout_ms = kDefaultCallTimeoutMs;
-  }
+  // The call's timeout, else the session's (call_timeout_ms): no call runs unbounded.
+  exec.timeout_ms = input.contains("timeout") ? DurationFieldMs(input["timeout"]) : s.call_timeout_ms;
 
   auto ran = world.Exec(exec, sink, cancel);
   Outcome o;
