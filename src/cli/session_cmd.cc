@@ -30,6 +30,7 @@
 #include "cli/subcommand.h"
 #include "daemon/client.h"
 #include "daemon/listen.h"
+#include "linux/session_shell.h"
 
 namespace agentbox::cli {
 namespace {
@@ -117,15 +118,7 @@ std::string ShellQuote(const std::string& arg) {
                           std::string::npos) {
     return arg;
   }
-  std::string out = "'";
-  for (char c : arg) {
-    if (c == '\'') {
-      out += "'\\''";
-    } else {
-      out += c;
-    }
-  }
-  return out + "'";
+  return linux::ShellQuote(arg);
 }
 
 // The exit status `agentbox run` would give for this result.

@@ -11,6 +11,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -43,6 +44,7 @@
 #include "linux/pty.h"
 #include "linux/seccomp_filter.h"
 #include "linux/seccomp_notify.h"
+#include "linux/session_shell.h"
 #include "linux/status_pipe.h"
 
 extern char** environ;
@@ -626,6 +628,7 @@ Status SendUpperFs(int control_fd, int root_fd) {
 struct SessionCall {
   long id = 0;
   bool command = false;
+  bool shell = false;  // the persistent shell's keeper: `id` and `result` are its current call's (-1, none: idle)
   UniqueFd result;   // the caller reads the call's end here (exit line, or the tool's JSON)
   DenialTally tally;
 };
@@ -942,6 +945,26 @@ std::string JsonEscape(const std::string& s) {
   return out;
 }
 
+// A command call's end, as the caller reads it: its status, its rusage
+// (none for a call of the persistent shell: the shell reaps its children),
+// the syscalls denied to it, and `extra` members ("key":value,...).
+std::string ExitLine(int code, int sig, const struct rusage* ru, const DenialTally& tally, const std::string& extra = "") {
+  std::string line = "{\"t\":\"exit\",\"code\":" + std::to_string(code) + ",\"signal\":" + std::to_string(sig);
+  if (ru) {
+    line += ",\"cpu_user_us\":" + std::to_string(ru->ru_utime.tv_sec * 1000000L + ru->ru_utime.tv_usec) +
+            ",\"cpu_sys_us\":" + std::to_string(ru->ru_stime.tv_sec * 1000000L + ru->ru_stime.tv_usec) +
+            ",\"maxrss_kb\":" + std::to_string(ru->ru_maxrss);
+  }
+  line += ",\"denied\":[";
+  bool first = true;
+  for (const auto& [name, count] : tally.counts()) {
+    line += std::string(first ? "" : ",") + "{\"syscall\":\"" + JsonEscape(name) + "\",\"count\":" + std::to_string(count) + "}";
+    first = false;
+  }
+  line += "]" + (extra.empty() ? std::string() : "," + extra) + "}\n";
+  return line;
+}
+
 // op "socket": a fresh TCP socket in the sandbox's network namespace, to
 // the caller on `answer_fd` ({"t":"socket"} with it, or {"t":"error"} with
 // the errno). The caller connects it to a port on this namespace's loopback
@@ -1020,11 +1043,57 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
     }
   };
 
+  // The persistent shell (session.shell: persistent), started with its first call.
+  pid_t shell_pid = -1;
+  UniqueFd shell_sock;
+  ShellHooks shell_hooks;
+  shell_hooks.start_shell = [&plan, &signal_scope, &original](int script_fd, int report_fd) -> pid_t {
+    ExecRequest exec;
+    PrepareExec(plan, {"bash"}, &exec);
+    exec.signal_scope = signal_scope.valid() ? signal_scope.get() : -1;
+    UniqueFd null(open("/dev/null", O_RDWR | O_CLOEXEC));
+    if (!null.valid()) return -1;
+    const pid_t pid = fork();
+    if (pid == 0) SessionCommandChild(exec, plan.cwd.c_str(), script_fd, null.get(), report_fd, original);
+    return pid;
+  };
+  shell_hooks.drain = [](int fifo_fd, int log_fd) { DrainBackground(fifo_fd, log_fd); };
+  shell_hooks.write_all = WriteAllWaiting;
+  auto shell_call = [&]() -> SessionCall* {
+    auto it = shell_pid > 0 ? calls.find(shell_pid) : calls.end();
+    return it == calls.end() ? nullptr : &it->second;
+  };
+  // What the shell's keeper says: the shell's pid at a call's start, the call's end.
+  auto read_shell = [&] {
+    char text[65536];
+    std::vector<UniqueFd> ignored;
+    ssize_t n = RecvWithFds(shell_sock.get(), text, sizeof text, MSG_DONTWAIT, &ignored);
+    if (n == 0) shell_sock.reset();  // it is gone: its SIGCHLD ends its call
+    SessionCall* c = shell_call();
+    if (n <= 0 || !c || !c->result.valid()) return;
+    nlohmann::json m = nlohmann::json::parse(std::string_view(text, static_cast<size_t>(n)), nullptr, false);
+    const std::string t = m.is_object() ? m.value("t", "") : "";
+    if (t == "started") {
+      WriteFully(c->result.get(), "{\"t\":\"started\",\"pid\":" + std::to_string(m.value("pid", 0)) + "}\n");
+    } else if (t == "done") {
+      if (m.contains("exec_error") && m["exec_error"].is_object()) WriteFully(c->result.get(), m["exec_error"].dump() + "\n");
+      count_records();
+      WriteFully(c->result.get(), ExitLine(m.value("code", -1), m.value("signal", 0), nullptr, c->tally,
+                                           "\"shell\":" + m.value("shell", nlohmann::json::object()).dump()));
+      c->result.reset();
+      c->tally = DenialTally();
+      c->id = -1;
+    }
+  };
+
   for (;;) {
-    struct pollfd fds[3] = {
-        {sigfd.get(), POLLIN, 0}, {control_fd, POLLIN, 0}, {responder ? responder->ready_fd() : -1, POLLIN, 0}};
-    if (poll(fds, responder ? 3 : 2, -1) < 0) continue;
+    struct pollfd fds[4] = {{sigfd.get(), POLLIN, 0},
+                            {control_fd, POLLIN, 0},
+                            {responder ? responder->ready_fd() : -1, POLLIN, 0},
+                            {shell_sock.get(), POLLIN, 0}};
+    if (poll(fds, 4, -1) < 0) continue;
     if (fds[2].revents & POLLIN) count_records();
+    if (fds[3].revents & (POLLIN | POLLHUP | POLLERR)) read_shell();
 
     if (fds[1].revents & (POLLIN | POLLHUP | POLLERR)) {
       char payload[32768];
@@ -1160,12 +1229,73 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
                                   std::to_string(errno) + "}\n");
             }
           }
+        } else if (op == "shell" && (io == 3 || io == 4) && req.contains("command") && req["command"].is_string()) {
+          // A call of the persistent shell: {"op":"shell","id","command","cwd","env","stdin"}
+          // with stdin, output, result and optionally the background log.
+          const int res = received[first_io + 2].get();
+          auto refuse = [&](const char* call_name, int err) {
+            WriteFully(res, std::string("{\"t\":\"exec_error\",\"stage\":\"shell\",\"syscall\":\"") + call_name +
+                                "\",\"path\":\"\",\"message\":\"the session's persistent shell\",\"errno\":" +
+                                std::to_string(err) + "}\n" + ExitLine(125, 0, nullptr, DenialTally()));
+          };
+          SessionCall* current = shell_call();
+          if (terminating) {
+            refuse("fork", ESHUTDOWN);
+          } else if (current && current->result.valid()) {
+            refuse("", EBUSY);
+          } else {
+            if (!current) {
+              int pair[2];
+              if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0) {
+                refuse("socketpair", errno);
+                continue;
+              }
+              UniqueFd ours(pair[0]), theirs(pair[1]);
+              const pid_t keeper = fork();
+              if (keeper == 0) {
+                ours.reset();
+                ShellKeeperMain(theirs.get(), signal_scope.valid() ? signal_scope.get() : -1, shell_hooks);
+              }
+              if (keeper < 0) {
+                refuse("fork", errno);
+                continue;
+              }
+              shell_pid = keeper;
+              shell_sock = std::move(ours);
+              SessionCall entry;
+              entry.command = entry.shell = true;
+              entry.id = -1;
+              current = &calls.emplace(keeper, std::move(entry)).first->second;
+            }
+            UniqueFd text(memfd_create("agentbox-shell-command", MFD_CLOEXEC));
+            const std::string command = req["command"].get<std::string>();
+            if (!text.valid() || pwrite(text.get(), command.data(), command.size(), 0) != static_cast<ssize_t>(command.size())) {
+              refuse("memfd_create", errno);
+              continue;
+            }
+            nlohmann::json call = {{"op", "call"}, {"id", id}, {"cwd", req.value("cwd", "")},
+                                   {"stdin", req.value("stdin", false)}};
+            if (req.contains("env")) call["env"] = req["env"];
+            const std::string message = call.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+            std::vector<int> pass = {text.get(), received[first_io].get(), received[first_io + 1].get()};
+            if (io == 4) pass.push_back(received[first_io + 3].get());
+            if (!SendWithFds(shell_sock.get(), message.data(), message.size(), pass.data(), pass.size())) {
+              refuse("sendmsg", errno);
+              continue;
+            }
+            current->id = id;
+            current->result = std::move(received[first_io + 2]);
+          }
         } else if (op == "socket" && io == 1) {
           AnswerSocketRequest(received[first_io].get());
         } else if (op == "kill") {
           if (auto* entry = find_by_id(id)) {
             const int sig = req.value("signal", SIGKILL);
-            if (entry->second.command) {
+            if (entry->second.shell) {
+              // The shell's keeper signals what the call started, not the shell.
+              const std::string m = "{\"op\":\"kill\",\"signal\":" + std::to_string(sig) + "}";
+              (void)send(shell_sock.get(), m.data(), m.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+            } else if (entry->second.command) {
               // The keeper forwards the signal to the command's group; a
               // SIGKILL ends the call and everything it started.
               kill(entry->first, sig == SIGKILL ? kEndCallSignal : sig);
@@ -1203,19 +1333,13 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
       if (it->second.command) {
         // The command's calls were all recorded before they were answered.
         count_records();
-        std::string line = "{\"t\":\"exit\",\"code\":" + std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1) +
-                           ",\"signal\":" + std::to_string(WIFSIGNALED(status) ? WTERMSIG(status) : 0) +
-                           ",\"cpu_user_us\":" + std::to_string(ru.ru_utime.tv_sec * 1000000L + ru.ru_utime.tv_usec) +
-                           ",\"cpu_sys_us\":" + std::to_string(ru.ru_stime.tv_sec * 1000000L + ru.ru_stime.tv_usec) +
-                           ",\"maxrss_kb\":" + std::to_string(ru.ru_maxrss) + ",\"denied\":[";
-        bool first = true;
-        for (const auto& [name, count] : it->second.tally.counts()) {
-          line += std::string(first ? "" : ",") + "{\"syscall\":\"" + JsonEscape(name) +
-                  "\",\"count\":" + std::to_string(count) + "}";
-          first = false;
-        }
-        line += "]}\n";
-        WriteFully(it->second.result.get(), line);
+        WriteFully(it->second.result.get(),
+                   ExitLine(WIFEXITED(status) ? WEXITSTATUS(status) : -1, WIFSIGNALED(status) ? WTERMSIG(status) : 0,
+                            it->second.shell ? nullptr : &ru, it->second.tally));
+      }
+      if (it->second.shell) {
+        shell_pid = -1;
+        shell_sock.reset();
       }
       calls.erase(it);
     }

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <condition_variable>
 
+#include "linux/session_shell.h"
 #include "session/session.h"
 
 namespace agentbox::session {
@@ -30,18 +31,6 @@ std::string Now() {
   char out[48];
   snprintf(out, sizeof(out), "%s.%03ldZ", buf, ts.tv_nsec / 1000000);
   return out;
-}
-
-std::string ShellQuote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'') {
-      out += "'\\''";
-    } else {
-      out += c;
-    }
-  }
-  return out + "'";
 }
 
 bool EnvName(const std::string& n) {
@@ -145,7 +134,7 @@ void Services::Launch(const std::shared_ptr<Service>& svc) {
     linux::UniqueFd log(open(log_path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600));
     if (!log.valid()) return finish(Status::Errno("service", "open", log_path).ToString());
     std::string script;
-    for (const auto& [k, v] : svc->spec.env) script += "export " + k + "=" + ShellQuote(v) + "; ";
+    for (const auto& [k, v] : svc->spec.env) script += "export " + k + "=" + linux::ShellQuote(v) + "; ";
     script += svc->spec.command;
     WorldExec exec;
     exec.argv = {"bash", "-c", script};

@@ -398,6 +398,13 @@ struct SessionState {
   // A bash call without a timeout of its own: the policy's session.call_timeout,
   // else its resources.wall_clock_min, else kDefaultCallTimeoutMs (set with the world).
   std::uint64_t call_timeout_ms = kDefaultCallTimeoutMs;
+  // session.shell: persistent: every bash call runs in one shell of the
+  // world's, one call at a time (shell_mu). `shell_world`: the supervisor of
+  // the world whose shell the last call ran in (0: none yet), to say when a
+  // new world means a new shell.
+  bool persistent_shell = false;
+  std::mutex shell_mu;
+  pid_t shell_world = 0;
   bool stopped_idle = false;            // its world was stopped for idleness (world_mu)
   std::set<std::string> in_flight;
   std::uint64_t next_seq = 1;
@@ -732,6 +739,7 @@ Status Manager::Impl::Provision(SessionState& s) {
   s.idle_timeout_ms = policy->session.idle_timeout_ms;
   s.call_timeout_ms =
       policy->session.call_timeout_ms.value_or(policy->resources.wall_clock_ms.value_or(kDefaultCallTimeoutMs));
+  s.persistent_shell = policy->session.shell == ShellMode::kPersistent;
   // The policy's timeout bounds each call, not the session.
   plan.timeout_ms.reset();
   if (s.ws_mode != "direct") {
@@ -862,8 +870,17 @@ Json Manager::Impl::RunBash(SessionState& s, World& world, const ConfinedCommand
                             const std::string& cwd, const OutputSink& sink, const std::atomic<bool>* cancel) {
   const Plan& plan = confined.plan;
   WorldExec exec;
-  exec.argv = {"bash", "-c", input["command"].get<std::string>()};
-  exec.cwd = cwd.empty() ? plan.cwd : cwd;
+  // One shell for the session: its calls take turns, and the state one
+  // leaves (cwd, variables, functions) is the next one's.
+  std::unique_lock<std::mutex> shell_turn(s.shell_mu, std::defer_lock);
+  if (s.persistent_shell) {
+    shell_turn.lock();
+    exec.shell_command = input["command"].get<std::string>();
+    exec.cwd = cwd;  // "": where the last call left the shell
+  } else {
+    exec.argv = {"bash", "-c", input["command"].get<std::string>()};
+    exec.cwd = cwd.empty() ? plan.cwd : cwd;
+  }
   if (input.contains("stdin")) exec.stdin_data = input["stdin"].get<std::string>();
   if (input.contains("env")) {
     for (const auto& [k, v] : input["env"].items()) exec.env.push_back(k + "=" + v.get<std::string>());
@@ -974,6 +991,27 @@ Json Manager::Impl::RunBash(SessionState& s, World& world, const ConfinedCommand
     if (!output.empty() && output.back() != '\n') output += '\n';
     output += "[killed by signal " + std::to_string(o.signal.value_or(0)) + "]";
   }
+  Json shell;
+  if (s.persistent_shell) {
+    // Said in the result whenever the shell the call ran in is not the one
+    // the last call left: its cwd, variables and functions are gone.
+    shell = r.shell.value_or(Json::object());
+    shell["mode"] = "persistent";
+    if (!shell.value("restarted", false) && s.shell_world != 0 && s.shell_world != world.supervisor_pid()) {
+      shell["restarted"] = true;
+      shell["previous"] = "the session's sandbox was started again (an idle stop or a sandbox error ended the last one)";
+    }
+    s.shell_world = world.supervisor_pid();
+    if (shell.value("restarted", false)) {
+      output = "[persistent shell: this call ran in a new shell, with the cwd, variables and functions reset: " +
+               shell.value("previous", std::string("the previous shell ended")) + "]\n" + output;
+    }
+    if (shell.value("ended", false)) {
+      if (!output.empty() && output.back() != '\n') output += '\n';
+      output += "[persistent shell: " + shell.value("why", std::string("the shell ended")) +
+                "; the next call starts a new shell]";
+    }
+  }
   Json result = {{"output", output},
                  {"is_error", !(kind == "exited" && o.exit_code.value_or(1) == 0)},
                  {"kind", kind},
@@ -982,6 +1020,7 @@ Json Manager::Impl::RunBash(SessionState& s, World& world, const ConfinedCommand
                  {"outcome", outcome}};
   if (o.exit_code) result["exit_code"] = *o.exit_code;
   if (o.signal) result["signal"] = *o.signal;
+  if (!shell.is_null()) result["shell"] = shell;
   return result;
 }
 
@@ -1335,10 +1374,6 @@ Result<std::string> Manager::Create(const CreateRequest& request) {
   if (!policy.ok()) return policy.status();
   if (policy->mode == Mode::kDangerFullAccess) {
     return Status::Error(kBadRequest, "sessions run confined: a danger-full-access policy has no sandbox to keep");
-  }
-  if (policy->session.shell == ShellMode::kPersistent) {
-    return Status::Error(kBadRequest, "session.shell: persistent is not available in this version (every bash "
-                                      "call gets a fresh shell); use shell: fresh");
   }
   std::string ws_mode, mode_reason;
   if (!policy->sandbox.fresh_per_task) {

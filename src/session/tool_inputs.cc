@@ -7,6 +7,7 @@
 
 #include "agentbox/policy.h"
 #include "confine/layers.h"
+#include "linux/session_shell.h"
 #include "session/session.h"
 
 namespace agentbox::session {
@@ -33,12 +34,6 @@ const std::map<std::string, std::vector<ToolField>>& Table() {
       {"glob", {{"pattern", FieldType::kString, true, true}}},
   };
   return table;
-}
-
-bool ValidEnvName(const std::string& name) {
-  if (name.empty() || std::isdigit(static_cast<unsigned char>(name[0]))) return false;
-  return std::all_of(name.begin(), name.end(),
-                     [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
 }
 
 Status CheckField(const std::string& tool, const ToolField& f, const Json& v) {
@@ -109,7 +104,7 @@ Status ValidateCallEnv(const Json& env) {
   if (!env.is_object()) return Status::Error(kBadRequest, "input.env must be an object of NAME: \"value\"");
   const auto& reserved = SandboxEnvNames();
   for (const auto& [name, value] : env.items()) {
-    if (!ValidEnvName(name)) {
+    if (!linux::IsShellVariableName(name)) {
       return Status::Error(kBadRequest, "input.env." + name + ": not a variable name ([A-Za-z_][A-Za-z0-9_]*)");
     }
     if (std::find(reserved.begin(), reserved.end(), name) != reserved.end()) {

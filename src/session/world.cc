@@ -545,7 +545,9 @@ Result<WorldExecResult> World::Exec(const WorldExec& exec, const OutputSink& sin
   }
   SetNonBlocking(out_r.get());
   const long id = next_id_++;
-  json req = {{"op", "exec"}, {"id", id}, {"argv", exec.argv}, {"cwd", exec.cwd}};
+  json req = exec.shell_command ? json{{"op", "shell"}, {"id", id}, {"command", *exec.shell_command},
+                                       {"cwd", exec.cwd}, {"stdin", exec.stdin_data.has_value()}}
+                                 : json{{"op", "exec"}, {"id", id}, {"argv", exec.argv}, {"cwd", exec.cwd}};
   if (!exec.env.empty()) req["env"] = exec.env;
   std::vector<int> passed = {in_r.get(), out_w.get(), res_w.get()};
   if (exec.background_log_fd >= 0) passed.push_back(exec.background_log_fd);
@@ -644,6 +646,7 @@ Result<WorldExecResult> World::Exec(const WorldExec& exec, const OutputSink& sin
               ru.ru_maxrss = static_cast<long>(m.value("maxrss_kb", std::uint64_t{0}));
               out.rusage = ru;
             }
+            if (m.contains("shell") && m["shell"].is_object()) out.shell = m["shell"];
             if (m.contains("denied") && m["denied"].is_array()) {
               for (const auto& d : m["denied"]) {
                 out.seccomp.emplace_back(d.value("syscall", ""), d.value("count", std::uint64_t{0}));

@@ -52,6 +52,10 @@ inline constexpr const char* kFileToolTimedOut = "file_tool_timed_out";
 
 struct WorldExec {
   std::vector<std::string> argv;          // e.g. {"bash", "-c", command}
+  // Set: the command runs in the session's persistent shell instead (argv
+  // unused; see linux/session_shell.h). `cwd` "" then means where the last
+  // call left the shell, and `env` names must be shell variable names.
+  std::optional<std::string> shell_command;
   std::string cwd;                        // inside ("" = the init's)
   std::vector<std::string> env;           // "NAME=VALUE", over the plan's environment
   std::optional<std::string> stdin_data;  // none: /dev/null
@@ -85,6 +89,10 @@ struct WorldExecResult {
   std::optional<Status> exec_error;       // the command could not start
   std::uint64_t wall_ms = 0;
   std::optional<struct rusage> rusage;    // the command's, as its init reaped it (wait4)
+  // A call of the persistent shell: {"restarted", "ended", "why"} as its
+  // keeper says (restarted: this call is the first of a new shell; ended:
+  // the shell ended with this call).
+  std::optional<nlohmann::json> shell;
 };
 
 // A terminal in the world (OpenTerminal): a command on a pty of the

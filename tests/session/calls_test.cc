@@ -166,11 +166,11 @@ TEST_F(CallsTest, CallTimeoutComesFromTheSessionPolicyElseTheDefault) {
   EXPECT_EQ(Output(own.body), "done\n");
 }
 
-TEST_F(CallsTest, APersistentShellIsRefusedRatherThanRunFresh) {
-  Answer a = Call(c(), "POST", "/v1/sessions",
-                  {{"workspace", ws_.path()}, {"policy", "version: 1\nsession:\n  shell: persistent\n"}});
-  EXPECT_EQ(a.status, 400) << a.text;
-  EXPECT_TRUE(Contains(a.message(), "session.shell")) << a.text;
+TEST_F(CallsTest, ASessionPolicyWithAMalformedValueIsRefusedNamingIt) {
+  Answer shell = Call(c(), "POST", "/v1/sessions",
+                      {{"workspace", ws_.path()}, {"policy", "version: 1\nsession:\n  shell: sticky\n"}});
+  EXPECT_EQ(shell.status, 400) << shell.text;
+  EXPECT_TRUE(Contains(shell.message(), "session.shell")) << shell.text;
   Answer bad = Call(c(), "POST", "/v1/sessions",
                     {{"workspace", ws_.path()}, {"policy", "version: 1\nsession:\n  call_timeout: 5\n"}});
   EXPECT_EQ(bad.status, 400) << bad.text;
