@@ -341,6 +341,24 @@ struct Api {
     });
   }
 
+  // PATCH /v1/sessions/{id}/policy {"policy": YAML, "by"?}: changes the
+  // running session's policy (network.allow / deny, tightening only).
+  void PatchPolicy(Request req, ReplyPtr reply) {
+    reply->Note("session", req.params[0]);
+    json body;
+    Response error;
+    if (!ParseObject(req, &body, &error) || !CheckFields(body, {"policy", "by"}, {"policy"}, &error)) {
+      return reply->Send(error);
+    }
+    if (!body["policy"].is_string() || (body.contains("by") && !body["by"].is_string())) {
+      return reply->Send(Response::Error(400, "bad_request", "fields 'policy' (YAML text) and 'by' must be strings"));
+    }
+    Blocking(reply, [this, reply, id = req.params[0], yaml = Str(body, "policy"), by = Str(body, "by")] {
+      auto r = manager.PatchPolicy(id, yaml, by);
+      reply->Send(r.ok() ? Response::Json(200, *r) : ErrorFor(r.status()));
+    });
+  }
+
   void Diff(Request req, ReplyPtr reply) {
     reply->Note("session", req.params[0]);
     std::string format = req.query.count("format") ? req.query.at("format") : "json";
@@ -652,6 +670,7 @@ void RegisterApi(Server& server, session::Manager& manager) {
   r.Add("GET", "/v1/snapshots", bind(&Api::ListSnapshots));
   r.Add("DELETE", "/v1/snapshots/{id}", bind(&Api::DeleteSnapshot));
   r.Add("POST", "/v1/sessions/{id}/secrets", bind(&Api::RotateSecret));
+  r.Add("PATCH", "/v1/sessions/{id}/policy", bind(&Api::PatchPolicy));
   r.Add("GET", "/v1/sessions/{id}/diff", bind(&Api::Diff));
   r.Add("POST", "/v1/sessions/{id}/apply", bind(&Api::Apply));
   r.Add("GET", "/v1/sessions/{id}/log", bind(&Api::Log));

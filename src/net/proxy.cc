@@ -114,7 +114,7 @@ struct Proxy::Impl : std::enable_shared_from_this<Proxy::Impl> {
   void Answer(const std::string& key, AskAnswer answer);
 
   asio::io_context& io;
-  const RuleSet rules;
+  RuleSet rules;  // replaced by SetRules, on the io thread
   const ProxyOptions options;
   Resolver* resolver;
   Asker* asker;
@@ -202,6 +202,21 @@ class Session : public std::enable_shared_from_this<Session> {
     const bool relayed = phase_ == Phase::kRelay && (pumps_[0].bytes > 0 || pumps_[1].bytes > 0);
     Finish(relayed ? "allow" : "error", "proxy-stopped", "the proxy was stopped");
   }
+
+  // The rules changed and no longer allow this connection's target: it
+  // ends now, recorded as a denial saying so.
+  void Revoke(const std::string& message) {
+    auto self = shared_from_this();
+    if (phase_ == Phase::kTerminated && terminated_) {
+      Terminator::Outcome o = terminated_->Abort();
+      terminated_.reset();
+      TakeTerminated(o);
+    }
+    Finish("deny", "policy-changed", message);
+  }
+  // The target asked for ("" until the request named one).
+  const std::string& target_host() const { return host_; }
+  std::uint16_t target_port() const { return port_; }
 
  private:
   enum class Phase {
@@ -991,6 +1006,18 @@ void Proxy::Stop() {
   impl_->waiting.clear();
   impl_->stopped = true;
   impl_->sink = nullptr;
+}
+
+void Proxy::SetRules(RuleSet rules) {
+  impl_->rules = std::move(rules);
+  std::vector<Session*> open(impl_->sessions.begin(), impl_->sessions.end());
+  for (Session* s : open) {
+    if (!impl_->sessions.count(s) || s->target_host().empty()) continue;
+    const std::string key = TargetText(s->target_host(), s->target_port());
+    if (impl_->rules.Decide(s->target_host(), s->target_port()).verdict == Verdict::kAllow) continue;
+    if (impl_->always.count(key)) continue;  // approved by the asker for the run
+    s->Revoke(key + " is no longer allowed: the network rules changed while the connection was open");
+  }
 }
 
 void Proxy::Expect(std::uint16_t client_port, AdoptedTarget target) {

@@ -193,6 +193,11 @@ class Proxy {
   // terminated when the terminator covers the host. One connection each.
   void Expect(std::uint16_t client_port, AdoptedTarget target);
 
+  // Replaces the rules that decide new connections, and ends every open
+  // connection whose target they no longer allow (recorded as a denial,
+  // reason "policy-changed"). On the io_context's thread.
+  void SetRules(RuleSet rules);
+
   // Closes the listeners and every connection; each open connection's record
   // is delivered before Stop returns. Irreversible.
   void Stop();

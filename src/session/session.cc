@@ -34,6 +34,8 @@
 #include <set>
 #include <thread>
 
+#include <yaml-cpp/yaml.h>
+
 #include "agentbox/confine.h"
 #include "agentbox/host_caps.h"
 #include "agentbox/outcome.h"
@@ -51,6 +53,7 @@
 #include "session/tool_inputs.h"
 #include "session/upper_image.h"
 #include "net/proxy.h"
+#include "net/rules.h"
 #include "net/secrets.h"
 #include "session/terminal.h"
 #include "session/world.h"
@@ -178,6 +181,17 @@ Result<Policy> BuildPolicy(const std::string& yaml, const std::string& mode) {
   if (!p.ok()) return Status::Error(kBadRequest, p.status().message());
   p->sha256.clear();
   return p;
+}
+
+// A session's policy: its recipe's, with what PATCH .../policy changed
+// since (recipe "network_live": the network lists in force now).
+Result<Policy> SessionPolicy(const Json& recipe) {
+  auto policy = BuildPolicy(recipe.value("policy_yaml", ""), recipe.value("mode", ""));
+  if (!policy.ok() || !recipe.contains("network_live")) return policy;
+  const Json& live = recipe["network_live"];
+  policy->network.allow = live.value("allow", std::vector<std::string>{});
+  policy->network.deny = live.value("deny", std::vector<std::string>{});
+  return policy;
 }
 
 // The first line of a failed call's output names the kind.
@@ -715,7 +729,7 @@ Result<std::vector<std::string>> Manager::Impl::SnapshotChain(const std::string&
 }
 
 Status Manager::Impl::Provision(SessionState& s) {
-  auto policy = BuildPolicy(s.recipe.value("policy_yaml", ""), s.recipe.value("mode", ""));
+  auto policy = SessionPolicy(s.recipe);
   if (!policy.ok()) return policy.status();
   Invocation inv;
   inv.workspace = s.workspace;
@@ -1683,7 +1697,7 @@ Status Manager::DeleteSnapshot(const std::string& snapshot_id) {
 Status Manager::RotateSecret(const std::string& id, const std::string& name, const std::string& value) {
   auto s = impl_->Find(id);
   if (!s) return Status::Error(kNotFound, "no session " + id);
-  auto policy = BuildPolicy(s->recipe.value("policy_yaml", ""), s->recipe.value("mode", ""));
+  auto policy = SessionPolicy(s->recipe);
   if (!policy.ok()) return policy.status();
   const auto& secrets = policy->credentials.secrets;
   if (std::none_of(secrets.begin(), secrets.end(), [&](const SecretSpec& spec) { return spec.name == name; })) {
@@ -1706,12 +1720,96 @@ Status Manager::RotateSecret(const std::string& id, const std::string& name, con
   return {};  // the next world starts with it
 }
 
+Result<Json> Manager::PatchPolicy(const std::string& id, const std::string& yaml, const std::string& by) {
+  auto s = impl_->Find(id);
+  if (!s) return Status::Error(kNotFound, "no session " + id);
+  YAML::Node doc;
+  try {
+    doc = YAML::Load(yaml);
+  } catch (const YAML::Exception& e) {
+    return Status::Error(kBadRequest, "policy: " + std::string(e.what()));
+  }
+  if (!doc.IsMap()) return Status::Error(kBadRequest, "policy: a partial policy (a YAML mapping) is needed");
+  std::optional<std::vector<std::string>> allow, deny;
+  for (const auto& top : doc) {
+    const std::string key = top.first.as<std::string>();
+    if (key != "network" || !top.second.IsMap()) {
+      return Status::Error(kBadRequest, "policy: " + key + " cannot change in a running session in this version "
+                                        "(network.allow and network.deny can)");
+    }
+    for (const auto& entry : top.second) {
+      const std::string sub = entry.first.as<std::string>();
+      if (sub != "allow" && sub != "deny") {
+        return Status::Error(kBadRequest, "policy: network." + sub + " cannot change in a running session in this "
+                                          "version (network.allow and network.deny can)");
+      }
+      if (!entry.second.IsSequence()) return Status::Error(kBadRequest, "policy: network." + sub + " must be a list");
+      std::vector<std::string> list;
+      for (const auto& item : entry.second) {
+        if (!item.IsScalar()) return Status::Error(kBadRequest, "policy: network." + sub + " holds a non-string entry");
+        list.push_back(item.as<std::string>());
+      }
+      (sub == "allow" ? allow : deny) = std::move(list);
+    }
+  }
+  if (!allow && !deny) return Status::Error(kBadRequest, "policy: nothing to change (give network.allow or network.deny)");
+
+  std::lock_guard<std::mutex> lock(s->world_mu);
+  auto policy = SessionPolicy(s->recipe);
+  if (!policy.ok()) return policy.status();
+  const std::vector<std::string> old_allow = policy->network.allow, old_deny = policy->network.deny;
+  const std::vector<std::string> new_allow = allow.value_or(old_allow), new_deny = deny.value_or(old_deny);
+  // Only a tightening: nothing allowed that was not, nothing denied let go.
+  auto has = [](const std::vector<std::string>& v, const std::string& e) {
+    return std::find(v.begin(), v.end(), e) != v.end();
+  };
+  for (const auto& e : new_allow) {
+    if (!has(old_allow, e)) {
+      return Status::Error(kBadRequest, "policy: network.allow gains \"" + e + "\": widening a running session is "
+                                        "not available in this version, only tightening");
+    }
+  }
+  for (const auto& e : old_deny) {
+    if (!has(new_deny, e)) {
+      return Status::Error(kBadRequest, "policy: network.deny loses \"" + e + "\": widening a running session is "
+                                        "not available in this version, only tightening");
+    }
+  }
+  auto rules = net::RuleSet::Build(new_allow, new_deny, policy->network.default_action);
+  if (!rules.ok()) return Status::Error(kBadRequest, "policy: " + rules.status().message());
+
+  Json recipe = s->recipe;
+  recipe["network_live"] = {{"allow", new_allow}, {"deny", new_deny}};
+  if (Status w = WriteFileDurably(s->dir + "/session.json", recipe.dump(2)); !w.ok()) return w;
+  s->recipe = std::move(recipe);
+  // In force in the running world before the answer; a world that cannot
+  // take the change is stopped (the next call starts one with it).
+  std::string applied = "next_world";
+  if (s->world && s->world->Alive()) {
+    Status live = s->world->SetNetworkRules(new_allow, new_deny);
+    if (live.ok()) {
+      applied = "live";
+    } else {
+      s->world->Stop(0);
+      applied = "world_stopped";
+    }
+  }
+  Json change = {{"type", "event"}, {"event", "policy_changed"}, {"by", by.empty() ? "api" : by},
+                 {"network", {{"allow", new_allow}, {"deny", new_deny}}},
+                 {"previous", {{"network", {{"allow", old_allow}, {"deny", old_deny}}}}}, {"applied", applied}};
+  {
+    std::lock_guard<std::mutex> log_lock(s->mu);
+    if (Status st = s->AppendLog(change); !st.ok()) return st;
+  }
+  return Json{{"network", {{"allow", new_allow}, {"deny", new_deny}}}, {"applied", applied}};
+}
+
 namespace {
 
 // What the diff and apply of a session leave out: its policy's diff.exclude
 // (and, unless `all`, the workspace's ignore files).
 Result<DiffOptions> SessionDiffOptions(const SessionState& s, bool all) {
-  auto policy = BuildPolicy(s.recipe.value("policy_yaml", ""), s.recipe.value("mode", ""));
+  auto policy = SessionPolicy(s.recipe);
   if (!policy.ok()) return policy.status();
   DiffOptions options;
   options.max_patch_bytes = kMaxPatchBytes;
@@ -1762,7 +1860,7 @@ Result<Json> Manager::Apply(const std::string& id, bool all) {
   if (!s) return Status::Error(kNotFound, "no session " + id);
   auto diff_options = SessionDiffOptions(*s, all);
   if (!diff_options.ok()) return diff_options.status();
-  auto policy = BuildPolicy(s->recipe.value("policy_yaml", ""), s->recipe.value("mode", ""));
+  auto policy = SessionPolicy(s->recipe);
   if (!policy.ok()) return policy.status();
   ApplyOptions options;
   options.diff = *diff_options;

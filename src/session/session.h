@@ -117,6 +117,15 @@ class Manager {
   // is held in locked memory and never logged.
   Status RotateSecret(const std::string& id, const std::string& name, const std::string& value);
 
+  // PATCH /v1/sessions/{id}/policy: a partial policy (YAML) that changes
+  // the running session. In this version: network.allow and network.deny,
+  // tightening only (a list given replaces the session's). Persisted with
+  // the session, in force in its running world before this returns (open
+  // proxy connections to a now-denied target are closed), logged with
+  // `by`. Returns {"network": {allow, deny}, "applied": "live" |
+  // "next_world" | "world_stopped"}.
+  Result<Json> PatchPolicy(const std::string& id, const std::string& yaml, const std::string& by);
+
   // Freezes the session's changes; returns the snapshot id. The snapshot
   // is removed with its session (Remove) unless `keep` (snapshot_on_exit's
   // always are), and unless something still needs it then (below).

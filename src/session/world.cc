@@ -330,6 +330,11 @@ bool World::Alive() {
   if (dead_) return false;
   struct pollfd p = {supervisor_pidfd_.get(), POLLIN, 0};
   if (supervisor_pidfd_.valid() && poll(&p, 1, 0) > 0) {
+    // Its last words first: how the world ended, and its OOM kills.
+    if (channel_mu_.try_lock()) {
+      PumpChannel(false, 0);
+      channel_mu_.unlock();
+    }
     dead_ = true;
     std::lock_guard<std::mutex> lock(state_mu_);
     if (death_.empty()) death_ = "the session's supervisor ended";
@@ -384,6 +389,8 @@ void World::PumpChannel(bool until_stats, int wait_ms) {
       }
     } else if (t == "rotated") {
       rotation_error_ = m.value("error", "");
+    } else if (t == "network") {
+      network_error_ = m.value("error", "");
     } else if (t == "stats") {
       oom_kills_ = m.value("oom_kills", std::uint64_t{0});
       stats_fresh_ = true;
@@ -407,27 +414,37 @@ std::uint64_t World::QueryOomKills() {
   return oom_kills_;
 }
 
-Status World::RotateSecret(const std::string& name, std::string_view value) {
-  std::string text = SecretsMessage("rotate", {{name, value}});
+// Sends `text` to the supervisor and waits for its answer in `*answer`
+// ("" = done, else why not). The supervisor answers its channel in order:
+// once a stats request sent after `text` is answered, so is `text`.
+Status World::AskSupervisor(std::string text, std::optional<std::string>* answer, const std::string& what) {
   std::lock_guard<std::mutex> lock(channel_mu_);
   {
     std::lock_guard<std::mutex> state(state_mu_);
-    rotation_error_.reset();
+    answer->reset();
   }
   const bool sent = !dead_ && send(channel_.get(), text.data(), text.size(), MSG_NOSIGNAL) > 0;
   net::Wipe(text);
   if (!sent) return Status::Error(kWorldGone, "the session's sandbox is not running");
-  // The supervisor answers its channel in order: once a stats request sent
-  // after the rotation is answered, the rotation has been applied (or
-  // refused, which it says first).
   const std::string stats = json{{"op", "stats"}}.dump();
   if (send(channel_.get(), stats.data(), stats.size(), MSG_NOSIGNAL) > 0) PumpChannel(true, 5000);
   std::lock_guard<std::mutex> state(state_mu_);
-  if (!rotation_error_) {
-    return Status::Error(kWorldGone, "the session's supervisor did not confirm the rotation of " + name);
-  }
-  if (!rotation_error_->empty()) return Status::Error("credentials", *rotation_error_);
+  if (!*answer) return Status::Error(kWorldGone, "the session's supervisor did not confirm " + what);
+  if (!(*answer)->empty()) return Status::Error("supervisor", **answer);
   return {};
+}
+
+Status World::RotateSecret(const std::string& name, std::string_view value) {
+  Status s = AskSupervisor(SecretsMessage("rotate", {{name, value}}), &rotation_error_, "the rotation of " + name);
+  if (!s.ok() && s.stage() == "supervisor") return Status::Error("credentials", s.message());
+  return s;
+}
+
+Status World::SetNetworkRules(const std::vector<std::string>& allow, const std::vector<std::string>& deny) {
+  Status s = AskSupervisor(json{{"op", "network"}, {"allow", allow}, {"deny", deny}}.dump(), &network_error_,
+                           "the network rules");
+  if (!s.ok() && s.stage() == "supervisor") return Status::Error("network", s.message());
+  return s;
 }
 
 Status World::SendControl(const json& request, const std::vector<int>& fds) {
@@ -475,7 +492,7 @@ Status World::SendControl(const json& request, const std::vector<int>& fds) {
 }
 
 Result<WorldTerminal> World::OpenTerminal(const WorldTerminalSpec& spec) {
-  if (!Alive()) return Status::Error("session", "the session's sandbox is not running: " + death());
+  if (!Alive()) return Status::Error(kWorldGone, "the session's sandbox is not running: " + death());
   UniqueFd res_r, res_w;
   if (Status s = Pipe(&res_r, &res_w); !s.ok()) return s;
   int sv[2];
@@ -527,7 +544,7 @@ void World::KillCall(long id, int sig) { (void)SendControl(json{{"op", "kill"}, 
 Result<WorldExecResult> World::Exec(const WorldExec& exec, const OutputSink& sink, const std::atomic<bool>* cancel) {
   WorldExecResult out;
   const auto started = Clock::now();
-  if (!Alive()) return Status::Error("session", "the session's sandbox is not running: " + death());
+  if (!Alive()) return Status::Error(kWorldGone, "the session's sandbox is not running: " + death());
   std::uint64_t oom_before;
   {
     std::lock_guard<std::mutex> lock(state_mu_);
@@ -672,7 +689,15 @@ Result<WorldExecResult> World::Exec(const WorldExec& exec, const OutputSink& sin
       PumpChannel(false, 0);
       channel_mu_.unlock();
     }
-    if (fds[i_sup].revents) dead_ = true;
+    if (fds[i_sup].revents) {
+      // The supervisor is gone: what it said last (how the world ended,
+      // its OOM kills) is still in the channel.
+      if (channel_mu_.try_lock()) {
+        PumpChannel(false, 0);
+        channel_mu_.unlock();
+      }
+      dead_ = true;
+    }
     if (dead_ && !exited) {
       // The init (or its supervisor) is gone: nothing more will come.
       if (!res_open || fds[i_sup].revents) break;
@@ -702,7 +727,7 @@ Result<WorldExecResult> World::Exec(const WorldExec& exec, const OutputSink& sin
 }
 
 Result<json> World::File(const json& request, int timeout_ms) {
-  if (!Alive()) return Status::Error("session", "the session's sandbox is not running: " + death());
+  if (!Alive()) return Status::Error(kWorldGone, "the session's sandbox is not running: " + death());
   UniqueFd res_r, res_w;
   if (Status s = Pipe(&res_r, &res_w); !s.ok()) return s;
   json req = request;

@@ -163,6 +163,11 @@ class World {
   // next request that carries it uses the new one. The world keeps running.
   Status RotateSecret(const std::string& name, std::string_view value);
 
+  // Replaces the world's network allow and deny lists (its supervisor's
+  // Egress::SetRules): in force, and open proxy connections to targets no
+  // longer allowed closed, when this returns.
+  Status SetNetworkRules(const std::vector<std::string>& allow, const std::vector<std::string>& deny);
+
   // SIGTERM to everything inside, SIGKILL after `grace_ms`; waits for the
   // supervisor to finish (it removes the cgroup). Idempotent.
   void Stop(int grace_ms);
@@ -178,12 +183,14 @@ class World {
  private:
   World() = default;
   Status SendControl(const nlohmann::json& request, const std::vector<int>& fds);
+  Status AskSupervisor(std::string text, std::optional<std::string>* answer, const std::string& what);
   // Reads whatever the supervisor has sent; with `until_stats`, waits (up
   // to `wait_ms`) for a stats answer. Call with channel_mu_ held.
   void PumpChannel(bool until_stats, int wait_ms);
   std::uint64_t QueryOomKills();
 
   std::optional<std::string> rotation_error_;  // the last "rotated" answer ("" = applied); state_mu_
+  std::optional<std::string> network_error_;   // the last "network" answer ("" = applied); state_mu_
   pid_t supervisor_pid_ = -1;
   std::string cgroup_mechanism_;
   linux::RlimitsSet rlimits_;

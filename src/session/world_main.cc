@@ -340,6 +340,15 @@ int WorldMain() {
             Send(json{{"t", "rotated"}, {"name", name}, {"error", rotated.ok() ? "" : rotated.message()}});
           }
         }
+        if (op == "network" && req.contains("allow") && req["allow"].is_array() && req.contains("deny") &&
+            req["deny"].is_array()) {
+          std::vector<std::string> allow, deny;
+          for (const auto& e : req["allow"]) allow.push_back(e.is_string() ? e.get<std::string>() : e.dump());
+          for (const auto& e : req["deny"]) deny.push_back(e.is_string() ? e.get<std::string>() : e.dump());
+          Status set = egress ? egress->SetRules(allow, deny)
+                              : Status::Error("network", "this session's sandbox has no egress (its network is off)");
+          Send(json{{"t", "network"}, {"error", set.ok() ? "" : set.message()}});
+        }
         if (op == "stats") {
           linux::CgroupStats stats;
           if (cgroup) stats = cgroup->ReadStats();

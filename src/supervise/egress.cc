@@ -60,7 +60,8 @@ struct Egress::State {
   std::unique_ptr<net::SystemResolver> resolver;
   std::unique_ptr<net::Asker> asker;
   CollectingSink sink;
-  std::unique_ptr<net::RuleSet> rules;
+  std::unique_ptr<net::RuleSet> rules;  // replaced in place by SetRules (the broker holds its address)
+  NetDefault default_verdict = NetDefault::kDeny;
   net::AddressBook book;
   std::unordered_set<std::string> approved;  // names allowed when the DNS asked
   // Names refused when the DNS asked, and until when the answer stands: one
@@ -140,6 +141,7 @@ Result<std::unique_ptr<Egress>> Egress::Start(const Plan& plan, const RunOptions
   e->state_ = std::make_unique<State>();
   State& s = *e->state_;
   s.rules = std::make_unique<net::RuleSet>(*rules);
+  s.default_verdict = plan.network.default_allow ? NetDefault::kAllow : NetDefault::kDeny;
   s.resolver = std::make_unique<net::SystemResolver>(s.io);
   if (options.on_connection) s.sink.Forward(options.on_connection);
   const std::chrono::milliseconds ask_timeout(options.ask_timeout_ms);
@@ -259,6 +261,28 @@ void Egress::Stop() {
     s.proxy->Stop();
   }
   s.records = s.sink.Take();
+}
+
+Status Egress::SetRules(const std::vector<std::string>& allow, const std::vector<std::string>& deny) {
+  if (!state_ || state_->stopped) return Status::Error("network", "the sandbox's egress is stopped");
+  State& s = *state_;
+  auto rules = net::RuleSet::Build(allow, deny, s.default_verdict);
+  if (!rules.ok()) return Status::Error("network", rules.status().message());
+  auto apply = [&s, &rules] {
+    *s.rules = *rules;
+    s.proxy->SetRules(*rules);
+  };
+  if (!s.thread.joinable()) {
+    apply();
+    return {};
+  }
+  std::promise<void> done;
+  boost::asio::post(s.io, [&] {
+    apply();
+    done.set_value();
+  });
+  done.get_future().wait();
+  return {};
 }
 
 const std::vector<net::ConnectionRecord>& Egress::records() const { return state_->records; }

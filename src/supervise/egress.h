@@ -45,6 +45,13 @@ class Egress {
   // then joins the thread. Idempotent.
   void Stop();
 
+  // Replaces the allow and deny lists (the plan's default stays): new
+  // connections, names asked of the DNS inside and the connect() broker's
+  // decisions follow them at once, and every connection through the proxy
+  // to a target they no longer allow is closed, before this returns. An
+  // entry that does not parse is refused, naming it, and nothing changes.
+  Status SetRules(const std::vector<std::string>& allow, const std::vector<std::string>& deny);
+
   // After Stop: every record, in the order the connections ended.
   const std::vector<net::ConnectionRecord>& records() const;
 

@@ -1,0 +1,203 @@
+// PATCH /v1/sessions/{id}/policy: a running session's network tightened
+// live. The removed host is refused from the next connection on, and a
+// tunnel open to it through the proxy is closed before the answer.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "daemon_fixture.h"
+
+namespace agentbox::session_test {
+namespace {
+
+using e2e::Contains;
+using e2e::TempDir;
+
+// A TCP server on the host's 127.0.0.1: answers a GET with "ok" and holds
+// any other connection open, noting when its peer closes it.
+class Upstream {
+ public:
+  Upstream() {
+    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (fd_ < 0 || bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(fd_, 16) != 0 ||
+        getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      return;
+    }
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~Upstream() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+    if (fd_ >= 0) close(fd_);
+    for (int c : held_) close(c);
+  }
+  int port() const { return port_; }
+  int held() {
+    std::lock_guard<std::mutex> l(mu_);
+    return static_cast<int>(held_.size());
+  }
+  int closed() const { return closed_; }
+
+ private:
+  void Serve() {
+    while (!stop_) {
+      std::vector<pollfd> fds = {{fd_, POLLIN, 0}};
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        for (int c : held_) fds.push_back({c, POLLIN, 0});
+      }
+      if (poll(fds.data(), fds.size(), 100) <= 0) continue;
+      if (fds[0].revents & POLLIN) {
+        int c = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+        if (c < 0) continue;
+        char buf[1024];
+        ssize_t n = recv(c, buf, sizeof buf, 0);
+        if (n > 3 && std::string(buf, 3) == "GET") {
+          static const char kOk[] = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok";
+          (void)!send(c, kOk, sizeof kOk - 1, MSG_NOSIGNAL);
+          close(c);
+        } else {
+          std::lock_guard<std::mutex> l(mu_);
+          held_.push_back(c);
+        }
+      }
+      for (size_t i = 1; i < fds.size(); ++i) {
+        if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        char buf[256];
+        if (recv(fds[i].fd, buf, sizeof buf, MSG_DONTWAIT) > 0) continue;
+        std::lock_guard<std::mutex> l(mu_);
+        std::erase(held_, fds[i].fd);
+        close(fds[i].fd);
+        ++closed_;
+      }
+    }
+  }
+
+  int fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> closed_{0};
+  std::mutex mu_;
+  std::vector<int> held_;
+  std::thread thread_;
+};
+
+// Inside: a CONNECT tunnel through the session's proxy to 127.0.0.1:PORT,
+// held until the far end closes it.
+const char kHolder[] =
+    "import os, socket, sys, urllib.parse\n"
+    "p = urllib.parse.urlparse(os.environ['HTTP_PROXY'])\n"
+    "s = socket.create_connection((p.hostname, p.port))\n"
+    "s.sendall(b'CONNECT 127.0.0.1:' + sys.argv[1].encode() + b' HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n')\n"
+    "head = s.recv(4096)\n"
+    "print('head', head.split(b'\\r\\n')[0].decode(), flush=True)\n"
+    "s.sendall(b'hold\\n')\n"
+    "while s.recv(4096): pass\n"
+    "print('closed', flush=True)\n";
+
+class LivePolicyTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_GT(up_.port(), 0);
+    ASSERT_TRUE(d_.Start()) << d_.error();
+    target_ = "127.0.0.1:" + std::to_string(up_.port());
+    id_ = CreateSession(c(), ws_.path(),
+                        {{"policy", "version: 1\nnetwork:\n  allow: [\"" + target_ + "\", \"127.0.0.2:9\"]\n"}});
+    ASSERT_FALSE(id_.empty());
+  }
+  daemon::Client& c() { return d_.client(); }
+  Answer Patch(const std::string& yaml, const std::string& by = "") {
+    json body = {{"policy", yaml}};
+    if (!by.empty()) body["by"] = by;
+    return Call(c(), "PATCH", "/v1/sessions/" + id_ + "/policy", body);
+  }
+  json Fetch() {
+    return Bash(c(), id_, "NO_PROXY= no_proxy= curl -fsS --max-time 10 http://" + target_ + "/");
+  }
+
+  Upstream up_;
+  TempDir ws_{"agentbox-live-policy-ws-"};
+  Daemon d_;
+  std::string id_, target_;
+};
+
+TEST_F(LivePolicyTest, RemovingAHostClosesItsTunnelAndRefusesItFromThenOn) {
+  json before = Fetch();
+  ASSERT_EQ(before.value("output", ""), "ok") << before.dump();
+  json written = Bash(c(), id_, std::string("cat > /tmp/holder.py <<'EOF'\n") + kHolder + "EOF\n");
+  ASSERT_EQ(written.value("exit_code", -1), 0) << written.dump();
+  json started = Bash(c(), id_, "python3 /tmp/holder.py " + std::to_string(up_.port()) + " > holder.out 2>&1 &");
+  ASSERT_EQ(started.value("exit_code", -1), 0) << started.dump();
+  for (int i = 0; i < 100 && up_.held() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_EQ(up_.held(), 1) << "the tunnel did not reach the upstream: "
+                           << Bash(c(), id_, "cat holder.out").value("output", "");
+
+  Answer patched = Patch("network:\n  allow: [\"127.0.0.2:9\"]\n", "reviewer@example");
+  ASSERT_EQ(patched.status, 200) << patched.text;
+  EXPECT_EQ(patched.body.value("applied", ""), "live") << patched.text;
+  // Closed before the answer came (the proxy ends it on the rules' thread);
+  // the far end sees it within moments.
+  for (int i = 0; i < 50 && up_.closed() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(up_.closed(), 1) << "the open tunnel to the removed host was not closed";
+  json holder;
+  for (int i = 0; i < 50; ++i) {
+    holder = Bash(c(), id_, "cat holder.out");
+    if (Contains(holder.value("output", ""), "closed")) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(Contains(holder.value("output", ""), "closed")) << holder.dump();
+
+  json after = Fetch();
+  EXPECT_EQ(after.value("kind", ""), "sandbox_denied") << after.dump();
+  EXPECT_TRUE(Contains(after.value("output", ""), target_)) << after.dump();
+
+  auto log = c().Call("GET", "/v1/sessions/" + id_ + "/log");
+  ASSERT_TRUE(log.ok());
+  EXPECT_TRUE(Contains(log->body, "\"policy_changed\"")) << log->body;
+  EXPECT_TRUE(Contains(log->body, "reviewer@example")) << log->body;
+}
+
+TEST_F(LivePolicyTest, WideningAndOtherKeysAreRefusedNamingThem) {
+  Answer widen = Patch("network:\n  allow: [\"" + target_ + "\", \"127.0.0.2:9\", \"127.0.0.3:80\"]\n");
+  EXPECT_EQ(widen.status, 400) << widen.text;
+  EXPECT_TRUE(Contains(widen.message(), "127.0.0.3:80")) << widen.text;
+  Answer deny_less = Patch("network:\n  deny: []\n  allow: [\"127.0.0.2:9\"]\n");
+  EXPECT_EQ(deny_less.status, 200) << deny_less.text << " (the session had no deny entries to lose)";
+  Answer other = Patch("resources:\n  memory_gib: 64\n");
+  EXPECT_EQ(other.status, 400) << other.text;
+  EXPECT_TRUE(Contains(other.message(), "resources")) << other.text;
+  Answer empty = Patch("network: {}\n");
+  EXPECT_EQ(empty.status, 400) << empty.text;
+  Answer garbage = Patch("network: [unclosed\n");
+  EXPECT_EQ(garbage.status, 400) << garbage.text;
+  EXPECT_EQ(Call(c(), "PATCH", "/v1/sessions/s-nope/policy", {{"policy", "network:\n  allow: []\n"}}).status, 404);
+}
+
+// Before the first call there is no world: the change is in the session's
+// recipe, and the world that starts has it.
+TEST_F(LivePolicyTest, AChangeBeforeTheWorldStartsIsTheWorldsFromTheStart) {
+  Answer patched = Patch("network:\n  deny: [\"" + target_ + "\"]\n");
+  ASSERT_EQ(patched.status, 200) << patched.text;
+  EXPECT_EQ(patched.body.value("applied", ""), "next_world") << patched.text;
+  json r = Fetch();
+  EXPECT_EQ(r.value("kind", ""), "sandbox_denied") << r.dump();
+}
+
+}  // namespace
+}  // namespace agentbox::session_test
