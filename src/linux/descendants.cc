@@ -3,6 +3,9 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -11,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <algorithm>
+#include <functional>
 #include <string>
 #include <unordered_map>
 
@@ -116,8 +120,13 @@ std::vector<pid_t> Descendants(pid_t root) {
   return out;
 }
 
-bool HeldByDescendant(pid_t root, const std::vector<std::uint64_t>& socket_inodes) {
-  for (pid_t p : Descendants(root)) {
+namespace {
+
+// Calls `found(pid, fd, inode)` for each descriptor of a process in `pids`
+// that is one of the sockets `socket_inodes`, until it returns true.
+bool ForEachHeldSocket(const std::vector<pid_t>& pids, const std::vector<std::uint64_t>& socket_inodes,
+                       const std::function<bool(pid_t, int, std::uint64_t)>& found) {
+  for (pid_t p : pids) {
     const std::string dir = "/proc/" + std::to_string(p) + "/fd";
     int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd < 0) continue;
@@ -126,7 +135,7 @@ bool HeldByDescendant(pid_t root, const std::vector<std::uint64_t>& socket_inode
       close(dfd);
       continue;
     }
-    bool held = false;
+    bool stop = false;
     while (struct dirent* e = readdir(d)) {
       char link[64];
       ssize_t n = readlinkat(dfd, e->d_name, link, sizeof(link) - 1);
@@ -134,13 +143,38 @@ bool HeldByDescendant(pid_t root, const std::vector<std::uint64_t>& socket_inode
       link[n] = 0;
       unsigned long long ino = 0;
       if (std::sscanf(link, "socket:[%llu]", &ino) != 1) continue;
-      held = std::find(socket_inodes.begin(), socket_inodes.end(), ino) != socket_inodes.end();
-      if (held) break;
+      if (std::find(socket_inodes.begin(), socket_inodes.end(), ino) == socket_inodes.end()) continue;
+      if ((stop = found(p, std::atoi(e->d_name), ino))) break;
     }
     closedir(d);
-    if (held) return true;
+    if (stop) return true;
   }
   return false;
+}
+
+}  // namespace
+
+bool HeldByDescendant(pid_t root, const std::vector<std::uint64_t>& socket_inodes) {
+  return ForEachHeldSocket(Descendants(root), socket_inodes, [](pid_t, int, std::uint64_t) { return true; });
+}
+
+size_t ShutDownHeldSockets(pid_t root, const std::vector<std::uint64_t>& socket_inodes) {
+  std::vector<pid_t> pids = Descendants(root);
+  pids.insert(pids.begin(), root);
+  std::vector<std::uint64_t> left = socket_inodes;
+  size_t done = 0;
+  ForEachHeldSocket(pids, socket_inodes, [&](pid_t pid, int fd, std::uint64_t ino) {
+    if (std::find(left.begin(), left.end(), ino) == left.end()) return false;  // already shut down
+    UniqueFd pidfd(static_cast<int>(syscall(SYS_pidfd_open, pid, 0)));
+    if (!pidfd.valid()) return false;
+    UniqueFd copy(static_cast<int>(syscall(SYS_pidfd_getfd, pidfd.get(), fd, 0)));
+    struct stat st {};
+    if (!copy.valid() || fstat(copy.get(), &st) != 0 || st.st_ino != ino) return false;  // gone or reused meanwhile
+    if (shutdown(copy.get(), SHUT_RDWR) == 0) ++done;
+    std::erase(left, ino);
+    return left.empty();
+  });
+  return done;
 }
 
 size_t KillDescendants(pid_t root) {

@@ -23,6 +23,14 @@ std::vector<pid_t> Descendants(pid_t root);
 // non-dumpable) counts as not holding any.
 bool HeldByDescendant(pid_t root, const std::vector<std::uint64_t>& socket_inodes);
 
+// Shuts down (shutdown(SHUT_RDWR), both directions) each of the sockets
+// with these inode numbers that `root` or a process below it holds, by a
+// copy of its descriptor (pidfd_getfd): the process keeps its descriptor,
+// its peer sees the connection end. Returns how many were shut down; one
+// held by no process there (closed meanwhile), or by a process whose
+// descriptors cannot be taken (another uid, non-dumpable), is left.
+size_t ShutDownHeldSockets(pid_t root, const std::vector<std::uint64_t>& socket_inodes);
+
 // SIGKILLs the descendants of `root` until none is left, reaping them when
 // `root` is the caller. Returns how many were left after the last round (0:
 // all gone); a tree that keeps forking faster than it dies is given a few

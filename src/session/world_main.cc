@@ -345,7 +345,7 @@ int WorldMain() {
           std::vector<std::string> allow, deny;
           for (const auto& e : req["allow"]) allow.push_back(e.is_string() ? e.get<std::string>() : e.dump());
           for (const auto& e : req["deny"]) deny.push_back(e.is_string() ? e.get<std::string>() : e.dump());
-          Status set = egress ? egress->SetRules(allow, deny)
+          Status set = egress ? egress->SetRules(allow, deny, child.pid)
                               : Status::Error("network", "this session's sandbox has no egress (its network is off)");
           Send(json{{"t", "network"}, {"error", set.ok() ? "" : set.message()}});
         }

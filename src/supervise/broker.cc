@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <boost/asio/posix/stream_descriptor.hpp>
@@ -179,7 +180,19 @@ struct ConnectBroker::Impl : std::enable_shared_from_this<ConnectBroker::Impl> {
   std::unique_ptr<asio::steady_timer> preresolve_timer;
   bool writing = false;
   std::deque<std::pair<BrokerReply, UniqueFd>> out;
+  // The direct connections handed over (oldest first, at most
+  // kInstalledKept): the sandbox's sockets now, known by inode, so that a
+  // change of the rules can end those it no longer allows (Revoke).
+  struct Installed {
+    std::uint64_t inode;
+    std::string host;
+    net::IpAddress address;
+    std::uint16_t port;
+  };
+  std::deque<Installed> installed;
 };
+
+constexpr std::size_t kInstalledKept = 4096;
 
 void ConnectBroker::Impl::Read() {
   channel.async_wait(asio::posix::stream_descriptor::wait_read, [self = shared_from_this()](error_code ec) {
@@ -251,6 +264,22 @@ void ConnectBroker::Impl::RecordConnect(const BrokerDecision& d, const net::IpAd
   deps.sink->Record(rec);
 }
 
+std::vector<std::uint64_t> ConnectBroker::Revoke() {
+  std::vector<std::uint64_t> out;
+  auto& list = impl_->installed;
+  for (auto it = list.begin(); it != list.end();) {
+    const BrokerDecision d = DecideConnect(*impl_->deps.rules, *impl_->deps.book, *impl_->deps.approved, it->address,
+                                           it->port);
+    if (d.decision.verdict == net::Verdict::kAllow) {
+      ++it;
+      continue;
+    }
+    out.push_back(it->inode);
+    it = list.erase(it);
+  }
+  return out;
+}
+
 void ConnectBroker::Impl::Handle(const BrokerRequest& r, UniqueFd caller) {
   const auto target = TargetOf(r);
   if (!target || (r.domain != AF_INET && r.domain != AF_INET6)) return Reply(r.id, EAFNOSUPPORT);
@@ -311,7 +340,14 @@ void ConnectBroker::Impl::Open(const BrokerRequest& r, UniqueFd caller, const Br
     if (!relay) RecordConnect(d, address, port, "error", "connect-failed", std::strerror(err));
     return Reply(r.id, err);
   }
-  if (!relay) RecordConnect(d, address, port, "allow", "", "");
+  if (!relay) {
+    RecordConnect(d, address, port, "allow", "", "");
+    struct stat st {};
+    if (fstat(sock.get(), &st) == 0) {
+      installed.push_back({static_cast<std::uint64_t>(st.st_ino), d.host, address, port});
+      if (installed.size() > kInstalledKept) installed.pop_front();
+    }
+  }
   if (err == 0 || r.nonblock) {
     // Non-blocking callers see what a connect of their own would: the
     // socket in progress, EINPROGRESS, and poll() for the rest.

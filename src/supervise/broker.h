@@ -14,6 +14,7 @@
 
 #include <boost/asio/io_context.hpp>
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -60,6 +61,11 @@ class ConnectBroker {
   // Stops reading requests; connections already handed over are the
   // sandbox's. Irreversible.
   void Stop();
+
+  // After the rules it decides with changed: the direct connections it
+  // handed over that they no longer allow (by socket inode), forgotten
+  // here; ending them is the caller's (linux::ShutDownHeldSockets).
+  std::vector<std::uint64_t> Revoke();
 
   struct Impl;
 

@@ -16,6 +16,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "linux/descendants.h"
 #include "linux/loopback_peer.h"
 #include "linux/proxy_listeners.h"
 #include "net/ask.h"
@@ -263,25 +264,31 @@ void Egress::Stop() {
   s.records = s.sink.Take();
 }
 
-Status Egress::SetRules(const std::vector<std::string>& allow, const std::vector<std::string>& deny) {
+Status Egress::SetRules(const std::vector<std::string>& allow, const std::vector<std::string>& deny,
+                        pid_t sandbox_root) {
   if (!state_ || state_->stopped) return Status::Error("network", "the sandbox's egress is stopped");
   State& s = *state_;
   auto rules = net::RuleSet::Build(allow, deny, s.default_verdict);
   if (!rules.ok()) return Status::Error("network", rules.status().message());
-  auto apply = [&s, &rules] {
+  std::vector<std::uint64_t> revoked;
+  auto apply = [&s, &rules, &revoked] {
     *s.rules = *rules;
     s.proxy->SetRules(*rules);
+    if (s.broker) revoked = s.broker->Revoke();
   };
   if (!s.thread.joinable()) {
     apply();
-    return {};
+  } else {
+    std::promise<void> done;
+    boost::asio::post(s.io, [&] {
+      apply();
+      done.set_value();
+    });
+    done.get_future().wait();
   }
-  std::promise<void> done;
-  boost::asio::post(s.io, [&] {
-    apply();
-    done.set_value();
-  });
-  done.get_future().wait();
+  // The broker's direct connections are the sandbox's own sockets: ended
+  // through a copy of the descriptor that holds them.
+  if (!revoked.empty() && sandbox_root > 0) (void)linux::ShutDownHeldSockets(sandbox_root, revoked);
   return {};
 }
 

@@ -48,9 +48,12 @@ class Egress {
   // Replaces the allow and deny lists (the plan's default stays): new
   // connections, names asked of the DNS inside and the connect() broker's
   // decisions follow them at once, and every connection through the proxy
-  // to a target they no longer allow is closed, before this returns. An
-  // entry that does not parse is refused, naming it, and nothing changes.
-  Status SetRules(const std::vector<std::string>& allow, const std::vector<std::string>& deny);
+  // to a target they no longer allow is closed, before this returns; so is
+  // every direct connection the broker handed over to such a target that
+  // `sandbox_root` (> 0) or a process below it holds. An entry that does
+  // not parse is refused, naming it, and nothing changes.
+  Status SetRules(const std::vector<std::string>& allow, const std::vector<std::string>& deny,
+                  pid_t sandbox_root = 0);
 
   // After Stop: every record, in the order the connections ended.
   const std::vector<net::ConnectionRecord>& records() const;

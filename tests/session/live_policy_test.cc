@@ -3,11 +3,17 @@
 // tunnel open to it through the proxy is closed before the answer.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
 #include <chrono>
 #include <mutex>
 #include <string>
@@ -17,6 +23,7 @@
 #include <gtest/gtest.h>
 
 #include "daemon_fixture.h"
+#include "linux/fd.h"
 
 namespace agentbox::session_test {
 namespace {
@@ -28,11 +35,11 @@ using e2e::TempDir;
 // any other connection open, noting when its peer closes it.
 class Upstream {
  public:
-  Upstream() {
+  explicit Upstream(const char* address = "127.0.0.1") {
     fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    inet_pton(AF_INET, address, &a.sin_addr);
     socklen_t len = sizeof a;
     if (fd_ < 0 || bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(fd_, 16) != 0 ||
         getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
@@ -197,6 +204,77 @@ TEST_F(LivePolicyTest, AChangeBeforeTheWorldStartsIsTheWorldsFromTheStart) {
   EXPECT_EQ(patched.body.value("applied", ""), "next_world") << patched.text;
   json r = Fetch();
   EXPECT_EQ(r.value("kind", ""), "sandbox_denied") << r.dump();
+}
+
+// A connection the connect() broker installed directly in the sandbox (no
+// proxy in its path) is the sandbox's own socket: a tightening ends it too.
+// The daemon runs in a network namespace of the test's, whose loopback also
+// has 198.18.0.10 (a benchmarking address, reached only as an IP literal
+// entry allows): the sandbox's own loopback has no such address, so its
+// connect() to it goes through the broker.
+class LivePolicyBrokerTest : public ::testing::Test {
+ protected:
+  static constexpr const char* kAddr = "198.18.0.10";
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "not applicable here: a network namespace of the test's own needs root";
+    home_.reset(open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC));
+    ASSERT_TRUE(home_.valid());
+    ASSERT_EQ(unshare(CLONE_NEWNET), 0) << std::strerror(errno);
+    in_netns_ = true;
+    for (const std::string& cmd : {std::string("ip link set lo up"), std::string("ip addr add ") + kAddr + "/32 dev lo"}) {
+      ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    }
+    up_ = std::make_unique<Upstream>(kAddr);
+    ASSERT_GT(up_->port(), 0);
+    target_ = std::string(kAddr) + ":" + std::to_string(up_->port());
+    ASSERT_TRUE(d_.Start()) << d_.error();
+    // Back to the test's own network; the daemon and the upstream stay there.
+    ASSERT_EQ(setns(home_.get(), CLONE_NEWNET), 0) << std::strerror(errno);
+    in_netns_ = false;
+    id_ = CreateSession(d_.client(), ws_.path(), {{"policy", "version: 1\nnetwork:\n  allow: [\"" + target_ + "\"]\n"}});
+    ASSERT_FALSE(id_.empty());
+  }
+  void TearDown() override {
+    if (in_netns_) (void)setns(home_.get(), CLONE_NEWNET);
+  }
+
+  linux::UniqueFd home_;
+  bool in_netns_ = false;
+  std::unique_ptr<Upstream> up_;
+  TempDir ws_{"agentbox-live-policy-ws-"};
+  Daemon d_;
+  std::string id_, target_;
+};
+
+TEST_F(LivePolicyBrokerTest, RemovingAHostEndsADirectConnectionToIt) {
+  const std::string holder = std::string("import socket\n") + "s = socket.create_connection(('" + kAddr + "', " +
+                             std::to_string(up_->port()) + "))\n" +
+                             "s.sendall(b'hold\\n'); print('connected', flush=True)\n"
+                             "while s.recv(4096): pass\n"
+                             "print('closed', flush=True)\n";
+  json written = Bash(d_.client(), id_, "cat > /tmp/holder.py <<'EOF'\n" + holder + "EOF\n");
+  ASSERT_EQ(written.value("exit_code", -1), 0) << written.dump();
+  json started = Bash(d_.client(), id_, "python3 /tmp/holder.py > holder.out 2>&1 &");
+  ASSERT_EQ(started.value("exit_code", -1), 0) << started.dump();
+  for (int i = 0; i < 100 && up_->held() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_EQ(up_->held(), 1) << "the direct connection did not reach the upstream: "
+                            << Bash(d_.client(), id_, "cat holder.out").value("output", "");
+  Answer patched = Call(d_.client(), "PATCH", "/v1/sessions/" + id_ + "/policy",
+                        {{"policy", "network:\n  allow: []\n"}, {"by", "test"}});
+  ASSERT_EQ(patched.status, 200) << patched.text;
+  EXPECT_EQ(patched.body.value("applied", ""), "live") << patched.text;
+  for (int i = 0; i < 50 && up_->closed() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(up_->closed(), 1) << "the direct connection to the removed host was not ended";
+  json holder_out;
+  for (int i = 0; i < 50; ++i) {
+    holder_out = Bash(d_.client(), id_, "cat holder.out");
+    if (Contains(holder_out.value("output", ""), "closed")) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(Contains(holder_out.value("output", ""), "closed")) << holder_out.dump();
+  json again = Bash(d_.client(), id_, "python3 -c \"import socket; socket.create_connection(('" + std::string(kAddr) +
+                                          "', " + std::to_string(up_->port()) + "))\"");
+  EXPECT_EQ(again.value("kind", ""), "sandbox_denied") << again.dump();
 }
 
 }  // namespace
