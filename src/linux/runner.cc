@@ -1283,6 +1283,10 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
               refuse("sendmsg", errno);
               continue;
             }
+            // Denials between calls (what earlier calls left running) are
+            // nobody's: the call's tally starts now.
+            count_records();
+            current->tally = DenialTally();
             current->id = id;
             current->result = std::move(received[first_io + 2]);
           }
