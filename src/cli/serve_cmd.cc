@@ -6,7 +6,8 @@
 //   1. the state directory, made absolute and created (0700);
 //   2. the log (stderr, or --log-file);
 //   3. the state directory's lock: one daemon per directory;
-//   4. TCP: a loopback address and a private token file, both checked;
+//   4. the limits, the approver (--approve-command, --approve-timeout), and
+//      TCP: a loopback address and a private token file, all checked;
 //   5. the unix socket (0600; a stale one replaced);
 //   6. the session manager, which finds the sessions on disk;
 //   7. the HTTP server, until SIGTERM/SIGINT; then calls in flight get the
@@ -18,6 +19,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -46,6 +48,8 @@ struct ServeFlags {
   std::string workspace_mode = "auto";
   std::string max_body = "32Mi";
   std::string read_timeout = "30s";
+  std::string approve_command;
+  std::string approve_timeout = "60s";
 };
 
 int Fail(const std::string& message) {
@@ -58,6 +62,20 @@ std::string Absolute(const std::string& path) {
   char cwd[PATH_MAX];
   if (!getcwd(cwd, sizeof(cwd))) return path;
   return std::string(cwd) + "/" + path;
+}
+
+// --approve-command: a path is made absolute (the daemon may be started
+// from anywhere; requests come later) and must be an executable file now; a
+// bare name is looked up in PATH at each request, as posix_spawnp does.
+Result<std::vector<std::string>> ApproveCommand(const std::string& prog) {
+  if (prog.empty()) return std::vector<std::string>{};
+  if (prog.find('/') == std::string::npos) return std::vector<std::string>{prog};
+  const std::string path = std::filesystem::path(Absolute(prog)).lexically_normal().string();
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) return Status::Errno("serve", "stat", path);
+  if (!S_ISREG(st.st_mode)) return Status::Error("serve", path + " is not a regular file");
+  if (access(path.c_str(), X_OK) != 0) return Status::Errno("serve", "access(X_OK)", path);
+  return std::vector<std::string>{path};
 }
 
 // mkdir -p, each missing level 0700.
@@ -99,6 +117,10 @@ int RunServe(const ServeFlags& f) {
   if (!read_timeout.ok() || *read_timeout == 0) {
     return Fail("--read-timeout: " + (read_timeout.ok() ? std::string("must be positive") : read_timeout.status().message()));
   }
+  auto approve_timeout = ParseDurationMs(f.approve_timeout);
+  if (!approve_timeout.ok()) return Fail("--approve-timeout: " + approve_timeout.status().message());
+  auto approve_command = ApproveCommand(f.approve_command);
+  if (!approve_command.ok()) return Fail("--approve-command: " + approve_command.status().message());
   if (f.workspace_mode != "auto" && f.workspace_mode != "overlay" && f.workspace_mode != "copy") {
     return Fail("--workspace-mode: '" + f.workspace_mode + "' is not auto, overlay or copy");
   }
@@ -148,10 +170,15 @@ int RunServe(const ServeFlags& f) {
   mo.max_sessions = f.max_sessions;
   mo.max_concurrent_calls = f.max_calls;
   mo.workspace_mode = f.workspace_mode;
+  mo.approve_command = *approve_command;
+  mo.approve_timeout = std::chrono::milliseconds(*approve_timeout);
   auto manager = session::Manager::Open(mo);
   if (!manager.ok()) return Fail(manager.status().ToString());
   log->Log(daemon::Level::kInfo, "sessions_loaded",
            {{"state_dir", state_dir}, {"sessions", (*manager)->List().size()}});
+  log->Log(daemon::Level::kInfo, "approver",
+           {{"command", mo.approve_command.empty() ? nlohmann::json(nullptr) : nlohmann::json(mo.approve_command[0])},
+            {"timeout_ms", mo.approve_timeout.count()}});
 
   // 7. Serve.
   auto server = daemon::Server::Create(std::move(options), *log);
@@ -186,6 +213,11 @@ Subcommand AddServeCommand(CLI::App& app) {
   cmd->add_option("--workspace-mode", f->workspace_mode, "auto | overlay | copy (default auto)");
   cmd->add_option("--max-body", f->max_body, "request body limit (default 32Mi); past it: 413");
   cmd->add_option("--read-timeout", f->read_timeout, "a request must arrive within this (default 30s); else 408");
+  cmd->add_option("--approve-command", f->approve_command,
+                  "decides escalation requests: run PROG per request ({\"type\":\"escalation\",...} on stdin; "
+                  "answers once, session or deny); without it every request is denied");
+  cmd->add_option("--approve-timeout", f->approve_timeout,
+                  "an escalation request unanswered this long is a deny (default 60s)");
   return {cmd, [f](const std::vector<std::string>&) { return RunServe(*f); }};
 }
 

@@ -1,8 +1,6 @@
 #include "net/ask.h"
 
 #include <fcntl.h>
-#include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <termios.h>
 #include <unistd.h>
@@ -14,7 +12,7 @@
 
 #include <cstring>
 
-extern char** environ;
+#include "linux/host_program.h"
 
 namespace agentbox::net {
 
@@ -38,8 +36,8 @@ namespace {
 
 // One run of the ask command: its stdout, a timer, and the answer once.
 struct CommandRun : std::enable_shared_from_this<CommandRun> {
-  CommandRun(asio::io_context& io, pid_t pid, int out_fd, std::function<void(AskAnswer)> done)
-      : out(io, out_fd), timer(io), pid(pid), done(std::move(done)) {}
+  CommandRun(asio::io_context& io, linux::HostProgram started, std::function<void(AskAnswer)> done)
+      : out(io, started.TakeStdout().release()), timer(io), program(std::move(started)), done(std::move(done)) {}
 
   void Start(std::chrono::milliseconds timeout) {
     timer.expires_after(timeout);
@@ -58,21 +56,15 @@ struct CommandRun : std::enable_shared_from_this<CommandRun> {
     });
   }
   AskAnswer Decide() {
-    ::kill(pid, SIGKILL);  // whatever it still does, the answer is in
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    reaped = true;
+    // Whatever it still does, the answer is in.
+    const int status = program.End();
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return AskAnswer::kDeny;
     return ParseAnswer(text);
   }
   void End(AskAnswer a) {
     if (ended) return;
     ended = true;
-    if (!reaped) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-      reaped = true;
-    }
+    program.End();
     timer.cancel();
     error_code ec;
     out.close(ec);
@@ -81,12 +73,11 @@ struct CommandRun : std::enable_shared_from_this<CommandRun> {
 
   asio::posix::stream_descriptor out;
   asio::steady_timer timer;
-  pid_t pid;
+  linux::HostProgram program;
   std::function<void(AskAnswer)> done;
   char chunk[512];
   std::string text;
   bool ended = false;
-  bool reaped = false;
 };
 
 }  // namespace
@@ -95,41 +86,15 @@ CommandAsker::CommandAsker(asio::io_context& io, std::vector<std::string> argv, 
     : io_(io), argv_(std::move(argv)), timeout_(timeout) {}
 
 void CommandAsker::Ask(const std::string& host, std::uint16_t port, std::function<void(AskAnswer)> done) {
-  auto deny_later = [&] { asio::post(io_, [done] { done(AskAnswer::kDeny); }); };
-  if (argv_.empty()) return deny_later();
-  int in[2], out[2];
-  if (::pipe2(in, O_CLOEXEC) != 0) return deny_later();
-  if (::pipe2(out, O_CLOEXEC) != 0) {
-    ::close(in[0]);
-    ::close(in[1]);
-    return deny_later();
+  const std::string question = nlohmann::json{{"host", host}, {"port", port}}.dump() + "\n";
+  // In agentbox's own process group: a program that asks on the terminal
+  // must be able to read it.
+  auto program = linux::HostProgram::Start(argv_, question, linux::ProcessGroup::kCallers);
+  if (!program.ok()) {
+    asio::post(io_, [done] { done(AskAnswer::kDeny); });
+    return;
   }
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, in[0], 0);
-  posix_spawn_file_actions_adddup2(&actions, out[1], 1);
-  // stdin, stdout and stderr only: whatever this process holds (a
-  // descriptor it inherited without close-on-exec included) stays here.
-  posix_spawn_file_actions_addclosefrom_np(&actions, 3);
-  std::vector<char*> args;
-  for (auto& a : argv_) args.push_back(a.data());
-  args.push_back(nullptr);
-  pid_t pid = -1;
-  int rc = ::posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  ::close(in[0]);
-  ::close(out[1]);
-  if (rc != 0) {
-    ::close(in[1]);
-    ::close(out[0]);
-    return deny_later();
-  }
-  // The question is a few dozen bytes: it fits in the pipe, the write cannot block.
-  std::string question = nlohmann::json{{"host", host}, {"port", port}}.dump() + "\n";
-  ssize_t ignored = ::write(in[1], question.data(), question.size());
-  (void)ignored;
-  ::close(in[1]);
-  auto run = std::make_shared<CommandRun>(io_, pid, out[0], std::move(done));
+  auto run = std::make_shared<CommandRun>(io_, std::move(*program), std::move(done));
   run->Start(timeout_);
 }
 

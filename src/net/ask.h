@@ -20,8 +20,10 @@ namespace agentbox::net {
 // Runs `argv` once per question with {"host": "...", "port": N} on stdin and
 // reads its answer from stdout: "allow" (or "once", "yes") allows once,
 // "always" allows host:port for the rest of the run, anything else, a
-// non-zero exit or no answer within `timeout` denies. The program is killed
-// at the bound; its process is reaped by the asker (waitpid on its own pid).
+// non-zero exit or no answer within `timeout` denies. It is started as a
+// host program (linux/host_program.h: the question already in its stdin
+// pipe), in agentbox's process group so that it may prompt on agentbox's
+// terminal; once its stdout ends, or at the bound, it is killed and reaped.
 class CommandAsker : public Asker {
  public:
   CommandAsker(boost::asio::io_context& io, std::vector<std::string> argv, std::chrono::milliseconds timeout);

@@ -3,9 +3,6 @@
 #include <fcntl.h>
 #include <openssl/crypto.h>
 #include <openssl/rand.h>
-#include <poll.h>
-#include <signal.h>
-#include <spawn.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,7 +13,7 @@
 #include <cstring>
 #include <map>
 
-extern char** environ;
+#include "linux/host_program.h"
 
 namespace agentbox::net {
 namespace {
@@ -109,72 +106,28 @@ Result<LockedBytes> ReadFileSecret(const SecretSpec& spec) {
   return locked;
 }
 
-// Runs the command with stdin from /dev/null and stdout into a pipe, bounded
-// in time and size. Its stderr goes where the supervisor's goes: a password
-// manager's prompt or complaint stays visible to the person.
+// Runs the command as agentbox runs every host program (linux/host_program.h:
+// an empty stdin, a process group of its own that is killed once it has
+// exited), bounded in time and size. Its stderr goes where the supervisor's
+// goes: a password manager's prompt or complaint stays visible to the person.
 Result<LockedBytes> RunCommandSecret(const SecretSpec& spec) {
-  int out[2];
-  if (::pipe2(out, O_CLOEXEC) != 0) return Problem(spec, std::string("pipe2: ") + std::strerror(errno));
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&actions, out[1], 1);
-  posix_spawn_file_actions_addclosefrom_np(&actions, 3);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
-  posix_spawnattr_setpgroup(&attr, 0);
-  std::vector<std::string> argv = spec.from.command;
-  std::vector<char*> args;
-  for (auto& a : argv) args.push_back(a.data());
-  args.push_back(nullptr);
-  pid_t pid = -1;
-  int rc = ::posix_spawnp(&pid, args[0], &actions, &attr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attr);
-  ::close(out[1]);
-  if (rc != 0) {
-    ::close(out[0]);
-    return Problem(spec, "cannot run " + argv[0] + ": " + std::strerror(rc));
-  }
-  std::string data;
-  bool too_big = false, timed_out = false;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kCommandTimeoutMs);
-  char buf[4096];
-  while (true) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) {
-      timed_out = true;
+  auto run = linux::RunHostProgram(spec.from.command, "", std::chrono::milliseconds(kCommandTimeoutMs),
+                                   kMaxSecretBytes);
+  if (!run.ok()) return Problem(spec, "cannot run it: " + run.status().message());
+  std::string& data = run->output;
+  std::string failed;
+  switch (run->end) {
+    case linux::ProgramRun::End::kTimedOut: failed = "the command did not finish within 10 s"; break;
+    case linux::ProgramRun::End::kOutputTooLong: failed = "the command printed more than 64 KiB"; break;
+    case linux::ProgramRun::End::kExited:
+      if (!WIFEXITED(run->wait_status) || WEXITSTATUS(run->wait_status) != 0) {
+        failed = "the command " + linux::DescribeWaitStatus(run->wait_status);
+      }
       break;
-    }
-    pollfd p{out[0], POLLIN, 0};
-    int ready = ::poll(&p, 1, static_cast<int>(left.count()));
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready <= 0) {
-      timed_out = ready == 0;
-      break;
-    }
-    ssize_t n = ::read(out[0], buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    data.append(buf, static_cast<std::size_t>(n));
-    if (data.size() > kMaxSecretBytes) {
-      too_big = true;
-      break;
-    }
   }
-  OPENSSL_cleanse(buf, sizeof buf);
-  ::close(out[0]);
-  if (timed_out || too_big) ::kill(-pid, SIGKILL);
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (timed_out || too_big || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+  if (!failed.empty()) {
     Wipe(data);
-    if (timed_out) return Problem(spec, "the command did not finish within 10 s");
-    if (too_big) return Problem(spec, "the command printed more than 64 KiB");
-    if (WIFSIGNALED(status)) return Problem(spec, "the command died of signal " + std::to_string(WTERMSIG(status)));
-    return Problem(spec, "the command exited with status " + std::to_string(WEXITSTATUS(status)));
+    return Problem(spec, failed);
   }
   auto locked = LockedBytes::Copy(TrimNewline(data));
   Wipe(data);

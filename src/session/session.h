@@ -8,6 +8,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -46,6 +47,11 @@ struct ManagerOptions {
   std::string upper_fs = "auto";
   std::string agentbox_exe;              // the binary that serves `__world` ("" = this process's own)
   int ready_timeout_ms = 30000;          // provisioning a sandbox takes at most this
+  // Who decides escalation requests (supervise/approver.h DecideByCommand):
+  // --approve-command's argv ({}: no one; every request is a deny, "no
+  // approver is configured") and how long it may take to answer.
+  std::vector<std::string> approve_command;
+  std::chrono::milliseconds approve_timeout{60000};
 };
 
 struct CreateRequest {
