@@ -99,12 +99,7 @@ Result<HostProgram> HostProgram::Start(const std::vector<std::string>& argv, std
   posix_spawn_file_actions_addclosefrom_np(&actions, 3);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
-  sigset_t none, all;
-  sigemptyset(&none);
-  sigfillset(&all);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setsigdefault(&attr, &all);
-  short flags = POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF;
+  short flags = SpawnWithCleanSignals(&attr);
   if (group == ProcessGroup::kOwn) {
     posix_spawnattr_setpgroup(&attr, 0);
     flags |= POSIX_SPAWN_SETPGROUP;
@@ -120,6 +115,15 @@ Result<HostProgram> HostProgram::Start(const std::vector<std::string>& argv, std
   posix_spawnattr_destroy(&attr);
   if (rc != 0) return Status::Syscall(kStage, "posix_spawnp", name, rc);
   return HostProgram(pid, group, std::move(out_read));
+}
+
+short SpawnWithCleanSignals(posix_spawnattr_t* attr) {
+  sigset_t none, all;
+  sigemptyset(&none);
+  sigfillset(&all);
+  posix_spawnattr_setsigmask(attr, &none);
+  posix_spawnattr_setsigdefault(attr, &all);
+  return POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF;
 }
 
 HostProgram::HostProgram(HostProgram&& other) noexcept

@@ -18,6 +18,8 @@
 //     program must not inherit that).
 #pragma once
 
+#include <spawn.h>
+
 #include <sys/types.h>
 
 #include <chrono>
@@ -101,6 +103,11 @@ struct ProgramRun {
 // Thread-safe: every call has its own program and pipes.
 Result<ProgramRun> RunHostProgram(const std::vector<std::string>& argv, std::string_view input,
                                   std::chrono::milliseconds timeout, std::size_t max_output);
+
+// Sets `attr` so that the spawned program starts with no signal blocked
+// and every disposition at its default (the caller's threads block and
+// ignore some); returns the flags that says, for posix_spawnattr_setflags.
+short SpawnWithCleanSignals(posix_spawnattr_t* attr);
 
 // "exited with status 3", "was killed by signal SIGSEGV (11)".
 std::string DescribeWaitStatus(int wait_status);

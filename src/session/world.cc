@@ -17,6 +17,7 @@
 #include "net/secrets.h"
 #include "session/secret_handover.h"
 #include "linux/compat.h"
+#include "linux/host_program.h"
 
 extern char** environ;
 
@@ -244,12 +245,7 @@ Result<std::unique_ptr<World>> World::Start(const std::string& exe, const Plan& 
   posix_spawn_file_actions_adddup2(&actions, 2, 1);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
-  sigset_t none, all;
-  sigemptyset(&none);
-  sigfillset(&all);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setsigdefault(&attr, &all);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  posix_spawnattr_setflags(&attr, linux::SpawnWithCleanSignals(&attr));
   pid_t pid = -1;
   int rc = posix_spawn(&pid, exe.c_str(), &actions, &attr, argv, envp.data());
   posix_spawn_file_actions_destroy(&actions);
