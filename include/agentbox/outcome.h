@@ -38,6 +38,20 @@ struct EnforcementReport {
 // from full: what a run finds short of the plan after planning.
 void AddMissing(EnforcementReport* report, MissingFacet missing);
 
+// An escalation offer (on_violation.escalation: one_time_approval): the
+// one grant that would have allowed a denial, scoped to what was denied,
+// and whether on_violation.max_grant lets it be given. Listing an offer
+// asks nobody and grants nothing.
+struct EscalationOffer {
+  std::string id;         // "esc-" + the first 12 hex digits of sha256(grant_json)
+  std::string grant_key;  // network.allow | filesystem.read | filesystem.read_write | syscalls.allow | resources.memory_gib
+  std::string grant_text;                  // host:port, a path, a syscall ("" for memory)
+  std::optional<std::uint64_t> grant_gib;  // resources.memory_gib: whole GiB
+  std::string grant_json;  // the grant's canonical JSON: {"network.allow":"host:port"}
+  bool within_ceiling = false;
+  std::string why_not;     // when not within: what puts it beyond
+};
+
 struct Denial {
   std::string facet;                     // filesystem, network, syscalls
   std::string op;                        // read, write, connect, ...
@@ -45,6 +59,7 @@ struct Denial {
   std::string reason;
   std::string source;                    // "stderr-signature", "proxy", "seccomp"
   std::uint64_t count = 0;               // seccomp: how many calls were denied (0: not counted)
+  std::optional<EscalationOffer> escalation;  // report key `escalation`
 };
 
 struct ErrorInfo {
@@ -135,6 +150,8 @@ struct Outcome {
 // JSON text of the report (pretty-printed when `indent` >= 0).
 std::string ToJson(const Outcome& outcome, int indent = 2);
 std::string ToJson(const EnforcementReport& report, int indent = 2);
+// One denial as the report lists it (an element of `denials`).
+std::string ToJson(const Denial& denial, int indent = -1);
 
 // The running version, as reported in `agentbox_version`.
 const char* Version();

@@ -268,6 +268,25 @@ struct WorkspaceQuotaPlan {
   std::uint64_t bytes = 0;   // what the run may add: the limit is the use at the start plus this
 };
 
+// on_violation, as the supervisor needs it once a run's denials are known
+// (confine/escalation.h): whether a denial carries an escalation offer,
+// and the ceiling the offer is held against. Paths are absolute, `~`
+// expanded against the invoking user's home. Filled only with `offers`.
+struct EscalationPlan {
+  bool offers = false;                        // on_violation.escalation: one_time_approval
+  std::vector<std::string> network;           // max_grant.network (host[:port] patterns)
+  std::vector<std::string> filesystem_read;   // max_grant.filesystem_read
+  std::vector<std::string> filesystem_write;  // max_grant.filesystem_write
+  std::vector<std::string> syscalls;          // max_grant.syscalls
+  std::optional<std::uint64_t> memory_max_bytes;  // max_grant.memory_gib
+  // Always beyond the ceiling: filesystem.deny, the built-in credential
+  // paths and agentbox's own directories. Absolute, or relative to the
+  // workspace (inside); gitignore-style globs as filesystem.deny has them.
+  std::vector<std::string> never;
+  // No offer at all: what no grant lifts (filesystem.protect, absolute inside).
+  std::vector<std::string> protect;
+};
+
 struct Plan {
   bool confined = true;      // false: danger-full-access, run as is
   Backend backend = Backend::kNamespaces;
@@ -307,6 +326,7 @@ struct Plan {
   // controlling terminal), relayed by the runner to the caller's stdio.
   bool tty = false;
   bool denial_outcome = true;           // false: on_violation.report_as task_failure
+  EscalationPlan escalation;            // on_violation.escalation and max_grant
   std::uint64_t kill_grace_ms = 2000;
   std::string nonce;                    // marks this run's runner-failure lines
   // kLandlockOnly: the supervisor creates a private 0700 directory under

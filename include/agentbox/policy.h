@@ -186,9 +186,23 @@ struct HomeSpec {
   std::vector<std::string> import;
 };
 
+// on_violation.max_grant: the ceiling an escalation offer is held against
+// (docs/policy.md). An empty list, or no memory_gib, means no grant of that
+// kind is within it. Whatever it says, some grants are always beyond it:
+// danger-full-access, a path under filesystem.deny or a built-in credential
+// path (NeverGrantedPaths), a syscall SyscallGrantProblem refuses.
+struct MaxGrantSpec {
+  std::vector<std::string> network;           // host[:port] patterns, as network.allow takes them
+  std::vector<std::string> filesystem_read;   // trees a read grant may open (absolute or ~/...)
+  std::vector<std::string> filesystem_write;  // trees a read_write grant may mount
+  std::vector<std::string> syscalls;          // syscalls a grant may allow
+  std::optional<std::uint64_t> memory_bytes;  // memory_gib: the largest memory limit a grant may set
+};
+
 struct OnViolationSpec {
   ReportAs report_as = ReportAs::kSandboxDenial;
   Escalation escalation = Escalation::kDeny;
+  MaxGrantSpec max_grant;
 };
 
 // diff: what a session's diff and apply leave out, on top of the
@@ -292,6 +306,24 @@ Result<std::uint64_t> ParseDurationMs(const std::string& text);  // "30s", "5m",
 // variables (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY, NO_PROXY, lower-case too);
 // a name matches itself.
 bool EnvPatternMatch(std::string_view pattern, std::string_view name);
+
+// Why no escalation grant may ever allow the syscall `name`, or nothing
+// when one may: ptrace, process_vm_readv and process_vm_writev, which the
+// seccomp layer denies outright and which reach only the sandbox's own
+// processes (its pid namespace). Everything else that layer denies outright
+// (mounts, namespaces, modules, kexec, io_uring, bpf, ...) would undo the
+// sandbox, reach the host or open kernel code with a record of privilege
+// escalations; a name it does not deny outright has nothing to grant.
+std::optional<std::string> SyscallGrantProblem(std::string_view name);
+// Whether the seccomp layer denies `name` whatever its arguments (a grant
+// could name it, allowed or not); calls denied by their arguments (clone
+// with namespace flags, socket families, set-id modes) are not.
+bool SyscallDeniedOutright(std::string_view name);
+
+// Paths no grant ever opens, whatever on_violation.max_grant says: the
+// credential paths every confined preset denies (`~/.ssh`, `~/.aws`, ...,
+// `**/.env`, /etc/shadow), as the preset writes them (`~` unexpanded).
+const std::vector<std::string>& NeverGrantedPaths();
 
 // Names, for reports and errors.
 const char* ToString(Mode);

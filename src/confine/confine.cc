@@ -11,6 +11,7 @@
 #include <cstring>
 #include <set>
 #include <string>
+#include <utility>
 
 #include "confine/layers.h"
 #include "confine/paths.h"
@@ -107,6 +108,39 @@ std::string NamespacesLack(const HostCaps& host) {
   for (const auto& p : host.proc_overmounts) hidden += (hidden.empty() ? "" : ", ") + p;
   return "a fresh /proc cannot be mounted in a user namespace here: the host's /proc is not fully visible" +
          (hidden.empty() ? std::string() : " (mounted over: " + hidden + ")");
+}
+
+// on_violation for the supervisor: the ceiling with `~` expanded, and
+// what no grant reaches. The workspace target must be final.
+void PlanEscalation(const Policy& policy, const Invocation& inv, Plan* plan) {
+  if (policy.on_violation.escalation != Escalation::kOneTimeApproval) return;
+  EscalationPlan& e = plan->escalation;
+  const MaxGrantSpec& g = policy.on_violation.max_grant;
+  e.offers = true;
+  e.network = g.network;
+  e.syscalls = g.syscalls;
+  e.memory_max_bytes = g.memory_bytes;
+  for (const auto& [from, to] : {std::pair{&g.filesystem_read, &e.filesystem_read},
+                                 std::pair{&g.filesystem_write, &e.filesystem_write}}) {
+    for (const auto& entry : *from) {
+      std::string p = paths::ExpandHome(entry, inv.home);
+      if (!p.empty()) to->push_back(p);  // `~` with no home: nothing it could name
+    }
+  }
+  for (const auto* list : {&policy.filesystem.deny, &NeverGrantedPaths()}) {
+    for (const auto& entry : *list) {
+      std::string p = paths::ExpandHome(entry, inv.home);
+      if (!p.empty() && std::find(e.never.begin(), e.never.end(), p) == e.never.end()) e.never.push_back(p);
+    }
+  }
+  for (const auto& d : inv.own_dirs) e.never.push_back(d);
+  for (const auto& entry : policy.filesystem.protect) {
+    std::string p = entry[0] == '/' ? entry : paths::Join(plan->workspace_target, entry);
+    if (!inv.workspace.empty() && paths::IsWithin(p, inv.workspace) && inv.workspace != plan->workspace_target) {
+      p = paths::Rebase(p, inv.workspace, plan->workspace_target);  // given as a host path
+    }
+    e.protect.push_back(p);
+  }
 }
 
 bool Writable(const Policy& p) {
@@ -657,8 +691,9 @@ EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host, 
     r.notes.push_back("network.deny: nothing outside the sandbox is reachable, so every entry holds");
   }
   if (policy.on_violation.escalation == Escalation::kOneTimeApproval) {
-    r.notes.push_back("on_violation.escalation: one_time_approval is not offered by this version: "
-                      "a denial stays a denial");
+    r.notes.push_back("on_violation.escalation: one_time_approval: each denial a grant could lift lists its "
+                      "escalation offer (the grant, and whether on_violation.max_grant allows it); asking, "
+                      "approving and granting are not in this version, so a denial stays a denial");
   }
   if (policy.on_violation.report_as == ReportAs::kTaskFailure) {
     r.notes.push_back("on_violation.report_as: task_failure: denials are listed, but the outcome "
@@ -1460,6 +1495,8 @@ Result<ConfinedCommand> ConfinePolicy(const std::vector<std::string>& argv, cons
     }
     out.denial_signatures = DenialSignatures(plan, protect_rel);
   }
+
+  if (Confines(policy)) PlanEscalation(policy, inv, &plan);
 
   out.runner_failure_rules.push_back(
       {"^agentbox: sandbox error \\[" + inv.nonce + "\\] stage=([a-z_-]+)",

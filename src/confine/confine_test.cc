@@ -431,6 +431,62 @@ TEST(Confine, NetworkAllowlistGoesThroughTheProxy) {
   EXPECT_EQ(back->network.sni_ports, std::vector<std::uint16_t>{443});
 }
 
+TEST(Confine, EscalationCeilingReachesThePlanAndSurvivesJson) {
+  Policy pol = PresetFor(Mode::kWorkspaceWrite);
+  auto off = Confine({"true"}, pol, FullHost(), Inv());
+  ASSERT_TRUE(off.ok()) << off.status().message();
+  EXPECT_FALSE(off->plan.escalation.offers);  // escalation: deny, the default
+  auto off_back = PlanFromJson(PlanToJson(off->plan));
+  ASSERT_TRUE(off_back.ok());
+  EXPECT_FALSE(off_back->escalation.offers);
+
+  pol.on_violation.escalation = Escalation::kOneTimeApproval;
+  pol.on_violation.max_grant.network = {"registry.example:443"};
+  pol.on_violation.max_grant.filesystem_read = {"~/src", "/opt/data"};
+  pol.on_violation.max_grant.filesystem_write = {"~/src"};
+  pol.on_violation.max_grant.syscalls = {"ptrace"};
+  pol.on_violation.max_grant.memory_bytes = 8ULL << 30;
+  Invocation inv = Inv();
+  inv.own_dirs = {"/home/u/.local/state/agentbox"};
+  auto c = Confine({"true"}, pol, FullHost(), inv);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  const EscalationPlan& e = c->plan.escalation;
+  EXPECT_TRUE(e.offers);
+  EXPECT_EQ(e.network, (std::vector<std::string>{"registry.example:443"}));
+  EXPECT_EQ(e.filesystem_read, (std::vector<std::string>{"/home/u/src", "/opt/data"}));
+  EXPECT_EQ(e.filesystem_write, (std::vector<std::string>{"/home/u/src"}));
+  EXPECT_EQ(e.syscalls, (std::vector<std::string>{"ptrace"}));
+  EXPECT_EQ(e.memory_max_bytes, std::optional<std::uint64_t>(8ULL << 30));
+  auto has = [](const std::vector<std::string>& v, const std::string& x) {
+    return std::find(v.begin(), v.end(), x) != v.end();
+  };
+  EXPECT_TRUE(has(e.never, "/home/u/.ssh"));
+  EXPECT_TRUE(has(e.never, "**/.env"));
+  EXPECT_TRUE(has(e.never, "/home/u/.local/state/agentbox"));
+  EXPECT_TRUE(has(e.protect, "/home/u/proj/.git/hooks"));
+  EXPECT_TRUE(has(e.protect, "/home/u/proj/.git/config"));
+
+  // The plan travels as JSON to a session's world process.
+  auto back = PlanFromJson(PlanToJson(c->plan));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  const EscalationPlan& b = back->escalation;
+  EXPECT_TRUE(b.offers);
+  EXPECT_EQ(b.network, e.network);
+  EXPECT_EQ(b.filesystem_read, e.filesystem_read);
+  EXPECT_EQ(b.filesystem_write, e.filesystem_write);
+  EXPECT_EQ(b.syscalls, e.syscalls);
+  EXPECT_EQ(b.memory_max_bytes, e.memory_max_bytes);
+  EXPECT_EQ(b.never, e.never);
+  EXPECT_EQ(b.protect, e.protect);
+
+  pol.on_violation.max_grant.memory_bytes.reset();
+  auto no_memory = Confine({"true"}, pol, FullHost(), inv);
+  ASSERT_TRUE(no_memory.ok());
+  auto no_memory_back = PlanFromJson(PlanToJson(no_memory->plan));
+  ASSERT_TRUE(no_memory_back.ok());
+  EXPECT_FALSE(no_memory_back->escalation.memory_max_bytes.has_value());
+}
+
 TEST(Confine, TlsSniSwitchReachesThePlan) {
   Policy pol = PresetFor(Mode::kWorkspaceWrite);
   pol.network.allow = {"github.com"};
@@ -703,6 +759,8 @@ TEST(Confine, ValuesHonouredDifferentlyAreNotedNotSilent) {
   EXPECT_NE(notes[0].find("fresh_per_task"), std::string::npos);
   EXPECT_NE(notes[1].find("network.deny"), std::string::npos);
   EXPECT_NE(notes[2].find("one_time_approval"), std::string::npos);
+  EXPECT_NE(notes[2].find("escalation offer"), std::string::npos) << notes[2];
+  EXPECT_NE(notes[2].find("asking, approving and granting are not in this version"), std::string::npos) << notes[2];
   EXPECT_NE(notes[3].find("task_failure"), std::string::npos);
   EXPECT_FALSE(c->plan.denial_outcome);
 }

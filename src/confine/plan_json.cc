@@ -329,6 +329,17 @@ std::string PlanToJson(const Plan& plan, int indent) {
   if (plan.timeout_ms) j["timeout_ms"] = *plan.timeout_ms;
   if (plan.tty) j["tty"] = true;
   j["denial_outcome"] = plan.denial_outcome;
+  if (plan.escalation.offers) {
+    const EscalationPlan& e = plan.escalation;
+    json esc = {{"network", e.network},
+                {"filesystem_read", e.filesystem_read},
+                {"filesystem_write", e.filesystem_write},
+                {"syscalls", e.syscalls},
+                {"never", e.never},
+                {"protect", e.protect}};
+    if (e.memory_max_bytes) esc["memory_max_bytes"] = *e.memory_max_bytes;
+    j["escalation"] = esc;
+  }
   j["kill_grace_ms"] = plan.kill_grace_ms;
   j["nonce"] = plan.nonce;
   j["policy_sha256"] = plan.policy_sha256;
@@ -459,6 +470,18 @@ Result<Plan> PlanFromJson(const std::string& text) {
     plan.tty = j.value("tty", false);
     plan.kill_grace_ms = j.value("kill_grace_ms", plan.kill_grace_ms);
     plan.denial_outcome = j.value("denial_outcome", true);
+    if (j.contains("escalation")) {
+      const json& e = j.at("escalation");
+      EscalationPlan& esc = plan.escalation;
+      esc.offers = true;
+      esc.network = e.at("network").get<std::vector<std::string>>();
+      esc.filesystem_read = e.at("filesystem_read").get<std::vector<std::string>>();
+      esc.filesystem_write = e.at("filesystem_write").get<std::vector<std::string>>();
+      esc.syscalls = e.at("syscalls").get<std::vector<std::string>>();
+      esc.never = e.at("never").get<std::vector<std::string>>();
+      esc.protect = e.at("protect").get<std::vector<std::string>>();
+      if (e.contains("memory_max_bytes")) esc.memory_max_bytes = e.at("memory_max_bytes").get<std::uint64_t>();
+    }
     plan.nonce = j.at("nonce").get<std::string>();
     plan.policy_sha256 = j.value("policy_sha256", "");
   } catch (const std::exception& e) {

@@ -36,6 +36,29 @@ constexpr std::uint64_t kCloneNamespaceFlags =
 
 HostCaps Host(bool userns) { return testing::FakeHost(userns); }
 
+// Escalation (policy.h SyscallGrantProblem) keeps its own copy of the
+// outright denials: every one of them is classified there, nothing else is,
+// and only the debugging group is grantable.
+TEST(SeccompPlanTest, GrantableSyscallsAreExactlyTheOutrightDenialsThatStayInside) {
+  const SeccompPlan plan = PlanSeccomp(true);
+  std::set<std::string> outright;
+  for (const auto& r : plan.rules) {
+    if (r.action == SeccompAction::kNotifyEperm && r.when.kind == SeccompArgCheck::Kind::kAlways) {
+      outright.insert(r.syscall);
+    }
+  }
+  EXPECT_EQ(outright, std::set<std::string>(kAlwaysDenied.begin(), kAlwaysDenied.end()));
+  std::set<std::string> grantable;
+  for (const auto& name : outright) {
+    EXPECT_TRUE(SyscallDeniedOutright(name)) << name;
+    if (!SyscallGrantProblem(name)) grantable.insert(name);
+  }
+  EXPECT_EQ(grantable, (std::set<std::string>{"ptrace", "process_vm_readv", "process_vm_writev"}));
+  for (const auto& r : plan.rules) {
+    if (outright.count(r.syscall) == 0) EXPECT_FALSE(SyscallDeniedOutright(r.syscall)) << r.syscall;
+  }
+}
+
 class RandomPolicies {
  public:
   explicit RandomPolicies(unsigned seed) : rng_(seed) {}

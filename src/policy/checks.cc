@@ -607,4 +607,34 @@ std::string FormatDurationMs(std::uint64_t ms) {
   return std::to_string(ms) + "ms";
 }
 
+std::optional<std::string> GrantPathProblem(std::string_view path, const std::vector<std::string>& deny) {
+  auto within = [](std::string_view p, std::string_view root) {
+    return p == root || (p.size() > root.size() && p.compare(0, root.size(), root) == 0 && p[root.size()] == '/');
+  };
+  auto check = [&](const std::string& entry, const char* list) -> std::optional<std::string> {
+    const std::string why = "\"" + std::string(path) + "\" is never granted: " + list + " \"" + entry + "\"";
+    if (entry.rfind("**/", 0) == 0 && entry.find_first_of("*?[", 3) == std::string::npos) {
+      const std::string name = entry.substr(3);
+      for (std::size_t start = 0; start < path.size();) {
+        std::size_t end = path.find('/', start);
+        if (end == std::string_view::npos) end = path.size();
+        if (path.substr(start, end - start) == name) return why + " hides it";
+        start = end + 1;
+      }
+      return std::nullopt;
+    }
+    if (entry.find_first_of("*?[") != std::string::npos) return std::nullopt;
+    if (entry[0] != '/' && entry[0] != '~') return std::nullopt;  // workspace-relative
+    if (within(path, entry)) return why + " covers it";
+    return std::nullopt;
+  };
+  for (const std::string& entry : NeverGrantedPaths()) {
+    if (auto problem = check(entry, "the built-in credential path")) return problem;
+  }
+  for (const std::string& entry : deny) {
+    if (auto problem = check(entry, "filesystem.deny")) return problem;
+  }
+  return std::nullopt;
+}
+
 }  // namespace agentbox::policy_internal

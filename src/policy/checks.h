@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "agentbox/policy.h"
 
@@ -44,6 +45,14 @@ enum class PathRule {
 std::optional<std::string> CheckPath(std::string& path, PathRule rule);
 
 bool IsValidUtf8(std::string_view text);
+
+// An on_violation.max_grant path (as CheckPath(kReadWrite) left it) that
+// no grant could use: it is, or lies under, a built-in credential path
+// (NeverGrantedPaths) or an entry of `deny` written the same way (`~/…` or
+// absolute), or one of its components is what a `**/NAME` entry hides.
+// Workspace-relative and other glob entries are checked when an offer is
+// made, against the path denied.
+std::optional<std::string> GrantPathProblem(std::string_view path, const std::vector<std::string>& deny);
 
 // ---- Credentials and HTTP rules ---------------------------------------------
 //

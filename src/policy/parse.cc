@@ -19,6 +19,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include "agentbox/policy.h"
@@ -41,6 +42,7 @@ using policy_internal::EnvPassProblem;
 using policy_internal::EnvSecretProblem;
 using policy_internal::EnvUse;
 using policy_internal::FormatNumber;
+using policy_internal::GrantPathProblem;
 using policy_internal::HeaderFormatProblem;
 using policy_internal::HeaderNameProblem;
 using policy_internal::HostPattern;
@@ -208,12 +210,15 @@ class Parser {
   Status ParseCaches(const Field& f, std::vector<CacheSpec>& out) const;
   Status ParseHome(const Field& f, HomeSpec& out) const;
   Status ParseOnViolation(const Field& f, OnViolationSpec& out) const;
+  Status ParseMaxGrant(const Field& f, MaxGrantSpec& out) const;
   Status ParseDiff(const Field& f, DiffSpec& out) const;
   Status ParseSession(const Field& f, SessionSpec& out) const;
   // Secrets against the mode and the environment, once every section is read.
   Status CheckSecrets(const Field& root, const Policy& policy) const;
   // Network keys against each other, once the whole section is read.
   Status CheckNetwork(const Field& root, const Policy& policy) const;
+  // on_violation.max_grant's paths against the deny lists.
+  Status CheckMaxGrant(const Field& root, const Policy& policy) const;
 
   const std::string& text_;
   const std::string& source_;
@@ -1021,12 +1026,68 @@ Status Parser::ParseHome(const Field& f, HomeSpec& out) const {
 
 Status Parser::ParseOnViolation(const Field& f, OnViolationSpec& out) const {
   return ForEachKey(
-      f, {"report_as", "escalation"}, [&](const std::string& key, const Field& v) -> Status {
+      f, {"report_as", "escalation", "max_grant"}, [&](const std::string& key, const Field& v) -> Status {
         if (key == "report_as") {
           return ReadEnum(v, {ReportAs::kSandboxDenial, ReportAs::kTaskFailure}, out.report_as);
         }
+        if (key == "max_grant") return ParseMaxGrant(v, out.max_grant);
         return ReadEnum(v, {Escalation::kDeny, Escalation::kOneTimeApproval}, out.escalation);
       });
+}
+
+// on_violation.max_grant. Paths are checked against the deny lists once
+// every section is read (CheckMaxGrant): filesystem.deny may come later.
+Status Parser::ParseMaxGrant(const Field& f, MaxGrantSpec& out) const {
+  MaxGrantSpec grant;
+  Status status = ForEachKey(
+      f, {"network", "filesystem_read", "filesystem_write", "syscalls", "memory_gib"},
+      [&](const std::string& key, const Field& v) -> Status {
+        if (key == "network") return ReadDomains(v, DomainList::kAllow, grant.network);
+        if (key == "filesystem_read") return ReadPaths(v, PathRule::kReadWrite, grant.filesystem_read);
+        if (key == "filesystem_write") return ReadPaths(v, PathRule::kReadWrite, grant.filesystem_write);
+        if (key == "memory_gib") {
+          std::uint64_t bytes = 0;
+          if (Status s = ReadBytes(v, bytes); !s.ok()) return s;
+          grant.memory_bytes = bytes;
+          return Status();
+        }
+        std::vector<std::string> names;
+        Status s = ForEachItem(v, [&](const Field& item) -> Status {
+          std::string name;
+          if (Status r = ReadString(item, name); !r.ok()) return r;
+          if (auto problem = SyscallGrantProblem(name)) return Fail(item, *problem);
+          if (std::find(names.begin(), names.end(), name) != names.end()) {
+            return Fail(item, "duplicate syscall \"" + name + "\"");
+          }
+          names.push_back(std::move(name));
+          return Status();
+        });
+        if (!s.ok()) return s;
+        grant.syscalls = std::move(names);
+        return Status();
+      });
+  if (!status.ok()) return status;
+  out = std::move(grant);
+  return Status();
+}
+
+Status Parser::CheckMaxGrant(const Field& root, const Policy& policy) const {
+  const MaxGrantSpec& g = policy.on_violation.max_grant;
+  if (g.filesystem_read.empty() && g.filesystem_write.empty()) return Status();
+  // No preset has a max_grant, so what is here is in the file.
+  std::optional<Field> on_violation = Child(root, "on_violation");
+  std::optional<Field> max_grant = on_violation ? Child(*on_violation, "max_grant") : std::nullopt;
+  for (const auto& [key, list] : {std::pair{"filesystem_read", &g.filesystem_read},
+                                  std::pair{"filesystem_write", &g.filesystem_write}}) {
+    std::optional<Field> items = max_grant ? Child(*max_grant, key) : std::nullopt;
+    for (std::size_t i = 0; i < list->size(); ++i) {
+      std::optional<std::string> problem = GrantPathProblem((*list)[i], policy.filesystem.deny);
+      if (!problem) continue;
+      std::optional<Field> item = items ? ChildItem(*items, i) : std::nullopt;
+      return Fail(item ? *item : root, *problem);
+    }
+  }
+  return Status();
 }
 
 // diff.exclude: gitignore-style patterns, one per item as a line of a
@@ -1196,6 +1257,7 @@ Result<Policy> Parser::Parse() const {
   // compare values that parsed.
   if (errors_ && !errors_->empty()) return errors_->front();
   if (Status s = CheckNetwork(root, policy); !s.ok()) return s;
+  if (Status s = CheckMaxGrant(root, policy); !s.ok()) return s;
   if (Status s = CheckSecrets(root, policy); !s.ok()) return s;
 
   policy.source = source_;

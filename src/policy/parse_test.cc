@@ -556,6 +556,62 @@ TEST_P(BadPolicyTest, ReportsExactError) {
   EXPECT_EQ(r.status().message(), GetParam().message);
 }
 
+TEST(PolicyParse, MaxGrantParsesAndRoundTrips) {
+  auto r = ParsePolicy(
+      "version: 1\n"
+      "on_violation:\n"
+      "  escalation: one_time_approval\n"
+      "  max_grant:\n"
+      "    network: [\"registry.example:443\", \"*.npmjs.org:443\"]\n"
+      "    filesystem_read: [\"~/src\", /opt/data/]\n"
+      "    filesystem_write: [\"~/src\"]\n"
+      "    syscalls: [ptrace]\n"
+      "    memory_gib: 8\n",
+      "policy.yaml");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const MaxGrantSpec& g = r->on_violation.max_grant;
+  EXPECT_EQ(r->on_violation.escalation, Escalation::kOneTimeApproval);
+  EXPECT_EQ(g.network, (std::vector<std::string>{"registry.example:443", "*.npmjs.org:443"}));
+  EXPECT_EQ(g.filesystem_read, (std::vector<std::string>{"~/src", "/opt/data"}));
+  EXPECT_EQ(g.filesystem_write, (std::vector<std::string>{"~/src"}));
+  EXPECT_EQ(g.syscalls, (std::vector<std::string>{"ptrace"}));
+  ASSERT_TRUE(g.memory_bytes.has_value());
+  EXPECT_EQ(*g.memory_bytes, 8ULL << 30);
+  auto again = ParsePolicy(ToYaml(*r), "again.yaml");
+  ASSERT_TRUE(again.ok()) << again.status().ToString() << "\n" << ToYaml(*r);
+  EXPECT_EQ(ToYaml(*again), ToYaml(*r));
+  EXPECT_EQ(again->on_violation.max_grant.network, g.network);
+  EXPECT_EQ(again->on_violation.max_grant.memory_bytes, g.memory_bytes);
+  // Left out: nothing is within the ceiling, and the YAML (so the digest) of
+  // a policy without it is unchanged.
+  auto none = ParsePolicy("version: 1\n", "p.yaml");
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->on_violation.max_grant.network.empty());
+  EXPECT_FALSE(none->on_violation.max_grant.memory_bytes.has_value());
+  EXPECT_EQ(ToYaml(*none).find("max_grant"), std::string::npos);
+}
+
+TEST(PolicyParse, MaxGrantPathsBesideDenyEntriesAreFine) {
+  // A tree holding a denied path is a ceiling, not a grant: the offer for a
+  // path under ~/.ssh is refused when it is made.
+  auto r = ParsePolicy("on_violation:\n  max_grant:\n    filesystem_read: [~/src, ~/.sshkeys, /etc/ssl]\n",
+                       "policy.yaml");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+}
+
+TEST(SyscallGrantTest, PtraceIsGrantableAndWhatUndoesTheSandboxIsNot) {
+  for (const char* name : {"ptrace", "process_vm_readv", "process_vm_writev"}) {
+    EXPECT_FALSE(SyscallGrantProblem(name).has_value()) << name;
+  }
+  for (const char* name : {"mount", "umount2", "pivot_root", "unshare", "setns", "init_module", "finit_module",
+                           "kexec_load", "reboot", "io_uring_setup", "keyctl", "open_by_handle_at", "clock_settime",
+                           "bpf", "userfaultfd", "perf_event_open"}) {
+    auto problem = SyscallGrantProblem(name);
+    ASSERT_TRUE(problem.has_value()) << name;
+    EXPECT_NE(problem->find("is never granted"), std::string::npos) << *problem;
+  }
+}
+
 TEST(PolicyParse, DiffExcludeKeepsItsPatternsAndRoundTrips) {
   auto r = ParsePolicy("version: 1\ndiff:\n  exclude: [\"*.log\", \"!keep.log\", /build/, \"**/tmp\"]\n",
                        "policy.yaml");
@@ -1085,6 +1141,37 @@ const BadCase kBadCases[] = {
      "home"},
     {"HomeUnknownKey", "home:\n  imports: [.gitconfig]\n",
      "policy.yaml:2:3: home.imports: unknown key (expected one of: import)"},
+    {"MaxGrantNeverGrantedSyscall", "on_violation:\n  max_grant:\n    syscalls: [ptrace, init_module]\n",
+     "policy.yaml:3:24: on_violation.max_grant.syscalls[1]: init_module is never granted: kernel modules change "
+     "the host's kernel"},
+    {"MaxGrantSyscallThatLeavesTheNamespaces", "on_violation:\n  max_grant:\n    syscalls: [setns]\n",
+     "policy.yaml:3:16: on_violation.max_grant.syscalls[0]: setns is never granted: new namespaces would leave "
+     "the sandbox's own"},
+    {"MaxGrantSyscallNotDenied", "on_violation:\n  max_grant:\n    syscalls: [read]\n",
+     "policy.yaml:3:16: on_violation.max_grant.syscalls[0]: read is not a syscall the seccomp layer denies "
+     "outright, so there is nothing to grant (grantable: ptrace, process_vm_readv, process_vm_writev)"},
+    {"MaxGrantDuplicateSyscall", "on_violation:\n  max_grant:\n    syscalls: [ptrace, ptrace]\n",
+     "policy.yaml:3:24: on_violation.max_grant.syscalls[1]: duplicate syscall \"ptrace\""},
+    {"MaxGrantReadOfSsh", "on_violation:\n  max_grant:\n    filesystem_read: [~/src, ~/.ssh]\n",
+     "policy.yaml:3:30: on_violation.max_grant.filesystem_read[1]: \"~/.ssh\" is never granted: the built-in "
+     "credential path \"~/.ssh\" covers it"},
+    {"MaxGrantWriteUnderAws", "on_violation:\n  max_grant:\n    filesystem_write: [~/.aws/cli]\n",
+     "policy.yaml:3:24: on_violation.max_grant.filesystem_write[0]: \"~/.aws/cli\" is never granted: the built-in "
+     "credential path \"~/.aws\" covers it"},
+    {"MaxGrantDotEnv", "on_violation:\n  max_grant:\n    filesystem_read: [/srv/app/.env]\n",
+     "policy.yaml:3:23: on_violation.max_grant.filesystem_read[0]: \"/srv/app/.env\" is never granted: the "
+     "built-in credential path \"**/.env\" hides it"},
+    {"MaxGrantUnderThePolicysDeny",
+     "on_violation:\n  max_grant:\n    filesystem_read: [/srv/secrets/db]\nfilesystem:\n  deny: [/srv/secrets]\n",
+     "policy.yaml:3:23: on_violation.max_grant.filesystem_read[0]: \"/srv/secrets/db\" is never granted: "
+     "filesystem.deny \"/srv/secrets\" covers it"},
+    {"MaxGrantMemoryZero", "on_violation:\n  max_grant:\n    memory_gib: 0\n",
+     "policy.yaml:3:17: on_violation.max_grant.memory_gib: must be > 0"},
+    {"MaxGrantUnknownKey", "on_violation:\n  max_grant: {disk_gib: 4}\n",
+     "policy.yaml:2:15: on_violation.max_grant.disk_gib: unknown key (expected one of: network, filesystem_read, "
+     "filesystem_write, syscalls, memory_gib)"},
+    {"MaxGrantNotAMap", "on_violation:\n  max_grant: all\n",
+     "policy.yaml:2:14: on_violation.max_grant: expected a map, got \"all\""},
     {"EnvPassBadPattern", "env:\n  pass: [\"NPM-*\"]\n",
      "policy.yaml:2:10: env.pass[0]: invalid variable pattern \"NPM-*\" (expected [A-Za-z_][A-Za-z0-9_]* with * "
      "as the only wildcard)"},

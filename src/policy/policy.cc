@@ -149,6 +149,65 @@ Policy PresetFor(Mode mode) {
   return p;
 }
 
+const std::vector<std::string>& NeverGrantedPaths() {
+  static const std::vector<std::string> paths = PresetFor(Mode::kWorkspaceWrite).filesystem.deny;
+  return paths;
+}
+
+namespace {
+
+// The seccomp layer's outright denials (confine/seccomp_plan.cc), group by
+// group, and whether a grant may lift them; seccomp_plan_test checks that
+// the two lists stay in step.
+struct DeniedGroup {
+  const char* never;  // nullptr: a grant may allow them; else why not
+  std::vector<std::string_view> syscalls;
+};
+
+const std::vector<DeniedGroup>& DeniedGroups() {
+  static const std::vector<DeniedGroup> groups = {
+      // Inside the sandbox's pid namespace these reach only its own processes.
+      {nullptr, {"ptrace", "process_vm_readv", "process_vm_writev"}},
+      {"its kernel code has a long record of privilege escalations, a way out of every namespace",
+       {"bpf", "userfaultfd", "perf_event_open"}},
+      {"mounts would change the mount plan the sandbox rests on",
+       {"mount", "umount2", "pivot_root", "move_mount", "fsopen", "fsmount", "fsconfig", "fspick", "open_tree",
+        "mount_setattr"}},
+      {"new namespaces would leave the sandbox's own", {"unshare", "setns"}},
+      {"kernel keyrings are not namespaced: they hold the host user's keys", {"keyctl", "add_key", "request_key"}},
+      {"kernel modules change the host's kernel", {"init_module", "finit_module", "delete_module"}},
+      {"it replaces or stops the host's kernel", {"kexec_load", "kexec_file_load", "reboot"}},
+      {"swap is the host's", {"swapon", "swapoff"}},
+      {"clocks are not namespaced: they are the host's",
+       {"settimeofday", "clock_settime", "clock_adjtime", "adjtimex"}},
+      {"io_uring would bypass the seccomp filter itself", {"io_uring_setup", "io_uring_enter", "io_uring_register"}},
+      {"process accounting and disk quotas are host-wide", {"acct", "quotactl", "quotactl_fd"}},
+      {"file handles open files by inode, around the mount plan", {"name_to_handle_at", "open_by_handle_at"}},
+  };
+  return groups;
+}
+
+const DeniedGroup* DeniedGroupOf(std::string_view name) {
+  for (const DeniedGroup& g : DeniedGroups()) {
+    if (std::find(g.syscalls.begin(), g.syscalls.end(), name) != g.syscalls.end()) return &g;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+bool SyscallDeniedOutright(std::string_view name) { return DeniedGroupOf(name) != nullptr; }
+
+std::optional<std::string> SyscallGrantProblem(std::string_view name) {
+  const DeniedGroup* g = DeniedGroupOf(name);
+  if (!g) {
+    return std::string(name) + " is not a syscall the seccomp layer denies outright, so there is nothing to "
+                               "grant (grantable: ptrace, process_vm_readv, process_vm_writev)";
+  }
+  if (!g->never) return std::nullopt;
+  return std::string(name) + " is never granted: " + g->never;
+}
+
 std::string PolicyDigest(const Policy& policy) {
   return policy.sha256.empty() ? Sha256Hex(ToYaml(policy)) : policy.sha256;
 }
@@ -469,6 +528,18 @@ std::string ToYaml(const Policy& p) {
   out << YAML::Key << "on_violation" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "report_as" << YAML::Value << ToString(p.on_violation.report_as);
   out << YAML::Key << "escalation" << YAML::Value << ToString(p.on_violation.escalation);
+  // Only when given: the digests of policies without it stay as they were.
+  const MaxGrantSpec& g = p.on_violation.max_grant;
+  if (!g.network.empty() || !g.filesystem_read.empty() || !g.filesystem_write.empty() || !g.syscalls.empty() ||
+      g.memory_bytes) {
+    out << YAML::Key << "max_grant" << YAML::Value << YAML::BeginMap;
+    if (!g.network.empty()) EmitList(out, "network", g.network, /*quoted=*/true);
+    if (!g.filesystem_read.empty()) EmitList(out, "filesystem_read", g.filesystem_read);
+    if (!g.filesystem_write.empty()) EmitList(out, "filesystem_write", g.filesystem_write);
+    if (!g.syscalls.empty()) EmitList(out, "syscalls", g.syscalls);
+    if (g.memory_bytes) out << YAML::Key << "memory_gib" << YAML::Value << FormatSize(*g.memory_bytes);
+    out << YAML::EndMap;
+  }
   out << YAML::EndMap;
 
   // Only when given: the digests of policies without it stay as they were.

@@ -71,6 +71,24 @@ json ToJsonValue(const EnforcementReport& r) {
   return j;
 }
 
+json ToJsonValue(const Denial& d) {
+  json j = {{"facet", d.facet}, {"op", d.op}, {"target", d.target}, {"reason", d.reason}, {"source", d.source}};
+  if (d.count) j["count"] = d.count;
+  if (d.escalation) {
+    const EscalationOffer& e = *d.escalation;
+    json grant = json::object();
+    if (e.grant_gib) {
+      grant[e.grant_key] = *e.grant_gib;
+    } else {
+      grant[e.grant_key] = e.grant_text;
+    }
+    json offer = {{"id", e.id}, {"grant", grant}, {"within_ceiling", e.within_ceiling}};
+    if (!e.within_ceiling) offer["why_not"] = e.why_not;
+    j["escalation"] = offer;
+  }
+  return j;
+}
+
 json ToJsonValue(const Outcome& o) {
   json j;
   j["outcome"] = ToString(o.kind);
@@ -78,12 +96,7 @@ json ToJsonValue(const Outcome& o) {
   j["signal"] = o.signal ? json(*o.signal) : json(nullptr);
   j["enforcement"] = ToJsonValue(o.enforcement);
   json denials = json::array();
-  for (const auto& d : o.denials) {
-    json o = {{"facet", d.facet}, {"op", d.op}, {"target", d.target}, {"reason", d.reason},
-              {"source", d.source}};
-    if (d.count) o["count"] = d.count;
-    denials.push_back(o);
-  }
+  for (const auto& d : o.denials) denials.push_back(ToJsonValue(d));
   j["denials"] = denials;
   if (o.error) {
     j["error"] = {{"stage", o.error->stage}, {"message", o.error->message}, {"errno", o.error->err}};
@@ -200,6 +213,7 @@ Result<EnforcementReport> EnforcementFromJson(const json& j) {
 }
 
 std::string ToJson(const Outcome& outcome, int indent) { return ToJsonValue(outcome).dump(indent); }
+std::string ToJson(const Denial& denial, int indent) { return ToJsonValue(denial).dump(indent); }
 std::string ToJson(const EnforcementReport& report, int indent) {
   return ToJsonValue(report).dump(indent);
 }

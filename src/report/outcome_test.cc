@@ -37,6 +37,41 @@ TEST(AddMissing, LowersTheNamedFacetAndTheLevel) {
   EXPECT_EQ(r.missing.size(), 2u);
 }
 
+TEST(DenialJson, EscalationOfferIsListedOnlyWhenThereIsOne) {
+  Outcome o;
+  o.kind = OutcomeKind::kSandboxDenied;
+  o.denials.push_back({"network", "connect", "a.example:443", "not-allowed", "proxy", 1});
+  Denial with{"syscalls", "ptrace", "", "blocked by the seccomp filter", "seccomp", 2};
+  EscalationOffer offer;
+  offer.id = "esc-0123456789ab";
+  offer.grant_key = "syscalls.allow";
+  offer.grant_text = "ptrace";
+  offer.within_ceiling = false;
+  offer.why_not = "on_violation.max_grant.syscalls does not name ptrace";
+  with.escalation = offer;
+  o.denials.push_back(with);
+  Denial memory{"resources", "memory", "memory.max", "OOM", "cgroup", 1};
+  EscalationOffer more;
+  more.id = "esc-ba9876543210";
+  more.grant_key = "resources.memory_gib";
+  more.grant_gib = 4;
+  more.within_ceiling = true;
+  more.why_not = "not shown when within";
+  memory.escalation = more;
+  o.denials.push_back(memory);
+
+  const nlohmann::json j = ToJsonValue(o);
+  EXPECT_FALSE(j["denials"][0].contains("escalation"));
+  EXPECT_EQ(j["denials"][1]["escalation"],
+            nlohmann::json({{"id", "esc-0123456789ab"},
+                            {"grant", {{"syscalls.allow", "ptrace"}}},
+                            {"within_ceiling", false},
+                            {"why_not", "on_violation.max_grant.syscalls does not name ptrace"}}));
+  EXPECT_EQ(j["denials"][2]["escalation"],
+            nlohmann::json({{"id", "esc-ba9876543210"}, {"grant", {{"resources.memory_gib", 4}}}, {"within_ceiling", true}}));
+  EXPECT_EQ(nlohmann::json::parse(ToJson(with)), j["denials"][1]);
+}
+
 TEST(EnforcementFromJson, ReadsBackWhatToJsonValueWrites) {
   EnforcementReport r = FullReport();
   r.backend = "linux-namespaces";

@@ -10,6 +10,7 @@ namespace agentbox {
 
 nlohmann::json ToJsonValue(const EnforcementReport& report);
 nlohmann::json ToJsonValue(const Outcome& outcome);
+nlohmann::json ToJsonValue(const Denial& denial);  // one element of `denials`
 
 // The enforcement report back from ToJsonValue()'s form (`wrap` hands it to
 // its `__exec` side, which writes the report `run` would). Facets come back

@@ -40,6 +40,7 @@
 #include "agentbox/host_caps.h"
 #include "agentbox/outcome.h"
 #include "agentbox/policy.h"
+#include "confine/escalation.h"
 #include "confine/paths.h"
 #include "linux/fd.h"
 #include "linux/git_repos.h"
@@ -55,6 +56,7 @@
 #include "net/proxy.h"
 #include "net/rules.h"
 #include "net/secrets.h"
+#include "report/report_json.h"
 #include "session/terminal.h"
 #include "session/world.h"
 #include "supervise/denial_scanner.h"
@@ -234,8 +236,10 @@ std::optional<Json> FileToolDenial(const ConfinedCommand& confined, const std::s
   if (scanner.denials().empty()) return std::nullopt;
   const Denial& d = scanner.denials().front();
   const bool writes = name == "write_file" || name == "edit_file";
-  return Json{{"facet", d.facet}, {"op", writes ? "write" : "read"}, {"target", target}, {"reason", d.reason},
-              {"source", "file-tool"}};
+  // With its escalation offer, as a bash call's denials get theirs.
+  std::vector<Denial> denials = {Denial{d.facet, writes ? "write" : "read", target, d.reason, "file-tool", 0}};
+  AttachOffers(confined.plan, &denials);
+  return ToJsonValue(denials.front());
 }
 
 // Direct mode: the session works on its base, so a repository that a call
@@ -971,6 +975,7 @@ Json Manager::Impl::RunBash(SessionState& s, World& world, const ConfinedCommand
     o.error = ErrorInfo{"oom", std::to_string(r.oom_kills) + " process(es) killed by the kernel's OOM killer at the "
                                                              "session's memory limit of " + std::to_string(limit) + " bytes", 0};
     headline = "oom_killed at " + std::to_string(limit / (1024 * 1024)) + " MiB";
+    o.denials.push_back(supervise::OomDenial(limit, r.oom_kills));
   } else if (r.world_died) {
     kind = "sandbox_error";
     o.kind = OutcomeKind::kSandboxError;
@@ -994,6 +999,8 @@ Json Manager::Impl::RunBash(SessionState& s, World& world, const ConfinedCommand
       kind = ToString(o.kind);
     }
   }
+  // Every denial of the call is in: the escalation offer of each (on_violation).
+  AttachOffers(plan, &o.denials);
   Json outcome = Json::parse(ToJson(o, -1));
   if (kind == "cancelled") outcome["kind"] = "cancelled";
   std::string output = r.output;

@@ -61,6 +61,13 @@ void FillUsage(const Plan& plan, const linux::SandboxCgroup* cgroup, const linux
   if (stats.oom_counter) usage->oom_kills = stats.oom_kills;
 }
 
+Denial OomDenial(std::uint64_t limit_bytes, std::uint64_t kills) {
+  return Denial{"resources", "memory", "memory.max",
+                "the kernel's OOM killer ended " + std::to_string(kills) + " process(es) at the memory limit of " +
+                    std::to_string(limit_bytes) + " bytes (resources.memory_gib)",
+                "cgroup", kills};
+}
+
 }  // namespace agentbox::supervise
 
 namespace agentbox {

@@ -36,4 +36,9 @@ void FillRusage(const struct rusage& ru, Usage* usage);
 void FillUsage(const Plan& plan, const linux::SandboxCgroup* cgroup, const linux::CgroupStats& stats,
                Usage* usage);
 
+// The denial an OOM kill at the memory limit is: facet resources, op
+// memory, target "memory.max" (the outcome stays oom_killed; this entry is
+// what an escalation offer for more memory attaches to).
+Denial OomDenial(std::uint64_t limit_bytes, std::uint64_t kills);
+
 }  // namespace agentbox::supervise

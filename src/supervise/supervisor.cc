@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "agentbox/run.h"
+#include "confine/escalation.h"
 #include "confine/layers.h"
 #include "confine/paths.h"
 #include "linux/compat.h"
@@ -477,6 +478,7 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
     out.error = ErrorInfo{"oom", std::to_string(cg_stats.oom_kills) + " process(es) killed by the kernel's OOM "
                                      "killer at the sandbox's memory limit of " +
                                      std::to_string(plan.limits.memory_max_bytes.value_or(0)) + " bytes", 0};
+    out.denials.push_back(supervise::OomDenial(plan.limits.memory_max_bytes.value_or(0), cg_stats.oom_kills));
     return out;
   }
   if (!exit_msg) {
@@ -560,6 +562,8 @@ Outcome RunPlan(const Plan& plan, const std::vector<std::string>& argv,
 
 Outcome Run(const ConfinedCommand& command, const RunOptions& options) {
   Outcome out = RunPlan(command.plan, command.plan.argv, command.denial_signatures, options);
+  // Once every denial is in: the escalation offer of each (on_violation).
+  AttachOffers(command.plan, &out.denials);
   std::vector<std::string> skipped = std::move(out.enforcement.skipped);
   std::vector<MissingFacet> found_at_run = std::move(out.enforcement.missing);
   out.enforcement = command.enforcement;

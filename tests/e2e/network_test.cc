@@ -117,6 +117,8 @@ TEST(Network, NotAllowedIsA403AndASandboxDenial) {
         d["source"] == "proxy") {
       found = true;
       EXPECT_TRUE(Contains(d["reason"].get<std::string>(), "not-allowed")) << r.Describe();
+      // on_violation.escalation: deny, the default: no offer.
+      EXPECT_FALSE(d.contains("escalation")) << r.Describe();
     }
   }
   EXPECT_TRUE(found) << r.Describe();
@@ -124,6 +126,45 @@ TEST(Network, NotAllowedIsA403AndASandboxDenial) {
   ASSERT_NE(c, nullptr) << r.Describe();
   EXPECT_EQ((*c)["denied"], 1) << r.Describe();
   EXPECT_EQ(server.served(), 0);
+}
+
+// on_violation.escalation: one_time_approval: the proxy's denial carries the
+// offer of the one grant that would have allowed it, the host and port as
+// denied, held against on_violation.max_grant. Nothing is granted: the
+// connection stays refused either way.
+TEST(Network, DenialCarriesAnEscalationOfferHeldAgainstMaxGrant) {
+  HostServer server;
+  ASSERT_GT(server.port(), 0);
+  for (bool covered : {true, false}) {
+    SCOPED_TRACE(covered ? "max_grant covers the target" : "max_grant does not cover the target");
+    Sandbox sb;
+    const std::string ceiling = covered ? server.target() : "registry.example:443";
+    const std::string policy = sb.scratch() + "/policy.yaml";
+    WriteFile(policy, "version: 1\nmode: workspace-write\nnetwork:\n  egress_proxy: true\n"
+                      "on_violation:\n  escalation: one_time_approval\n  max_grant:\n    network: [\"" +
+                          ceiling + "\"]\n");
+    RunResult r = sb.Sh("out=$(" + kUseProxy + "curl -s -i " + server.url() +
+                            "); echo \"$out\"; echo \"$out\" | grep -q '^HTTP/1.1 200'",
+                        {"--policy", policy});
+    EXPECT_EQ(r.status, 1) << r.Describe();
+    EXPECT_TRUE(Contains(r.out, "403")) << r.Describe();
+    EXPECT_EQ(OutcomeOf(r), "sandbox_denied") << r.Describe();
+    const nlohmann::json* d = DenialFor(r, server.target());
+    ASSERT_NE(d, nullptr) << r.Describe();
+    ASSERT_TRUE(d->contains("escalation")) << r.Describe();
+    const nlohmann::json& e = (*d)["escalation"];
+    EXPECT_EQ(e["grant"], nlohmann::json({{"network.allow", server.target()}})) << r.Describe();
+    EXPECT_EQ(e["within_ceiling"], covered) << r.Describe();
+    const std::string id = e.value("id", "");
+    EXPECT_EQ(id.size(), 16u) << r.Describe();
+    EXPECT_EQ(id.rfind("esc-", 0), 0u) << r.Describe();
+    if (covered) {
+      EXPECT_FALSE(e.contains("why_not")) << r.Describe();
+    } else {
+      EXPECT_TRUE(Contains(e.value("why_not", ""), "does not cover " + server.target())) << r.Describe();
+    }
+    EXPECT_EQ(server.served(), 0);
+  }
 }
 
 TEST(Network, DirectConnectionBypassingTheProxyFails) {

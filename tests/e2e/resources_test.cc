@@ -159,6 +159,30 @@ TEST(Memory, OomInsidePipelineReportedThoughTopExitsZero) {
   EXPECT_EQ(ReportInt(r, "exit_code"), 0) << r.Describe();  // the command's own code is kept
 }
 
+// The OOM kill is a denial of facet resources; under
+// on_violation.escalation: one_time_approval it carries the offer of twice
+// the limit, in whole GiB, within max_grant.memory_gib.
+TEST(Memory, OomKillIsAMemoryDenialWithItsEscalationOffer) {
+  Sandbox sb;
+  if (!CgroupsExpected({"memory"})) GTEST_SKIP() << "not applicable here: no memory cgroup this user may limit";
+  const std::string policy = sb.scratch() + "/policy.yaml";
+  WriteFile(policy, "version: 1\nresources:\n  memory_gib: 64Mi\non_violation:\n  escalation: one_time_approval\n"
+                    "  max_grant:\n    memory_gib: 1\n");
+  RunResult r = sb.Sh(kMemoryHog, {"--policy", policy});
+  EXPECT_EQ(r.status, 137) << r.Describe();
+  ASSERT_TRUE(r.report) << r.Describe();
+  EXPECT_EQ(OutcomeOf(r), "oom_killed") << r.Describe();
+  const nlohmann::json* memory = nullptr;
+  for (const auto& d : (*r.report)["denials"]) {
+    if (d["facet"] == "resources" && d["op"] == "memory") memory = &d;
+  }
+  ASSERT_NE(memory, nullptr) << r.Describe();
+  EXPECT_EQ((*memory)["source"], "cgroup") << r.Describe();
+  ASSERT_TRUE(memory->contains("escalation")) << r.Describe();
+  EXPECT_EQ((*memory)["escalation"]["grant"], nlohmann::json({{"resources.memory_gib", 1}})) << r.Describe();
+  EXPECT_EQ((*memory)["escalation"]["within_ceiling"], true) << r.Describe();
+}
+
 TEST(Memory, GuaranteedAboveLimitIsRejected) {
   Sandbox sb;
   WriteFile(sb.scratch() + "/p.yaml",

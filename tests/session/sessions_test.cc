@@ -102,6 +102,38 @@ TEST_F(SessionsTest, ProtectedPathsAreDeniedToFileToolsAsToTheShell) {
   EXPECT_EQ(e2e::ReadFile(ws_ / ".git/config").value_or(""), config_before);
 }
 
+// on_violation.escalation: one_time_approval: a bash call's denial carries
+// the offer of the grant that would have allowed it; with the default
+// (deny), none. A write creating /usr/... is offered /usr, its nearest
+// existing parent.
+TEST_F(SessionsTest, BashDenialsCarryTheirEscalationOffer) {
+  const std::string policy =
+      "version: 1\non_violation:\n  escalation: one_time_approval\n  max_grant:\n    filesystem_write: [/usr]\n";
+  std::string id = CreateSession(c(), ws_.path(), {{"policy", policy}});
+  ASSERT_FALSE(id.empty());
+  json r = Bash(c(), id, "echo x > /usr/agentbox-escalation-probe");
+  EXPECT_EQ(r.value("kind", ""), "sandbox_denied") << r.dump();
+  ASSERT_TRUE(r["outcome"]["denials"].is_array()) << r.dump();
+  const json* offered = nullptr;
+  for (const auto& d : r["outcome"]["denials"]) {
+    if (d.value("target", "") == "/usr/agentbox-escalation-probe") offered = &d;
+  }
+  ASSERT_NE(offered, nullptr) << r.dump();
+  ASSERT_TRUE(offered->contains("escalation")) << r.dump();
+  const json& e = (*offered)["escalation"];
+  EXPECT_EQ(e["grant"], json({{"filesystem.read_write", "/usr"}})) << r.dump();
+  EXPECT_EQ(e["within_ceiling"], true) << r.dump();
+  EXPECT_EQ(e.value("id", "").rfind("esc-", 0), 0u) << r.dump();
+  // Listed, not granted: the file is not there.
+  EXPECT_EQ(Output(Bash(c(), id, "test -e /usr/agentbox-escalation-probe && echo there || echo absent")), "absent\n");
+
+  std::string plain = CreateSession(c(), ws_.path());
+  json denied = Bash(c(), plain, "echo x > /usr/agentbox-escalation-probe");
+  EXPECT_EQ(denied.value("kind", ""), "sandbox_denied") << denied.dump();
+  ASSERT_FALSE(denied["outcome"]["denials"].empty()) << denied.dump();
+  for (const auto& d : denied["outcome"]["denials"]) EXPECT_FALSE(d.contains("escalation")) << denied.dump();
+}
+
 TEST_F(SessionsTest, TwoSessionsOnOneBaseAreIsolated) {
   e2e::WriteFile(ws_ / "shared.txt", "base\n");
   std::string a = CreateSession(c(), ws_.path());
