@@ -20,9 +20,13 @@
 #include <gtest/gtest.h>
 
 #include "session/session.h"
+#include "world_helpers.h"
 
 namespace agentbox::session {
 namespace {
+
+using world_test::Children;
+using world_test::Read;
 
 std::string Bin() {
   const char* b = std::getenv("AGENTBOX_BIN");
@@ -40,30 +44,7 @@ std::string Hex(std::size_t bytes) {
   return out;
 }
 
-std::string Read(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 bool Contains(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
-
-// The pids of this process's children (the worlds' supervisors).
-std::vector<pid_t> Children() {
-  std::vector<pid_t> out;
-  const std::string self = "/proc/" + std::to_string(getpid()) + "/task";
-  if (DIR* d = opendir(self.c_str())) {
-    while (struct dirent* e = readdir(d)) {
-      if (e->d_name[0] == '.') continue;
-      std::istringstream in(Read(self + "/" + e->d_name + "/children"));
-      pid_t p;
-      while (in >> p) out.push_back(p);
-    }
-    closedir(d);
-  }
-  return out;
-}
 
 // The value of "<name>=" on a line of `text`, or "".
 std::string EnvValue(const std::string& text, const std::string& name) {

@@ -22,9 +22,13 @@
 
 #include "session/services.h"
 #include "session/session.h"
+#include "world_helpers.h"
 
 namespace agentbox::session {
 namespace {
+
+using world_test::Children;
+using world_test::Read;
 
 constexpr const char* kPython = "/usr/bin/python3";
 
@@ -36,28 +40,6 @@ std::string Bin() {
 std::string MakeTemp(const char* what) {
   std::string t = std::string(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") + "/agentbox-svc-" + what + ".XXXXXX";
   return mkdtemp(t.data()) ? t : "";
-}
-
-std::string Read(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-std::vector<pid_t> Children() {
-  std::vector<pid_t> out;
-  std::string self = "/proc/" + std::to_string(getpid()) + "/task";
-  if (DIR* d = opendir(self.c_str())) {
-    while (struct dirent* e = readdir(d)) {
-      if (e->d_name[0] == '.') continue;
-      std::istringstream in(Read(self + "/" + e->d_name + "/children"));
-      pid_t p;
-      while (in >> p) out.push_back(p);
-    }
-    closedir(d);
-  }
-  return out;
 }
 
 // Connects to 127.0.0.1:port, sends `request`, returns everything until the

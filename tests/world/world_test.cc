@@ -27,10 +27,14 @@
 #include "agentbox/policy.h"
 #include "host_facts.h"
 #include "session/session.h"
+#include "world_helpers.h"
 #include "session/world.h"
 
 namespace agentbox::session {
 namespace {
+
+using world_test::Children;
+using world_test::Read;
 
 std::string Bin() {
   const char* b = std::getenv("AGENTBOX_BIN");
@@ -43,29 +47,6 @@ std::string MakeTemp(const char* what) {
 }
 
 void Write(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
-std::string Read(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-// The pids of this process's children (the worlds' supervisors).
-std::vector<pid_t> Children() {
-  std::vector<pid_t> out;
-  std::string self = "/proc/" + std::to_string(getpid()) + "/task";
-  if (DIR* d = opendir(self.c_str())) {
-    while (struct dirent* e = readdir(d)) {
-      if (e->d_name[0] == '.') continue;
-      std::istringstream in(Read(self + "/" + e->d_name + "/children"));
-      pid_t p;
-      while (in >> p) out.push_back(p);
-    }
-    closedir(d);
-  }
-  return out;
-}
-
 class WorldTest : public ::testing::Test {
  protected:
   void SetUp() override {
