@@ -176,6 +176,9 @@ struct SeccompPlan {
   bool refuse_foreign_arches = true;
   // Host dir where the compiled program is memoised ("" = compile every run).
   std::string cache_dir;
+  // Syscalls an approved escalation grant took out of the rules (policy
+  // `granted.syscalls`), for the report and explain.
+  std::vector<std::string> granted;
 };
 
 // "read_file, read_dir, execute", for explain and errors.

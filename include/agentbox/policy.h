@@ -205,6 +205,15 @@ struct OnViolationSpec {
   MaxGrantSpec max_grant;
 };
 
+// What approved escalation grants added that no policy-file key holds
+// (confine/escalation.h ApplyGrant sets it; a policy file never does):
+// syscalls the seccomp layer would otherwise deny outright. Network,
+// filesystem and memory grants go into network.allow, filesystem.*,
+// resources.memory_limit_bytes themselves.
+struct GrantedSpec {
+  std::vector<std::string> syscalls;
+};
+
 // diff: what a session's diff and apply leave out, on top of the
 // workspace's .gitignore files (docs/sessions.md).
 struct DiffSpec {
@@ -237,6 +246,7 @@ struct Policy {
   EnvSpec env;
   HomeSpec home;
   OnViolationSpec on_violation;
+  GrantedSpec granted;
   DiffSpec diff;
   SessionSpec session;
 

@@ -1187,6 +1187,7 @@ Result<ConfinedCommand> ConfinePolicy(const std::vector<std::string>& argv, cons
       if (!p.empty()) plan.unix_sockets.push_back(p);
     }
     plan.seccomp = PlanSeccomp(host.seccomp_filter, SocketScope::kHostNetwork);
+    if (Status s = GrantSyscalls(policy.granted.syscalls, &plan.seccomp); !s.ok()) return s;
     plan.seccomp.cache_dir = CacheDirFor(inv, "seccomp");
     // The connect() broker decides TCP past the proxy's ports (no DNS is
     // served: there is no namespace to serve it in).
@@ -1458,6 +1459,7 @@ Result<ConfinedCommand> ConfinePolicy(const std::vector<std::string>& argv, cons
     // The layers stacked on the mounts: Landlock mirrors the final mount list.
     plan.landlock = PlanLandlock(plan, host.landlock_abi, policy.sandbox.require == Requirement::kFull);
     plan.seccomp = PlanSeccomp(host.seccomp_filter);
+    if (Status s = GrantSyscalls(policy.granted.syscalls, &plan.seccomp); !s.ok()) return s;
     plan.seccomp.cache_dir = CacheDirFor(inv, "seccomp");
     // Transparent egress: the seccomp filter's connect() notifications go to
     // the supervisor's broker, and DNS is served inside the namespace.

@@ -211,6 +211,50 @@ std::optional<EscalationOffer> OfferFor(const Denial& denial, const Plan& plan, 
   return std::nullopt;  // disk_gib and the rest: no grant in this version
 }
 
+Status ApplyGrant(const EscalationOffer& grant, Policy* policy) {
+  auto add = [](std::vector<std::string>* list, const std::string& entry) {
+    if (std::find(list->begin(), list->end(), entry) == list->end()) list->push_back(entry);
+  };
+  const std::string& key = grant.grant_key;
+  if (key == "resources.memory_gib") {
+    if (!grant.grant_gib || *grant.grant_gib == 0) return Status::Error("grant", key + " needs a whole number of GiB");
+    policy->resources.memory_limit_bytes = *grant.grant_gib * kGiB;
+    return {};
+  }
+  if (grant.grant_text.empty()) return Status::Error("grant", key + " needs a value");
+  if (key == "network.allow") {
+    add(&policy->network.allow, grant.grant_text);
+  } else if (key == "filesystem.read") {
+    add(&policy->filesystem.read_only, grant.grant_text);
+  } else if (key == "filesystem.read_write") {
+    add(&policy->filesystem.read_write, grant.grant_text);
+  } else if (key == "syscalls.allow") {
+    add(&policy->granted.syscalls, grant.grant_text);
+  } else {
+    return Status::Error("grant", "'" + key + "' is not a grant (network.allow, filesystem.read, "
+                                  "filesystem.read_write, syscalls.allow, resources.memory_gib)");
+  }
+  return {};
+}
+
+Result<EscalationOffer> OfferFromGrant(const std::string& grant_json) {
+  nlohmann::json grant = nlohmann::json::parse(grant_json, nullptr, false);
+  if (!grant.is_object() || grant.size() != 1) return Status::Error("grant", "a grant is one key and its value");
+  const std::string key = grant.begin().key();
+  const nlohmann::json& value = grant.begin().value();
+  if (key == "resources.memory_gib") {
+    if (!value.is_number_unsigned() || value.get<std::uint64_t>() == 0) {
+      return Status::Error("grant", key + " needs a whole number of GiB");
+    }
+    return MakeOffer(key, "", value.get<std::uint64_t>());
+  }
+  if (key != "network.allow" && key != "filesystem.read" && key != "filesystem.read_write" && key != "syscalls.allow") {
+    return Status::Error("grant", "'" + key + "' is not a grant");
+  }
+  if (!value.is_string() || value.get<std::string>().empty()) return Status::Error("grant", key + " needs a value");
+  return MakeOffer(key, value.get<std::string>(), std::nullopt);
+}
+
 void AttachOffers(const Plan& plan, std::vector<Denial>* denials) {
   if (!plan.escalation.offers) return;
   const PathExists exists = [&plan](const std::string& path) {

@@ -1,8 +1,9 @@
 // Escalation offers (on_violation.escalation: one_time_approval): for one
 // denial, the grant that would have allowed it, held against the policy's
 // ceiling (on_violation.max_grant). Pure but for `PathExists`, which the
-// caller supplies. Asking someone, approving and granting are not part of
-// this version: an offer is listed in the report and nothing more.
+// caller supplies. Asking and deciding are the session's (session.h
+// RequestEscalation) and `run --on-denial ask`'s; ApplyGrant writes an
+// approved grant into a policy.
 //
 // A grant is scoped to what was denied, never wider: a network grant is the
 // host:port as denied; a read grant the path as denied; a read_write grant
@@ -18,6 +19,8 @@
 
 #include "agentbox/outcome.h"
 #include "agentbox/plan.h"
+#include "agentbox/policy.h"
+#include "agentbox/status.h"
 
 namespace agentbox {
 
@@ -40,5 +43,17 @@ EscalationOffer MakeOffer(const std::string& key, const std::string& text, std::
 // Sets every denial's offer (OfferFor) when the plan offers them; paths are
 // looked up on the host, those in the workspace at its source.
 void AttachOffers(const Plan& plan, std::vector<Denial>* denials);
+
+// Widens `policy` by one approved grant: network.allow gains the host:port,
+// filesystem.read_only (filesystem.read) or filesystem.read_write the path,
+// granted.syscalls the name, resources.memory_limit_bytes becomes the GiB.
+// An entry already there is not added twice. Checks nothing against the
+// ceiling (OfferFor did): a key it does not know, or a grant without its
+// value, is an error naming it.
+Status ApplyGrant(const EscalationOffer& grant, Policy* policy);
+
+// The offer a grant's JSON ({"network.allow": "host:443"}) stands for
+// (MakeOffer): an error for anything but one known key with its value.
+Result<EscalationOffer> OfferFromGrant(const std::string& grant_json);
 
 }  // namespace agentbox

@@ -50,6 +50,10 @@ enum class SocketScope { kOwnNamespace, kHostNetwork };
 
 // The denied syscalls and argument checks (docs/seccomp.md gives the reasons).
 SeccompPlan PlanSeccomp(bool host_has_seccomp, SocketScope scope = SocketScope::kOwnNamespace);
+// Takes the rules of the syscalls an approved grant allows out of `plan`
+// (and lists them in plan->granted); a name SyscallGrantProblem refuses is
+// an error naming it, whatever the caller was told.
+Status GrantSyscalls(const std::vector<std::string>& names, SeccompPlan* plan);
 
 // The landlock-only plan gets the egress proxy's ports, bound by the
 // supervisor on the host's 127.0.0.1 for this run: the plan's

@@ -6,6 +6,7 @@
 // clone3 is the exception: its flags live in memory a filter cannot read, so
 // every clone3 gets ENOSYS in the kernel and libc falls back to clone, whose
 // flags the filter can read. That is not a denial and is not reported.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -111,6 +112,18 @@ void AddFastOpenRules(SeccompPlan* sp) {
 }
 
 }  // namespace
+
+Status GrantSyscalls(const std::vector<std::string>& names, SeccompPlan* plan) {
+  for (const std::string& name : names) {
+    if (auto problem = SyscallGrantProblem(name)) return Status::Error("policy", "granted.syscalls: " + *problem);
+    if (!plan->enabled) continue;
+    auto& rules = plan->rules;
+    rules.erase(std::remove_if(rules.begin(), rules.end(), [&](const SeccompRule& r) { return r.syscall == name; }),
+                rules.end());
+    if (std::find(plan->granted.begin(), plan->granted.end(), name) == plan->granted.end()) plan->granted.push_back(name);
+  }
+  return {};
+}
 
 SeccompPlan PlanSeccomp(bool host_has_seccomp, SocketScope scope) {
   SeccompPlan sp;

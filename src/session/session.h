@@ -52,6 +52,18 @@ struct ManagerOptions {
   // approver is configured") and how long it may take to answer.
   std::vector<std::string> approve_command;
   std::chrono::milliseconds approve_timeout{60000};
+  // --approve-api: requests wait (at most approve_timeout) for a decision
+  // posted through DecideEscalation (a person's UI); exclusive with
+  // approve_command.
+  bool approve_api = false;
+};
+
+// An escalation request (POST /v1/sessions/{id}/escalations).
+struct EscalationAsk {
+  std::string offer_id;    // an offer one of the session's results carried (esc-...)
+  std::string reason;      // the agent's words, shown to the approver
+  std::string request_id;  // optional; the same again returns the recorded escalation ("replayed": true)
+  std::string by;          // who asks: "api", "mcp" (for the log)
 };
 
 struct CreateRequest {
@@ -131,6 +143,31 @@ class Manager {
   // `by`. Returns {"network": {allow, deny}, "applied": "live" |
   // "next_world" | "world_stopped"}.
   Result<Json> PatchPolicy(const std::string& id, const std::string& yaml, const std::string& by);
+
+  // Escalations (on_violation.escalation: one_time_approval; docs/daemon.md
+  // "Escalations"). Asks for the grant of an offer one of the session's
+  // results carried, and waits for the decision: an offer beyond the
+  // ceiling is refused without asking anyone; otherwise the approver
+  // (approve_command, approve_api, or none: a deny) decides within
+  // approve_timeout (none in time: a deny). An approved grant is applied
+  // before this returns: `once` for the session's next call, `session` for
+  // the rest of it. Two requests for one offer while the first is pending
+  // share its decision. Returns the escalation:
+  //   {id (eg-N), session, offer_id, grant, reason, by, request_id, state
+  //    (pending | granted | denied), decision (once | session | deny),
+  //    decided_by, decision_reason, asked, applied (live | new_world |
+  //    next_world), created, decided, replayed}
+  Result<Json> RequestEscalation(const std::string& id, const EscalationAsk& ask);
+  // The API's decision for a pending escalation (approve_api): `decision`
+  // once | session | deny. A decided one is a conflict, naming its decision.
+  Result<Json> DecideEscalation(const std::string& id, const std::string& escalation_id, const std::string& decision,
+                                const std::string& by, const std::string& reason);
+  // {"escalations": [...]}: the session's, oldest first.
+  Result<Json> ListEscalations(const std::string& id) const;
+  // Every escalation (of any session) that changed after sequence number
+  // `after`, waiting at most `wait_ms` for one: {"escalations": [...],
+  // "next": N} (pass N as `after` next time). For a UI's stream.
+  Json EscalationChanges(std::uint64_t after, int wait_ms) const;
 
   // Freezes the session's changes; returns the snapshot id. The snapshot
   // is removed with its session (Remove) unless `keep` (snapshot_on_exit's
