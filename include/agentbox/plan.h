@@ -32,6 +32,8 @@ enum class MountKind {
   kReadOnly,    // make an existing mount at target read-only (e.g. /proc/sys)
   kOverlay,     // sessions: the workspace as an overlay (layers in Plan::workspace_overlay)
   kFile,        // a read-only file at target: `data`, then the host file `source` when set (public data only)
+  kDir,         // an empty directory at target on the root tmpfs: an escalation ceiling, below which grants
+                // are grafted into a running world (read_only: a filesystem_read ceiling)
 };
 const char* ToString(MountKind);
 

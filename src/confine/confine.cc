@@ -143,6 +143,40 @@ void PlanEscalation(const Policy& policy, const Invocation& inv, Plan* plan) {
   }
 }
 
+// The empty directories on the root tmpfs for the ceiling trees (see the
+// namespaces backend's plan); `mounts` is the mount list so far, whose
+// trees need nothing. A tree both read and written is planned writable.
+void PlanCeilingDirs(const Policy& policy, const Invocation& inv, std::vector<MountOp>* mounts) {
+  const MaxGrantSpec& g = policy.on_violation.max_grant;
+  auto inside_mounted = [&](const std::string& p) {
+    return std::any_of(mounts->begin(), mounts->end(), [&](const MountOp& m) {
+      switch (m.kind) {
+        case MountKind::kTmpfs:
+          return m.target != "/" && paths::IsWithin(p, m.target);
+        case MountKind::kBind:
+        case MountKind::kOverlay:
+          return paths::IsWithin(p, m.target) || paths::IsWithin(p, m.source);
+        case MountKind::kDir:  // another ceiling's directory: planned once, writable wins below
+          return false;
+        default:  // devices, procfs, devpts, files, links: nothing to graft into
+          return paths::IsWithin(p, m.target);
+      }
+    });
+  };
+  for (const auto& [list, writable] : {std::pair{&g.filesystem_write, true}, std::pair{&g.filesystem_read, false}}) {
+    for (const auto& entry : *list) {
+      const std::string p = paths::ExpandHome(entry, inv.home);
+      if (p.empty() || p == "/" || inside_mounted(p)) continue;
+      auto same = std::find_if(mounts->begin(), mounts->end(),
+                               [&](const MountOp& m) { return m.kind == MountKind::kDir && m.target == p; });
+      if (same != mounts->end()) continue;  // the writable entry came first
+      mounts->push_back({MountKind::kDir, "", p, !writable, false, "",
+                         std::string("on_violation.max_grant.") + (writable ? "filesystem_write: " : "filesystem_read: ") +
+                             entry + " (grants are mounted below it)"});
+    }
+  }
+}
+
 bool Writable(const Policy& p) {
   return p.mode == Mode::kWorkspaceWrite && p.filesystem.workspace.access == Access::kReadWrite;
 }
@@ -1449,6 +1483,17 @@ Result<ConfinedCommand> ConfinePolicy(const std::vector<std::string>& argv, cons
     if (NeedsProxy(policy) && Terminates(policy)) {
       mounts.push_back({MountKind::kFile, "", kCaBundlePath, true, true, "",
                         "the TLS terminator's per-run CA (credentials, network.http_rules)"});
+    }
+
+    // on_violation.max_grant's filesystem trees: Landlock rules attach at
+    // launch, so a grant grafted into the running world later (World::
+    // GraftPath) is allowed only below a tree that has a rule now. Each
+    // ceiling tree outside every mounted tree is an empty directory on the
+    // root tmpfs with such a rule; one inside a mounted tree has its rules.
+    // What a grant shows is still the mount plan's alone: nothing is
+    // mounted there until a grant is.
+    if (Confines(policy) && policy.on_violation.escalation == Escalation::kOneTimeApproval) {
+      PlanCeilingDirs(policy, inv, &mounts);
     }
 
     // Parents before children; the root tmpfs stays first.

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "confine/layers.h"
+#include "confine/paths.h"
 #include "linux/compat.h"
 
 namespace agentbox {
@@ -182,6 +183,19 @@ void AdoptProxyPorts(Plan* plan, ProxyPorts ports) {
   SetProxyEnv(&plan->env, ports, "");
 }
 
+bool LandlockCovers(const LandlockPlan& plan, const std::string& path, bool writable) {
+  if (plan.abi <= 0) return true;  // no Landlock layer: nothing of it to cover
+  std::uint64_t need = kRead;
+  if (writable) need |= LANDLOCK_ACCESS_FS_WRITE_FILE;
+  need &= plan.handled_fs;
+  // Rights add up over the ancestors' rules (one ruleset, one layer).
+  std::uint64_t granted = 0;
+  for (const auto& r : plan.rules) {
+    if (r.path != path && paths::IsWithin(path, r.path)) granted |= r.access;
+  }
+  return (granted & need) == need;
+}
+
 LandlockPlan PlanLandlock(const Plan& plan, int host_abi, bool required) {
   LandlockPlan ll;
   if (host_abi < kMinLandlockAbi) return ll;
@@ -217,6 +231,9 @@ LandlockPlan PlanLandlock(const Plan& plan, int host_abi, bool required) {
         break;
       case MountKind::kFile:
         add(m.target, LANDLOCK_ACCESS_FS_READ_FILE, false, m.why);
+        break;
+      case MountKind::kDir:  // empty until a grant is grafted below it
+        add(m.target, m.read_only ? kReadExec : kReadExec | kWrite, false, m.why);
         break;
       case MountKind::kSymlink:   // resolved to its target, which has its own rule
       case MountKind::kMask:      // inside a granted tree, mode 0000 and read-only

@@ -23,6 +23,16 @@ std::vector<std::string> LandlockLeftOut(int abi);
 // gives an empty plan (abi 0).
 LandlockPlan PlanLandlock(const Plan& plan, int host_abi, bool required);
 
+// Whether Landlock lets the sandbox read (and, `writable`, write) what is
+// mounted at `path` while it runs: some rule on a directory strictly above
+// `path` grants it. A rule on `path` itself does not count: Landlock ties
+// rules to inodes and skips a mountpoint's hidden directory when it walks
+// up from a file, so something mounted at `path` is judged by the rules
+// above it. True when the plan has no Landlock layer. Used to decide
+// whether a grant can be grafted into a running world (World::GraftPath)
+// or needs a new one.
+bool LandlockCovers(const LandlockPlan& plan, const std::string& path, bool writable);
+
 // The landlock-only backend's rules, on HOST paths (nothing is mounted):
 // read+exec on `read_only`, the workspace (read-write when `writable`), the
 // usual /dev nodes, read on /proc; TCP connect and bind handled with no

@@ -175,5 +175,70 @@ TEST(LayersPlan, SurviveTheJsonRoundTrip) {
   }
 }
 
+
+// A ceiling tree of on_violation.max_grant outside every mounted tree: an
+// empty directory on the root tmpfs, with a Landlock rule as the list says.
+TEST(Landlock, CeilingTreesGetADirectoryAndARule) {
+  Policy policy = PresetFor(Mode::kWorkspaceWrite);
+  policy.on_violation.escalation = Escalation::kOneTimeApproval;
+  policy.on_violation.max_grant.filesystem_read = {"/srv/data", "/usr/share/doc", "/home/u/proj/sub"};
+  policy.on_violation.max_grant.filesystem_write = {"/srv/out", "/srv/data"};
+  auto c = Confine({"true"}, policy, Host(6), Inv());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const Plan& plan = c->plan;
+  auto dirs = std::count_if(plan.mounts.begin(), plan.mounts.end(), [](const MountOp& m) { return m.kind == MountKind::kDir; });
+  EXPECT_EQ(dirs, 2);  // /srv/data (writable wins) and /srv/out; the rest are inside mounted trees
+  for (const auto& m : plan.mounts) {
+    if (m.kind != MountKind::kDir) continue;
+    EXPECT_TRUE(m.target == "/srv/data" || m.target == "/srv/out") << m.target;
+    EXPECT_FALSE(m.read_only) << m.target;
+  }
+  ASSERT_NE(Rule(plan, "/srv/out"), nullptr);
+  EXPECT_NE(Rule(plan, "/srv/out")->access & kWriteFile, 0u);
+  EXPECT_EQ(Rule(plan, "/usr/share/doc"), nullptr);
+  EXPECT_TRUE(LandlockCovers(plan.landlock, "/srv/data/a/b", true));
+  // Below a ceiling: covered; the ceiling itself (a mount there hides the
+  // ruled directory) and anything beside it: not.
+  EXPECT_TRUE(LandlockCovers(plan.landlock, "/srv/out/x", true));
+  EXPECT_TRUE(LandlockCovers(plan.landlock, "/srv/data/a/b", false));
+  EXPECT_FALSE(LandlockCovers(plan.landlock, "/srv/out", false));
+  EXPECT_FALSE(LandlockCovers(plan.landlock, "/srv/other", false));
+  EXPECT_FALSE(LandlockCovers(plan.landlock, "/srv", false));
+  // Inside read-only /usr: read yes, write no.
+  EXPECT_TRUE(LandlockCovers(plan.landlock, "/usr/share/doc", false));
+  EXPECT_FALSE(LandlockCovers(plan.landlock, "/usr/share/doc", true));
+
+  Policy read_only = policy;
+  read_only.on_violation.max_grant.filesystem_write.clear();
+  auto r = Confine({"true"}, read_only, Host(6), Inv());
+  ASSERT_TRUE(r.ok());
+  ASSERT_NE(Rule(r->plan, "/srv/data"), nullptr);
+  EXPECT_EQ(Rule(r->plan, "/srv/data")->access & kWriteFile, 0u);
+  EXPECT_NE(Rule(r->plan, "/srv/data")->access & LANDLOCK_ACCESS_FS_READ_FILE, 0u);
+  EXPECT_TRUE(LandlockCovers(r->plan.landlock, "/srv/data/x", false));
+  EXPECT_FALSE(LandlockCovers(r->plan.landlock, "/srv/data/x", true));
+
+  // No escalation: no directory, no rule.
+  Policy none = policy;
+  none.on_violation.escalation = Escalation::kDeny;
+  auto n = Confine({"true"}, none, Host(6), Inv());
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(Rule(n->plan, "/srv/data"), nullptr);
+  EXPECT_FALSE(LandlockCovers(n->plan.landlock, "/srv/data/x", false));
+}
+
+TEST(Landlock, CoversAddsRightsOverAncestors) {
+  LandlockPlan ll;
+  ll.abi = 6;
+  ll.handled_fs = ~std::uint64_t{0};
+  ll.rules.push_back({"/a", LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_READ_DIR, false, ""});
+  ll.rules.push_back({"/a/b", LANDLOCK_ACCESS_FS_WRITE_FILE, false, ""});
+  EXPECT_TRUE(LandlockCovers(ll, "/a/b/c", true));
+  EXPECT_FALSE(LandlockCovers(ll, "/a/bc", true));  // a sibling by prefix only
+  EXPECT_TRUE(LandlockCovers(ll, "/a/bc", false));
+  EXPECT_FALSE(LandlockCovers(ll, "/a", false));
+  EXPECT_TRUE(LandlockCovers(LandlockPlan{}, "/anything", true));  // no Landlock layer
+}
+
 }  // namespace
 }  // namespace agentbox

@@ -15,6 +15,7 @@ constexpr std::pair<MountKind, const char*> kKinds[] = {
     {MountKind::kMask, "mask"},       {MountKind::kProtect, "protect"},
     {MountKind::kPin, "pin"},         {MountKind::kReadOnly, "read-only"},
     {MountKind::kOverlay, "overlay"},  {MountKind::kFile, "file"},
+    {MountKind::kDir, "dir"},
 };
 
 std::optional<MountKind> KindFromString(const std::string& s) {

@@ -451,6 +451,42 @@ void SandboxCgroup::KillAll() const {
   }
 }
 
+Status SandboxCgroup::SetMemoryMax(std::uint64_t bytes) {
+  auto mem = where_.find("memory");
+  if (mem == where_.end()) {
+    return Status::Error("cgroup", "this sandbox's cgroup has no memory controller (no memory limit was set when "
+                                   "it started), so its memory limit cannot be changed in place");
+  }
+  const std::string v = std::to_string(bytes);
+  std::vector<std::string> files;
+  if (mem->second == Hierarchy::kV2) {
+    if (Status s = fs_.Write(v2_dir_ + "/memory.max", v); !s.ok()) return s;
+    files = {"memory.max"};
+  } else {
+    // v1 keeps memory <= memory+swap at every step: the limit goes first
+    // when it comes down, the memsw limit first when it goes up.
+    const std::string& d = v1_dirs_.at("memory");
+    const bool memsw = fs_.Read(d + "/memory.memsw.limit_in_bytes").ok();
+    const auto current = fs_.Read(d + "/memory.limit_in_bytes");
+    const bool raising = current.ok() && Number(*current).value_or(0) < bytes;
+    files = {"memory.limit_in_bytes"};
+    if (memsw) files.insert(raising ? files.begin() : files.end(), "memory.memsw.limit_in_bytes");
+    for (const auto& f : files) {
+      if (Status s = fs_.Write(d + "/" + f, v); !s.ok()) return s;
+    }
+  }
+  for (const auto& f : files) {
+    const std::string entry = f + "=" + v;
+    auto old = std::find_if(applied_.begin(), applied_.end(), [&](const std::string& a) { return a.rfind(f + "=", 0) == 0; });
+    if (old != applied_.end()) {
+      *old = entry;
+    } else {
+      applied_.push_back(entry);
+    }
+  }
+  return {};
+}
+
 CgroupStats SandboxCgroup::ReadStats() const {
   CgroupStats st;
   auto mem = where_.find("memory");

@@ -139,6 +139,12 @@ class SandboxCgroup {
   // to each listed process (repeated until the lists stay empty).
   void KillAll() const;
   CgroupStats ReadStats() const;
+  // Replaces the memory ceiling (v2 memory.max; v1 memory.limit_in_bytes,
+  // and memory.memsw.limit_in_bytes with it where swap is accounted) while
+  // the sandbox runs. A limit below what it uses now makes the kernel
+  // reclaim, then OOM-kill inside. An error when the cgroup has no memory
+  // controller (none was asked for at creation).
+  [[nodiscard]] Status SetMemoryMax(std::uint64_t bytes);
   // The limits written, for the report ("memory.max=536870912", ...).
   const std::vector<std::string>& applied() const { return applied_; }
   // "cgroup-v2", "cgroup-v1" or "cgroup-v1+v2".

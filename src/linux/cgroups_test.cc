@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -173,6 +174,26 @@ TEST_F(PureV2, WritesLimitsAndRemovesTheCgroup) {
   EXPECT_FALSE(root_.Has(dir)) << "the cgroup outlived its owner";
 }
 
+TEST_F(PureV2, TheMemoryLimitChangesInPlace) {
+  CgroupFs fs(root_.root());
+  CgroupLayout l = DiscoverCgroupLayout(fs);
+  auto cg = SandboxCgroup::Create(fs, l, AllLimits(), "agentbox-1-2-3-m");
+  ASSERT_TRUE(cg.ok()) << cg.status().ToString();
+  ASSERT_TRUE((*cg)->SetMemoryMax(128ull << 20).ok());
+  EXPECT_EQ(root_.Get("/sys/fs/cgroup/agents/agentbox-1-2-3-m/memory.max"), "134217728");
+  const auto& applied = (*cg)->applied();
+  EXPECT_NE(std::find(applied.begin(), applied.end(), "memory.max=134217728"), applied.end());
+  EXPECT_EQ(std::find(applied.begin(), applied.end(), "memory.max=67108864"), applied.end());
+
+  ResourceLimits pids_only;
+  pids_only.pids_max = 10;
+  auto no_memory = SandboxCgroup::Create(fs, l, pids_only, "agentbox-1-2-3-n");
+  ASSERT_TRUE(no_memory.ok());
+  Status s = (*no_memory)->SetMemoryMax(128ull << 20);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("no memory controller"), std::string::npos) << s.ToString();
+}
+
 TEST_F(PureV2, RootCgroupEnablesControllersForChildren) {
   root_.Put("/proc/self/cgroup", "0::/\n");
   root_.Put("/sys/fs/cgroup/cgroup.controllers", "memory pids\n");
@@ -258,6 +279,23 @@ TEST_F(Hybrid, V1ControllersV2ForPlacement) {
   EXPECT_FALSE(root_.Has("/sys/fs/cgroup/cpu/" + name));
   EXPECT_FALSE(root_.Has("/sys/fs/cgroup/cpuacct/" + name));
   EXPECT_FALSE(root_.Has("/sys/fs/cgroup/unified/" + name));
+}
+
+// v1: memory <= memory+swap at every step, whichever way the limit moves.
+TEST_F(Hybrid, TheMemoryLimitMovesWithItsSwapLimit) {
+  CgroupFs fs(root_.root());
+  CgroupLayout l = DiscoverCgroupLayout(fs);
+  const std::string name = "agentbox-1-2-3-s";
+  const std::string mem = "/sys/fs/cgroup/memory/process_api/abc/" + name;
+  auto cg = SandboxCgroup::Create(fs, l, AllLimits(), name);
+  ASSERT_TRUE(cg.ok()) << cg.status().ToString();
+  root_.Put(mem + "/memory.memsw.limit_in_bytes", "67108864");
+  ASSERT_TRUE((*cg)->SetMemoryMax(256ull << 20).ok());
+  EXPECT_EQ(root_.Get(mem + "/memory.limit_in_bytes"), "268435456");
+  EXPECT_EQ(root_.Get(mem + "/memory.memsw.limit_in_bytes"), "268435456");
+  ASSERT_TRUE((*cg)->SetMemoryMax(32ull << 20).ok());
+  EXPECT_EQ(root_.Get(mem + "/memory.limit_in_bytes"), "33554432");
+  EXPECT_EQ(root_.Get(mem + "/memory.memsw.limit_in_bytes"), "33554432");
 }
 
 TEST_F(Hybrid, OnlyTheControllersAskedFor) {

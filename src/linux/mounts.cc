@@ -456,6 +456,9 @@ Status ApplyMount(const ResolvedMount& m, const Plan& plan, UpperFs* upper_fs) {
       return MountOverlay(op, plan, upper_fs, m.upper_channel);
     case MountKind::kFile:
       return WriteReadOnlyFile(op);
+    case MountKind::kDir:
+      // On the root tmpfs, before SealRoot: nothing inside can add to it.
+      return EnsureTarget(op.target, true);
   }
   return Status::Error("mount", "unknown mount kind");
 }

@@ -37,6 +37,7 @@
 #include "linux/capabilities.h"
 #include "linux/compat.h"
 #include "linux/descendants.h"
+#include "linux/graft.h"
 #include "linux/landlock_ruleset.h"
 #include "linux/mounts.h"
 #include "linux/namespaces.h"
@@ -989,7 +990,11 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
   upper_fs.copy_upper = hooks.copy_upper;
   SetUpResult set_up =
       SetUpSandbox(plan, resolved, &status_fd, &lifeline_fd, &filter_fd, &proxy_fd, &control_fd, &upper_fs);
-  // An upper layer with a size of its own goes to the caller first thing
+  // The world's namespaces and root go to the supervisor first thing on
+  // the control socket (it reads them before handing the socket on): a
+  // grant is mounted into this world from there (linux/graft.h).
+  if (Status s = SendWorldNamespaces(control_fd); !s.ok()) Fail(status_fd, s);
+  // An upper layer with a size of its own goes to the caller next
   // on the control socket, before "ready": the caller keeps it, so that the
   // session's changes outlive this world (its diff, snapshots, the next
   // world's copy). Nothing of it stays open in here.

@@ -387,6 +387,9 @@ void World::PumpChannel(bool until_stats, int wait_ms) {
       rotation_error_ = m.value("error", "");
     } else if (t == "network") {
       network_error_ = m.value("error", "");
+    } else if (t == "graft" || t == "ungraft" || t == "memory") {
+      grant_error_ = m.value("error", "");
+      grant_status_ = grant_error_->empty() ? Status{} : StatusFromError(m);
     } else if (t == "stats") {
       oom_kills_ = m.value("oom_kills", std::uint64_t{0});
       stats_fresh_ = true;
@@ -440,6 +443,36 @@ Status World::SetNetworkRules(const std::vector<std::string>& allow, const std::
   Status s = AskSupervisor(json{{"op", "network"}, {"allow", allow}, {"deny", deny}}.dump(), &network_error_,
                            "the network rules");
   if (!s.ok() && s.stage() == "supervisor") return Status::Error("network", s.message());
+  return s;
+}
+
+Status World::GraftPath(const std::string& source, const std::string& target, bool writable) {
+  Status s = AskSupervisor(json{{"op", "graft"}, {"source", source}, {"target", target}, {"writable", writable}}.dump(),
+                           &grant_error_, "the graft of " + source + " at " + target);
+  if (!s.ok() && s.stage() == "supervisor") {
+    std::lock_guard<std::mutex> state(state_mu_);
+    return grant_status_;
+  }
+  return s;
+}
+
+Status World::UngraftPath(const std::string& target) {
+  Status s = AskSupervisor(json{{"op", "ungraft"}, {"target", target}}.dump(), &grant_error_,
+                           "the removal of the graft at " + target);
+  if (!s.ok() && s.stage() == "supervisor") {
+    std::lock_guard<std::mutex> state(state_mu_);
+    return grant_status_;
+  }
+  return s;
+}
+
+Status World::SetMemoryLimit(std::uint64_t bytes) {
+  Status s = AskSupervisor(json{{"op", "memory"}, {"bytes", bytes}}.dump(), &grant_error_,
+                           "the memory limit of " + std::to_string(bytes) + " bytes");
+  if (!s.ok() && s.stage() == "supervisor") {
+    std::lock_guard<std::mutex> state(state_mu_);
+    return grant_status_;
+  }
   return s;
 }
 

@@ -168,6 +168,26 @@ class World {
   // longer allowed closed, when this returns.
   Status SetNetworkRules(const std::vector<std::string>& allow, const std::vector<std::string>& deny);
 
+  // Binds the host path `source` (a directory or a file, no symlink on the
+  // way) recursively at `target` inside the running world, read-only
+  // unless `writable`, always nosuid and nodev; the mountpoint and its
+  // missing parents are made on the world's root tmpfs. The init and
+  // everything running stay as they are; the next call sees the path. A
+  // target that is a mountpoint or lies inside a mount other than the root
+  // tmpfs (a bound /usr, the private /tmp, the workspace) is refused with
+  // an error naming it: such a grant needs a new world. Landlock must
+  // cover the target too (LandlockCovers, confine/layers.h), or the path is
+  // mounted and still denied. Errors: stage "graft", syscall, path, errno.
+  Status GraftPath(const std::string& source, const std::string& target, bool writable);
+  // Detaches what GraftPath mounted at `target` (and removes its
+  // mountpoint): the next call no longer sees it. Only a grafted target.
+  Status UngraftPath(const std::string& target);
+  // Replaces the memory limit of the world's cgroup (memory.max on cgroup
+  // v2, memory.limit_in_bytes on v1), in force when this returns. An error
+  // when the world has no cgroup with a memory controller (its policy set
+  // no memory limit when it started).
+  Status SetMemoryLimit(std::uint64_t bytes);
+
   // SIGTERM to everything inside, SIGKILL after `grace_ms`; waits for the
   // supervisor to finish (it removes the cgroup). Idempotent.
   void Stop(int grace_ms);
@@ -191,6 +211,8 @@ class World {
 
   std::optional<std::string> rotation_error_;  // the last "rotated" answer ("" = applied); state_mu_
   std::optional<std::string> network_error_;   // the last "network" answer ("" = applied); state_mu_
+  std::optional<std::string> grant_error_;     // the last "graft"/"ungraft"/"memory" answer; state_mu_
+  Status grant_status_;                         // that answer as a Status; state_mu_
   pid_t supervisor_pid_ = -1;
   std::string cgroup_mechanism_;
   linux::RlimitsSet rlimits_;

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <map>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -24,6 +25,7 @@
 #include "agentbox/confine.h"
 #include "agentbox/run.h"
 #include "linux/compat.h"
+#include "linux/graft.h"
 #include "linux/launch.h"
 #include "linux/proxy_listeners.h"
 #include "linux/rlimits.h"
@@ -118,6 +120,16 @@ json ErrorMessage(const Status& s) {
   return {{"t", "error"}, {"stage", s.stage()}, {"message", s.message()}, {"errno", s.err()},
           {"syscall", s.syscall()}, {"path", s.path()}};
 }
+
+// The answer to a grant's op ("graft", "ungraft", "memory"): "error" as
+// the network op has it ("" = done), with the Status's parts beside it.
+json GrantAnswer(const char* t, const Status& s) {
+  if (s.ok()) return {{"t", t}, {"error", ""}};
+  return {{"t", t}, {"error", s.message()}, {"stage", s.stage()}, {"message", s.message()},
+          {"errno", s.err()}, {"syscall", s.syscall()}, {"path", s.path()}};
+}
+
+bool IsString(const json& req, const char* key) { return req.contains(key) && req[key].is_string(); }
 
 }  // namespace
 
@@ -228,6 +240,10 @@ int WorldMain() {
   linux::StatusReader status;
   std::optional<Clock::time_point> kill_at;
   std::optional<Status> failure;
+  // The init's namespaces and root (linux/graft.h), and what was grafted
+  // through them: only that can be ungrafted.
+  linux::WorldNamespaces world_ns;
+  std::map<std::string, linux::Mountpoint> grafted;
 
   auto end_world = [&](const std::string& how) {
     if (cgroup) cgroup->KillAll();
@@ -302,6 +318,15 @@ int WorldMain() {
                                     "): " + what}});
         } else if (m.type == linux::RunnerMessage::Type::kReady && !ready) {
           ready = true;
+          // The init sent its namespaces on the control socket before it
+          // reported ready; they are read before the socket is handed on.
+          auto ns = linux::ReceiveWorldNamespaces(ours.get());
+          if (!ns.ok()) {
+            failure = ns.status();
+            end_world("setup");
+            return 125;
+          }
+          world_ns = std::move(*ns);
           // The cgroup the calls run in and the rlimits the runner set (it
           // was cloned from this process), for their reports' limits.
           const linux::RlimitsSet rl = linux::RlimitsFor(plan.limits);
@@ -348,6 +373,33 @@ int WorldMain() {
           Status set = egress ? egress->SetRules(allow, deny, child.pid)
                               : Status::Error("network", "this session's sandbox has no egress (its network is off)");
           Send(json{{"t", "network"}, {"error", set.ok() ? "" : set.message()}});
+        }
+        if (op == "graft" && IsString(req, "source") && IsString(req, "target")) {
+          const std::string target = req["target"].get<std::string>();
+          const auto access = req.value("writable", false) ? linux::GraftAccess::kWritable : linux::GraftAccess::kReadOnly;
+          Status done;
+          if (grafted.count(target)) {
+            done = Status::Error("graft", "something is grafted at " + target + " already; ungraft it first");
+          } else if (auto made = linux::GraftIntoWorld(world_ns, req["source"].get<std::string>(), target, access);
+                     made.ok()) {
+            grafted[target] = *made;
+          } else {
+            done = made.status();
+          }
+          Send(GrantAnswer("graft", done));
+        }
+        if (op == "ungraft" && IsString(req, "target")) {
+          const std::string target = req["target"].get<std::string>();
+          Status done = !grafted.count(target) ? Status::Error("graft", "nothing was grafted at " + target)
+                                               : linux::UngraftFromWorld(world_ns, target, grafted[target]);
+          if (done.ok()) grafted.erase(target);
+          Send(GrantAnswer("ungraft", done));
+        }
+        if (op == "memory" && req.contains("bytes") && req["bytes"].is_number_unsigned()) {
+          Status done = cgroup ? cgroup->SetMemoryMax(req["bytes"].get<std::uint64_t>())
+                               : Status::Error("cgroup", "this session's sandbox runs without a cgroup: its memory "
+                                                         "limit cannot be set");
+          Send(GrantAnswer("memory", done));
         }
         if (op == "stats") {
           linux::CgroupStats stats;
