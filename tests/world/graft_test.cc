@@ -129,7 +129,7 @@ TEST_F(GraftTest, AGraftedDirectoryIsReadableUntilUngrafted) {
   // grafted below it is covered.
   EXPECT_TRUE(LandlockCovers(plan_.landlock, dir_, false));
   EXPECT_FALSE(LandlockCovers(plan_.landlock, dir_, true));
-  auto before = Run(w, "cat " + dir_ + "/f; ls -A " + outer_ + " | wc -l");
+  auto before = Run(w, "cat " + dir_ + "/f");
   EXPECT_NE(before.exit_code, std::optional<int>(0));
   EXPECT_EQ(before.output.find("secret-of-the-host"), std::string::npos) << before.output;
   const pid_t sup = w->supervisor_pid(), init = Init(w);
