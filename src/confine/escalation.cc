@@ -265,6 +265,27 @@ void AttachOffers(const Plan& plan, std::vector<Denial>* denials) {
     struct stat st {};
     return lstat(host.c_str(), &st) == 0;
   };
+  auto mounted = [&plan](const std::string& path) {
+    for (const MountOp& m : plan.mounts) {
+      if (m.target == "/" || m.kind == MountKind::kSymlink || m.kind == MountKind::kFile) continue;
+      if (std::find(plan.escalation.filesystem_read.begin(), plan.escalation.filesystem_read.end(), m.target) !=
+              plan.escalation.filesystem_read.end() ||
+          std::find(plan.escalation.filesystem_write.begin(), plan.escalation.filesystem_write.end(), m.target) !=
+              plan.escalation.filesystem_write.end()) {
+        continue;  // the empty directory a ceiling tree is in the sandbox
+      }
+      if (paths::IsWithin(path, m.target)) return true;
+    }
+    return false;
+  };
+  denials->erase(std::remove_if(denials->begin(), denials->end(),
+                                [&](const Denial& d) {
+                                  if (d.reason != kNotMountedReason || d.target.empty()) return false;
+                                  const std::string path =
+                                      d.target[0] == '/' ? d.target : paths::Join(plan.workspace_target, d.target);
+                                  return mounted(path) || !exists(path);
+                                }),
+                 denials->end());
   for (Denial& d : *denials) d.escalation = OfferFor(d, plan, exists);
 }
 
