@@ -46,13 +46,16 @@ class EscalationTest : public ::testing::Test {
   // approver.log and runs `body` (which prints the answer).
   void StartWith(const std::string& body, const std::vector<std::string>& extra = {}) {
     ASSERT_GT(up_.port(), 0);
-    approver_ = d_.root() + "/approver";
-    asked_log_ = d_.root() + "/approver.log";
-    e2e::WriteFile(approver_, "#!/bin/sh\nread -r line; printf '%s\\n' \"$line\" >> " + asked_log_ + "\n" + body, 0755);
+    WriteApprover(body);
     std::vector<std::string> flags = {"--approve-command", approver_};
     flags.insert(flags.end(), extra.begin(), extra.end());
     ASSERT_TRUE(d_.Start(flags)) << d_.error();
     CreateWithPolicy();
+  }
+  void WriteApprover(const std::string& body) {
+    approver_ = d_.root() + "/approver";
+    asked_log_ = d_.root() + "/approver.log";
+    e2e::WriteFile(approver_, "#!/bin/sh\nread -r line; printf '%s\\n' \"$line\" >> " + asked_log_ + "\n" + body, 0755);
   }
   void StartWithApi(const std::string& timeout) {
     ASSERT_GT(up_.port(), 0);
@@ -83,6 +86,16 @@ class EscalationTest : public ::testing::Test {
     EXPECT_EQ(offer.value("within_ceiling", !within), within) << offer.dump();
     EXPECT_EQ(offer["grant"], json({{"network.allow", target}})) << offer.dump();
     return offer.value("id", "");
+  }
+  // How many worlds the session has had (provisioned and reprovisioned events).
+  int Worlds() {
+    auto log = c().Call("GET", "/v1/sessions/" + id_ + "/log");
+    if (!log.ok()) return -1;
+    int worlds = 0;
+    for (const std::string& line : e2e::Lines(log->body)) {
+      if (Contains(line, "\"provisioned\"") || Contains(line, "\"reprovisioned\"")) ++worlds;
+    }
+    return worlds;
   }
   Answer Ask(const std::string& offer_id, const std::string& request_id = "") {
     json body = {{"offer_id", offer_id}, {"reason", "the build fetches its dependencies"}};
@@ -152,13 +165,7 @@ TEST_F(EscalationTest, ASessionGrantLastsAndIsLive) {
     EXPECT_EQ(r.value("output", ""), "ok") << i << ": " << r.dump();
   }
   // One world all along: provisioned once, never again.
-  auto log = c().Call("GET", "/v1/sessions/" + id_ + "/log");
-  ASSERT_TRUE(log.ok());
-  int worlds = 0;
-  for (const std::string& line : e2e::Lines(log->body)) {
-    if (Contains(line, "\"provisioned\"") || Contains(line, "\"reprovisioned\"")) ++worlds;
-  }
-  EXPECT_EQ(worlds, 1) << log->body;
+  EXPECT_EQ(Worlds(), 1) << "the grant restarted the world";
 }
 
 // Beyond the ceiling nobody is asked: the approver never runs.
@@ -332,9 +339,7 @@ TEST_F(EscalationTest, AMountGrantIsLiveForTheSession) {
   chmod(outside.c_str(), 0755);
   e2e::WriteFile(outside + "/notes.txt", "from outside\n");
 
-  approver_ = d_.root() + "/approver";
-  asked_log_ = d_.root() + "/approver.log";
-  e2e::WriteFile(approver_, "#!/bin/sh\nread -r line; printf '%s\\n' \"$line\" >> " + asked_log_ + "\necho session\n", 0755);
+  WriteApprover("echo session\n");
   ASSERT_TRUE(d_.Start({"--approve-command", approver_})) << d_.error();
   const std::string policy = "version: 1\n"
                              "on_violation:\n  escalation: one_time_approval\n"
@@ -365,22 +370,14 @@ TEST_F(EscalationTest, AMountGrantIsLiveForTheSession) {
   EXPECT_FALSE(e2e::Exists(outside + "/new.txt"));
   // The same world: its init (pid 1 inside) started when it did before the grant.
   EXPECT_EQ(Bash(c(), id_, "cut -d' ' -f22 /proc/1/stat").value("output", ""), pid_before.value("output", "?"));
-  auto log = c().Call("GET", "/v1/sessions/" + id_ + "/log");
-  ASSERT_TRUE(log.ok());
-  int worlds = 0;
-  for (const std::string& line : e2e::Lines(log->body)) {
-    if (Contains(line, "\"provisioned\"") || Contains(line, "\"reprovisioned\"")) ++worlds;
-  }
-  EXPECT_EQ(worlds, 1) << log->body;
+  EXPECT_EQ(Worlds(), 1) << "the grant restarted the world";
 }
 
 // A syscall grant needs a new world (a seccomp filter is never loosened in
 // place): the once grant gets one for its call, and the call after it is
 // back in a world without it.
 TEST_F(EscalationTest, ASyscallGrantGetsAWorldOfItsOwnForItsCall) {
-  approver_ = d_.root() + "/approver";
-  asked_log_ = d_.root() + "/approver.log";
-  e2e::WriteFile(approver_, "#!/bin/sh\ncat >> " + asked_log_ + "\necho once\n", 0755);
+  WriteApprover("echo once\n");
   ASSERT_TRUE(d_.Start({"--approve-command", approver_})) << d_.error();
   id_ = CreateSession(c(), ws_.path(),
                       {{"policy", "version: 1\non_violation:\n  escalation: one_time_approval\n"
