@@ -9,7 +9,7 @@ import { McpError } from '@modelcontextprotocol/sdk/types.js';
 
 import { makeSandboxDirs, connectStdio, ALLOWED_HOST } from './lib.mjs';
 
-const EXPECTED_TOOLS = ['bash', 'read_file', 'write_file', 'edit_file', 'list_dir', 'glob', 'diff', 'snapshot'];
+const EXPECTED_TOOLS = ['bash', 'read_file', 'write_file', 'edit_file', 'list_dir', 'glob', 'diff', 'snapshot', 'request_escalation'];
 
 let dirs;
 let conn;
@@ -75,6 +75,9 @@ test('every schema compiles (ajv, strict) and the server agrees with it on bad a
   }
   await assert.rejects(call('bash', { command: 'true', timeout: 'soon' }), (e) => e.code === -32602 && /timeout/.test(e.message));
   await assert.rejects(call('no_such_tool', {}), (e) => e.code === -32602 && /unknown tool/.test(e.message));
+  // request_escalation takes only an offer id as the report writes them.
+  await assert.rejects(call('request_escalation', { offer_id: 'esc-XYZ', reason: 'needed' }),
+    (e) => e.code === -32602 && /offer_id: does not match/.test(e.message));
 });
 
 // What each schema declares optional the server takes absent; what it
