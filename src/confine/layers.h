@@ -55,10 +55,6 @@ SeccompPlan PlanSeccomp(bool host_has_seccomp, SocketScope scope = SocketScope::
 // an error naming it, whatever the caller was told.
 Status GrantSyscalls(const std::vector<std::string>& names, SeccompPlan* plan);
 
-// Whether a rule of `plan` on `path` or an ancestor grants reading it (and
-// writing, when `writable`).
-bool LandlockCovers(const LandlockPlan& plan, const std::string& path, bool writable);
-
 // The landlock-only plan gets the egress proxy's ports, bound by the
 // supervisor on the host's 127.0.0.1 for this run: the plan's
 // network.proxy, Landlock's connect rules (those ports only) and the proxy

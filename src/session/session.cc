@@ -217,6 +217,13 @@ Result<Policy> SessionPolicy(const Json& recipe, const std::vector<EscalationOff
   return policy;
 }
 
+// Why a grant of `key` needs a world of its own.
+std::string WhyNewWorld(const std::string& key) {
+  if (key == "syscalls.allow") return "a seccomp filter cannot be loosened in a running world";
+  if (key == "resources.memory_gib") return "a running world's memory limit is not raised in place in this version";
+  return "a running world's mounts and Landlock rules are not widened in place in this version";
+}
+
 // The first line of a failed call's output names the kind.
 std::string DenialLine(const Json& d) {
   const std::string facet = d.value("facet", "");
@@ -641,15 +648,12 @@ struct Manager::Impl {
   // What an approved grant does to the session now (mu not held, world_mu
   // held by the caller): {applied: live | new_world | next_world | next_call, why?}.
   Result<Json> GrantNow(SessionState& s, const EscalationOffer& grant, bool session_scope);
-  // Puts live one-call grants in force in `world` for one call (each
-  // entry of *used says how, or its error), and takes them back.
+  // Puts live one-call grants (network ones) in force in `world` for one
+  // call (each entry of *used says how, or its error), and takes them back.
   void OpenOnceGrants(SessionState& s, World& world,
                       const std::vector<std::pair<std::string, EscalationOffer>>& grants, Json* used);
   void CloseOnceGrants(SessionState& s, World& world,
                        const std::vector<std::pair<std::string, EscalationOffer>>& grants);
-  // Whether `grant` (a filesystem one) can be mounted into the running
-  // world as it is: "" when it can, else why not.
-  std::string WhyNotLive(SessionState& s, const EscalationOffer& grant);
   // The plan a world of `s` would have under `policy` (Provision's Confine).
   Result<ConfinedCommand> PlanFor(const SessionState& s, const Policy& policy, const std::string& nonce) const;
 
@@ -1759,13 +1763,7 @@ Result<Json> Manager::Execute(const std::string& id, const std::string& name, co
   if (!once.empty()) {
     std::lock_guard<std::mutex> world_lock(s->world_mu);
     for (const auto& [eid, g] : once) {
-      const bool fs = g.grant_key == "filesystem.read" || g.grant_key == "filesystem.read_write";
-      std::string why;
-      if (g.grant_key == "syscalls.allow") {
-        why = "a seccomp filter cannot be loosened in a running world";
-      } else if (fs) {
-        why = m.WhyNotLive(*s, g);
-      }
+      const std::string why = g.grant_key == "network.allow" ? "" : WhyNewWorld(g.grant_key);
       Json used = {{"escalation", eid}, {"grant", Json::parse(g.grant_json)}, {"scope", "once"}};
       if (why.empty()) {
         live_once.emplace_back(eid, g);
@@ -1962,63 +1960,6 @@ std::string Seconds(std::chrono::milliseconds ms) {
 
 }  // namespace
 
-std::string Manager::Impl::WhyNotLive(SessionState& s, const EscalationOffer& grant) {
-  if (!s.confined || !s.world || !s.world->Alive()) return "the session has no running world";
-  const Plan& now = s.confined->plan;
-  const bool writable = grant.grant_key == "filesystem.read_write";
-  if (now.backend != Backend::kNamespaces) return "the world has no mount namespace of its own";
-  if (now.landlock.abi > 0 && !LandlockCovers(now.landlock, grant.grant_text, writable)) {
-    return "the world's Landlock rules do not cover " + grant.grant_text +
-           " (only on_violation.max_grant trees are covered from the start)";
-  }
-  // The plans with and without the grant, from one nonce: the grant must
-  // add one bind of the path, and nothing else (no mask of a denied entry
-  // below it, no other mount moved).
-  auto policy = SessionPolicy(s.recipe, s.world_grants);
-  if (!policy.ok()) return policy.status().message();
-  Policy widened = *policy;
-  if (Status a = ApplyGrant(grant, &widened); !a.ok()) return a.message();
-  const std::string nonce = RandomId("");
-  auto before = PlanFor(s, *policy, nonce);
-  auto after = PlanFor(s, widened, nonce);
-  if (!before.ok()) return before.status().message();
-  if (!after.ok()) return after.status().message();
-  auto key = [](const MountOp& m) {
-    return std::string(ToString(m.kind)) + "\x1f" + m.source + "\x1f" + m.target + "\x1f" + (m.read_only ? "ro" : "rw");
-  };
-  std::multiset<std::string> old_ops;
-  for (const MountOp& m : before->plan.mounts) old_ops.insert(key(m));
-  std::vector<const MountOp*> added;
-  for (const MountOp& m : after->plan.mounts) {
-    auto it = old_ops.find(key(m));
-    if (it != old_ops.end()) {
-      old_ops.erase(it);
-    } else {
-      added.push_back(&m);
-    }
-  }
-  if (!old_ops.empty()) return "the grant changes mounts the world has";
-  // filesystem.deny globs are matched when a world is set up: a grant that
-  // brings a tree to scan needs a new world.
-  auto globs = [](const Plan& p) {
-    std::multiset<std::string> all;
-    for (const GlobScan& g : p.deny_globs) {
-      std::string k = g.source_root + "\x1f" + g.target_root + "\x1f" + g.pattern_base;
-      for (const auto& pat : g.patterns) k += "\x1f" + pat;
-      all.insert(k);
-    }
-    return all;
-  };
-  if (globs(before->plan) != globs(after->plan)) {
-    return "filesystem.deny patterns reach into " + grant.grant_text + ", which only a new world masks";
-  }
-  if (added.size() != 1 || added[0]->kind != MountKind::kBind || added[0]->target != grant.grant_text) {
-    return "the grant needs " + std::to_string(added.size()) + " mount(s) (masks of denied entries below " +
-           grant.grant_text + ", or a tree of its own), which only a new world sets up";
-  }
-  return "";
-}
-
 namespace {
 
 // The network lists and memory limit a session's world has without its
@@ -2057,12 +1998,6 @@ void Manager::Impl::OpenOnceGrants(SessionState& s, World& world,
     if (g.grant_key == "network.allow") {
       if (std::find(allow.begin(), allow.end(), g.grant_text) == allow.end()) allow.push_back(g.grant_text);
       network_eids.push_back(eid);
-    } else if (g.grant_key == "resources.memory_gib") {
-      Status st = world.SetMemoryLimit(*g.grant_gib * (1ULL << 30));
-      note(eid, st.ok() ? "" : st.ToString());
-    } else if (g.grant_key == "filesystem.read" || g.grant_key == "filesystem.read_write") {
-      Status st = world.GraftPath(g.grant_text, g.grant_text, g.grant_key == "filesystem.read_write");
-      note(eid, st.ok() ? "" : st.ToString());
     }
   }
   if (!network_eids.empty()) {
@@ -2076,25 +2011,10 @@ void Manager::Impl::CloseOnceGrants(SessionState& s, World& world,
   if (!world.Alive()) return;  // nothing of it is left to take back
   std::lock_guard<std::mutex> world_lock(s.world_mu);
   auto base = BaselineOf(s);
-  bool network = false;
-  for (const auto& [eid, g] : grants) {
-    Status st;
-    if (g.grant_key == "network.allow") {
-      network = true;
-    } else if (g.grant_key == "resources.memory_gib" && base.ok() && base->memory) {
-      st = world.SetMemoryLimit(*base->memory);
-    } else if (g.grant_key == "filesystem.read" || g.grant_key == "filesystem.read_write") {
-      st = world.UngraftPath(g.grant_text);
-    }
-    if (!st.ok()) {
-      // A grant that cannot be taken back must not outlive its call: the world goes.
-      world.Stop(0);
-      return;
-    }
-  }
-  if (network) {
-    if (!base.ok() || !world.SetNetworkRules(base->allow, base->deny).ok()) world.Stop(0);
-  }
+  const bool network = std::any_of(grants.begin(), grants.end(),
+                                   [](const auto& e) { return e.second.grant_key == "network.allow"; });
+  // A grant that cannot be taken back must not outlive its call: the world goes.
+  if (network && (!base.ok() || !world.SetNetworkRules(base->allow, base->deny).ok())) world.Stop(0);
 }
 
 Result<Json> Manager::Impl::GrantNow(SessionState& s, const EscalationOffer& grant, bool session_scope) {
@@ -2123,31 +2043,13 @@ Result<Json> Manager::Impl::GrantNow(SessionState& s, const EscalationOffer& gra
   }
   if (!recipe.contains("grants") || !recipe["grants"].is_array()) recipe["grants"] = Json::array();
   recipe["grants"].push_back(grant.grant_json);
-  // Decide before the recipe changes: WhyNotLive compares plans with and without it.
-  std::string why_not_live;
-  if (world_up && (key == "filesystem.read" || key == "filesystem.read_write")) why_not_live = WhyNotLive(s, grant);
   if (Status w = WriteFileDurably(s.dir + "/session.json", recipe.dump(2)); !w.ok()) return w;
   s.recipe = std::move(recipe);
   if (!world_up) return Json{{"applied", "next_world"}};
-  if (key == "resources.memory_gib") {
-    if (Status m = s.world->SetMemoryLimit(*grant.grant_gib * (1ULL << 30)); !m.ok()) {
-      s.world->Stop(0);
-      return Json{{"applied", "new_world"}, {"why", "the running world's cgroup did not take it: " + m.message()}};
-    }
-    return Json{{"applied", "live"}};
-  }
-  if (key == "filesystem.read" || key == "filesystem.read_write") {
-    if (why_not_live.empty()) {
-      Status g = s.world->GraftPath(grant.grant_text, grant.grant_text, key == "filesystem.read_write");
-      if (g.ok()) return Json{{"applied", "live"}};
-      why_not_live = g.ToString();
-    }
-    s.world->Stop(0);
-    return Json{{"applied", "new_world"}, {"why", why_not_live}};
-  }
-  // syscalls.allow: the seccomp filter is the world's for its life.
+  // In this version only network rules change in a running world: the
+  // world is stopped, and the next call's world is set up with the grant.
   s.world->Stop(0);
-  return Json{{"applied", "new_world"}, {"why", "a seccomp filter cannot be loosened in a running world"}};
+  return Json{{"applied", "new_world"}, {"why", WhyNewWorld(key)}};
 }
 
 Result<Json> Manager::RequestEscalation(const std::string& id, const EscalationAsk& ask) {

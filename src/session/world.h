@@ -168,11 +168,6 @@ class World {
   // longer allowed closed, when this returns.
   Status SetNetworkRules(const std::vector<std::string>& allow, const std::vector<std::string>& deny);
 
-  // (grants into the running world: see docs/sessions.md)
-  Status GraftPath(const std::string& source, const std::string& target, bool writable);
-  Status UngraftPath(const std::string& target);
-  Status SetMemoryLimit(std::uint64_t bytes);
-
   // SIGTERM to everything inside, SIGKILL after `grace_ms`; waits for the
   // supervisor to finish (it removes the cgroup). Idempotent.
   void Stop(int grace_ms);

@@ -326,9 +326,10 @@ TEST_F(EscalationTest, AReplayReturnsTheRecordedDecision) {
 }
 
 // A directory outside the sandbox: denied → offer → approved for the
-// session → readable for the rest of it, by a mount into the running
-// world (the same world: provisioned once), read-only.
-TEST_F(EscalationTest, AMountGrantIsLiveForTheSession) {
+// session → readable (read-only) for the rest of it. In this version the
+// grant is set up by a new world (the answer says so, `applied: new_world`);
+// the world after it keeps the grant.
+TEST_F(EscalationTest, AMountGrantLastsForTheSessionInANewWorld) {
   char dir_template[] = "/var/tmp/agentbox-grant-XXXXXX";
   ASSERT_NE(mkdtemp(dir_template), nullptr) << "/var/tmp: " << std::strerror(errno);
   const std::string outside = dir_template;
@@ -359,7 +360,8 @@ TEST_F(EscalationTest, AMountGrantIsLiveForTheSession) {
   Answer asked = Ask(offer.value("id", ""));
   ASSERT_EQ(asked.status, 200) << asked.text;
   EXPECT_EQ(asked.body.value("decision", ""), "session") << asked.text;
-  EXPECT_EQ(asked.body.value("applied", ""), "live") << asked.text;
+  EXPECT_EQ(asked.body.value("applied", ""), "new_world") << asked.text;
+  EXPECT_FALSE(asked.body.value("applied_why", "").empty()) << asked.text;
 
   for (int i = 0; i < 2; ++i) {
     json read = Bash(c(), id_, "cat " + outside + "/notes.txt");
@@ -368,9 +370,9 @@ TEST_F(EscalationTest, AMountGrantIsLiveForTheSession) {
   json write = Bash(c(), id_, "echo x > " + outside + "/new.txt");
   EXPECT_NE(write.value("exit_code", 0), 0) << "a read grant is read-only: " << write.dump();
   EXPECT_FALSE(e2e::Exists(outside + "/new.txt"));
-  // The same world: its init (pid 1 inside) started when it did before the grant.
-  EXPECT_EQ(Bash(c(), id_, "cut -d' ' -f22 /proc/1/stat").value("output", ""), pid_before.value("output", "?"));
-  EXPECT_EQ(Worlds(), 1) << "the grant restarted the world";
+  // One new world, set up with the grant, and no other.
+  EXPECT_NE(Bash(c(), id_, "cut -d' ' -f22 /proc/1/stat").value("output", ""), pid_before.value("output", "?"));
+  EXPECT_EQ(Worlds(), 2);
 }
 
 // A syscall grant needs a new world (a seccomp filter is never loosened in
