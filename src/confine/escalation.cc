@@ -219,6 +219,7 @@ Status ApplyGrant(const EscalationOffer& grant, Policy* policy) {
   if (key == "resources.memory_gib") {
     if (!grant.grant_gib || *grant.grant_gib == 0) return Status::Error("grant", key + " needs a whole number of GiB");
     policy->resources.memory_limit_bytes = *grant.grant_gib * kGiB;
+    policy->sha256.clear();
     return {};
   }
   if (grant.grant_text.empty()) return Status::Error("grant", key + " needs a value");
@@ -234,6 +235,7 @@ Status ApplyGrant(const EscalationOffer& grant, Policy* policy) {
     return Status::Error("grant", "'" + key + "' is not a grant (network.allow, filesystem.read, "
                                   "filesystem.read_write, syscalls.allow, resources.memory_gib)");
   }
+  policy->sha256.clear();  // the file's digest no longer names what is in force
   return {};
 }
 

@@ -83,7 +83,8 @@ test('every schema compiles (ajv, strict) and the server agrees with it on bad a
 // What each schema declares optional the server takes absent; what it
 // requires, it requires; undeclared fields are refused (above).
 test('every tool runs with its required fields alone, and optional ones are accepted', async () => {
-  const sample = { command: 'true', path: 'sample.txt', content: 'x\n', old: 'x', new: 'y', pattern: '*.txt' };
+  const sample = { command: 'true', path: 'sample.txt', content: 'x\n', old: 'x', new: 'y', pattern: '*.txt',
+    offer_id: 'esc-000000000000', reason: 'a sample' };
   const optional = {
     bash: { timeout: 30, stdin: '', cwd: '.', env: { SAMPLE: '1' } },
     read_file: { offset: 1, limit: 1 },
