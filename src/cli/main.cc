@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -28,6 +29,8 @@
 #include "cli/subcommand.h"
 #include "linux/cgroup_delegation.h"
 #include "linux/cgroups.h"
+#include "supervise/approver.h"
+#include "supervise/escalation_round.h"
 #include "supervise/systemd_scope.h"
 #include "session/world.h"
 #include "linux/random.h"
@@ -221,6 +224,18 @@ void WriteReport(const ReportSink& sink, const Outcome& outcome) {
   if (Status s = sink.Write(ToJson(outcome) + "\n"); !s.ok()) Error("could not write the report: " + s.message());
 }
 
+// The report with what `--on-denial ask` adds (docs/report.md,
+// "escalations"): every offer and decision, and, after a re-run, the first
+// attempt's outcome and denials.
+void WriteReport(const ReportSink& sink, const Outcome& outcome, const std::vector<supervise::EscalationRecord>& records,
+                 const std::optional<Outcome>& first_attempt) {
+  if (!sink.wanted()) return;
+  json j = ToJsonValue(outcome);
+  j["escalations"] = supervise::EscalationsJson(records);
+  if (first_attempt) j["first_attempt"] = supervise::FirstAttemptJson(*first_attempt);
+  if (Status s = sink.Write(j.dump(2) + "\n"); !s.ok()) Error("could not write the report: " + s.message());
+}
+
 void Summarise(const Outcome& o) {
   switch (o.kind) {
     case OutcomeKind::kSandboxError:
@@ -329,6 +344,62 @@ struct OverlayFlags {
   }
 };
 
+// `run --on-denial deny|ask [--approve-command PROG] [--approve-timeout T]`.
+struct DenialFlags {
+  std::string on_denial;
+  std::string approve_command;
+  std::string approve_timeout;
+
+  bool ask = false;
+  std::chrono::milliseconds timeout = supervise::kDefaultApproveTimeout;
+
+  void Register(CLI::App* app) {
+    app->add_option("--on-denial", on_denial,
+                    "deny (default) | ask: after the command, ask for each escalation offer within "
+                    "on_violation.max_grant, then run it once more with the grants approved");
+    app->add_option("--approve-command", approve_command,
+                    "with --on-denial ask: PROG decides each grant (the request as JSON on stdin; answers "
+                    "once/session/deny); without it, the controlling terminal asks");
+    app->add_option("--approve-timeout", approve_timeout, "a grant not decided this long is a deny (default 60s)");
+  }
+
+  // Parses the values; false (after saying why) when they do not fit.
+  bool Apply() {
+    if (on_denial.empty() || on_denial == "deny") {
+      ask = false;
+    } else if (on_denial == "ask") {
+      ask = true;
+    } else {
+      Error("--on-denial: '" + on_denial + "' is not deny or ask");
+      return false;
+    }
+    if (!ask && (!approve_command.empty() || !approve_timeout.empty())) {
+      Error(std::string(approve_command.empty() ? "--approve-timeout" : "--approve-command") +
+            ": only with --on-denial ask");
+      return false;
+    }
+    if (!approve_timeout.empty()) {
+      auto ms = ParseDurationMs(approve_timeout);
+      if (!ms.ok() || *ms == 0) {
+        Error("--approve-timeout: " + (ms.ok() ? std::string("must be longer than 0") : ms.status().message()));
+        return false;
+      }
+      timeout = std::chrono::milliseconds(*ms);
+    }
+    return true;
+  }
+
+  // The approver: the program when given, else the terminal.
+  supervise::Approve Approver() const {
+    if (!approve_command.empty()) {
+      return [argv = std::vector<std::string>{approve_command}, t = timeout](const supervise::ApprovalRequest& r) {
+        return supervise::DecideByCommand(argv, r, t);
+      };
+    }
+    return [t = timeout](const supervise::ApprovalRequest& r) { return supervise::DecideOnTerminal(r, t); };
+  }
+};
+
 // run --tty on a terminal: ours is raw for the run, so every key (^C, ^Z
 // and ^D included) reaches the sandbox's pty, whose line discipline does
 // what a terminal does; restored when the run ends.
@@ -370,8 +441,45 @@ HomePathDirs HomePathDirsFor(const Plan& plan, const Policy& policy, const std::
   return FindHomePathDirs(plan, dirs, home, policy.filesystem.read_only);
 }
 
+// One confined attempt of `run`: the outcome, and the plan it ran (for the
+// not-found hint), or a refusal (nothing ran) as its outcome.
+struct Attempt {
+  Outcome outcome;
+  std::optional<Plan> plan;  // empty: Confine refused
+};
+
+Attempt RunAttempt(const std::vector<std::string>& command, const Policy& policy, const Invocation& inv, bool tty,
+                   bool quiet, const RunOptions& opts) {
+  HostCaps host = ProbeHostFor(policy);
+  auto confined = Confine(command, policy, host, inv);
+  if (!confined.ok()) {
+    Error("refusing to run: " + confined.status().message());
+    return {RefusedOutcome(confined.status(), AssessEnforcement(policy, host, inv), policy.sha256), std::nullopt};
+  }
+  confined->plan.tty = tty;
+  Attempt a;
+  {
+    std::optional<RawTerminal> raw;
+    if (tty) raw.emplace(STDIN_FILENO);
+    a.outcome = Run(*confined, opts);
+  }
+  if (!quiet) Summarise(a.outcome);
+  a.plan = std::move(confined->plan);
+  return a;
+}
+
+// "--on-denial ask": which grants were approved, on stderr, before the re-run.
+void SayRerun(const std::vector<supervise::EscalationRecord>& records) {
+  std::string grants;
+  for (const auto& r : records) {
+    if (r.applied) grants += (grants.empty() ? "" : ", ") + r.offer.grant_json;
+  }
+  Error("running the command again with the grant(s) approved: " + grants);
+}
+
 int CmdRun(const PolicyFlags& f, const std::vector<std::string>& command, const ReportFlags& rf,
-           bool quiet, bool tty, const NetworkFlags& nf, const OverlayFlags& of) {
+           bool quiet, bool tty, const NetworkFlags& nf, const OverlayFlags& of, DenialFlags df) {
+  if (!df.Apply()) return kExitUsage;
   // First: a report that cannot be written refuses the run (there is none
   // to say why, so stderr does).
   auto sink = rf.Open();
@@ -381,6 +489,10 @@ int CmdRun(const PolicyFlags& f, const std::vector<std::string>& command, const 
   }
   const ReportSink& report = *sink;
   auto policy = BuildPolicy(f);
+  if (policy.ok() && df.ask && policy->on_violation.escalation != Escalation::kOneTimeApproval) {
+    policy = Status::Error("policy", "--on-denial ask: the policy offers no escalations to ask for "
+                                     "(on_violation.escalation is deny; ask needs one_time_approval)");
+  }
   if (!policy.ok()) {
     Error(policy.status().message());
     Outcome o = RefusedOutcome(policy.status(), {}, "");
@@ -388,41 +500,46 @@ int CmdRun(const PolicyFlags& f, const std::vector<std::string>& command, const 
     return kExitSandbox;
   }
   if (report.wanted()) policy->sha256 = PolicyDigest(*policy);
-  HostCaps host = ProbeHostFor(*policy);
   auto inv = BuildInvocation(f);
   if (!inv.ok()) {
-    Outcome o = RefusedOutcome(inv.status(), AssessEnforcement(*policy, host), policy->sha256);
+    Outcome o = RefusedOutcome(inv.status(), AssessEnforcement(*policy, ProbeHostFor(*policy)), policy->sha256);
     if (!quiet) Summarise(o);
     WriteReport(report, o);
     return kExitSandbox;
   }
   if (!of.Apply(&*inv)) return kExitUsage;
   inv->wrapped_command = false;  // run spawns the plan itself
-  auto confined = Confine(command, *policy, host, *inv);
-  if (!confined.ok()) {
-    Outcome o = RefusedOutcome(confined.status(), AssessEnforcement(*policy, host, *inv), policy->sha256);
-    Error("refusing to run: " + confined.status().message());
-    WriteReport(report, o);
-    return kExitSandbox;
-  }
-  confined->plan.tty = tty;
   RunOptions opts;
   opts.scan_stderr = !isatty(STDERR_FILENO);
   if (!nf.Apply(&opts)) return kExitUsage;
-  Outcome outcome;
-  {
-    std::optional<RawTerminal> raw;
-    if (tty) raw.emplace(STDIN_FILENO);
-    outcome = Run(*confined, opts);
+
+  Attempt first = RunAttempt(command, *policy, *inv, tty, quiet, opts);
+  std::vector<supervise::EscalationRecord> records;
+  std::optional<Attempt> rerun;
+  if (df.ask && first.plan) {
+    // Decided after the command has ended, each offer once; approved grants
+    // widen a copy of the policy for one more attempt, never a second.
+    records = supervise::DecideOffers(first.outcome.denials, df.Approver());
+    Policy widened = *policy;
+    if (supervise::ApplyApproved(&records, &widened) > 0) {
+      if (report.wanted()) widened.sha256 = PolicyDigest(widened);
+      if (!quiet) SayRerun(records);
+      inv->nonce = Nonce();  // a run of its own: its own cgroup, private dir and marks
+      rerun = RunAttempt(command, widened, *inv, tty, quiet, opts);
+    }
   }
-  if (!quiet) Summarise(outcome);
+  const Attempt& last = rerun ? *rerun : first;
   // 127: not found, by the runner or by the command's own shell. A
   // toolchain under HOME is the usual reason a command found outside is not.
-  if (!quiet && outcome.ExitStatus() == 127) {
-    std::fputs(HomePathDirsText(HomePathDirsFor(confined->plan, *policy, inv->home), "agentbox: ").c_str(), stderr);
+  if (!quiet && last.plan && last.outcome.ExitStatus() == 127) {
+    std::fputs(HomePathDirsText(HomePathDirsFor(*last.plan, *policy, inv->home), "agentbox: ").c_str(), stderr);
   }
-  WriteReport(report, outcome);
-  return outcome.ExitStatus();
+  if (df.ask) {
+    WriteReport(report, last.outcome, records, rerun ? std::optional<Outcome>(first.outcome) : std::nullopt);
+  } else {
+    WriteReport(report, last.outcome);
+  }
+  return last.outcome.ExitStatus();
 }
 
 // What `wrap --report` hands its `__exec` side beside the plan: the
@@ -843,6 +960,8 @@ int main(int argc, char** argv) {
   net_flags.Register(run);
   OverlayFlags overlay_flags;
   overlay_flags.Register(run);
+  DenialFlags denial_flags;
+  denial_flags.Register(run);
   run->add_option("command", run_cmd, "the command, after --");
 
   PolicyFlags wrap_flags;
@@ -919,7 +1038,7 @@ int main(int argc, char** argv) {
   if (*run && systemd_scope) {
     if (int status = SystemdScope(argc, argv); status >= 0) return status;
   }
-  if (*run) return CmdRun(run_flags, run_cmd, report, quiet, tty, net_flags, overlay_flags);
+  if (*run) return CmdRun(run_flags, run_cmd, report, quiet, tty, net_flags, overlay_flags, denial_flags);
   if (*wrap) return CmdWrap(wrap_flags, wrap_cmd, wrap_net_flags, wrap_report);
   if (*exec) return CmdExec(exec_cmd, exec_net_flags, exec_report);
   if (*check) return CmdCheck(check_policy, check_backend, check_json);

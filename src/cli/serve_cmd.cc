@@ -50,6 +50,7 @@ struct ServeFlags {
   std::string read_timeout = "30s";
   std::string approve_command;
   std::string approve_timeout = "60s";
+  bool approve_api = false;
 };
 
 int Fail(const std::string& message) {
@@ -121,6 +122,9 @@ int RunServe(const ServeFlags& f) {
   if (!approve_timeout.ok()) return Fail("--approve-timeout: " + approve_timeout.status().message());
   auto approve_command = ApproveCommand(f.approve_command);
   if (!approve_command.ok()) return Fail("--approve-command: " + approve_command.status().message());
+  if (f.approve_api && !approve_command->empty()) {
+    return Fail("--approve-api and --approve-command: one approver decides, give one of them");
+  }
   if (f.workspace_mode != "auto" && f.workspace_mode != "overlay" && f.workspace_mode != "copy") {
     return Fail("--workspace-mode: '" + f.workspace_mode + "' is not auto, overlay or copy");
   }
@@ -172,13 +176,14 @@ int RunServe(const ServeFlags& f) {
   mo.workspace_mode = f.workspace_mode;
   mo.approve_command = *approve_command;
   mo.approve_timeout = std::chrono::milliseconds(*approve_timeout);
+  mo.approve_api = f.approve_api;
   auto manager = session::Manager::Open(mo);
   if (!manager.ok()) return Fail(manager.status().ToString());
   log->Log(daemon::Level::kInfo, "sessions_loaded",
            {{"state_dir", state_dir}, {"sessions", (*manager)->List().size()}});
   log->Log(daemon::Level::kInfo, "approver",
            {{"command", mo.approve_command.empty() ? nlohmann::json(nullptr) : nlohmann::json(mo.approve_command[0])},
-            {"timeout_ms", mo.approve_timeout.count()}});
+            {"api", mo.approve_api}, {"timeout_ms", mo.approve_timeout.count()}});
 
   // 7. Serve.
   auto server = daemon::Server::Create(std::move(options), *log);
@@ -215,7 +220,11 @@ Subcommand AddServeCommand(CLI::App& app) {
   cmd->add_option("--read-timeout", f->read_timeout, "a request must arrive within this (default 30s); else 408");
   cmd->add_option("--approve-command", f->approve_command,
                   "decides escalation requests: run PROG per request ({\"type\":\"escalation\",...} on stdin; "
-                  "answers once, session or deny); without it every request is denied");
+                  "answers once, session or deny); without it (or --approve-api) every request is denied");
+  cmd->add_flag("--approve-api", f->approve_api,
+                "escalation requests wait for a decision posted to "
+                "/v1/sessions/{id}/escalations/{eid}/decision (a person's UI; pending ones stream from "
+                "/v1/escalations/stream)");
   cmd->add_option("--approve-timeout", f->approve_timeout,
                   "an escalation request unanswered this long is a deny (default 60s)");
   return {cmd, [f](const std::vector<std::string>&) { return RunServe(*f); }};

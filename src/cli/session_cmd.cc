@@ -65,6 +65,7 @@ struct SessionFlags {
   bool keep = false;
   bool json = false;
   bool all = false;  // diff, apply: ignore rules off
+  bool grants = false;  // log: the escalation and policy lines only
   bool stream = false;
   bool with_stdin = false;
   // Services and ports (cwd and env too: a service's).
@@ -255,6 +256,57 @@ int Execute(daemon::Client& client, const SessionFlags& f, const std::string& to
   return ExitStatusOf(result);
 }
 
+// One line of `session log --grants` for an escalation or policy event of
+// the log; "" for any other line.
+std::string GrantLogLine(const json& e) {
+  const std::string event = e.value("event", "");
+  const std::string time = e.value("time", "");
+  auto grant_text = [](const json& g) {
+    if (!g.is_object() || g.empty()) return std::string("?");
+    const auto& v = g.begin().value();
+    return g.begin().key() + " " + (v.is_string() ? v.get<std::string>() : v.dump());
+  };
+  if (event == "escalation_offered") {
+    const json offer = e.value("offer", json::object());
+    std::string line = time + " offered   " + offer.value("id", "") + " " + grant_text(offer.value("grant", json())) +
+                       (offer.value("within_ceiling", false) ? " (within the ceiling)"
+                                                             : " (beyond the ceiling: " + offer.value("why_not", "") + ")");
+    if (!e.value("call_id", "").empty()) line += " call " + e.value("call_id", "");
+    return line + " seq " + std::to_string(e.value("seq", 0));
+  }
+  const json r = e.value("escalation", json());
+  if (event == "escalation_requested" && r.is_object()) {
+    return time + " requested " + r.value("id", "") + " " + r.value("offer_id", "") + " " +
+           grant_text(r.value("grant", json())) + " by " + r.value("by", "") +
+           (r.value("reason", "").empty() ? "" : ": \"" + r.value("reason", "") + "\"");
+  }
+  if (event == "escalation_decided" && r.is_object()) {
+    std::string line = time + " decided   " + r.value("id", "") + " " + r.value("decision", "") + " by " +
+                       r.value("decided_by", "");
+    if (!r.value("decision_reason", "").empty()) line += ": " + r.value("decision_reason", "");
+    return line;
+  }
+  if (event == "grant_applied") {
+    return time + " granted   " + e.value("escalation", "") + " " + grant_text(e.value("grant", json())) + " for " +
+           (e.value("scope", "") == "session" ? std::string("the session") : std::string("one call")) + " (" +
+           e.value("applied", "") + ")";
+  }
+  if (event == "grant_used") {
+    return time + " used      " + e.value("escalation", "") + " " + grant_text(e.value("grant", json())) +
+           " by the call at seq " + std::to_string(e.value("seq", 0)) + " (" + e.value("applied", std::string()) + ")";
+  }
+  if (event == "grant_expired") {
+    return time + " expired   " + e.value("escalation", "") + " " + grant_text(e.value("grant", json())) + ": " +
+           e.value("why", "");
+  }
+  if (event == "policy_changed") {
+    const json net = e.value("network", json::object());
+    return time + " policy    by " + e.value("by", "") + ": network.allow " + net.value("allow", json::array()).dump() +
+           ", network.deny " + net.value("deny", json::array()).dump() + " (" + e.value("applied", "") + ")";
+  }
+  return "";
+}
+
 int Run(const std::string& sub, SessionFlags& f, const std::vector<std::string>& after_dashes) {
   auto endpoint = ResolveEndpoint(f);
   if (!endpoint.ok()) {
@@ -366,6 +418,26 @@ int Run(const std::string& sub, SessionFlags& f, const std::vector<std::string>&
       for (const auto& file : r->value("files", json::array())) {
         WriteOut(file.value("status", "") + " " + file.value("path", "") + "\n");
       }
+    }
+    return 0;
+  }
+  if (sub == "log" && f.grants) {
+    std::string text;
+    auto r = client.Call("GET", SessionPath(f.id, "/log"), "", [&](std::string_view chunk) { text += chunk; });
+    if (!r.ok()) return fail(r.status());
+    if (r->status != 200) return fail(Status::Error("http", r->ErrorMessage()));
+    text += r->body;
+    std::size_t start = 0;
+    while (start < text.size()) {
+      std::size_t nl = text.find('\n', start);
+      if (nl == std::string::npos) nl = text.size();
+      const std::string line = text.substr(start, nl - start);
+      start = nl + 1;
+      const json e = json::parse(line, nullptr, false);
+      if (!e.is_object() || e.value("type", "") != "event") continue;
+      const std::string text_line = GrantLogLine(e);
+      if (text_line.empty()) continue;
+      WriteOut(f.json ? line + "\n" : text_line + "\n");
     }
     return 0;
   }
@@ -549,6 +621,10 @@ Subcommand AddSessionCommand(CLI::App& app) {
 
   CLI::App* log = add("log", "print the session's log (JSON lines)");
   log->add_option("id", f->id, "session id")->required();
+  log->add_flag("--grants", f->grants,
+                "only escalation offers, requests, decisions and grants, and policy changes, one line each "
+                "(--json: their log lines)");
+  log->add_flag("--json", f->json, "with --grants: print the log lines themselves");
 
   CLI::App* rm = add("rm", "stop and remove a session");
   rm->add_option("id", f->id, "session id")->required();

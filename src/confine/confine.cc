@@ -13,6 +13,7 @@
 #include <string>
 #include <utility>
 
+#include "confine/escalation.h"
 #include "confine/layers.h"
 #include "confine/paths.h"
 
@@ -726,8 +727,10 @@ EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host, 
   }
   if (policy.on_violation.escalation == Escalation::kOneTimeApproval) {
     r.notes.push_back("on_violation.escalation: one_time_approval: each denial a grant could lift lists its "
-                      "escalation offer (the grant, and whether on_violation.max_grant allows it); asking, "
-                      "approving and granting are not in this version, so a denial stays a denial");
+                      "escalation offer (the grant, and whether on_violation.max_grant allows it); a session's "
+                      "agent asks for it through the daemon (POST /v1/sessions/{id}/escalations), `run "
+                      "--on-denial ask` asks and runs the command once more with what was approved; otherwise a "
+                      "denial stays a denial");
   }
   if (policy.on_violation.report_as == ReportAs::kTaskFailure) {
     r.notes.push_back("on_violation.report_as: task_failure: denials are listed, but the outcome "
@@ -1544,6 +1547,18 @@ Result<ConfinedCommand> ConfinePolicy(const std::vector<std::string>& argv, cons
   }
 
   if (Confines(policy)) PlanEscalation(policy, inv, &plan);
+  // A path below an on_violation.max_grant tree that the sandbox does not
+  // mount: a grant may open it (AttachOffers drops those that do not exist
+  // on the host, or lie in a tree the sandbox mounts: plain missing files).
+  if (plan.escalation.offers) {
+    std::vector<std::string> trees = plan.escalation.filesystem_read;
+    trees.insert(trees.end(), plan.escalation.filesystem_write.begin(), plan.escalation.filesystem_write.end());
+    for (const auto& tree : trees) {
+      if (!tree.empty() && tree[0] == '/' && tree != "/") {
+        out.denial_signatures.push_back(PathSignature(tree, "", kNotMountedReason));
+      }
+    }
+  }
 
   out.runner_failure_rules.push_back(
       {"^agentbox: sandbox error \\[" + inv.nonce + "\\] stage=([a-z_-]+)",

@@ -760,7 +760,7 @@ TEST(Confine, ValuesHonouredDifferentlyAreNotedNotSilent) {
   EXPECT_NE(notes[1].find("network.deny"), std::string::npos);
   EXPECT_NE(notes[2].find("one_time_approval"), std::string::npos);
   EXPECT_NE(notes[2].find("escalation offer"), std::string::npos) << notes[2];
-  EXPECT_NE(notes[2].find("asking, approving and granting are not in this version"), std::string::npos) << notes[2];
+  EXPECT_NE(notes[2].find("POST /v1/sessions/{id}/escalations"), std::string::npos) << notes[2];
   EXPECT_NE(notes[3].find("task_failure"), std::string::npos);
   EXPECT_FALSE(c->plan.denial_outcome);
 }

@@ -219,6 +219,7 @@ Status ApplyGrant(const EscalationOffer& grant, Policy* policy) {
   if (key == "resources.memory_gib") {
     if (!grant.grant_gib || *grant.grant_gib == 0) return Status::Error("grant", key + " needs a whole number of GiB");
     policy->resources.memory_limit_bytes = *grant.grant_gib * kGiB;
+    policy->sha256.clear();
     return {};
   }
   if (grant.grant_text.empty()) return Status::Error("grant", key + " needs a value");
@@ -234,6 +235,7 @@ Status ApplyGrant(const EscalationOffer& grant, Policy* policy) {
     return Status::Error("grant", "'" + key + "' is not a grant (network.allow, filesystem.read, "
                                   "filesystem.read_write, syscalls.allow, resources.memory_gib)");
   }
+  policy->sha256.clear();  // the file's digest no longer names what is in force
   return {};
 }
 
@@ -265,6 +267,27 @@ void AttachOffers(const Plan& plan, std::vector<Denial>* denials) {
     struct stat st {};
     return lstat(host.c_str(), &st) == 0;
   };
+  auto mounted = [&plan](const std::string& path) {
+    for (const MountOp& m : plan.mounts) {
+      if (m.target == "/" || m.kind == MountKind::kSymlink || m.kind == MountKind::kFile) continue;
+      if (std::find(plan.escalation.filesystem_read.begin(), plan.escalation.filesystem_read.end(), m.target) !=
+              plan.escalation.filesystem_read.end() ||
+          std::find(plan.escalation.filesystem_write.begin(), plan.escalation.filesystem_write.end(), m.target) !=
+              plan.escalation.filesystem_write.end()) {
+        continue;  // the empty directory a ceiling tree is in the sandbox
+      }
+      if (paths::IsWithin(path, m.target)) return true;
+    }
+    return false;
+  };
+  denials->erase(std::remove_if(denials->begin(), denials->end(),
+                                [&](const Denial& d) {
+                                  if (d.reason != kNotMountedReason || d.target.empty()) return false;
+                                  const std::string path =
+                                      d.target[0] == '/' ? d.target : paths::Join(plan.workspace_target, d.target);
+                                  return mounted(path) || !exists(path);
+                                }),
+                 denials->end());
   for (Denial& d : *denials) d.escalation = OfferFor(d, plan, exists);
 }
 

@@ -40,8 +40,16 @@ std::optional<EscalationOffer> OfferFor(const Denial& denial, const Plan& plan, 
 // JSON; within_ceiling false, no why_not.
 EscalationOffer MakeOffer(const std::string& key, const std::string& text, std::optional<std::uint64_t> gib);
 
+// The reason of a denial of a path below an on_violation.max_grant tree
+// that the sandbox does not mount.
+inline constexpr const char* kNotMountedReason =
+    "access to a path the sandbox does not mount (within on_violation.max_grant: a grant can mount it)";
+
 // Sets every denial's offer (OfferFor) when the plan offers them; paths are
-// looked up on the host, those in the workspace at its source.
+// looked up on the host, those in the workspace at its source. A
+// kNotMountedReason denial of a path that does not exist on the host, or
+// that lies in a tree the sandbox mounts, is dropped: that is a missing
+// file, not a denial.
 void AttachOffers(const Plan& plan, std::vector<Denial>* denials);
 
 // Widens `policy` by one approved grant: network.allow gains the host:port,

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <chrono>
 #include <thread>
 
 #include "agentbox/outcome.h"
@@ -359,6 +360,93 @@ struct Api {
     });
   }
 
+  // POST /v1/sessions/{id}/escalations {offer_id, reason?, request_id?}:
+  // asks for an offer's grant; answers once decided (at most the approver's
+  // timeout) with the escalation (session.h RequestEscalation).
+  void RequestEscalation(Request req, ReplyPtr reply) {
+    reply->Note("session", req.params[0]);
+    json body;
+    Response error;
+    if (!ParseObject(req, &body, &error) ||
+        !CheckFields(body, {"offer_id", "reason", "request_id"}, {"offer_id", "reason", "request_id"}, &error)) {
+      return reply->Send(error);
+    }
+    if (!body.contains("offer_id")) return reply->Send(Response::Error(400, "bad_request", "field 'offer_id' is needed"));
+    session::EscalationAsk ask{Str(body, "offer_id"), Str(body, "reason"), Str(body, "request_id"), "api"};
+    reply->Note("offer", ask.offer_id);
+    Blocking(reply, [this, reply, id = req.params[0], ask] {
+      auto r = manager.RequestEscalation(id, ask);
+      reply->Send(r.ok() ? Response::Json(200, *r) : ErrorFor(r.status()));
+    });
+  }
+
+  // POST /v1/sessions/{id}/escalations/{eid}/decision {decision, by?, reason?}
+  // (--approve-api): a person's answer to a pending escalation.
+  void DecideEscalation(Request req, ReplyPtr reply) {
+    reply->Note("session", req.params[0]);
+    json body;
+    Response error;
+    if (!ParseObject(req, &body, &error) ||
+        !CheckFields(body, {"decision", "by", "reason"}, {"decision", "by", "reason"}, &error)) {
+      return reply->Send(error);
+    }
+    if (!body.contains("decision")) {
+      return reply->Send(Response::Error(400, "bad_request", "field 'decision' (once, session or deny) is needed"));
+    }
+    Blocking(reply, [this, reply, id = req.params[0], eid = req.params[1], decision = Str(body, "decision"),
+                     by = Str(body, "by"), why = Str(body, "reason")] {
+      auto r = manager.DecideEscalation(id, eid, decision, by, why);
+      reply->Send(r.ok() ? Response::Json(200, *r) : ErrorFor(r.status()));
+    });
+  }
+
+  void ListEscalations(Request req, ReplyPtr reply) {
+    reply->Note("session", req.params[0]);
+    Blocking(reply, [this, reply, id = req.params[0]] {
+      auto r = manager.ListEscalations(id);
+      reply->Send(r.ok() ? Response::Json(200, *r) : ErrorFor(r.status()));
+    });
+  }
+
+  // GET /v1/escalations/stream[?after=N]: every escalation change of every
+  // session as it happens, one JSON object per line ({"seq", "escalation"});
+  // pending ones are those a UI answers. Ends when the client leaves.
+  void EscalationStream(Request req, ReplyPtr reply) {
+    std::uint64_t after = 0;
+    if (req.query.count("after")) {
+      const std::string& text = req.query.at("after");
+      char* end = nullptr;
+      after = std::strtoull(text.c_str(), &end, 10);
+      if (text.empty() || *end != '\0') {
+        return reply->Send(Response::Error(400, "bad_request", "after '" + text + "' is not a number"));
+      }
+    }
+    Blocking(reply, [this, reply, after]() mutable {
+      reply->Begin(200, "application/x-ndjson");
+      // Every line at once, then a heartbeat line every 15 s so that a
+      // proxy in between keeps the stream open and a gone client is seen.
+      auto heartbeat = std::chrono::steady_clock::now();
+      while (!reply->Gone()) {
+        const auto asked = std::chrono::steady_clock::now();
+        json batch = manager.EscalationChanges(after, 1000);
+        for (const json& item : batch["escalations"]) {
+          if (!reply->Write(item.dump() + "\n")) return;
+        }
+        after = batch.value("next", after);
+        const auto now = std::chrono::steady_clock::now();
+        if (now - heartbeat > std::chrono::seconds(15)) {
+          heartbeat = now;
+          if (!reply->Write("{}\n")) return;
+        }
+        // A manager that is stopping answers at once: no busy loop meanwhile.
+        if (batch["escalations"].empty() && now - asked < std::chrono::milliseconds(100)) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        }
+      }
+      reply->End();
+    });
+  }
+
   void Diff(Request req, ReplyPtr reply) {
     reply->Note("session", req.params[0]);
     std::string format = req.query.count("format") ? req.query.at("format") : "json";
@@ -671,6 +759,10 @@ void RegisterApi(Server& server, session::Manager& manager) {
   r.Add("DELETE", "/v1/snapshots/{id}", bind(&Api::DeleteSnapshot));
   r.Add("POST", "/v1/sessions/{id}/secrets", bind(&Api::RotateSecret));
   r.Add("PATCH", "/v1/sessions/{id}/policy", bind(&Api::PatchPolicy));
+  r.Add("POST", "/v1/sessions/{id}/escalations", bind(&Api::RequestEscalation));
+  r.Add("GET", "/v1/sessions/{id}/escalations", bind(&Api::ListEscalations));
+  r.Add("POST", "/v1/sessions/{id}/escalations/{eid}/decision", bind(&Api::DecideEscalation));
+  r.Add("GET", "/v1/escalations/stream", bind(&Api::EscalationStream));
   r.Add("GET", "/v1/sessions/{id}/diff", bind(&Api::Diff));
   r.Add("POST", "/v1/sessions/{id}/apply", bind(&Api::Apply));
   r.Add("GET", "/v1/sessions/{id}/log", bind(&Api::Log));

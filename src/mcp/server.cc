@@ -19,7 +19,8 @@ const char* kInstructions =
     "policy that decides which files are writable, which hosts are reachable and what resources a "
     "command may use. Use the tools as you would a shell and an editor. A result that starts with "
     "`sandbox_denied:` is the policy refusing an action, not a bug in your code: do not retry it or "
-    "work around it. Your changes stay in the session until the user applies them; `diff` shows them.";
+    "work around it; when it names an offer_id, request_escalation asks the user for that one permission. "
+    "Your changes stay in the session until the user applies them; `diff` shows them.";
 
 // structuredContent, outputSchema and titles came with revision 2025-06-18.
 bool Structured(const std::string& revision) { return revision >= "2025-06-18"; }
@@ -411,6 +412,16 @@ Result<Json> Server::RunTool(const ToolSpec& tool, const Json& arguments, const 
   if (tool.name == "snapshot") {
     Result<std::string> snap = session_.Snapshot();
     return snap.ok() ? RenderSnapshot(*snap) : failure(snap.status());
+  }
+  if (tool.name == "request_escalation") {
+    Result<Json> escalation = session_.RequestEscalation(arguments.value("offer_id", ""), arguments.value("reason", ""));
+    if (escalation.ok()) return RenderEscalation(*escalation);
+    // An offer this session never carried, or one in a state that refuses
+    // the request, is the model's to correct; a session gone is not.
+    if (escalation.status().stage() == session::kConflict) {
+      return RenderFailure(tool.name, "tool_error", escalation.status().message());
+    }
+    return failure(escalation.status());
   }
   std::unique_ptr<ProgressReporter> progress;
   session::OutputSink sink;

@@ -62,6 +62,9 @@ class SessionTools {
                                const std::atomic<bool>* cancel) = 0;
   virtual Result<std::string> Snapshot() = 0;
   virtual Result<Json> Diff() = 0;
+  // session::Manager::RequestEscalation for this session, asked by "mcp":
+  // blocks until the offer is decided; returns the escalation object.
+  virtual Result<Json> RequestEscalation(const std::string& offer_id, const std::string& reason) = 0;
 };
 
 // SessionTools over a Manager (not owned; must outlive this).
@@ -75,6 +78,9 @@ class ManagerTools final : public SessionTools {
   }
   Result<std::string> Snapshot() override { return manager_.Snapshot(id_); }
   Result<Json> Diff() override { return manager_.Diff(id_); }
+  Result<Json> RequestEscalation(const std::string& offer_id, const std::string& reason) override {
+    return manager_.RequestEscalation(id_, session::EscalationAsk{offer_id, reason, "", "mcp"});
+  }
   const std::string& session_id() const { return id_; }
 
  private:

@@ -53,6 +53,17 @@ class FakeSession : public SessionTools {
     return next_result;
   }
   Result<std::string> Snapshot() override { return std::string("snap-7"); }
+  Result<Json> RequestEscalation(const std::string& offer_id, const std::string& reason) override {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      escalation_asks.push_back({offer_id, reason});
+    }
+    if (!escalation_error.ok()) return escalation_error;
+    Json e = next_escalation;
+    e["offer_id"] = offer_id;
+    e["reason"] = reason;
+    return e;
+  }
   Result<Json> Diff() override {
     if (direct) return Status::Error(session::kBadRequest, "session s-1 works on its workspace directly");
     return Json{{"files", Json::array()}, {"patch", ""}};
@@ -69,6 +80,12 @@ class FakeSession : public SessionTools {
   std::vector<std::pair<std::string, Json>> calls;
   std::function<std::size_t()> progress_seen;
   bool direct = false;  // a session without a diff
+  std::vector<std::pair<std::string, std::string>> escalation_asks;  // offer_id, reason
+  Status escalation_error;  // not ok: RequestEscalation fails with it
+  Json next_escalation = {{"id", "eg-1"},          {"session", "s-1"},    {"grant", {{"network.allow", "api.test:443"}}},
+                          {"by", "mcp"},           {"state", "granted"},  {"decision", "once"},
+                          {"decided_by", "approve-command /bin/ok"}, {"decision_reason", ""},
+                          {"asked", true},         {"applied", "live"},   {"replayed", false}};
   Json next_result = {{"output", "hi\n"}, {"is_error", false}, {"kind", "exited"}, {"exit_code", 0}};
 };
 
@@ -211,7 +228,7 @@ TEST_F(ServerTest, ToolsListHasEveryToolWithAClosedSchema) {
     EXPECT_GT(t["description"].get<std::string>().size(), 100u) << t["name"];
   }
   EXPECT_EQ(names, (std::vector<std::string>{"bash", "read_file", "write_file", "edit_file", "list_dir", "glob",
-                                             "diff", "snapshot"}));
+                                             "diff", "snapshot", "request_escalation"}));
   EXPECT_NE(tools[0]["description"].get<std::string>().find("sandbox_denied"), std::string::npos);
 }
 
@@ -234,6 +251,11 @@ TEST_F(ServerTest, BadToolArgumentsAreInvalidParamsNamingTheField) {
            {"read_file", {{"path", "a"}, {"lines", 3}}, "arguments.lines: unknown field"},
            {"edit_file", {{"path", "a"}, {"old", "x"}}, "arguments.new: required"},
            {"diff", {{"x", 1}}, "arguments.x: unknown field"},
+           {"request_escalation", {{"reason", "r"}}, "arguments.offer_id: required"},
+           {"request_escalation", {{"offer_id", "esc-0123456789ab"}}, "arguments.reason: required"},
+           {"request_escalation", {{"offer_id", "esc-0123"}, {"reason", "r"}}, "arguments.offer_id: does not match"},
+           {"request_escalation", {{"offer_id", "eg-1"}, {"reason", "r"}}, "arguments.offer_id: does not match"},
+           {"request_escalation", {{"offer_id", "esc-0123456789ab"}, {"reason", ""}}, "arguments.reason: must not be empty"},
        }) {
     auto r = Send(Call(4, c.tool, c.args));
     ASSERT_EQ(ErrorCode(r), kInvalidParams) << c.tool << " " << c.args.dump();
@@ -243,6 +265,54 @@ TEST_F(ServerTest, BadToolArgumentsAreInvalidParamsNamingTheField) {
   EXPECT_EQ(ErrorCode(Send(Request(5, "tools/call", {{"arguments", Json::object()}}))), kInvalidParams);
   EXPECT_EQ(ErrorCode(Send(Request(6, "tools/call", {{"name", "bash"}, {"arguments", "ls"}}))), kInvalidParams);
   EXPECT_TRUE(session.calls.empty());
+  EXPECT_TRUE(session.escalation_asks.empty());
+}
+
+TEST_F(ServerTest, RequestEscalationAsksTheSessionAndSaysWhatWasDecided) {
+  Initialize();
+  const Json args = {{"offer_id", "esc-0123456789ab"}, {"reason", "the build fetches its dependencies from api.test"}};
+  auto r = Send(Call(4, "request_escalation", args));
+  ASSERT_TRUE(r && r->contains("result")) << (r ? r->dump() : "");
+  ASSERT_EQ(session.escalation_asks.size(), 1u);
+  EXPECT_EQ(session.escalation_asks[0].first, "esc-0123456789ab");
+  EXPECT_EQ(session.escalation_asks[0].second, "the build fetches its dependencies from api.test");
+  EXPECT_TRUE(session.calls.empty()) << "not a session tool call";
+  const Json& result = (*r)["result"];
+  EXPECT_EQ(result["isError"], false);
+  EXPECT_EQ(result["content"][0]["text"], "granted once: network.allow api.test:443 — the next call may use it");
+  EXPECT_EQ(result["structuredContent"]["state"], "granted");
+  EXPECT_EQ(result["structuredContent"]["offer_id"], "esc-0123456789ab");
+  EXPECT_EQ(Validate(result["structuredContent"], FindTool(server.tools(), "request_escalation")->output_schema), "");
+
+  session.next_escalation["decision"] = "session";
+  r = Send(Call(5, "request_escalation", args));
+  EXPECT_EQ((*r)["result"]["content"][0]["text"],
+            "granted for the session: network.allow api.test:443 — every later call may use it");
+
+  session.next_escalation["state"] = "denied";
+  session.next_escalation["decision"] = "deny";
+  session.next_escalation["decision_reason"] = "approve-command /bin/ok did not answer within 60 s (killed)";
+  session.next_escalation["applied"] = nullptr;
+  r = Send(Call(6, "request_escalation", args));
+  EXPECT_EQ((*r)["result"]["isError"], false) << "a decision, not a failure of the call";
+  EXPECT_EQ((*r)["result"]["content"][0]["text"], "denied: approve-command /bin/ok did not answer within 60 s (killed)");
+  EXPECT_EQ(Validate((*r)["result"]["structuredContent"], FindTool(server.tools(), "request_escalation")->output_schema),
+            "");
+}
+
+TEST_F(ServerTest, AnEscalationTheSessionRefusesIsAToolError) {
+  Initialize();
+  session.escalation_error = Status::Error(session::kBadRequest, "no offer esc-0123456789ab in this session's results");
+  auto r = Send(Call(4, "request_escalation", {{"offer_id", "esc-0123456789ab"}, {"reason", "needed"}}));
+  ASSERT_TRUE(r && r->contains("result")) << (r ? r->dump() : "");
+  EXPECT_EQ((*r)["result"]["isError"], true);
+  EXPECT_EQ((*r)["result"]["content"][0]["text"], "tool_error: no offer esc-0123456789ab in this session's results");
+  // Its output schema is the escalation's: no structuredContent for a failure.
+  EXPECT_FALSE((*r)["result"].contains("structuredContent"));
+
+  session.escalation_error = Status::Error(session::kNotFound, "no session s-1");
+  r = Send(Call(5, "request_escalation", {{"offer_id", "esc-0123456789ab"}, {"reason", "needed"}}));
+  EXPECT_EQ((*r)["result"]["content"][0]["text"].get<std::string>().rfind("sandbox_error: ", 0), 0u);
 }
 
 TEST_F(ServerTest, ASessionRefusalOfTheInputIsInvalidParams) {

@@ -30,6 +30,9 @@ class BlockingSession : public SessionTools {
   }
   Result<std::string> Snapshot() override { return std::string("s"); }
   Result<Json> Diff() override { return Json{{"files", Json::array()}, {"patch", ""}}; }
+  Result<Json> RequestEscalation(const std::string&, const std::string&) override {
+    return Status::Error(session::kBadRequest, "no escalations here");
+  }
 };
 
 // A server on a pair of pipes, served on a thread of its own.

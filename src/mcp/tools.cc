@@ -1,5 +1,6 @@
 #include "mcp/tools.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <regex>
 
@@ -123,7 +124,66 @@ std::string DenialNote() {
   return " A refusal by the sandbox comes back with isError and starts with `sandbox_denied:` naming what was "
          "refused (e.g. `sandbox_denied: write /workspace/.git/config: Read-only file system (protected or read-only path)`): that is the "
          "sandbox's policy, not a bug in your code or the tool, so do not retry it or try to get around it; choose "
-         "another way or ask the user.";
+         "another way or ask the user. When the result adds `call request_escalation with offer_id esc-...`, you may "
+         "instead ask for that one permission with request_escalation; a person decides.";
+}
+
+// {"network.allow": "host:443"} as "network.allow host:443".
+std::string GrantText(const Json& grant) {
+  if (!grant.is_object() || grant.size() != 1) return grant.dump(-1, ' ', false, Json::error_handler_t::replace);
+  const auto& value = grant.begin().value();
+  return grant.begin().key() + " " +
+         (value.is_string() ? value.get<std::string>() : value.dump(-1, ' ', false, Json::error_handler_t::replace));
+}
+
+// One line per distinct escalation offer the result's denials carry: how
+// to ask for it, or why it cannot be asked for.
+std::string EscalationLines(const Json& result) {
+  const Json* denials = Path(result, {"outcome", "denials"});
+  if (!denials || !denials->is_array()) return "";
+  std::string lines;
+  std::vector<std::string> seen;
+  for (const auto& d : *denials) {
+    const Json* e = Path(d, {"escalation"});
+    if (!e || !e->is_object()) continue;
+    const std::string id = Str(*e, "id");
+    if (id.empty() || std::find(seen.begin(), seen.end(), id) != seen.end()) continue;
+    seen.push_back(id);
+    const std::string grant = GrantText(e->value("grant", Json::object()));
+    if (e->value("within_ceiling", false)) {
+      lines += "to retry with this permission (" + grant + "), call request_escalation with offer_id " + id + "\n";
+    } else {
+      const std::string why = Str(*e, "why_not");
+      lines += "no escalation: " + (why.empty() ? grant + " is beyond what the policy may grant" : why) + "\n";
+    }
+  }
+  return lines;
+}
+
+// The escalation object (session.h RequestEscalation), as structuredContent.
+Json EscalationSchema() {
+  const Json text = {{"type", "string"}};
+  // No union types (a strict schema compiler refuses them): the fields that
+  // may be null carry a description only.
+  return {
+      {"type", "object"},
+      {"properties",
+       {{"id", text},
+        {"session", text},
+        {"offer_id", text},
+        {"grant", {{"type", "object"}, {"description", "the permission asked for, e.g. {\"network.allow\": \"host:443\"}"}}},
+        {"reason", text},
+        {"by", text},
+        {"request_id", {{"description", "as given, or null"}}},
+        {"state", {{"type", "string"}, {"description", "pending | granted | denied"}}},
+        {"decision", {{"description", "once | session | deny (null while pending)"}}},
+        {"decided_by", {{"description", "who decided: approve-command PROG, the API, or null"}}},
+        {"decision_reason", {{"description", "why a deny, in words"}}},
+        {"asked", {{"type", "boolean"}, {"description", "false: refused without asking anyone (beyond the ceiling)"}}},
+        {"applied", {{"description", "live | new_world | next_world, or null when nothing was applied"}}},
+        {"replayed", {{"type", "boolean"}}}}},
+      {"required", {"offer_id", "state"}},
+  };
 }
 
 std::vector<ToolSpec> MakeTools(std::size_t cap) {
@@ -275,6 +335,30 @@ std::vector<ToolSpec> MakeTools(std::size_t cap) {
       "it before a risky step you may want to come back to.",
       {{"type", "object"}, {"properties", Json::object()}, {"additionalProperties", false}},
       {{"type", "object"}, {"properties", {{"snapshot_id", {{"type", "string"}}}}}, {"required", {"snapshot_id"}}}});
+
+  tools.push_back(ToolSpec{
+      "request_escalation", "Ask for a permission the sandbox refused",
+      "Asks the person supervising this session for one permission the sandbox refused. Use it only when a "
+      "result says `to retry with this permission (...), call request_escalation with offer_id esc-...`: pass "
+      "that `offer_id` and a short `reason` saying why the task needs it (the person deciding reads it). The "
+      "call waits for the decision. `granted once: ...` means the permission holds for your next call only: "
+      "retry the refused action right away. `granted for the session: ...` means it holds for every later call. "
+      "`denied: <reason>` means it stays refused: do not ask again for the same offer; choose another way or ask "
+      "the user. A result that says `no escalation: ...` names a permission that cannot be granted at all; do not "
+      "ask for it.",
+      {{"type", "object"},
+       {"properties",
+        {{"offer_id",
+          {{"type", "string"},
+           {"pattern", "^esc-[0-9a-f]{12}$"},
+           {"description", "the offer id a refused result named (esc- and 12 hex digits)"}}},
+         {"reason",
+          {{"type", "string"},
+           {"minLength", 1},
+           {"description", "why the task needs this permission, in a sentence, for the person deciding"}}}}},
+       {"required", {"offer_id", "reason"}},
+       {"additionalProperties", false}},
+      EscalationSchema()});
   return tools;
 }
 
@@ -474,6 +558,10 @@ Json RenderResult(const std::string& tool, const Json& result, std::size_t cap) 
     structured["output_bytes"] = output.size();
   }
   if (text.empty()) text = is_error ? "(failed, no output)" : "(no output)";
+  // After the cap, so that no cut ever hides how to ask for a permission.
+  if (const std::string lines = EscalationLines(structured); !lines.empty()) {
+    text += (text.back() == '\n' ? "" : "\n") + lines.substr(0, lines.size() - 1);
+  }
   structured["output"] = text;
   if (!structured.contains("is_error")) structured["is_error"] = is_error;
   return {{"content", Json::array({{{"type", "text"}, {"text", text}}})},
@@ -484,7 +572,7 @@ Json RenderResult(const std::string& tool, const Json& result, std::size_t cap) 
 Json RenderFailure(const std::string& tool, const std::string& kind, const std::string& message) {
   const std::string text = kind + ": " + message;
   Json out = {{"content", Json::array({{{"type", "text"}, {"text", text}}})}, {"isError", true}};
-  if (tool != "diff" && tool != "snapshot") {
+  if (tool != "diff" && tool != "snapshot" && tool != "request_escalation") {
     out["structuredContent"] = {{"name", tool}, {"output", text}, {"is_error", true}, {"kind", kind},
                                 {"outcome", {{"kind", kind}, {"error", message}}}};
   }
@@ -511,6 +599,26 @@ Json RenderDiff(const Json& diff, std::size_t cap) {
     structured["truncated"] = true;
   } else {
     structured["patch"] = patch;
+  }
+  return {{"content", Json::array({{{"type", "text"}, {"text", text}}})},
+          {"structuredContent", structured},
+          {"isError", false}};
+}
+
+Json RenderEscalation(const Json& escalation) {
+  const Json structured = escalation.is_object() ? escalation : Json::object();
+  const std::string state = Str(structured, "state"), decision = Str(structured, "decision");
+  const std::string grant = GrantText(structured.value("grant", Json::object()));
+  std::string text;
+  if (state == "granted" && decision == "session") {
+    text = "granted for the session: " + grant + " — every later call may use it";
+  } else if (state == "granted") {
+    text = "granted once: " + grant + " — the next call may use it";
+  } else if (state == "denied") {
+    const std::string why = Str(structured, "decision_reason");
+    text = "denied: " + (why.empty() ? std::string("no reason given") : why);
+  } else {
+    text = "not decided (" + (state.empty() ? std::string("no state") : state) + "): " + grant;
   }
   return {{"content", Json::array({{{"type", "text"}, {"text", text}}})},
           {"structuredContent", structured},

@@ -25,7 +25,8 @@ struct ToolSpec {
   bool read_only = false;   // annotations.readOnlyHint
 };
 
-// bash, read_file, write_file, edit_file, list_dir, glob, diff, snapshot.
+// bash, read_file, write_file, edit_file, list_dir, glob, diff, snapshot,
+// request_escalation.
 // `output_cap_bytes` appears in the descriptions (the limit a model meets).
 std::vector<ToolSpec> Tools(std::size_t output_cap_bytes);
 const ToolSpec* FindTool(const std::vector<ToolSpec>& tools, const std::string& name);
@@ -45,7 +46,11 @@ std::string Validate(const Json& value, const Json& schema, const std::string& w
 // as an MCP CallToolResult: text content with the kind first for a failure,
 // isError, and structuredContent carrying the whole result. Text longer than
 // `cap` bytes is cut with an explicit note (and the same text goes into
-// structuredContent.output, with "truncated": true).
+// structuredContent.output, with "truncated": true). Each escalation offer
+// the result's denials carry adds a line after the text (never cut):
+//   to retry with this permission (network.allow host:443), call
+//   request_escalation with offer_id esc-...
+// for one within the ceiling, `no escalation: <why_not>` for one beyond.
 Json RenderResult(const std::string& tool, const Json& result, std::size_t cap);
 
 // A call the session could not serve, as an isError result whose text is
@@ -55,6 +60,13 @@ Json RenderResult(const std::string& tool, const Json& result, std::size_t cap);
 // output schema is the session result (a client validates
 // structuredContent against the declared schema even on errors).
 Json RenderFailure(const std::string& tool, const std::string& kind, const std::string& message);
+
+// A request_escalation result (the escalation object of session.h
+// RequestEscalation) as a CallToolResult: "granted once: <grant> — the next
+// call may use it", "granted for the session: <grant> — ...", "denied:
+// <decision_reason>"; structuredContent the object itself. Not an error
+// either way: the call did what it was asked.
+Json RenderEscalation(const Json& escalation);
 
 // diff {} and snapshot {} results.
 Json RenderDiff(const Json& diff, std::size_t cap);

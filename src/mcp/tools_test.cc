@@ -73,6 +73,81 @@ TEST(RenderResult, PutsTheKindFirstUnlessTheSessionDid) {
             "tool_error: `old` occurs 2 times in a.txt");
 }
 
+Json NetworkDenial(const std::string& target, Json escalation) {
+  Json d = {{"facet", "network"}, {"op", "connect"}, {"target", target},
+            {"reason", "not-allowed: " + target + " is not in network.allow"}, {"source", "proxy"}};
+  if (!escalation.is_null()) d["escalation"] = std::move(escalation);
+  return d;
+}
+
+// A denial with an offer tells the model how to ask for it, or why it
+// cannot; once per offer, and never lost to the output cap.
+TEST(RenderResult, AnEscalationOfferAddsALineTheModelCanActOn) {
+  const Json within = {{"id", "esc-11a87832d6f9"}, {"grant", {{"network.allow", "api.test:443"}}}, {"within_ceiling", true}};
+  const Json beyond = {{"id", "esc-222222222222"},
+                       {"grant", {{"network.allow", "evil.test:443"}}},
+                       {"within_ceiling", false},
+                       {"why_not", "on_violation.max_grant.network does not cover evil.test:443"}};
+  Json r = Outcome("sandbox_denied", {{"denials",
+                                       {NetworkDenial("api.test:443", within), NetworkDenial("api.test:443", within),
+                                        NetworkDenial("evil.test:443", beyond), NetworkDenial("x.test:443", nullptr)}}});
+  const std::string text = RenderResult("bash", r, 1024)["content"][0]["text"];
+  const std::string ask =
+      "to retry with this permission (network.allow api.test:443), call request_escalation with offer_id "
+      "esc-11a87832d6f9";
+  EXPECT_NE(text.find(ask), std::string::npos) << text;
+  EXPECT_EQ(text.find(ask), text.rfind(ask)) << "once per offer: " << text;
+  EXPECT_NE(text.find("no escalation: on_violation.max_grant.network does not cover evil.test:443"), std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("esc-222222222222"), std::string::npos) << "a refused offer is not offered: " << text;
+  EXPECT_EQ(text.rfind("sandbox_denied: network egress to api.test:443", 0), 0u) << text;
+
+  r["output"] = std::string(5000, 'x');
+  const Json cut = RenderResult("bash", r, 1024);
+  EXPECT_EQ(cut["structuredContent"]["truncated"], true);
+  const std::string cut_text = cut["content"][0]["text"];
+  EXPECT_NE(cut_text.find(ask), std::string::npos) << "the line survives the cap";
+  EXPECT_EQ(cut["structuredContent"]["output"], cut_text);
+
+  // Without offers, nothing is added.
+  Json plain = Outcome("sandbox_denied", {{"denials", {NetworkDenial("x.test:443", nullptr)}}});
+  EXPECT_EQ(RenderResult("bash", plain, 1024)["content"][0]["text"].get<std::string>().find("escalation"),
+            std::string::npos);
+}
+
+TEST(RenderEscalation, SaysTheDecisionInWords) {
+  Json e = {{"offer_id", "esc-11a87832d6f9"}, {"grant", {{"filesystem.read", "/opt/sdk"}}}, {"state", "granted"},
+            {"decision", "once"}};
+  EXPECT_EQ(RenderEscalation(e)["content"][0]["text"], "granted once: filesystem.read /opt/sdk — the next call may use it");
+  e["decision"] = "session";
+  EXPECT_EQ(RenderEscalation(e)["content"][0]["text"],
+            "granted for the session: filesystem.read /opt/sdk — every later call may use it");
+  e["state"] = "denied";
+  e["decision"] = "deny";
+  e["decision_reason"] = "beyond the ceiling";
+  EXPECT_EQ(RenderEscalation(e)["content"][0]["text"], "denied: beyond the ceiling");
+  EXPECT_EQ(RenderEscalation(e)["structuredContent"], e);
+  EXPECT_EQ(RenderEscalation(e)["isError"], false);
+  Json memory = {{"grant", {{"resources.memory_gib", 4}}}, {"state", "granted"}, {"decision", "once"}};
+  EXPECT_EQ(RenderEscalation(memory)["content"][0]["text"], "granted once: resources.memory_gib 4 — the next call may use it");
+}
+
+TEST(Tools, RequestEscalationTakesAnOfferIdAndAReason) {
+  const auto tools = Tools(64 * 1024);
+  const ToolSpec* t = FindTool(tools, "request_escalation");
+  ASSERT_NE(t, nullptr);
+  EXPECT_NE(t->description.find("offer_id"), std::string::npos);
+  EXPECT_NE(t->description.find("granted once"), std::string::npos);
+  EXPECT_NE(t->description.find("denied"), std::string::npos);
+  EXPECT_EQ(Validate({{"offer_id", "esc-0123456789ab"}, {"reason", "r"}}, t->input_schema), "");
+  EXPECT_NE(Validate({{"offer_id", "esc-0123456789AB"}, {"reason", "r"}}, t->input_schema), "");
+  EXPECT_NE(Validate({{"offer_id", "esc-0123456789abc"}, {"reason", "r"}}, t->input_schema), "");
+  EXPECT_NE(Validate({{"offer_id", "x esc-0123456789ab"}, {"reason", "r"}}, t->input_schema), "");
+  EXPECT_NE(Validate({{"offer_id", "esc-0123456789ab"}, {"reason", "r"}, {"grant", "x"}}, t->input_schema), "");
+  // Every tool that refuses a call can say how to ask.
+  EXPECT_NE(FindTool(tools, "bash")->description.find("request_escalation"), std::string::npos);
+}
+
 TEST(RenderResult, EmptyOutputSaysSo) {
   Json ok = {{"output", ""}, {"is_error", false}, {"kind", "exited"}, {"exit_code", 0}};
   EXPECT_EQ(RenderResult("bash", ok, 1024)["content"][0]["text"], "(no output)");
@@ -128,7 +203,11 @@ TEST(Validate, TheToolSchemasSubset) {
 TEST(Tools, EverySchemaValidatesAMinimalCall) {
   for (const auto& t : Tools(64 * 1024)) {
     Json args = Json::object();
-    for (const auto& name : t.input_schema.value("required", Json::array())) args[name.get<std::string>()] = "x";
+    for (const auto& name : t.input_schema.value("required", Json::array())) {
+      // A field with a pattern takes a value of that pattern's shape.
+      const bool patterned = t.input_schema["properties"][name.get<std::string>()].contains("pattern");
+      args[name.get<std::string>()] = patterned ? "esc-0123456789ab" : "x";
+    }
     EXPECT_EQ(Validate(args, t.input_schema), "") << t.name;
     if (t.name == "bash" || t.name == "read_file") {
       EXPECT_NE(t.description.find("capped at 64 KiB"), std::string::npos) << t.name;
@@ -157,6 +236,7 @@ TEST(Tools, SchemasAgreeWithWhatTheSessionAccepts) {
     const auto& fields = session::ToolFields(t.name);
     const Json& props = t.input_schema["properties"];
     EXPECT_EQ(t.input_schema.value("additionalProperties", true), false) << t.name;
+    if (t.name == "request_escalation") continue;  // MCP's own, not a session tool (its own test below)
     if (fields.empty()) {
       // diff and snapshot: MCP's own, without arguments.
       EXPECT_TRUE(props.empty()) << t.name;

@@ -209,7 +209,12 @@ std::optional<std::string> SyscallGrantProblem(std::string_view name) {
 }
 
 std::string PolicyDigest(const Policy& policy) {
-  return policy.sha256.empty() ? Sha256Hex(ToYaml(policy)) : policy.sha256;
+  if (!policy.sha256.empty()) return policy.sha256;
+  // Granted syscalls are no policy key, so ToYaml leaves them out; a policy
+  // with them is another policy all the same.
+  std::string text = ToYaml(policy);
+  for (const std::string& name : policy.granted.syscalls) text += "# granted syscall " + name + "\n";
+  return Sha256Hex(text);
 }
 
 Result<Policy> ApplyOverrides(Policy policy, const PolicyOverrides& o, bool from_file) {

@@ -31,7 +31,9 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <deque>
 #include <set>
+#include <shared_mutex>
 #include <thread>
 
 #include <yaml-cpp/yaml.h>
@@ -41,6 +43,7 @@
 #include "agentbox/outcome.h"
 #include "agentbox/policy.h"
 #include "confine/escalation.h"
+#include "confine/layers.h"
 #include "confine/paths.h"
 #include "linux/fd.h"
 #include "linux/git_repos.h"
@@ -59,6 +62,7 @@
 #include "report/report_json.h"
 #include "session/terminal.h"
 #include "session/world.h"
+#include "supervise/approver.h"
 #include "supervise/denial_scanner.h"
 #include "supervise/disk_limit.h"
 #include "supervise/egress.h"
@@ -185,15 +189,39 @@ Result<Policy> BuildPolicy(const std::string& yaml, const std::string& mode) {
   return p;
 }
 
-// A session's policy: its recipe's, with what PATCH .../policy changed
-// since (recipe "network_live": the network lists in force now).
-Result<Policy> SessionPolicy(const Json& recipe) {
+// A session's policy: its recipe's, widened by the session's grants
+// (recipe "grants": approved escalations for the session, but network ones)
+// and `extra` (one-call grants that need a world of their own), with what
+// PATCH .../policy and network grants changed since (recipe "network_live":
+// the network lists in force now).
+Result<Policy> SessionPolicy(const Json& recipe, const std::vector<EscalationOffer>& extra = {}) {
   auto policy = BuildPolicy(recipe.value("policy_yaml", ""), recipe.value("mode", ""));
-  if (!policy.ok() || !recipe.contains("network_live")) return policy;
+  if (!policy.ok()) return policy;
+  if (recipe.contains("grants") && recipe["grants"].is_array()) {
+    for (const Json& g : recipe["grants"]) {
+      auto offer = OfferFromGrant(g.is_string() ? g.get<std::string>() : g.dump());
+      if (!offer.ok()) return Status::Error("session", "session.json grants: " + offer.status().message());
+      if (Status a = ApplyGrant(*offer, &*policy); !a.ok()) return a;
+    }
+  }
+  for (const EscalationOffer& offer : extra) {
+    if (Status a = ApplyGrant(offer, &*policy); !a.ok()) return a;
+  }
+  if (!recipe.contains("network_live")) return policy;
   const Json& live = recipe["network_live"];
   policy->network.allow = live.value("allow", std::vector<std::string>{});
   policy->network.deny = live.value("deny", std::vector<std::string>{});
+  for (const EscalationOffer& offer : extra) {
+    if (offer.grant_key == "network.allow") (void)ApplyGrant(offer, &*policy);
+  }
   return policy;
+}
+
+// Why a grant of `key` needs a world of its own.
+std::string WhyNewWorld(const std::string& key) {
+  if (key == "syscalls.allow") return "a seccomp filter cannot be loosened in a running world";
+  if (key == "resources.memory_gib") return "a running world's memory limit is not raised in place in this version";
+  return "a running world's mounts and Landlock rules are not widened in place in this version";
 }
 
 // The first line of a failed call's output names the kind.
@@ -423,6 +451,25 @@ struct SessionState {
   bool persistent_shell = false;
   std::mutex shell_mu;
   pid_t shell_world = 0;
+
+  // Escalations (docs/daemon.md "Escalations"), guarded by mu:
+  // offers: every offer a result of this session carried, by id:
+  //   {offer: {id, grant, within_ceiling, why_not}, denial, call_id, seq}.
+  // escalations: the requests, "eg-N" at index N-1; request_ids: a
+  // client's request_id → index. escalation_cv: one was decided.
+  std::map<std::string, Json> offers;
+  std::vector<Json> escalations;
+  std::map<std::string, std::size_t> request_ids;
+  std::condition_variable escalation_cv;
+  // Approved one-call grants the next call takes (escalation ids).
+  std::vector<std::string> once_pending;
+  // Calls hold grant_mu shared; a call that takes one-call grants holds it
+  // alone, so that no other call of the session runs under its grant.
+  std::shared_mutex grant_mu;
+  // One-call grants a world of their own carries (seccomp, a mount that
+  // cannot be added live): the next world is provisioned with them and
+  // stopped after that call (world_mu).
+  std::vector<EscalationOffer> world_grants;
   bool stopped_idle = false;            // its world was stopped for idleness (world_mu)
   std::set<std::string> in_flight;
   std::uint64_t next_seq = 1;
@@ -524,6 +571,27 @@ struct SessionState {
     return s;
   }
 
+  // Keeps (and logs) the escalation offers `result`'s denials carry: the
+  // ones RequestEscalation may be asked for. Call with mu held.
+  void RecordOffers(const Json& result, std::uint64_t seq, const std::string& call_id) {
+    const Json* denials = result.contains("outcome") && result["outcome"].is_object() &&
+                                  result["outcome"].contains("denials")
+                              ? &result["outcome"]["denials"]
+                              : nullptr;
+    if (!denials || !denials->is_array()) return;
+    for (const Json& d : *denials) {
+      if (!d.is_object() || !d.contains("escalation") || !d["escalation"].is_object()) continue;
+      const Json& offer = d["escalation"];
+      const std::string offer_id = offer.value("id", "");
+      if (offer_id.empty()) continue;
+      Json denial = {{"facet", d.value("facet", "")}, {"op", d.value("op", "")}, {"target", d.value("target", "")},
+                     {"reason", d.value("reason", "")}, {"call_id", call_id}, {"seq", seq}};
+      offers[offer_id] = {{"offer", offer}, {"denial", denial}};
+      (void)AppendLog({{"type", "event"}, {"event", "escalation_offered"}, {"seq", seq}, {"call_id", call_id},
+                       {"offer", offer}, {"denial", denial}});
+    }
+  }
+
   // Where the capped upper layer is written when the process stops.
   std::string SpillDir() const { return dir + "/spill"; }
   // upper_fs image: the image file, and where it is mounted on the host.
@@ -561,6 +629,33 @@ struct Manager::Impl {
   std::atomic<std::size_t> calls_in_flight{0};
   std::atomic<bool> shutting_down{false};
   bool overlay_available = false;
+
+  // Every escalation change of every session, for EscalationChanges: the
+  // record as it is then, numbered (the last kMaxChanges kept).
+  mutable std::mutex changes_mu;
+  mutable std::condition_variable changes_cv;
+  std::uint64_t change_seq = 0;
+  std::deque<std::pair<std::uint64_t, Json>> changes;
+  static constexpr std::size_t kMaxChanges = 1024;
+  void PublishEscalation(const Json& record) {
+    {
+      std::lock_guard<std::mutex> lock(changes_mu);
+      changes.emplace_back(++change_seq, record);
+      while (changes.size() > kMaxChanges) changes.pop_front();
+    }
+    changes_cv.notify_all();
+  }
+  // What an approved grant does to the session now (mu not held, world_mu
+  // held by the caller): {applied: live | new_world | next_world | next_call, why?}.
+  Result<Json> GrantNow(SessionState& s, const EscalationOffer& grant, bool session_scope);
+  // Puts live one-call grants (network ones) in force in `world` for one
+  // call (each entry of *used says how, or its error), and takes them back.
+  void OpenOnceGrants(SessionState& s, World& world,
+                      const std::vector<std::pair<std::string, EscalationOffer>>& grants, Json* used);
+  void CloseOnceGrants(SessionState& s, World& world,
+                       const std::vector<std::pair<std::string, EscalationOffer>>& grants);
+  // The plan a world of `s` would have under `policy` (Provision's Confine).
+  Result<ConfinedCommand> PlanFor(const SessionState& s, const Policy& policy, const std::string& nonce) const;
 
   std::string SessionsDir() const { return options.state_dir + "/sessions"; }
   std::string SnapshotsDir() const { return options.state_dir + "/snapshots"; }
@@ -672,6 +767,24 @@ Status Manager::Impl::Load(const std::string& id) {
         open_calls.erase(seq);
         const std::string call_id = e.value("call_id", "");
         if (!call_id.empty() && e.contains("result")) s->results[call_id] = e["result"];
+      } else if (event == "escalation_offered" && e.contains("offer") && e["offer"].is_object()) {
+        s->offers[e["offer"].value("id", "")] = {{"offer", e["offer"]}, {"denial", e.value("denial", Json::object())}};
+      } else if ((event == "escalation_requested" || event == "escalation_decided") && e.contains("escalation") &&
+                 e["escalation"].is_object()) {
+        const Json& r = e["escalation"];
+        const std::string eid = r.value("id", "");
+        std::size_t n = 0;
+        if (eid.rfind("eg-", 0) == 0) n = std::strtoull(eid.c_str() + 3, nullptr, 10);
+        if (n == 0 || n > 1000000) continue;
+        if (s->escalations.size() < n) s->escalations.resize(n, Json::object());
+        s->escalations[n - 1] = r;
+        if (!r.value("request_id", "").empty()) s->request_ids[r.value("request_id", "")] = n - 1;
+        if (event == "escalation_decided" && r.value("decision", "") == "once" && r.value("state", "") == "granted") {
+          s->once_pending.push_back(eid);
+        }
+      } else if (event == "grant_used") {
+        const std::string eid = e.value("escalation", "");
+        s->once_pending.erase(std::remove(s->once_pending.begin(), s->once_pending.end(), eid), s->once_pending.end());
       }
     }
   }
@@ -690,6 +803,16 @@ Status Manager::Impl::Load(const std::string& id) {
                         {"reason", "the session's upper layer was on a tmpfs (disk_gib) held by the agentbox process "
                                    "that served it, which ended: the session's changes since its last snapshot are "
                                    "gone; the base workspace and snapshots are intact"}});
+  }
+  // A request a killed process left without a decision is denied.
+  for (Json& r : s->escalations) {
+    if (r.value("state", "") != "pending") continue;
+    r["state"] = "denied";
+    r["decision"] = "deny";
+    r["decided_by"] = "none";
+    r["decision_reason"] = "agentbox stopped before a decision was made";
+    r["decided"] = NowRfc3339();
+    (void)s->AppendLog({{"type", "event"}, {"event", "escalation_decided"}, {"escalation", r}});
   }
   for (const auto& [seq, call] : open_calls) {
     Json result = {{"call_id", call.value("call_id", "")},
@@ -732,9 +855,8 @@ Result<std::vector<std::string>> Manager::Impl::SnapshotChain(const std::string&
   return chain;
 }
 
-Status Manager::Impl::Provision(SessionState& s) {
-  auto policy = SessionPolicy(s.recipe);
-  if (!policy.ok()) return policy.status();
+Result<ConfinedCommand> Manager::Impl::PlanFor(const SessionState& s, const Policy& policy,
+                                               const std::string& nonce) const {
   Invocation inv;
   inv.workspace = s.workspace;
   inv.cwd = s.workspace;
@@ -743,11 +865,17 @@ Status Manager::Impl::Provision(SessionState& s) {
   inv.self_exe = exe;
   inv.cache_dir = linux::CacheDir(inv.home);
   inv.own_dirs = OwnDirsWith(options.state_dir);
-  inv.nonce = RandomId("");
+  inv.nonce = nonce;
   inv.backend = BackendChoice::kNamespaces;
   inv.session = true;
   inv.wrapped_command = false;  // a world spawns the plan itself
-  auto confined = Confine({"true"}, *policy, ProbeHostFor(*policy), inv);
+  return Confine({"true"}, policy, ProbeHostFor(policy), inv);
+}
+
+Status Manager::Impl::Provision(SessionState& s) {
+  auto policy = SessionPolicy(s.recipe, s.world_grants);
+  if (!policy.ok()) return policy.status();
+  auto confined = PlanFor(s, *policy, RandomId(""));
   if (!confined.ok()) return confined.status();
   Plan& plan = confined->plan;
   if (!plan.confined) {
@@ -1591,15 +1719,67 @@ Result<Json> Manager::Execute(const std::string& id, const std::string& name, co
       s.last_call_end = Clock::now();
     }
   } release{m, *s};
-  // A call refused before it ran leaves no trace: its call_id is free again.
+  // One-call grants: this call takes those approved since the last one,
+  // and runs alone in the session while they are in force (grant_mu).
+  std::shared_lock<std::shared_mutex> shared_turn(s->grant_mu, std::defer_lock);
+  std::unique_lock<std::shared_mutex> own_turn(s->grant_mu, std::defer_lock);
+  std::vector<std::pair<std::string, EscalationOffer>> once;  // escalation id, grant
+  {
+    bool pending;
+    {
+      std::lock_guard<std::mutex> lock(s->mu);
+      pending = !s->once_pending.empty();
+    }
+    if (pending) {
+      own_turn.lock();
+    } else {
+      shared_turn.lock();
+    }
+    std::lock_guard<std::mutex> lock(s->mu);
+    for (const std::string& eid : s->once_pending) {
+      auto e = std::find_if(s->escalations.begin(), s->escalations.end(),
+                            [&](const Json& r) { return r.value("id", "") == eid; });
+      if (e == s->escalations.end()) continue;
+      if (auto g = OfferFromGrant((*e)["grant"].dump()); g.ok()) once.emplace_back(eid, *g);
+    }
+    s->once_pending.clear();
+  }
+  // A call refused before it ran leaves no trace: its call_id is free again,
+  // and the one-call grants it took wait for the next call.
   auto refuse = [&](Status st) -> Status {
     std::lock_guard<std::mutex> lock(s->mu);
     if (!call_id.empty()) {
       s->in_flight.erase(call_id);
       s->requests.erase(call_id);
     }
+    for (auto it = once.rbegin(); it != once.rend(); ++it) s->once_pending.insert(s->once_pending.begin(), it->first);
+    once.clear();
     return st;
   };
+  // Which of them the running world takes as it is, and which need a world
+  // of their own for this call (seccomp; a mount that cannot be added live).
+  std::vector<std::pair<std::string, EscalationOffer>> live_once, world_once;
+  Json grants_used = Json::array();
+  if (!once.empty()) {
+    std::lock_guard<std::mutex> world_lock(s->world_mu);
+    for (const auto& [eid, g] : once) {
+      const std::string why = g.grant_key == "network.allow" ? "" : WhyNewWorld(g.grant_key);
+      Json used = {{"escalation", eid}, {"grant", Json::parse(g.grant_json)}, {"scope", "once"}};
+      if (why.empty()) {
+        live_once.emplace_back(eid, g);
+        used["applied"] = "live";
+      } else {
+        world_once.emplace_back(eid, g);
+        used["applied"] = "new_world";
+        used["why"] = why;
+        s->world_grants.push_back(g);
+      }
+      grants_used.push_back(used);
+    }
+    if (!world_once.empty() && s->world) s->world->Stop(0);  // the next world carries them
+  }
+  World* grants_world = nullptr;  // the world the live one-call grants are in force in
+  std::shared_ptr<World> grants_world_hold;
   bool logged = false;
   auto log_call = [&]() -> Status {
     if (logged) return {};
@@ -1650,6 +1830,11 @@ Result<Json> Manager::Execute(const std::string& id, const std::string& name, co
     }
     // The call line is on disk before anything of the call runs.
     if (Status st = log_call(); !st.ok()) return refuse(st);
+    if (!live_once.empty() && grants_world != world.get()) {
+      grants_world = world.get();
+      grants_world_hold = world;
+      m.OpenOnceGrants(*s, *world, live_once, &grants_used);
+    }
     // The world is used without the provisioning lock: calls run side by side.
     if (name == "bash") {
       result = m.RunBash(*s, *world, *confined, input, cwd, sink, cancel);
@@ -1660,6 +1845,25 @@ Result<Json> Manager::Execute(const std::string& id, const std::string& name, co
   }
   if (Status st = log_call(); !st.ok()) return refuse(st);
   result.erase("world_gone");
+  // One-call grants end with the call: the live ones are taken back, a
+  // world given for them is stopped (the next call gets one without).
+  if (grants_world_hold) m.CloseOnceGrants(*s, *grants_world_hold, live_once);
+  if (!world_once.empty()) {
+    std::lock_guard<std::mutex> world_lock(s->world_mu);
+    s->world_grants.clear();
+    if (s->world) s->world->Stop(0);
+  }
+  if (!grants_used.empty()) {
+    result["grants"] = grants_used;
+    std::lock_guard<std::mutex> lock(s->mu);
+    for (const Json& g : grants_used) {
+      (void)s->AppendLog({{"type", "event"}, {"event", "grant_used"}, {"seq", seq}, {"call_id", call_id},
+                          {"escalation", g.value("escalation", "")}, {"grant", g["grant"]}, {"applied", g["applied"]}});
+      (void)s->AppendLog({{"type", "event"}, {"event", "grant_expired"}, {"seq", seq},
+                          {"escalation", g.value("escalation", "")}, {"grant", g["grant"]},
+                          {"why", "a one-call grant ends with its call"}});
+    }
+  }
   if (m.shutting_down && result.value("kind", "") == "sandbox_error") {
     result["kind"] = "interrupted";
     result["output"] = "interrupted: agentbox stopped during the call";
@@ -1675,6 +1879,7 @@ Result<Json> Manager::Execute(const std::string& id, const std::string& name, co
       s->results[call_id] = result;
       s->in_flight.erase(call_id);
     }
+    s->RecordOffers(result, seq, call_id);
   }
   return result;
 }
@@ -1727,16 +1932,322 @@ Status Manager::RotateSecret(const std::string& id, const std::string& name, con
   return {};  // the next world starts with it
 }
 
-// (being built: replaced with the escalation flow)
-Result<Json> Manager::RequestEscalation(const std::string&, const EscalationAsk&) {
-  return Status::Error(kBadRequest, "escalations are not available yet");
+namespace {
+
+// The offer a recorded one stands for ({id, grant, within_ceiling, why_not}).
+Result<EscalationOffer> RecordedOffer(const Json& offer) {
+  auto o = OfferFromGrant(offer.value("grant", Json::object()).dump());
+  if (!o.ok()) return o.status();
+  o->within_ceiling = offer.value("within_ceiling", false);
+  o->why_not = offer.value("why_not", "");
+  return o;
 }
-Result<Json> Manager::DecideEscalation(const std::string&, const std::string&, const std::string&, const std::string&,
-                                       const std::string&) {
-  return Status::Error(kBadRequest, "escalations are not available yet");
+
+Json GrantJson(const EscalationOffer& g) { return Json::parse(g.grant_json); }
+
+std::optional<supervise::ApprovalAnswer> ParseAnswer(const std::string& word) {
+  if (word == "once") return supervise::ApprovalAnswer::kOnce;
+  if (word == "session") return supervise::ApprovalAnswer::kSession;
+  if (word == "deny") return supervise::ApprovalAnswer::kDeny;
+  return std::nullopt;
 }
-Result<Json> Manager::ListEscalations(const std::string&) const { return Json{{"escalations", Json::array()}}; }
-Json Manager::EscalationChanges(std::uint64_t, int) const { return Json{{"escalations", Json::array()}, {"next", 0}}; }
+
+std::string Seconds(std::chrono::milliseconds ms) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", static_cast<double>(ms.count()) / 1000.0);
+  return std::string(buf) + " s";
+}
+
+}  // namespace
+
+namespace {
+
+// The network lists and memory limit a session's world has without its
+// one-call grants.
+struct WorldBaseline {
+  std::vector<std::string> allow, deny;
+  std::optional<std::uint64_t> memory;
+};
+Result<WorldBaseline> BaselineOf(const SessionState& s) {
+  auto policy = SessionPolicy(s.recipe, s.world_grants);
+  if (!policy.ok()) return policy.status();
+  return WorldBaseline{policy->network.allow, policy->network.deny, policy->resources.memory_limit_bytes};
+}
+
+}  // namespace
+
+void Manager::Impl::OpenOnceGrants(SessionState& s, World& world,
+                                   const std::vector<std::pair<std::string, EscalationOffer>>& grants, Json* used) {
+  std::lock_guard<std::mutex> world_lock(s.world_mu);
+  auto base = BaselineOf(s);
+  auto note = [&](const std::string& eid, const std::string& error) {
+    for (Json& u : *used) {
+      if (u.value("escalation", "") == eid && !error.empty()) {
+        u["applied"] = "failed";
+        u["error"] = error;
+      }
+    }
+  };
+  if (!base.ok()) {
+    for (const auto& [eid, g] : grants) note(eid, base.status().ToString());
+    return;
+  }
+  std::vector<std::string> allow = base->allow;
+  std::vector<std::string> network_eids;
+  for (const auto& [eid, g] : grants) {
+    if (g.grant_key == "network.allow") {
+      if (std::find(allow.begin(), allow.end(), g.grant_text) == allow.end()) allow.push_back(g.grant_text);
+      network_eids.push_back(eid);
+    }
+  }
+  if (!network_eids.empty()) {
+    Status st = world.SetNetworkRules(allow, base->deny);
+    for (const auto& eid : network_eids) note(eid, st.ok() ? "" : st.ToString());
+  }
+}
+
+void Manager::Impl::CloseOnceGrants(SessionState& s, World& world,
+                                    const std::vector<std::pair<std::string, EscalationOffer>>& grants) {
+  if (!world.Alive()) return;  // nothing of it is left to take back
+  std::lock_guard<std::mutex> world_lock(s.world_mu);
+  auto base = BaselineOf(s);
+  const bool network = std::any_of(grants.begin(), grants.end(),
+                                   [](const auto& e) { return e.second.grant_key == "network.allow"; });
+  // A grant that cannot be taken back must not outlive its call: the world goes.
+  if (network && (!base.ok() || !world.SetNetworkRules(base->allow, base->deny).ok())) world.Stop(0);
+}
+
+Result<Json> Manager::Impl::GrantNow(SessionState& s, const EscalationOffer& grant, bool session_scope) {
+  const std::string& key = grant.grant_key;
+  const bool world_up = s.world && s.world->Alive();
+  if (!session_scope) {
+    // For the next call: live grants are put in force when it starts, the
+    // others get a world of their own then.
+    return Json{{"applied", "next_call"}};
+  }
+  Json recipe = s.recipe;
+  if (key == "network.allow") {
+    auto policy = SessionPolicy(s.recipe, {});
+    if (!policy.ok()) return policy.status();
+    std::vector<std::string> allow = policy->network.allow;
+    if (std::find(allow.begin(), allow.end(), grant.grant_text) == allow.end()) allow.push_back(grant.grant_text);
+    recipe["network_live"] = {{"allow", allow}, {"deny", policy->network.deny}};
+    if (Status w = WriteFileDurably(s.dir + "/session.json", recipe.dump(2)); !w.ok()) return w;
+    s.recipe = std::move(recipe);
+    if (!world_up) return Json{{"applied", "next_world"}};
+    if (Status live = s.world->SetNetworkRules(allow, policy->network.deny); !live.ok()) {
+      s.world->Stop(0);
+      return Json{{"applied", "new_world"}, {"why", "the running world did not take the rules: " + live.message()}};
+    }
+    return Json{{"applied", "live"}};
+  }
+  if (!recipe.contains("grants") || !recipe["grants"].is_array()) recipe["grants"] = Json::array();
+  recipe["grants"].push_back(grant.grant_json);
+  if (Status w = WriteFileDurably(s.dir + "/session.json", recipe.dump(2)); !w.ok()) return w;
+  s.recipe = std::move(recipe);
+  if (!world_up) return Json{{"applied", "next_world"}};
+  // In this version only network rules change in a running world: the
+  // world is stopped, and the next call's world is set up with the grant.
+  s.world->Stop(0);
+  return Json{{"applied", "new_world"}, {"why", WhyNewWorld(key)}};
+}
+
+Result<Json> Manager::RequestEscalation(const std::string& id, const EscalationAsk& ask) {
+  Impl& m = *impl_;
+  auto s = m.Find(id);
+  if (!s) return Status::Error(kNotFound, "no session " + id);
+  if (ask.offer_id.empty()) return Status::Error(kBadRequest, "offer_id is needed (an escalation offer's id, esc-...)");
+  if (ask.reason.size() > 4096) return Status::Error(kBadRequest, "reason: at most 4096 bytes");
+  std::unique_lock<std::mutex> lock(s->mu);
+  if (!ask.request_id.empty()) {
+    if (auto it = s->request_ids.find(ask.request_id); it != s->request_ids.end()) {
+      Json& recorded = s->escalations[it->second];
+      if (recorded.value("offer_id", "") != ask.offer_id) {
+        return Status::Error(kConflict, "request_id " + ask.request_id + " was recorded for offer " +
+                                            recorded.value("offer_id", ""));
+      }
+      // Never a new decision: the recorded one (waiting for it while pending).
+      const std::size_t index = it->second;
+      s->escalation_cv.wait(lock, [&] { return s->escalations[index].value("state", "") != "pending"; });
+      Json replay = s->escalations[index];
+      replay["replayed"] = true;
+      return replay;
+    }
+  }
+  auto offer_it = s->offers.find(ask.offer_id);
+  if (offer_it == s->offers.end()) {
+    return Status::Error(kNotFound, "session " + id + " has no escalation offer " + ask.offer_id +
+                                        ": offers come with the denials in the session's results");
+  }
+  auto offer = RecordedOffer(offer_it->second["offer"]);
+  if (!offer.ok()) return offer.status();
+  const Json denial = offer_it->second.value("denial", Json::object());
+  // One question per offer at a time: a second request shares the first's decision.
+  for (std::size_t i = 0; i < s->escalations.size(); ++i) {
+    if (s->escalations[i].value("offer_id", "") == ask.offer_id && s->escalations[i].value("state", "") == "pending") {
+      if (!ask.request_id.empty()) s->request_ids[ask.request_id] = i;
+      s->escalation_cv.wait(lock, [&] { return s->escalations[i].value("state", "") != "pending"; });
+      Json shared = s->escalations[i];
+      shared["replayed"] = false;
+      shared["shared"] = true;
+      return shared;
+    }
+  }
+  const std::size_t index = s->escalations.size();
+  Json record = {{"id", "eg-" + std::to_string(index + 1)},
+                 {"session", id},
+                 {"offer_id", ask.offer_id},
+                 {"grant", GrantJson(*offer)},
+                 {"denial", denial},
+                 {"reason", ask.reason},
+                 {"by", ask.by.empty() ? "api" : ask.by},
+                 {"request_id", ask.request_id},
+                 {"state", "pending"},
+                 {"asked", false},
+                 {"created", NowRfc3339()}};
+  const bool beyond = !offer->within_ceiling;
+  if (!beyond) {
+    record["asked"] = true;
+    record["approver"] = !m.options.approve_command.empty() ? "approve-command"
+                         : m.options.approve_api        ? "api"
+                                                        : "none";
+  }
+  s->escalations.push_back(record);
+  if (!ask.request_id.empty()) s->request_ids[ask.request_id] = index;
+  if (Status st = s->AppendLog({{"type", "event"}, {"event", "escalation_requested"}, {"escalation", record}});
+      !st.ok()) {
+    s->escalations.pop_back();
+    if (!ask.request_id.empty()) s->request_ids.erase(ask.request_id);
+    return st;
+  }
+  lock.unlock();
+  m.PublishEscalation(record);
+
+  // The decision: the ceiling first (nobody is asked beyond it), then the approver.
+  supervise::ApprovalDecision decision;
+  if (beyond) {
+    decision.answer = supervise::ApprovalAnswer::kDeny;
+    decision.by = "ceiling";
+    decision.reason = "beyond on_violation.max_grant, so nobody was asked: " + offer->why_not;
+  } else if (!m.options.approve_command.empty()) {
+    supervise::ApprovalRequest request{id, ask.offer_id, denial.value("call_id", ""),
+                                       ask.reason.empty() ? denial.value("reason", "") : ask.reason, GrantJson(*offer)};
+    decision = supervise::DecideByCommand(m.options.approve_command, request, m.options.approve_timeout);
+  } else if (m.options.approve_api) {
+    lock.lock();
+    const bool decided = s->escalation_cv.wait_for(lock, m.options.approve_timeout, [&] {
+      return s->escalations[index].value("state", "") != "pending" || s->escalations[index].contains("api_decision");
+    });
+    Json& r = s->escalations[index];
+    if (decided && r.contains("api_decision")) {
+      decision.answer = *ParseAnswer(r["api_decision"].value("decision", "deny"));
+      decision.by = r["api_decision"].value("by", "api");
+      decision.reason = r["api_decision"].value("reason", "");
+      r.erase("api_decision");
+    } else {
+      decision.answer = supervise::ApprovalAnswer::kDeny;
+      decision.by = "timeout";
+      decision.reason = "no decision came through the API within " + Seconds(m.options.approve_timeout);
+    }
+    lock.unlock();
+  } else {
+    decision = supervise::NoApprover();
+  }
+
+  // Applied before the answer; the record says how.
+  Json applied;
+  if (decision.answer != supervise::ApprovalAnswer::kDeny) {
+    std::lock_guard<std::mutex> world_lock(s->world_mu);
+    auto now = m.GrantNow(*s, *offer, decision.answer == supervise::ApprovalAnswer::kSession);
+    if (!now.ok()) {
+      decision.answer = supervise::ApprovalAnswer::kDeny;
+      decision.reason = "approved, but the grant could not be applied: " + now.status().ToString();
+    } else {
+      applied = *now;
+    }
+  }
+  lock.lock();
+  Json& r = s->escalations[index];
+  r["state"] = decision.answer == supervise::ApprovalAnswer::kDeny ? "denied" : "granted";
+  r["decision"] = supervise::AnswerName(decision.answer);
+  r["decided_by"] = decision.by.empty() ? "none" : decision.by;
+  r["decision_reason"] = decision.reason;
+  r["decided"] = NowRfc3339();
+  if (!applied.is_null()) {
+    r["applied"] = applied.value("applied", "");
+    if (applied.contains("why")) r["applied_why"] = applied["why"];
+  }
+  if (decision.answer == supervise::ApprovalAnswer::kOnce) s->once_pending.push_back(r.value("id", ""));
+  (void)s->AppendLog({{"type", "event"}, {"event", "escalation_decided"}, {"escalation", r}});
+  if (decision.answer != supervise::ApprovalAnswer::kDeny) {
+    (void)s->AppendLog({{"type", "event"}, {"event", "grant_applied"}, {"escalation", r.value("id", "")},
+                        {"grant", r["grant"]}, {"scope", r["decision"]}, {"applied", r.value("applied", "")}});
+  }
+  Json answer = r;
+  lock.unlock();
+  s->escalation_cv.notify_all();
+  m.PublishEscalation(answer);
+  answer["replayed"] = false;
+  return answer;
+}
+
+Result<Json> Manager::DecideEscalation(const std::string& id, const std::string& escalation_id,
+                                       const std::string& decision, const std::string& by, const std::string& reason) {
+  auto s = impl_->Find(id);
+  if (!s) return Status::Error(kNotFound, "no session " + id);
+  if (!ParseAnswer(decision)) {
+    return Status::Error(kBadRequest, "decision '" + decision + "' is not one of once, session, deny");
+  }
+  if (!impl_->options.approve_api) {
+    return Status::Error(kConflict, "this agentbox takes decisions from " +
+                                        std::string(impl_->options.approve_command.empty()
+                                                        ? "no one (no approver is configured)"
+                                                        : "its --approve-command") +
+                                        ", not from the API (start it with --approve-api)");
+  }
+  std::unique_lock<std::mutex> lock(s->mu);
+  auto it = std::find_if(s->escalations.begin(), s->escalations.end(),
+                         [&](const Json& e) { return e.value("id", "") == escalation_id; });
+  if (it == s->escalations.end()) return Status::Error(kNotFound, "session " + id + " has no escalation " + escalation_id);
+  if (it->value("state", "") != "pending" || it->contains("api_decision")) {
+    return Status::Error(kConflict, "escalation " + escalation_id + " is already decided: " +
+                                        it->value("decision", it->contains("api_decision") ? "being applied" : "?"));
+  }
+  if (!it->value("asked", false)) return Status::Error(kConflict, "escalation " + escalation_id + " is not asked");
+  (*it)["api_decision"] = {{"decision", decision}, {"by", by.empty() ? "api" : "api: " + by}, {"reason", reason}};
+  const std::size_t index = static_cast<std::size_t>(it - s->escalations.begin());
+  lock.unlock();
+  s->escalation_cv.notify_all();
+  // The requester applies it; the answer is the record once decided.
+  lock.lock();
+  s->escalation_cv.wait_for(lock, std::chrono::seconds(30),
+                            [&] { return s->escalations[index].value("state", "") != "pending"; });
+  return s->escalations[index];
+}
+
+Result<Json> Manager::ListEscalations(const std::string& id) const {
+  auto s = impl_->Find(id);
+  if (!s) return Status::Error(kNotFound, "no session " + id);
+  std::lock_guard<std::mutex> lock(s->mu);
+  Json list = Json::array();
+  for (Json e : s->escalations) {
+    e.erase("api_decision");
+    list.push_back(std::move(e));
+  }
+  return Json{{"escalations", list}};
+}
+
+Json Manager::EscalationChanges(std::uint64_t after, int wait_ms) const {
+  Impl& m = *impl_;
+  std::unique_lock<std::mutex> lock(m.changes_mu);
+  m.changes_cv.wait_for(lock, std::chrono::milliseconds(std::max(wait_ms, 0)),
+                        [&] { return m.change_seq > after || m.shutting_down.load(); });
+  Json list = Json::array();
+  for (const auto& [seq, record] : m.changes) {
+    if (seq > after) list.push_back({{"seq", seq}, {"escalation", record}});
+  }
+  return Json{{"escalations", list}, {"next", m.change_seq}};
+}
 
 Result<Json> Manager::PatchPolicy(const std::string& id, const std::string& yaml, const std::string& by) {
   auto s = impl_->Find(id);
@@ -1748,78 +2259,171 @@ Result<Json> Manager::PatchPolicy(const std::string& id, const std::string& yaml
     return Status::Error(kBadRequest, "policy: " + std::string(e.what()));
   }
   if (!doc.IsMap()) return Status::Error(kBadRequest, "policy: a partial policy (a YAML mapping) is needed");
+  const std::string can = "(network.allow, network.deny, filesystem.read_only, filesystem.read_write and "
+                          "resources.memory_gib can)";
+  auto list_of = [](const YAML::Node& node, const std::string& name) -> Result<std::vector<std::string>> {
+    if (!node.IsSequence()) return Status::Error(kBadRequest, "policy: " + name + " must be a list");
+    std::vector<std::string> list;
+    for (const auto& item : node) {
+      if (!item.IsScalar()) return Status::Error(kBadRequest, "policy: " + name + " holds a non-string entry");
+      list.push_back(item.as<std::string>());
+    }
+    return list;
+  };
   std::optional<std::vector<std::string>> allow, deny;
+  std::vector<std::pair<std::string, std::string>> mounts;  // grant key, path
+  std::optional<std::uint64_t> memory_gib;
   for (const auto& top : doc) {
     const std::string key = top.first.as<std::string>();
-    if (key != "network" || !top.second.IsMap()) {
-      return Status::Error(kBadRequest, "policy: " + key + " cannot change in a running session in this version "
-                                        "(network.allow and network.deny can)");
+    if ((key != "network" && key != "filesystem" && key != "resources") || !top.second.IsMap()) {
+      return Status::Error(kBadRequest, "policy: " + key + " cannot change in a running session " + can);
     }
     for (const auto& entry : top.second) {
       const std::string sub = entry.first.as<std::string>();
-      if (sub != "allow" && sub != "deny") {
-        return Status::Error(kBadRequest, "policy: network." + sub + " cannot change in a running session in this "
-                                          "version (network.allow and network.deny can)");
+      const std::string name = key + "." + sub;
+      if (name == "network.allow" || name == "network.deny") {
+        auto list = list_of(entry.second, name);
+        if (!list.ok()) return list.status();
+        (sub == "allow" ? allow : deny) = std::move(*list);
+      } else if (name == "filesystem.read_only" || name == "filesystem.read_write") {
+        auto list = list_of(entry.second, name);
+        if (!list.ok()) return list.status();
+        for (std::string& path : *list) {
+          path = paths::ExpandHome(path, linux::HomeDir());
+          if (path.empty() || path[0] != '/') {
+            return Status::Error(kBadRequest, "policy: " + name + " entries must be absolute or ~/...");
+          }
+          mounts.emplace_back(sub == "read_only" ? "filesystem.read" : "filesystem.read_write", path);
+        }
+      } else if (name == "resources.memory_gib") {
+        if (!entry.second.IsScalar()) return Status::Error(kBadRequest, "policy: resources.memory_gib must be a number");
+        try {
+          memory_gib = entry.second.as<std::uint64_t>();
+        } catch (const YAML::Exception&) {
+          return Status::Error(kBadRequest, "policy: resources.memory_gib must be a whole number of GiB");
+        }
+      } else {
+        return Status::Error(kBadRequest, "policy: " + name + " cannot change in a running session " + can);
       }
-      if (!entry.second.IsSequence()) return Status::Error(kBadRequest, "policy: network." + sub + " must be a list");
-      std::vector<std::string> list;
-      for (const auto& item : entry.second) {
-        if (!item.IsScalar()) return Status::Error(kBadRequest, "policy: network." + sub + " holds a non-string entry");
-        list.push_back(item.as<std::string>());
-      }
-      (sub == "allow" ? allow : deny) = std::move(list);
     }
   }
-  if (!allow && !deny) return Status::Error(kBadRequest, "policy: nothing to change (give network.allow or network.deny)");
+  if (!allow && !deny && mounts.empty() && !memory_gib) {
+    return Status::Error(kBadRequest, "policy: nothing to change " + can);
+  }
 
   std::lock_guard<std::mutex> lock(s->world_mu);
   auto policy = SessionPolicy(s->recipe);
   if (!policy.ok()) return policy.status();
+  // A widening is held against the policy's ceiling as an escalation offer
+  // for the same target is (on_violation.max_grant).
+  Result<ConfinedCommand> planned = Status::Error("session", "");
+  const Plan* plan = nullptr;
+  if (s->confined) {
+    plan = &s->confined->plan;
+  } else {
+    planned = impl_->PlanFor(*s, *policy, RandomId(""));
+    if (!planned.ok()) return planned.status();
+    plan = &planned->plan;
+  }
+  auto within = [&](Denial d, const std::string& what) -> Result<EscalationOffer> {
+    const PathExists exists = [](const std::string& p) {
+      struct stat st {};
+      return lstat(p.c_str(), &st) == 0;
+    };
+    if (!plan->escalation.offers) {
+      return Status::Error(kBadRequest, "policy: " + what + ": widening a running session needs "
+                                        "on_violation.escalation: one_time_approval and its max_grant");
+    }
+    std::optional<EscalationOffer> offer = OfferFor(d, *plan, exists);
+    if (!offer) return Status::Error(kBadRequest, "policy: " + what + ": no grant can give that");
+    if (!offer->within_ceiling) return Status::Error(kBadRequest, "policy: " + what + ": " + offer->why_not);
+    return *offer;
+  };
   const std::vector<std::string> old_allow = policy->network.allow, old_deny = policy->network.deny;
   const std::vector<std::string> new_allow = allow.value_or(old_allow), new_deny = deny.value_or(old_deny);
-  // Only a tightening: nothing allowed that was not, nothing denied let go.
   auto has = [](const std::vector<std::string>& v, const std::string& e) {
     return std::find(v.begin(), v.end(), e) != v.end();
   };
   for (const auto& e : new_allow) {
-    if (!has(old_allow, e)) {
-      return Status::Error(kBadRequest, "policy: network.allow gains \"" + e + "\": widening a running session is "
-                                        "not available in this version, only tightening");
+    if (has(old_allow, e)) continue;
+    auto ok = within(Denial{"network", "connect", e, "not-allowed", "patch", 0, std::nullopt},
+                     "network.allow gains \"" + e + "\"");
+    if (!ok.ok()) {
+      return Status::Error(kBadRequest, ok.status().message() +
+                                            " (a widening takes exact host:port entries within "
+                                            "on_violation.max_grant.network)");
     }
   }
   for (const auto& e : old_deny) {
     if (!has(new_deny, e)) {
-      return Status::Error(kBadRequest, "policy: network.deny loses \"" + e + "\": widening a running session is "
-                                        "not available in this version, only tightening");
+      return Status::Error(kBadRequest, "policy: network.deny loses \"" + e + "\": no grant lifts a deny entry");
     }
+  }
+  std::vector<EscalationOffer> grants;
+  for (const auto& [key, path] : mounts) {
+    const bool write = key == "filesystem.read_write";
+    auto ok = within(Denial{"filesystem", write ? "write" : "read", path, "patch", "patch", 0, std::nullopt},
+                     (write ? "filesystem.read_write gains \"" : "filesystem.read_only gains \"") + path + "\"");
+    if (!ok.ok()) return ok.status();
+    if (ok->grant_text != path) {
+      return Status::Error(kBadRequest, "policy: " + path + " does not exist (a grant mounts what is there)");
+    }
+    grants.push_back(*ok);
+  }
+  if (memory_gib) {
+    const std::uint64_t gib = *memory_gib;
+    const auto& cap = plan->escalation.memory_max_bytes;
+    if (!plan->escalation.offers || !cap || gib * (1ULL << 30) > *cap) {
+      return Status::Error(kBadRequest, "policy: resources.memory_gib " + std::to_string(gib) +
+                                            " is beyond on_violation.max_grant.memory_gib");
+    }
+    if (!policy->resources.memory_limit_bytes || gib * (1ULL << 30) <= *policy->resources.memory_limit_bytes) {
+      return Status::Error(kBadRequest, "policy: resources.memory_gib " + std::to_string(gib) +
+                                            " does not raise the session's limit (lowering it is not available "
+                                            "in a running session)");
+    }
+    grants.push_back(MakeOffer("resources.memory_gib", "", gib));
   }
   auto rules = net::RuleSet::Build(new_allow, new_deny, policy->network.default_action);
   if (!rules.ok()) return Status::Error(kBadRequest, "policy: " + rules.status().message());
 
-  Json recipe = s->recipe;
-  recipe["network_live"] = {{"allow", new_allow}, {"deny", new_deny}};
-  if (Status w = WriteFileDurably(s->dir + "/session.json", recipe.dump(2)); !w.ok()) return w;
-  s->recipe = std::move(recipe);
-  // In force in the running world before the answer; a world that cannot
-  // take the change is stopped (the next call starts one with it).
+  Json applied_each = Json::array();
   std::string applied = "next_world";
-  if (s->world && s->world->Alive()) {
-    Status live = s->world->SetNetworkRules(new_allow, new_deny);
-    if (live.ok()) {
-      applied = "live";
-    } else {
-      s->world->Stop(0);
-      applied = "world_stopped";
+  if (allow || deny) {
+    Json recipe = s->recipe;
+    recipe["network_live"] = {{"allow", new_allow}, {"deny", new_deny}};
+    if (Status w = WriteFileDurably(s->dir + "/session.json", recipe.dump(2)); !w.ok()) return w;
+    s->recipe = std::move(recipe);
+    // In force in the running world before the answer; a world that cannot
+    // take the change is stopped (the next call starts one with it).
+    if (s->world && s->world->Alive()) {
+      Status live = s->world->SetNetworkRules(new_allow, new_deny);
+      if (live.ok()) {
+        applied = "live";
+      } else {
+        s->world->Stop(0);
+        applied = "world_stopped";
+      }
     }
+    applied_each.push_back({{"network", {{"allow", new_allow}, {"deny", new_deny}}}, {"applied", applied}});
+  }
+  for (const EscalationOffer& g : grants) {
+    auto now = impl_->GrantNow(*s, g, /*session_scope=*/true);
+    if (!now.ok()) return now.status();
+    Json one = *now;
+    one["grant"] = Json::parse(g.grant_json);
+    applied_each.push_back(one);
+    applied = one.value("applied", "");
   }
   Json change = {{"type", "event"}, {"event", "policy_changed"}, {"by", by.empty() ? "api" : by},
                  {"network", {{"allow", new_allow}, {"deny", new_deny}}},
-                 {"previous", {{"network", {{"allow", old_allow}, {"deny", old_deny}}}}}, {"applied", applied}};
+                 {"previous", {{"network", {{"allow", old_allow}, {"deny", old_deny}}}}}, {"applied", applied},
+                 {"changes", applied_each}};
   {
     std::lock_guard<std::mutex> log_lock(s->mu);
     if (Status st = s->AppendLog(change); !st.ok()) return st;
   }
-  return Json{{"network", {{"allow", new_allow}, {"deny", new_deny}}}, {"applied", applied}};
+  return Json{{"network", {{"allow", new_allow}, {"deny", new_deny}}}, {"applied", applied}, {"changes", applied_each}};
 }
 
 namespace {

@@ -165,8 +165,8 @@ class Manager {
   // {"escalations": [...]}: the session's, oldest first.
   Result<Json> ListEscalations(const std::string& id) const;
   // Every escalation (of any session) that changed after sequence number
-  // `after`, waiting at most `wait_ms` for one: {"escalations": [...],
-  // "next": N} (pass N as `after` next time). For a UI's stream.
+  // `after`, waiting at most `wait_ms` for one: {"escalations": [{seq,
+  // escalation}], "next": N} (pass N as `after` next time). For a UI's stream.
   Json EscalationChanges(std::uint64_t after, int wait_ms) const;
 
   // Freezes the session's changes; returns the snapshot id. The snapshot

@@ -1,11 +1,17 @@
 #include "supervise/approver.h"
 
+#include <fcntl.h>
+#include <poll.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <termios.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <string_view>
 
+#include "linux/fd.h"
 #include "linux/host_program.h"
 
 namespace agentbox::supervise {
@@ -91,7 +97,82 @@ ApprovalDecision FromOutput(std::string_view output, const std::string& by) {
   return d;
 }
 
+constexpr const char* kTerminal = "terminal";
+constexpr std::size_t kMaxLineBytes = 256;
+
+void WriteAll(int fd, std::string_view text) {
+  while (!text.empty()) {
+    const ssize_t n = ::write(fd, text.data(), text.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    text.remove_prefix(static_cast<std::size_t>(n));
+  }
+}
+
+// One line from `fd` within `timeout` (without the newline), or why not.
+Result<std::string> ReadLine(int fd, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::string line;
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return Status::Error("terminal", "no answer within " + Duration(timeout));
+    struct pollfd p {fd, POLLIN, 0};
+    const int ready = ::poll(&p, 1, static_cast<int>(std::min<long long>(left.count(), 1 << 30)));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready < 0) return Status::Errno("terminal", "poll");
+    if (ready == 0) continue;
+    char buf[128];
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n < 0) return Status::Errno("terminal", "read");
+    if (n == 0) return Status::Error("terminal", "the terminal closed (EOF) before an answer");
+    line.append(buf, static_cast<std::size_t>(n));
+    if (const auto nl = line.find('\n'); nl != std::string::npos) return line.substr(0, nl);
+    if (line.size() > kMaxLineBytes) {
+      return Status::Error("terminal", "an answer longer than " + std::to_string(kMaxLineBytes) + " bytes");
+    }
+  }
+}
+
 }  // namespace
+
+ApprovalDecision AskOnDescriptors(int in_fd, int out_fd, const ApprovalRequest& request,
+                                  std::chrono::milliseconds timeout) {
+  if (::isatty(in_fd)) {
+    // Outside the terminal's foreground process group (`agentbox run ... &`)
+    // a read would stop the whole run (SIGTTIN): no question, a deny.
+    if (::tcgetpgrp(in_fd) != ::getpgrp()) {
+      return Deny(kTerminal, "the terminal's foreground is another process group (run in the background)");
+    }
+    // Only an answer typed after the question counts, never type-ahead.
+    ::tcflush(in_fd, TCIFLUSH);
+  }
+  const std::string grant = request.grant.dump(-1, ' ', false, json::error_handler_t::replace);
+  std::string prompt;
+  if (!request.reason.empty()) prompt += "agentbox: " + request.reason + "\n";
+  prompt += "agentbox: grant " + grant + " and run the command again?\n" +
+            "          [o]nce / [s]ession (once: a run has no session) / [d]eny: ";
+  WriteAll(out_fd, prompt);
+  auto line = ReadLine(in_fd, timeout);
+  if (!line.ok()) {
+    WriteAll(out_fd, "\nagentbox: denied (" + line.status().message() + ")\n");
+    return Deny(kTerminal, "terminal: " + Why(line.status()));
+  }
+  std::string word(Trim(*line));
+  std::transform(word.begin(), word.end(), word.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (word == "o" || word == "once" || word == "y" || word == "yes") return {ApprovalAnswer::kOnce, kTerminal, ""};
+  if (word == "s" || word == "session") return {ApprovalAnswer::kSession, kTerminal, ""};
+  if (word.empty()) return Deny(kTerminal, "denied at the terminal (an empty answer)");
+  if (word == "d" || word == "deny" || word == "n" || word == "no") return Deny(kTerminal, "denied at the terminal");
+  return Deny(kTerminal, "the terminal answered " + Quote(*line) + ", not once, session or deny");
+}
+
+ApprovalDecision DecideOnTerminal(const ApprovalRequest& request, std::chrono::milliseconds timeout) {
+  // O_NOCTTY: asking must never make a terminal ours.
+  linux::UniqueFd tty(::open("/dev/tty", O_RDWR | O_CLOEXEC | O_NOCTTY));
+  if (!tty.valid()) return Deny(kTerminal, "no terminal to ask");
+  return AskOnDescriptors(tty.get(), tty.get(), request, timeout);
+}
 
 ApprovalDecision NoApprover() { return {ApprovalAnswer::kDeny, "", "no approver is configured"}; }
 

@@ -1,4 +1,6 @@
-// Who decides an escalation request: the daemon's `--approve-command PROG`.
+// Who decides an escalation request: a program (the daemon's and `run
+// --on-denial ask`'s `--approve-command PROG`), or, for `run` without one,
+// the person at the controlling terminal.
 //
 // A session's denial may come with an offer (the grant that would have
 // allowed it); the agent may ask for it, and a person (through a program of
@@ -67,6 +69,26 @@ ApprovalDecision NoApprover();
 // for as long as the program takes (at most `timeout`).
 ApprovalDecision DecideByCommand(const std::vector<std::string>& argv, const ApprovalRequest& request,
                                  std::chrono::milliseconds timeout);
+
+// Asks on the controlling terminal (/dev/tty, never stdin: that is the
+// command's), printing the request and the question there:
+//   agentbox: <reason>
+//   agentbox: grant {"network.allow":"host:443"} and run the command again?
+//             [o]nce / [s]ession / [d]eny:
+// once, o, yes, y → kOnce; session, s → kSession; anything else, an empty
+// line, EOF or silence for `timeout` → a deny saying which. No terminal to
+// open is a deny with reason "no terminal to ask"; a terminal whose
+// foreground process group is not ours is a deny without a prompt (a read
+// would stop us with SIGTTIN). Type-ahead is discarded: only an answer
+// typed after the question counts. `by` is "terminal". Blocks for at most
+// `timeout`.
+ApprovalDecision DecideOnTerminal(const ApprovalRequest& request, std::chrono::milliseconds timeout);
+
+// DecideOnTerminal's question and answer on descriptors of the caller's
+// (tests give a socket pair): prompts on `out_fd`, reads one line from
+// `in_fd`. Owns neither.
+ApprovalDecision AskOnDescriptors(int in_fd, int out_fd, const ApprovalRequest& request,
+                                  std::chrono::milliseconds timeout);
 
 // The JSON line the program reads (without the newline).
 nlohmann::json RequestJson(const ApprovalRequest& request);

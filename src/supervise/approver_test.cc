@@ -1,6 +1,9 @@
 #include "supervise/approver.h"
 
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -256,6 +259,102 @@ TEST_F(ApproverTest, EightThreadsDecideAtOnceEachWithItsOwnAnswer) {
   }
   // Side by side, not one after another (8 × 0.3 s).
   EXPECT_LT(std::chrono::steady_clock::now() - start, 2400ms);
+}
+
+// --- The terminal -------------------------------------------------------------
+
+ApprovalRequest TerminalRequest() {
+  return {"", "esc-0123456789ab", "", "connect 127.0.0.1:8080: not-allowed: 127.0.0.1:8080 is not in network.allow",
+          json{{"network.allow", "127.0.0.1:8080"}}};
+}
+
+// The terminal's side of a question, on a socket pair standing in for it.
+class TerminalTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int fds[2];
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds), 0);
+    ours_ = fds[0];
+    theirs_ = fds[1];
+  }
+  void TearDown() override {
+    close(ours_);
+    if (theirs_ >= 0) close(theirs_);
+  }
+  // Types `typed` (before the question: a socket has no type-ahead flush),
+  // asks, and returns the decision; what was printed goes to printed_.
+  ApprovalDecision Answer(const std::string& typed, std::chrono::milliseconds timeout = 5s) {
+    if (!typed.empty()) EXPECT_EQ(write(theirs_, typed.data(), typed.size()), static_cast<ssize_t>(typed.size()));
+    ApprovalDecision d = AskOnDescriptors(ours_, ours_, TerminalRequest(), timeout);
+    char buf[4096];
+    ssize_t n;
+    printed_.clear();
+    while ((n = recv(theirs_, buf, sizeof(buf), MSG_DONTWAIT)) > 0) printed_.append(buf, static_cast<std::size_t>(n));
+    return d;
+  }
+  int ours_ = -1, theirs_ = -1;
+  std::string printed_;
+};
+
+TEST_F(TerminalTest, PrintsTheDenialAndTheGrant) {
+  ApprovalDecision d = Answer("once\n");
+  EXPECT_EQ(d.answer, ApprovalAnswer::kOnce) << d.reason;
+  EXPECT_EQ(d.by, "terminal");
+  EXPECT_TRUE(Contains(printed_, "connect 127.0.0.1:8080: not-allowed")) << printed_;
+  EXPECT_TRUE(Contains(printed_, R"({"network.allow":"127.0.0.1:8080"})")) << printed_;
+  EXPECT_TRUE(Contains(printed_, "[o]nce / [s]ession")) << printed_;
+}
+
+TEST_F(TerminalTest, OnceYesAndSessionAreAnswersAndTheRestIsADeny) {
+  for (const char* once : {"once\n", "o\n", "y\n", " YES \n", "Yes\r\n"}) {
+    EXPECT_EQ(Answer(once).answer, ApprovalAnswer::kOnce) << once;
+  }
+  for (const char* session : {"session\n", "s\n"}) EXPECT_EQ(Answer(session).answer, ApprovalAnswer::kSession) << session;
+  EXPECT_TRUE(DeniedSaying(Answer("deny\n"), "denied at the terminal"));
+  EXPECT_TRUE(DeniedSaying(Answer("n\n"), "denied at the terminal"));
+  EXPECT_TRUE(DeniedSaying(Answer("no\n"), "denied at the terminal"));
+  EXPECT_TRUE(DeniedSaying(Answer("\n"), "an empty answer"));
+  EXPECT_TRUE(DeniedSaying(Answer("always\n"), "answered \"always\", not once, session or deny"));
+}
+
+TEST_F(TerminalTest, SilenceAndEndOfInputAreADeny) {
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_TRUE(DeniedSaying(Answer("", 300ms), "no answer within 300 ms"));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  EXPECT_TRUE(Contains(printed_, "denied")) << "the terminal is told: " << printed_;
+  // Half an answer, then the terminal goes away.
+  ASSERT_EQ(write(theirs_, "onc", 3), 3);
+  ASSERT_EQ(shutdown(theirs_, SHUT_WR), 0);
+  EXPECT_TRUE(DeniedSaying(Answer(""), "EOF"));
+}
+
+TEST_F(TerminalTest, AnOverlongLineIsADeny) {
+  EXPECT_TRUE(DeniedSaying(Answer(std::string(1000, 'o')), "longer than 256 bytes"));
+}
+
+// Without a controlling terminal (a new session has none) nobody is asked.
+TEST(Terminal, NoTerminalIsADenySayingSo) {
+  int result[2];
+  ASSERT_EQ(pipe2(result, O_CLOEXEC), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    setsid();
+    const ApprovalDecision d = DecideOnTerminal(TerminalRequest(), 1s);
+    const std::string line = std::string(AnswerName(d.answer)) + "|" + d.by + "|" + d.reason;
+    ssize_t ignored = write(result[1], line.data(), line.size());
+    (void)ignored;
+    _exit(0);
+  }
+  close(result[1]);
+  std::string got;
+  char buf[512];
+  ssize_t n;
+  while ((n = read(result[0], buf, sizeof(buf))) > 0) got.append(buf, static_cast<std::size_t>(n));
+  close(result[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_EQ(got, "deny|terminal|no terminal to ask");
 }
 
 }  // namespace

@@ -43,7 +43,7 @@ test('a request before initialize is refused (-32002); ping is answered', async 
   const init = await server.initialize();
   assert.equal(init.result.protocolVersion, '2025-06-18');
   await server.request(7, 'tools/list');
-  assert.equal((await server.response(7)).result.tools.length, 8);
+  assert.equal((await server.response(7)).result.tools.length, 9);
 });
 
 test('initialize answers a supported older revision, and the latest for an unknown one', async () => {

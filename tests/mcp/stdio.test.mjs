@@ -9,7 +9,7 @@ import { McpError } from '@modelcontextprotocol/sdk/types.js';
 
 import { makeSandboxDirs, connectStdio, ALLOWED_HOST } from './lib.mjs';
 
-const EXPECTED_TOOLS = ['bash', 'read_file', 'write_file', 'edit_file', 'list_dir', 'glob', 'diff', 'snapshot'];
+const EXPECTED_TOOLS = ['bash', 'read_file', 'write_file', 'edit_file', 'list_dir', 'glob', 'diff', 'snapshot', 'request_escalation'];
 
 let dirs;
 let conn;
@@ -75,12 +75,16 @@ test('every schema compiles (ajv, strict) and the server agrees with it on bad a
   }
   await assert.rejects(call('bash', { command: 'true', timeout: 'soon' }), (e) => e.code === -32602 && /timeout/.test(e.message));
   await assert.rejects(call('no_such_tool', {}), (e) => e.code === -32602 && /unknown tool/.test(e.message));
+  // request_escalation takes only an offer id as the report writes them.
+  await assert.rejects(call('request_escalation', { offer_id: 'esc-XYZ', reason: 'needed' }),
+    (e) => e.code === -32602 && /offer_id: does not match/.test(e.message));
 });
 
 // What each schema declares optional the server takes absent; what it
 // requires, it requires; undeclared fields are refused (above).
 test('every tool runs with its required fields alone, and optional ones are accepted', async () => {
-  const sample = { command: 'true', path: 'sample.txt', content: 'x\n', old: 'x', new: 'y', pattern: '*.txt' };
+  const sample = { command: 'true', path: 'sample.txt', content: 'x\n', old: 'x', new: 'y', pattern: '*.txt',
+    offer_id: 'esc-000000000000', reason: 'a sample' };
   const optional = {
     bash: { timeout: 30, stdin: '', cwd: '.', env: { SAMPLE: '1' } },
     read_file: { offset: 1, limit: 1 },
