@@ -270,12 +270,7 @@ void AttachOffers(const Plan& plan, std::vector<Denial>* denials) {
   auto mounted = [&plan](const std::string& path) {
     for (const MountOp& m : plan.mounts) {
       if (m.target == "/" || m.kind == MountKind::kSymlink || m.kind == MountKind::kFile) continue;
-      if (std::find(plan.escalation.filesystem_read.begin(), plan.escalation.filesystem_read.end(), m.target) !=
-              plan.escalation.filesystem_read.end() ||
-          std::find(plan.escalation.filesystem_write.begin(), plan.escalation.filesystem_write.end(), m.target) !=
-              plan.escalation.filesystem_write.end()) {
-        continue;  // the empty directory a ceiling tree is in the sandbox
-      }
+      if (m.kind == MountKind::kDir) continue;  // a ceiling tree's empty directory mounts nothing
       if (paths::IsWithin(path, m.target)) return true;
     }
     return false;

@@ -139,34 +139,51 @@ Result<Where> Look(const std::string& path) {
   return w;
 }
 
-// The world's root tmpfs, writable for as long as this lives: sealed again
-// (MOUNT_ATTR_RDONLY, as SealRoot left it) on every way out. Reseal()
-// reports a failure to seal; the destructor tries once more.
-class Unsealed {
+// A writable view of the world's root tmpfs for this process alone: a
+// detached clone of the root mount (the same tmpfs) with its read-only flag
+// cleared on the clone. The world's own root mount stays sealed throughout,
+// so nothing running in the world can write there while a mountpoint is
+// made; the clone goes with its descriptor. Paths are absolute in the
+// world, resolved beneath the clone with no symlink and no mount crossing.
+class WritableRoot {
  public:
-  static Result<Unsealed> Open() {
+  static Result<WritableRoot> Open() {
+    WritableRoot w;
+    w.fd_.reset(OpenTree(AT_FDCWD, "/", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC));
+    if (!w.fd_.valid()) return Status::Errno(kStage, "open_tree(OPEN_TREE_CLONE)", "the world's root");
     MountAttr attr{};
     attr.attr_clr = MOUNT_ATTR_RDONLY;
-    if (MountSetattr(AT_FDCWD, "/", 0, &attr) != 0) {
-      return Status::Errno(kStage, "mount_setattr(clear RDONLY)", "/");
+    if (MountSetattr(w.fd_.get(), "", AT_EMPTY_PATH, &attr) != 0) {
+      return Status::Errno(kStage, "mount_setattr(clear RDONLY) on a private clone", "the world's root");
     }
-    return Unsealed();
+    return w;
   }
-  Unsealed(Unsealed&& o) noexcept : open_(std::exchange(o.open_, false)) {}
-  Unsealed& operator=(Unsealed&&) = delete;
-  ~Unsealed() { (void)Reseal(); }
-  Status Reseal() {
-    if (!open_) return {};
-    MountAttr attr{};
-    attr.attr_set = MOUNT_ATTR_RDONLY;
-    if (MountSetattr(AT_FDCWD, "/", 0, &attr) != 0) return Status::Errno(kStage, "mount_setattr(RDONLY)", "/");
-    open_ = false;
-    return {};
+  Status MakeDir(const std::string& path) const {
+    return AtParent(path, [](int dir, const char* name) { return mkdirat(dir, name, 0755); }, "mkdirat");
+  }
+  Status MakeFile(const std::string& path) const {
+    return AtParent(path, [](int dir, const char* name) {
+      int fd = openat(dir, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+      if (fd >= 0) close(fd);
+      return fd >= 0 ? 0 : -1;
+    }, "openat(O_CREAT|O_EXCL)");
+  }
+  Status Remove(const std::string& path, bool is_dir) const {
+    return AtParent(path, [is_dir](int dir, const char* name) { return unlinkat(dir, name, is_dir ? AT_REMOVEDIR : 0); },
+                    is_dir ? "unlinkat(AT_REMOVEDIR)" : "unlinkat");
   }
 
  private:
-  Unsealed() = default;
-  bool open_ = true;
+  template <typename Op>
+  Status AtParent(const std::string& path, Op op, const char* what) const {
+    const std::string parent = ParentOf(path);
+    UniqueFd dir = OpenBeneath(fd_.get(), parent.substr(1), O_PATH | O_DIRECTORY);
+    if (!dir.valid()) return Status::Errno(kStage, "openat2(RESOLVE_NO_SYMLINKS)", parent);
+    const std::string name = path.substr(path.rfind('/') + 1);
+    if (op(dir.get(), name.c_str()) != 0) return Status::Errno(kStage, what, path);
+    return {};
+  }
+  UniqueFd fd_;
 };
 
 // Checks that `target` can take a graft: it is on the root tmpfs (so are
@@ -238,29 +255,28 @@ ChildResult GraftChild(const WorldNamespaces& ns, const std::string& source, con
   }
   std::vector<std::string> missing;
   if (Status s = CheckTarget(target, is_dir, &missing); !s.ok()) return {s};
-  auto unsealed = Unsealed::Open();
-  if (!unsealed.ok()) return {unsealed.status()};
+  auto root = WritableRoot::Open();
+  if (!root.ok()) return {root.status()};
   std::vector<std::string> made;  // removed again when the graft fails
   auto undo = [&](Status s) {
     for (auto it = made.rbegin(); it != made.rend(); ++it) {
-      if (rmdir(it->c_str()) != 0) unlink(it->c_str());
+      (void)root->Remove(*it, !(*it == target && !is_dir));
     }
     return ChildResult{s};
   };
   for (const auto& p : missing) {
-    const bool last = p == target;
-    if (last && !is_dir) {
-      UniqueFd f(open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
-      if (!f.valid()) return undo(Status::Errno(kStage, "open(O_CREAT)", p));
-    } else if (mkdir(p.c_str(), 0755) != 0) {
-      return undo(Status::Errno(kStage, "mkdir", p));
-    }
+    const bool file = p == target && !is_dir;
+    if (Status st = file ? root->MakeFile(p) : root->MakeDir(p); !st.ok()) return undo(st);
     made.push_back(p);
   }
-  if (MoveMount(tree.get(), "", AT_FDCWD, target.c_str(), MOVE_MOUNT_F_EMPTY_PATH) != 0) {
+  // Nothing in the world could write to its root meanwhile: the target is
+  // what was checked and made, with no symlink on the way.
+  UniqueFd at = OpenBeneath(ns.root.get(), target.substr(1), O_PATH | (is_dir ? O_DIRECTORY : 0));
+  if (!at.valid()) return undo(Status::Errno(kStage, "openat2(RESOLVE_NO_SYMLINKS)", target));
+  if (MoveMount(tree.get(), "", at.get(), "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) != 0) {
     return undo(Status::Errno(kStage, "move_mount", target));
   }
-  return {unsealed->Reseal(), !missing.empty() && missing.back() == target};
+  return {Status{}, !missing.empty() && missing.back() == target};
 }
 
 Status UngraftChild(const WorldNamespaces& ns, const std::string& target, Mountpoint mountpoint) {
@@ -277,13 +293,12 @@ Status UngraftChild(const WorldNamespaces& ns, const std::string& target, Mountp
   const bool is_dir = S_ISDIR(at->mode);
   if (umount2(target.c_str(), MNT_DETACH) != 0) return Status::Errno(kStage, "umount2(MNT_DETACH)", target);
   if (mountpoint == Mountpoint::kKeep) return {};
-  auto unsealed = Unsealed::Open();
-  if (!unsealed.ok()) return unsealed.status();
   // The mountpoint goes too (its parents may be shared with other grafts).
-  if ((is_dir ? rmdir(target.c_str()) : unlink(target.c_str())) != 0 && errno != ENOENT) {
-    return Status::Errno(kStage, is_dir ? "rmdir" : "unlink", target);
-  }
-  return unsealed->Reseal();
+  auto writable = WritableRoot::Open();
+  if (!writable.ok()) return writable.status();
+  Status removed = writable->Remove(target, is_dir);
+  if (!removed.ok() && removed.err() != ENOENT) return removed;
+  return {};
 }
 
 }  // namespace

@@ -220,8 +220,12 @@ Result<Policy> SessionPolicy(const Json& recipe, const std::vector<EscalationOff
 // Why a grant of `key` needs a world of its own.
 std::string WhyNewWorld(const std::string& key) {
   if (key == "syscalls.allow") return "a seccomp filter cannot be loosened in a running world";
-  if (key == "resources.memory_gib") return "a running world's memory limit is not raised in place in this version";
-  return "a running world's mounts and Landlock rules are not widened in place in this version";
+  if (key == "resources.memory_gib") {
+    return "a one-call memory limit is not lowered again in a world that goes on: what the call left running "
+           "would be killed";
+  }
+  return "a one-call mount is not taken back from a world that goes on: what the call left running could keep "
+         "what it opened below it";
 }
 
 // The first line of a failed call's output names the kind.
@@ -648,6 +652,11 @@ struct Manager::Impl {
   // What an approved grant does to the session now (mu not held, world_mu
   // held by the caller): {applied: live | new_world | next_world | next_call, why?}.
   Result<Json> GrantNow(SessionState& s, const EscalationOffer& grant, bool session_scope);
+  // A session grant put in force in the running world (world_mu held, the
+  // world alive): a path grafted below a ceiling's Landlock rule, a memory
+  // limit written. An error with an empty message for a grant no running
+  // world takes; otherwise its message says why this one could not.
+  Result<bool> GrantLive(SessionState& s, const EscalationOffer& grant);
   // Puts live one-call grants (network ones) in force in `world` for one
   // call (each entry of *used says how, or its error), and takes them back.
   void OpenOnceGrants(SessionState& s, World& world,
@@ -1085,6 +1094,9 @@ Json Manager::Impl::RunBash(SessionState& s, World& world, const ConfinedCommand
   if (r.exit_code) o.exit_code = r.exit_code;
   if (r.signal) o.signal = r.signal;
 
+  // The offers, before the kind: the denials AttachOffers drops were
+  // missing files, not denials.
+  AttachOffers(plan, &o.denials);
   std::string kind;
   std::string headline;
   if (r.cancelled) {
@@ -1127,8 +1139,7 @@ Json Manager::Impl::RunBash(SessionState& s, World& world, const ConfinedCommand
       kind = ToString(o.kind);
     }
   }
-  // Every denial of the call is in: the escalation offer of each (on_violation).
-  AttachOffers(plan, &o.denials);
+  if (kind == "oom_killed") AttachOffers(plan, &o.denials);  // the OOM denial's offer
   Json outcome = Json::parse(ToJson(o, -1));
   if (kind == "cancelled") outcome["kind"] = "cancelled";
   std::string output = r.output;
@@ -2046,10 +2057,46 @@ Result<Json> Manager::Impl::GrantNow(SessionState& s, const EscalationOffer& gra
   if (Status w = WriteFileDurably(s.dir + "/session.json", recipe.dump(2)); !w.ok()) return w;
   s.recipe = std::move(recipe);
   if (!world_up) return Json{{"applied", "next_world"}};
-  // In this version only network rules change in a running world: the
-  // world is stopped, and the next call's world is set up with the grant.
+  // A path is grafted into the running world, a memory limit written to
+  // its cgroup; the rest (seccomp, a path Landlock or the mount layout
+  // cannot take live) needs a new world: this one is stopped, and the next
+  // call's is set up with the grant.
+  std::string why = WhyNewWorld(key);
+  if (auto live = GrantLive(s, grant); live.ok()) {
+    return Json{{"applied", "live"}};
+  } else if (!live.status().message().empty()) {
+    why = live.status().message();
+  }
   s.world->Stop(0);
-  return Json{{"applied", "new_world"}, {"why", WhyNewWorld(key)}};
+  return Json{{"applied", "new_world"}, {"why", why}};
+}
+
+Result<bool> Manager::Impl::GrantLive(SessionState& s, const EscalationOffer& grant) {
+  const std::string& key = grant.grant_key;
+  if (key == "resources.memory_gib") {
+    if (!grant.grant_gib) return Status::Error("grant", "");
+    if (Status st = s.world->SetMemoryLimit(*grant.grant_gib << 30); !st.ok()) {
+      return Status::Error("grant", "the running world's cgroup did not take the limit: " + st.message());
+    }
+    return true;
+  }
+  if (key != "filesystem.read" && key != "filesystem.read_write") return Status::Error("grant", "");
+  const bool writable = key == "filesystem.read_write";
+  const std::string& path = grant.grant_text;
+  if (!s.confined || !LandlockCovers(s.confined->plan.landlock, path, writable)) {
+    return Status::Error("grant", "Landlock's rules are fixed when a world starts, and none of this world's covers " +
+                                      path + " (it lies below no on_violation.max_grant tree)");
+  }
+  if (Status st = s.world->GraftPath(path, path, writable); !st.ok()) {
+    return Status::Error("grant", "the path could not be mounted into the running world: " + st.message());
+  }
+  // The plan the session's calls are judged by mounts it now: a missing
+  // file below it is a missing file, not a denial.
+  auto confined = std::make_shared<ConfinedCommand>(*s.confined);
+  confined->plan.mounts.push_back({MountKind::kBind, path, path, !writable, false, "",
+                                   "granted (" + grant.grant_json + "), mounted into the running world"});
+  s.confined = std::move(confined);
+  return true;
 }
 
 Result<Json> Manager::RequestEscalation(const std::string& id, const EscalationAsk& ask) {

@@ -563,7 +563,12 @@ Outcome RunPlan(const Plan& plan, const std::vector<std::string>& argv,
 Outcome Run(const ConfinedCommand& command, const RunOptions& options) {
   Outcome out = RunPlan(command.plan, command.plan.argv, command.denial_signatures, options);
   // Once every denial is in: the escalation offer of each (on_violation).
+  // The denials it drops were missing files: with none left, the command
+  // simply failed.
   AttachOffers(command.plan, &out.denials);
+  if (out.kind == OutcomeKind::kSandboxDenied && out.denials.empty()) {
+    out.kind = out.signal ? OutcomeKind::kSignaled : OutcomeKind::kExited;
+  }
   std::vector<std::string> skipped = std::move(out.enforcement.skipped);
   std::vector<MissingFacet> found_at_run = std::move(out.enforcement.missing);
   out.enforcement = command.enforcement;

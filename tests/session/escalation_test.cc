@@ -16,6 +16,8 @@
 
 #include <gtest/gtest.h>
 
+#include "host_facts.h"
+
 #include "daemon_fixture.h"
 #include "upstream.h"
 
@@ -325,11 +327,11 @@ TEST_F(EscalationTest, AReplayReturnsTheRecordedDecision) {
   EXPECT_EQ(Fetch(target_).value("kind", ""), "sandbox_denied");
 }
 
-// A directory outside the sandbox: denied → offer → approved for the
-// session → readable (read-only) for the rest of it. In this version the
-// grant is set up by a new world (the answer says so, `applied: new_world`);
-// the world after it keeps the grant.
-TEST_F(EscalationTest, AMountGrantLastsForTheSessionInANewWorld) {
+// A denied read of a directory outside the sandbox → offer → approved for
+// the session → readable (read-only) for the rest of it, in the same world:
+// the directory is mounted into the running world's mount namespace from
+// outside, below the ceiling's Landlock rule (same init, no new world).
+TEST_F(EscalationTest, AMountGrantLastsForTheSessionInTheSameWorld) {
   char dir_template[] = "/var/tmp/agentbox-grant-XXXXXX";
   ASSERT_NE(mkdtemp(dir_template), nullptr) << "/var/tmp: " << std::strerror(errno);
   const std::string outside = dir_template;
@@ -355,24 +357,72 @@ TEST_F(EscalationTest, AMountGrantLastsForTheSessionInANewWorld) {
   ASSERT_TRUE(offer.is_object()) << denied.dump();
   EXPECT_EQ(offer["grant"], json({{"filesystem.read", outside}})) << offer.dump();
   EXPECT_TRUE(offer.value("within_ceiling", false)) << offer.dump();
-  const json pid_before = Bash(c(), id_, "cut -d' ' -f22 /proc/1/stat");
+  // The init's start time (field 22 of its stat) names it: pid 1 is pid 1
+  // in every world.
+  const std::string init_before = Bash(c(), id_, "cut -d' ' -f22 /proc/1/stat").value("output", "");
+  ASSERT_FALSE(init_before.empty());
+  // Something the session left running before the grant sees it too.
+  Bash(c(), id_, "(sleep 60 & echo $! > /tmp/bg.pid)");
 
   Answer asked = Ask(offer.value("id", ""));
   ASSERT_EQ(asked.status, 200) << asked.text;
   EXPECT_EQ(asked.body.value("decision", ""), "session") << asked.text;
-  EXPECT_EQ(asked.body.value("applied", ""), "new_world") << asked.text;
-  EXPECT_FALSE(asked.body.value("applied_why", "").empty()) << asked.text;
+  EXPECT_EQ(asked.body.value("applied", ""), "live") << asked.text;
 
   for (int i = 0; i < 2; ++i) {
     json read = Bash(c(), id_, "cat " + outside + "/notes.txt");
     EXPECT_EQ(read.value("output", ""), "from outside\n") << i << ": " << read.dump();
+    EXPECT_EQ(read.value("kind", ""), "exited") << read.dump();
   }
+  // Read-only: the write fails, and nothing reaches the host.
   json write = Bash(c(), id_, "echo x > " + outside + "/new.txt");
   EXPECT_NE(write.value("exit_code", 0), 0) << "a read grant is read-only: " << write.dump();
   EXPECT_FALSE(e2e::Exists(outside + "/new.txt"));
-  // One new world, set up with the grant, and no other.
-  EXPECT_NE(Bash(c(), id_, "cut -d' ' -f22 /proc/1/stat").value("output", ""), pid_before.value("output", "?"));
-  EXPECT_EQ(Worlds(), 2);
+  // A file the host adds later is there too: the grant is the tree, live.
+  e2e::WriteFile(outside + "/later.txt", "added later\n");
+  EXPECT_EQ(Bash(c(), id_, "cat " + outside + "/later.txt").value("output", ""), "added later\n");
+  // A missing file below the grant is a missing file, not a denial.
+  json missing = Bash(c(), id_, "cat " + outside + "/no-such-file");
+  EXPECT_EQ(missing.value("kind", ""), "exited") << missing.dump();
+  // Its siblings under the ceiling are still not there.
+  json sibling = Bash(c(), id_, "ls /var/tmp");
+  EXPECT_EQ(sibling.value("output", ""), outside.substr(std::string("/var/tmp/").size()) + "\n") << sibling.dump();
+  // The same world: the same init, the process left running still runs,
+  // and the log has one world.
+  EXPECT_EQ(Bash(c(), id_, "cut -d' ' -f22 /proc/1/stat").value("output", ""), init_before);
+  EXPECT_EQ(Bash(c(), id_, "test -d /proc/$(cat /tmp/bg.pid) && echo alive").value("output", ""), "alive\n");
+  EXPECT_EQ(Worlds(), 1);
+}
+
+// A memory grant for the session is a write to the running world's cgroup:
+// a call that was killed at the old limit runs under the new one, in the
+// same world.
+TEST_F(EscalationTest, AMemoryGrantRaisesTheLimitOfTheRunningWorld) {
+  if (!host_facts::CgroupsExpected({"memory"})) {
+    GTEST_SKIP() << "not applicable here: no writable cgroup with the memory controller for this user";
+  }
+  WriteApprover("echo session\n");
+  ASSERT_TRUE(d_.Start({"--approve-command", approver_})) << d_.error();
+  id_ = CreateSession(c(), ws_.path(),
+                      {{"policy", "version: 1\nresources:\n  memory_gib: { limit: 256Mi }\n"
+                                  "on_violation:\n  escalation: one_time_approval\n  max_grant:\n    memory_gib: 1\n"}});
+  ASSERT_FALSE(id_.empty());
+  const std::string hog =
+      "python3 -c 'b = bytearray(400 << 20); b[::4096] = b\"x\" * len(b[::4096]); print(\"held\")'";
+  json killed = Bash(c(), id_, hog);
+  ASSERT_EQ(killed.value("kind", ""), "oom_killed") << killed.dump();
+  json offer = OfferOf(killed);
+  ASSERT_TRUE(offer.is_object()) << killed.dump();
+  EXPECT_EQ(offer["grant"], json({{"resources.memory_gib", 1}})) << offer.dump();
+  const std::string init_before = Bash(c(), id_, "cut -d' ' -f22 /proc/1/stat").value("output", "");
+
+  Answer asked = Ask(offer.value("id", ""));
+  ASSERT_EQ(asked.status, 200) << asked.text;
+  EXPECT_EQ(asked.body.value("applied", ""), "live") << asked.text;
+  json held = Bash(c(), id_, hog);
+  EXPECT_EQ(held.value("output", ""), "held\n") << held.dump();
+  EXPECT_EQ(Bash(c(), id_, "cut -d' ' -f22 /proc/1/stat").value("output", ""), init_before);
+  EXPECT_EQ(Worlds(), 1);
 }
 
 // A syscall grant needs a new world (a seccomp filter is never loosened in
