@@ -6,12 +6,18 @@
 // record being run.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <pty.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "harness.h"
+#include "linux/fd.h"
 #include "net_fixtures.h"
 
 namespace agentbox::e2e {
@@ -235,6 +241,71 @@ TEST(OnDenialAsk, WithoutATerminalTheAnswerIsADeny) {
   EXPECT_EQ(e["decided_by"], "terminal");
   EXPECT_EQ(e["reason"], "no terminal to ask");
   EXPECT_FALSE(report.contains("first_attempt"));
+}
+
+// What the terminal shows, read from its master side until `needle`
+// appears or `timeout_ms` passes.
+std::string ReadTerminalUntil(int master, const std::string& needle, int timeout_ms) {
+  std::string seen;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (seen.find(needle) == std::string::npos && std::chrono::steady_clock::now() < end) {
+    pollfd p{master, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    char buf[512];
+    const ssize_t n = read(master, buf, sizeof buf);
+    if (n <= 0) break;
+    seen.append(buf, static_cast<std::size_t>(n));
+  }
+  return seen;
+}
+
+// With no --approve-command the terminal asks: agentbox runs with a pty as
+// its controlling terminal, the question appears there, and what is typed
+// after it decides.
+TEST(OnDenialAsk, TheTerminalAsksAndWhatIsTypedDecides) {
+  const std::string setsid = FindTool("setsid");
+  if (setsid.empty()) GTEST_SKIP() << "not applicable here: no setsid(1) to give agentbox a terminal";
+  HostServer server;
+  ASSERT_GT(server.port(), 0);
+  for (const std::string typed : {"once", "deny"}) {
+    SCOPED_TRACE("typed " + typed);
+    Sandbox sb;
+    const std::string policy = EscalatingPolicy(sb, {server.target()});
+    int master = -1, slave = -1;
+    ASSERT_EQ(openpty(&master, &slave, nullptr, nullptr, nullptr), 0) << std::strerror(errno);
+    agentbox::linux::UniqueFd m(master), s(slave);
+    Command c = sb.AgentboxCommand({"run", "--report", sb.report_path(), "--policy", policy, "--on-denial", "ask",
+                                    "--approve-timeout", "20s", "--", "sh", "-c", Fetch(server)});
+    // A session of its own whose controlling terminal is the pty (stdin).
+    c.argv.insert(c.argv.begin(), {setsid, "--ctty", "--wait"});
+    c.stdin_fd = s.get();
+    c.timeout_ms = 40000;
+    const int served_before = server.served();
+    Process p(c);
+    ASSERT_TRUE(p.started()) << p.start_error();
+    const std::string shown = ReadTerminalUntil(m.get(), "[d]eny: ", 20000);
+    ASSERT_TRUE(Contains(shown, "grant {\"network.allow\":\"" + server.target() + "\"}")) << shown;
+    const std::string line = typed + "\n";
+    ASSERT_EQ(write(m.get(), line.data(), line.size()), static_cast<ssize_t>(line.size()));
+    RunResult r = p.Wait();
+    auto text = ReadFile(sb.report_path());
+    ASSERT_TRUE(text) << r.Describe();
+    const json report = json::parse(*text, nullptr, false);
+    ASSERT_TRUE(report.is_object()) << *text;
+    ASSERT_EQ(report["escalations"].size(), 1u) << *text;
+    EXPECT_EQ(report["escalations"][0]["decided_by"], "terminal") << *text;
+    if (typed == "once") {
+      EXPECT_EQ(r.status, 0) << r.Describe();
+      EXPECT_TRUE(Contains(r.out, HostServer::kBody)) << r.Describe();
+      EXPECT_EQ(server.served(), served_before + 1);
+      EXPECT_EQ(report["escalations"][0]["decision"], "once") << *text;
+    } else {
+      EXPECT_EQ(r.status, 22) << r.Describe();
+      EXPECT_EQ(server.served(), served_before);
+      EXPECT_EQ(report["escalations"][0]["decision"], "deny") << *text;
+      EXPECT_FALSE(report.contains("first_attempt")) << *text;
+    }
+  }
 }
 
 TEST(OnDenialAsk, APolicyWithoutEscalationsIsRefusedBeforeAnythingRuns) {

@@ -192,7 +192,13 @@ TEST_F(EscalationTest, BeyondTheCeilingIsRefusedWithoutAsking) {
                     {{"policy", "filesystem:\n  read_only: [\"~/.ssh\"]\n"}});
   EXPECT_EQ(ssh.status, 400) << ssh.text;
   EXPECT_TRUE(Contains(ssh.message(), ".ssh")) << ssh.text;
+  // The sandbox itself: no grant turns a session into danger-full-access.
+  Answer full = Call(c(), "PATCH", "/v1/sessions/" + id_ + "/policy", {{"policy", "mode: danger-full-access\n"}});
+  EXPECT_EQ(full.status, 400) << full.text;
+  EXPECT_TRUE(Contains(full.message(), "mode")) << full.text;
   EXPECT_EQ(Asked(asked_log_), 0);
+  // And the session still runs confined: the denied host is still denied.
+  EXPECT_EQ(Fetch(target_).value("kind", ""), "sandbox_denied");
 }
 
 // An approver that answers too late, crashes, or prints garbage: a deny,
