@@ -25,13 +25,9 @@
 namespace agentbox::session {
 namespace {
 
+using world_test::Bin;
 using world_test::Children;
 using world_test::Read;
-
-std::string Bin() {
-  const char* b = std::getenv("AGENTBOX_BIN");
-  return b ? b : "";
-}
 
 std::string Hex(std::size_t bytes) {
   std::random_device rd;

@@ -25,13 +25,9 @@
 namespace agentbox::session {
 namespace {
 
+using world_test::Bin;
 using world_test::Children;
 using world_test::Read;
-
-std::string Bin() {
-  const char* b = std::getenv("AGENTBOX_BIN");
-  return b ? b : "";
-}
 
 // A temporary directory outside /tmp: the world's /tmp is a tmpfs of its
 // own, and a graft goes only where the world's root tmpfs is.

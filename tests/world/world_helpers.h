@@ -4,12 +4,19 @@
 #include <dirent.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
 namespace agentbox::session::world_test {
+
+// The agentbox binary under test (AGENTBOX_BIN), or "".
+inline std::string Bin() {
+  const char* b = std::getenv("AGENTBOX_BIN");
+  return b ? b : "";
+}
 
 inline std::string Read(const std::string& path) {
   std::ifstream f(path);

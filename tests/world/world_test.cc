@@ -33,13 +33,9 @@
 namespace agentbox::session {
 namespace {
 
+using world_test::Bin;
 using world_test::Children;
 using world_test::Read;
-
-std::string Bin() {
-  const char* b = std::getenv("AGENTBOX_BIN");
-  return b ? b : "";
-}
 
 std::string MakeTemp(const char* what) {
   std::string t = std::string(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") + "/agentbox-world-" + what + ".XXXXXX";
