@@ -208,7 +208,8 @@ TEST_F(GraftTest, NothingInsideCanWriteToTheRootWhileAGraftIsMade) {
       "        os.rmdir('" + outer_ + "/race')\n"
       "    except OSError:\n"
       "        pass\n"
-      "open('/tmp/race-won', 'w').write(str(won))\n";
+      "open('/tmp/race-won.part', 'w').write(str(won))\n"
+      "os.rename('/tmp/race-won.part', '/tmp/race-won')\n";  // whole when it appears
   std::ofstream(workspace_ + "/racer.py") << racer;
   auto started = Run(w, "python3 racer.py >/dev/null 2>&1 & for i in $(seq 50); do test -e /tmp/race-pid && break; sleep 0.1; done");
   for (int i = 0; i < 200; ++i) {
