@@ -220,6 +220,23 @@ struct DiffSpec {
   // Gitignore-style patterns, relative to the workspace root.
   std::vector<std::string> exclude;
 };
+// tools.upstream: MCP servers behind the daemon's tool gateway
+// (docs/tools.md). A session offers each allowed tool as NAME.TOOL; the
+// daemon starts or reaches the server outside every sandbox and holds its
+// credential. `run` has no tool calls and ignores them.
+struct UpstreamSpec {
+  std::string name;                      // [a-z][a-z0-9_-]{0,31}: tools appear as NAME.TOOL
+  std::vector<std::string> command;      // stdio: argv, started by the daemon (PATH searched)
+  std::string url;                       // or Streamable HTTP: http://HOST:PORT/PATH
+  std::string secret;                    // a credentials.secrets name; "" = none
+  std::string secret_env = "MCP_TOKEN";  // stdio: the variable the server finds the value in
+  std::vector<std::string> allow;        // the tools exposed, by the upstream's names; the others do not exist
+  std::uint64_t timeout_ms = 30000;      // a call's bound (and the server's start)
+};
+struct ToolsSpec {
+  std::vector<UpstreamSpec> upstream;  // in file order
+};
+
 // Defaults for a session's calls (agentbox serve, agentbox mcp); `run`
 // ignores them.
 struct SessionSpec {
@@ -249,6 +266,7 @@ struct Policy {
   GrantedSpec granted;
   DiffSpec diff;
   SessionSpec session;
+  ToolsSpec tools;
 
   // Where it came from: a file name, or "<mode preset>".
   std::string source;

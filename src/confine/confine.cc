@@ -1084,14 +1084,20 @@ Result<ConfinedCommand> Confine(const std::vector<std::string>& argv, const Poli
   // the workspace would otherwise be one `cat` away).
   const bool file_secret = std::any_of(policy.credentials.secrets.begin(), policy.credentials.secrets.end(),
                                        [](const SecretSpec& s) { return s.from.kind == SecretSource::Kind::kFile; });
-  if (!file_secret || !Confines(policy)) return ConfinePolicy(argv, policy, host, inv);
-  Policy with_files = policy;
+  // A secret with no hosts is the tool gateway's (tools.upstream): it goes
+  // to no request of the sandbox's, so the sandbox's supervisor never
+  // holds it.
+  const bool gateway_secret = std::any_of(policy.credentials.secrets.begin(), policy.credentials.secrets.end(),
+                                          [](const SecretSpec& s) { return s.hosts.empty(); });
+  if ((!file_secret || !Confines(policy)) && !gateway_secret) return ConfinePolicy(argv, policy, host, inv);
+  Policy narrowed = policy;
   for (const auto& s : policy.credentials.secrets) {
-    if (s.from.kind != SecretSource::Kind::kFile) continue;
-    auto& deny = with_files.filesystem.deny;
+    if (s.from.kind != SecretSource::Kind::kFile || !Confines(policy)) continue;
+    auto& deny = narrowed.filesystem.deny;
     if (std::find(deny.begin(), deny.end(), s.from.file) == deny.end()) deny.push_back(s.from.file);
   }
-  return ConfinePolicy(argv, with_files, host, inv);
+  std::erase_if(narrowed.credentials.secrets, [](const SecretSpec& s) { return s.hosts.empty(); });
+  return ConfinePolicy(argv, narrowed, host, inv);
 }
 
 namespace {

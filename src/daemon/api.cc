@@ -408,6 +408,19 @@ struct Api {
     });
   }
 
+  // GET /v1/sessions/{id}/tools: the session's tools, its own and its
+  // upstream ones (NAME.TOOL, with their schemas; the servers started as
+  // needed, and one that cannot start named in "errors").
+  void Tools(Request req, ReplyPtr reply) {
+    reply->Note("session", req.params[0]);
+    Blocking(reply, [this, reply, id = req.params[0]] {
+      auto r = manager.ListUpstreamTools(id);
+      if (!r.ok()) return reply->Send(ErrorFor(r.status()));
+      nlohmann::json body = {{"tools", session::ToolNames()}, {"upstream", (*r)["tools"]}, {"errors", (*r)["errors"]}};
+      reply->Send(Response::Json(200, body));
+    });
+  }
+
   // GET /v1/escalations/stream[?after=N]: every escalation change of every
   // session as it happens, one JSON object per line ({"seq", "escalation"});
   // pending ones are those a UI answers. Ends when the client leaves.
@@ -761,6 +774,7 @@ void RegisterApi(Server& server, session::Manager& manager) {
   r.Add("PATCH", "/v1/sessions/{id}/policy", bind(&Api::PatchPolicy));
   r.Add("POST", "/v1/sessions/{id}/escalations", bind(&Api::RequestEscalation));
   r.Add("GET", "/v1/sessions/{id}/escalations", bind(&Api::ListEscalations));
+  r.Add("GET", "/v1/sessions/{id}/tools", bind(&Api::Tools));
   r.Add("POST", "/v1/sessions/{id}/escalations/{eid}/decision", bind(&Api::DecideEscalation));
   r.Add("GET", "/v1/escalations/stream", bind(&Api::EscalationStream));
   r.Add("GET", "/v1/sessions/{id}/diff", bind(&Api::Diff));

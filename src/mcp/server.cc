@@ -280,6 +280,19 @@ std::optional<Json> Server::HandleOne(const Json& message, const Notify& notify)
       }
       list.push_back(std::move(tool));
     }
+    (void)RefreshUpstream("");
+    std::vector<ToolSpec> upstream;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      upstream = upstream_specs_;
+    }
+    for (const auto& spec : upstream) {
+      Json tool = {{"name", spec.name}, {"description", spec.description}, {"inputSchema", spec.input_schema}};
+      if (!spec.title.empty()) tool["title"] = spec.title;
+      if (structured && spec.output_schema.is_object()) tool["outputSchema"] = spec.output_schema;
+      if (!structured) tool.erase("title");
+      list.push_back(std::move(tool));
+    }
     return Ok(id, {{"tools", list}});
   }
   if (method == "tools/call") return CallTool(id, params, notify);
@@ -343,13 +356,24 @@ std::optional<Json> Server::CallTool(const Json& id, const Json& params, const N
   }
   const std::string name = name_it->get<std::string>();
   const ToolSpec* tool = FindTool(specs_, name);
+  std::optional<ToolSpec> upstream;
+  if (!tool && name.find('.') != std::string::npos) {
+    upstream = RefreshUpstream(name);
+    if (upstream) tool = &*upstream;
+  }
   if (!tool) {
     std::string names;
     for (const auto& s : specs_) names += (names.empty() ? "" : ", ") + s.name;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& s : upstream_specs_) names += ", " + s.name;
+    }
     return Error(id, kInvalidParams, "tools/call: unknown tool \"" + name + "\" (tools: " + names + ")");
   }
   const Json arguments = params.contains("arguments") ? params["arguments"] : Json::object();
-  if (std::string problem = Validate(arguments, tool->input_schema); !problem.empty()) {
+  // An upstream tool's input is checked by the session's gateway, against
+  // the schema the upstream gave (a refusal comes back as bad_request).
+  if (std::string problem = upstream ? "" : Validate(arguments, tool->input_schema); !problem.empty()) {
     return Error(id, kInvalidParams, "tools/call " + name + ": " + problem);
   }
   Json progress_token;
@@ -397,6 +421,27 @@ std::optional<Json> Server::CallTool(const Json& id, const Json& params, const N
   return Ok(id, std::move(result));
 }
 
+std::optional<ToolSpec> Server::RefreshUpstream(const std::string& name) {
+  Result<Json> listed = session_.UpstreamTools();
+  if (!listed.ok()) return std::nullopt;
+  std::vector<ToolSpec> specs;
+  for (const Json& t : listed->value("tools", Json::array())) {
+    ToolSpec spec;
+    spec.name = t.value("name", "");
+    spec.title = t.value("title", "");
+    spec.description = t.value("description", "");
+    spec.input_schema = t.value("inputSchema", Json{{"type", "object"}});
+    spec.output_schema = t.value("outputSchema", Json());
+    specs.push_back(std::move(spec));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  upstream_specs_ = std::move(specs);
+  for (const auto& s : upstream_specs_) {
+    if (s.name == name) return s;
+  }
+  return std::nullopt;
+}
+
 Result<Json> Server::RunTool(const ToolSpec& tool, const Json& arguments, const Json& progress_token,
                      const Notify& notify, const std::atomic<bool>* cancel) {
   // No input to refuse here: a bad_request from the session means "not for
@@ -422,6 +467,20 @@ Result<Json> Server::RunTool(const ToolSpec& tool, const Json& arguments, const 
       return RenderFailure(tool.name, "tool_error", escalation.status().message());
     }
     return failure(escalation.status());
+  }
+  if (tool.name.find('.') != std::string::npos) {
+    // An upstream tool: its content as the upstream gave it.
+    Result<Json> result = session_.Execute(tool.name, arguments, nullptr, cancel);
+    if (!result.ok()) {
+      if (result.status().stage() == session::kBadRequest) return result.status();
+      return RenderFailure(tool.name, "sandbox_error", result.status().ToString());
+    }
+    const Json& up = (*result)["upstream"];
+    Json content = up.is_object() && up.contains("content") ? up["content"] : Json::array();
+    if (!content.is_array() || content.empty()) content = Json::array({{{"type", "text"}, {"text", result->value("output", "")}}});
+    Json out = {{"content", content}, {"isError", result->value("is_error", false)}};
+    if (up.is_object() && up.contains("structuredContent")) out["structuredContent"] = up["structuredContent"];
+    return out;
   }
   std::unique_ptr<ProgressReporter> progress;
   session::OutputSink sink;

@@ -65,6 +65,9 @@ class SessionTools {
   // session::Manager::RequestEscalation for this session, asked by "mcp":
   // blocks until the offer is decided; returns the escalation object.
   virtual Result<Json> RequestEscalation(const std::string& offer_id, const std::string& reason) = 0;
+  // session::Manager::ListUpstreamTools for this session: the upstream
+  // tools (NAME.TOOL) next to the session's own; none by default.
+  virtual Result<Json> UpstreamTools() { return Json{{"tools", Json::array()}, {"errors", Json::array()}}; }
 };
 
 // SessionTools over a Manager (not owned; must outlive this).
@@ -81,6 +84,7 @@ class ManagerTools final : public SessionTools {
   Result<Json> RequestEscalation(const std::string& offer_id, const std::string& reason) override {
     return manager_.RequestEscalation(id_, session::EscalationAsk{offer_id, reason, "", "mcp"});
   }
+  Result<Json> UpstreamTools() override { return manager_.ListUpstreamTools(id_); }
   const std::string& session_id() const { return id_; }
 
  private:
@@ -143,6 +147,11 @@ class Server {
   SessionTools& session_;
   const ServerOptions options_;
   const std::vector<ToolSpec> specs_;
+  // The session's upstream tools as last listed (tools/list, or a call of
+  // one not listed yet); mu_.
+  std::vector<ToolSpec> upstream_specs_;
+  // Lists them again; the spec named `name`, if any.
+  std::optional<ToolSpec> RefreshUpstream(const std::string& name);
 
   mutable std::mutex mu_;
   std::string protocol_;  // guarded by mu_

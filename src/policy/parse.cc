@@ -9,6 +9,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -213,6 +214,9 @@ class Parser {
   Status ParseMaxGrant(const Field& f, MaxGrantSpec& out) const;
   Status ParseDiff(const Field& f, DiffSpec& out) const;
   Status ParseSession(const Field& f, SessionSpec& out) const;
+  Status ParseTools(const Field& f, ToolsSpec& out) const;
+  Status ParseUpstream(const Field& f, UpstreamSpec& out) const;
+  Status CheckUpstreams(const Field& root, const Policy& policy) const;
   // Secrets against the mode and the environment, once every section is read.
   Status CheckSecrets(const Field& root, const Policy& policy) const;
   // Network keys against each other, once the whole section is read.
@@ -780,7 +784,9 @@ Status Parser::ParseSecret(const Field& f, const std::vector<SecretSpec>& earlie
         return Status();
       });
   if (!status.ok()) return status;
-  if (Status s = RequireKeys(f, {"from", "hosts"}); !s.ok()) return s;
+  // hosts may be left out only by a secret that a tools.upstream entry
+  // uses (CheckUpstreams): it is then sent to no host by the proxy.
+  if (Status s = RequireKeys(f, {"from"}); !s.ok()) return s;
   if (out.inject.kind == SecretInjection::Kind::kPlaceholder && out.placeholder_env.empty()) {
     return Fail(*inject, "placeholder needs placeholder_env: the variable in which the sandbox finds the "
                          "placeholder the proxy replaces");
@@ -1196,7 +1202,122 @@ Status Parser::ParseSection(const std::string& key, const Field& v, Policy& poli
   if (key == "diff") return ParseDiff(v, policy.diff);
   if (key == "home") return ParseHome(v, policy.home);
   if (key == "session") return ParseSession(v, policy.session);
+  if (key == "tools") return ParseTools(v, policy.tools);
   return ParseOnViolation(v, policy.on_violation);
+}
+
+// tools: { upstream: [ {name, command | url, secret?, secret_env?, allow, timeout?} ] }
+Status Parser::ParseTools(const Field& f, ToolsSpec& out) const {
+  return ForEachKey(f, {"upstream"}, [&](const std::string&, const Field& v) -> Status {
+    std::vector<UpstreamSpec> list;
+    Status status = ForEachItem(v, [&](const Field& item) -> Status {
+      UpstreamSpec u;
+      if (Status s = ParseUpstream(item, u); !s.ok()) return s;
+      for (const UpstreamSpec& other : list) {
+        if (other.name == u.name) return Fail(item, "a second upstream named " + u.name);
+      }
+      list.push_back(std::move(u));
+      return Status();
+    });
+    if (!status.ok()) return status;
+    out.upstream = std::move(list);
+    return Status();
+  });
+}
+
+Status Parser::ParseUpstream(const Field& f, UpstreamSpec& out) const {
+  auto tool_name = [](const std::string& n) {
+    return !n.empty() && n.size() <= 64 &&
+           std::all_of(n.begin(), n.end(), [](unsigned char c) { return std::isalnum(c) || c == '_' || c == '-'; });
+  };
+  Status status = ForEachKey(
+      f, {"name", "command", "url", "secret", "secret_env", "allow", "timeout"},
+      [&](const std::string& key, const Field& v) -> Status {
+        if (key == "name") {
+          if (Status s = ReadString(v, out.name); !s.ok()) return s;
+          const bool ok = !out.name.empty() && out.name.size() <= 32 && std::islower(static_cast<unsigned char>(out.name[0])) &&
+                          std::all_of(out.name.begin(), out.name.end(), [](unsigned char c) {
+                            return std::islower(c) || std::isdigit(c) || c == '_' || c == '-';
+                          });
+          if (!ok) return Fail(v, "\"" + out.name + "\" is not a name: a lower-case letter, then letters, digits, _ or -, at most 32 (its tools are NAME.TOOL)");
+          return Status();
+        }
+        if (key == "command") {
+          Status s = ForEachItem(v, [&](const Field& item) -> Status {
+            std::string arg;
+            if (Status r = ReadString(item, arg); !r.ok()) return r;
+            out.command.push_back(std::move(arg));
+            return Status();
+          });
+          if (!s.ok()) return s;
+          if (out.command.empty() || out.command[0].empty()) return Fail(v, "empty command (the server's argv)");
+          return Status();
+        }
+        if (key == "url") {
+          if (Status s = ReadString(v, out.url); !s.ok()) return s;
+          if (out.url.rfind("http://", 0) != 0 && out.url.rfind("https://", 0) != 0) {
+            return Fail(v, "\"" + out.url + "\" is not an http:// or https:// URL");
+          }
+          return Fail(v, "Streamable HTTP upstreams are not served in this version: give a stdio command");
+        }
+        if (key == "secret") return ReadString(v, out.secret);
+        if (key == "secret_env") return ReadEnvName(v, out.secret_env);
+        if (key == "allow") {
+          Status s = ForEachItem(v, [&](const Field& item) -> Status {
+            std::string name;
+            if (Status r = ReadString(item, name); !r.ok()) return r;
+            if (!tool_name(name)) return Fail(item, "\"" + name + "\" is not a tool name (letters, digits, _ or -)");
+            if (std::find(out.allow.begin(), out.allow.end(), name) == out.allow.end()) out.allow.push_back(name);
+            return Status();
+          });
+          if (!s.ok()) return s;
+          if (out.allow.empty()) return Fail(v, "empty list (the upstream's tools to expose; the others do not exist)");
+          return Status();
+        }
+        Result<std::uint64_t> ms = v.node.IsScalar()
+                                       ? ParseDurationMs(v.node.Scalar())
+                                       : Result<std::uint64_t>(Status::Error("policy", "expected a duration such as 30s"));
+        if (!ms.ok()) return Fail(v, ms.status().message());
+        if (*ms == 0) return Fail(v, "must be > 0");
+        out.timeout_ms = *ms;
+        return Status();
+      });
+  if (!status.ok()) return status;
+  if (Status s = RequireKeys(f, {"name", "allow"}); !s.ok()) return s;
+  if (out.command.empty() == out.url.empty()) {
+    return Fail(f, "tools.upstream " + out.name + ": give exactly one of command (a stdio server) and url (Streamable HTTP)");
+  }
+  return Status();
+}
+
+// Each upstream's secret is one of credentials.secrets; a secret without
+// hosts must be an upstream's.
+Status Parser::CheckUpstreams(const Field& root, const Policy& policy) const {
+  std::optional<Field> tools = Child(root, "tools");
+  std::optional<Field> list = tools ? Child(*tools, "upstream") : std::nullopt;
+  const auto& secrets = policy.credentials.secrets;
+  for (std::size_t i = 0; i < policy.tools.upstream.size(); ++i) {
+    const UpstreamSpec& u = policy.tools.upstream[i];
+    if (u.secret.empty()) continue;
+    if (std::none_of(secrets.begin(), secrets.end(), [&](const SecretSpec& s) { return s.name == u.secret; })) {
+      std::optional<Field> item = list ? ChildItem(*list, i) : std::nullopt;
+      std::optional<Field> at = item ? Child(*item, "secret") : std::nullopt;
+      return Fail(at ? *at : root, "\"" + u.secret + "\" is not one of credentials.secrets");
+    }
+  }
+  for (const SecretSpec& secret : secrets) {
+    if (!secret.hosts.empty()) continue;
+    const bool used = std::any_of(policy.tools.upstream.begin(), policy.tools.upstream.end(),
+                                  [&](const UpstreamSpec& u) { return u.secret == secret.name; });
+    if (used) continue;
+    std::optional<Field> credentials = Child(root, "credentials");
+    std::optional<Field> all = credentials ? Child(*credentials, "secrets") : std::nullopt;
+    std::optional<Field> at = all ? Child(*all, secret.name) : std::nullopt;
+    if (at) at->mark = at->key_mark;
+    return Fail(at ? *at : root, "missing key \"hosts\" (the hosts the secret is sent to; only a secret that a "
+                                 "tools.upstream entry uses may leave it out)");
+  }
+  return Status();
 }
 
 Result<Policy> Parser::Parse() const {
@@ -1250,7 +1371,7 @@ Result<Policy> Parser::Parse() const {
   Status status = ForEachKey(
       root,
       {"version", "mode", "sandbox", "filesystem", "network", "credentials", "resources", "env", "home",
-       "on_violation", "diff", "session"},
+       "on_violation", "diff", "session", "tools"},
       [&](const std::string& key, const Field& value) { return ParseSection(key, value, policy); });
   if (!status.ok()) return status;
   // Collecting: an invalid mode was recorded, and the checks below
@@ -1259,6 +1380,7 @@ Result<Policy> Parser::Parse() const {
   if (Status s = CheckNetwork(root, policy); !s.ok()) return s;
   if (Status s = CheckMaxGrant(root, policy); !s.ok()) return s;
   if (Status s = CheckSecrets(root, policy); !s.ok()) return s;
+  if (Status s = CheckUpstreams(root, policy); !s.ok()) return s;
 
   policy.source = source_;
   policy.sha256 = Sha256Hex(text_);

@@ -527,7 +527,7 @@ TEST(ValidatePolicyTest, ReportsEveryIndependentError) {
                 "policy.yaml:6:16: filesystem.read_write[0]: must be an absolute path or start with ~/ "
                 "(\"relative/path\")",
                 "policy.yaml:7:1: netwrk: unknown key (expected one of: version, mode, sandbox, filesystem, "
-                "network, credentials, resources, env, home, on_violation, diff, session)"}));
+                "network, credentials, resources, env, home, on_violation, diff, session, tools)"}));
   // Loading still stops at the first.
   Result<Policy> r = ParsePolicy(text, "policy.yaml");
   ASSERT_FALSE(r.ok());
@@ -623,9 +623,73 @@ TEST(PolicyParse, DiffExcludeKeepsItsPatternsAndRoundTrips) {
   EXPECT_TRUE(ParsePolicy("version: 1\n", "p.yaml")->diff.exclude.empty());
 }
 
+TEST(PolicyParse, ToolsUpstreamKeepsItsServersAndRoundTrips) {
+  const std::string text =
+      "version: 1\n"
+      "credentials:\n"
+      "  secrets:\n"
+      "    tracker_token: { from: { env: TRACKER_TOKEN } }\n"
+      "tools:\n"
+      "  upstream:\n"
+      "    - name: tracker\n"
+      "      command: [tracker-mcp, --stdio]\n"
+      "      secret: tracker_token\n"
+      "      secret_env: TRACKER_TOKEN\n"
+      "      allow: [search_issues, get_issue]\n"
+      "      timeout: 5s\n"
+      "    - { name: docs, command: [docs-mcp], allow: [lookup] }\n";
+  auto r = ParsePolicy(text, "policy.yaml");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->tools.upstream.size(), 2u);
+  const UpstreamSpec& t = r->tools.upstream[0];
+  EXPECT_EQ(t.name, "tracker");
+  EXPECT_EQ(t.command, (std::vector<std::string>{"tracker-mcp", "--stdio"}));
+  EXPECT_EQ(t.secret, "tracker_token");
+  EXPECT_EQ(t.secret_env, "TRACKER_TOKEN");
+  EXPECT_EQ(t.allow, (std::vector<std::string>{"search_issues", "get_issue"}));
+  EXPECT_EQ(t.timeout_ms, 5000u);
+  EXPECT_EQ(r->tools.upstream[1].secret_env, "MCP_TOKEN");
+  EXPECT_EQ(r->tools.upstream[1].timeout_ms, 30000u);
+  // A secret only an upstream uses needs no hosts.
+  EXPECT_TRUE(r->credentials.secrets[0].hosts.empty());
+  auto again = ParsePolicy(ToYaml(*r), "again.yaml");
+  ASSERT_TRUE(again.ok()) << again.status().ToString() << "\n" << ToYaml(*r);
+  EXPECT_EQ(again->tools.upstream[0].command, t.command);
+  EXPECT_EQ(again->tools.upstream[0].allow, t.allow);
+  EXPECT_EQ(again->tools.upstream[0].timeout_ms, t.timeout_ms);
+}
+
+TEST(PolicyParse, ToolsUpstreamMistakesAreNamed) {
+  auto error = [](const std::string& tail) {
+    auto r = ParsePolicy("version: 1\n" + tail, "policy.yaml");
+    return r.ok() ? std::string("(accepted)") : r.status().message();
+  };
+  EXPECT_EQ(error("tools:\n  upstream:\n    - { name: Tracker, command: [x], allow: [a] }\n"),
+            "policy.yaml:4:15: tools.upstream[0].name: \"Tracker\" is not a name: a lower-case letter, then letters, "
+            "digits, _ or -, at most 32 (its tools are NAME.TOOL)");
+  EXPECT_NE(error("tools:\n  upstream:\n    - { name: t, allow: [a] }\n").find("give exactly one of command"),
+            std::string::npos);
+  EXPECT_NE(error("tools:\n  upstream:\n    - { name: t, command: [x] }\n").find("allow"), std::string::npos);
+  EXPECT_NE(error("tools:\n  upstream:\n    - { name: t, command: [x], allow: [] }\n").find("empty list"),
+            std::string::npos);
+  EXPECT_NE(error("tools:\n  upstream:\n    - { name: t, command: [x], allow: [a], secret: nope }\n")
+                .find("\"nope\" is not one of credentials.secrets"),
+            std::string::npos);
+  EXPECT_NE(error("tools:\n  upstream:\n    - { name: t, command: [x], allow: [a] }\n    - { name: t, command: [y], allow: [b] }\n")
+                .find("a second upstream named t"),
+            std::string::npos);
+  EXPECT_NE(error("tools:\n  upstream:\n    - { name: t, url: \"http://127.0.0.1:9/mcp\", allow: [a] }\n")
+                .find("Streamable HTTP upstreams are not served in this version"),
+            std::string::npos);
+  // A secret with no hosts that no upstream uses would go nowhere: an error.
+  EXPECT_NE(error("credentials:\n  secrets:\n    lost: { from: { env: X } }\n")
+                .find("credentials.secrets.lost: missing key \"hosts\""),
+            std::string::npos);
+}
+
 const std::string kTopKeys =
     "(expected one of: version, mode, sandbox, filesystem, network, credentials, resources, env, home, "
-    "on_violation, diff, session)";
+    "on_violation, diff, session, tools)";
 const std::string kEnvHint = "(expected [A-Za-z_][A-Za-z0-9_]*)";
 
 const BadCase kBadCases[] = {
@@ -915,7 +979,8 @@ const BadCase kBadCases[] = {
     {"SecretWithoutFrom", "credentials:\n  secrets:\n    gh: {hosts: [github.com]}\n",
      "policy.yaml:3:5: credentials.secrets.gh: missing key \"from\""},
     {"SecretWithoutHosts", "credentials:\n  secrets:\n    gh:\n      from: {env: GH}\n",
-     "policy.yaml:3:5: credentials.secrets.gh: missing key \"hosts\""},
+     "policy.yaml:3:5: credentials.secrets.gh: missing key \"hosts\" (the hosts the secret is sent to; only a "
+     "secret that a tools.upstream entry uses may leave it out)"},
     {"SecretFromEmpty", "credentials:\n  secrets:\n    gh: {from: {}, hosts: [github.com]}\n",
      "policy.yaml:3:16: credentials.secrets.gh.from: expected one of env, file, command"},
     {"SecretFromTwoSources", "credentials:\n  secrets:\n    gh: {from: {env: GH, file: /run/gh}, hosts: [github.com]}\n",

@@ -342,9 +342,11 @@ void EmitSecret(YAML::Emitter& out, const SecretSpec& secret) {
     case SecretSource::Kind::kCommand: EmitList(out, "command", secret.from.command, /*quoted=*/true); break;
   }
   out << YAML::EndMap;
-  out << YAML::Key << "hosts" << YAML::Value << YAML::Flow << YAML::BeginSeq;
-  for (const std::string& host : secret.hosts) out << host;
-  out << YAML::EndSeq;
+  if (!secret.hosts.empty()) {  // none: a tools.upstream secret
+    out << YAML::Key << "hosts" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+    for (const std::string& host : secret.hosts) out << host;
+    out << YAML::EndSeq;
+  }
   out << YAML::Key << "inject" << YAML::Value;
   const SecretInjection& inject = secret.inject;
   switch (inject.kind) {
@@ -554,6 +556,24 @@ std::string ToYaml(const Policy& p) {
     out << YAML::EndMap;
   }
   EmitSession(out, p.session);
+  // Only when given, as diff.
+  if (!p.tools.upstream.empty()) {
+    out << YAML::Key << "tools" << YAML::Value << YAML::BeginMap << YAML::Key << "upstream" << YAML::Value
+        << YAML::BeginSeq;
+    for (const UpstreamSpec& u : p.tools.upstream) {
+      out << YAML::BeginMap << YAML::Key << "name" << YAML::Value << u.name;
+      if (!u.command.empty()) EmitList(out, "command", u.command, /*quoted=*/true);
+      if (!u.url.empty()) out << YAML::Key << "url" << YAML::Value << YAML::DoubleQuoted << u.url;
+      if (!u.secret.empty()) {
+        out << YAML::Key << "secret" << YAML::Value << u.secret;
+        if (!u.command.empty()) out << YAML::Key << "secret_env" << YAML::Value << u.secret_env;
+      }
+      EmitList(out, "allow", u.allow, /*quoted=*/false);
+      out << YAML::Key << "timeout" << YAML::Value << (std::to_string(u.timeout_ms) + "ms");
+      out << YAML::EndMap;
+    }
+    out << YAML::EndSeq << YAML::EndMap;
+  }
 
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";

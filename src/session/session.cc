@@ -58,6 +58,7 @@
 #include "session/upper_image.h"
 #include "net/proxy.h"
 #include "net/rules.h"
+#include "gateway/gateway.h"
 #include "net/secrets.h"
 #include "report/report_json.h"
 #include "session/terminal.h"
@@ -421,6 +422,10 @@ static Json PortJson(const PortBridge& b) {
 struct SessionState {
   std::string id;
   std::string dir;
+  // The policy's tools.upstream behind the daemon's tool gateway, made at
+  // the first call or listing that needs it (GatewayOf); null without any.
+  std::shared_ptr<gateway::Gateway> gateway;
+  bool gateway_made = false;  // mu
   Json recipe;              // session.json
   std::string workspace;    // base, host path
   std::string ws_mode;      // overlay | copy | direct
@@ -652,6 +657,14 @@ struct Manager::Impl {
   // What an approved grant does to the session now (mu not held, world_mu
   // held by the caller): {applied: live | new_world | next_world | next_call, why?}.
   Result<Json> GrantNow(SessionState& s, const EscalationOffer& grant, bool session_scope);
+  // The session's tool gateway (made once, from its policy's tools.upstream), or null.
+  std::shared_ptr<gateway::Gateway> GatewayOf(SessionState& s);
+  // An upstream tool's call (Execute's, once it holds its seq): logged as
+  // every call is, and recorded for replay; a call the gateway refuses
+  // (unknown tool, input its schema refuses) is an event in the log and a
+  // Status, and its call_id stays free.
+  Result<Json> CallUpstream(SessionState& s, gateway::Gateway& gw, const std::string& name, const Json& input,
+                            const std::string& call_id, std::uint64_t seq);
   // A session grant put in force in the running world (world_mu held, the
   // world alive): a path grafted below a ceiling's Landlock rule, a memory
   // limit written. An error with an empty message for a grant no running
@@ -1678,13 +1691,19 @@ Result<Json> Manager::Execute(const std::string& id, const std::string& name, co
   Impl& m = *impl_;
   auto s = m.Find(id);
   if (!s) return Status::Error(kNotFound, "no session " + id);
-  if (std::find(kTools.begin(), kTools.end(), name) == kTools.end()) {
+  // NAME.TOOL: an upstream's tool, through the session's tool gateway.
+  std::shared_ptr<gateway::Gateway> gw = name.find('.') != std::string::npos ? m.GatewayOf(*s) : nullptr;
+  const bool upstream = gw && gw->Routes(name);
+  if (!upstream && std::find(kTools.begin(), kTools.end(), name) == kTools.end()) {
     std::string names;
     for (const auto& t : kTools) names += (names.empty() ? "" : ", ") + t;
-    return Status::Error(kBadRequest, "unknown tool '" + name + "'; the tools are: " + names);
+    return Status::Error(kBadRequest, "unknown tool '" + name + "'; the tools are: " + names +
+                                          (gw ? " and the upstream tools (ListUpstreamTools)" : ""));
   }
-  if (Status st = ValidateToolInput(name, given); !st.ok()) return st;
-  const Json input = NormalizeToolInput(name, given);
+  if (!upstream) {
+    if (Status st = ValidateToolInput(name, given); !st.ok()) return st;
+  }
+  const Json input = upstream ? given : NormalizeToolInput(name, given);
 
   std::uint64_t seq;
   {
@@ -1730,6 +1749,7 @@ Result<Json> Manager::Execute(const std::string& id, const std::string& name, co
       s.last_call_end = Clock::now();
     }
   } release{m, *s};
+  if (upstream) return m.CallUpstream(*s, *gw, name, input, call_id, seq);
   // One-call grants: this call takes those approved since the last one,
   // and runs alone in the session while they are in force (grant_mu).
   std::shared_lock<std::shared_mutex> shared_turn(s->grant_mu, std::defer_lock);
@@ -2097,6 +2117,76 @@ Result<bool> Manager::Impl::GrantLive(SessionState& s, const EscalationOffer& gr
                                    "granted (" + grant.grant_json + "), mounted into the running world"});
   s.confined = std::move(confined);
   return true;
+}
+
+std::shared_ptr<gateway::Gateway> Manager::Impl::GatewayOf(SessionState& s) {
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (s.gateway_made) return s.gateway;
+  s.gateway_made = true;
+  auto policy = SessionPolicy(s.recipe);
+  if (!policy.ok() || policy->tools.upstream.empty()) return nullptr;
+  // A secret's value: the one rotated through the API, else its source's,
+  // read each time a server starts (never kept here).
+  SessionState* state = &s;
+  std::vector<SecretSpec> secrets = policy->credentials.secrets;
+  auto value = [state, secrets](const std::string& name) -> Result<std::string> {
+    {
+      std::lock_guard<std::mutex> lock(state->mu);
+      if (auto r = state->rotated.find(name); r != state->rotated.end()) return std::string(r->second.view());
+    }
+    auto spec = std::find_if(secrets.begin(), secrets.end(), [&](const SecretSpec& x) { return x.name == name; });
+    if (spec == secrets.end()) return Status::Error("upstream", "no credentials.secrets." + name);
+    auto store = net::SecretStore::Create({*spec});
+    if (!store.ok()) return store.status();
+    std::string out;
+    if (Status st = (*store)->WithValue(0, [&](std::string_view v) { out.assign(v); }); !st.ok()) return st;
+    return out;
+  };
+  s.gateway = std::make_shared<gateway::Gateway>(policy->tools.upstream, value, options.output_cap_bytes);
+  return s.gateway;
+}
+
+Result<Json> Manager::Impl::CallUpstream(SessionState& s, gateway::Gateway& gw, const std::string& name,
+                                         const Json& input, const std::string& call_id, std::uint64_t seq) {
+  const auto started = Clock::now();
+  auto result = gw.Call(name, input);
+  if (!result.ok()) {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (!call_id.empty()) {
+      s.in_flight.erase(call_id);
+      s.requests.erase(call_id);
+    }
+    (void)s.AppendLog({{"type", "event"}, {"event", "upstream_refused"}, {"seq", seq}, {"call_id", call_id},
+                       {"name", name}, {"input", input}, {"why", result.status().message()}});
+    return result.status();
+  }
+  Json r = std::move(*result);
+  r["call_id"] = call_id;
+  r["name"] = name;
+  r["replayed"] = false;
+  r["duration_ms"] = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started).count();
+  std::lock_guard<std::mutex> lock(s.mu);
+  ++s.calls;
+  Status logged = s.AppendLog({{"type", "call"}, {"seq", seq}, {"call_id", call_id}, {"name", name}, {"input", input}});
+  if (logged.ok()) logged = s.AppendLog({{"type", "result"}, {"seq", seq}, {"call_id", call_id}, {"result", r}});
+  if (!call_id.empty()) {
+    s.in_flight.erase(call_id);
+    if (logged.ok()) {
+      s.results[call_id] = r;
+    } else {
+      s.requests.erase(call_id);
+    }
+  }
+  if (!logged.ok()) return logged;
+  return r;
+}
+
+Result<Json> Manager::ListUpstreamTools(const std::string& id) {
+  auto s = impl_->Find(id);
+  if (!s) return Status::Error(kNotFound, "no session " + id);
+  auto gw = impl_->GatewayOf(*s);
+  if (!gw) return Json{{"tools", Json::array()}, {"errors", Json::array()}};
+  return gw->Tools();
 }
 
 Result<Json> Manager::RequestEscalation(const std::string& id, const EscalationAsk& ask) {

@@ -129,6 +129,12 @@ class Manager {
                        const std::string& call_id = "", const OutputSink& sink = nullptr,
                        const std::atomic<bool>* cancel = nullptr);
 
+  // The session's upstream tools (policy tools.upstream, gateway/gateway.h):
+  // {"tools": [{name: "NAME.TOOL", description, inputSchema, ...}],
+  // "errors": [{upstream, error}]}, the servers started as needed. Execute
+  // calls them by those names.
+  Result<Json> ListUpstreamTools(const std::string& id);
+
   // A new value for one of the session's credentials.secrets (by name):
   // the running world's proxy uses it from its next request, and every
   // later world of the session instead of the secret's source. The value
