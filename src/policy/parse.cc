@@ -188,6 +188,8 @@ class Parser {
   Status ReadDomains(const Field& f, DomainList list, std::vector<std::string>& out) const;
   Status ReadPorts(const Field& f, std::vector<std::uint16_t>& out) const;
   Status ReadEnvName(const Field& f, std::string& out) const;
+  // A duration with its unit (a bare number could mean seconds or minutes), > 0.
+  Status ReadPositiveDuration(const Field& f, const char* example, std::uint64_t& out_ms) const;
   Status ReadHosts(const Field& f, HostPattern pattern, std::vector<std::string>& out) const;
   Status ReadInspectTls(const Field& f, NetworkSpec& out) const;
 
@@ -484,6 +486,16 @@ Status Parser::ReadDomains(const Field& f, DomainList list, std::vector<std::str
   });
   if (!status.ok()) return status;
   out = std::move(domains);
+  return Status();
+}
+
+Status Parser::ReadPositiveDuration(const Field& f, const char* example, std::uint64_t& out_ms) const {
+  Result<std::uint64_t> ms =
+      f.node.IsScalar() ? ParseDurationMs(f.node.Scalar())
+                        : Result<std::uint64_t>(Status::Error("policy", std::string("expected a duration such as ") + example));
+  if (!ms.ok()) return Fail(f, ms.status().message());
+  if (*ms == 0) return Fail(f, "must be > 0");
+  out_ms = *ms;
   return Status();
 }
 
@@ -1122,16 +1134,12 @@ Status Parser::ParseSession(const Field& f, SessionSpec& out) const {
   return ForEachKey(
       f, {"call_timeout", "idle_timeout", "shell"}, [&](const std::string& key, const Field& v) -> Status {
         if (key == "shell") return ReadEnum(v, {ShellMode::kFresh, ShellMode::kPersistent}, out.shell);
-        // The unit is required: a bare number could mean seconds or minutes.
-        Result<std::uint64_t> ms = v.node.IsScalar()
-                                       ? ParseDurationMs(v.node.Scalar())
-                                       : Result<std::uint64_t>(Status::Error("policy", "expected a duration such as 10m"));
-        if (!ms.ok()) return Fail(v, ms.status().message());
-        if (*ms == 0) return Fail(v, "must be > 0");
+        std::uint64_t ms = 0;
+        if (Status s = ReadPositiveDuration(v, "10m", ms); !s.ok()) return s;
         if (key == "call_timeout") {
-          out.call_timeout_ms = *ms;
+          out.call_timeout_ms = ms;
         } else {
-          out.idle_timeout_ms = *ms;
+          out.idle_timeout_ms = ms;
         }
         return Status();
       });
@@ -1274,13 +1282,7 @@ Status Parser::ParseUpstream(const Field& f, UpstreamSpec& out) const {
           if (out.allow.empty()) return Fail(v, "empty list (the upstream's tools to expose; the others do not exist)");
           return Status();
         }
-        Result<std::uint64_t> ms = v.node.IsScalar()
-                                       ? ParseDurationMs(v.node.Scalar())
-                                       : Result<std::uint64_t>(Status::Error("policy", "expected a duration such as 30s"));
-        if (!ms.ok()) return Fail(v, ms.status().message());
-        if (*ms == 0) return Fail(v, "must be > 0");
-        out.timeout_ms = *ms;
-        return Status();
+        return ReadPositiveDuration(v, "30s", out.timeout_ms);
       });
   if (!status.ok()) return status;
   if (Status s = RequireKeys(f, {"name", "allow"}); !s.ok()) return s;
