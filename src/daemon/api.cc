@@ -201,7 +201,8 @@ struct Api {
     }
     const std::string name = body["name"];
     const auto& tools = session::ToolNames();
-    if (std::find(tools.begin(), tools.end(), name) == tools.end()) {
+    // NAME.TOOL is an upstream's: the session knows its tools.
+    if (name.find('.') == std::string::npos && std::find(tools.begin(), tools.end(), name) == tools.end()) {
       std::string list;
       for (const auto& t : tools) list += (list.empty() ? "" : ", ") + t;
       return reply->Send(Response::Error(400, "unknown_tool", "unknown tool '" + name + "'; the tools are: " + list));

@@ -116,6 +116,11 @@ Result<std::unique_ptr<StdioUpstream>> StdioUpstream::Start(const std::string& n
 
 StdioUpstream::StdioUpstream(std::string name, pid_t pid, linux::UniqueFd in, linux::UniqueFd out, linux::UniqueFd err)
     : name_(std::move(name)), pid_(pid), in_(std::move(in)), out_(std::move(out)), err_(std::move(err)) {
+  int wake[2];
+  if (pipe2(wake, O_CLOEXEC | O_NONBLOCK) == 0) {
+    wake_r_.reset(wake[0]);
+    wake_w_.reset(wake[1]);
+  }
   reader_ = std::thread([this] { ReadLoop(); });
 }
 
@@ -140,6 +145,9 @@ StdioUpstream::~StdioUpstream() {
   } else {
     kill(-pid_, SIGKILL);  // what it left in its group (the group id may still be held by them)
   }
+  // A process it left outside its group may still hold its stdout: the
+  // reader stops on the wake-up, not on an EOF that may never come.
+  if (wake_w_.valid()) (void)!write(wake_w_.get(), "x", 1);
   if (reader_.joinable()) reader_.join();
 }
 
@@ -188,9 +196,28 @@ void StdioUpstream::ReadLoop() {
   std::string buffer;
   char chunk[65536];
   std::string why = "its stdout closed";
+  // The server's exit, seen while a process it left behind still holds its stdout open.
+  auto exited = [this] {
+    siginfo_t info{};
+    return waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid_;
+  };
   for (;;) {
+    struct pollfd p[2] = {{out_.get(), POLLIN, 0}, {wake_r_.get(), POLLIN, 0}};
+    const int ready = poll(p, wake_r_.valid() ? 2 : 1, 500);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready > 0 && (p[1].revents & POLLIN)) {
+      why = "agentbox closed it";
+      break;
+    }
+    if (ready == 0) {
+      if (exited()) {
+        why = "it exited, and a process it left holds its stdout";
+        break;
+      }
+      continue;
+    }
     const ssize_t n = read(out_.get(), chunk, sizeof chunk);
-    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
     if (n <= 0) break;
     buffer.append(chunk, static_cast<std::size_t>(n));
     std::size_t nl;

@@ -74,6 +74,7 @@ class StdioUpstream {
   linux::UniqueFd in_;   // its stdin
   linux::UniqueFd out_;  // its stdout, read by reader_
   linux::UniqueFd err_;  // a file with its stderr
+  linux::UniqueFd wake_r_, wake_w_;  // the destructor's word to the reader
   Json server_info_;
 
   mutable std::mutex mu_;
