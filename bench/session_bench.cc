@@ -5,7 +5,9 @@
 //   fork+exec of /bin/true, read_file of a 1 MiB file, snapshot (and diff) of
 //   a 10k-file workspace with 100 files changed, and the memory of the daemon
 //   plus its sandboxes with 100 idle provisioned sessions; and the bare HTTP
-//   round trip (GET /v1/health) for the daemon's own share.
+//   round trip (GET /v1/health) for the daemon's own share; and code mode:
+//   run_code's start next to a warm bash call, and 50 tool calls from one
+//   program next to 50 execute calls.
 // Prints a table with the targets from the issue; asserts nothing.
 //
 //   session_bench [--warm N]      (default 500 warm calls)
@@ -272,6 +274,26 @@ int main(int argc, char** argv) {
   Add("read_file of a 1 MiB file", read, "",
       std::to_string(read_bytes) + " bytes returned" + (read_truncated ? " (capped)" : ""));
 
+  // 4b. Code mode: a program's start next to a warm bash call, and 50 tool
+  // calls from one program next to 50 execute calls (the model's turns aside).
+  const bool has_node = access("/usr/bin/node", X_OK) == 0 || access("/bin/node", X_OK) == 0;
+  Exec(c, warm, "run_code", {{"language", "python"}, {"code", "1"}});
+  Stats code_py = Time(30, [&] { Exec(c, warm, "run_code", {{"language", "python"}, {"code", "1"}}); });
+  Add("run_code python \"1\"", code_py, "", "vs warm bash \"true\" above");
+  Stats code_js;
+  if (has_node) {
+    code_js = Time(30, [&] { Exec(c, warm, "run_code", {{"language", "javascript"}, {"code", "1"}}); });
+    Add("run_code javascript \"1\"", code_js, "");
+  }
+  const std::string fifty =
+      "import tools\nn = 0\nfor _ in range(50):\n    n += len(await tools.read_file('README'))\nn\n";
+  Stats program50 = Time(10, [&] { Exec(c, warm, "run_code", {{"language", "python"}, {"code", fifty}}); });
+  Add("run_code: 50 read_file bindings", program50, "", "one program, start included");
+  Stats execute50 = Time(10, [&] {
+    for (int i = 0; i < 50; ++i) Exec(c, warm, "read_file", {{"path", "README"}});
+  });
+  Add("50 execute read_file calls", execute50, "", "one client, back to back");
+
   // 5. Snapshot and diff: 10k files, 100 changed before each round.
   const std::string big = Create(c, big_ws);
   Exec(c, big, "bash", {{"command", "true"}});
@@ -312,6 +334,9 @@ int main(int argc, char** argv) {
   std::printf("\nwarm execute / bare fork+exec: %.1fx   agentbox run / warm execute: %.1fx\n",
               ratio(warm_true.Percentile(50), bare.Percentile(50)),
               ratio(run_true.Percentile(50), warm_true.Percentile(50)));
+  std::printf("run_code python / warm bash: %.1fx   50 bindings / 50 execute calls: %.2fx\n",
+              ratio(code_py.Percentile(50), warm_true.Percentile(50)),
+              ratio(program50.Percentile(50), execute50.Percentile(50)));
   std::printf("\nmemory, 100 idle provisioned sessions (+1 with 10k files): %zu processes\n", procs.size());
   std::printf("  total PSS %8.1f MiB (target <= 200 MiB)   sum of RSS %8.1f MiB   daemon alone RSS %6.1f MiB\n",
               static_cast<double>(pss) / 1024, static_cast<double>(rss) / 1024,

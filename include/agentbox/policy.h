@@ -233,8 +233,14 @@ struct UpstreamSpec {
   std::vector<std::string> allow;        // the tools exposed, by the upstream's names; the others do not exist
   std::uint64_t timeout_ms = 30000;      // a call's bound (and the server's start)
 };
+// run_code (code mode): what its programs' `tools` module offers besides
+// the file tools and the upstream tools.
+struct RunCodeSpec {
+  bool bash = false;  // a `bash` binding (a program's shell commands run as bash calls do, with their network)
+};
 struct ToolsSpec {
   std::vector<UpstreamSpec> upstream;  // in file order
+  RunCodeSpec run_code;
 };
 
 // Defaults for a session's calls (agentbox serve, agentbox mcp); `run`

@@ -32,6 +32,7 @@
 #include "supervise/approver.h"
 #include "supervise/escalation_round.h"
 #include "supervise/systemd_scope.h"
+#include "session/code_mode.h"
 #include "session/world.h"
 #include "linux/random.h"
 #include "linux/user_dirs.h"
@@ -718,6 +719,19 @@ int CmdCheck(const std::string& policy_file, const std::string& backend_flag, bo
                    {"v1_controllers", h.cgroups.v1_controllers}, {"v1_writable", h.cgroups.v1_writable}, {"can_create_children", h.cgroups.can_create_children},
                    {"reason", h.cgroups.reason}}},
   };
+  // run_code (sessions): the interpreters it runs programs with, found on the read-only system.
+  json run_code = {{"languages", json::array()}, {"absent", json::array()}};
+  std::string run_code_line;
+  for (const auto& rt : session::CodeRuntimes()) {
+    if (rt.path.empty()) {
+      run_code["absent"].push_back({{"language", rt.language}, {"why", rt.why_absent}});
+      run_code_line += (run_code_line.empty() ? "" : "; ") + rt.language + " not offered: " + rt.why_absent;
+    } else {
+      run_code["languages"].push_back({{"language", rt.language}, {"interpreter", rt.path}});
+      run_code_line += (run_code_line.empty() ? "" : "; ") + rt.language + " (" + rt.path + ")";
+    }
+  }
+  host["run_code"] = run_code;
   const std::vector<Diagnosis> diagnosis = Diagnose(h);
   // setup-delegation's directories in use, per controller, and why one on record is not.
   json delegation = json::object();
@@ -744,6 +758,7 @@ int CmdCheck(const std::string& policy_file, const std::string& backend_flag, bo
   std::printf("  seccomp filter    %s\n", Yes(h.seccomp_filter));
   std::printf("  pidfd             %s\n", Yes(h.pidfd));
   std::printf("  overlayfs         %s\n", Yes(h.overlayfs));
+  std::printf("  run_code          %s\n", run_code_line.c_str());
   std::string v1;
   for (const auto& c : h.cgroups.v1_controllers) v1 += (v1.empty() ? "" : ",") + c;
   std::string v1w;

@@ -204,6 +204,8 @@ EscalationOffer MakeOffer(const std::string& key, const std::string& text, std::
 
 std::optional<EscalationOffer> OfferFor(const Denial& denial, const Plan& plan, const PathExists& exists) {
   if (!plan.escalation.offers || !plan.confined) return std::nullopt;
+  // A run_code program has no network whatever the policy allows: no grant gives it one.
+  if (denial.source == "run_code") return std::nullopt;
   if (denial.facet == "network") return NetworkOffer(denial, plan.escalation);
   if (denial.facet == "filesystem") return FilesystemOffer(denial, plan, exists);
   if (denial.facet == "syscalls") return SyscallOffer(denial, plan.escalation);

@@ -143,6 +143,25 @@ Result<UniqueFd> SignalScopeRuleset() {
   return fd;
 }
 
+Result<UniqueFd> NoNetworkRuleset() {
+  const int abi = LandlockAbiVersion();
+  if (abi < 4) return UniqueFd();
+  // REFER granted everywhere, as in SignalScopeRuleset: only the layer
+  // below decides about files.
+  LandlockRulesetAttr attr{};
+  attr.handled_access_fs = LANDLOCK_ACCESS_FS_REFER;
+  attr.handled_access_net = LANDLOCK_ACCESS_NET_BIND_TCP | LANDLOCK_ACCESS_NET_CONNECT_TCP;  // no port rule: none
+  if (abi >= 6) attr.scoped = LANDLOCK_SCOPE_SIGNAL | LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET;
+  UniqueFd fd(CreateRuleset(&attr, sizeof(attr), 0));
+  if (!fd.valid()) return Status::Errno("landlock", "landlock_create_ruleset(no network)");
+  UniqueFd root(open("/", O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!root.valid()) return Status::Errno("landlock", "open(O_PATH)", "/");
+  if (AddRule(fd.get(), root.get(), LANDLOCK_ACCESS_FS_REFER) != 0) {
+    return Status::Errno("landlock", "landlock_add_rule(REFER)", "/");
+  }
+  return fd;
+}
+
 int RestrictSelfTo(int ruleset) { return RestrictSelf(ruleset); }
 
 }  // namespace agentbox::linux

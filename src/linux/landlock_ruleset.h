@@ -33,6 +33,12 @@ struct LandlockOutcome {
 // longer signal any process outside its new, nested domain: the runner
 // above it included.
 [[nodiscard]] Result<UniqueFd> SignalScopeRuleset();
+// A ruleset for a call with no network at all (a run_code program): TCP
+// bind and connect handled with no port allowed (ABI 4 and later), and from
+// ABI 6 signals and abstract unix sockets scoped to the new domain, as
+// SignalScopeRuleset does. An invalid fd below ABI 4; the seccomp side
+// (NoNetworkFilter) refuses socket() whatever the ABI.
+[[nodiscard]] Result<UniqueFd> NoNetworkRuleset();
 // landlock_restrict_self(ruleset): syscalls only, for a vfork child.
 int RestrictSelfTo(int ruleset);
 

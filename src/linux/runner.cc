@@ -8,6 +8,7 @@
 #include "linux/runner.h"
 
 #include <fcntl.h>
+#include <linux/seccomp.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/ioctl.h>
@@ -296,6 +297,12 @@ struct ExecRequest {
   char exec_error_prefix[512];          // the status line, up to the errno
   int signal_scope = -1;                // a Landlock ruleset the command restricts itself to (-1: none)
   int tty_fd = -1;                      // a pty's slave: the command's stdio and controlling terminal (-1: none)
+  // A session call's own (run_code): a descriptor that becomes the
+  // command's fd 3, a second seccomp filter stacked before the exec, and
+  // whether what the command leaves running dies with it.
+  int binding_fd = -1;
+  const struct sock_fprog* extra_filter = nullptr;
+  bool end_with_command = false;
 };
 
 // execvpe() searches the caller's PATH, not the new environment's: search
@@ -685,6 +692,23 @@ void WriteFully(int fd, const std::string& data) {
     (void)!write(result_fd, kMsg, sizeof(kMsg) - 1);
     _exit(125);
   }
+  if (req.extra_filter && syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, req.extra_filter) != 0) {
+    static const char kMsg[] =
+        "{\"t\":\"exec_error\",\"stage\":\"seccomp\",\"syscall\":\"seccomp(SECCOMP_SET_MODE_FILTER)\",\"path\":\"\",\"message\":\"the call's no-network filter\",\"errno\":1}\n";
+    (void)!write(result_fd, kMsg, sizeof(kMsg) - 1);
+    _exit(125);
+  }
+  if (req.binding_fd >= 0) {
+    // The binding becomes fd 3, inherited; the result pipe moves off 3 first.
+    if (result_fd == 3) result_fd = fcntl(3, F_DUPFD_CLOEXEC, 4);
+    const int moved = req.binding_fd == 3 ? fcntl(3, F_SETFD, 0) : dup2(req.binding_fd, 3);
+    if (result_fd < 0 || moved < 0) {
+      static const char kMsg[] =
+          "{\"t\":\"exec_error\",\"stage\":\"session\",\"syscall\":\"dup2\",\"path\":\"\",\"message\":\"the call's binding descriptor\",\"errno\":9}\n";
+      if (result_fd >= 0) (void)!write(result_fd, kMsg, sizeof(kMsg) - 1);
+      _exit(125);
+    }
+  }
   ExecOrReport(req, result_fd, original_mask);
 }
 
@@ -767,7 +791,7 @@ bool WriteAllWaiting(int fd, const char* data, size_t n) {
       if (CloseRange(first, last, 0) == 0) return;
       for (unsigned fd = first; fd <= last && fd < 65536; ++fd) close(static_cast<int>(fd));
     };
-    int keep[] = {0, 1, 2, in_fd, out_fd, result_fd, log_fd, req.signal_scope};
+    int keep[] = {0, 1, 2, in_fd, out_fd, result_fd, log_fd, req.signal_scope, req.binding_fd};
     std::sort(std::begin(keep), std::end(keep));
     unsigned next = 0;
     for (int fd : keep) {
@@ -807,6 +831,7 @@ bool WriteAllWaiting(int fd, const char* data, size_t n) {
   if (command == 0) SessionCommandChild(req, cwd, in_fd, terminal ? out_fd : output[1], result_fd, original_mask);
   const int vfork_errno = errno;
   if (!terminal) close(output[1]);
+  if (req.binding_fd >= 0) close(req.binding_fd);  // the command's alone: its end is the caller's EOF
   if (command < 0) {
     errno = vfork_errno;
     fail("fork", "vfork");
@@ -824,7 +849,7 @@ bool WriteAllWaiting(int fd, const char* data, size_t n) {
   };
   int status = 0;
   // A terminal's end is its session's: what it left running dies with it.
-  bool ended = false, kill_all = terminal, relay_open = !terminal;
+  bool ended = false, kill_all = terminal || req.end_with_command, relay_open = !terminal;
   while (!ended) {
     struct pollfd fds[2] = {{sigfd.get(), POLLIN, 0}, {relay.get(), POLLIN, 0}};
     if (poll(fds, relay_open ? 2 : 1, -1) < 0) continue;
@@ -1048,6 +1073,12 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
     }
   };
 
+  // A no-network call's nested Landlock domain and seccomp filter (built once).
+  bool no_network_ready = false;
+  UniqueFd no_network_scope;
+  BpfProgram no_network_program;
+  struct sock_fprog no_network_fprog {};
+
   // The persistent shell (session.shell: persistent), started with its first call.
   pid_t shell_pid = -1;
   UniqueFd shell_sock;
@@ -1133,8 +1164,31 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
         const std::string op = req.is_object() ? req.value("op", "") : "";
         const long id = req.is_object() ? req.value("id", 0L) : 0L;
         const size_t io = received.size() - first_io;
-        // exec: stdin, output, result, and optionally the background log.
-        if (op == "exec" && (io == 3 || io == 4) && req.contains("argv") && req["argv"].is_array() && !req["argv"].empty()) {
+        // exec: stdin, output, result, optionally the background log, and
+        // with "binding": true the command's fd 3 last.
+        const bool binding = op == "exec" && req.value("binding", false) && io >= 4;
+        const size_t exec_io = binding ? io - 1 : io;
+        // "net": "none" (run_code): a nested Landlock domain without TCP and
+        // a second seccomp filter without sockets, made at the first such call.
+        const bool no_network = op == "exec" && req.value("net", "") == "none";
+        std::optional<std::string> no_network_error;
+        if (no_network && !no_network_ready) {
+          auto ruleset = NoNetworkRuleset();
+          auto filter = NoNetworkFilter();
+          if (!ruleset.ok() || !filter.ok()) {
+            no_network_error = (!ruleset.ok() ? ruleset.status() : filter.status()).ToString();
+          } else {
+            no_network_scope = std::move(*ruleset);
+            no_network_program = std::move(*filter);
+            no_network_fprog.len = static_cast<unsigned short>(no_network_program.size());
+            no_network_fprog.filter = no_network_program.data();
+            no_network_ready = true;
+          }
+        }
+        if (op == "exec" && no_network_error) {
+          WriteFully(received[first_io + 2].get(), "{\"t\":\"exec_error\",\"stage\":\"seccomp\",\"syscall\":\"\",\"path\":\"\",\"message\":\"" +
+                                                       JsonEscape(*no_network_error) + "\",\"errno\":0}\n");
+        } else if (op == "exec" && (exec_io == 3 || exec_io == 4) && req.contains("argv") && req["argv"].is_array() && !req["argv"].empty()) {
           std::vector<std::string> argv;
           for (const auto& a : req["argv"]) argv.push_back(a.is_string() ? a.get<std::string>() : a.dump());
           const std::string cwd = req.value("cwd", "");
@@ -1147,8 +1201,15 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
           ExecRequest exec;
           PrepareExec(plan, argv, &exec, call_env);
           int in = received[first_io].get(), out = received[first_io + 1].get(), res = received[first_io + 2].get();
-          const int log = io == 4 ? received[first_io + 3].get() : -1;
+          const int log = exec_io == 4 ? received[first_io + 3].get() : -1;
           exec.signal_scope = signal_scope.valid() ? signal_scope.get() : -1;
+          if (binding) exec.binding_fd = received[first_io + exec_io].get();
+          if (no_network) {
+            // The nested domain scopes signals too: it replaces the signal scope.
+            if (no_network_scope.valid()) exec.signal_scope = no_network_scope.get();
+            exec.extra_filter = &no_network_fprog;
+            exec.end_with_command = true;
+          }
           pid_t child = terminating ? -1 : SpawnCallKeeper(exec, cwd.c_str(), in, out, res, log, original);
           if (child > 0) {
             SessionCall call;

@@ -33,6 +33,24 @@ constexpr std::uint64_t kLow32 = 0xffffffffULL;
 // BPF_MAXINSNS: the kernel refuses longer programs.
 constexpr std::size_t kMaxInsns = 4096;
 
+Result<BpfProgram> ExportProgram(void* ctx) {
+  UniqueFd mem(memfd_create("agentbox-seccomp", MFD_CLOEXEC));
+  if (!mem.valid()) return Status::Errno("seccomp", "memfd_create");
+  if (int rc = seccomp_export_bpf(ctx, mem.get()); rc != 0) {
+    return Status::Syscall("seccomp", "seccomp_export_bpf", "", -rc);
+  }
+  off_t size = lseek(mem.get(), 0, SEEK_END);
+  if (size <= 0 || size % sizeof(struct sock_filter) != 0 ||
+      static_cast<std::size_t>(size) / sizeof(struct sock_filter) > kMaxInsns) {
+    return Status::Error("seccomp", "exported program has an impossible size " + std::to_string(size));
+  }
+  BpfProgram program(static_cast<std::size_t>(size) / sizeof(struct sock_filter));
+  if (pread(mem.get(), program.data(), static_cast<std::size_t>(size), 0) != size) {
+    return Status::Errno("seccomp", "pread", "memfd");
+  }
+  return program;
+}
+
 Status AddRule(scmp_filter_ctx ctx, uint32_t action, int nr, const SeccompRule& rule,
                std::vector<scmp_arg_cmp> cmps) {
   if (rule.when.has_also) {
@@ -109,21 +127,33 @@ Result<BpfProgram> CompileSeccomp(const SeccompPlan& plan) {
   for (const auto& rule : plan.rules) {
     if (Status s = AddPlanRule(ctx.get(), rule); !s.ok()) return s;
   }
-  UniqueFd mem(memfd_create("agentbox-seccomp", MFD_CLOEXEC));
-  if (!mem.valid()) return Status::Errno("seccomp", "memfd_create");
-  if (int rc = seccomp_export_bpf(ctx.get(), mem.get()); rc != 0) {
-    return Status::Syscall("seccomp", "seccomp_export_bpf", "", -rc);
+  return ExportProgram(ctx.get());
+}
+
+Result<BpfProgram> NoNetworkFilter() {
+  std::unique_ptr<void, CtxDeleter> ctx(seccomp_init(SCMP_ACT_ALLOW));
+  if (!ctx) return Status::Error("seccomp", "seccomp_init failed");
+  if (int rc = seccomp_attr_set(ctx.get(), SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_ERRNO(EPERM)); rc != 0) {
+    return Status::Syscall("seccomp", "seccomp_attr_set(ACT_BADARCH)", "", -rc);
   }
-  off_t size = lseek(mem.get(), 0, SEEK_END);
-  if (size <= 0 || size % sizeof(struct sock_filter) != 0 ||
-      static_cast<std::size_t>(size) / sizeof(struct sock_filter) > kMaxInsns) {
-    return Status::Error("seccomp", "exported program has an impossible size " + std::to_string(size));
+  auto add = [&](int action, const char* name, std::vector<scmp_arg_cmp> args = {}) -> Status {
+    const int nr = seccomp_syscall_resolve_name(name);
+    if (nr == __NR_SCMP_ERROR) return {};  // not on this architecture
+    int rc = seccomp_rule_add_array(ctx.get(), action, nr, static_cast<unsigned>(args.size()), args.data());
+    return rc == 0 ? Status() : Status::Syscall("seccomp", std::string("seccomp_rule_add(") + name + ")", "", -rc);
+  };
+  // No socket of any family: nothing to connect, send to or resolve with.
+  if (Status s = add(SCMP_ACT_ERRNO(EACCES), "socket"); !s.ok()) return s;
+  // A connected pair stays allowed (an event loop's wake-up), stream only:
+  // a datagram one could sendto() any bound unix socket by its path.
+  for (std::uint64_t type : {SOCK_DGRAM, SOCK_RAW, SOCK_RDM, SOCK_SEQPACKET, SOCK_DCCP, SOCK_PACKET}) {
+    if (Status s = add(SCMP_ACT_ERRNO(EACCES), "socketpair", {SCMP_A1(SCMP_CMP_MASKED_EQ, 0xf, type)}); !s.ok()) return s;
   }
-  BpfProgram program(static_cast<std::size_t>(size) / sizeof(struct sock_filter));
-  if (pread(mem.get(), program.data(), static_cast<std::size_t>(size), 0) != size) {
-    return Status::Errno("seccomp", "pread", "memfd");
+  // Reaching into the world's other processes for a socket they hold.
+  for (const char* name : {"pidfd_getfd", "ptrace", "process_vm_readv", "process_vm_writev", "io_uring_setup"}) {
+    if (Status s = add(SCMP_ACT_ERRNO(EPERM), name); !s.ok()) return s;
   }
-  return program;
+  return ExportProgram(ctx.get());
 }
 
 namespace {

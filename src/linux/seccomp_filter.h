@@ -27,6 +27,14 @@ using BpfProgram = std::vector<struct sock_filter>;
 // Compiles the rules; foreign architectures (x32, i386) get EPERM.
 [[nodiscard]] Result<BpfProgram> CompileSeccomp(const SeccompPlan& plan);
 
+// A second filter, stacked on the plan's by a call that has no network at
+// all (a run_code program): socket() of every family fails with EACCES,
+// socketpair() gives stream pairs only, and the calls that take a socket
+// from another process (pidfd_getfd, ptrace, process_vm_*) or open behind
+// seccomp's back (io_uring_setup) fail with EPERM. Foreign architectures:
+// EPERM. Answered in the kernel: no listener.
+[[nodiscard]] Result<BpfProgram> NoNetworkFilter();
+
 // CompileSeccomp, memoised in plan.cache_dir (when set) under a key made of
 // every rule, the architecture and the libseccomp and agentbox versions:
 // libseccomp's compilation costs about half a millisecond per run. A cache

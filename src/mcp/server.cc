@@ -280,6 +280,14 @@ std::optional<Json> Server::HandleOne(const Json& message, const Notify& notify)
       }
       list.push_back(std::move(tool));
     }
+    if (auto run_code = RunCodeSpec()) {
+      Json tool = ToolJson(*run_code);
+      if (!structured) {
+        tool.erase("outputSchema");
+        tool.erase("title");
+      }
+      list.push_back(std::move(tool));
+    }
     (void)RefreshUpstream("");
     std::vector<ToolSpec> upstream;
     {
@@ -357,6 +365,8 @@ std::optional<Json> Server::CallTool(const Json& id, const Json& params, const N
   const std::string name = name_it->get<std::string>();
   const ToolSpec* tool = FindTool(specs_, name);
   std::optional<ToolSpec> upstream;
+  std::optional<ToolSpec> run_code = !tool && name == "run_code" ? RunCodeSpec() : std::nullopt;
+  if (run_code) tool = &*run_code;
   if (!tool && name.find('.') != std::string::npos) {
     upstream = RefreshUpstream(name);
     if (upstream) tool = &*upstream;
@@ -419,6 +429,12 @@ std::optional<Json> Server::CallTool(const Json& id, const Json& params, const N
   if (cancel->load()) return std::nullopt;
   if (!Structured(protocol())) result.erase("structuredContent");
   return Ok(id, std::move(result));
+}
+
+std::optional<ToolSpec> Server::RunCodeSpec() {
+  Result<Json> code_mode = session_.CodeMode();
+  if (!code_mode.ok()) return std::nullopt;
+  return RunCodeTool(*code_mode, options_.output_cap_bytes);
 }
 
 std::optional<ToolSpec> Server::RefreshUpstream(const std::string& name) {

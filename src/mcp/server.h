@@ -68,6 +68,9 @@ class SessionTools {
   // session::Manager::ListUpstreamTools for this session: the upstream
   // tools (NAME.TOOL) next to the session's own; none by default.
   virtual Result<Json> UpstreamTools() { return Json{{"tools", Json::array()}, {"errors", Json::array()}}; }
+  // session::Manager::CodeMode for this session (run_code's languages and
+  // bindings); none by default: no run_code.
+  virtual Result<Json> CodeMode() { return Json::object(); }
 };
 
 // SessionTools over a Manager (not owned; must outlive this).
@@ -85,6 +88,7 @@ class ManagerTools final : public SessionTools {
     return manager_.RequestEscalation(id_, session::EscalationAsk{offer_id, reason, "", "mcp"});
   }
   Result<Json> UpstreamTools() override { return manager_.ListUpstreamTools(id_); }
+  Result<Json> CodeMode() override { return manager_.CodeMode(id_); }
   const std::string& session_id() const { return id_; }
 
  private:
@@ -152,6 +156,8 @@ class Server {
   std::vector<ToolSpec> upstream_specs_;
   // Lists them again; the spec named `name`, if any.
   std::optional<ToolSpec> RefreshUpstream(const std::string& name);
+  // run_code as this session offers it now (its bindings listed), or none.
+  std::optional<ToolSpec> RunCodeSpec();
 
   mutable std::mutex mu_;
   std::string protocol_;  // guarded by mu_

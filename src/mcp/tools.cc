@@ -366,6 +366,67 @@ std::vector<ToolSpec> MakeTools(std::size_t cap) {
 
 std::vector<ToolSpec> Tools(std::size_t output_cap_bytes) { return MakeTools(output_cap_bytes); }
 
+std::string BindingSignature(const Json& binding) {
+  const Json schema = binding.value("inputSchema", Json::object());
+  const Json props = schema.value("properties", Json::object());
+  std::vector<std::string> required;
+  for (const auto& r : schema.value("required", Json::array())) {
+    if (r.is_string() && props.contains(r.get<std::string>())) required.push_back(r.get<std::string>());
+  }
+  std::string args;
+  for (const auto& r : required) args += (args.empty() ? "" : ", ") + r;
+  for (const auto& [key, value] : props.items()) {
+    if (std::find(required.begin(), required.end(), key) == required.end()) args += (args.empty() ? "" : ", ") + key + "?";
+  }
+  return binding.value("name", "") + "(" + args + ")";
+}
+
+std::optional<ToolSpec> RunCodeTool(const Json& code_mode, std::size_t output_cap_bytes) {
+  const Json languages = code_mode.value("languages", Json::array());
+  if (!languages.is_array() || languages.empty()) return std::nullopt;
+  std::vector<std::string> names;
+  for (const auto& l : languages) names.push_back(l.value("language", ""));
+  std::string listed;
+  for (const auto& b : code_mode.value("bindings", Json::array())) {
+    std::string first = b.value("description", "");
+    if (auto dot = first.find(". "); dot != std::string::npos) first.resize(dot + 1);
+    if (first.size() > 160) first = first.substr(0, 157) + "...";
+    listed += "\n- tools." + BindingSignature(b) + (first.empty() ? "" : ": " + first);
+  }
+  std::string language_list;
+  for (const auto& n : names) language_list += (language_list.empty() ? "" : " or ") + n;
+  ToolSpec spec{
+      "run_code", "Run a short program that calls the tools as functions",
+      "Runs one short " + language_list +
+          " program in a fresh process of this session's sandbox (cwd: the workspace, the same files bash sees; "
+          "nothing stays from earlier programs). The program has NO network of its own: it reaches files and "
+          "services only through `tools`, one async function per tool, each call checked and logged as a direct "
+          "call would be. Use it to call several tools in one turn and return only what matters (filter, join, "
+          "count). Python: `tools` is a module, `await tools.read_file(path=\"a.txt\")` (keyword or positional "
+          "arguments, required first); JavaScript: `await tools.read_file({path: \"a.txt\"})`. A binding returns "
+          "the tool's output (an upstream's structured content when it has one) and raises tools.ToolError (with "
+          ".kind and .output) when the call fails; `tools.call(name, input)` returns the whole result instead. The "
+          "output is what the program prints, then its result: the value of the last expression (Python; "
+          "JavaScript without top-level await), or `return` (JavaScript with top-level await), or what it passes "
+          "to result(...). Capped at " + SizeText(output_cap_bytes) +
+          ". An exception gives the traceback with the program's own line numbers; time and memory limits are "
+          "reported as for bash (`timed_out`, `oom_killed`). The bindings:" + listed,
+      {{"type", "object"},
+       {"properties",
+        {{"language", {{"type", "string"}, {"enum", names}, {"description", "the program's language"}}},
+         {"code", {{"type", "string"}, {"minLength", 1}, {"description", "the program's source"}}},
+         {"timeout",
+          {{"anyOf",
+            {{{"type", "number"}, {"exclusiveMinimum", 0}, {"maximum", 604800}},
+             {{"type", "string"}, {"pattern", "^[0-9]+(\\.[0-9]+)?(ms|s|m|h)$"}}}},
+           {"description", "seconds (or \"90s\", \"5m\") before the program is killed; default: the session's "
+                           "call timeout"}}}}},
+       {"required", {"language", "code"}},
+       {"additionalProperties", false}},
+      ResultSchema()};
+  return spec;
+}
+
 const ToolSpec* FindTool(const std::vector<ToolSpec>& tools, const std::string& name) {
   for (const auto& t : tools) {
     if (t.name == name) return &t;
@@ -412,6 +473,9 @@ std::string Validate(const Json& value, const Json& schema, const std::string& w
       }
     }
     if (!ok) return where + ": expected " + expected + ", got " + TypeName(value);
+  }
+  if (auto e = schema.find("enum"); e != schema.end() && e->is_array()) {
+    if (std::find(e->begin(), e->end(), value) == e->end()) return where + ": must be one of " + e->dump();
   }
   if (auto m = schema.find("minimum"); m != schema.end() && value.is_number()) {
     if (value.get<double>() < m->get<double>()) return where + ": must be at least " + m->dump();

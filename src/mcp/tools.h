@@ -29,6 +29,12 @@ struct ToolSpec {
 // request_escalation.
 // `output_cap_bytes` appears in the descriptions (the limit a model meets).
 std::vector<ToolSpec> Tools(std::size_t output_cap_bytes);
+// run_code for a session whose CodeMode (session::Manager::CodeMode) is
+// `code_mode`: its description lists the bindings a program gets; none
+// when the host has no interpreter for it.
+std::optional<ToolSpec> RunCodeTool(const Json& code_mode, std::size_t output_cap_bytes);
+// "read_file(path, offset?, limit?)": a binding's name and fields, required first.
+std::string BindingSignature(const Json& binding);
 const ToolSpec* FindTool(const std::vector<ToolSpec>& tools, const std::string& name);
 
 // The MCP `Tool` object (tools/list entry) of a spec.
@@ -38,7 +44,7 @@ Json ToolJson(const ToolSpec& spec);
 // type (string | integer | number | boolean | object | array, or a list of
 // them), properties, required, additionalProperties (false, or a schema for
 // the others), propertyNames, minimum, exclusiveMinimum, maximum,
-// minLength, pattern (strings), items, anyOf. Returns "" when valid, else the first problem, naming
+// minLength, pattern (strings), items, anyOf, enum. Returns "" when valid, else the first problem, naming
 // the field: "arguments.timeout: expected integer, got string".
 std::string Validate(const Json& value, const Json& schema, const std::string& where = "arguments");
 

@@ -230,9 +230,24 @@ Json Sample(session::FieldType type) {
 // fields, the same required ones, absent optional fields fine, undeclared
 // fields refused by both. (A schema that declared a field optional which
 // the session then refused would fail a model's call it was told is fine.)
+// run_code as a session with both interpreters lists it.
+ToolSpec RunCodeWithBoth() {
+  auto spec = RunCodeTool({{"languages", {{{"language", "python"}}, {{"language", "javascript"}}}},
+                           {"bindings", Json::array()}},
+                          64 * 1024);
+  return spec ? *spec : ToolSpec{};
+}
+
 TEST(Tools, SchemasAgreeWithWhatTheSessionAccepts) {
   std::size_t session_tools = 0;
-  for (const auto& t : Tools(64 * 1024)) {
+  std::vector<ToolSpec> all = Tools(64 * 1024);
+  all.push_back(RunCodeWithBoth());
+  // run_code's language is one of its enum; the session's table says string.
+  auto Sample = [](session::FieldType type, const std::string& field = "") -> Json {
+    if (field == "language") return "python";
+    return ::agentbox::mcp::Sample(type);
+  };
+  for (const auto& t : all) {
     const auto& fields = session::ToolFields(t.name);
     const Json& props = t.input_schema["properties"];
     EXPECT_EQ(t.input_schema.value("additionalProperties", true), false) << t.name;
@@ -255,7 +270,7 @@ TEST(Tools, SchemasAgreeWithWhatTheSessionAccepts) {
 
     Json minimal = Json::object();
     for (const auto& f : fields) {
-      if (f.required) minimal[f.name] = Sample(f.type);
+      if (f.required) minimal[f.name] = Sample(f.type, f.name);
     }
     EXPECT_EQ(Validate(minimal, t.input_schema), "") << t.name << " " << minimal.dump();
     EXPECT_TRUE(session::ValidateToolInput(t.name, minimal).ok()) << t.name << " " << minimal.dump();
@@ -266,7 +281,7 @@ TEST(Tools, SchemasAgreeWithWhatTheSessionAccepts) {
         EXPECT_NE(Validate(with, t.input_schema), "") << t.name << " without " << f.name;
         EXPECT_FALSE(session::ValidateToolInput(t.name, with).ok()) << t.name << " without " << f.name;
       } else {
-        with[f.name] = Sample(f.type);
+        with[f.name] = Sample(f.type, f.name);
         EXPECT_EQ(Validate(with, t.input_schema), "") << t.name << " " << with.dump();
         EXPECT_TRUE(session::ValidateToolInput(t.name, with).ok()) << t.name << " " << with.dump();
       }
@@ -285,7 +300,10 @@ TEST(Tools, SchemasAgreeWithWhatTheSessionAccepts) {
     EXPECT_FALSE(refused.ok()) << t.name;
     EXPECT_NE(refused.message().find("input.undeclared"), std::string::npos) << refused.message();
   }
-  EXPECT_EQ(session_tools, session::ToolNames().size());
+  // Every tool a session may offer (run_code only where an interpreter is).
+  EXPECT_GE(session_tools, session::ToolNames().size());
+  EXPECT_EQ(session_tools, session::ToolNames().size() + (std::find(session::ToolNames().begin(), session::ToolNames().end(),
+                                                                     "run_code") == session::ToolNames().end()));
 }
 
 // The values a duration, a count and an env field take or refuse, alike.

@@ -1214,9 +1214,14 @@ Status Parser::ParseSection(const std::string& key, const Field& v, Policy& poli
   return ParseOnViolation(v, policy.on_violation);
 }
 
-// tools: { upstream: [ {name, command | url, secret?, secret_env?, allow, timeout?} ] }
+// tools: { upstream: [ {name, command | url, secret?, secret_env?, allow, timeout?} ], run_code: {bash?} }
 Status Parser::ParseTools(const Field& f, ToolsSpec& out) const {
-  return ForEachKey(f, {"upstream"}, [&](const std::string&, const Field& v) -> Status {
+  return ForEachKey(f, {"upstream", "run_code"}, [&](const std::string& key, const Field& v) -> Status {
+    if (key == "run_code") {
+      return ForEachKey(v, {"bash"}, [&](const std::string&, const Field& b) -> Status {
+        return ReadBool(b, out.run_code.bash);
+      });
+    }
     std::vector<UpstreamSpec> list;
     Status status = ForEachItem(v, [&](const Field& item) -> Status {
       UpstreamSpec u;

@@ -687,6 +687,23 @@ TEST(PolicyParse, ToolsUpstreamMistakesAreNamed) {
             std::string::npos);
 }
 
+TEST(PolicyParse, ToolsRunCodeBindsBashOnlyWhenAskedAndRoundTrips) {
+  auto plain = ParsePolicy("version: 1\n", "policy.yaml");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(plain->tools.run_code.bash);
+  EXPECT_EQ(ToYaml(*plain).find("run_code"), std::string::npos);
+  auto r = ParsePolicy("version: 1\ntools:\n  run_code:\n    bash: true\n", "policy.yaml");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->tools.run_code.bash);
+  auto again = ParsePolicy(ToYaml(*r), "again.yaml");
+  ASSERT_TRUE(again.ok()) << again.status().ToString() << "\n" << ToYaml(*r);
+  EXPECT_TRUE(again->tools.run_code.bash);
+  auto bad = ParsePolicy("version: 1\ntools:\n  run_code:\n    network: true\n", "policy.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("network"), std::string::npos) << bad.status().message();
+  EXPECT_NE(bad.status().message().find("bash"), std::string::npos) << bad.status().message();
+}
+
 const std::string kTopKeys =
     "(expected one of: version, mode, sandbox, filesystem, network, credentials, resources, env, home, "
     "on_violation, diff, session, tools)";

@@ -557,9 +557,15 @@ std::string ToYaml(const Policy& p) {
   }
   EmitSession(out, p.session);
   // Only when given, as diff.
+  if (!p.tools.upstream.empty() || p.tools.run_code.bash) {
+    out << YAML::Key << "tools" << YAML::Value << YAML::BeginMap;
+  }
+  if (p.tools.run_code.bash) {
+    out << YAML::Key << "run_code" << YAML::Value << YAML::BeginMap << YAML::Key << "bash" << YAML::Value << true
+        << YAML::EndMap;
+  }
   if (!p.tools.upstream.empty()) {
-    out << YAML::Key << "tools" << YAML::Value << YAML::BeginMap << YAML::Key << "upstream" << YAML::Value
-        << YAML::BeginSeq;
+    out << YAML::Key << "upstream" << YAML::Value << YAML::BeginSeq;
     for (const UpstreamSpec& u : p.tools.upstream) {
       out << YAML::BeginMap << YAML::Key << "name" << YAML::Value << u.name;
       if (!u.command.empty()) EmitList(out, "command", u.command, /*quoted=*/true);
@@ -572,8 +578,9 @@ std::string ToYaml(const Policy& p) {
       out << YAML::Key << "timeout" << YAML::Value << (std::to_string(u.timeout_ms) + "ms");
       out << YAML::EndMap;
     }
-    out << YAML::EndSeq << YAML::EndMap;
+    out << YAML::EndSeq;
   }
+  if (!p.tools.upstream.empty() || p.tools.run_code.bash) out << YAML::EndMap;
 
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";

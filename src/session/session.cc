@@ -14,6 +14,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/socket.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -50,6 +51,8 @@
 #include "linux/random.h"
 #include "linux/seccomp_notify.h"
 #include "linux/user_dirs.h"
+#include "mcp/tools.h"
+#include "session/code_mode.h"
 #include "session/file_tools.h"
 #include "session/layers.h"
 #include "session/port_bridge.h"
@@ -410,7 +413,20 @@ std::string RequestDifference(const std::string& recorded_name, const Json& reco
 
 }  // namespace
 
-const std::vector<std::string>& ToolNames() { return kTools; }
+const std::vector<std::string>& ToolNames() {
+  // run_code when this host has an interpreter for it (found once).
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> out = kTools;
+    for (const auto& r : CodeRuntimes()) {
+      if (!r.path.empty()) {
+        out.push_back("run_code");
+        break;
+      }
+    }
+    return out;
+  }();
+  return names;
+}
 
 static Json PortJson(const PortBridge& b) {
   return {{"inside_port", b.inside_port()}, {"host", b.host()}, {"port", b.host_port()},
@@ -664,7 +680,7 @@ struct Manager::Impl {
   // (unknown tool, input its schema refuses) is an event in the log and a
   // Status, and its call_id stays free.
   Result<Json> CallUpstream(SessionState& s, gateway::Gateway& gw, const std::string& name, const Json& input,
-                            const std::string& call_id, std::uint64_t seq);
+                            const std::string& call_id, std::uint64_t seq, const ParentCall* parent = nullptr);
   // A session grant put in force in the running world (world_mu held, the
   // world alive): a path grafted below a ceiling's Landlock rule, a memory
   // limit written. An error with an empty message for a grant no running
@@ -711,6 +727,21 @@ struct Manager::Impl {
   bool reaper_stop = false;
   Json RunBash(SessionState& s, World& world, const ConfinedCommand& confined, const Json& input,
                const std::string& cwd, const OutputSink& sink, const std::atomic<bool>* cancel);
+  // A command call's result (bash's, run_code's): `ran` judged as `run`
+  // judges a run (kind, denials, usage, limits), `extra_denials` first
+  // among the evidence.
+  Json ExecResult(SessionState& s, World& world, const ConfinedCommand& confined, const WorldExec& exec,
+                  Result<WorldExecResult>& ran, std::vector<Denial> extra_denials);
+  // run_code (code_mode.h): one program in a fresh process of the world,
+  // without network, its tool calls served as calls of the session (the
+  // children of call `call_id`, seq `seq`).
+  Json RunCode(SessionState& s, World& world, const ConfinedCommand& confined, const Json& input,
+               const std::string& call_id, std::uint64_t seq, const std::atomic<bool>* cancel);
+  Manager* self = nullptr;  // for RunCode's calls
+  // What a run_code program's `tools` module binds in session `s`:
+  // [{name, description, inputSchema}]: the file tools, bash when the policy
+  // says tools.run_code.bash, and every upstream tool.
+  Json CodeBindings(SessionState& s);
   Json RunFile(SessionState& s, World& world, const ConfinedCommand& confined, const std::string& name,
                const Json& input);
   Result<std::string> TakeSnapshot(SessionState& s, bool keep);
@@ -1060,6 +1091,38 @@ Json Manager::Impl::RunBash(SessionState& s, World& world, const ConfinedCommand
   exec.timeout_ms = input.contains("timeout") ? DurationFieldMs(input["timeout"]) : s.call_timeout_ms;
 
   auto ran = world.Exec(exec, sink, cancel);
+  Json result = ExecResult(s, world, confined, exec, ran, {});
+  if (!ran.ok()) return result;
+  if (s.persistent_shell) {
+    WorldExecResult& r = *ran;
+    std::string output = result["output"].get<std::string>();
+    // Said in the result whenever the shell the call ran in is not the one
+    // the last call left: its cwd, variables and functions are gone.
+    Json shell = r.shell.value_or(Json::object());
+    shell["mode"] = "persistent";
+    if (!shell.value("restarted", false) && s.shell_world != 0 && s.shell_world != world.supervisor_pid()) {
+      shell["restarted"] = true;
+      shell["previous"] = "the session's sandbox was started again (an idle stop or a sandbox error ended the last one)";
+    }
+    s.shell_world = world.supervisor_pid();
+    if (shell.value("restarted", false)) {
+      output = "[persistent shell: this call ran in a new shell, with the cwd, variables and functions reset: " +
+               shell.value("previous", std::string("the previous shell ended")) + "]\n" + output;
+    }
+    if (shell.value("ended", false)) {
+      if (!output.empty() && output.back() != '\n') output += '\n';
+      output += "[persistent shell: " + shell.value("why", std::string("the shell ended")) +
+                "; the next call starts a new shell]";
+    }
+    result["output"] = output;
+    result["shell"] = shell;
+  }
+  return result;
+}
+
+Json Manager::Impl::ExecResult(SessionState& s, World& world, const ConfinedCommand& confined, const WorldExec& exec,
+                               Result<WorldExecResult>& ran, std::vector<Denial> extra_denials) {
+  const Plan& plan = confined.plan;
   Outcome o;
   o.enforcement = confined.enforcement;
   o.enforcement.skipped = world.skipped();  // as `run` reports them, from the world's set-up
@@ -1100,6 +1163,7 @@ Json Manager::Impl::RunBash(SessionState& s, World& world, const ConfinedCommand
     if (!full) full = supervise::DiskFullDenialFromOutput(r.output, s.upper_fs_bytes, plan.workspace_target);
     if (full) o.denials.push_back(std::move(*full));
   }
+  for (auto& d : extra_denials) o.denials.push_back(std::move(d));
   supervise::DenialScanner scanner(confined.denial_signatures);
   scanner.Feed(r.output.data(), r.output.size());
   scanner.Finish();
@@ -1164,27 +1228,6 @@ Json Manager::Impl::RunBash(SessionState& s, World& world, const ConfinedCommand
     if (!output.empty() && output.back() != '\n') output += '\n';
     output += "[killed by signal " + std::to_string(o.signal.value_or(0)) + "]";
   }
-  Json shell;
-  if (s.persistent_shell) {
-    // Said in the result whenever the shell the call ran in is not the one
-    // the last call left: its cwd, variables and functions are gone.
-    shell = r.shell.value_or(Json::object());
-    shell["mode"] = "persistent";
-    if (!shell.value("restarted", false) && s.shell_world != 0 && s.shell_world != world.supervisor_pid()) {
-      shell["restarted"] = true;
-      shell["previous"] = "the session's sandbox was started again (an idle stop or a sandbox error ended the last one)";
-    }
-    s.shell_world = world.supervisor_pid();
-    if (shell.value("restarted", false)) {
-      output = "[persistent shell: this call ran in a new shell, with the cwd, variables and functions reset: " +
-               shell.value("previous", std::string("the previous shell ended")) + "]\n" + output;
-    }
-    if (shell.value("ended", false)) {
-      if (!output.empty() && output.back() != '\n') output += '\n';
-      output += "[persistent shell: " + shell.value("why", std::string("the shell ended")) +
-                "; the next call starts a new shell]";
-    }
-  }
   Json result = {{"output", output},
                  {"is_error", !(kind == "exited" && o.exit_code.value_or(1) == 0)},
                  {"kind", kind},
@@ -1193,7 +1236,124 @@ Json Manager::Impl::RunBash(SessionState& s, World& world, const ConfinedCommand
                  {"outcome", outcome}};
   if (o.exit_code) result["exit_code"] = *o.exit_code;
   if (o.signal) result["signal"] = *o.signal;
-  if (!shell.is_null()) result["shell"] = shell;
+  return result;
+}
+
+// A run_code program may make this many tool calls.
+static constexpr std::size_t kMaxProgramCalls = 10000;
+// The file tools a program's `tools` module always has.
+static const std::set<std::string> kCodeFileTools = {"read_file", "write_file", "edit_file", "list_dir", "glob"};
+
+static Json ToolErrorResult(const std::string& message) {
+  return {{"output", "tool_error: " + message},
+          {"is_error", true},
+          {"kind", "tool_error"},
+          {"outcome", {{"kind", "tool_error"}, {"error", message}}}};
+}
+
+Json Manager::Impl::CodeBindings(SessionState& s) {
+  auto policy = SessionPolicy(s.recipe);
+  const bool bash_bound = policy.ok() && policy->tools.run_code.bash;
+  Json specs = Json::array();
+  for (const auto& t : mcp::Tools(options.output_cap_bytes)) {
+    if (!kCodeFileTools.count(t.name) && !(bash_bound && t.name == "bash")) continue;
+    specs.push_back({{"name", t.name}, {"description", t.description}, {"inputSchema", t.input_schema}});
+  }
+  if (auto gw = GatewayOf(s)) {
+    const Json listed = gw->Tools();
+    for (const Json& t : listed["tools"]) {
+      specs.push_back({{"name", t.value("name", "")}, {"description", t.value("description", "")},
+                       {"inputSchema", t.value("inputSchema", Json::object())}});
+    }
+  }
+  return specs;
+}
+
+Json Manager::Impl::RunCode(SessionState& s, World& world, const ConfinedCommand& confined, const Json& input,
+                            const std::string& call_id, std::uint64_t seq, const std::atomic<bool>* cancel) {
+  const Plan& plan = confined.plan;
+  const std::string language = input["language"].get<std::string>();
+  auto runtime = FindCodeRuntime(language);
+  if (!runtime) return ToolErrorResult("run_code: language must be python or javascript, not '" + language + "'");
+  if (runtime->path.empty()) return ToolErrorResult("run_code: " + language + " is not available here: " + runtime->why_absent);
+  if (!plan.confined) {
+    return ToolErrorResult("run_code: this session's sandbox is not confined (danger-full-access), so a program's "
+                           "network could not be taken away; no program runs");
+  }
+  const Json specs = CodeBindings(s);
+  std::set<std::string> bound;
+  for (const Json& t : specs) bound.insert(t["name"].get<std::string>());
+  std::string names;
+  for (const auto& n : bound) names += (names.empty() ? "" : ", ") + n;
+  std::atomic<std::uint64_t> children{0};
+  auto dispatch = [&](const std::string& name, const Json& in, const std::atomic<bool>* stop) -> Json {
+    if (!bound.count(name)) {
+      std::string why = "no tool '" + name + "' in run_code's tools module (it has: " + names + ")";
+      if (name == "bash") why += "; bash is bound only when the policy says tools.run_code.bash: true";
+      if (name == "run_code") why += "; a program cannot start another";
+      return ToolErrorResult(why);
+    }
+    const std::string child = call_id.empty() ? "" : call_id + "#" + std::to_string(++children);
+    const ParentCall parent{call_id, seq};
+    auto r = self->ExecuteIn(s.id, name, in, child, nullptr, stop, &parent);
+    return r.ok() ? *r : ToolErrorResult(r.status().message());
+  };
+  int pair[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) {
+    return {{"output", "sandbox_error: socketpair: " + std::string(std::strerror(errno))},
+            {"is_error", true},
+            {"kind", "sandbox_error"},
+            {"outcome", {{"kind", "sandbox_error"}, {"error", "socketpair failed"}}}};
+  }
+  UniqueFd ours(pair[0]), theirs(pair[1]);
+  Json program = {{"t", "program"}, {"language", language}, {"code", input["code"]}, {"tools", specs}};
+  BindingServer server(std::move(ours), std::move(program), dispatch, kMaxProgramCalls);
+  WorldExec exec;
+  exec.argv = PreludeArgv(language, runtime->path);
+  exec.cwd = plan.cwd;
+  exec.output_cap = options.output_cap_bytes;
+  exec.kill_grace_ms = plan.kill_grace_ms;
+  exec.timeout_ms = input.contains("timeout") ? DurationFieldMs(input["timeout"]) : s.call_timeout_ms;
+  exec.binding_fd = theirs.get();
+  exec.no_network = true;
+  auto ran = world.Exec(exec, nullptr, cancel);
+  theirs.reset();
+  const ProgramReport report = server.Finish();
+
+  std::vector<Denial> denials;
+  for (const Json& d : report.denials) {
+    denials.push_back({"network", d.value("op", ""), d.value("target", ""),
+                       "run_code programs have no network; a program reaches the outside only through its tools "
+                       "bindings",
+                       "run_code", 0});
+  }
+  Json result = ExecResult(s, world, confined, exec, ran, std::move(denials));
+  if (!ran.ok()) return result;
+  std::string output = result["output"].get<std::string>();
+  if (report.value && !report.value->is_null()) {
+    std::string text = report.value->is_string() ? report.value->get<std::string>()
+                                                 : report.value->dump(-1, ' ', false, Json::error_handler_t::replace);
+    if (text.size() > options.output_cap_bytes) {
+      const std::size_t whole = text.size();
+      text.resize(options.output_cap_bytes);
+      text += "\n[result truncated: " + std::to_string(whole) + " bytes, the first " +
+              std::to_string(options.output_cap_bytes) + " kept]";
+      result["truncated"] = true;
+    } else {
+      result["result"] = *report.value;
+    }
+    if (!output.empty() && output.back() != '\n') output += '\n';
+    output += text;
+  }
+  if (report.error) result["error"] = *report.error;
+  if (!report.protocol_error.empty()) {
+    if (!output.empty() && output.back() != '\n') output += '\n';
+    output += "[run_code: the program's tools channel was closed: " + report.protocol_error + "]";
+    result["protocol_error"] = report.protocol_error;
+  }
+  result["output"] = output;
+  result["language"] = language;
+  result["tool_calls"] = report.calls;
   return result;
 }
 
@@ -1515,7 +1675,9 @@ Result<std::unique_ptr<Manager>> Manager::Open(const ManagerOptions& options) {
       lock.lock();
     }
   });
-  return std::unique_ptr<Manager>(new Manager(std::move(impl)));
+  Manager* manager = new Manager(std::move(impl));
+  raw->self = manager;
+  return std::unique_ptr<Manager>(manager);
 }
 
 Result<std::string> Manager::Create(const CreateRequest& request) {
@@ -1688,17 +1850,29 @@ std::vector<std::string> Manager::List() const {
 
 Result<Json> Manager::Execute(const std::string& id, const std::string& name, const Json& given,
                               const std::string& call_id, const OutputSink& sink, const std::atomic<bool>* cancel) {
+  return ExecuteIn(id, name, given, call_id, sink, cancel, nullptr);
+}
+
+Result<Json> Manager::ExecuteIn(const std::string& id, const std::string& name, const Json& given,
+                                const std::string& call_id, const OutputSink& sink, const std::atomic<bool>* cancel,
+                                const ParentCall* parent) {
   Impl& m = *impl_;
   auto s = m.Find(id);
   if (!s) return Status::Error(kNotFound, "no session " + id);
   // NAME.TOOL: an upstream's tool, through the session's tool gateway.
   std::shared_ptr<gateway::Gateway> gw = name.find('.') != std::string::npos ? m.GatewayOf(*s) : nullptr;
   const bool upstream = gw && gw->Routes(name);
-  if (!upstream && std::find(kTools.begin(), kTools.end(), name) == kTools.end()) {
+  const auto& tool_names = ToolNames();
+  if (!upstream && std::find(tool_names.begin(), tool_names.end(), name) == tool_names.end()) {
     std::string names;
-    for (const auto& t : kTools) names += (names.empty() ? "" : ", ") + t;
+    for (const auto& t : tool_names) names += (names.empty() ? "" : ", ") + t;
+    std::string why;
+    if (name == "run_code") {
+      for (const auto& r : CodeRuntimes()) why += "; " + r.why_absent;
+      why = " (run_code is not offered here" + why + ")";
+    }
     return Status::Error(kBadRequest, "unknown tool '" + name + "'; the tools are: " + names +
-                                          (gw ? " and the upstream tools (ListUpstreamTools)" : ""));
+                                          (gw ? " and the upstream tools (ListUpstreamTools)" : "") + why);
   }
   if (!upstream) {
     if (Status st = ValidateToolInput(name, given); !st.ok()) return st;
@@ -1749,13 +1923,14 @@ Result<Json> Manager::Execute(const std::string& id, const std::string& name, co
       s.last_call_end = Clock::now();
     }
   } release{m, *s};
-  if (upstream) return m.CallUpstream(*s, *gw, name, input, call_id, seq);
+  if (upstream) return m.CallUpstream(*s, *gw, name, input, call_id, seq, parent);
   // One-call grants: this call takes those approved since the last one,
-  // and runs alone in the session while they are in force (grant_mu).
+  // and runs alone in the session while they are in force (grant_mu). A
+  // program's call runs in its program's turn.
   std::shared_lock<std::shared_mutex> shared_turn(s->grant_mu, std::defer_lock);
   std::unique_lock<std::shared_mutex> own_turn(s->grant_mu, std::defer_lock);
   std::vector<std::pair<std::string, EscalationOffer>> once;  // escalation id, grant
-  {
+  if (!parent) {
     bool pending;
     {
       std::lock_guard<std::mutex> lock(s->mu);
@@ -1817,7 +1992,9 @@ Result<Json> Manager::Execute(const std::string& id, const std::string& name, co
     std::lock_guard<std::mutex> lock(s->mu);
     ++s->calls;
     logged = true;
-    return s->AppendLog({{"type", "call"}, {"seq", seq}, {"call_id", call_id}, {"name", name}, {"input", input}});
+    Json line = {{"type", "call"}, {"seq", seq}, {"call_id", call_id}, {"name", name}, {"input", input}};
+    if (parent) line["parent"] = {{"call_id", parent->call_id}, {"seq", parent->seq}};
+    return s->AppendLog(line);
   };
 
   const auto started = Clock::now();
@@ -1869,6 +2046,8 @@ Result<Json> Manager::Execute(const std::string& id, const std::string& name, co
     // The world is used without the provisioning lock: calls run side by side.
     if (name == "bash") {
       result = m.RunBash(*s, *world, *confined, input, cwd, sink, cancel);
+    } else if (name == "run_code") {
+      result = m.RunCode(*s, *world, *confined, input, call_id, seq, cancel);
     } else {
       result = m.RunFile(*s, *world, *confined, name, input);
     }
@@ -1905,7 +2084,9 @@ Result<Json> Manager::Execute(const std::string& id, const std::string& name, co
   result["duration_ms"] = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started).count();
   {
     std::lock_guard<std::mutex> lock(s->mu);
-    (void)s->AppendLog({{"type", "result"}, {"seq", seq}, {"call_id", call_id}, {"result", result}});
+    Json line = {{"type", "result"}, {"seq", seq}, {"call_id", call_id}, {"result", result}};
+    if (parent) line["parent"] = {{"call_id", parent->call_id}, {"seq", parent->seq}};
+    (void)s->AppendLog(line);
     if (!call_id.empty()) {
       s->results[call_id] = result;
       s->in_flight.erase(call_id);
@@ -2147,7 +2328,8 @@ std::shared_ptr<gateway::Gateway> Manager::Impl::GatewayOf(SessionState& s) {
 }
 
 Result<Json> Manager::Impl::CallUpstream(SessionState& s, gateway::Gateway& gw, const std::string& name,
-                                         const Json& input, const std::string& call_id, std::uint64_t seq) {
+                                         const Json& input, const std::string& call_id, std::uint64_t seq,
+                                         const ParentCall* parent) {
   const auto started = Clock::now();
   auto result = gw.Call(name, input);
   if (!result.ok()) {
@@ -2167,8 +2349,13 @@ Result<Json> Manager::Impl::CallUpstream(SessionState& s, gateway::Gateway& gw, 
   r["duration_ms"] = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started).count();
   std::lock_guard<std::mutex> lock(s.mu);
   ++s.calls;
-  Status logged = s.AppendLog({{"type", "call"}, {"seq", seq}, {"call_id", call_id}, {"name", name}, {"input", input}});
-  if (logged.ok()) logged = s.AppendLog({{"type", "result"}, {"seq", seq}, {"call_id", call_id}, {"result", r}});
+  Json call_line = {{"type", "call"}, {"seq", seq}, {"call_id", call_id}, {"name", name}, {"input", input}};
+  Json result_line = {{"type", "result"}, {"seq", seq}, {"call_id", call_id}, {"result", r}};
+  if (parent) {
+    call_line["parent"] = result_line["parent"] = {{"call_id", parent->call_id}, {"seq", parent->seq}};
+  }
+  Status logged = s.AppendLog(call_line);
+  if (logged.ok()) logged = s.AppendLog(result_line);
   if (!call_id.empty()) {
     s.in_flight.erase(call_id);
     if (logged.ok()) {
@@ -2179,6 +2366,20 @@ Result<Json> Manager::Impl::CallUpstream(SessionState& s, gateway::Gateway& gw, 
   }
   if (!logged.ok()) return logged;
   return r;
+}
+
+Result<Json> Manager::CodeMode(const std::string& id) {
+  auto s = impl_->Find(id);
+  if (!s) return Status::Error(kNotFound, "no session " + id);
+  Json languages = Json::array(), absent = Json::array();
+  for (const auto& r : CodeRuntimes()) {
+    if (r.path.empty()) {
+      absent.push_back({{"language", r.language}, {"why", r.why_absent}});
+    } else {
+      languages.push_back({{"language", r.language}, {"interpreter", r.path}});
+    }
+  }
+  return Json{{"languages", languages}, {"absent", absent}, {"bindings", impl_->CodeBindings(*s)}};
 }
 
 Result<Json> Manager::ListUpstreamTools(const std::string& id) {

@@ -101,6 +101,8 @@ using OutputSink = std::function<void(std::string_view chunk)>;
 //   edit_file  {path, old, new}              `old` must occur exactly once
 //   list_dir   {path}
 //   glob       {pattern}                     relative to the workspace
+//   run_code   {language, code, timeout?}    python | javascript (code_mode.h); offered
+//                                            when the host has the interpreter
 // Paths are resolved inside the session's world (relative ones against the
 // workspace as the shell sees it).
 const std::vector<std::string>& ToolNames();
@@ -134,6 +136,10 @@ class Manager {
   // "errors": [{upstream, error}]}, the servers started as needed. Execute
   // calls them by those names.
   Result<Json> ListUpstreamTools(const std::string& id);
+  // run_code in this session: {"languages": [{language, interpreter}],
+  // "absent": [{language, why}], "bindings": [{name, description,
+  // inputSchema}]} (what a program's `tools` module holds).
+  Result<Json> CodeMode(const std::string& id);
 
   // A new value for one of the session's credentials.secrets (by name):
   // the running world's proxy uses it from its next request, and every
@@ -240,6 +246,15 @@ class Manager {
   struct Impl;
 
  private:
+  // A call made by a run_code program: logged as a child of the program's
+  // call, inside that call's turn (its one-call grants, if any, hold).
+  struct ParentCall {
+    std::string call_id;
+    std::uint64_t seq = 0;
+  };
+  Result<Json> ExecuteIn(const std::string& id, const std::string& name, const Json& input,
+                         const std::string& call_id, const OutputSink& sink, const std::atomic<bool>* cancel,
+                         const ParentCall* parent);
   explicit Manager(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

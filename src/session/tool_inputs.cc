@@ -32,6 +32,10 @@ const std::map<std::string, std::vector<ToolField>>& Table() {
         {"new", FieldType::kString, true}}},
       {"list_dir", {{"path", FieldType::kString, false, true}}},  // none: the workspace
       {"glob", {{"pattern", FieldType::kString, true, true}}},
+      {"run_code",
+       {{"language", FieldType::kString, true, true},
+        {"code", FieldType::kString, true, true},
+        {"timeout", FieldType::kDuration}}},
   };
   return table;
 }

@@ -597,6 +597,11 @@ Result<WorldExecResult> World::Exec(const WorldExec& exec, const OutputSink& sin
   if (!exec.env.empty()) req["env"] = exec.env;
   std::vector<int> passed = {in_r.get(), out_w.get(), res_w.get()};
   if (exec.background_log_fd >= 0) passed.push_back(exec.background_log_fd);
+  if (exec.no_network) req["net"] = "none";
+  if (exec.binding_fd >= 0 && !exec.shell_command) {
+    req["binding"] = true;
+    passed.push_back(exec.binding_fd);
+  }
   if (Status s = SendControl(req, passed); !s.ok()) return s;
   in_r.reset();
   out_w.reset();

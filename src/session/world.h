@@ -65,6 +65,12 @@ struct WorldExec {
   // Where what the command leaves running writes after the call's end (the
   // session's background log; -1: nowhere). Sent to the init with the call.
   int background_log_fd = -1;
+  // run_code: a descriptor that becomes the command's fd 3 (its tool
+  // bindings; -1: none), and a call with no network at all (a nested
+  // Landlock domain without TCP, a seccomp filter without sockets) whose
+  // background processes die with it.
+  int binding_fd = -1;
+  bool no_network = false;
   // Called once the command's process exists, with its pid inside.
   std::function<void(int pid)> on_started;
   // Set to true: the command is ended as by a timeout (SIGTERM, SIGKILL

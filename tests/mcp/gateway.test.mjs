@@ -165,3 +165,33 @@ test('upstream calls are in the session log, a refused one too', async () => {
   const refused = lines.filter((l) => l.type === 'event' && l.event === 'upstream_refused');
   assert.ok(refused.some((l) => /query/.test(l.why)), JSON.stringify(refused));
 });
+
+test('run_code is listed with its bindings, and a program calls the upstream tool as a function without ever holding the token', async (t) => {
+  const { tools } = await client.listTools();
+  const runCode = tools.find((x) => x.name === 'run_code');
+  if (!runCode) {
+    assert.ok(!fs.existsSync('/usr/bin/python3') && !fs.existsSync('/usr/bin/node'),
+      'run_code is missing although the host has an interpreter');
+    t.skip('not applicable here: neither python3 nor node is on the read-only system');
+    return;
+  }
+  for (const b of ['tools.read_file(path, offset?, limit?)', 'tools.tracker.search_issues(query', 'tools.glob(pattern)']) {
+    assert.ok(runCode.description.includes(b), `${b} is not in run_code's description:\n${runCode.description}`);
+  }
+  assert.ok(!runCode.description.includes('tools.bash('), 'bash is bound without tools.run_code.bash');
+  const language = fs.existsSync('/usr/bin/python3') ? 'python' : 'javascript';
+  const code = language === 'python'
+    ? "import os, tools\nfound = await tools.tracker.search_issues(query='crash', limit=2)\n" +
+      "{'ids': [i['id'] for i in found['issues']], 'env': sorted(k for k in os.environ if 'TOKEN' in k)}\n"
+    : "const found = await tools.tracker.search_issues({query: 'crash', limit: 2});\n" +
+      "return {ids: found.issues.map((i) => i.id), env: Object.keys(process.env).filter((k) => k.includes('TOKEN')).sort()};\n";
+  const before = upstreamCalls().length;
+  const r = await client.callTool({ name: 'run_code', arguments: { language, code } });
+  assert.equal(r.isError, false, text(r));
+  assert.equal(r.structuredContent.result.ids.length, 2, JSON.stringify(r.structuredContent));
+  assert.deepEqual(r.structuredContent.result.env, [], 'the program sees a token variable');
+  assert.ok(!JSON.stringify(r).includes(token));
+  const calls = upstreamCalls().slice(before);
+  assert.equal(calls.length, 1);
+  assert.equal(calls[0].token, token, 'the upstream did not get the token');
+});
