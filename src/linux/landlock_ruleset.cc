@@ -124,17 +124,16 @@ Result<LandlockOutcome> ApplyLandlock(const LandlockPlan& plan) {
   return out;
 }
 
-Result<UniqueFd> SignalScopeRuleset() {
-  if (LandlockAbiVersion() < 6) return UniqueFd();
-  // Every layer denies REFER (renames and links across directories, EXDEV)
-  // unless one of its rules grants it, whether it handles REFER or not: this
-  // layer, there for signals only, grants it everywhere, so that the layer
-  // below alone decides.
-  LandlockRulesetAttr attr{};
+namespace {
+
+// A layer for scopes or the network only. Every layer denies REFER (renames
+// and links across directories, EXDEV) unless one of its rules grants it,
+// whether it handles REFER or not: such a layer grants it everywhere, so
+// that the layer below alone decides about files.
+Result<UniqueFd> LayerWithoutFileRules(LandlockRulesetAttr attr, const char* what) {
   attr.handled_access_fs = LANDLOCK_ACCESS_FS_REFER;
-  attr.scoped = LANDLOCK_SCOPE_SIGNAL;
   UniqueFd fd(CreateRuleset(&attr, sizeof(attr), 0));
-  if (!fd.valid()) return Status::Errno("landlock", "landlock_create_ruleset(LANDLOCK_SCOPE_SIGNAL)");
+  if (!fd.valid()) return Status::Errno("landlock", std::string("landlock_create_ruleset(") + what + ")");
   UniqueFd root(open("/", O_PATH | O_DIRECTORY | O_CLOEXEC));
   if (!root.valid()) return Status::Errno("landlock", "open(O_PATH)", "/");
   if (AddRule(fd.get(), root.get(), LANDLOCK_ACCESS_FS_REFER) != 0) {
@@ -143,23 +142,22 @@ Result<UniqueFd> SignalScopeRuleset() {
   return fd;
 }
 
+}  // namespace
+
+Result<UniqueFd> SignalScopeRuleset() {
+  if (LandlockAbiVersion() < 6) return UniqueFd();
+  LandlockRulesetAttr attr{};
+  attr.scoped = LANDLOCK_SCOPE_SIGNAL;
+  return LayerWithoutFileRules(attr, "LANDLOCK_SCOPE_SIGNAL");
+}
+
 Result<UniqueFd> NoNetworkRuleset() {
   const int abi = LandlockAbiVersion();
   if (abi < 4) return UniqueFd();
-  // REFER granted everywhere, as in SignalScopeRuleset: only the layer
-  // below decides about files.
   LandlockRulesetAttr attr{};
-  attr.handled_access_fs = LANDLOCK_ACCESS_FS_REFER;
   attr.handled_access_net = LANDLOCK_ACCESS_NET_BIND_TCP | LANDLOCK_ACCESS_NET_CONNECT_TCP;  // no port rule: none
   if (abi >= 6) attr.scoped = LANDLOCK_SCOPE_SIGNAL | LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET;
-  UniqueFd fd(CreateRuleset(&attr, sizeof(attr), 0));
-  if (!fd.valid()) return Status::Errno("landlock", "landlock_create_ruleset(no network)");
-  UniqueFd root(open("/", O_PATH | O_DIRECTORY | O_CLOEXEC));
-  if (!root.valid()) return Status::Errno("landlock", "open(O_PATH)", "/");
-  if (AddRule(fd.get(), root.get(), LANDLOCK_ACCESS_FS_REFER) != 0) {
-    return Status::Errno("landlock", "landlock_add_rule(REFER)", "/");
-  }
-  return fd;
+  return LayerWithoutFileRules(attr, "no network");
 }
 
 int RestrictSelfTo(int ruleset) { return RestrictSelf(ruleset); }

@@ -1185,7 +1185,7 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
             no_network_ready = true;
           }
         }
-        if (op == "exec" && no_network_error) {
+        if (op == "exec" && no_network_error && exec_io >= 3) {
           WriteFully(received[first_io + 2].get(), "{\"t\":\"exec_error\",\"stage\":\"seccomp\",\"syscall\":\"\",\"path\":\"\",\"message\":\"" +
                                                        JsonEscape(*no_network_error) + "\",\"errno\":0}\n");
         } else if (op == "exec" && (exec_io == 3 || exec_io == 4) && req.contains("argv") && req["argv"].is_array() && !req["argv"].empty()) {

@@ -1,70 +1,20 @@
 // run_code through the daemon's API: programs that call the session's tools
 // as functions, each in a fresh process of the session's world, with no
 // network of their own even where bash has one; and hostile programs.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <string>
-#include <thread>
 
 #include "daemon_fixture.h"
+#include "upstream.h"
 
 namespace agentbox::session_test {
 namespace {
 
 using e2e::Contains;
 using e2e::TempDir;
-
-// A TCP server on 127.0.0.1 that answers "ok" to each connection and counts them.
-class Listener {
- public:
-  Listener() {
-    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    if (fd_ >= 0 && bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && listen(fd_, 64) == 0 &&
-        getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-      port_ = ntohs(a.sin_port);
-      thread_ = std::thread([this] { Serve(); });
-    }
-  }
-  ~Listener() {
-    stop_ = true;
-    if (thread_.joinable()) thread_.join();
-    if (fd_ >= 0) close(fd_);
-  }
-  int port() const { return port_; }
-  int Accepted() const { return accepted_; }
-
- private:
-  void Serve() {
-    while (!stop_) {
-      pollfd p = {fd_, POLLIN, 0};
-      if (poll(&p, 1, 100) <= 0) continue;
-      int c = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (c < 0) continue;
-      ++accepted_;
-      char buf[4096];
-      pollfd in = {c, POLLIN, 0};
-      if (poll(&in, 1, 2000) > 0) (void)!read(c, buf, sizeof buf);
-      (void)!write(c, "HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok", 40);
-      close(c);
-    }
-  }
-  int fd_ = -1;
-  int port_ = 0;
-  std::atomic<int> accepted_{0};
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
-};
 
 class CodeModeTest : public ::testing::Test {
  protected:
@@ -245,7 +195,7 @@ TEST_F(CodeModeTest, AReplayedProgramRunsNothing) {
 // way out that does not go through its bindings. Each would be a connection
 // on the listener (or a descriptor) if the claim were false.
 TEST_F(CodeModeTest, AProgramHasNoNetworkEvenWhereBashHasOne) {
-  Listener host;
+  Upstream host;
   ASSERT_GT(host.port(), 0);
   const std::string target = "127.0.0.1:" + std::to_string(host.port());
   const std::string id =
@@ -253,7 +203,7 @@ TEST_F(CodeModeTest, AProgramHasNoNetworkEvenWhereBashHasOne) {
   // Bash reaches it (through the egress proxy): the network is there to take.
   json reached = Bash(c(), id, "NO_PROXY= no_proxy= curl -sS --max-time 10 http://" + target + "/ && echo");
   ASSERT_EQ(reached.value("output", ""), "ok\n") << reached.dump(2);
-  ASSERT_EQ(host.Accepted(), 1);
+  ASSERT_EQ(host.served(), 1);
   // A background bash process holds a connected socket: the program may try
   // to take it from there.
   ASSERT_EQ(Bash(c(), id, "(exec 7<>/dev/tcp/127.0.0.1/${HTTP_PROXY##*:}; sleep 300) >/dev/null 2>&1 & echo $! > /tmp/holder")
@@ -315,7 +265,8 @@ TEST_F(CodeModeTest, AProgramHasNoNetworkEvenWhereBashHasOne) {
     EXPECT_EQ(js["result"].value("raw", 0), -13) << js.dump(2);
   }
   // Nothing reached the host but bash's one request.
-  EXPECT_EQ(host.Accepted(), 1);
+  EXPECT_EQ(host.served(), 1);
+  EXPECT_EQ(host.held(), 0);
   (void)Bash(c(), id, "kill $(cat /tmp/holder)");
 }
 

@@ -1,6 +1,6 @@
 // A TCP server on a loopback address for the session tests: answers a GET
-// with "ok" and holds any other connection open, noting when its peer
-// closes it. Stopped (its thread joined, its sockets closed) by the destructor.
+// with "ok" (counted) and holds any other connection open, noting when its
+// peer closes it. Stopped (its thread joined, its sockets closed) by the destructor.
 #pragma once
 
 #include <arpa/inet.h>
@@ -44,6 +44,7 @@ class Upstream {
     return static_cast<int>(held_.size());
   }
   int closed() const { return closed_; }
+  int served() const { return served_; }  // GETs answered
 
  private:
   void Serve() {
@@ -63,6 +64,7 @@ class Upstream {
           static const char kOk[] = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok";
           (void)!send(c, kOk, sizeof kOk - 1, MSG_NOSIGNAL);
           close(c);
+          ++served_;
         } else {
           std::lock_guard<std::mutex> l(mu_);
           held_.push_back(c);
@@ -84,6 +86,7 @@ class Upstream {
   int port_ = 0;
   std::atomic<bool> stop_{false};
   std::atomic<int> closed_{0};
+  std::atomic<int> served_{0};
   std::mutex mu_;
   std::vector<int> held_;
   std::thread thread_;
