@@ -175,7 +175,7 @@ test('run_code is listed with its bindings, and a program calls the upstream too
     t.skip('not applicable here: neither python3 nor node is on the read-only system');
     return;
   }
-  for (const b of ['tools.read_file(path, offset?, limit?)', 'tools.tracker.search_issues(query', 'tools.glob(pattern)']) {
+  for (const b of ['tools.read_file(path, limit?, offset?)', 'tools.tracker.search_issues(query', 'tools.glob(pattern)']) {
     assert.ok(runCode.description.includes(b), `${b} is not in run_code's description:\n${runCode.description}`);
   }
   assert.ok(!runCode.description.includes('tools.bash('), 'bash is bound without tools.run_code.bash');

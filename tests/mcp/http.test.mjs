@@ -12,7 +12,7 @@ import path from 'node:path';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 
-import { BIN, makeSandboxDirs, LineLog } from './lib.mjs';
+import { BIN, makeSandboxDirs, LineLog, SESSION_TOOLS } from './lib.mjs';
 
 let dirs;
 let daemon;
@@ -100,7 +100,7 @@ test('two clients at once, each in a session of its own on the same workspace', 
     assert.ok(a.transport.sessionId && b.transport.sessionId);
     assert.notEqual(a.transport.sessionId, b.transport.sessionId);
     const [ta, tb] = await Promise.all([a.client.listTools(), b.client.listTools()]);
-    assert.equal(ta.tools.length, 9);
+    assert.equal(ta.tools.length, SESSION_TOOLS.length);
     assert.deepEqual(ta.tools.map((t) => t.name), tb.tools.map((t) => t.name));
 
     await Promise.all([
@@ -211,6 +211,6 @@ test('authentication: TCP needs the bearer token; a foreign Origin is refused; t
   assert.equal(viaUnix.status, 200, viaUnix.body);
   const sid = viaUnix.headers['mcp-session-id'];
   const list = await request({ unix: true, body: { jsonrpc: '2.0', id: 3, method: 'tools/list' }, headers: { 'Mcp-Session-Id': sid } });
-  assert.equal(list.json().result.tools.length, 9);
+  assert.equal(list.json().result.tools.length, SESSION_TOOLS.length);
   assert.equal((await request({ method: 'DELETE', unix: true, headers: { 'Mcp-Session-Id': sid } })).status, 204);
 });

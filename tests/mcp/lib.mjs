@@ -14,6 +14,16 @@ if (!BIN) throw new Error('AGENTBOX_BIN is not set (the agentbox binary under te
 // The host name the policy allows; anything else is refused by the proxy.
 export const ALLOWED_HOST = 'allowed.example';
 
+// run_code's languages on this host, found where the server looks for them
+// (python3 and node on the read-only system, /usr/bin or /bin).
+const onSystem = (name) => ['/usr/bin/', '/bin/'].some((d) => fs.existsSync(d + name));
+export const CODE_LANGUAGES = [...(onSystem('python3') ? ['python'] : []), ...(onSystem('node') ? ['javascript'] : [])];
+
+// The session's own tools, in the order tools/list gives them; run_code only
+// where the host has an interpreter for it.
+export const SESSION_TOOLS = ['bash', 'read_file', 'write_file', 'edit_file', 'list_dir', 'glob', 'diff', 'snapshot',
+  'request_escalation', ...(CODE_LANGUAGES.length > 0 ? ['run_code'] : [])];
+
 export const POLICY = `version: 1
 mode: workspace-write
 filesystem:

@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
 
-import { makeSandboxDirs, RawServer } from './lib.mjs';
+import { makeSandboxDirs, RawServer, SESSION_TOOLS } from './lib.mjs';
 
 let dirs;
 let server;
@@ -43,7 +43,7 @@ test('a request before initialize is refused (-32002); ping is answered', async 
   const init = await server.initialize();
   assert.equal(init.result.protocolVersion, '2025-06-18');
   await server.request(7, 'tools/list');
-  assert.equal((await server.response(7)).result.tools.length, 9);
+  assert.equal((await server.response(7)).result.tools.length, SESSION_TOOLS.length);
 });
 
 test('initialize answers a supported older revision, and the latest for an unknown one', async () => {

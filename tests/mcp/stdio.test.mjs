@@ -7,9 +7,7 @@ import path from 'node:path';
 import Ajv from 'ajv';
 import { McpError } from '@modelcontextprotocol/sdk/types.js';
 
-import { makeSandboxDirs, connectStdio, ALLOWED_HOST } from './lib.mjs';
-
-const EXPECTED_TOOLS = ['bash', 'read_file', 'write_file', 'edit_file', 'list_dir', 'glob', 'diff', 'snapshot', 'request_escalation'];
+import { makeSandboxDirs, connectStdio, ALLOWED_HOST, SESSION_TOOLS, CODE_LANGUAGES } from './lib.mjs';
 
 let dirs;
 let conn;
@@ -44,7 +42,7 @@ test('initialize negotiates the current revision and names the server', () => {
 });
 
 test('tools/list has every session tool with a description for a model', () => {
-  assert.deepEqual(tools.map((t) => t.name), EXPECTED_TOOLS);
+  assert.deepEqual(tools.map((t) => t.name), SESSION_TOOLS);
   for (const t of tools) {
     assert.ok(t.description.length > 100, `${t.name}: description too short`);
     assert.equal(t.inputSchema.type, 'object');
@@ -57,6 +55,10 @@ test('tools/list has every session tool with a description for a model', () => {
   assert.match(bash.description, /not a bug/);
 });
 
+// A valid value for each required field of the session's tools.
+const SAMPLE = { command: 'true', path: 'sample.txt', content: 'x\n', old: 'x', new: 'y', pattern: '*.txt',
+  offer_id: 'esc-000000000000', reason: 'a sample', language: CODE_LANGUAGES[0], code: '1' };
+
 test('every schema compiles (ajv, strict) and the server agrees with it on bad arguments', async () => {
   const ajv = new Ajv({ strict: true, allErrors: true });
   for (const t of tools) {
@@ -64,7 +66,7 @@ test('every schema compiles (ajv, strict) and the server agrees with it on bad a
     ajv.compile(t.outputSchema);
     // An unknown field is invalid to the schema and to the server.
     const bad = { no_such_field: 1 };
-    for (const r of t.inputSchema.required ?? []) bad[r] = 'x';
+    for (const r of t.inputSchema.required ?? []) bad[r] = SAMPLE[r];
     assert.equal(validIn(bad), false, `${t.name}: schema accepts an unknown field`);
     await assert.rejects(call(t.name, bad), (e) => e instanceof McpError && e.code === -32602 && /no_such_field/.test(e.message));
     // A missing required field likewise.
@@ -83,18 +85,17 @@ test('every schema compiles (ajv, strict) and the server agrees with it on bad a
 // What each schema declares optional the server takes absent; what it
 // requires, it requires; undeclared fields are refused (above).
 test('every tool runs with its required fields alone, and optional ones are accepted', async () => {
-  const sample = { command: 'true', path: 'sample.txt', content: 'x\n', old: 'x', new: 'y', pattern: '*.txt',
-    offer_id: 'esc-000000000000', reason: 'a sample' };
   const optional = {
     bash: { timeout: 30, stdin: '', cwd: '.', env: { SAMPLE: '1' } },
     read_file: { offset: 1, limit: 1 },
     list_dir: { path: '.' },
+    run_code: { timeout: 30 },
   };
   for (const t of tools) {
     const args = {};
     for (const r of t.inputSchema.required ?? []) {
-      assert.ok(r in sample, `${t.name}.${r}: no sample value`);
-      args[r] = sample[r];
+      assert.ok(r in SAMPLE, `${t.name}.${r}: no sample value`);
+      args[r] = SAMPLE[r];
     }
     if (t.name === 'edit_file') await call('write_file', { path: 'sample.txt', content: 'x\n' });
     const r = await call(t.name, args);
