@@ -41,7 +41,7 @@ Json ErrorResult(const std::string& upstream, const std::string& tool, const std
 struct Gateway::Slot {
   UpstreamSpec spec;
   std::mutex mu;  // start and list
-  std::shared_ptr<StdioUpstream> running;
+  std::shared_ptr<Upstream> running;
   bool listed = false;
   Json tools = Json::array();  // allowed and offered, the upstream's own names
 };
@@ -64,24 +64,31 @@ bool Gateway::Routes(const std::string& name) const {
   return std::any_of(slots_.begin(), slots_.end(), [&](const auto& s) { return s->spec.name == prefix; });
 }
 
-Result<std::shared_ptr<StdioUpstream>> Gateway::Running(Slot& slot) {
+Result<std::shared_ptr<Upstream>> Gateway::Running(Slot& slot) {
   if (slot.running && slot.running->alive()) return slot.running;
   slot.running.reset();
   const UpstreamSpec& u = slot.spec;
-  if (u.command.empty()) {
-    return Status::Error("upstream", "upstream " + u.name + ": Streamable HTTP upstreams (url) are not served in this "
-                                     "version; give a stdio command");
-  }
-  std::vector<std::string> env;
+  std::string secret;
   if (!u.secret.empty()) {
     auto value = secret_(u.secret);
     if (!value.ok()) return Status::Error("upstream", "upstream " + u.name + ": " + value.status().message());
-    env.push_back(u.secret_env + "=" + *value);
+    secret = std::move(*value);
   }
-  auto started = StdioUpstream::Start(u.name, u.command, env, std::chrono::milliseconds(u.timeout_ms));
+  const auto timeout = std::chrono::milliseconds(u.timeout_ms);
+  if (!u.url.empty()) {
+    auto started = HttpUpstream::Start(u.name, u.url, secret, timeout);
+    std::fill(secret.begin(), secret.end(), '\0');
+    if (!started.ok()) return started.status();
+    slot.running = std::shared_ptr<Upstream>(std::move(*started));
+    return slot.running;
+  }
+  std::vector<std::string> env;
+  if (!u.secret.empty()) env.push_back(u.secret_env + "=" + secret);
+  std::fill(secret.begin(), secret.end(), '\0');
+  auto started = StdioUpstream::Start(u.name, u.command, env, timeout);
   for (std::string& e : env) std::fill(e.begin(), e.end(), '\0');
   if (!started.ok()) return started.status();
-  slot.running = std::shared_ptr<StdioUpstream>(std::move(*started));
+  slot.running = std::shared_ptr<Upstream>(std::move(*started));
   return slot.running;
 }
 
@@ -153,7 +160,7 @@ Result<Json> Gateway::Call(const std::string& name, const Json& input) {
   }
   if (!problem.empty()) return Status::Error(kBadRequest, problem);
 
-  std::shared_ptr<StdioUpstream> up;
+  std::shared_ptr<Upstream> up;
   {
     std::lock_guard<std::mutex> lock(slot.mu);
     auto running = Running(slot);

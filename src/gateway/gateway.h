@@ -1,9 +1,10 @@
 // The tool gateway of one session (policy `tools.upstream`, docs/tools.md):
 // the upstream MCP servers' allowed tools under one namespace, NAME.TOOL,
-// next to the session's own. The daemon starts each server outside every
-// sandbox the first time one of its tools is listed or called, holds its
-// credential (given to a stdio server in its environment, never to a
-// sandbox), checks every call's input against the tool's schema before the
+// next to the session's own. The daemon starts each server (or opens its
+// session, for a Streamable HTTP one) outside every sandbox the first time
+// one of its tools is listed or called, holds its credential (given to a
+// stdio server in its environment, to an HTTP one as a bearer header on
+// each request, never to a sandbox), checks every call's input against the tool's schema before the
 // server sees it, and bounds each call by the upstream's timeout.
 //
 // A tool the policy does not allow does not exist: it is neither listed nor
@@ -29,7 +30,7 @@
 namespace agentbox::gateway {
 
 using Json = nlohmann::json;
-class StdioUpstream;
+class Upstream;
 
 // The value of the secret credentials.secrets NAME, read from its source.
 using SecretValue = std::function<Result<std::string>(const std::string& name)>;
@@ -63,7 +64,7 @@ class Gateway {
  private:
   struct Slot;
   // The running server of `slot`, started (again) when there is none.
-  Result<std::shared_ptr<StdioUpstream>> Running(Slot& slot);
+  Result<std::shared_ptr<Upstream>> Running(Slot& slot);
   Result<Json> Listed(Slot& slot);  // its tools/list, filtered by allow (cached)
 
   std::vector<std::unique_ptr<Slot>> slots_;

@@ -23,11 +23,6 @@ constexpr const char* kProtocol = "2025-06-18";
 constexpr std::size_t kMaxLine = 8 * 1024 * 1024;  // one message from the server
 constexpr std::size_t kStderrTail = 4096;
 
-std::string Seconds(std::chrono::milliseconds d) {
-  const auto ms = d.count();
-  return ms % 1000 == 0 ? std::to_string(ms / 1000) + " s" : std::to_string(ms) + " ms";
-}
-
 // The environment a server starts with: enough to run, nothing of the
 // daemon's own (its secrets' sources, its tokens).
 std::vector<std::string> BaseEnvironment(const std::vector<std::string>& extra) {
@@ -103,11 +98,7 @@ Result<std::unique_ptr<StdioUpstream>> StdioUpstream::Start(const std::string& n
   out_w.reset();
 
   std::unique_ptr<StdioUpstream> up(new StdioUpstream(name, pid, std::move(in_w), std::move(out_r), std::move(err)));
-  auto init = up->Request("initialize",
-                          {{"protocolVersion", kProtocol},
-                           {"capabilities", Json::object()},
-                           {"clientInfo", {{"name", "agentbox-gateway"}, {"version", "1"}}}},
-                          timeout);
+  auto init = up->Request("initialize", InitializeParams(), timeout);
   if (!init.ok()) return init.status();
   up->server_info_ = init->value("serverInfo", Json::object());
   if (Status s = up->Send({{"jsonrpc", "2.0"}, {"method", "notifications/initialized"}}); !s.ok()) return s;
@@ -115,7 +106,7 @@ Result<std::unique_ptr<StdioUpstream>> StdioUpstream::Start(const std::string& n
 }
 
 StdioUpstream::StdioUpstream(std::string name, pid_t pid, linux::UniqueFd in, linux::UniqueFd out, linux::UniqueFd err)
-    : name_(std::move(name)), pid_(pid), in_(std::move(in)), out_(std::move(out)), err_(std::move(err)) {
+    : Upstream(std::move(name)), pid_(pid), in_(std::move(in)), out_(std::move(out)), err_(std::move(err)) {
   int wake[2];
   if (pipe2(wake, O_CLOEXEC | O_NONBLOCK) == 0) {
     wake_r_.reset(wake[0]);
@@ -293,6 +284,21 @@ Result<Json> StdioUpstream::Request(const std::string& method, const Json& param
   }
   Json answer = std::move(it->second);
   answers_.erase(it);
+  return AnswerResult(method, answer);
+}
+
+std::string Upstream::Seconds(std::chrono::milliseconds d) {
+  const auto ms = d.count();
+  return ms % 1000 == 0 ? std::to_string(ms / 1000) + " s" : std::to_string(ms) + " ms";
+}
+
+Json Upstream::InitializeParams() {
+  return {{"protocolVersion", kProtocol},
+          {"capabilities", Json::object()},
+          {"clientInfo", {{"name", "agentbox-gateway"}, {"version", "1"}}}};
+}
+
+Result<Json> Upstream::AnswerResult(const std::string& method, const Json& answer) const {
   if (answer.contains("error")) {
     const Json& e = answer["error"];
     return Status::Error(kStage, "upstream " + name_ + " refused " + method + ": " +
@@ -303,7 +309,7 @@ Result<Json> StdioUpstream::Request(const std::string& method, const Json& param
   return answer["result"];
 }
 
-Result<Json> StdioUpstream::ListTools(std::chrono::milliseconds timeout) {
+Result<Json> Upstream::ListTools(std::chrono::milliseconds timeout) {
   Json tools = Json::array();
   Json params = Json::object();
   for (int page = 0; page < 100; ++page) {
@@ -318,7 +324,7 @@ Result<Json> StdioUpstream::ListTools(std::chrono::milliseconds timeout) {
   return Status::Error(kStage, "upstream " + name_ + " lists tools over more than 100 pages");
 }
 
-Result<Json> StdioUpstream::CallTool(const std::string& tool, const Json& arguments, std::chrono::milliseconds timeout) {
+Result<Json> Upstream::CallTool(const std::string& tool, const Json& arguments, std::chrono::milliseconds timeout) {
   return Request("tools/call", {{"name", tool}, {"arguments", arguments}}, timeout);
 }
 

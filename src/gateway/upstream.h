@@ -38,7 +38,37 @@ namespace agentbox::gateway {
 
 using Json = nlohmann::json;
 
-class StdioUpstream {
+// What the gateway asks of an upstream, whatever its transport.
+class Upstream {
+ public:
+  virtual ~Upstream() = default;
+
+  // A JSON-RPC request: its result, or an error (stage "upstream") for an
+  // error answer, no answer within `timeout`, or a server that is gone.
+  virtual Result<Json> Request(const std::string& method, const Json& params, std::chrono::milliseconds timeout) = 0;
+  // tools/list, every page: the Tool objects.
+  Result<Json> ListTools(std::chrono::milliseconds timeout);
+  // tools/call: the CallToolResult.
+  Result<Json> CallTool(const std::string& tool, const Json& arguments, std::chrono::milliseconds timeout);
+
+  // False once the server is gone (a stdio server exited, an HTTP server
+  // ended its session): the gateway starts it again.
+  virtual bool alive() const = 0;
+  const Json& server_info() const { return server_info_; }
+
+ protected:
+  explicit Upstream(std::string name) : name_(std::move(name)) {}
+  // The result of JSON-RPC `answer` to `method`, or the error it carries.
+  Result<Json> AnswerResult(const std::string& method, const Json& answer) const;
+  // The initialize request's parameters (the protocol revision asked for).
+  static Json InitializeParams();
+  static std::string Seconds(std::chrono::milliseconds d);  // "10 s", "250 ms"
+
+  std::string name_;
+  Json server_info_;
+};
+
+class StdioUpstream : public Upstream {
  public:
   // Starts `argv` (argv[0] looked up in PATH when it has no '/') with `env`
   // ("NAME=VALUE") over the minimal environment, and runs MCP's
@@ -50,17 +80,9 @@ class StdioUpstream {
   StdioUpstream(const StdioUpstream&) = delete;
   StdioUpstream& operator=(const StdioUpstream&) = delete;
 
-  // A JSON-RPC request: its result, or an error (stage "upstream") for an
-  // error answer, no answer within `timeout`, or a server that is gone.
-  Result<Json> Request(const std::string& method, const Json& params, std::chrono::milliseconds timeout);
-  // tools/list, every page: the Tool objects.
-  Result<Json> ListTools(std::chrono::milliseconds timeout);
-  // tools/call: the CallToolResult.
-  Result<Json> CallTool(const std::string& tool, const Json& arguments, std::chrono::milliseconds timeout);
-
-  bool alive() const;
+  Result<Json> Request(const std::string& method, const Json& params, std::chrono::milliseconds timeout) override;
+  bool alive() const override;
   pid_t pid() const { return pid_; }
-  const Json& server_info() const { return server_info_; }
 
  private:
   StdioUpstream(std::string name, pid_t pid, linux::UniqueFd in, linux::UniqueFd out, linux::UniqueFd err);
@@ -69,13 +91,11 @@ class StdioUpstream {
   // Why the server is gone, with its stderr's tail ("" while it runs).
   std::string GoneReason() const;
 
-  std::string name_;
   pid_t pid_ = -1;
   linux::UniqueFd in_;   // its stdin
   linux::UniqueFd out_;  // its stdout, read by reader_
   linux::UniqueFd err_;  // a file with its stderr
   linux::UniqueFd wake_r_, wake_w_;  // the destructor's word to the reader
-  Json server_info_;
 
   mutable std::mutex mu_;
   std::condition_variable answered_;
@@ -85,6 +105,56 @@ class StdioUpstream {
   std::string gone_why_;
   std::mutex write_mu_;
   std::thread reader_;
+};
+
+// A Streamable HTTP server (MCP's HTTP transport, revision 2025-06-18): each
+// message a POST to the endpoint, with the credential as an
+// `Authorization: Bearer` header on every request, the session id the
+// server gives (Mcp-Session-Id) and the protocol revision; an answer as one
+// JSON body or as an event stream, read until the request's own response
+// (pings the server sends on it are answered, other requests refused). A
+// redirect is never followed (the credential stays with the URL the policy
+// names); https verifies the server's certificate and name against the
+// system's trust store (OpenSSL's default paths, SSL_CERT_FILE honoured).
+// A 404 on the session marks the server gone, so the gateway starts a new
+// session; the destructor ends it (DELETE).
+class HttpUpstream : public Upstream {
+ public:
+  static Result<std::unique_ptr<HttpUpstream>> Start(const std::string& name, const std::string& url,
+                                                     const std::string& bearer, std::chrono::milliseconds timeout);
+  ~HttpUpstream() override;
+  HttpUpstream(const HttpUpstream&) = delete;
+  HttpUpstream& operator=(const HttpUpstream&) = delete;
+
+  Result<Json> Request(const std::string& method, const Json& params, std::chrono::milliseconds timeout) override;
+  bool alive() const override;
+
+  struct Url {
+    bool tls = false;
+    std::string host;  // without brackets
+    std::string port;
+    std::string target;  // path and query, "/" at least
+  };
+  // "http(s)://HOST[:PORT][/PATH]"; no user info, no fragment.
+  static Result<Url> ParseUrl(const std::string& url);
+
+  struct Reply;  // one exchange's outcome (http_upstream.cc)
+
+ private:
+  HttpUpstream(std::string name, Url url, std::string bearer);
+  // POSTs `message` (DELETE when null) and reads until the response to
+  // `id` (or, for a notification, the status alone).
+  Reply Exchange(const Json* message, const Json& id, std::chrono::milliseconds timeout);
+  // Answers what the server asked on an event stream (ping; others -32601).
+  void AnswerServer(const Json& request);
+
+  Url url_;
+  std::string bearer_;
+  mutable std::mutex mu_;
+  std::string session_id_;       // Mcp-Session-Id, once the server gives one
+  std::string protocol_;         // the revision initialize agreed
+  bool gone_ = false;
+  std::int64_t next_id_ = 1;
 };
 
 }  // namespace agentbox::gateway

@@ -377,6 +377,10 @@ std::optional<Json> Server::CallTool(const Json& id, const Json& params, const N
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (const auto& s : upstream_specs_) names += ", " + s.name;
+      // An upstream that could not list its tools says why its tools are missing.
+      if (auto e = upstream_errors_.find(name.substr(0, name.find('.'))); e != upstream_errors_.end()) {
+        names += "; " + e->second;
+      }
     }
     return Error(id, kInvalidParams, "tools/call: unknown tool \"" + name + "\" (tools: " + names + ")");
   }
@@ -450,8 +454,11 @@ std::optional<ToolSpec> Server::RefreshUpstream(const std::string& name) {
     spec.output_schema = t.value("outputSchema", Json());
     specs.push_back(std::move(spec));
   }
+  std::map<std::string, std::string> errors;
+  for (const Json& e : listed->value("errors", Json::array())) errors[e.value("upstream", "")] = e.value("error", "");
   std::lock_guard<std::mutex> lock(mu_);
   upstream_specs_ = std::move(specs);
+  upstream_errors_ = std::move(errors);
   for (const auto& s : upstream_specs_) {
     if (s.name == name) return s;
   }

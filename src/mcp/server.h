@@ -154,6 +154,7 @@ class Server {
   // The session's upstream tools as last listed (tools/list, or a call of
   // one not listed yet); mu_.
   std::vector<ToolSpec> upstream_specs_;
+  std::map<std::string, std::string> upstream_errors_;  // NAME → why its tools could not be listed (mu_)
   // Lists them again; the spec named `name`, if any.
   std::optional<ToolSpec> RefreshUpstream(const std::string& name);
   // run_code as this session offers it now (its bindings listed), or none.

@@ -1243,6 +1243,7 @@ Status Parser::ParseUpstream(const Field& f, UpstreamSpec& out) const {
     return !n.empty() && n.size() <= 64 &&
            std::all_of(n.begin(), n.end(), [](unsigned char c) { return std::isalnum(c) || c == '_' || c == '-'; });
   };
+  bool secret_env_given = false;
   Status status = ForEachKey(
       f, {"name", "command", "url", "secret", "secret_env", "allow", "timeout"},
       [&](const std::string& key, const Field& v) -> Status {
@@ -1271,10 +1272,16 @@ Status Parser::ParseUpstream(const Field& f, UpstreamSpec& out) const {
           if (out.url.rfind("http://", 0) != 0 && out.url.rfind("https://", 0) != 0) {
             return Fail(v, "\"" + out.url + "\" is not an http:// or https:// URL");
           }
-          return Fail(v, "Streamable HTTP upstreams are not served in this version: give a stdio command");
+          if (out.url.find('@') != std::string::npos) {
+            return Fail(v, "\"" + out.url + "\": user info in the URL is refused; give the credential as secret");
+          }
+          return Status();
         }
         if (key == "secret") return ReadString(v, out.secret);
-        if (key == "secret_env") return ReadEnvName(v, out.secret_env);
+        if (key == "secret_env") {
+          secret_env_given = true;
+          return ReadEnvName(v, out.secret_env);
+        }
         if (key == "allow") {
           Status s = ForEachItem(v, [&](const Field& item) -> Status {
             std::string name;
@@ -1293,6 +1300,10 @@ Status Parser::ParseUpstream(const Field& f, UpstreamSpec& out) const {
   if (Status s = RequireKeys(f, {"name", "allow"}); !s.ok()) return s;
   if (out.command.empty() == out.url.empty()) {
     return Fail(f, "tools.upstream " + out.name + ": give exactly one of command (a stdio server) and url (Streamable HTTP)");
+  }
+  if (!out.url.empty() && secret_env_given) {
+    return Fail(f, "tools.upstream " + out.name + ": secret_env is for a stdio server; a url upstream gets its secret "
+                   "as an Authorization: Bearer header");
   }
   return Status();
 }

@@ -678,8 +678,17 @@ TEST(PolicyParse, ToolsUpstreamMistakesAreNamed) {
   EXPECT_NE(error("tools:\n  upstream:\n    - { name: t, command: [x], allow: [a] }\n    - { name: t, command: [y], allow: [b] }\n")
                 .find("a second upstream named t"),
             std::string::npos);
-  EXPECT_NE(error("tools:\n  upstream:\n    - { name: t, url: \"http://127.0.0.1:9/mcp\", allow: [a] }\n")
-                .find("Streamable HTTP upstreams are not served in this version"),
+  EXPECT_NE(error("tools:\n  upstream:\n    - { name: t, url: \"ftp://127.0.0.1:9/mcp\", allow: [a] }\n")
+                .find("\"ftp://127.0.0.1:9/mcp\" is not an http:// or https:// URL"),
+            std::string::npos);
+  EXPECT_NE(error("tools:\n  upstream:\n    - { name: t, url: \"http://me:pw@127.0.0.1:9/mcp\", allow: [a] }\n")
+                .find("user info in the URL is refused"),
+            std::string::npos);
+  EXPECT_NE(error("tools:\n  upstream:\n    - { name: t, url: \"http://127.0.0.1:9/mcp\", secret_env: T, allow: [a] }\n")
+                .find("secret_env is for a stdio server"),
+            std::string::npos);
+  EXPECT_NE(error("tools:\n  upstream:\n    - { name: t, url: \"http://127.0.0.1:9/mcp\", command: [x], allow: [a] }\n")
+                .find("give exactly one of command"),
             std::string::npos);
   // A secret with no hosts that no upstream uses would go nowhere: an error.
   EXPECT_NE(error("credentials:\n  secrets:\n    lost: { from: { env: X } }\n")

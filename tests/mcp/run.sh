@@ -14,7 +14,7 @@ who="$1" bin="$(realpath "$2")"
 shift 2
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 files=("$@")
-[ ${#files[@]} -gt 0 ] || files=(stdio.test.mjs protocol.test.mjs http.test.mjs gateway.test.mjs)
+[ ${#files[@]} -gt 0 ] || files=(stdio.test.mjs protocol.test.mjs http.test.mjs gateway.test.mjs gateway_http.test.mjs)
 
 # npm ci, once per lock file (serialised: two ctest entries may start together).
 exec 9<"$here/package-lock.json"

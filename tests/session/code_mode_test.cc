@@ -8,6 +8,7 @@
 #include <string>
 
 #include "daemon_fixture.h"
+#include "host_facts.h"
 #include "upstream.h"
 
 namespace agentbox::session_test {
@@ -295,6 +296,39 @@ TEST_F(CodeModeTest, AHostileProgramCannotWedgeItsCallOrTheDaemon) {
                    "os.write(3, (json.dumps({'t': 'call', 'id': 'x', 'name': 'glob'}) + '\\n').encode())\n"
                    "import time\ntime.sleep(0.2)\n1\n");
   EXPECT_TRUE(Contains(spoof.value("protocol_error", ""), "integer id")) << spoof.dump(2);
+  EXPECT_EQ(Bash(c(), id, "echo still-serving").value("output", ""), "still-serving\n");
+}
+
+// A flood of binding calls meets the per-program cap; a program that sends
+// calls and never reads the answers is ended by its timeout; the daemon
+// serves the session's next call either way.
+TEST_F(CodeModeTest, AFloodOfCallsMeetsTheCapAndAProgramThatNeverReadsEndsAtItsTimeout) {
+  const std::string id = CreateSession(c(), ws_.path());
+  json flood = Run(id, "python",
+                   "import tools\nfirst = None\nfor i in range(10001):\n"
+                   "    r = await tools.call('nope', {})\n    first = first or r['output']\n"
+                   "print(first)\nr['output']\n",
+                   "", {{"timeout", 60}});
+  EXPECT_TRUE(Contains(flood.value("output", ""), "no tool 'nope' in run_code's tools module")) << flood.dump(2);
+  EXPECT_TRUE(Contains(flood.value("output", ""), "this program made more than 10000 tool calls")) << flood.dump(2);
+  json deaf = Run(id, "python",
+                  "import os, json\nline = (json.dumps({'t': 'call', 'id': 1, 'name': 'nope', 'input': {}}) + '\\n').encode()\n"
+                  "for i in range(200000):\n    os.write(3, line)\n'unreachable'\n",
+                  "", {{"timeout", 3}});
+  EXPECT_EQ(deaf.value("kind", ""), "timed_out") << deaf.dump(2);
+  EXPECT_EQ(Bash(c(), id, "echo still-serving").value("output", ""), "still-serving\n");
+}
+
+// A program that takes more memory than the session may have is
+// `oom_killed`, as a bash command would be.
+TEST_F(CodeModeTest, AProgramOverTheMemoryLimitIsOomKilled) {
+  if (!host_facts::CgroupsExpected({"memory"})) {
+    GTEST_SKIP() << "not applicable here: no writable cgroup with the memory controller for this user";
+  }
+  const std::string id = CreateSession(c(), ws_.path(), {{"policy", "version: 1\nresources:\n  memory_gib: { limit: 128Mi }\n"}});
+  ASSERT_FALSE(id.empty());
+  json r = Run(id, "python", "b = bytearray(400 << 20)\nb[::4096] = b'x' * len(b[::4096])\n'held'\n", "", {{"timeout", 60}});
+  EXPECT_EQ(r.value("kind", ""), "oom_killed") << r.dump(2);
   EXPECT_EQ(Bash(c(), id, "echo still-serving").value("output", ""), "still-serving\n");
 }
 
