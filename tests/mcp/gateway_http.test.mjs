@@ -6,7 +6,7 @@
 // cannot reach the tracker themselves. Driven by the official SDK client.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
@@ -22,7 +22,8 @@ const TOKEN_VAR = 'AGENTBOX_TRACKER_TOKEN';
 const WRONG_VAR = 'AGENTBOX_WRONG_TOKEN';
 const token = `trk-${crypto.randomBytes(16).toString('hex')}`;
 
-let dirs, client, transport, log, upstream, upstreamLog, port;
+let dirs, client, transport, log, upstreamLog, port, securePort, strangerPort;
+const upstreams = [];
 
 async function waitForFile(file, ms) {
   const until = Date.now() + ms;
@@ -37,9 +38,24 @@ before(async () => {
   dirs = makeSandboxDirs();
   upstreamLog = path.join(dirs.root, 'upstream.jsonl');
   const portFile = path.join(dirs.root, 'upstream.port');
-  upstream = spawn(process.execPath, [path.join(here, 'upstream_tracker.mjs'), upstreamLog, '--http', portFile],
-    { env: { ...process.env, TRACKER_EXPECT_TOKEN: token }, stdio: ['ignore', 'ignore', 'inherit'] });
-  port = Number(await waitForFile(portFile, 10000));
+  // The https trackers: one with a certificate for 127.0.0.1 that the
+  // daemon trusts (SSL_CERT_FILE), one with a certificate it does not.
+  const cert = (name) => {
+    const c = path.join(dirs.root, `${name}.crt`), k = path.join(dirs.root, `${name}.key`);
+    execFileSync('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes', '-days', '1',
+      '-subj', `/CN=${name}`, '-addext', 'subjectAltName=IP:127.0.0.1', '-keyout', k, '-out', c], { stdio: 'ignore' });
+    return [c, k];
+  };
+  const start = async (name, ...tls) => {
+    const portFile = path.join(dirs.root, `${name}.port`);
+    upstreams.push(spawn(process.execPath, [path.join(here, 'upstream_tracker.mjs'), upstreamLog, '--http', portFile, ...tls],
+      { env: { ...process.env, TRACKER_EXPECT_TOKEN: token }, stdio: ['ignore', 'ignore', 'inherit'] }));
+    return Number(await waitForFile(portFile, 10000));
+  };
+  const trusted = cert('trusted');
+  port = await start('plain');
+  securePort = await start('secure', ...trusted);
+  strangerPort = await start('stranger', ...cert('stranger'));
   fs.writeFileSync(dirs.policy, `version: 1
 mode: workspace-write
 network:
@@ -67,8 +83,20 @@ tools:
       url: "http://127.0.0.1:${port}/mcp"
       secret: wrong_token
       allow: [search_issues]
+    - name: secure
+      url: "https://127.0.0.1:${securePort}/mcp"
+      secret: tracker_token
+      allow: [search_issues]
+    - name: stranger
+      url: "https://127.0.0.1:${strangerPort}/mcp"
+      secret: tracker_token
+      allow: [search_issues]
+    - name: moved
+      url: "http://127.0.0.1:${port}/moved"
+      secret: tracker_token
+      allow: [search_issues]
 `);
-  const env = { [TOKEN_VAR]: token, [WRONG_VAR]: 'not-the-token' };
+  const env = { [TOKEN_VAR]: token, [WRONG_VAR]: 'not-the-token', SSL_CERT_FILE: trusted[0] };
   for (const k of ['PATH', 'HOME', 'LANG', 'TMPDIR']) if (process.env[k]) env[k] = process.env[k];
   transport = new StdioClientTransport({ command: BIN, args: serverArgs(dirs), env, stderr: 'pipe', cwd: dirs.root });
   log = new LineLog(transport.stderr);
@@ -78,7 +106,7 @@ tools:
 
 after(async () => {
   if (client) await client.close();
-  if (upstream) upstream.kill('SIGKILL');
+  for (const u of upstreams) u.kill('SIGKILL');
   if (dirs) dirs.cleanup();
 });
 
@@ -163,6 +191,22 @@ result(f"50 searches: {len(ids)} distinct issues, {open_} open hits\\ndirect: {d
   assert.equal(calls.filter((c) => c.tool === 'search_issues').length, 50);
   assert.ok(calls.every((c) => c.token === token), 'a call reached the upstream without the token');
   assert.ok(!JSON.stringify(r).includes(token));
+});
+
+test('https is verified against the trust store, and a redirect is not followed with the credential', async () => {
+  const before = upstreamCalls().length;
+  const r = await client.callTool({ name: 'secure.search_issues', arguments: { query: 'crash', limit: 1 } });
+  assert.equal(r.isError, false, text(r));
+  assert.equal(JSON.parse(text(r)).length, 1);
+  const calls = upstreamCalls().slice(before);
+  assert.equal(calls.length, 1);
+  assert.equal(calls[0].token, token);
+  await assert.rejects(client.callTool({ name: 'stranger.search_issues', arguments: { query: 'crash' } }),
+    (e) => e.code === -32602 && /upstream stranger \(https:\/\/127\.0\.0\.1:\d+\) cannot be reached: TLS: certificate verify failed/.test(e.message),
+    'a server whose certificate the trust store does not hold was spoken to');
+  await assert.rejects(client.callTool({ name: 'moved.search_issues', arguments: { query: 'crash' } }),
+    (e) => e.code === -32602 && /upstream moved \(http:\/\/127\.0\.0\.1:\d+\) redirects initialize \(HTTP 307 to \/mcp\); a redirect is not followed/.test(e.message));
+  assert.equal(upstreamCalls().length, before + 1);
 });
 
 test('a slow HTTP upstream is bounded by its timeout; a session the server ended is opened again', async () => {

@@ -11,10 +11,12 @@
 //     as an event stream, /mcp-json as JSON bodies; every request must carry
 //     `Authorization: Bearer $TRACKER_EXPECT_TOKEN` (else 401); sessions by
 //     Mcp-Session-Id; POST /end-sessions drops every session (the next
-//     request with an old id gets 404).
+//     request with an old id gets 404); /moved redirects (307) to /mcp.
+//   upstream_tracker.mjs LOG --http PORTFILE CERT KEY   the same over https
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import http from 'node:http';
+import https from 'node:https';
 
 import { Server } from '@modelcontextprotocol/sdk/server/index.js';
 import { StdioServerTransport } from '@modelcontextprotocol/sdk/server/stdio.js';
@@ -23,6 +25,7 @@ import { CallToolRequestSchema, ListToolsRequestSchema, isInitializeRequest } fr
 
 const logFile = process.argv[2];
 const httpPortFile = process.argv[3] === '--http' ? process.argv[4] : undefined;
+const tlsFiles = process.argv[5] ? { cert: fs.readFileSync(process.argv[5]), key: fs.readFileSync(process.argv[6]) } : undefined;
 
 const ISSUES = Array.from({ length: 40 }, (_, i) => ({
   id: i + 1,
@@ -88,7 +91,7 @@ function makeServer() {
 async function serveHttp(portFile) {
   const expected = `Bearer ${process.env.TRACKER_EXPECT_TOKEN}`;
   const sessions = new Map();
-  const httpServer = http.createServer(async (req, res) => {
+  const handler = async (req, res) => {
     try {
       const chunks = [];
       for await (const c of req) chunks.push(c);
@@ -97,6 +100,10 @@ async function serveHttp(portFile) {
         for (const t of sessions.values()) await t.close();
         sessions.clear();
         res.writeHead(204).end();
+        return;
+      }
+      if (url.pathname === '/moved') {
+        res.writeHead(307, { Location: '/mcp' }).end();
         return;
       }
       if (req.headers.authorization !== expected) {
@@ -123,7 +130,8 @@ async function serveHttp(portFile) {
     } catch (e) {
       if (!res.headersSent) res.writeHead(500).end(String(e));
     }
-  });
+  };
+  const httpServer = tlsFiles ? https.createServer(tlsFiles, handler) : http.createServer(handler);
   httpServer.listen(0, '127.0.0.1', () => {
     fs.writeFileSync(`${portFile}.tmp`, String(httpServer.address().port));
     fs.renameSync(`${portFile}.tmp`, portFile);
