@@ -14,7 +14,7 @@ import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
 import { McpError } from '@modelcontextprotocol/sdk/types.js';
 
-import { BIN, LineLog, makeSandboxDirs, serverArgs } from './lib.mjs';
+import { BIN, LineLog, makeSandboxDirs, serverArgs, jsonLines, toolText } from './lib.mjs';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const TOKEN_VAR = 'AGENTBOX_TRACKER_TOKEN';
@@ -56,14 +56,8 @@ after(async () => {
   if (dirs) dirs.cleanup();
 });
 
-function upstreamCalls() {
-  if (!fs.existsSync(upstreamLog)) return [];
-  return fs.readFileSync(upstreamLog, 'utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l));
-}
-
-function text(result) {
-  return result.content.map((c) => c.text ?? '').join('\n');
-}
+const upstreamCalls = () => jsonLines(upstreamLog);
+const text = toolText;
 
 test('the allowed upstream tools are listed next to the session\'s own, with their schemas; the others do not exist', async () => {
   const { tools } = await client.listTools();

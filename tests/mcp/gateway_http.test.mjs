@@ -15,7 +15,7 @@ import { fileURLToPath } from 'node:url';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
 
-import { BIN, CODE_LANGUAGES, LineLog, makeSandboxDirs, serverArgs } from './lib.mjs';
+import { BIN, CODE_LANGUAGES, LineLog, makeSandboxDirs, serverArgs, jsonLines, toolText } from './lib.mjs';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const TOKEN_VAR = 'AGENTBOX_TRACKER_TOKEN';
@@ -110,14 +110,8 @@ after(async () => {
   if (dirs) dirs.cleanup();
 });
 
-function upstreamCalls() {
-  if (!fs.existsSync(upstreamLog)) return [];
-  return fs.readFileSync(upstreamLog, 'utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l));
-}
-
-function text(result) {
-  return result.content.map((c) => c.text ?? '').join('\n');
-}
+const upstreamCalls = () => jsonLines(upstreamLog);
+const text = toolText;
 
 test('an HTTP upstream\'s allowed tools are listed; one that refuses the credential lists none', async () => {
   const { tools } = await client.listTools();

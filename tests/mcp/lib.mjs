@@ -184,3 +184,14 @@ export class RawServer {
     return end;
   }
 }
+
+// The text items of a CallToolResult, joined.
+export function toolText(result) {
+  return result.content.map((c) => c.text ?? '').join('\n');
+}
+
+// The JSON lines of `file` (none while it does not exist).
+export function jsonLines(file) {
+  if (!fs.existsSync(file)) return [];
+  return fs.readFileSync(file, 'utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l));
+}
