@@ -287,12 +287,18 @@ int main(int argc, char** argv) {
   }
   const std::string fifty =
       "import tools\nn = 0\nfor _ in range(50):\n    n += len(await tools.read_file('README'))\nn\n";
-  Stats program50 = Time(10, [&] { Exec(c, warm, "run_code", {{"language", "python"}, {"code", fifty}}); });
-  Add("run_code: 50 read_file bindings", program50, "", "one program, start included");
-  Stats execute50 = Time(10, [&] {
-    for (int i = 0; i < 50; ++i) Exec(c, warm, "read_file", {{"path", "README"}});
+  std::size_t program_bytes = 0, execute_bytes = 0;  // what reaches the model
+  Stats program50 = Time(10, [&] {
+    program_bytes = Exec(c, warm, "run_code", {{"language", "python"}, {"code", fifty}}).value("output", "").size();
   });
-  Add("50 execute read_file calls", execute50, "", "one client, back to back");
+  Add("run_code: 50 read_file bindings", program50, "",
+      "one program, start included; " + std::to_string(program_bytes) + " bytes of output returned");
+  Stats execute50 = Time(10, [&] {
+    execute_bytes = 0;
+    for (int i = 0; i < 50; ++i) execute_bytes += Exec(c, warm, "read_file", {{"path", "README"}}).value("output", "").size();
+  });
+  Add("50 execute read_file calls", execute50, "",
+      "one client, back to back; " + std::to_string(execute_bytes) + " bytes of output returned");
 
   // 5. Snapshot and diff: 10k files, 100 changed before each round.
   const std::string big = Create(c, big_ws);
