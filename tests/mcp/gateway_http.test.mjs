@@ -177,6 +177,7 @@ result(f"50 searches: {len(ids)} distinct issues, {open_} open hits\\ndirect: {d
   const r = await client.callTool({ name: 'run_code', arguments: { language: 'python', code, timeout: 60 } });
   assert.equal(r.isError, false, text(r));
   const lines = text(r).trim().split('\n');
+  t.diagnostic(`the program's output:\n${text(r)}`);
   assert.equal(lines.length, 3, text(r));
   assert.match(lines[0], /^50 searches: \d+ distinct issues, \d+ open hits$/);
   assert.match(lines[1], new RegExp(`^direct: refused: .*run_code programs have no network: 127\\.0\\.0\\.1:${port} refused`), lines[1]);
