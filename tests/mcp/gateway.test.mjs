@@ -10,11 +10,9 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-import { Client } from '@modelcontextprotocol/sdk/client/index.js';
-import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
 import { McpError } from '@modelcontextprotocol/sdk/types.js';
 
-import { BIN, LineLog, makeSandboxDirs, serverArgs, jsonLines, toolText } from './lib.mjs';
+import { connectStdio, makeSandboxDirs, jsonLines, toolText } from './lib.mjs';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const TOKEN_VAR = 'AGENTBOX_TRACKER_TOKEN';
@@ -43,12 +41,7 @@ tools:
       allow: [search_issues, get_issue, slow, crash]
       timeout: 2s
 `);
-  const env = { [TOKEN_VAR]: token };
-  for (const k of ['PATH', 'HOME', 'LANG', 'TMPDIR']) if (process.env[k]) env[k] = process.env[k];
-  transport = new StdioClientTransport({ command: BIN, args: serverArgs(dirs), env, stderr: 'pipe', cwd: dirs.root });
-  log = new LineLog(transport.stderr);
-  client = new Client({ name: 'agentbox-gateway-test', version: '1.0.0' });
-  await client.connect(transport);
+  ({ client, transport, log } = await connectStdio(dirs, [], { [TOKEN_VAR]: token }));
 });
 
 after(async () => {

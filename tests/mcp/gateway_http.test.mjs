@@ -12,10 +12,8 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-import { Client } from '@modelcontextprotocol/sdk/client/index.js';
-import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
 
-import { BIN, CODE_LANGUAGES, LineLog, makeSandboxDirs, serverArgs, jsonLines, toolText } from './lib.mjs';
+import { CODE_LANGUAGES, connectStdio, makeSandboxDirs, jsonLines, toolText } from './lib.mjs';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const TOKEN_VAR = 'AGENTBOX_TRACKER_TOKEN';
@@ -96,12 +94,7 @@ tools:
       secret: tracker_token
       allow: [search_issues]
 `);
-  const env = { [TOKEN_VAR]: token, [WRONG_VAR]: 'not-the-token', SSL_CERT_FILE: trusted[0] };
-  for (const k of ['PATH', 'HOME', 'LANG', 'TMPDIR']) if (process.env[k]) env[k] = process.env[k];
-  transport = new StdioClientTransport({ command: BIN, args: serverArgs(dirs), env, stderr: 'pipe', cwd: dirs.root });
-  log = new LineLog(transport.stderr);
-  client = new Client({ name: 'agentbox-gateway-http-test', version: '1.0.0' });
-  await client.connect(transport);
+  ({ client, transport, log } = await connectStdio(dirs, [], { [TOKEN_VAR]: token, [WRONG_VAR]: 'not-the-token', SSL_CERT_FILE: trusted[0] }));
 });
 
 after(async () => {

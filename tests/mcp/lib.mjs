@@ -96,9 +96,9 @@ export class LineLog {
 }
 
 // `agentbox mcp` behind the SDK client over stdio.
-export async function connectStdio(dirs, extra = []) {
+export async function connectStdio(dirs, extra = [], env = {}) {
   const transport = new StdioClientTransport({
-    command: BIN, args: serverArgs(dirs, extra), env: childEnv(), stderr: 'pipe', cwd: dirs.root,
+    command: BIN, args: serverArgs(dirs, extra), env: { ...childEnv(), ...env }, stderr: 'pipe', cwd: dirs.root,
   });
   const log = new LineLog(transport.stderr);
   const client = new Client({ name: 'agentbox-mcp-test', version: '1.0.0' });
