@@ -161,59 +161,16 @@ asio::awaitable<void> Converse(Stream& stream, const http::request<http::string_
 
 }  // namespace
 
-Result<HttpUpstream::Url> HttpUpstream::ParseUrl(const std::string& url) {
-  Url out;
-  std::string rest;
-  if (url.rfind("http://", 0) == 0) {
-    rest = url.substr(7);
-  } else if (url.rfind("https://", 0) == 0) {
-    out.tls = true;
-    rest = url.substr(8);
-  } else {
-    return Status::Error(kStage, "\"" + url + "\" is not an http:// or https:// URL");
-  }
-  if (rest.find('#') != std::string::npos) return Status::Error(kStage, "\"" + url + "\": a URL with a fragment");
-  const auto path_at = rest.find_first_of("/?");
-  std::string authority = rest.substr(0, path_at);
-  out.target = path_at == std::string::npos ? "/" : rest.substr(path_at);
-  if (out.target.front() == '?') out.target = "/" + out.target;
-  if (authority.find('@') != std::string::npos) {
-    return Status::Error(kStage, "\"" + url + "\": user info in a URL is refused; give the credential as the upstream's secret");
-  }
-  std::string port;
-  if (!authority.empty() && authority.front() == '[') {
-    const auto close = authority.find(']');
-    if (close == std::string::npos) return Status::Error(kStage, "\"" + url + "\": an unclosed [ in the host");
-    out.host = authority.substr(1, close - 1);
-    const std::string after = authority.substr(close + 1);
-    if (!after.empty() && after.front() != ':') return Status::Error(kStage, "\"" + url + "\": text after the host's ]");
-    if (!after.empty()) port = after.substr(1);
-  } else {
-    const auto colon = authority.rfind(':');
-    out.host = authority.substr(0, colon);
-    if (colon != std::string::npos) port = authority.substr(colon + 1);
-  }
-  if (out.host.empty()) return Status::Error(kStage, "\"" + url + "\" has no host");
-  if (port.empty()) {
-    port = out.tls ? "443" : "80";
-  } else {
-    const bool digits = port.size() <= 5 && std::all_of(port.begin(), port.end(), [](unsigned char c) { return std::isdigit(c); });
-    if (!digits || std::stoi(port) < 1 || std::stoi(port) > 65535) {
-      return Status::Error(kStage, "\"" + url + "\": port '" + port + "' is not 1-65535");
-    }
-  }
-  out.port = port;
-  return out;
-}
-
 HttpUpstream::HttpUpstream(std::string name, Url url, std::string bearer)
     : Upstream(std::move(name)), url_(std::move(url)), bearer_(std::move(bearer)) {}
 
 Result<std::unique_ptr<HttpUpstream>> HttpUpstream::Start(const std::string& name, const std::string& url,
                                                           const std::string& bearer, std::chrono::milliseconds timeout) {
-  auto parsed = ParseUrl(url);
-  if (!parsed.ok()) return Status::Error(kStage, "upstream " + name + ": " + parsed.status().message());
-  std::unique_ptr<HttpUpstream> up(new HttpUpstream(name, std::move(*parsed), bearer));
+  Url parsed;
+  if (auto problem = policy_internal::ParseUpstreamUrl(url, parsed)) {
+    return Status::Error(kStage, "upstream " + name + ": " + *problem);
+  }
+  std::unique_ptr<HttpUpstream> up(new HttpUpstream(name, std::move(parsed), bearer));
   auto init = up->Request("initialize", InitializeParams(), timeout);
   if (!init.ok()) return init.status();
   up->server_info_ = init->value("serverInfo", Json::object());

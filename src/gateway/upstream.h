@@ -33,6 +33,7 @@
 
 #include "agentbox/status.h"
 #include "linux/fd.h"
+#include "policy/checks.h"
 
 namespace agentbox::gateway {
 
@@ -129,14 +130,7 @@ class HttpUpstream : public Upstream {
   Result<Json> Request(const std::string& method, const Json& params, std::chrono::milliseconds timeout) override;
   bool alive() const override;
 
-  struct Url {
-    bool tls = false;
-    std::string host;  // without brackets
-    std::string port;
-    std::string target;  // path and query, "/" at least
-  };
-  // "http(s)://HOST[:PORT][/PATH]"; no user info, no fragment.
-  static Result<Url> ParseUrl(const std::string& url);
+  using Url = policy_internal::UpstreamUrl;
 
   struct Reply;  // one exchange's outcome (http_upstream.cc)
 

@@ -1,6 +1,7 @@
 #include "policy/checks.h"
 
 #include <algorithm>
+#include <cctype>
 #include <array>
 #include <charconv>
 #include <cstdint>
@@ -636,5 +637,52 @@ std::optional<std::string> GrantPathProblem(std::string_view path, const std::ve
   }
   return std::nullopt;
 }
+
+std::optional<std::string> ParseUpstreamUrl(const std::string& url, UpstreamUrl& parsed) {
+  UpstreamUrl out;
+  std::string rest;
+  if (url.rfind("http://", 0) == 0) {
+    rest = url.substr(7);
+  } else if (url.rfind("https://", 0) == 0) {
+    out.tls = true;
+    rest = url.substr(8);
+  } else {
+    return "\"" + url + "\" is not an http:// or https:// URL";
+  }
+  if (rest.find('#') != std::string::npos) return "\"" + url + "\": a URL with a fragment";
+  const auto path_at = rest.find_first_of("/?");
+  std::string authority = rest.substr(0, path_at);
+  out.target = path_at == std::string::npos ? "/" : rest.substr(path_at);
+  if (out.target.front() == '?') out.target = "/" + out.target;
+  if (authority.find('@') != std::string::npos) {
+    return "\"" + url + "\": user info in the URL is refused; give the credential as secret";
+  }
+  std::string port;
+  if (!authority.empty() && authority.front() == '[') {
+    const auto close = authority.find(']');
+    if (close == std::string::npos) return "\"" + url + "\": an unclosed [ in the host";
+    out.host = authority.substr(1, close - 1);
+    const std::string after = authority.substr(close + 1);
+    if (!after.empty() && after.front() != ':') return "\"" + url + "\": text after the host's ]";
+    if (!after.empty()) port = after.substr(1);
+  } else {
+    const auto colon = authority.rfind(':');
+    out.host = authority.substr(0, colon);
+    if (colon != std::string::npos) port = authority.substr(colon + 1);
+  }
+  if (out.host.empty()) return "\"" + url + "\" has no host";
+  if (port.empty()) {
+    port = out.tls ? "443" : "80";
+  } else {
+    const bool digits = port.size() <= 5 && std::all_of(port.begin(), port.end(), [](unsigned char c) { return std::isdigit(c); });
+    if (!digits || std::stoi(port) < 1 || std::stoi(port) > 65535) {
+      return "\"" + url + "\": port '" + port + "' is not 1-65535";
+    }
+  }
+  out.port = port;
+  parsed = std::move(out);
+  return std::nullopt;
+}
+
 
 }  // namespace agentbox::policy_internal

@@ -95,6 +95,16 @@ std::optional<std::string> HttpRuleProblem(std::string_view rule);
 // default, is dropped).
 std::optional<std::string> CheckGitRemote(std::string& remote);
 
+// A tools.upstream[].url, "http(s)://HOST[:PORT][/PATH]" (no user info, no
+// fragment, PORT 1-65535, the scheme's by default), split for a client.
+struct UpstreamUrl {
+  bool tls = false;
+  std::string host;    // without brackets
+  std::string port;
+  std::string target;  // path and query, "/" at least
+};
+std::optional<std::string> ParseUpstreamUrl(const std::string& url, UpstreamUrl& parsed);
+
 // A credentials.git.push.allow_refs entry: "refs/..." with "*" as the only
 // glob character ("**" only as a whole segment) and nothing git refuses in
 // a ref name.

@@ -50,10 +50,12 @@ using policy_internal::HostPattern;
 using policy_internal::HttpRuleProblem;
 using policy_internal::InspectTlsProblem;
 using policy_internal::IsValidUtf8;
+using policy_internal::ParseUpstreamUrl;
 using policy_internal::PathRule;
 using policy_internal::RefPatternProblem;
 using policy_internal::SecretNameProblem;
 using policy_internal::SecretsModeProblem;
+using policy_internal::UpstreamUrl;
 
 // A value in the document, with its key path ("resources.cpu.limit") and the
 // place an error about it should point at.
@@ -1269,12 +1271,8 @@ Status Parser::ParseUpstream(const Field& f, UpstreamSpec& out) const {
         }
         if (key == "url") {
           if (Status s = ReadString(v, out.url); !s.ok()) return s;
-          if (out.url.rfind("http://", 0) != 0 && out.url.rfind("https://", 0) != 0) {
-            return Fail(v, "\"" + out.url + "\" is not an http:// or https:// URL");
-          }
-          if (out.url.find('@') != std::string::npos) {
-            return Fail(v, "\"" + out.url + "\": user info in the URL is refused; give the credential as secret");
-          }
+          UpstreamUrl parsed;
+          if (auto problem = ParseUpstreamUrl(out.url, parsed)) return Fail(v, *problem);
           return Status();
         }
         if (key == "secret") return ReadString(v, out.secret);

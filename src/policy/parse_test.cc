@@ -684,6 +684,9 @@ TEST(PolicyParse, ToolsUpstreamMistakesAreNamed) {
   EXPECT_NE(error("tools:\n  upstream:\n    - { name: t, url: \"http://me:pw@127.0.0.1:9/mcp\", allow: [a] }\n")
                 .find("user info in the URL is refused"),
             std::string::npos);
+  EXPECT_NE(error("tools:\n  upstream:\n    - { name: t, url: \"http://127.0.0.1:70000/mcp\", allow: [a] }\n")
+                .find("port '70000' is not 1-65535"),
+            std::string::npos);
   EXPECT_NE(error("tools:\n  upstream:\n    - { name: t, url: \"http://127.0.0.1:9/mcp\", secret_env: T, allow: [a] }\n")
                 .find("secret_env is for a stdio server"),
             std::string::npos);
