@@ -84,5 +84,26 @@ TEST_F(GatewayTest, ACrashIsNamedAtOnceAndTheNextCallStartsTheServerAgain) {
   EXPECT_EQ(again.value("output", ""), "two") << again.dump(2);
 }
 
+// An upstream call made again with its call_id is answered from the log:
+// the server is not asked (each start of the fixture adds a line to the
+// pid file, so a crash call that ran twice would start it twice).
+TEST_F(GatewayTest, AnUpstreamCallReplayedByItsCallIdIsNotMadeAgain) {
+  const std::string id = Create("60s");
+  auto starts = [&] {
+    std::ifstream f(pidfile_);
+    int n = 0;
+    for (std::string line; std::getline(f, line);) n += !line.empty();
+    return n;
+  };
+  json first = Execute(c(), id, "fixture.crash", json::object(), "crash-1");
+  ASSERT_EQ(first.value("kind", ""), "tool_error") << first.dump(2);
+  ASSERT_EQ(starts(), 1);
+  json replayed = Execute(c(), id, "fixture.crash", json::object(), "crash-1");
+  EXPECT_EQ(replayed.value("output", ""), first.value("output", "")) << replayed.dump(2);
+  EXPECT_EQ(starts(), 1) << "the replayed call reached the upstream again";
+  EXPECT_EQ(Execute(c(), id, "fixture.echo", {{"text", "fresh"}}).value("output", ""), "fresh");
+  EXPECT_EQ(starts(), 2);
+}
+
 }  // namespace
 }  // namespace agentbox::session_test
