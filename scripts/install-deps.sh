@@ -25,6 +25,8 @@ packages=(
   e2fsprogs mount
   # the transparent-egress e2e test: an ssh server inside the test's network namespace
   openssh-server
+  # sandbox.isolation: container runs the command on gVisor's kernel
+  runsc
 )
 
 # npm installs the MCP tests' client (tests/mcp). Debian packages it apart

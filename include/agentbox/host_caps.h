@@ -48,6 +48,23 @@ struct CgroupCaps {
   }
 };
 
+// The isolation ladder's rungs above `os` (sandbox.isolation container and
+// microvm): the programs and devices that give a process a kernel other
+// than this host's. Probed only when a policy asks for one, and by `check`.
+struct LadderCaps {
+  bool probed = false;
+  std::string runsc;            // gVisor's runsc (Debian package runsc); "" when not installed
+  std::string runsc_version;    // "0.0~20221219.0", from `runsc --version`
+  std::string runsc_platform = "ptrace";  // the platform agentbox runs it on
+  bool runsc_rootless = false;  // not root: runs with --rootless (the sandbox in a user namespace of ours)
+  std::string runsc_why;        // why runsc cannot run a sandbox here ("" = it can, as far as probed)
+  bool runsc_tried = false;     // kDeep: a real sandbox was started (runsc do /bin/true)
+  std::string qemu;             // qemu-system-x86_64; "" when not installed
+  bool kvm = false;             // /dev/kvm opens read-write for this user
+  std::string kvm_why;          // why not ("no /dev/kvm", "permission denied: /dev/kvm is 0600 root")
+  std::string guest_kernel;     // a Debian kernel package's /boot/vmlinuz-*; "" none
+};
+
 struct HostCaps {
   // Identity of the invoking process.
   uid_t uid = 0;
@@ -96,6 +113,7 @@ struct HostCaps {
   bool overlayfs = false;
   bool pidfd = false;
   CgroupCaps cgroups;
+  LadderCaps ladder;
 
   bool is_root() const { return uid == 0; }
 };
@@ -115,6 +133,9 @@ CgroupCaps ProbeCgroupCaps();
 
 // What a run of `policy` needs to know: the quick probe, plus cgroups when
 // the policy asks for a limit that needs one.
+// The ladder's programs and devices (kDeep: also a real gVisor sandbox).
+LadderCaps ProbeLadder(ProbeDepth depth);
+
 struct Policy;
 HostCaps ProbeHostFor(const Policy& policy);
 

@@ -28,6 +28,10 @@ struct EnforcementReport {
   Level level = Level::kNone;
   std::string backend;                   // "linux-namespaces", "landlock-only", or "none"
   std::string backend_reason;            // why this backend ("" for none)
+  // The kernel the command talks to when it is not this host's
+  // (sandbox.isolation container, microvm): "runsc 0.0~20221219.0 (platform
+  // ptrace, rootless)". Empty: the host's own kernel.
+  std::string runtime;
   std::vector<FacetReport> facets;
   std::vector<MissingFacet> missing;
   std::vector<std::string> skipped;      // read_only entries absent on this host

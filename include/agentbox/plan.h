@@ -103,8 +103,10 @@ struct ResourceLimits {
 // for hosts without user namespaces; no namespaces and no mounts, Landlock
 // rules on host paths, seccomp, no_new_privs and rlimits (partial by
 // construction: docs/security-model.md says what is missing).
-enum class Backend { kNamespaces, kLandlockOnly };
-// "linux-namespaces" | "landlock-only": the report's enforcement.backend.
+// kGvisor (sandbox.isolation: container): the command runs on gVisor's
+// kernel (runsc), from an OCI spec made of the same mount plan.
+enum class Backend { kNamespaces, kLandlockOnly, kGvisor };
+// "linux-namespaces" | "landlock-only" | "gvisor": the report's enforcement.backend.
 const char* ToString(Backend);
 
 // Landlock, stacked on the mount plan. Rules name paths INSIDE the sandbox:
@@ -292,6 +294,15 @@ struct EscalationPlan {
   std::vector<std::string> protect;
 };
 
+// How runsc is run (Backend::kGvisor).
+struct GvisorPlan {
+  std::string runsc;            // the program
+  std::string version;          // for the report
+  std::string platform = "ptrace";
+  bool rootless = false;        // --rootless: the caller is not root
+  std::string state_parent;     // where per-run bundles and runsc's state go (the runtime dir)
+};
+
 struct Plan {
   bool confined = true;      // false: danger-full-access, run as is
   Backend backend = Backend::kNamespaces;
@@ -339,6 +350,7 @@ struct Plan {
   // removes it afterwards; `private_dir` is that run's directory ("" before).
   std::string private_dir_parent;
   std::string private_dir;
+  std::optional<GvisorPlan> gvisor;     // kGvisor only
   std::string policy_sha256;
 };
 

@@ -732,6 +732,22 @@ int CmdCheck(const std::string& policy_file, const std::string& backend_flag, bo
     }
   }
   host["run_code"] = run_code;
+  // The isolation ladder: container (gVisor) and microvm (QEMU, KVM, a guest kernel).
+  const LadderCaps& l = h.ladder;
+  const std::string container_line =
+      l.runsc.empty() || !l.runsc_why.empty()
+          ? "unavailable: " + l.runsc_why
+          : "gVisor runsc " + l.runsc_version + " at " + l.runsc + " (platform " + l.runsc_platform +
+                (l.runsc_rootless ? ", --rootless" : "") + (l.runsc_tried ? "; a trial sandbox ran" : "") + ")";
+  const std::string microvm_line =
+      std::string("not available in this version") + " (qemu: " + (l.qemu.empty() ? "not installed" : l.qemu) +
+      "; kvm: " + (l.kvm ? "yes" : l.kvm_why) + "; guest kernel: " +
+      (l.guest_kernel.empty() ? "none in /boot" : l.guest_kernel) + ")";
+  host["ladder"] = {{"container", {{"runsc", l.runsc}, {"version", l.runsc_version}, {"platform", l.runsc_platform},
+                                   {"rootless", l.runsc_rootless}, {"tried", l.runsc_tried},
+                                   {"available", !l.runsc.empty() && l.runsc_why.empty()}, {"why", l.runsc_why}}},
+                    {"microvm", {{"available", false}, {"qemu", l.qemu}, {"kvm", l.kvm}, {"kvm_why", l.kvm_why},
+                                 {"guest_kernel", l.guest_kernel}}}};
   const std::vector<Diagnosis> diagnosis = Diagnose(h);
   // setup-delegation's directories in use, per controller, and why one on record is not.
   json delegation = json::object();
@@ -759,6 +775,8 @@ int CmdCheck(const std::string& policy_file, const std::string& backend_flag, bo
   std::printf("  pidfd             %s\n", Yes(h.pidfd));
   std::printf("  overlayfs         %s\n", Yes(h.overlayfs));
   std::printf("  run_code          %s\n", run_code_line.c_str());
+  std::printf("  container         %s\n", container_line.c_str());
+  std::printf("  microvm           %s\n", microvm_line.c_str());
   std::string v1;
   for (const auto& c : h.cgroups.v1_controllers) v1 += (v1.empty() ? "" : ",") + c;
   std::string v1w;
@@ -770,7 +788,8 @@ int CmdCheck(const std::string& policy_file, const std::string& backend_flag, bo
   for (const auto& n : h.cgroups.delegation_notes) std::printf("  delegation        not used: %s\n", n.c_str());
   std::printf("\nbackend: %s\n", backend_line.c_str());
   std::printf("\n%s", DiagnosisText(diagnosis).c_str());
-  std::printf("\npolicy %s → enforcement %s (backend %s)\n", policy->source.c_str(), ToString(r.level), r.backend.c_str());
+  std::printf("\npolicy %s → enforcement %s (backend %s%s%s)\n", policy->source.c_str(), ToString(r.level),
+              r.backend.c_str(), r.runtime.empty() ? "" : ", ", r.runtime.c_str());
   for (const auto& facet : r.facets) {
     std::string mech;
     for (const auto& m : facet.mechanisms) mech += (mech.empty() ? "" : ", ") + m;

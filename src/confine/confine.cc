@@ -353,6 +353,107 @@ void SettleLevels(EnforcementReport* r) {
   r->level = r->missing.empty() ? Level::kFull : Level::kPartial;
 }
 
+// sandbox.isolation: container on this host and for this invocation: what
+// gVisor cannot be given here, or "" when it can.
+std::string ContainerLack(const Policy& policy, const HostCaps& host, const Invocation& inv) {
+  const LadderCaps& l = host.ladder;
+  if (!l.probed) return "gVisor's runsc was not looked for (the host probe did not include the isolation ladder)";
+  if (l.runsc.empty() || !l.runsc_why.empty()) return l.runsc_why;
+  if (inv.session) return "sessions on gVisor are not available in this version (agentbox run is)";
+  if (inv.workspace_overlay) return "--workspace-overlay is not available on gVisor in this version";
+  if (NeedsProxy(policy)) {
+    return "the policy lets the sandbox reach the network (network.allow, egress_proxy or credentials), and "
+           "egress from a gVisor sandbox through agentbox's proxy is not available in this version: the "
+           "sandbox would have no network at all";
+  }
+  if (!policy.filesystem.unix_sockets.empty()) {
+    return "filesystem.unix_sockets: a gVisor sandbox reaches no host socket in this version";
+  }
+  return "";
+}
+
+// The report of a run on gVisor: the command's syscalls are served by the
+// Sentry (a kernel in user space), which reaches host files only through
+// the mounts of the plan (by its gofer). The resources facet is the
+// namespaces backend's: the same cgroup, with runsc's processes in it.
+EnforcementReport AssessGvisor(const Policy& policy, const HostCaps& host, const Invocation& inv) {
+  Policy os = policy;
+  os.sandbox.isolation = Isolation::kOs;
+  // max_processes is the Sentry's to count (below): a host pids cgroup
+  // would count the Sentry's own threads and stub processes instead.
+  os.resources.max_processes.reset();
+  Invocation ns = inv;
+  ns.backend = BackendChoice::kAuto;
+  const EnforcementReport host_report = AssessEnforcement(os, host, ns);
+  EnforcementReport r;
+  r.backend = ToString(Backend::kGvisor);
+  const LadderCaps& l = host.ladder;
+  r.runtime = "runsc " + (l.runsc_version.empty() ? std::string("(version unknown)") : l.runsc_version) +
+              " (platform " + l.runsc_platform + (l.runsc_rootless ? ", rootless" : "") + ")";
+  const std::string lack = ContainerLack(policy, host, inv);
+  r.backend_reason = lack.empty() ? "sandbox.isolation: container (gVisor at " + l.runsc + ")" : lack;
+
+  FacetReport fs = Facet("filesystem", true);
+  fs.mechanisms = {"gvisor-sentry", "gvisor-gofer", "oci-mounts", "read-only-binds", "mask-binds"};
+  fs.level = Level::kFull;
+  fs.notes.push_back("the command's file syscalls are served by gVisor's Sentry, a kernel in user space; host "
+                     "files reach it only through the plan's mounts, opened by runsc's gofer");
+  fs.notes.push_back("no Landlock layer inside: gVisor does not implement Landlock, so the mount plan is the fence, "
+                     "and the host kernel is not the one the command talks to");
+  fs.notes.push_back("workspace is a host bind: what the run writes there lands on the host at once");
+  r.facets.push_back(fs);
+
+  FacetReport net = Facet("network", true);
+  net.mechanisms = {"gvisor-network-none"};
+  net.level = Level::kFull;
+  net.notes.push_back("the sandbox has a loopback device only (runsc --network=none): no route out, no host socket");
+  r.facets.push_back(net);
+
+  FacetReport proc = Facet("processes", true);
+  proc.mechanisms = {"gvisor-sentry-pid-namespace", "gvisor-sentry-ipc-namespace", "gvisor-sentry-uts-namespace",
+                     "host-pid-namespace-of-runsc"};
+  proc.level = Level::kFull;
+  proc.notes.push_back("processes, signals, System V IPC and the hostname are the Sentry's: no host process is visible "
+                       "or signalable from inside");
+  r.facets.push_back(proc);
+
+  FacetReport sys = Facet("syscalls", true);
+  sys.mechanisms = {"gvisor-sentry", "runsc-host-seccomp"};
+  sys.level = Level::kFull;
+  if (host.seccomp_filter) {
+    sys.mechanisms.push_back("oci-seccomp");
+    sys.notes.push_back("the plan's seccomp denials, as the OCI spec's filter loaded inside the Sentry (runsc "
+                        "--oci-seccomp): a second fence in front of gVisor's own syscall table");
+  }
+  sys.notes.push_back("the Sentry implements the syscalls itself and asks the host kernel for a small set only, "
+                      "under runsc's own seccomp filter (platform " + l.runsc_platform + ")");
+  r.facets.push_back(sys);
+
+  for (const auto& f : host_report.facets) {
+    if (f.name != "filesystem" && f.name != "network" && f.name != "processes" && f.name != "syscalls") {
+      r.facets.push_back(f);
+      if (f.name == "resources" && policy.resources.max_processes) {
+        r.facets.back().requested = true;
+        r.facets.back().mechanisms.push_back("gvisor-rlimit-nproc");
+        r.facets.back().notes.push_back(
+            "max_processes: RLIMIT_NPROC " + std::to_string(*policy.resources.max_processes) +
+            " in the OCI spec, counted by gVisor's Sentry over the sandbox's own processes and threads; a fork "
+            "past it fails with EAGAIN (a host pids cgroup would count the Sentry's threads instead)");
+      }
+    }
+  }
+  for (const auto& m : host_report.missing) {
+    if (m.facet != "filesystem" && m.facet != "network" && m.facet != "processes" && m.facet != "syscalls") {
+      r.missing.push_back(m);
+    }
+  }
+  r.skipped = host_report.skipped;
+  r.notes = host_report.notes;
+  if (!lack.empty()) r.missing.push_back({"filesystem", "sandbox.isolation: container: " + lack});
+  SettleLevels(&r);
+  return r;
+}
+
 }  // namespace
 
 Status CheckAvailable(const Policy& policy) {
@@ -363,9 +464,9 @@ Status CheckAvailable(const Policy& policy) {
                          "sandbox.isolation: host means no isolation; ask for it by name with "
                          "mode danger-full-access");
   }
-  if (iso != Isolation::kOs) {
+  if (iso != Isolation::kOs && iso != Isolation::kContainer) {
     return Status::Error("confine", std::string("sandbox.isolation: ") + ToString(iso) +
-                                        " is not available on this host (available: os); "
+                                        " is not available in this version (available: os, container); "
                                         "refusing rather than downgrading");
   }
   if (policy.sandbox.image != "host") {
@@ -412,6 +513,7 @@ EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host, 
 }
 
 EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host, const Invocation& inv) {
+  if (Confines(policy) && policy.sandbox.isolation == Isolation::kContainer) return AssessGvisor(policy, host, inv);
   const BackendChoice choice = inv.backend;
   const bool session = inv.session;
   EnforcementReport r;
@@ -1109,7 +1211,17 @@ Result<ConfinedCommand> ConfinePolicy(const std::vector<std::string>& argv, cons
 
   ConfinedCommand out;
   bool landlock_only = false;
-  if (Confines(policy)) {
+  const bool gvisor = Confines(policy) && policy.sandbox.isolation == Isolation::kContainer;
+  if (gvisor) {
+    // Never a downgrade: a host without gVisor refuses, under any `require`.
+    if (const std::string lack = ContainerLack(policy, host, inv); !lack.empty()) {
+      return Status::Error("confine", "sandbox.isolation: container: " + lack + "; refusing rather than downgrading");
+    }
+    if (inv.backend != BackendChoice::kAuto) {
+      return Status::Error("confine", "--backend: sandbox.isolation: container runs on gVisor; --backend chooses "
+                                      "between the host-kernel backends of isolation: os");
+    }
+  } else if (Confines(policy)) {
     auto selected = SelectBackend(host, inv.backend);
     if (!selected.ok()) return selected.status();
     landlock_only = selected->backend == Backend::kLandlockOnly;
@@ -1550,6 +1662,19 @@ Result<ConfinedCommand> ConfinePolicy(const std::vector<std::string>& argv, cons
       }
     }
     out.denial_signatures = DenialSignatures(plan, protect_rel);
+    if (gvisor) {
+      // The same mount plan, given to runsc as an OCI spec. No broker and no
+      // DNS inside: the sandbox has no network (ContainerLack refused one).
+      plan.backend = Backend::kGvisor;
+      plan.network.broker = false;
+      plan.network.dns_address.clear();
+      plan.landlock = LandlockPlan{};
+      plan.limits.pids_max.reset();
+      plan.limits.nproc = policy.resources.max_processes;
+      const LadderCaps& l = host.ladder;
+      plan.gvisor = GvisorPlan{l.runsc, l.runsc_version, l.runsc_platform, l.runsc_rootless,
+                               inv.runtime_dir.empty() ? "/tmp" : inv.runtime_dir};
+    }
   }
 
   if (Confines(policy)) PlanEscalation(policy, inv, &plan);

@@ -205,7 +205,12 @@ Result<SeccompPlan> SeccompFromJson(const json& j) {
 }  // namespace
 
 const char* ToString(Backend backend) {
-  return backend == Backend::kLandlockOnly ? "landlock-only" : "linux-namespaces";
+  switch (backend) {
+    case Backend::kNamespaces: return "linux-namespaces";
+    case Backend::kLandlockOnly: return "landlock-only";
+    case Backend::kGvisor: return "gvisor";
+  }
+  return "linux-namespaces";
 }
 
 const char* ToString(OverlayApply apply) {
@@ -343,6 +348,11 @@ std::string PlanToJson(const Plan& plan, int indent) {
   }
   j["kill_grace_ms"] = plan.kill_grace_ms;
   j["nonce"] = plan.nonce;
+  if (plan.gvisor) {
+    j["gvisor"] = {{"runsc", plan.gvisor->runsc},       {"version", plan.gvisor->version},
+                   {"platform", plan.gvisor->platform}, {"rootless", plan.gvisor->rootless},
+                   {"state_parent", plan.gvisor->state_parent}};
+  }
   j["policy_sha256"] = plan.policy_sha256;
   return j.dump(indent);
 }
@@ -355,6 +365,12 @@ Result<Plan> PlanFromJson(const std::string& text) {
     const std::string backend = j.value("backend", std::string(ToString(Backend::kNamespaces)));
     if (backend == ToString(Backend::kLandlockOnly)) {
       plan.backend = Backend::kLandlockOnly;
+    } else if (backend == ToString(Backend::kGvisor)) {
+      plan.backend = Backend::kGvisor;
+      const json& g = j.at("gvisor");
+      plan.gvisor = GvisorPlan{g.at("runsc").get<std::string>(), g.at("version").get<std::string>(),
+                               g.at("platform").get<std::string>(), g.at("rootless").get<bool>(),
+                               g.at("state_parent").get<std::string>()};
     } else if (backend != ToString(Backend::kNamespaces)) {
       return Status::Error("plan", "unknown backend " + backend);
     }

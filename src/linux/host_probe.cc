@@ -281,6 +281,7 @@ HostCaps ProbeHost(ProbeDepth depth) {
     ReadSmallFile("/proc/filesystems", &filesystems);
     caps.overlayfs = filesystems.find("\toverlay\n") != std::string::npos;
     caps.cgroups = ProbeCgroupCaps();
+    caps.ladder = ProbeLadder(ProbeDepth::kDeep);
   }
   return caps;
 }
@@ -337,6 +338,8 @@ HostCaps ProbeHostFor(const Policy& policy) {
   if (r.cpu.requested() || r.memory_limit_bytes || r.memory_guaranteed_bytes || r.max_processes) {
     host.cgroups = ProbeCgroupCaps();
   }
+  const Isolation iso = policy.sandbox.isolation;
+  if (iso == Isolation::kContainer || iso == Isolation::kMicrovm) host.ladder = ProbeLadder(ProbeDepth::kQuick);
   return host;
 }
 

@@ -260,6 +260,8 @@ void ReportDenials(int status_fd, const DenialTally& tally) {
   WriteMessage(status_fd, m);
 }
 
+}  // namespace
+
 std::vector<std::string> BuildEnv(const EnvRules& rules) {
   std::vector<std::string> env;
   if (rules.pass_all) {
@@ -278,6 +280,9 @@ std::vector<std::string> BuildEnv(const EnvRules& rules) {
   }
   return env;
 }
+
+namespace {
+
 
 std::string EnvValue(const std::vector<std::string>& env, const std::string& name) {
   for (const auto& e : env) {

@@ -10,6 +10,9 @@
 
 namespace agentbox::linux {
 
+// The command's environment under `rules`, from this process's own.
+std::vector<std::string> BuildEnv(const EnvRules& rules);
+
 // Never returns. Reports setup and exec failures, then the command's exit,
 // on `status_fd`; dies with the supervisor (lifeline + PR_SET_PDEATHSIG).
 // `filter_fd` delivers the compiled seccomp program (-1: the plan has none);

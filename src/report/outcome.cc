@@ -66,6 +66,7 @@ json ToJsonValue(const EnforcementReport& r) {
   for (const auto& m : r.missing) missing.push_back({{"facet", m.facet}, {"reason", m.reason}});
   json j = {{"level", ToString(r.level)}, {"backend", r.backend}, {"facets", facets}, {"missing", missing}};
   if (!r.backend_reason.empty()) j["backend_reason"] = r.backend_reason;
+  if (!r.runtime.empty()) j["runtime"] = r.runtime;
   if (!r.skipped.empty()) j["skipped"] = r.skipped;
   if (!r.notes.empty()) j["notes"] = r.notes;
   return j;
@@ -183,6 +184,9 @@ Result<EnforcementReport> EnforcementFromJson(const json& j) {
   const json reason = j.value("backend_reason", json(""));
   if (!reason.is_string()) return Status::Error("report", "enforcement.backend_reason: not a string");
   r.backend_reason = reason.get<std::string>();
+  const json runtime = j.value("runtime", json(""));
+  if (!runtime.is_string()) return Status::Error("report", "enforcement.runtime: not a string");
+  r.runtime = runtime.get<std::string>();
   if (!j.value("facets", json()).is_object()) return Status::Error("report", "enforcement.facets: not an object");
   for (const auto& [name, f] : j.at("facets").items()) {
     const std::string where = "enforcement.facets." + name;

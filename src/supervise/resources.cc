@@ -1,5 +1,9 @@
 #include "supervise/resources.h"
 
+#include <cstdlib>
+
+#include "supervise/gvisor_run.h"
+
 #include "agentbox/run.h"
 #include "linux/cgroup_delegation.h"
 #include "supervise/workspace_disk.h"
@@ -79,6 +83,12 @@ std::vector<std::string> CollectGarbage() {
   if (const std::string records = supervise::WorkspaceQuotaRecordDir(); !records.empty()) {
     auto kernel = linux::RealQuotaKernel();
     for (auto& w : linux::CollectStaleProjectQuotas(kernel.get(), records)) out.push_back(std::move(w));
+  }
+  // gVisor bundles of killed supervisors (runsc and its sandbox died with them).
+  std::vector<std::string> parents = {"/tmp"};
+  if (const char* run = getenv("XDG_RUNTIME_DIR"); run && *run == '/') parents.emplace_back(run);
+  for (const auto& p : parents) {
+    for (auto& b : supervise::CollectGvisorBundles(p)) out.push_back(std::move(b));
   }
   return out;
 }

@@ -34,6 +34,7 @@
 #include "supervise/denial_scanner.h"
 #include "supervise/egress.h"
 #include "supervise/private_dir.h"
+#include "supervise/gvisor_run.h"
 #include "supervise/resources.h"
 #include "supervise/workspace_disk.h"
 #include "supervise/workspace_overlay.h"
@@ -522,6 +523,9 @@ static Outcome PrepareFailed(const Plan& plan, const Status& why) {
 
 Outcome RunPlan(const Plan& plan, const std::vector<std::string>& argv,
                 const std::vector<Signature>& denial_signatures, const RunOptions& options) {
+  if (plan.confined && plan.backend == Backend::kGvisor) {
+    return supervise::RunGvisor(plan, argv, denial_signatures, options);
+  }
   if (!plan.confined || plan.backend != Backend::kLandlockOnly) {
     if (!plan.network.terminate) return RunPrepared(plan, argv, denial_signatures, options, std::nullopt, nullptr);
     // The CA and the placeholders exist from here on: before the runner is
