@@ -94,7 +94,8 @@ Result<OciSpec> BuildOciSpec(const Plan& plan, const ResolvedPlan& resolved, con
                              const std::vector<std::string>& env, const std::string& bundle) {
   OciSpec spec;
   json mounts = json::array();
-  const std::string empty_file = bundle + "/empty";
+  const std::string mask_file = bundle + "/mask-file";
+  const std::string mask_dir = bundle + "/mask-dir";
   int file_no = 0;
   for (const auto& rm : resolved.mounts) {
     const MountOp& op = rm.op;
@@ -141,14 +142,9 @@ Result<OciSpec> BuildOciSpec(const Plan& plan, const ResolvedPlan& resolved, con
           spec.left_out.push_back(op.target + " (" + op.why + "): not in gVisor's procfs");
           break;
         }
-        if (rm.is_dir) {
-          mounts.push_back({{"destination", op.target},
-                            {"type", "tmpfs"},
-                            {"source", "tmpfs"},
-                            {"options", {"ro", "nosuid", "nodev", "noexec", "mode=000", "size=4k"}}});
-        } else {
-          mounts.push_back(Bind(empty_file, op.target, true));
-        }
+        // As the namespaces backend masks: a mode-0 file or directory,
+        // read-only, so that a read fails (EACCES) rather than seeing nothing.
+        mounts.push_back(Bind(rm.is_dir ? mask_dir : mask_file, op.target, true));
         break;
       case MountKind::kReadOnly:
         // /proc/sys: read-only in gVisor's procfs already.
@@ -242,7 +238,8 @@ Status WriteBundle(const OciSpec& spec, const std::string& bundle) {
     }
     return {};
   };
-  if (Status s = write_file(bundle + "/empty", "", 0444); !s.ok()) return s;
+  if (Status s = write_file(bundle + "/mask-file", "", 0); !s.ok()) return s;
+  if (mkdir((bundle + "/mask-dir").c_str(), 0) != 0) return Status::Errno("gvisor", "mkdir", bundle + "/mask-dir");
   for (const auto& [name, text] : spec.files) {
     if (Status s = write_file(bundle + "/" + name, text, 0444); !s.ok()) return s;
   }

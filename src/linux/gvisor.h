@@ -36,7 +36,7 @@ struct OciSpec {
 
 // The spec for `argv` under the resolved plan, with `env` the command's
 // environment. `bundle` is the bundle directory (absolute): the root is
-// `bundle`/root, an empty read-only file `bundle`/empty masks files.
+// `bundle`/root; masks are `bundle`/mask-file and mask-dir (mode 0).
 // Fails on a plan entry that has no OCI form (an overlay workspace). Rootless,
 // a mask over a path this user cannot read is left out (access(2)): runsc's
 // gofer, this user, could not open it as a mount point, nor the sandbox read it.

@@ -1,0 +1,233 @@
+// sandbox.isolation: container — the command on gVisor's kernel (runsc),
+// from the same policy and CLI, with the same report.
+//
+// The host fact these tests depend on is checked without agentbox: runsc
+// installed and able to start a sandbox for this user (`runsc do`, with
+// --rootless when not root). Where it is not, each test says "not
+// applicable here" and why; the refusal test runs everywhere.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "harness.h"
+
+namespace agentbox::e2e {
+namespace {
+
+// "" when runsc can start a sandbox for this user here, else why not.
+const std::string& GvisorLack() {
+  static const std::string lack = [] {
+    const std::string runsc = FindTool("runsc");
+    if (runsc.empty()) return std::string("gVisor's runsc is not installed");
+    TempDir state("agentbox-e2e-runsc-");
+    Command c;
+    c.argv = {runsc, "--root=" + state.path(), "--network=none", "--ignore-cgroups"};
+    if (geteuid() != 0) c.argv.push_back("--rootless");
+    c.argv.insert(c.argv.end(), {"do", "/bin/true"});
+    c.env = {"PATH=/usr/bin:/bin"};
+    c.cwd = "/";
+    RunResult r = RunCommand(c);
+    if (r.status != 0) return "runsc do /bin/true failed here: " + r.Describe();
+    return std::string();
+  }();
+  return lack;
+}
+
+#define REQUIRE_GVISOR()                                                       \
+  do {                                                                         \
+    if (!GvisorLack().empty()) GTEST_SKIP() << "not applicable here: " << GvisorLack(); \
+  } while (0)
+
+std::string ContainerPolicy(const Sandbox& sb, const std::string& extra = "") {
+  const std::string path = sb.scratch() + "/container.yaml";
+  WriteFile(path, "version: 1\nmode: workspace-write\nsandbox: { isolation: container }\n" + extra);
+  return path;
+}
+
+std::string HostRelease() {
+  struct utsname u {};
+  uname(&u);
+  return u.release;
+}
+
+TEST(Gvisor, WithoutRunscTheLevelIsRefusedNeverDowngraded) {
+  Sandbox sb;
+  const std::string policy = ContainerPolicy(sb);
+  for (const char* require : {"full", "partial"}) {
+    // A PATH with no runsc on it: agentbox looks for it there.
+    Command c = sb.AgentboxCommand({"run", "--policy", policy, "--require", require, "--report", sb.report_path(),
+                                    "--", "/bin/true"});
+    for (auto& e : c.env) {
+      if (e.rfind("PATH=", 0) == 0) e = "PATH=" + sb.scratch();
+    }
+    unlink(sb.report_path().c_str());
+    RunResult r = RunCommand(c);
+    EXPECT_EQ(r.status, 125) << r.Describe();
+    EXPECT_TRUE(Contains(r.err, "sandbox.isolation: container: gVisor's runsc is not installed")) << r.Describe();
+    EXPECT_TRUE(Contains(r.err, "refusing rather than downgrading")) << r.Describe();
+  }
+}
+
+TEST(Gvisor, CheckNamesTheLadder) {
+  Sandbox sb;
+  RunResult r = RunCommand(sb.AgentboxCommand({"check", "--policy", ContainerPolicy(sb), "--json"}));
+  auto j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.Describe();
+  const auto& c = j["host"]["ladder"]["container"];
+  EXPECT_EQ(c["available"].get<bool>(), GvisorLack().empty()) << r.out;
+  EXPECT_EQ(c["rootless"].get<bool>(), geteuid() != 0);
+  EXPECT_TRUE(j["host"]["ladder"]["microvm"].contains("kvm")) << r.out;
+  if (GvisorLack().empty()) {
+    EXPECT_EQ(j["enforcement"]["backend"], "gvisor") << r.out;
+    EXPECT_EQ(j["enforcement"]["runtime"].get<std::string>().rfind("runsc ", 0), 0u) << r.out;
+  }
+}
+
+TEST(Gvisor, CompatWorkloadsRunOnGvisorsKernel) {
+  REQUIRE_GVISOR();
+  Sandbox sb;
+  std::string script =
+      "set -e; printf 'int main(void){return 7;}' > /tmp/a.c; gcc /tmp/a.c -o /tmp/a; set +e; /tmp/a; "
+      "echo gcc=$?; set -e; "
+      "python3 -c 'import os; print(\"python\", os.getpid() > 0)'; "
+      "git -c user.email=a@b -c user.name=a commit -q --allow-empty -m inside && git log --oneline | wc -l; "
+      "echo pipes | tr a-z A-Z | sed s/P/p/; "
+      "echo tmp > /tmp/t && cat /tmp/t; "
+      "echo release=$(uname -r)";
+  if (!FindTool("node").empty()) script += "; node -e 'console.log(\"node\", 6*7)'";
+  RunResult r = sb.Sh(script, {"--policy", ContainerPolicy(sb)});
+  ASSERT_EQ(r.status, 0) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, "gcc=7")) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, "python True")) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, "\n1\n")) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, "pIPES")) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, "tmp\n")) << r.Describe();
+  if (!FindTool("node").empty()) EXPECT_TRUE(Contains(r.out, "node 42")) << r.Describe();
+  // Another kernel: gVisor's Sentry names its own release.
+  EXPECT_TRUE(Contains(r.out, "release=")) << r.Describe();
+  EXPECT_FALSE(Contains(r.out, "release=" + HostRelease() + "\n")) << r.Describe();
+  // The commit landed in the host's workspace.
+  EXPECT_EQ(sb.Git({"log", "--oneline"}).out.size() > 0, true);
+  ASSERT_TRUE(r.report) << r.Describe();
+  EXPECT_EQ(OutcomeOf(r), "exited");
+  const auto& e = (*r.report)["enforcement"];
+  EXPECT_EQ(e["backend"], "gvisor") << e.dump();
+  EXPECT_EQ(e["runtime"].get<std::string>().rfind("runsc ", 0), 0u) << e.dump();
+  EXPECT_EQ(e["level"], "full") << e.dump();
+  const auto& m = e["facets"]["syscalls"]["mechanisms"];
+  EXPECT_NE(std::find(m.begin(), m.end(), "gvisor-sentry"), m.end()) << e.dump();
+}
+
+TEST(Gvisor, SecretsStayAbsentAndNothingOutsideTheWorkspaceIsWritten) {
+  REQUIRE_GVISOR();
+  Sandbox sb;
+  const std::string env_marker = "DOTENV-" + RandomHex();
+  WriteFile(sb.ws() + "/.env", "TOKEN=" + env_marker + "\n");
+  const std::string outside = sb.scratch() + "/planted";
+  HostServer server;
+  const std::string script =
+      "cat " + sb.home() + "/.ssh/id_rsa " + sb.home() + "/.aws/credentials .env /etc/shadow; "
+      // HOME inside is a private tmpfs at the same path: a write there stays inside.
+      "for p in /usr/planted /etc/planted " + outside + "; do "
+      "  echo x > $p 2>/dev/null && echo WROTE $p; done; "
+      "echo in-ws > inside.txt; "
+      "python3 - <<'EOF'\n"
+      "import os, socket\n"
+      "pids = [p for p in os.listdir('/proc') if p.isdigit()]\n"
+      "print('pids', len(pids))\n"
+      "s = socket.socket(); s.settimeout(2)\n"
+      "try:\n"
+      "    s.connect(('127.0.0.1', " + std::to_string(server.port()) + ")); print('CONNECTED')\n"
+      "except OSError as e:\n"
+      "    print('connect refused', e.errno)\n"
+      "EOF";
+  RunResult r = sb.Sh(script, {"--policy", ContainerPolicy(sb)});
+  ASSERT_TRUE(r.report) << r.Describe();
+  const std::string all = r.out + r.err;
+  EXPECT_FALSE(Contains(all, sb.ssh_secret())) << r.Describe();
+  EXPECT_FALSE(Contains(all, sb.aws_secret())) << r.Describe();
+  EXPECT_FALSE(Contains(all, env_marker)) << r.Describe();
+  EXPECT_FALSE(Contains(all, "root:")) << r.Describe();  // /etc/shadow's first field
+  EXPECT_FALSE(Contains(r.out, "WROTE")) << r.Describe();
+  EXPECT_FALSE(Exists(outside));
+  EXPECT_FALSE(Exists(sb.home() + "/planted"));
+  EXPECT_FALSE(Exists("/usr/planted"));
+  EXPECT_EQ(ReadFile(sb.ws() + "/inside.txt").value_or(""), "in-ws\n");
+  // The Sentry's processes only; the host's loopback is not the sandbox's.
+  EXPECT_TRUE(Contains(r.out, "connect refused")) << r.Describe();
+  EXPECT_EQ(server.served(), 0);
+  for (const auto& line : Lines(r.out)) {
+    if (line.rfind("pids ", 0) == 0) EXPECT_LT(std::stoi(line.substr(5)), 10) << r.Describe();
+  }
+  EXPECT_TRUE(HasDenial(r, ".env")) << r.Describe();
+}
+
+TEST(Gvisor, TimeoutOomAndAForkBombAreToldApart) {
+  REQUIRE_GVISOR();
+  Sandbox sb;
+  const std::string policy = ContainerPolicy(sb);
+  RunResult t = sb.Sh("sleep 30", {"--policy", policy, "--timeout", "1s"});
+  ASSERT_TRUE(t.report) << t.Describe();
+  EXPECT_EQ(OutcomeOf(t), "timed_out") << t.Describe();
+  EXPECT_EQ(t.status, 124);
+  EXPECT_LT(t.elapsed_ms, 10000);
+
+  if (CgroupsExpected({"memory"})) {
+    RunResult m = sb.Sh("head -c 400M /dev/zero | tail > /dev/null", {"--policy", policy, "--memory", "128Mi"});
+    ASSERT_TRUE(m.report) << m.Describe();
+    EXPECT_EQ(OutcomeOf(m), "oom_killed") << m.Describe();
+    EXPECT_EQ(m.status, 137) << m.Describe();
+  } else {
+    RunResult m = sb.Sh("true", {"--policy", policy, "--memory", "128Mi"});
+    EXPECT_EQ(m.status, 125) << m.Describe();
+    EXPECT_TRUE(Contains(m.err, "memory_gib")) << m.Describe();
+  }
+
+  // max_processes is the Sentry's count: a fork past it fails with EAGAIN.
+  RunResult f = sb.Sh(
+      "python3 -c '\nimport os, time\nn = 0\ntry:\n    for i in range(500):\n        if os.fork() == 0:\n"
+      "            time.sleep(3); os._exit(0)\n        n += 1\nexcept OSError as e:\n    print(\"stopped\", n, e.errno)\n'",
+      {"--policy", policy, "--max-processes", "32"});
+  ASSERT_TRUE(f.report) << f.Describe();
+  EXPECT_TRUE(Contains(f.out, "stopped ")) << f.Describe();
+  for (const auto& line : Lines(f.out)) {
+    if (line.rfind("stopped ", 0) == 0) EXPECT_LT(std::stoi(line.substr(8)), 32) << f.Describe();
+  }
+  const std::string marker = "bomb-" + RandomHex(4);
+  RunResult b = sb.Sh("f() { f | f & }; f 2>/dev/null; sleep 30 # " + marker,
+                      {"--policy", policy, "--max-processes", "64", "--timeout", "3s"});
+  ASSERT_TRUE(b.report) << b.Describe();
+  EXPECT_EQ(OutcomeOf(b), "timed_out") << b.Describe();
+  EXPECT_LT(b.elapsed_ms, 20000);
+}
+
+TEST(Gvisor, KillingTheSupervisorLeavesNoSandbox) {
+  REQUIRE_GVISOR();
+  Sandbox sb;
+  Command c = sb.AgentboxCommand({"run", "--policy", ContainerPolicy(sb), "--", "sh", "-c", "echo up; sleep 1000"});
+  Process p(c);
+  ASSERT_TRUE(p.started()) << p.start_error();
+  ASSERT_TRUE(p.WaitForStdout("up", 30000)) << p.err();
+  const std::string bundle = "agentbox-gvisor-" + std::to_string(p.pid()) + "-";
+  EXPECT_FALSE(PidsWithCmdline(bundle).empty()) << "no runsc process names the run's bundle";
+  ASSERT_EQ(kill(p.pid(), SIGKILL), 0);
+  p.Wait();
+  EXPECT_TRUE(WaitUntilNoProcess(bundle, 15000)) << PidsWithCmdline(bundle).size() << " left";
+  RunResult gc = RunCommand(sb.AgentboxCommand({"gc"}));
+  EXPECT_EQ(gc.status, 0) << gc.Describe();
+  EXPECT_TRUE(Contains(gc.out + gc.err, bundle)) << gc.Describe();
+}
+
+TEST(Gvisor, APolicyThatAllowsEgressIsRefusedNamingWhy) {
+  REQUIRE_GVISOR();
+  Sandbox sb;
+  RunResult r = sb.Sh("true", {"--policy", ContainerPolicy(sb, "network: { allow: [\"example.com\"] }\n")});
+  EXPECT_EQ(r.status, 125) << r.Describe();
+  EXPECT_TRUE(Contains(r.err, "egress from a gVisor sandbox")) << r.Describe();
+}
+
+}  // namespace
+}  // namespace agentbox::e2e
