@@ -11,5 +11,6 @@ rm -f escape-summary-*.txt
 rc=0
 ctest --output-on-failure -j"$(nproc)" --timeout 900 || rc=$?
 # ctest shows the output of failing tests only: the escape battery's summary lines.
-cat escape-summary-root.txt escape-summary-unprivileged.txt escape-summary-delegated.txt 2>/dev/null || true
+cat escape-summary-root.txt escape-summary-unprivileged.txt escape-summary-delegated.txt \
+  escape-summary-root-container.txt escape-summary-unprivileged-container.txt 2>/dev/null || true
 exit "$rc"

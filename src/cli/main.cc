@@ -61,6 +61,7 @@ struct PolicyFlags {
   std::optional<double> cpus;
   std::vector<std::string> env;
   std::string backend;
+  std::string isolation;
 
   void Register(CLI::App* app, bool full) {
     app->add_option("--policy", policy_file, "policy file (YAML)");
@@ -68,6 +69,7 @@ struct PolicyFlags {
     app->add_option("--workspace", workspace, "workspace directory (default: current directory)");
     if (!full) return;
     app->add_option("--backend", backend, "auto | namespaces | landlock (default: auto)");
+    app->add_option("--isolation", isolation, "os | container: the policy's sandbox.isolation, overridden");
     app->add_option("--require", require, "full | partial (default: the policy's, else full)");
     // One value per flag, repeated for more: a second word is the command's,
     // even without `--`.
@@ -139,9 +141,24 @@ Result<Policy> BuildPolicy(const PolicyFlags& f) {
                           o.memory_bytes || o.max_processes || o.cpus || !o.env.empty();
   auto p = ApplyOverrides(std::move(*base), o, from_file);
   if (!p.ok()) return p;
+  if (!f.isolation.empty()) {
+    // The rungs a run can take; the others are refused by name when asked for.
+    bool known = false;
+    for (Isolation i : {Isolation::kHost, Isolation::kOs, Isolation::kContainer, Isolation::kMicrovm,
+                        Isolation::kRemote}) {
+      if (f.isolation == ToString(i)) {
+        p->sandbox.isolation = i;
+        known = true;
+      }
+    }
+    if (!known) {
+      return Status::Error("policy", "--isolation: '" + f.isolation +
+                                         "' is not one of host, os, container, microvm, remote");
+    }
+  }
   // The report's hash names what was in force: with flags on top, the
   // effective policy (derived by PolicyDigest() when a report needs it).
-  if (overridden) p->sha256.clear();
+  if (overridden || !f.isolation.empty()) p->sha256.clear();
   return p;
 }
 

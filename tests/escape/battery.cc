@@ -32,6 +32,7 @@ std::vector<Entry>& Entries() {
 }
 
 std::string Who() {
+  if (ContainerMode()) return getuid() == 0 ? "container, root" : "container, unprivileged uid " + std::to_string(getuid());
   if (getuid() == 0) return "root";
   const std::string who = "unprivileged uid " + std::to_string(getuid());
   return host_facts::DelegatedDir("memory").empty() ? who : who + ", with a delegated cgroup subtree";
@@ -175,6 +176,15 @@ const char* VerdictName(Verdict v) {
     case Verdict::kNotJudged: return "NOT-JUDGED";
   }
   return "?";
+}
+
+// ESCAPE_ISOLATION=container: every inside run on gVisor (agentbox run
+// --isolation container). The seccomp layer's report evidence is then the
+// Sentry's refusal (an errno), and no broker or DNS denial exists: the
+// sandbox has no network at all.
+bool ContainerMode() {
+  const char* v = getenv("ESCAPE_ISOLATION");
+  return v && std::string(v) == "container";
 }
 
 Decision Decide(const Facts& f) {
@@ -333,12 +343,14 @@ Probe Attack::InsideSh(const Sandbox& sb, const std::string& script, const std::
   const auto git_before = SnapshotTree(sb.ws() + "/.git/hooks");
   const auto config_before = e2e::ReadFile(sb.ws() + "/.git/config");
   const std::string host_before = Hostname();
+  std::vector<std::string> opts = options;
+  if (ContainerMode()) opts.insert(opts.begin(), {"--isolation", "container"});
   if (x.wrapper.empty() && x.stdin_fd < 0 && !x.on_start) {
-    run_ = sb.Sh(script, options, extra_env, timeout_ms);
+    run_ = sb.Sh(script, opts, extra_env, timeout_ms);
   } else {
     unlink(sb.report_path().c_str());
     std::vector<std::string> args = {"run", "--report", sb.report_path()};
-    args.insert(args.end(), options.begin(), options.end());
+    args.insert(args.end(), opts.begin(), opts.end());
     args.insert(args.end(), {"--", "sh", "-c", script});
     Command c = sb.AgentboxCommand(args, extra_env);
     c.argv.insert(c.argv.begin(), x.wrapper.begin(), x.wrapper.end());
@@ -381,6 +393,14 @@ void Attack::Refused(const std::string& why) {
 }
 
 void Attack::ExpectSeccomp(const Probe& inside, int expected_errno, const std::string& syscall, bool reported) {
+  if (ContainerMode()) {
+    // The Sentry (or the OCI filter inside it) refused it: an errno, no notification.
+    seccomp_evidence_ = inside.present && !inside.ok && inside.err != 0;
+    EXPECT_TRUE(seccomp_evidence_) << name_ << ": expected gVisor to refuse " << syscall << "\n  inside: "
+                                   << inside.Describe();
+    note_ += (note_.empty() ? "" : "; ") + std::string("refused inside gVisor: errno ") + std::to_string(inside.err);
+    return;
+  }
   if (!reported) {
     bool filter = false;
     if (run_.report) {
@@ -412,6 +432,12 @@ void Attack::ExpectSeccomp(const Probe& inside, int expected_errno, const std::s
 }
 
 void Attack::ExpectDenial(const std::string& facet, const std::string& op, const std::string& target) {
+  if (ContainerMode()) {
+    // No broker or DNS in a gVisor sandbox: the verdict rests on the probe and the host check.
+    note_ += (note_.empty() ? "" : "; ") + std::string("no network in the gVisor sandbox: no ") + facet + "/" + op +
+             " denial to report";
+    return;
+  }
   bool found = false;
   if (run_.report && (*run_.report)["denials"].is_array()) {
     for (const auto& d : (*run_.report)["denials"]) {

@@ -41,6 +41,9 @@ using e2e::Sandbox;
 // The probe binary: $ESCAPE_PROBE, else the one built beside this test.
 std::string ProbeBin();
 
+// ESCAPE_ISOLATION=container: every inside run is on gVisor (--isolation container).
+bool ContainerMode();
+
 struct Probe {
   bool present = false;  // a RESULT line for the attack was printed
   bool ok = false;       // the attack worked

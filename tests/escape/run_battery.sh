@@ -13,13 +13,23 @@
 # (tests/delegation/lib.sh: `agentbox setup-delegation` under a cgroup made
 # beneath ours, removed afterwards): the resource attacks must then get
 # root's verdicts. It needs root to set up, and is reported as not run otherwise.
+# "root-container" and "unprivileged-container" run the attacks with every
+# inside run on gVisor (ESCAPE_ISOLATION=container: --isolation container).
 set -uo pipefail
 who="$1" bin="$2" tests="$3" probe="$4" summary="$5"
+iso_env=() filter=()
+case "$who" in
+  *-container)
+    who="${who%-container}"
+    iso_env=(ESCAPE_ISOLATION=container)
+    export ESCAPE_ISOLATION=container
+    filter=(--gtest_filter='Attack.*:Battery.*') ;;
+esac
 fixtures="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/fixtures"
 : >"$summary"
 
 run() {
-  "$@" --gtest_brief=1
+  "$@" --gtest_brief=1 "${filter[@]}"
 }
 
 if [ "$who" = delegated ] && [ "$(id -u)" -ne 0 ]; then
@@ -75,7 +85,7 @@ else
   runuser -u "$user" -- env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$home" LANG=C.UTF-8 \
     TMPDIR=/tmp AGENTBOX_BIN="$stage/agentbox" AGENTBOX_FIXTURES="$stage/fixtures" \
     ESCAPE_PROBE="$stage/escape_probe" ESCAPE_PRIV_STAGE="$stage/priv" ESCAPE_SUMMARY_FILE="$out" \
-    "${delegation_env[@]}" "$stage/agentbox_escape_tests" --gtest_brief=1
+    "${delegation_env[@]}" "${iso_env[@]}" "$stage/agentbox_escape_tests" --gtest_brief=1 "${filter[@]}"
   rc=$?
   cp "$out" "$summary"
   if [ "$who" = delegated ]; then
