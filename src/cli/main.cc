@@ -854,8 +854,17 @@ void PrintPlan(const Plan& plan) {
   } else {
   std::string ns;
   for (const auto& n : plan.namespaces) ns += (ns.empty() ? "" : " ") + n;
+  if (plan.backend == Backend::kGvisor && plan.gvisor) {
+    std::printf("plan: backend gvisor: the command runs on gVisor's Sentry (%s %s, platform %s%s), from an OCI\n"
+                "  spec made of the mounts below (docs/isolation.md: what each becomes); no network\n"
+                "  (--network=none); the run's cgroup holds runsc's processes\n",
+                plan.gvisor->runsc.c_str(), plan.gvisor->version.c_str(), plan.gvisor->platform.c_str(),
+                plan.gvisor->rootless ? ", --rootless" : "");
+    std::printf("  mounts, in order (gVisor's own /dev and /proc stand for the plan's):\n");
+  } else {
   std::printf("plan:\n  namespaces: %s (uid %u, gid %u mapped to themselves)\n", ns.c_str(), plan.uid, plan.gid);
   std::printf("  mounts, in order (new root on tmpfs, pivot_root, host root detached, root sealed read-only):\n");
+  }
   for (const auto& m : plan.mounts) {
     std::string flags = m.read_only ? "ro" : "rw";
     if (m.kind == MountKind::kSymlink) flags = "";
@@ -890,7 +899,9 @@ void PrintPlan(const Plan& plan) {
               plan.backend == Backend::kLandlockOnly ? "a child subreaper, killing what is left at the end"
                                                      : "pid 1");
   const LandlockPlan& ll = plan.landlock;
-  if (ll.abi == 0) {
+  if (plan.backend == Backend::kGvisor) {
+    std::printf("  landlock: none inside gVisor (its Sentry does not implement Landlock; the mounts are the fence)\n");
+  } else if (ll.abi == 0) {
     std::printf("  landlock: not applied (this host has no Landlock ABI >= 2)\n");
   } else {
     std::printf("  landlock: ABI %d, applied by the runner after the root is built; everything not listed is denied\n"
@@ -929,8 +940,13 @@ void PrintPlan(const Plan& plan) {
   if (!plan.seccomp.enabled) {
     std::printf("  seccomp: no filter (this host has no seccomp filtering)\n");
   } else {
+    if (plan.backend == Backend::kGvisor) {
+      std::printf("  seccomp: the OCI spec's filter, loaded inside the Sentry (--oci-seccomp): these calls fail with\n"
+                  "           EPERM, not reported by name; rules answered ENOSYS are left to the Sentry:\n");
+    } else {
     std::printf("  seccomp: filter after Landlock; denied calls fail with EPERM and are reported by name%s:\n",
                 plan.seccomp.refuse_foreign_arches ? "; x32 and i386 calls get EPERM" : "");
+    }
     for (const auto& r : plan.seccomp.rules) std::printf("    %s\n", Describe(r).c_str());
   }
   if (plan.timeout_ms) std::printf("  wall clock: %llu ms\n", static_cast<unsigned long long>(*plan.timeout_ms));
@@ -967,7 +983,8 @@ int CmdExplain(PolicyFlags f, bool as_json) {
   }
   std::printf("# effective policy (%s)\n%s\n", policy->source.c_str(), ToYaml(*policy).c_str());
   EnforcementReport r = AssessEnforcement(*policy, host, *inv);
-  std::printf("enforcement on this host: %s (backend %s)\n", ToString(r.level), r.backend.c_str());
+  std::printf("enforcement on this host: %s (backend %s%s%s)\n", ToString(r.level), r.backend.c_str(),
+              r.runtime.empty() ? "" : ", ", r.runtime.c_str());
   for (const auto& m : r.missing) std::printf("  missing: %s: %s\n", m.facet.c_str(), m.reason.c_str());
   for (const auto& n : r.notes) std::printf("  note: %s\n", n.c_str());
   if (!strict.ok()) std::printf("`agentbox run` would refuse: %s\n", strict.status().message().c_str());
