@@ -358,7 +358,8 @@ void SettleLevels(EnforcementReport* r) {
 std::string ContainerLack(const Policy& policy, const HostCaps& host, const Invocation& inv) {
   const LadderCaps& l = host.ladder;
   if (!l.probed) return "gVisor's runsc was not looked for (the host probe did not include the isolation ladder)";
-  if (l.runsc.empty() || !l.runsc_why.empty()) return l.runsc_why;
+  if (!l.runsc_why.empty()) return l.runsc_why;
+  if (l.runsc.empty()) return "gVisor's runsc was not found";
   if (inv.session) return "sessions on gVisor are not available in this version (agentbox run is)";
   if (inv.workspace_overlay) return "--workspace-overlay is not available on gVisor in this version";
   if (NeedsProxy(policy)) {

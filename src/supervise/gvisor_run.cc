@@ -34,25 +34,12 @@
 #include "linux/runner.h"
 #include "supervise/denial_scanner.h"
 #include "supervise/resources.h"
+#include "supervise/run_io.h"
 
 namespace agentbox::supervise {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-std::uint64_t Ms(Clock::duration d) {
-  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(d).count());
-}
-
-void WriteAll(int fd, const char* data, size_t n) {
-  while (n > 0) {
-    ssize_t w = write(fd, data, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return;
-    data += w;
-    n -= static_cast<size_t>(w);
-  }
-}
+using Clock = RunClock;
 
 int RemoveEntry(const char* path, const struct stat*, int type, struct FTW*) {
   if (type == FTW_DP) {
@@ -87,8 +74,6 @@ Outcome Failed(Outcome out, const std::string& stage, const std::string& message
   out.usage.wall_ms = Ms(Clock::now() - started);
   return out;
 }
-
-constexpr int kForwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
 
 }  // namespace
 
@@ -147,17 +132,7 @@ Outcome RunGvisor(const Plan& plan, const std::vector<std::string>& argv,
     }
   }
 
-  sigset_t mask, saved;
-  sigemptyset(&mask);
-  if (options.forward_signals) {
-    for (int s : kForwarded) sigaddset(&mask, s);
-  }
-  sigprocmask(SIG_BLOCK, &mask, &saved);
-  linux::UniqueFd sigfd(options.forward_signals ? signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK) : -1);
-  struct RestoreMask {
-    sigset_t m;
-    ~RestoreMask() { sigprocmask(SIG_SETMASK, &m, nullptr); }
-  } restore{saved};
+  ForwardedSignals sigfd(options.forward_signals);
 
   const bool scan = options.scan_stderr && !denial_signatures.empty();
   int err_pipe[2] = {-1, -1};

@@ -36,6 +36,7 @@
 #include "supervise/private_dir.h"
 #include "supervise/gvisor_run.h"
 #include "supervise/resources.h"
+#include "supervise/run_io.h"
 #include "supervise/workspace_disk.h"
 #include "supervise/workspace_overlay.h"
 
@@ -46,23 +47,8 @@ using Clock = std::chrono::steady_clock;
 
 constexpr int kDrainAfterExitMs = 200;
 
-void WriteAll(int fd, const char* data, size_t n) {
-  while (n > 0) {
-    ssize_t w = write(fd, data, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return;  // our own stderr is gone: keep draining so the command is not blocked
-    }
-    data += w;
-    n -= static_cast<size_t>(w);
-  }
-}
-
-std::uint64_t Ms(Clock::duration d) {
-  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(d).count());
-}
-
-constexpr int kForwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+using supervise::Ms;
+using supervise::WriteAll;
 
 // Repositories that appeared in the workspace during the run were not
 // protected: once nothing of the sandbox runs any more, whatever in them
@@ -174,19 +160,9 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
   out.policy_sha256 = plan.policy_sha256;
   const auto started = Clock::now();
 
-  // Signals arrive through a signalfd; blocked before the launch so none is lost.
-  sigset_t mask, saved;
-  sigemptyset(&mask);
-  if (options.forward_signals) {
-    for (int s : kForwarded) sigaddset(&mask, s);
-    if (plan.tty) sigaddset(&mask, SIGWINCH);  // the runner resizes the sandbox's pty
-  }
-  sigprocmask(SIG_BLOCK, &mask, &saved);
-  linux::UniqueFd sigfd(options.forward_signals ? signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK) : -1);
-  struct RestoreMask {
-    sigset_t m;
-    ~RestoreMask() { sigprocmask(SIG_SETMASK, &m, nullptr); }
-  } restore{saved};
+  // Signals arrive through a signalfd; blocked before the launch so none is
+  // lost (SIGWINCH too with a pty: the runner resizes the sandbox's).
+  supervise::ForwardedSignals sigfd(options.forward_signals, plan.tty ? SIGWINCH : 0);
 
   // With a pty the command's stderr is the pty: nothing to scan.
   const bool scan = options.scan_stderr && !denial_signatures.empty() && !plan.tty;

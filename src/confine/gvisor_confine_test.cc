@@ -1,0 +1,166 @@
+// sandbox.isolation: container planned against fake hosts: no runsc involved.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "agentbox/confine.h"
+#include "agentbox/plan.h"
+#include "confine/fake_host.h"
+
+namespace agentbox {
+namespace {
+
+// A host with every facility and gVisor's runsc found by the ladder probe.
+HostCaps GvisorHost(bool rootless = true) {
+  HostCaps h = testing::FakeHost();
+  h.ladder.probed = true;
+  h.ladder.runsc = "/usr/bin/runsc";
+  h.ladder.runsc_version = "0.0~20221219.0";
+  h.ladder.runsc_rootless = rootless;
+  return h;
+}
+
+Policy ContainerPolicy() {
+  Policy p = PresetFor(Mode::kWorkspaceWrite);
+  p.sandbox.isolation = Isolation::kContainer;
+  return p;
+}
+
+const FacetReport* FacetNamed(const EnforcementReport& r, const std::string& name) {
+  for (const auto& f : r.facets) {
+    if (f.name == name) return &f;
+  }
+  return nullptr;
+}
+
+bool HasMechanism(const FacetReport* f, const std::string& m) {
+  return f && std::find(f->mechanisms.begin(), f->mechanisms.end(), m) != f->mechanisms.end();
+}
+
+// Refused at stage confine, saying it will not downgrade, with `why` in the message.
+void ExpectRefused(const Result<ConfinedCommand>& c, const std::string& why) {
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().stage(), "confine");
+  EXPECT_NE(c.status().message().find("refusing rather than downgrading"), std::string::npos)
+      << c.status().message();
+  EXPECT_NE(c.status().message().find(why), std::string::npos) << c.status().message();
+}
+
+// The plan is the gVisor backend's, with runsc as probed and no host-kernel
+// layers gVisor does not have (Landlock, the connect() broker).
+TEST(GvisorConfine, ContainerPlansTheGvisorBackend) {
+  for (bool rootless : {true, false}) {
+    auto c = Confine({"make"}, ContainerPolicy(), GvisorHost(rootless), testing::FakeInvocation());
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    const Plan& p = c->plan;
+    EXPECT_EQ(p.backend, Backend::kGvisor);
+    ASSERT_TRUE(p.gvisor.has_value());
+    EXPECT_EQ(p.gvisor->runsc, "/usr/bin/runsc");
+    EXPECT_EQ(p.gvisor->version, "0.0~20221219.0");
+    EXPECT_EQ(p.gvisor->rootless, rootless);
+    EXPECT_FALSE(p.network.broker);
+    EXPECT_EQ(p.landlock.abi, 0);  // the fake host has Landlock ABI 7: dropped on purpose
+    EXPECT_EQ(c->enforcement.backend, "gvisor");
+    EXPECT_EQ(c->enforcement.level, Level::kFull);
+  }
+}
+
+// The report names runsc as the kernel the command talks to, and gVisor's
+// mechanisms for the facets the Sentry enforces.
+TEST(GvisorConfine, ReportNamesRunscAndGvisorMechanisms) {
+  EnforcementReport r = AssessEnforcement(ContainerPolicy(), GvisorHost(), testing::FakeInvocation());
+  EXPECT_EQ(r.backend, "gvisor");
+  EXPECT_EQ(r.runtime.rfind("runsc 0.0~20221219.0 (platform ptrace", 0), 0u) << r.runtime;
+  EXPECT_NE(r.runtime.find("rootless"), std::string::npos) << r.runtime;
+  for (const char* name : {"filesystem", "network", "processes", "syscalls"}) {
+    const FacetReport* f = FacetNamed(r, name);
+    ASSERT_NE(f, nullptr) << name;
+    EXPECT_EQ(f->level, Level::kFull) << name;
+    EXPECT_TRUE(std::any_of(f->mechanisms.begin(), f->mechanisms.end(),
+                            [](const std::string& m) { return m.rfind("gvisor-", 0) == 0; }))
+        << name;
+  }
+  EXPECT_TRUE(HasMechanism(FacetNamed(r, "filesystem"), "gvisor-sentry"));
+  EXPECT_TRUE(HasMechanism(FacetNamed(r, "network"), "gvisor-network-none"));
+  EXPECT_FALSE(HasMechanism(FacetNamed(r, "filesystem"), "landlock"));
+}
+
+// max_processes is the Sentry's RLIMIT_NPROC, never a host pids cgroup
+// (which would count the Sentry's own threads), even where one is delegated.
+TEST(GvisorConfine, MaxProcessesIsNprocNotAPidsCgroup) {
+  Policy pol = ContainerPolicy();
+  pol.resources.max_processes = 64;
+  HostCaps host = GvisorHost();
+  host.kernel_release = "6.1.0";
+  host.cgroups.probed = true;
+  host.cgroups.can_create_children = true;
+  host.cgroups.delegated = {{"pids", "v1"}};
+  auto c = Confine({"true"}, pol, host, testing::FakeInvocation());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_FALSE(c->plan.limits.pids_max.has_value());
+  EXPECT_EQ(c->plan.limits.nproc, std::optional<std::uint64_t>(64));
+  const FacetReport* res = FacetNamed(c->enforcement, "resources");
+  ASSERT_NE(res, nullptr);
+  EXPECT_TRUE(res->requested);
+  EXPECT_TRUE(HasMechanism(res, "gvisor-rlimit-nproc"));
+  EXPECT_FALSE(HasMechanism(res, "cgroup-v1-pids"));
+}
+
+// No ladder probe, or no runsc: refused, never run on the host kernel
+// instead, whatever `require` says.
+TEST(GvisorConfine, WithoutRunscIsRefusedUnderFullAndPartial) {
+  for (Requirement req : {Requirement::kFull, Requirement::kPartial}) {
+    Policy pol = ContainerPolicy();
+    pol.sandbox.require = req;
+    ExpectRefused(Confine({"true"}, pol, testing::FakeHost(), testing::FakeInvocation()), "not looked for");
+    HostCaps host = testing::FakeHost();
+    host.ladder.probed = true;
+    host.ladder.runsc_why = "gVisor's runsc is not installed (Debian package runsc)";
+    ExpectRefused(Confine({"true"}, pol, host, testing::FakeInvocation()),
+                  "gVisor's runsc is not installed (Debian package runsc)");
+    // The report for check/explain says the same, and is not full.
+    EnforcementReport r = AssessEnforcement(pol, host, testing::FakeInvocation());
+    EXPECT_NE(r.level, Level::kFull);
+  }
+}
+
+// What gVisor cannot give in this version is refused, not dropped: a
+// session, network egress, a host unix socket.
+TEST(GvisorConfine, SessionsNetworkAndUnixSocketsAreRefused) {
+  Invocation session = testing::FakeInvocation();
+  session.session = true;
+  ExpectRefused(Confine({"true"}, ContainerPolicy(), GvisorHost(), session), "sessions on gVisor");
+
+  Policy net = ContainerPolicy();
+  net.network.allow = {"pypi.org"};
+  ExpectRefused(Confine({"true"}, net, GvisorHost(), testing::FakeInvocation()), "network.allow");
+
+  Policy sock = ContainerPolicy();
+  sock.filesystem.unix_sockets = {"/run/user/1000/bus"};
+  ExpectRefused(Confine({"true"}, sock, GvisorHost(), testing::FakeInvocation()), "filesystem.unix_sockets");
+}
+
+// --backend picks between host-kernel backends: with container it is refused.
+TEST(GvisorConfine, ForcedBackendIsRefused) {
+  Invocation inv = testing::FakeInvocation();
+  inv.backend = BackendChoice::kNamespaces;
+  auto c = Confine({"true"}, ContainerPolicy(), GvisorHost(), inv);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().stage(), "confine");
+  EXPECT_NE(c.status().message().find("--backend"), std::string::npos) << c.status().message();
+  EXPECT_NE(c.status().message().find("gVisor"), std::string::npos) << c.status().message();
+}
+
+// microvm is still unavailable, even on a host with runsc, and says what is.
+TEST(GvisorConfine, MicrovmIsStillRefused) {
+  Policy pol = PresetFor(Mode::kWorkspaceWrite);
+  pol.sandbox.isolation = Isolation::kMicrovm;
+  Status s = CheckAvailable(pol);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("available: os, container"), std::string::npos) << s.message();
+  EXPECT_TRUE(CheckAvailable(ContainerPolicy()).ok());
+  ExpectRefused(Confine({"true"}, pol, GvisorHost(), testing::FakeInvocation()), "available: os, container");
+}
+
+}  // namespace
+}  // namespace agentbox
