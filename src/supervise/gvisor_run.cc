@@ -42,7 +42,8 @@ namespace {
 using Clock = RunClock;
 
 int RemoveEntry(const char* path, const struct stat*, int type, struct FTW*) {
-  if (type == FTW_DP) {
+  // FTW_DNR: a directory this user cannot read, the mode-0 mask-dir (empty).
+  if (type == FTW_DP || type == FTW_DNR) {
     rmdir(path);
   } else {
     unlink(path);
@@ -50,9 +51,13 @@ int RemoveEntry(const char* path, const struct stat*, int type, struct FTW*) {
   return 0;
 }
 
-// Removes `dir` and everything below it, following no symlink.
-void RemoveTree(const std::string& dir) {
-  if (!dir.empty()) nftw(dir.c_str(), RemoveEntry, 16, FTW_DEPTH | FTW_PHYS);
+// Removes `dir` and everything below it, following no symlink; true when
+// it is gone.
+bool RemoveTree(const std::string& dir) {
+  if (dir.empty()) return true;
+  nftw(dir.c_str(), RemoveEntry, 16, FTW_DEPTH | FTW_PHYS);
+  struct stat st {};
+  return lstat(dir.c_str(), &st) != 0 && errno == ENOENT;
 }
 
 std::string ReadFile(const std::string& path) {
@@ -320,8 +325,7 @@ std::vector<std::string> CollectGvisorBundles(const std::string& parent) {
     const std::string path = parent + "/" + name;
     struct stat st {};
     if (lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid()) continue;
-    RemoveTree(path);
-    removed.push_back(path);
+    if (RemoveTree(path)) removed.push_back(path);
   }
   closedir(d);
   return removed;

@@ -204,6 +204,24 @@ TEST(Gvisor, TimeoutOomAndAForkBombAreToldApart) {
   EXPECT_LT(b.elapsed_ms, 20000);
 }
 
+// The bundle directories named after supervisor `pid` in /tmp ("" none).
+std::string BundlesOf(pid_t pid) {
+  RunResult r = RunCommand({{"/usr/bin/find", "/tmp", "-maxdepth", "1", "-name",
+                             "agentbox-gvisor-" + std::to_string(pid) + "-*"}});
+  return r.out;
+}
+
+TEST(Gvisor, ARunRemovesItsBundle) {
+  REQUIRE_GVISOR();
+  Sandbox sb;
+  // Masks included (the mode-0 mask-dir, which the caller cannot read unless root).
+  Process p(sb.AgentboxCommand({"run", "--policy", ContainerPolicy(sb), "--", "/bin/true"}));
+  ASSERT_TRUE(p.started()) << p.start_error();
+  RunResult r = p.Wait();
+  EXPECT_EQ(r.status, 0) << r.Describe();
+  EXPECT_EQ(BundlesOf(p.pid()), "");
+}
+
 TEST(Gvisor, KillingTheSupervisorLeavesNoSandbox) {
   REQUIRE_GVISOR();
   Sandbox sb;
@@ -219,6 +237,7 @@ TEST(Gvisor, KillingTheSupervisorLeavesNoSandbox) {
   RunResult gc = RunCommand(sb.AgentboxCommand({"gc"}));
   EXPECT_EQ(gc.status, 0) << gc.Describe();
   EXPECT_TRUE(Contains(gc.out + gc.err, bundle)) << gc.Describe();
+  EXPECT_EQ(BundlesOf(p.pid()), "") << "gc said it removed the bundle, and it is still there";
 }
 
 TEST(Gvisor, APolicyThatAllowsEgressIsRefusedNamingWhy) {
