@@ -240,6 +240,27 @@ TEST(Gvisor, KillingTheSupervisorLeavesNoSandbox) {
   EXPECT_EQ(BundlesOf(p.pid()), "") << "gc said it removed the bundle, and it is still there";
 }
 
+// runsc's version is asked once per binary and remembered in the user's
+// cache; a record that is not one version token is ignored and rewritten.
+TEST(Gvisor, RunscVersionIsRememberedPerBinary) {
+  REQUIRE_GVISOR();
+  Sandbox sb;
+  const std::string cache_dir = sb.home() + "/.cache/agentbox";
+  RunResult first = sb.RunArgv({"/bin/true"}, {"--policy", ContainerPolicy(sb)});
+  ASSERT_TRUE(first.report) << first.Describe();
+  const std::string runtime = (*first.report)["enforcement"]["runtime"].get<std::string>();
+  RunResult found = RunCommand({{"/usr/bin/find", cache_dir, "-name", "runsc-version-*"}});
+  const auto files = Lines(found.out);
+  ASSERT_EQ(files.size(), 1u) << found.Describe();
+  const std::string version = ReadFile(files[0]).value_or("");
+  EXPECT_TRUE(Contains(runtime, "runsc " + version + " (")) << runtime << " vs " << version;
+  WriteFile(files[0], "forged version\n");
+  RunResult second = sb.RunArgv({"/bin/true"}, {"--policy", ContainerPolicy(sb)});
+  ASSERT_TRUE(second.report) << second.Describe();
+  EXPECT_EQ((*second.report)["enforcement"]["runtime"].get<std::string>(), runtime);
+  EXPECT_EQ(ReadFile(files[0]).value_or(""), version);
+}
+
 TEST(Gvisor, APolicyThatAllowsEgressIsRefusedNamingWhy) {
   REQUIRE_GVISOR();
   Sandbox sb;
