@@ -5,11 +5,13 @@
 #include <signal.h>
 #include <spawn.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <climits>
+#include <sstream>
 #include <utility>
 
 #include "linux/compat.h"
@@ -211,6 +213,18 @@ std::string DescribeWaitStatus(int wait_status) {
            std::to_string(sig) + ")";
   }
   return "ended with wait status " + std::to_string(wait_status);
+}
+
+std::string FindOnPath(const std::string& root, const std::string& path_var, const std::string& name) {
+  std::istringstream in(path_var);
+  for (std::string dir; std::getline(in, dir, ':');) {
+    if (dir.empty() || dir[0] != '/') continue;  // a relative PATH entry names nothing fixed
+    const std::string candidate = dir + "/" + name;
+    const std::string real = root == "/" ? candidate : root + candidate;
+    struct stat st {};
+    if (stat(real.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(real.c_str(), X_OK) == 0) return candidate;
+  }
+  return "";
 }
 
 }  // namespace agentbox::linux

@@ -109,6 +109,12 @@ Result<ProgramRun> RunHostProgram(const std::vector<std::string>& argv, std::str
 // ignore some); returns the flags that says, for posix_spawnattr_setflags.
 short SpawnWithCleanSignals(posix_spawnattr_t* attr);
 
+// The first regular, executable `name` in the ':'-separated `path_var`,
+// skipping relative entries (they name nothing fixed); "" when none. Looked
+// up below `root` ("/" for this host's own tree); the answer is the path
+// as seen from `root`.
+std::string FindOnPath(const std::string& root, const std::string& path_var, const std::string& name);
+
 // "exited with status 3", "was killed by signal SIGSEGV (11)".
 std::string DescribeWaitStatus(int wait_status);
 

@@ -25,21 +25,8 @@ namespace {
 // PATH is unset); "" when none.
 std::string FindProgram(const char* name) {
   const char* path = getenv("PATH");
-  std::string dirs = path && *path ? path : "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-  std::size_t at = 0;
-  while (at <= dirs.size()) {
-    std::size_t end = dirs.find(':', at);
-    if (end == std::string::npos) end = dirs.size();
-    std::string dir = dirs.substr(at, end - at);
-    at = end + 1;
-    if (dir.empty() || dir[0] != '/') continue;  // a relative PATH entry is not trusted
-    std::string candidate = dir + "/" + name;
-    struct stat st {};
-    if (stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(candidate.c_str(), X_OK) == 0) {
-      return candidate;
-    }
-  }
-  return "";
+  return linux::FindOnPath("/", path && *path ? path : "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                           name);
 }
 
 // What `argv` prints (stdout and stderr together), or "" when it cannot run.

@@ -82,8 +82,6 @@ Outcome Failed(Outcome out, const std::string& stage, const std::string& message
 
 }  // namespace
 
-const char* kGvisorBundlePrefix = "agentbox-gvisor-";
-
 Outcome RunGvisor(const Plan& plan, const std::vector<std::string>& argv,
                   const std::vector<Signature>& denial_signatures, const RunOptions& options) {
   Outcome out;

@@ -21,6 +21,7 @@ Outcome RunGvisor(const Plan& plan, const std::vector<std::string>& argv,
 // leaves its bundle directory; runsc and its sandbox died with it).
 std::vector<std::string> CollectGvisorBundles(const std::string& parent);
 
-extern const char* kGvisorBundlePrefix;
+// A bundle directory: <parent>/agentbox-gvisor-<supervisor pid>-XXXXXX.
+inline constexpr const char* kGvisorBundlePrefix = "agentbox-gvisor-";
 
 }  // namespace agentbox::supervise

@@ -5,6 +5,8 @@
 
 #include <sstream>
 
+#include "linux/host_program.h"
+
 extern char** environ;
 
 namespace agentbox::supervise {
@@ -19,18 +21,6 @@ bool IsSocket(const std::string& root, const std::string& path) {
   struct stat st {};
   const std::string real = root == "/" ? path : root + path;
   return stat(real.c_str(), &st) == 0 && S_ISSOCK(st.st_mode);
-}
-
-std::string FindOnPath(const std::string& root, const std::string& path_var, const std::string& name) {
-  std::istringstream in(path_var);
-  for (std::string dir; std::getline(in, dir, ':');) {
-    if (dir.empty() || dir[0] != '/') continue;  // a relative PATH entry names nothing fixed
-    const std::string candidate = dir + "/" + name;
-    const std::string real = root == "/" ? candidate : root + candidate;
-    struct stat st {};
-    if (stat(real.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(real.c_str(), X_OK) == 0) return candidate;
-  }
-  return "";
 }
 
 }  // namespace
@@ -61,7 +51,7 @@ SystemdScopeProbe ProbeSystemdScope(const std::map<std::string, std::string>& en
                (bus.empty() ? ", DBUS_SESSION_BUS_ADDRESS is unset" : ", none at " + bus) + ")";
     return p;
   }
-  p.systemd_run = FindOnPath(root, Get(env, "PATH"), "systemd-run");
+  p.systemd_run = linux::FindOnPath(root, Get(env, "PATH"), "systemd-run");
   if (p.systemd_run.empty()) {
     p.reason = found + ", but no systemd-run on PATH";
     return p;
