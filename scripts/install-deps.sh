@@ -27,6 +27,9 @@ packages=(
   openssh-server
   # sandbox.isolation: container runs the command on gVisor's kernel
   runsc
+  # sandbox.isolation: microvm: QEMU (virtiofsd comes with qemu-system-common) and
+  # a Debian guest kernel, whose virtio modules the build puts in the guest image
+  qemu-system-x86 linux-image-cloud-amd64
 )
 
 # npm installs the MCP tests' client (tests/mcp). Debian packages it apart

@@ -63,6 +63,12 @@ struct LadderCaps {
   bool kvm = false;             // /dev/kvm opens read-write for this user
   std::string kvm_why;          // why not ("no /dev/kvm", "permission denied: /dev/kvm is 0600 root")
   std::string guest_kernel;     // a Debian kernel package's /boot/vmlinuz-*; "" none
+  std::string virtiofsd;        // QEMU's virtiofsd (the guest's files); "" when not installed
+  std::string guest_image;      // agentbox's initramfs for guest_kernel's release; "" when not built
+  std::string guest_image_why;  // why there is none ("" = there is)
+  std::string microvm_why;      // why a microVM cannot run here ("" = it can, as far as probed)
+  unsigned cpus = 1;            // online CPUs: a VM's vCPUs without a cpu.limit
+  std::string accel() const { return kvm ? "kvm" : "tcg"; }
 };
 
 struct HostCaps {

@@ -105,8 +105,10 @@ struct ResourceLimits {
 // construction: docs/security-model.md says what is missing).
 // kGvisor (sandbox.isolation: container): the command runs on gVisor's
 // kernel (runsc), from an OCI spec made of the same mount plan.
-enum class Backend { kNamespaces, kLandlockOnly, kGvisor };
-// "linux-namespaces" | "landlock-only" | "gvisor": the report's enforcement.backend.
+// kMicrovm (sandbox.isolation: microvm): the command runs on a guest kernel
+// of its own in a QEMU microVM, whose init applies the same plan again.
+enum class Backend { kNamespaces, kLandlockOnly, kGvisor, kMicrovm };
+// "linux-namespaces" | "landlock-only" | "gvisor" | "microvm": the report's enforcement.backend.
 const char* ToString(Backend);
 
 // Landlock, stacked on the mount plan. Rules name paths INSIDE the sandbox:
@@ -303,6 +305,19 @@ struct GvisorPlan {
   std::string state_parent;     // where per-run bundles and runsc's state go (the runtime dir)
 };
 
+// How the microVM is made (Backend::kMicrovm).
+struct MicrovmPlan {
+  std::string qemu;             // qemu-system-x86_64
+  std::string virtiofsd;        // QEMU's virtiofsd
+  std::string kernel;           // /boot/vmlinuz-RELEASE
+  std::string initramfs;        // agentbox's guest image for that release
+  std::string accel = "tcg";    // "kvm" with a usable /dev/kvm, else "tcg"
+  std::uint64_t memory_mib = 1024;  // the VM's RAM: resources.memory_gib.limit
+  unsigned vcpus = 1;           // resources.cpu.limit, rounded up
+  bool rootless = false;        // the caller is not root: virtiofsd in a user namespace of ours
+  std::string state_parent;     // where per-run directories go (the runtime dir)
+};
+
 struct Plan {
   bool confined = true;      // false: danger-full-access, run as is
   Backend backend = Backend::kNamespaces;
@@ -351,6 +366,7 @@ struct Plan {
   std::string private_dir_parent;
   std::string private_dir;
   std::optional<GvisorPlan> gvisor;     // kGvisor only
+  std::optional<MicrovmPlan> microvm;   // kMicrovm only
   std::string policy_sha256;
 };
 

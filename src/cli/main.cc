@@ -29,8 +29,10 @@
 #include "cli/subcommand.h"
 #include "linux/cgroup_delegation.h"
 #include "linux/cgroups.h"
+#include "linux/microvm.h"
 #include "supervise/approver.h"
 #include "supervise/escalation_round.h"
+#include "supervise/microvm_run.h"
 #include "supervise/systemd_scope.h"
 #include "session/code_mode.h"
 #include "session/world.h"
@@ -757,14 +759,18 @@ int CmdCheck(const std::string& policy_file, const std::string& backend_flag, bo
           : "gVisor runsc " + l.runsc_version + " at " + l.runsc + " (platform " + l.runsc_platform +
                 (l.runsc_rootless ? ", --rootless" : "") + (l.runsc_tried ? "; a trial sandbox ran" : "") + ")";
   const std::string microvm_line =
-      std::string("not available in this version") + " (qemu: " + (l.qemu.empty() ? "not installed" : l.qemu) +
-      "; kvm: " + (l.kvm ? "yes" : l.kvm_why) + "; guest kernel: " +
-      (l.guest_kernel.empty() ? "none in /boot" : l.guest_kernel) + ")";
+      (l.microvm_why.empty() ? "QEMU microvm, accelerator " + l.accel() + (l.kvm ? "" : " (" + l.kvm_why + ")") +
+                                   ", guest kernel " + l.guest_kernel + ", image " + l.guest_image
+                             : "unavailable: " + l.microvm_why) +
+      " (qemu: " + (l.qemu.empty() ? "not installed" : l.qemu) + "; virtiofsd: " +
+      (l.virtiofsd.empty() ? "not installed" : l.virtiofsd) + "; kvm: " + (l.kvm ? "yes" : l.kvm_why) + ")";
   host["ladder"] = {{"container", {{"runsc", l.runsc}, {"version", l.runsc_version}, {"platform", l.runsc_platform},
                                    {"rootless", l.runsc_rootless}, {"tried", l.runsc_tried},
                                    {"available", !l.runsc.empty() && l.runsc_why.empty()}, {"why", l.runsc_why}}},
-                    {"microvm", {{"available", false}, {"qemu", l.qemu}, {"kvm", l.kvm}, {"kvm_why", l.kvm_why},
-                                 {"guest_kernel", l.guest_kernel}}}};
+                    {"microvm", {{"available", l.microvm_why.empty()}, {"why", l.microvm_why}, {"qemu", l.qemu},
+                                 {"virtiofsd", l.virtiofsd}, {"accel", l.accel()}, {"kvm", l.kvm},
+                                 {"kvm_why", l.kvm_why}, {"guest_kernel", l.guest_kernel},
+                                 {"guest_image", l.guest_image}}}};
   const std::vector<Diagnosis> diagnosis = Diagnose(h);
   // setup-delegation's directories in use, per controller, and why one on record is not.
   json delegation = json::object();
@@ -1004,6 +1010,16 @@ int main(int argc, char** argv) {
   using namespace agentbox::cli;
   // A session's sandbox supervisor (spawned by sessions, never typed).
   if (argc == 2 && std::strcmp(argv[1], "__world") == 0) return agentbox::session::WorldMain();
+  // A microVM's init: this binary is the guest image's /init.
+  if (getpid() == 1 && std::strcmp(argv[0], "/init") == 0) agentbox::supervise::GuestInitMain();
+  // The guest image for a kernel release (the build makes it: CMake's guest_image).
+  if (argc == 5 && std::strcmp(argv[1], "__guest-image") == 0) {
+    if (agentbox::Status s = agentbox::linux::WriteGuestInitramfs(argv[2], argv[3], argv[4]); !s.ok()) {
+      std::fprintf(stderr, "agentbox: %s\n", s.ToString().c_str());
+      return 1;
+    }
+    return 0;
+  }
   CLI::App app{"agentbox: run commands for AI agents, confined (namespaces, read-only system, no network, "
                "a fail-closed policy and a truthful report)"};
   app.require_subcommand(1);

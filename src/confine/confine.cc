@@ -7,6 +7,7 @@
 #include "agentbox/confine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <set>
@@ -455,6 +456,95 @@ EnforcementReport AssessGvisor(const Policy& policy, const HostCaps& host, const
   return r;
 }
 
+// sandbox.isolation: microvm on this host and for this invocation: what a
+// microVM cannot be given here, or "" when it can.
+std::string MicrovmLack(const Policy& policy, const HostCaps& host, const Invocation& inv) {
+  const LadderCaps& l = host.ladder;
+  if (!l.probed) return "QEMU was not looked for (the host probe did not include the isolation ladder)";
+  if (!l.microvm_why.empty()) return l.microvm_why;
+  if (inv.session) return "sessions on a microVM are not available in this version (agentbox run is)";
+  if (inv.workspace_overlay) return "--workspace-overlay is not available on a microVM in this version";
+  if (NeedsProxy(policy)) {
+    return "the policy lets the sandbox reach the network (network.allow, egress_proxy or credentials), and "
+           "egress from a microVM through agentbox's proxy is not available in this version: the guest has no "
+           "network device at all";
+  }
+  if (!policy.filesystem.unix_sockets.empty()) {
+    return "filesystem.unix_sockets: a microVM reaches no host socket in this version";
+  }
+  return "";
+}
+
+// The report of a run in a microVM: the command talks to a guest kernel of
+// its own; the guest's init applies the namespaces plan again inside (mount
+// namespace, Landlock and seccomp of the guest kernel), and what the guest
+// can reach of the host is what the virtiofs shares export, each prepared
+// on the host side with the plan's masks.
+EnforcementReport AssessMicrovm(const Policy& policy, const HostCaps& host, const Invocation& inv) {
+  Policy os = policy;
+  os.sandbox.isolation = Isolation::kOs;
+  Invocation ns = inv;
+  ns.backend = BackendChoice::kAuto;
+  const EnforcementReport host_report = AssessEnforcement(os, host, ns);
+  EnforcementReport r;
+  r.backend = ToString(Backend::kMicrovm);
+  const LadderCaps& l = host.ladder;
+  r.runtime = "qemu microvm (accelerator " + l.accel() + "), guest kernel " +
+              (l.guest_kernel.empty() ? std::string("(none)") : l.guest_kernel.substr(l.guest_kernel.rfind('/') + 1));
+  const std::string lack = MicrovmLack(policy, host, inv);
+  r.backend_reason = lack.empty() ? "sandbox.isolation: microvm (QEMU at " + l.qemu + ", " +
+                                        (l.kvm ? std::string("KVM") : "TCG: " + l.kvm_why) + ")"
+                                  : lack;
+  for (const auto& f : host_report.facets) {
+    FacetReport g = f;
+    if (f.name == "filesystem") {
+      g.mechanisms.insert(g.mechanisms.begin(), {"guest-kernel", "virtiofs-shares", "host-side-masks"});
+      g.notes.insert(g.notes.begin(),
+                     "the command's file syscalls are the guest kernel's; host files reach the guest only through "
+                     "virtiofs shares of the plan's trees, each exported by a virtiofsd whose own view has the "
+                     "plan's masks bound over (so not even a compromised guest kernel reads a masked path)");
+      g.notes.push_back("inside the guest the plan is applied again: mount namespace, masks and the guest kernel's "
+                        "Landlock");
+    } else if (f.name == "network") {
+      g.mechanisms = {"no-network-device", "guest-network-namespace"};
+      g.notes = {"the VM has no network device (QEMU -nodefaults, no -netdev): no route out, no host socket"};
+    } else if (f.name == "processes") {
+      g.mechanisms.insert(g.mechanisms.begin(), "guest-kernel");
+      g.notes.insert(g.notes.begin(), "the command's processes live in the guest kernel: no host process is "
+                                      "visible or signalable from inside");
+    } else if (f.name == "syscalls") {
+      g.mechanisms.insert(g.mechanisms.begin(), "guest-kernel");
+      g.notes.insert(g.notes.begin(), "the plan's seccomp filter is loaded by the guest kernel; a syscall that "
+                                      "passes it reaches the guest kernel, not this host's");
+    } else if (f.name == "resources") {
+      g.mechanisms.clear();
+      g.notes.clear();
+      g.mechanisms.push_back("vm-memory");
+      g.mechanisms.push_back("vm-vcpus");
+      g.notes.push_back("memory_gib.limit is the VM's RAM (the guest kernel and init live in it too); the guest "
+                        "kernel's OOM killer ends what does not fit, counted from its vmstat");
+      g.notes.push_back("cpu.limit is the VM's vCPU count, rounded up to a whole CPU");
+      if (policy.resources.max_processes) {
+        g.mechanisms.push_back("guest-rlimit-nproc");
+        g.notes.push_back("max_processes: RLIMIT_NPROC " + std::to_string(*policy.resources.max_processes) +
+                          " in the guest's user namespace");
+      }
+      if (policy.resources.wall_clock_ms) g.mechanisms.push_back("wall-clock-vm-kill");
+      g.level = Level::kFull;
+    }
+    r.facets.push_back(g);
+  }
+  for (const auto& m : host_report.missing) {
+    // The host's cgroups are not what limits the VM.
+    if (m.facet != "resources") r.missing.push_back(m);
+  }
+  r.skipped = host_report.skipped;
+  r.notes = host_report.notes;
+  if (!lack.empty()) r.missing.push_back({"filesystem", "sandbox.isolation: microvm: " + lack});
+  SettleLevels(&r);
+  return r;
+}
+
 }  // namespace
 
 Status CheckAvailable(const Policy& policy) {
@@ -465,9 +555,9 @@ Status CheckAvailable(const Policy& policy) {
                          "sandbox.isolation: host means no isolation; ask for it by name with "
                          "mode danger-full-access");
   }
-  if (iso != Isolation::kOs && iso != Isolation::kContainer) {
+  if (iso != Isolation::kOs && iso != Isolation::kContainer && iso != Isolation::kMicrovm) {
     return Status::Error("confine", std::string("sandbox.isolation: ") + ToString(iso) +
-                                        " is not available in this version (available: os, container); "
+                                        " is not available in this version (available: os, container, microvm); "
                                         "refusing rather than downgrading");
   }
   if (policy.sandbox.image != "host") {
@@ -515,6 +605,7 @@ EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host, 
 
 EnforcementReport AssessEnforcement(const Policy& policy, const HostCaps& host, const Invocation& inv) {
   if (Confines(policy) && policy.sandbox.isolation == Isolation::kContainer) return AssessGvisor(policy, host, inv);
+  if (Confines(policy) && policy.sandbox.isolation == Isolation::kMicrovm) return AssessMicrovm(policy, host, inv);
   const BackendChoice choice = inv.backend;
   const bool session = inv.session;
   EnforcementReport r;
@@ -1213,7 +1304,20 @@ Result<ConfinedCommand> ConfinePolicy(const std::vector<std::string>& argv, cons
   ConfinedCommand out;
   bool landlock_only = false;
   const bool gvisor = Confines(policy) && policy.sandbox.isolation == Isolation::kContainer;
-  if (gvisor) {
+  const bool microvm = Confines(policy) && policy.sandbox.isolation == Isolation::kMicrovm;
+  if (microvm) {
+    if (const std::string lack = MicrovmLack(policy, host, inv); !lack.empty()) {
+      return Status::Error("confine", "sandbox.isolation: microvm: " + lack + "; refusing rather than downgrading");
+    }
+    if (inv.backend != BackendChoice::kAuto) {
+      return Status::Error("confine", "--backend: sandbox.isolation: microvm runs on a guest kernel; --backend "
+                                      "chooses between the host-kernel backends of isolation: os");
+    }
+    if (const std::string lack = NamespacesLack(host); !lack.empty() && host.uid != 0) {
+      return Status::Error("confine", "sandbox.isolation: microvm: " + lack + " (virtiofsd runs in a user namespace "
+                                      "of agentbox's without root); refusing rather than downgrading");
+    }
+  } else if (gvisor) {
     // Never a downgrade: a host without gVisor refuses, under any `require`.
     if (const std::string lack = ContainerLack(policy, host, inv); !lack.empty()) {
       return Status::Error("confine", "sandbox.isolation: container: " + lack + "; refusing rather than downgrading");
@@ -1675,6 +1779,30 @@ Result<ConfinedCommand> ConfinePolicy(const std::vector<std::string>& argv, cons
       const LadderCaps& l = host.ladder;
       plan.gvisor = GvisorPlan{l.runsc, l.runsc_version, l.runsc_platform, l.runsc_rootless,
                                inv.runtime_dir.empty() ? "/tmp" : inv.runtime_dir};
+    }
+    if (microvm) {
+      // The same plan, applied again by the guest's init; no broker and no
+      // DNS inside: the guest has no network (MicrovmLack refused one).
+      plan.backend = Backend::kMicrovm;
+      plan.network.broker = false;
+      plan.network.dns_address.clear();
+      plan.limits.pids_max.reset();
+      plan.limits.nproc = policy.resources.max_processes;
+      const LadderCaps& l = host.ladder;
+      MicrovmPlan vm;
+      vm.qemu = l.qemu;
+      vm.virtiofsd = l.virtiofsd;
+      vm.kernel = l.guest_kernel;
+      vm.initramfs = l.guest_image;
+      vm.accel = l.accel();
+      vm.memory_mib = plan.limits.memory_max_bytes ? std::max<std::uint64_t>(*plan.limits.memory_max_bytes >> 20, 64)
+                                                   : 1024;
+      vm.vcpus = plan.limits.cpu_max_cores
+                     ? static_cast<unsigned>(std::max(1.0, std::ceil(*plan.limits.cpu_max_cores)))
+                     : l.cpus;
+      vm.rootless = host.uid != 0;
+      vm.state_parent = inv.runtime_dir.empty() ? "/tmp" : inv.runtime_dir;
+      plan.microvm = vm;
     }
   }
 

@@ -209,6 +209,7 @@ const char* ToString(Backend backend) {
     case Backend::kNamespaces: return "linux-namespaces";
     case Backend::kLandlockOnly: return "landlock-only";
     case Backend::kGvisor: return "gvisor";
+    case Backend::kMicrovm: return "microvm";
   }
   return "linux-namespaces";
 }
@@ -353,6 +354,12 @@ std::string PlanToJson(const Plan& plan, int indent) {
                    {"platform", plan.gvisor->platform}, {"rootless", plan.gvisor->rootless},
                    {"state_parent", plan.gvisor->state_parent}};
   }
+  if (plan.microvm) {
+    const MicrovmPlan& m = *plan.microvm;
+    j["microvm"] = {{"qemu", m.qemu},           {"virtiofsd", m.virtiofsd},   {"kernel", m.kernel},
+                    {"initramfs", m.initramfs}, {"accel", m.accel},           {"memory_mib", m.memory_mib},
+                    {"vcpus", m.vcpus},         {"rootless", m.rootless},     {"state_parent", m.state_parent}};
+  }
   j["policy_sha256"] = plan.policy_sha256;
   return j.dump(indent);
 }
@@ -371,6 +378,14 @@ Result<Plan> PlanFromJson(const std::string& text) {
       plan.gvisor = GvisorPlan{g.at("runsc").get<std::string>(), g.at("version").get<std::string>(),
                                g.at("platform").get<std::string>(), g.at("rootless").get<bool>(),
                                g.at("state_parent").get<std::string>()};
+    } else if (backend == ToString(Backend::kMicrovm)) {
+      plan.backend = Backend::kMicrovm;
+      const json& m = j.at("microvm");
+      plan.microvm = MicrovmPlan{m.at("qemu").get<std::string>(),       m.at("virtiofsd").get<std::string>(),
+                                 m.at("kernel").get<std::string>(),     m.at("initramfs").get<std::string>(),
+                                 m.at("accel").get<std::string>(),      m.at("memory_mib").get<std::uint64_t>(),
+                                 m.at("vcpus").get<unsigned>(),         m.at("rootless").get<bool>(),
+                                 m.at("state_parent").get<std::string>()};
     } else if (backend != ToString(Backend::kNamespaces)) {
       return Status::Error("plan", "unknown backend " + backend);
     }

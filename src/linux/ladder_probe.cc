@@ -17,6 +17,7 @@
 #include "agentbox/host_caps.h"
 #include "linux/fd.h"
 #include "linux/host_program.h"
+#include "linux/microvm.h"
 
 namespace agentbox {
 namespace {
@@ -48,23 +49,67 @@ std::string FirstLine(const std::string& text) {
   return line;
 }
 
-// The newest /boot/vmlinuz-* a Debian kernel package installed ("" none).
-std::string FindGuestKernel() {
-  DIR* d = opendir("/boot");
-  if (!d) return "";
+// The /boot/vmlinuz-* kernels Debian's kernel packages installed, newest first.
+std::vector<std::string> FindGuestKernels() {
   std::vector<std::string> found;
+  DIR* d = opendir("/boot");
+  if (!d) return found;
   while (dirent* e = readdir(d)) {
     if (std::strncmp(e->d_name, "vmlinuz-", 8) == 0) found.push_back(std::string("/boot/") + e->d_name);
   }
   closedir(d);
-  std::sort(found.begin(), found.end());
-  return found.empty() ? "" : found.back();
+  std::sort(found.rbegin(), found.rend());
+  return found;
+}
+
+// Where agentbox's guest images are: <directory of this binary>/guest
+// (the build's), else <prefix>/lib/agentbox/guest for an installed binary.
+std::string GuestImageDir() {
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return "";
+  std::string dir(self, static_cast<std::size_t>(n));
+  dir = dir.substr(0, dir.rfind('/'));
+  struct stat st {};
+  if (stat((dir + "/guest").c_str(), &st) == 0) return dir + "/guest";
+  const std::string prefix = dir.substr(0, dir.rfind('/'));
+  return prefix + "/lib/agentbox/guest";
 }
 
 // runsc's version, remembered per binary: asking it costs a Go program's
 // start (20-30 ms) on every run. The record is keyed by the binary's
 // device, inode, size and mtime, in this user's cache directory; it names
 // the version for the report only (enforcement never reads it).
+std::string CacheDir() {
+  if (const char* x = getenv("XDG_CACHE_HOME"); x && *x == '/') return x;
+  if (const char* h = getenv("HOME"); h && *h == '/') return std::string(h) + "/.cache";
+  return "";
+}
+
+std::string FileKey(const std::string& path) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) return "";
+  return std::to_string(st.st_dev) + "-" + std::to_string(st.st_ino) + "-" + std::to_string(st.st_size) + "-" +
+         std::to_string(st.st_mtim.tv_sec);
+}
+
+// Whether KVM can run the guest is a fact of this boot of this machine
+// (nested virtualisation may offer /dev/kvm and still fail the guest): the
+// trial's verdict is remembered per boot, QEMU binary and guest kernel.
+std::string KvmTrialCachePath(const std::string& qemu, const std::string& kernel) {
+  const std::string dir = CacheDir();
+  const std::string qkey = FileKey(qemu), kkey = FileKey(kernel);
+  std::string boot;
+  if (linux::UniqueFd fd(open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC)); fd.valid()) {
+    char buf[64];
+    ssize_t n = read(fd.get(), buf, sizeof(buf));
+    if (n > 0) boot.assign(buf, static_cast<std::size_t>(n));
+    while (!boot.empty() && boot.back() == '\n') boot.pop_back();
+  }
+  if (dir.empty() || qkey.empty() || kkey.empty() || boot.empty()) return "";
+  return dir + "/agentbox/kvm-trial-" + boot + "-" + qkey + "-" + kkey;
+}
+
 std::string VersionCachePath(const std::string& runsc) {
   struct stat st {};
   if (stat(runsc.c_str(), &st) != 0) return "";
@@ -156,7 +201,35 @@ LadderCaps ProbeLadder(ProbeDepth depth) {
     }
   }
   l.qemu = FindProgram("qemu-system-x86_64");
-  l.guest_kernel = FindGuestKernel();
+  for (const char* p : {"/usr/lib/qemu/virtiofsd", "/usr/libexec/virtiofsd"}) {
+    if (access(p, X_OK) == 0) {
+      l.virtiofsd = p;
+      break;
+    }
+  }
+  // The newest kernel agentbox has a guest image for (the image carries
+  // that release's virtio modules).
+  const std::vector<std::string> kernels = FindGuestKernels();
+  const std::string images = GuestImageDir();
+  for (const auto& k : kernels) {
+    const std::string release = k.substr(k.rfind('/') + 9);
+    const std::string image = images + "/initramfs-" + release + ".img";
+    if (access(image.c_str(), R_OK) == 0 && access(k.c_str(), R_OK) == 0) {
+      l.guest_kernel = k;
+      l.guest_image = image;
+      break;
+    }
+  }
+  if (l.guest_image.empty()) {
+    if (kernels.empty()) {
+      l.guest_image_why = "no guest kernel in /boot (Debian package linux-image-cloud-amd64)";
+    } else {
+      l.guest_kernel = kernels.front();
+      l.guest_image_why = "no guest image for " + kernels.front() + " at " + images + "/initramfs-" +
+                          kernels.front().substr(kernels.front().rfind('/') + 9) +
+                          ".img (the build makes it: cmake --build build --target guest_image)";
+    }
+  }
   struct stat st {};
   if (stat("/dev/kvm", &st) != 0) {
     l.kvm_why = "no /dev/kvm (no hardware virtualisation offered to this machine)";
@@ -169,6 +242,36 @@ LadderCaps ProbeLadder(ProbeDepth depth) {
                   std::to_string((st.st_mode >> 6) & 7) + std::to_string((st.st_mode >> 3) & 7) +
                   std::to_string(st.st_mode & 7) + ", owner uid " + std::to_string(st.st_uid) + ")";
     }
+  }
+  if (const long n = sysconf(_SC_NPROCESSORS_ONLN); n > 0) l.cpus = static_cast<unsigned>(n);
+  if (l.kvm && !l.qemu.empty() && !l.guest_image.empty()) {
+    // /dev/kvm opens; whether it runs this guest is tried (once per boot,
+    // or on every check): a trial boot to the guest's init.
+    const std::string cache = KvmTrialCachePath(l.qemu, l.guest_kernel);
+    std::string verdict = depth == ProbeDepth::kQuick ? ReadCachedVersion(cache) : "";
+    if (verdict.empty()) {
+      int ws = 0;
+      const auto t0 = std::chrono::steady_clock::now();
+      const std::string out =
+          Output(linux::QemuTrialArgv(l.qemu, l.guest_kernel, l.guest_image, "kvm"), std::chrono::seconds(8), &ws);
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+      verdict = out.find(linux::kGuestTrialReady) != std::string::npos ? "ok" : "failed-" + std::to_string(ms.count());
+      WriteCachedVersion(cache, verdict);
+    }
+    if (verdict != "ok") {
+      l.kvm = false;
+      l.kvm_why = "/dev/kvm opens, but a trial VM under KVM did not reach the guest's init (nested virtualisation "
+                  "that cannot run this guest kernel); QEMU's TCG runs it instead";
+    }
+  }
+  if (l.qemu.empty()) {
+    l.microvm_why = "QEMU is not installed (Debian package qemu-system-x86)";
+  } else if (l.virtiofsd.empty()) {
+    l.microvm_why = "QEMU's virtiofsd is not installed (Debian package qemu-system-common)";
+  } else if (!l.guest_image_why.empty()) {
+    l.microvm_why = l.guest_image_why;
+  } else if (getuid() != 0 && access("/proc/self/ns/user", F_OK) != 0) {
+    l.microvm_why = "no user namespaces: virtiofsd runs in one of agentbox's without root";
   }
   return l;
 }

@@ -8,9 +8,7 @@
 // removed by `agentbox gc` (its name carries the supervisor's pid).
 #include "supervise/gvisor_run.h"
 
-#include <dirent.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -34,31 +32,13 @@
 #include "linux/runner.h"
 #include "supervise/denial_scanner.h"
 #include "supervise/resources.h"
+#include "supervise/run_dirs.h"
 #include "supervise/run_io.h"
 
 namespace agentbox::supervise {
 namespace {
 
 using Clock = RunClock;
-
-int RemoveEntry(const char* path, const struct stat*, int type, struct FTW*) {
-  // FTW_DNR: a directory this user cannot read, the mode-0 mask-dir (empty).
-  if (type == FTW_DP || type == FTW_DNR) {
-    rmdir(path);
-  } else {
-    unlink(path);
-  }
-  return 0;
-}
-
-// Removes `dir` and everything below it, following no symlink; true when
-// it is gone.
-bool RemoveTree(const std::string& dir) {
-  if (dir.empty()) return true;
-  nftw(dir.c_str(), RemoveEntry, 16, FTW_DEPTH | FTW_PHYS);
-  struct stat st {};
-  return lstat(dir.c_str(), &st) != 0 && errno == ENOENT;
-}
 
 std::string ReadFile(const std::string& path) {
   std::string out;
@@ -311,22 +291,7 @@ Outcome RunGvisor(const Plan& plan, const std::vector<std::string>& argv,
 }
 
 std::vector<std::string> CollectGvisorBundles(const std::string& parent) {
-  std::vector<std::string> removed;
-  DIR* d = opendir(parent.c_str());
-  if (!d) return removed;
-  const std::string prefix = kGvisorBundlePrefix;
-  while (dirent* e = readdir(d)) {
-    std::string name = e->d_name;
-    if (name.rfind(prefix, 0) != 0) continue;
-    const pid_t owner = static_cast<pid_t>(std::atol(name.c_str() + prefix.size()));
-    if (owner <= 0 || kill(owner, 0) == 0 || errno != ESRCH) continue;  // its supervisor lives
-    const std::string path = parent + "/" + name;
-    struct stat st {};
-    if (lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid()) continue;
-    if (RemoveTree(path)) removed.push_back(path);
-  }
-  closedir(d);
-  return removed;
+  return CollectDeadRunDirs(parent, kGvisorBundlePrefix);
 }
 
 }  // namespace agentbox::supervise

@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "supervise/gvisor_run.h"
+#include "supervise/microvm_run.h"
 
 #include "agentbox/run.h"
 #include "linux/cgroup_delegation.h"
@@ -89,6 +90,7 @@ std::vector<std::string> CollectGarbage() {
   if (const char* run = getenv("XDG_RUNTIME_DIR"); run && *run == '/') parents.emplace_back(run);
   for (const auto& p : parents) {
     for (auto& b : supervise::CollectGvisorBundles(p)) out.push_back(std::move(b));
+    for (auto& b : supervise::CollectMicrovmDirs(p)) out.push_back(std::move(b));
   }
   return out;
 }

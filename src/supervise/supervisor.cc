@@ -35,6 +35,7 @@
 #include "supervise/egress.h"
 #include "supervise/private_dir.h"
 #include "supervise/gvisor_run.h"
+#include "supervise/microvm_run.h"
 #include "supervise/resources.h"
 #include "supervise/run_io.h"
 #include "supervise/workspace_disk.h"
@@ -502,6 +503,9 @@ Outcome RunPlan(const Plan& plan, const std::vector<std::string>& argv,
   if (plan.confined && plan.backend == Backend::kGvisor) {
     return supervise::RunGvisor(plan, argv, denial_signatures, options);
   }
+  if (plan.confined && plan.backend == Backend::kMicrovm) {
+    return supervise::RunMicrovm(plan, argv, denial_signatures, options);
+  }
   if (!plan.confined || plan.backend != Backend::kLandlockOnly) {
     if (!plan.network.terminate) return RunPrepared(plan, argv, denial_signatures, options, std::nullopt, nullptr);
     // The CA and the placeholders exist from here on: before the runner is
@@ -551,8 +555,11 @@ Outcome Run(const ConfinedCommand& command, const RunOptions& options) {
   }
   std::vector<std::string> skipped = std::move(out.enforcement.skipped);
   std::vector<MissingFacet> found_at_run = std::move(out.enforcement.missing);
+  std::vector<std::string> noted_at_run = std::move(out.enforcement.notes);
   out.enforcement = command.enforcement;
   out.enforcement.skipped = std::move(skipped);
+  // What a microVM's guest found of its own second fence (its kernel's Landlock ABI).
+  for (auto& n : noted_at_run) out.enforcement.notes.push_back(std::move(n));
   // What the runner found short of the plan lowers the facet and the level.
   for (auto& m : found_at_run) AddMissing(&out.enforcement, std::move(m));
   return out;

@@ -1,0 +1,338 @@
+// The microVM guest's init: agentbox's own static binary, /init of the
+// initramfs. It is pid 1 of a kernel that runs nothing else.
+//
+//  1. devtmpfs, procfs and sysfs; the virtio modules the initramfs carries
+//     (virtio-mmio devices are named on the kernel's command line, which
+//     modprobe would hand to the module: here the init does);
+//  2. the virtio-serial port named "agentbox", and the request on it;
+//  3. a tmpfs root with the request's virtiofs shares ("/" read-only, each
+//     writable tree at its host path), /dev, /proc, /sys and /tmp, then a
+//     switch into it;
+//  4. the request's plan run as a namespaces run (RunPlan) in a child whose
+//     stdio are pipes relayed as frames; signals from the host forwarded;
+//  5. the outcome as the last frame, with the kernel's OOM-kill count;
+//     sync, power off.
+// A failure before the request is run is a kFailure frame (or, with no
+// port, a line on the console), then the power-off.
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/reboot.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "agentbox/run.h"
+#include "linux/fd.h"
+#include "linux/microvm.h"
+#include "report/report_json.h"
+#include "supervise/microvm_run.h"
+
+namespace agentbox::supervise {
+namespace {
+
+using nlohmann::json;
+
+std::string Slurp(const std::string& path) {
+  linux::UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  std::string out;
+  if (!fd.valid()) return out;
+  char buf[4096];
+  for (ssize_t n; (n = read(fd.get(), buf, sizeof(buf))) > 0;) out.append(buf, static_cast<size_t>(n));
+  return out;
+}
+
+[[noreturn]] void PowerOff() {
+  sync();
+  reboot(RB_POWER_OFF);
+  for (;;) pause();
+}
+
+int g_port = -1;
+
+[[noreturn]] void Die(const Status& why) {
+  const std::string text =
+      json{{"stage", why.stage()}, {"message", why.message()}, {"errno", why.err()}}.dump();
+  if (g_port >= 0) {
+    (void)linux::WriteFrame(g_port, linux::FrameType::kFailure, text);
+  } else {
+    std::fprintf(stderr, "agentbox guest: %s\n", why.ToString().c_str());
+  }
+  PowerOff();
+}
+
+std::uint64_t OomKills() {
+  const std::string vmstat = Slurp("/proc/vmstat");
+  const auto at = vmstat.find("\noom_kill ");
+  return at == std::string::npos ? 0 : std::strtoull(vmstat.c_str() + at + 10, nullptr, 10);
+}
+
+void LoadModules() {
+  // virtio_mmio.device=... entries from the command line, as modprobe passes them.
+  std::string mmio;
+  const std::string cmdline = Slurp("/proc/cmdline");
+  std::size_t i = 0;
+  while (i < cmdline.size()) {
+    std::size_t j = cmdline.find_first_of(" \n", i);
+    if (j == std::string::npos) j = cmdline.size();
+    const std::string word = cmdline.substr(i, j - i);
+    if (word.rfind("virtio_mmio.", 0) == 0) mmio += (mmio.empty() ? "" : " ") + word.substr(12);
+    i = j + 1;
+  }
+  const std::string order = Slurp("/modules.order");
+  std::size_t at = 0;
+  while (at < order.size()) {
+    std::size_t nl = order.find('\n', at);
+    if (nl == std::string::npos) nl = order.size();
+    const std::string path = order.substr(at, nl - at);
+    at = nl + 1;
+    if (path.empty()) continue;
+    linux::UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd.valid()) Die(Status::Errno("guest", "open module", path));
+    const std::string params = path.find("/virtio_mmio.ko") != std::string::npos ? mmio : "";
+    if (syscall(SYS_finit_module, fd.get(), params.c_str(), 0) != 0 && errno != EEXIST) {
+      Die(Status::Errno("guest", "load module", path));
+    }
+  }
+}
+
+// The port's device: /sys/class/virtio-ports/vportNpM/name is "agentbox".
+// Ports appear once the host's QEMU has announced them: waits a while.
+int OpenPort() {
+  for (int tries = 0; tries < 2000; ++tries) {
+    if (DIR* d = opendir("/sys/class/virtio-ports")) {
+      while (dirent* e = readdir(d)) {
+        if (e->d_name[0] == '.') continue;
+        std::string name = Slurp(std::string("/sys/class/virtio-ports/") + e->d_name + "/name");
+        while (!name.empty() && name.back() == '\n') name.pop_back();
+        if (name != linux::kGuestPortName) continue;
+        const std::string dev = std::string("/dev/") + e->d_name;
+        closedir(d);
+        for (int t = 0; t < 500; ++t) {
+          int fd = open(dev.c_str(), O_RDWR | O_CLOEXEC);
+          if (fd >= 0) return fd;
+          std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        }
+        Die(Status::Errno("guest", "open", dev));
+      }
+      closedir(d);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  Die(Status::Error("guest", std::string("no virtio-serial port named ") + linux::kGuestPortName + " in 10 s"));
+}
+
+void MountOrDie(const char* source, const std::string& target, const char* type, unsigned long flags,
+                const char* data) {
+  mkdir(target.c_str(), 0755);
+  if (mount(source, target.c_str(), type, flags, data) != 0) {
+    Die(Status::Errno("guest", std::string("mount ") + type + " " + source + " at", target));
+  }
+}
+
+void MountShares(const linux::GuestRequest& request) {
+  std::vector<linux::GuestShare> shares = request.shares;
+  std::stable_sort(shares.begin(), shares.end(),
+                   [](const linux::GuestShare& a, const linux::GuestShare& b) { return a.path.size() < b.path.size(); });
+  if (shares.empty() || shares.front().path != "/") Die(Status::Error("guest", "the request has no root share"));
+  // The root share, then the guest's own /dev, /proc, /sys, /tmp and /run,
+  // then the writable trees (one may lie below /tmp).
+  auto mount_share = [](const linux::GuestShare& s) {
+    const std::string at = s.path == "/" ? "/newroot" : "/newroot" + s.path;
+    if (s.path != "/") {
+      // Its mount point: in the root share (made there by the host), or
+      // below one of the guest's own tmpfs mounts.
+      for (std::size_t i = 1; i <= at.size(); ++i) {
+        if (i == at.size() || at[i] == '/') mkdir(at.substr(0, i).c_str(), 0755);
+      }
+    }
+    unsigned long flags = MS_NOSUID | MS_NODEV | (s.writable ? 0 : MS_RDONLY);
+    if (mount(s.tag.c_str(), at.c_str(), "virtiofs", flags, nullptr) != 0) {
+      Die(Status::Errno("guest", "mount virtiofs " + s.tag + " at", s.path));
+    }
+  };
+  mount_share(shares.front());
+  MountOrDie("devtmpfs", "/newroot/dev", "devtmpfs", MS_NOSUID, "mode=0755");
+  MountOrDie("proc", "/newroot/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr);
+  MountOrDie("sysfs", "/newroot/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, nullptr);
+  MountOrDie("tmpfs", "/newroot/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777");
+  MountOrDie("tmpfs", "/newroot/run", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755");
+  for (std::size_t i = 1; i < shares.size(); ++i) mount_share(shares[i]);
+  // The switch: the initramfs stays below, unreachable.
+  if (chdir("/newroot") != 0) Die(Status::Errno("guest", "chdir", "/newroot"));
+  if (mount(".", "/", nullptr, MS_MOVE, nullptr) != 0) Die(Status::Errno("guest", "move root", "/newroot"));
+  if (chroot(".") != 0 || chdir("/") != 0) Die(Status::Errno("guest", "chroot", "/newroot"));
+}
+
+bool WriteFrameOrNote(linux::FrameType type, const char* p, std::size_t n) {
+  return linux::WriteFrame(g_port, type, std::string_view(p, n)).ok();
+}
+
+}  // namespace
+
+[[noreturn]] void GuestInitMain() {
+  // No console node may be there before devtmpfs: stdio first.
+  mount("devtmpfs", "/dev", "devtmpfs", MS_NOSUID, "mode=0755");
+  for (int fd = open("/dev/console", O_RDWR); fd >= 0 && fd < 2; fd = open("/dev/console", O_RDWR)) {
+  }
+  MountOrDie("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr);
+  MountOrDie("sysfs", "/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr);
+  if (Slurp("/proc/cmdline").find(linux::kGuestTrialArg) != std::string::npos) {
+    // A trial boot (the host probe's): the kernel ran its init; that is all.
+    std::fprintf(stderr, "%s\n", linux::kGuestTrialReady);
+    PowerOff();
+  }
+  LoadModules();
+  g_port = OpenPort();
+
+  linux::FrameReader reader;
+  std::vector<linux::Frame> frames;
+  while (frames.empty()) {
+    if (!reader.Read(g_port, &frames)) {
+      Die(Status::Error("guest", "the channel closed before a request came" +
+                                     (reader.error().empty() ? "" : ": " + reader.error())));
+    }
+  }
+  if (frames.front().type != linux::FrameType::kRequest) Die(Status::Error("guest", "the first frame is not a request"));
+  auto request = linux::GuestRequestFromJson(frames.front().payload);
+  if (!request.ok()) Die(request.status());
+  frames.erase(frames.begin());
+  auto plan = PlanFromJson(request->plan_json);
+  if (!plan.ok()) Die(plan.status());
+  MountShares(*request);
+
+  int in_pipe[2], out_pipe[2], err_pipe[2], result_pipe[2];
+  if (pipe2(in_pipe, O_CLOEXEC) != 0 || pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0 ||
+      pipe2(result_pipe, O_CLOEXEC) != 0) {
+    Die(Status::Errno("guest", "pipe2", "stdio"));
+  }
+  const std::uint64_t oom_before = OomKills();
+  const pid_t child = fork();
+  if (child < 0) Die(Status::Errno("guest", "fork", "runner"));
+  if (child == 0) {
+    // The kernel's OOM killer may choose this process (pid 1 is exempt).
+    if (int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC); fd >= 0) {
+      (void)!write(fd, "0", 1);
+      close(fd);
+    }
+    dup2(in_pipe[0], 0);
+    dup2(out_pipe[1], 1);
+    dup2(err_pipe[1], 2);
+    for (int fd : {in_pipe[0], in_pipe[1], out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1], result_pipe[0], g_port}) {
+      close(fd);
+    }
+    if (!request->stdin_open) {
+      int null = open("/dev/null", O_RDONLY);
+      dup2(null, 0);
+      close(null);
+    }
+    RunOptions options;
+    options.scan_stderr = false;  // the host scans the relayed stderr with the policy's signatures
+    options.ask_on_terminal = false;
+    Outcome outcome = RunPlan(*plan, request->argv, {}, options);
+    const std::string text = ToJsonValue(outcome).dump();
+    const char* p = text.data();
+    std::size_t left = text.size();
+    while (left > 0) {
+      ssize_t w = write(result_pipe[1], p, left);
+      if (w <= 0) break;
+      p += w;
+      left -= static_cast<std::size_t>(w);
+    }
+    _exit(0);
+  }
+  close(in_pipe[0]);
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  close(result_pipe[1]);
+  int stdin_w = in_pipe[1];
+  if (!request->stdin_open) {
+    close(stdin_w);
+    stdin_w = -1;
+  }
+  std::string result;
+  bool out_open = true, err_open = true, result_open = true, port_open = true;
+  auto handle = [&](const linux::Frame& f) {
+    if (f.type == linux::FrameType::kStdin && stdin_w >= 0) {
+      const char* p = f.payload.data();
+      std::size_t left = f.payload.size();
+      while (left > 0) {
+        ssize_t w = write(stdin_w, p, left);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) break;
+        p += w;
+        left -= static_cast<std::size_t>(w);
+      }
+    } else if (f.type == linux::FrameType::kStdinEnd && stdin_w >= 0) {
+      close(stdin_w);
+      stdin_w = -1;
+    } else if (f.type == linux::FrameType::kSignal) {
+      const int sig = std::atoi(f.payload.c_str());
+      if (sig > 0 && sig < 65) kill(child, sig);
+    }
+  };
+  for (const auto& f : frames) handle(f);
+  frames.clear();
+  signal(SIGPIPE, SIG_IGN);
+  char buf[1 << 16];
+  while (out_open || err_open || result_open) {
+    struct pollfd fds[4];
+    int n = 0, i_out = -1, i_err = -1, i_res = -1, i_port = -1;
+    if (out_open) fds[i_out = n++] = {out_pipe[0], POLLIN, 0};
+    if (err_open) fds[i_err = n++] = {err_pipe[0], POLLIN, 0};
+    if (result_open) fds[i_res = n++] = {result_pipe[0], POLLIN, 0};
+    if (port_open) fds[i_port = n++] = {g_port, POLLIN, 0};
+    if (poll(fds, static_cast<nfds_t>(n), 1000) < 0 && errno != EINTR) break;
+    // Orphans of the run (none should outlive its pid namespace) are reaped.
+    while (waitpid(-1, nullptr, WNOHANG) > 0) {
+    }
+    if (i_out >= 0 && fds[i_out].revents) {
+      ssize_t got = read(out_pipe[0], buf, sizeof(buf));
+      if (got <= 0) out_open = false;
+      else WriteFrameOrNote(linux::FrameType::kStdout, buf, static_cast<std::size_t>(got));
+    }
+    if (i_err >= 0 && fds[i_err].revents) {
+      ssize_t got = read(err_pipe[0], buf, sizeof(buf));
+      if (got <= 0) err_open = false;
+      else WriteFrameOrNote(linux::FrameType::kStderr, buf, static_cast<std::size_t>(got));
+    }
+    if (i_res >= 0 && fds[i_res].revents) {
+      ssize_t got = read(result_pipe[0], buf, sizeof(buf));
+      if (got <= 0) result_open = false;
+      else result.append(buf, static_cast<std::size_t>(got));
+    }
+    if (i_port >= 0 && fds[i_port].revents) {
+      if (!reader.Read(g_port, &frames)) {
+        port_open = false;  // the host is gone: nothing more comes, the run goes on to its end
+      }
+      for (const auto& f : frames) handle(f);
+      frames.clear();
+    }
+  }
+  int status = 0;
+  while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  json j = json::parse(result, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    j = json::object();
+    j["runner_status"] = WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+  }
+  j["guest_oom_kills"] = OomKills() - oom_before;
+  (void)linux::WriteFrame(g_port, linux::FrameType::kResult, j.dump());
+  PowerOff();
+}
+
+}  // namespace agentbox::supervise

@@ -1,0 +1,488 @@
+// A run in a QEMU microVM (sandbox.isolation: microvm), host side.
+//
+// Per run, in <runtime dir>/agentbox-microvm-<pid>-XXXXXX:
+//  - one virtiofsd per share, each in a mount namespace of its own whose
+//    view is the plan's (linux::PrepareShareView): the read-only system at
+//    "/", each writable tree of the plan at its host path, masks bound over
+//    from the host side too;
+//  - QEMU's microvm machine with the guest kernel, agentbox's initramfs,
+//    the shares and one virtio-serial port, no network device;
+//  - the request on the port; then the command's stdio as frames, the
+//    host's signals forwarded, the outcome as the last frame.
+// Every process started here dies with the supervisor (PR_SET_PDEATHSIG);
+// `agentbox gc` removes a directory whose supervisor is gone.
+#include "supervise/microvm_run.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "linux/compat.h"
+#include "linux/fd.h"
+#include "linux/microvm.h"
+#include "linux/resolve.h"
+#include "supervise/denial_scanner.h"
+#include "supervise/resources.h"
+#include "supervise/run_dirs.h"
+#include "supervise/run_io.h"
+
+namespace agentbox::supervise {
+namespace {
+
+using Clock = RunClock;
+using nlohmann::json;
+
+Outcome Failed(Outcome out, const std::string& message, int err, Clock::time_point started,
+               const std::string& stage = "microvm") {
+  out.kind = OutcomeKind::kSandboxError;
+  out.error = ErrorInfo{stage, message, err};
+  out.usage.wall_ms = Ms(Clock::now() - started);
+  return out;
+}
+
+std::string Tail(const std::string& path, std::size_t max = 2000) {
+  linux::UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return "";
+  std::string out;
+  char buf[8192];
+  for (ssize_t n; (n = read(fd.get(), buf, sizeof(buf))) > 0;) out.append(buf, static_cast<size_t>(n));
+  if (out.size() > max) out = out.substr(out.size() - max);
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
+  return out;
+}
+
+bool WriteIdMaps(uid_t uid, gid_t gid) {
+  auto put = [](const char* path, const std::string& text) {
+    linux::UniqueFd fd(open(path, O_WRONLY | O_CLOEXEC));
+    return fd.valid() && write(fd.get(), text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  };
+  return put("/proc/self/setgroups", "deny") && put("/proc/self/uid_map", "0 " + std::to_string(uid) + " 1") &&
+         put("/proc/self/gid_map", "0 " + std::to_string(gid) + " 1");
+}
+
+// A started helper process (virtiofsd, QEMU) and its log.
+struct Helper {
+  pid_t pid = -1;
+  linux::UniqueFd pidfd;
+  std::string log;
+  bool reaped = false;
+  int wait_status = 0;
+};
+
+void StopHelper(Helper* h, int sig) {
+  if (h->pid <= 0 || h->reaped) return;
+  kill(h->pid, sig);
+}
+
+void ReapHelper(Helper* h, std::chrono::milliseconds grace) {
+  if (h->pid <= 0 || h->reaped) return;
+  const auto until = Clock::now() + grace;
+  while (Clock::now() < until) {
+    if (waitpid(h->pid, &h->wait_status, WNOHANG) == h->pid) {
+      h->reaped = true;
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  kill(h->pid, SIGKILL);
+  while (waitpid(h->pid, &h->wait_status, 0) < 0 && errno == EINTR) {
+  }
+  h->reaped = true;
+}
+
+bool Exited(Helper* h) {
+  if (h->reaped) return true;
+  if (waitpid(h->pid, &h->wait_status, WNOHANG) == h->pid) h->reaped = true;
+  return h->reaped;
+}
+
+// Forks `argv` with stdout and stderr to `log`, stdin /dev/null, dying
+// with this process. `prepare` runs in the child first (a namespace, a
+// view); its failure is written to the log and ends the child with 126.
+template <typename Prepare>
+Result<Helper> StartHelper(const std::vector<std::string>& argv, const std::string& log, Prepare prepare) {
+  Helper h;
+  h.log = log;
+  std::vector<char*> cargv;
+  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  linux::UniqueFd log_fd(open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  if (!log_fd.valid()) return Status::Errno("microvm", "create", log);
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) return Status::Errno("microvm", "fork", argv[0]);
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    int null = open("/dev/null", O_RDONLY);
+    dup2(null, 0);
+    dup2(log_fd.get(), 1);
+    dup2(log_fd.get(), 2);
+    if (Status s = prepare(); !s.ok()) {
+      const std::string line = "agentbox: " + s.ToString() + "\n";
+      (void)!write(2, line.data(), line.size());
+      _exit(126);
+    }
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    close_range(3, ~0U, 0);
+    execv(cargv[0], cargv.data());
+    const std::string line = "agentbox: exec " + argv[0] + ": " + std::strerror(errno) + "\n";
+    (void)!write(2, line.data(), line.size());
+    _exit(127);
+  }
+  h.pid = pid;
+  h.pidfd.reset(linux::PidfdOpen(pid));
+  return h;
+}
+
+std::optional<OutcomeKind> KindFromString(const std::string& s) {
+  for (OutcomeKind k : {OutcomeKind::kExited, OutcomeKind::kSignaled, OutcomeKind::kTimedOut, OutcomeKind::kOomKilled,
+                        OutcomeKind::kSandboxDenied, OutcomeKind::kSandboxError}) {
+    if (s == ToString(k)) return k;
+  }
+  return std::nullopt;
+}
+
+// The guest's outcome (ToJsonValue's form) into `out`; false when it is not one.
+bool TakeGuestOutcome(const json& j, Outcome* out) {
+  try {
+    const auto kind = KindFromString(j.at("outcome").get<std::string>());
+    if (!kind) return false;
+    out->kind = *kind;
+    if (!j.at("exit_code").is_null()) out->exit_code = j.at("exit_code").get<int>();
+    if (!j.at("signal").is_null()) out->signal = j.at("signal").get<int>();
+    if (j.contains("error") && j.at("error").is_object()) {
+      const json& e = j.at("error");
+      out->error = ErrorInfo{e.at("stage").get<std::string>(), e.at("message").get<std::string>(),
+                             e.value("errno", 0)};
+    }
+    for (const auto& d : j.at("denials")) {
+      Denial denial;
+      denial.facet = d.value("facet", "");
+      denial.op = d.value("op", "");
+      denial.target = d.value("target", "");
+      denial.reason = d.value("reason", "");
+      denial.source = d.value("source", "");
+      denial.count = d.value("count", std::uint64_t{0});
+      out->denials.push_back(std::move(denial));
+    }
+    // The guest's Landlock is a second fence behind the VM and the shares'
+    // host-side views: what its kernel lacks is said, not counted missing.
+    if (const json& enf = j.at("enforcement"); enf.contains("missing")) {
+      for (const auto& m : enf.at("missing")) {
+        out->enforcement.notes.push_back("inside the guest (" + m.value("facet", std::string("?")) +
+                                         ", second fence): " + m.value("reason", std::string("")));
+      }
+    }
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+// The plan the guest's init runs: the same mounts (host paths are where the
+// shares put them), environment, rlimits, Landlock and seccomp, as a
+// namespaces run. The VM is the memory and CPU limit (no cgroup inside);
+// the clock is the guest's first, the host's as a backstop.
+Plan GuestPlan(const Plan& plan) {
+  Plan g = plan;
+  g.backend = Backend::kNamespaces;
+  g.microvm.reset();
+  g.gvisor.reset();
+  g.limits.memory_max_bytes.reset();
+  g.limits.memory_low_bytes.reset();
+  g.limits.cpu_max_cores.reset();
+  g.limits.cpu_weight_cores.reset();
+  g.limits.pids_max.reset();
+  g.scan_cache_dir.clear();
+  g.cache_dirs.clear();
+  g.workspace_quota.reset();
+  // The guest kernel's Landlock ABI may be older than this host's: its
+  // rules apply as far as it goes, and the report says how far.
+  g.landlock.required = false;
+  return g;
+}
+
+}  // namespace
+
+Outcome RunMicrovm(const Plan& plan, const std::vector<std::string>& argv,
+                   const std::vector<Signature>& denial_signatures, const RunOptions& options) {
+  Outcome out;
+  out.policy_sha256 = plan.policy_sha256;
+  const auto started = Clock::now();
+  if (!plan.microvm) return Failed(out, "the plan names no VM", 0, started);
+  const MicrovmPlan& vm = *plan.microvm;
+  if (plan.tty) return Failed(out, "run --tty is not available on a microVM in this version", 0, started);
+
+  auto resolved = linux::ResolvePlan(plan);
+  if (!resolved.ok()) {
+    return Failed(out, resolved.status().message(), resolved.status().err(), started, resolved.status().stage());
+  }
+  out.enforcement.skipped = resolved->skipped;
+
+  std::string dir = vm.state_parent + "/" + kMicrovmDirPrefix + std::to_string(getpid()) + "-XXXXXX";
+  if (!mkdtemp(dir.data())) return Failed(out, "mkdtemp " + dir + ": " + std::strerror(errno), errno, started);
+  struct RemoveDir {
+    std::string dir;
+    ~RemoveDir() { if (!getenv("AGENTBOX_DEBUG_KEEP_BUNDLE")) RemoveTree(dir); }
+  } remove_dir{dir};
+  const std::string empty_file = dir + "/mask-file", empty_dir = dir + "/mask-dir", staging = dir + "/root";
+  {
+    linux::UniqueFd f(open(empty_file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0));
+    if (!f.valid() || mkdir(empty_dir.c_str(), 0) != 0 || mkdir(staging.c_str(), 0755) != 0) {
+      return Failed(out, "preparing " + dir + ": " + std::strerror(errno), errno, started);
+    }
+  }
+
+  // The shares: "/" first, then each writable tree.
+  std::vector<linux::GuestShare> shares = {{"ab0", "/", false}};
+  for (const auto& w : linux::WritableSources(*resolved)) {
+    const bool nested = std::any_of(shares.begin() + 1, shares.end(), [&](const linux::GuestShare& s) {
+      return w.size() > s.path.size() && w.compare(0, s.path.size(), s.path) == 0 && w[s.path.size()] == '/';
+    });
+    if (!nested) shares.push_back({"ab" + std::to_string(shares.size()), w, true});
+  }
+
+  std::vector<Helper> daemons;
+  struct StopAll {
+    std::vector<Helper>* helpers;
+    ~StopAll() {
+      for (auto& h : *helpers) StopHelper(&h, SIGTERM);
+      for (auto& h : *helpers) ReapHelper(&h, std::chrono::milliseconds(500));
+    }
+  } stop_daemons{&daemons};
+  const uid_t uid = getuid();
+  const gid_t gid = getgid();
+  linux::QemuRun qemu_run{vm, dir + "/ctl.sock", {}, dir + "/console.log"};
+  for (std::size_t i = 0; i < shares.size(); ++i) {
+    const linux::GuestShare& share = shares[i];
+    const std::string socket = dir + "/fs" + std::to_string(i) + ".sock";
+    const std::string source = share.writable ? share.path : staging;
+    auto started_fs = StartHelper(linux::VirtiofsdArgv(vm.virtiofsd, socket, source),
+                                  dir + "/virtiofsd" + std::to_string(i) + ".log", [&]() -> Status {
+                                    const int flags = CLONE_NEWNS | (vm.rootless ? CLONE_NEWUSER : 0);
+                                    if (unshare(flags) != 0) return Status::Errno("microvm", "unshare", "virtiofsd");
+                                    if (vm.rootless && !WriteIdMaps(uid, gid)) {
+                                      return Status::Errno("microvm", "uid_map", "virtiofsd");
+                                    }
+                                    return linux::PrepareShareView(plan, *resolved, share, staging, empty_file,
+                                                                   empty_dir);
+                                  });
+    if (!started_fs.ok()) return Failed(out, started_fs.status().message(), started_fs.status().err(), started);
+    daemons.push_back(std::move(*started_fs));
+    qemu_run.fs_sockets.emplace_back(share.tag, socket);
+  }
+  // virtiofsd listens once its view is ready; QEMU connects at start.
+  for (std::size_t i = 0; i < daemons.size(); ++i) {
+    const std::string& socket = qemu_run.fs_sockets[i].second;
+    const auto until = Clock::now() + std::chrono::seconds(10);
+    struct stat st {};
+    while (stat(socket.c_str(), &st) != 0) {
+      if (Exited(&daemons[i]) || Clock::now() > until) {
+        return Failed(out, "virtiofsd for " + shares[i].path + " did not start: " + Tail(daemons[i].log), 0, started);
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(500));
+    }
+  }
+
+  linux::UniqueFd listener(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  struct sockaddr_un addr {};
+  addr.sun_family = AF_UNIX;
+  if (qemu_run.control_socket.size() >= sizeof(addr.sun_path)) {
+    return Failed(out, "the run directory's path is too long for a socket: " + dir, 0, started);
+  }
+  std::strcpy(addr.sun_path, qemu_run.control_socket.c_str());
+  if (!listener.valid() || bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      listen(listener.get(), 1) != 0) {
+    return Failed(out, "the control socket " + qemu_run.control_socket + ": " + std::strerror(errno), errno, started);
+  }
+
+  ForwardedSignals sigfd(options.forward_signals);
+  auto started_qemu = StartHelper(linux::QemuArgv(qemu_run), dir + "/qemu.log", []() -> Status { return {}; });
+  if (!started_qemu.ok()) return Failed(out, started_qemu.status().message(), started_qemu.status().err(), started);
+  std::vector<Helper> vms;
+  vms.push_back(std::move(*started_qemu));
+  struct StopVm {
+    std::vector<Helper>* helpers;
+    ~StopVm() {
+      for (auto& h : *helpers) ReapHelper(&h, std::chrono::milliseconds(0));
+    }
+  } stop_vm{&vms};
+  Helper& qemu = vms.front();
+  auto qemu_failed = [&](const std::string& when) {
+    std::string why = Tail(qemu.log);
+    const std::string console = Tail(dir + "/console.log", 1500);
+    if (!console.empty()) why += (why.empty() ? "" : "; ") + std::string("guest console: ") + console;
+    return Failed(out, "QEMU " + when + (why.empty() ? "" : ": " + why), 0, started);
+  };
+
+  // The guest's init connects through QEMU at boot.
+  linux::UniqueFd channel;
+  {
+    const auto until = Clock::now() + std::chrono::seconds(60);
+    while (!channel.valid()) {
+      struct pollfd fds[2] = {{listener.get(), POLLIN, 0}, {qemu.pidfd.get(), POLLIN, 0}};
+      poll(fds, 2, 100);
+      if (fds[1].revents) {
+        Exited(&qemu);
+        return qemu_failed("ended before the guest's channel opened");
+      }
+      if (fds[0].revents) channel.reset(accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      if (Clock::now() > until) return qemu_failed("did not open the guest's channel in 60 s");
+    }
+  }
+  listener.reset();
+
+  struct stat in_st {};
+  const bool forward_stdin = fstat(0, &in_st) == 0 && (S_ISFIFO(in_st.st_mode) || S_ISREG(in_st.st_mode) ||
+                                                       S_ISSOCK(in_st.st_mode));
+  linux::GuestRequest request{PlanToJson(GuestPlan(plan)), argv, shares, forward_stdin};
+  if (Status s = linux::WriteFrame(channel.get(), linux::FrameType::kRequest, linux::GuestRequestToJson(request));
+      !s.ok()) {
+    return qemu_failed("took no request");
+  }
+
+  DenialScanner scanner(denial_signatures);
+  const bool scan = options.scan_stderr && !denial_signatures.empty();
+  linux::FrameReader reader;
+  std::vector<linux::Frame> frames;
+  std::optional<json> result;
+  std::optional<json> failure;
+  bool stdin_open = forward_stdin, channel_open = true, timed_out = false;
+  // The guest's own clock ends a run that is over its time; this one ends
+  // the VM should the guest not.
+  std::optional<Clock::time_point> deadline;
+  if (plan.timeout_ms) {
+    deadline = started + std::chrono::milliseconds(*plan.timeout_ms + plan.kill_grace_ms + 5000);
+  }
+  char buf[1 << 16];
+  while (channel_open && !result && !failure) {
+    const auto now = Clock::now();
+    if (deadline && now >= *deadline) {
+      timed_out = true;
+      StopHelper(&qemu, SIGKILL);
+      break;
+    }
+    const int timeout_ms =
+        deadline ? static_cast<int>(std::max<std::int64_t>(
+                       1, std::chrono::duration_cast<std::chrono::milliseconds>(*deadline - now).count()))
+                 : -1;
+    struct pollfd fds[4];
+    int n = 0, i_ch = -1, i_in = -1, i_sig = -1, i_vm = -1;
+    fds[i_ch = n++] = {channel.get(), POLLIN, 0};
+    if (stdin_open) fds[i_in = n++] = {0, POLLIN, 0};
+    if (sigfd.valid()) fds[i_sig = n++] = {sigfd.get(), POLLIN, 0};
+    fds[i_vm = n++] = {qemu.pidfd.get(), POLLIN, 0};
+    int r = poll(fds, static_cast<nfds_t>(n), timeout_ms);
+    if (r < 0 && errno == EINTR) continue;
+    if (fds[i_ch].revents) {
+      channel_open = reader.Read(channel.get(), &frames);
+      for (auto& f : frames) {
+        if (f.type == linux::FrameType::kStdout) {
+          WriteAll(1, f.payload.data(), f.payload.size());
+        } else if (f.type == linux::FrameType::kStderr) {
+          WriteAll(options.stderr_fd, f.payload.data(), f.payload.size());
+          if (scan) scanner.Feed(f.payload.data(), f.payload.size());
+        } else if (f.type == linux::FrameType::kResult) {
+          json j = json::parse(f.payload, nullptr, false);
+          result = j.is_object() ? j : json::object();
+        } else if (f.type == linux::FrameType::kFailure) {
+          json j = json::parse(f.payload, nullptr, false);
+          failure = j.is_object() ? j : json::object();
+        }
+      }
+      frames.clear();
+    }
+    if (i_in >= 0 && fds[i_in].revents) {
+      ssize_t got = read(0, buf, sizeof(buf));
+      if (got <= 0) {
+        stdin_open = false;
+        (void)linux::WriteFrame(channel.get(), linux::FrameType::kStdinEnd, "");
+      } else {
+        (void)linux::WriteFrame(channel.get(), linux::FrameType::kStdin,
+                                std::string_view(buf, static_cast<std::size_t>(got)));
+      }
+    }
+    if (i_sig >= 0 && fds[i_sig].revents) {
+      struct signalfd_siginfo si {};
+      while (read(sigfd.get(), &si, sizeof(si)) == sizeof(si)) {
+        (void)linux::WriteFrame(channel.get(), linux::FrameType::kSignal, std::to_string(si.ssi_signo));
+      }
+    }
+    if (fds[i_vm].revents && !fds[i_ch].revents) {
+      // QEMU is gone; what the channel still holds was read above.
+      break;
+    }
+  }
+  scanner.Finish();
+  channel.reset();
+  // The guest powers off after its last frame.
+  ReapHelper(&qemu, std::chrono::milliseconds(result ? 3000 : 0));
+  out.usage.wall_ms = Ms(Clock::now() - started);
+  out.usage.limits.memory_max_bytes = vm.memory_mib << 20;
+  out.usage.limits.cpu_max_cores = static_cast<double>(vm.vcpus);
+  out.usage.limits.nproc = plan.limits.nproc;
+  out.usage.limits.nofile = plan.limits.nofile;
+  out.usage.limits.fsize_bytes = plan.limits.fsize_bytes;
+  out.usage.limits.core_dumps = false;
+  out.usage.limits.wall_clock_ms = plan.timeout_ms;
+
+  if (timed_out) {
+    out.kind = OutcomeKind::kTimedOut;
+    out.error = ErrorInfo{"timeout", "wall clock of " + std::to_string(*plan.timeout_ms) +
+                                         " ms reached; the VM did not end the command itself and was killed", 0};
+    return out;
+  }
+  if (failure) {
+    return Failed(out, "the guest's init: " + failure->value("stage", std::string("?")) + ": " +
+                           failure->value("message", std::string("?")),
+                  failure->value("errno", 0), started);
+  }
+  if (!result) return qemu_failed("ended before the guest reported the command's outcome");
+  const std::uint64_t oom = result->value("guest_oom_kills", std::uint64_t{0});
+  const bool known = TakeGuestOutcome(*result, &out);
+  for (auto& d : scanner.denials()) out.denials.push_back(std::move(d));
+  if (oom > 0) {
+    out.kind = OutcomeKind::kOomKilled;
+    out.error = ErrorInfo{"oom", std::to_string(oom) + " process(es) killed by the guest kernel's OOM killer in the "
+                                 "VM's memory of " + std::to_string(vm.memory_mib << 20) + " bytes", 0};
+    out.usage.oom_kills = oom;
+    out.denials.push_back(OomDenial(vm.memory_mib << 20, oom));
+    return out;
+  }
+  if (!known) {
+    return Failed(out, "the guest's runner ended without an outcome (status " +
+                           std::to_string(result->value("runner_status", -1)) + ")", 0, started);
+  }
+  if (out.kind == OutcomeKind::kExited || out.kind == OutcomeKind::kSignaled) {
+    const bool failed = out.signal.has_value() || out.exit_code.value_or(0) != 0;
+    if (failed && !out.denials.empty() && plan.denial_outcome) out.kind = OutcomeKind::kSandboxDenied;
+  }
+  return out;
+}
+
+std::vector<std::string> CollectMicrovmDirs(const std::string& parent) {
+  return CollectDeadRunDirs(parent, kMicrovmDirPrefix);
+}
+
+}  // namespace agentbox::supervise
