@@ -1801,7 +1801,9 @@ Result<ConfinedCommand> ConfinePolicy(const std::vector<std::string>& argv, cons
                      ? static_cast<unsigned>(std::max(1.0, std::ceil(*plan.limits.cpu_max_cores)))
                      : l.cpus;
       vm.rootless = host.uid != 0;
-      vm.state_parent = inv.runtime_dir.empty() ? "/tmp" : inv.runtime_dir;
+      // Without root the helpers' namespace puts a tmpfs over /run (for
+      // virtiofsd's pid file): the run's sockets go below /tmp then.
+      vm.state_parent = inv.runtime_dir.empty() || vm.rootless ? "/tmp" : inv.runtime_dir;
       plan.microvm = vm;
     }
   }

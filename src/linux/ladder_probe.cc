@@ -272,6 +272,14 @@ LadderCaps ProbeLadder(ProbeDepth depth) {
     l.microvm_why = l.guest_image_why;
   } else if (getuid() != 0 && access("/proc/self/ns/user", F_OK) != 0) {
     l.microvm_why = "no user namespaces: virtiofsd runs in one of agentbox's without root";
+  } else if (const int groups = getgroups(0, nullptr); getuid() != 0 && groups > 0) {
+    // QEMU 7.2's virtiofsd drops supplementary groups with setgroups(),
+    // which the user namespace of an unprivileged user must forbid (else a
+    // group that denies would be dropped): it exits at start.
+    l.microvm_why = "without root, virtiofsd (QEMU " + std::string("7.2's") + ") must drop this process's " +
+                    std::to_string(groups) + " supplementary group(s), which a user namespace of an unprivileged "
+                    "user forbids; run as root, or start agentbox with no supplementary groups (setpriv "
+                    "--clear-groups, or a service's empty SupplementaryGroups)";
   }
   return l;
 }

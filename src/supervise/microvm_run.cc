@@ -18,6 +18,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
@@ -220,6 +221,10 @@ Plan GuestPlan(const Plan& plan) {
   // The guest kernel's Landlock ABI may be older than this host's: its
   // rules apply as far as it goes, and the report says how far.
   g.landlock.required = false;
+  // The guest's init is root of the guest; the runner maps its own id only.
+  // (Without root, virtiofsd shows the caller's files as root's: the same.)
+  g.uid = 0;
+  g.gid = 0;
   return g;
 }
 
@@ -285,8 +290,21 @@ Outcome RunMicrovm(const Plan& plan, const std::vector<std::string>& argv,
                                     if (vm.rootless && !WriteIdMaps(uid, gid)) {
                                       return Status::Errno("microvm", "uid_map", "virtiofsd");
                                     }
-                                    return linux::PrepareShareView(plan, *resolved, share, staging, empty_file,
-                                                                   empty_dir);
+                                    if (Status s = linux::PrepareShareView(plan, *resolved, share, staging,
+                                                                           empty_file, empty_dir);
+                                        !s.ok()) {
+                                      return s;
+                                    }
+                                    // virtiofsd writes a pid file in /run/virtiofsd, which is root's:
+                                    // without root, a tmpfs of this namespace's takes its place.
+                                    if (vm.rootless) {
+                                      struct stat st {};
+                                      const char* at = stat("/run/virtiofsd", &st) == 0 ? "/run/virtiofsd" : "/run";
+                                      if (mount("tmpfs", at, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k") != 0) {
+                                        return Status::Errno("microvm", "mount(tmpfs) for virtiofsd's pid file", at);
+                                      }
+                                    }
+                                    return Status{};
                                   });
     if (!started_fs.ok()) return Failed(out, started_fs.status().message(), started_fs.status().err(), started);
     daemons.push_back(std::move(*started_fs));
