@@ -5,6 +5,10 @@
 # root: runs as is.
 #
 #   tests/run_unprivileged.sh AGENTBOX_BIN TEST_BIN FIXTURES_DIR [GTEST_FLAGS...]
+#
+# AGENTBOX_UNPRIV_NO_GROUPS=1: the user runs with no supplementary groups
+# (setpriv --clear-groups), as a service may; isolation: microvm needs that
+# without root (virtiofsd drops them, which a user namespace forbids).
 set -euo pipefail
 bin="$1" tests="$2" fixtures="$3"
 shift 3
@@ -21,12 +25,18 @@ home="$(getent passwd "$user" | cut -d: -f6)"
 stage="$(mktemp -d /tmp/agentbox-unpriv.XXXXXX)"
 trap 'rm -rf "$stage"' EXIT
 cp "$bin" "$stage/agentbox"
+# The microVM guest images the build made beside the binary.
+if [ -d "$(dirname "$bin")/guest" ]; then cp -r "$(dirname "$bin")/guest" "$stage/guest"; fi
 name="$(basename "$tests")"
 cp "$tests" "$stage/$name"
 cp -r "$fixtures" "$stage/fixtures"
 chmod -R a+rX "$stage"
 chmod 755 "$stage"
 cd "$stage"
-runuser -u "$user" -- env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$home" LANG=C.UTF-8 \
+as_user=(runuser -u "$user" --)
+if [ "${AGENTBOX_UNPRIV_NO_GROUPS:-}" = 1 ]; then
+  as_user=(setpriv --reuid="$user" --regid="$user" --clear-groups --)
+fi
+"${as_user[@]}" env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$home" LANG=C.UTF-8 \
   TMPDIR=/tmp AGENTBOX_BIN="$stage/agentbox" AGENTBOX_FIXTURES="$stage/fixtures" \
   "$stage/$name" --gtest_brief=1 "$@"

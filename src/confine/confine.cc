@@ -525,9 +525,9 @@ EnforcementReport AssessMicrovm(const Policy& policy, const HostCaps& host, cons
                         "kernel's OOM killer ends what does not fit, counted from its vmstat");
       g.notes.push_back("cpu.limit is the VM's vCPU count, rounded up to a whole CPU");
       if (policy.resources.max_processes) {
-        g.mechanisms.push_back("guest-rlimit-nproc");
-        g.notes.push_back("max_processes: RLIMIT_NPROC " + std::to_string(*policy.resources.max_processes) +
-                          " in the guest's user namespace");
+        g.mechanisms.push_back("guest-pids-cgroup");
+        g.notes.push_back("max_processes: pids.max " + std::to_string(*policy.resources.max_processes) +
+                          " on a cgroup of the guest kernel's, which the command starts in");
       }
       if (policy.resources.wall_clock_ms) g.mechanisms.push_back("wall-clock-vm-kill");
       g.level = Level::kFull;
@@ -1786,8 +1786,9 @@ Result<ConfinedCommand> ConfinePolicy(const std::vector<std::string>& argv, cons
       plan.backend = Backend::kMicrovm;
       plan.network.broker = false;
       plan.network.dns_address.clear();
-      plan.limits.pids_max.reset();
-      plan.limits.nproc = policy.resources.max_processes;
+      // max_processes: a pids cgroup inside the guest (the guest's init makes it).
+      plan.limits.pids_max = policy.resources.max_processes;
+      plan.limits.nproc.reset();
       const LadderCaps& l = host.ladder;
       MicrovmPlan vm;
       vm.qemu = l.qemu;

@@ -80,12 +80,6 @@ std::string GuestImageDir() {
 // start (20-30 ms) on every run. The record is keyed by the binary's
 // device, inode, size and mtime, in this user's cache directory; it names
 // the version for the report only (enforcement never reads it).
-std::string CacheDir() {
-  if (const char* x = getenv("XDG_CACHE_HOME"); x && *x == '/') return x;
-  if (const char* h = getenv("HOME"); h && *h == '/') return std::string(h) + "/.cache";
-  return "";
-}
-
 std::string FileKey(const std::string& path) {
   struct stat st {};
   if (stat(path.c_str(), &st) != 0) return "";
@@ -97,7 +91,19 @@ std::string FileKey(const std::string& path) {
 // (nested virtualisation may offer /dev/kvm and still fail the guest): the
 // trial's verdict is remembered per boot, QEMU binary and guest kernel.
 std::string KvmTrialCachePath(const std::string& qemu, const std::string& kernel) {
-  const std::string dir = CacheDir();
+  // A fact of this boot: kept in this user's runtime directory (or a 0700
+  // one of its own in /tmp), which a reboot empties.
+  std::string dir;
+  if (const char* x = getenv("XDG_RUNTIME_DIR"); x && *x == '/') {
+    dir = x;
+  } else {
+    dir = "/tmp/agentbox-facts-" + std::to_string(getuid());
+    mkdir(dir.c_str(), 0700);
+    struct stat st {};
+    if (lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() || (st.st_mode & 077)) {
+      return "";  // not ours alone: nothing is remembered
+    }
+  }
   const std::string qkey = FileKey(qemu), kkey = FileKey(kernel);
   std::string boot;
   if (linux::UniqueFd fd(open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC)); fd.valid()) {

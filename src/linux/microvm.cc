@@ -153,7 +153,9 @@ bool FrameReader::Read(int fd, std::vector<Frame>* out) {
 std::string GuestRequestToJson(const GuestRequest& r) {
   json shares = json::array();
   for (const auto& s : r.shares) shares.push_back({{"tag", s.tag}, {"path", s.path}, {"writable", s.writable}});
-  return json{{"plan", r.plan_json}, {"argv", r.argv}, {"shares", shares}, {"stdin", r.stdin_open}}.dump();
+  return json{{"plan", r.plan_json}, {"argv", r.argv},   {"shares", shares},
+              {"stdin", r.stdin_open}, {"env", r.env}, {"pids_max", r.pids_max}}
+      .dump();
 }
 
 Result<GuestRequest> GuestRequestFromJson(const std::string& text) {
@@ -166,6 +168,8 @@ Result<GuestRequest> GuestRequestFromJson(const std::string& text) {
       r.shares.push_back({s.at("tag").get<std::string>(), s.at("path").get<std::string>(), s.at("writable").get<bool>()});
     }
     r.stdin_open = j.at("stdin").get<bool>();
+    r.env = j.at("env").get<std::vector<std::string>>();
+    r.pids_max = j.at("pids_max").get<std::uint64_t>();
     return r;
   } catch (const std::exception& e) {
     return Status::Error("guest", std::string("the request is not one: ") + e.what());

@@ -72,6 +72,10 @@ struct GuestRequest {
   std::vector<std::string> argv;
   std::vector<GuestShare> shares;  // "/" first
   bool stdin_open = false;         // stdin frames follow; else stdin is /dev/null
+  // The caller's environment as the plan's rules leave it (built on the
+  // host: the guest's init has an environment of its own).
+  std::vector<std::string> env;
+  std::uint64_t pids_max = 0;      // max_processes, as a pids cgroup of the guest's (0: none)
 };
 std::string GuestRequestToJson(const GuestRequest& request);
 Result<GuestRequest> GuestRequestFromJson(const std::string& text);

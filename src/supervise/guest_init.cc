@@ -219,6 +219,22 @@ bool WriteFrameOrNote(linux::FrameType type, const char* p, std::size_t n) {
       pipe2(result_pipe, O_CLOEXEC) != 0) {
     Die(Status::Errno("guest", "pipe2", "stdio"));
   }
+  // max_processes: the guest's command runs as the guest kernel's root,
+  // which RLIMIT_NPROC does not hold: a pids cgroup does.
+  std::string run_cgroup;
+  if (request->pids_max > 0) {
+    MountOrDie("cgroup2", "/sys/fs/cgroup", "cgroup2", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr);
+    auto put = [](const std::string& path, const std::string& value) {
+      linux::UniqueFd fd(open(path.c_str(), O_WRONLY | O_CLOEXEC));
+      if (!fd.valid() || write(fd.get(), value.data(), value.size()) != static_cast<ssize_t>(value.size())) {
+        Die(Status::Errno("guest", "write " + value + " to", path));
+      }
+    };
+    put("/sys/fs/cgroup/cgroup.subtree_control", "+pids");
+    run_cgroup = "/sys/fs/cgroup/run";
+    if (mkdir(run_cgroup.c_str(), 0755) != 0) Die(Status::Errno("guest", "mkdir", run_cgroup));
+    put(run_cgroup + "/pids.max", std::to_string(request->pids_max));
+  }
   const std::uint64_t oom_before = OomKills();
   const pid_t child = fork();
   if (child < 0) Die(Status::Errno("guest", "fork", "runner"));
@@ -228,6 +244,12 @@ bool WriteFrameOrNote(linux::FrameType type, const char* p, std::size_t n) {
       (void)!write(fd, "0", 1);
       close(fd);
     }
+    if (!run_cgroup.empty()) {
+      linux::UniqueFd procs(open((run_cgroup + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC));
+      if (!procs.valid() || write(procs.get(), "0", 1) != 1) _exit(125);
+    }
+    clearenv();
+    for (const auto& e : request->env) putenv(const_cast<char*>(e.c_str()));
     dup2(in_pipe[0], 0);
     dup2(out_pipe[1], 1);
     dup2(err_pipe[1], 2);

@@ -40,6 +40,7 @@
 #include "linux/fd.h"
 #include "linux/microvm.h"
 #include "linux/resolve.h"
+#include "linux/runner.h"
 #include "supervise/denial_scanner.h"
 #include "supervise/resources.h"
 #include "supervise/run_dirs.h"
@@ -374,7 +375,8 @@ Outcome RunMicrovm(const Plan& plan, const std::vector<std::string>& argv,
   struct stat in_st {};
   const bool forward_stdin = fstat(0, &in_st) == 0 && (S_ISFIFO(in_st.st_mode) || S_ISREG(in_st.st_mode) ||
                                                        S_ISSOCK(in_st.st_mode));
-  linux::GuestRequest request{PlanToJson(GuestPlan(plan)), argv, shares, forward_stdin};
+  linux::GuestRequest request{PlanToJson(GuestPlan(plan)), argv, shares, forward_stdin,
+                              linux::BuildEnv(plan.env), plan.limits.pids_max.value_or(0)};
   if (Status s = linux::WriteFrame(channel.get(), linux::FrameType::kRequest, linux::GuestRequestToJson(request));
       !s.ok()) {
     return qemu_failed("took no request");
@@ -387,11 +389,12 @@ Outcome RunMicrovm(const Plan& plan, const std::vector<std::string>& argv,
   std::optional<json> result;
   std::optional<json> failure;
   bool stdin_open = forward_stdin, channel_open = true, timed_out = false;
-  // The guest's own clock ends a run that is over its time; this one ends
-  // the VM should the guest not.
+  // The guest's own clock ends a run that is over its time (counted from
+  // the command's start, after the boot); this one ends the VM should the
+  // guest not.
   std::optional<Clock::time_point> deadline;
   if (plan.timeout_ms) {
-    deadline = started + std::chrono::milliseconds(*plan.timeout_ms + plan.kill_grace_ms + 5000);
+    deadline = Clock::now() + std::chrono::milliseconds(*plan.timeout_ms + plan.kill_grace_ms + 5000);
   }
   char buf[1 << 16];
   while (channel_open && !result && !failure) {
@@ -459,7 +462,7 @@ Outcome RunMicrovm(const Plan& plan, const std::vector<std::string>& argv,
   out.usage.wall_ms = Ms(Clock::now() - started);
   out.usage.limits.memory_max_bytes = vm.memory_mib << 20;
   out.usage.limits.cpu_max_cores = static_cast<double>(vm.vcpus);
-  out.usage.limits.nproc = plan.limits.nproc;
+  out.usage.limits.pids_max = plan.limits.pids_max;
   out.usage.limits.nofile = plan.limits.nofile;
   out.usage.limits.fsize_bytes = plan.limits.fsize_bytes;
   out.usage.limits.core_dumps = false;
