@@ -462,6 +462,9 @@ std::string MicrovmLack(const Policy& policy, const HostCaps& host, const Invoca
   const LadderCaps& l = host.ladder;
   if (!l.probed) return "QEMU was not looked for (the host probe did not include the isolation ladder)";
   if (!l.microvm_why.empty()) return l.microvm_why;
+  if (l.qemu.empty()) return "QEMU is not installed (Debian package qemu-system-x86)";
+  if (l.virtiofsd.empty()) return "QEMU's virtiofsd is not installed (Debian package qemu-system-common)";
+  if (l.guest_image.empty() || l.guest_kernel.empty()) return "no guest kernel with agentbox's guest image";
   if (inv.session) return "sessions on a microVM are not available in this version (agentbox run is)";
   if (inv.workspace_overlay) return "--workspace-overlay is not available on a microVM in this version";
   if (NeedsProxy(policy)) {

@@ -151,15 +151,20 @@ TEST(GvisorConfine, ForcedBackendIsRefused) {
   EXPECT_NE(c.status().message().find("gVisor"), std::string::npos) << c.status().message();
 }
 
-// microvm is still unavailable, even on a host with runsc, and says what is.
-TEST(GvisorConfine, MicrovmIsStillRefused) {
+// remote is still unavailable; microvm on a host with runsc but no QEMU is
+// refused naming what is missing, never run on gVisor instead.
+TEST(GvisorConfine, RemoteIsStillRefusedAndMicrovmNeedsQemu) {
   Policy pol = PresetFor(Mode::kWorkspaceWrite);
-  pol.sandbox.isolation = Isolation::kMicrovm;
+  pol.sandbox.isolation = Isolation::kRemote;
   Status s = CheckAvailable(pol);
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("available: os, container"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("available: os, container, microvm"), std::string::npos) << s.message();
   EXPECT_TRUE(CheckAvailable(ContainerPolicy()).ok());
-  ExpectRefused(Confine({"true"}, pol, GvisorHost(), testing::FakeInvocation()), "available: os, container");
+  Policy vm = PresetFor(Mode::kWorkspaceWrite);
+  vm.sandbox.isolation = Isolation::kMicrovm;
+  EXPECT_TRUE(CheckAvailable(vm).ok());
+  ExpectRefused(Confine({"true"}, vm, GvisorHost(), testing::FakeInvocation()), "QEMU is not installed");
+  ExpectRefused(Confine({"true"}, pol, GvisorHost(), testing::FakeInvocation()), "available: os, container, microvm");
 }
 
 }  // namespace

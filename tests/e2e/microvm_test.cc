@@ -64,6 +64,9 @@ const std::string& MicrovmLack() {
     if (!MicrovmLack().empty()) GTEST_SKIP() << "not applicable here: " << MicrovmLack(); \
   } while (0)
 
+// Without KVM (TCG) a guest boots in seconds and runs slower: a VM run's bound.
+constexpr int kVmMs = 240000;
+
 std::string MicrovmPolicy(const Sandbox& sb, const std::string& extra = "") {
   const std::string path = sb.scratch() + "/microvm.yaml";
   WriteFile(path, "version: 1\nmode: workspace-write\nsandbox: { isolation: microvm }\n" + extra);
@@ -118,7 +121,7 @@ TEST(Microvm, CompatWorkloadsRunOnTheGuestKernel) {
       "echo tmp > /tmp/t && cat /tmp/t; "
       "echo release=$(uname -r)";
   if (!FindTool("node").empty()) script += "; node -e 'console.log(\"node\", 6*7)'";
-  RunResult r = sb.Sh(script, {"--policy", MicrovmPolicy(sb)});
+  RunResult r = sb.Sh(script, {"--policy", MicrovmPolicy(sb)}, {}, kVmMs);
   ASSERT_EQ(r.status, 0) << r.Describe();
   EXPECT_TRUE(Contains(r.out, "gcc=7")) << r.Describe();
   EXPECT_TRUE(Contains(r.out, "python True")) << r.Describe();
@@ -162,7 +165,7 @@ TEST(Microvm, SecretsStayAbsentAndNothingOutsideTheWorkspaceIsWritten) {
       "except OSError as e:\n"
       "    print('connect refused', e.errno)\n"
       "EOF";
-  RunResult r = sb.Sh(script, {"--policy", MicrovmPolicy(sb)});
+  RunResult r = sb.Sh(script, {"--policy", MicrovmPolicy(sb)}, {}, kVmMs);
   ASSERT_TRUE(r.report) << r.Describe();
   const std::string all = r.out + r.err;
   EXPECT_FALSE(Contains(all, sb.ssh_secret())) << r.Describe();
@@ -194,7 +197,9 @@ TEST(Microvm, AMaskedPathIsEmptyInWhatTheShareExports) {
   Sandbox sb;
   const std::string marker = "DOTENV-" + RandomHex();
   WriteFile(sb.ws() + "/sub/.env", "TOKEN=" + marker + "\n");
-  Process p(sb.AgentboxCommand({"run", "--policy", MicrovmPolicy(sb), "--", "sh", "-c", "echo up; sleep 60"}));
+  Command c = sb.AgentboxCommand({"run", "--policy", MicrovmPolicy(sb), "--", "sh", "-c", "echo up; sleep 60"});
+  c.timeout_ms = kVmMs;
+  Process p(c);
   ASSERT_TRUE(p.started()) << p.start_error();
   ASSERT_TRUE(p.WaitForStdout("up", 120000)) << p.err();
   // Each virtiofsd's root is what it exports.
@@ -217,13 +222,13 @@ TEST(Microvm, TimeoutOomAndAForkBombAreToldApart) {
   REQUIRE_MICROVM();
   Sandbox sb;
   const std::string policy = MicrovmPolicy(sb);
-  RunResult t = sb.Sh("sleep 60", {"--policy", policy, "--timeout", "2s"});
+  RunResult t = sb.Sh("sleep 60", {"--policy", policy, "--timeout", "2s"}, {}, kVmMs);
   ASSERT_TRUE(t.report) << t.Describe();
   EXPECT_EQ(OutcomeOf(t), "timed_out") << t.Describe();
   EXPECT_EQ(t.status, 124);
   EXPECT_LT(t.elapsed_ms, 60000);
 
-  RunResult m = sb.Sh("head -c 600M /dev/zero | tail > /dev/null", {"--policy", policy, "--memory", "256Mi"});
+  RunResult m = sb.Sh("head -c 600M /dev/zero | tail > /dev/null", {"--policy", policy, "--memory", "256Mi"}, {}, kVmMs);
   ASSERT_TRUE(m.report) << m.Describe();
   EXPECT_EQ(OutcomeOf(m), "oom_killed") << m.Describe();
   EXPECT_EQ(m.status, 137) << m.Describe();
@@ -232,14 +237,14 @@ TEST(Microvm, TimeoutOomAndAForkBombAreToldApart) {
   RunResult f = sb.Sh(
       "python3 -c '\nimport os, time\nn = 0\ntry:\n    for i in range(500):\n        if os.fork() == 0:\n"
       "            time.sleep(3); os._exit(0)\n        n += 1\nexcept OSError as e:\n    print(\"stopped\", n, e.errno)\n'",
-      {"--policy", policy, "--max-processes", "32"});
+      {"--policy", policy, "--max-processes", "32"}, {}, kVmMs);
   ASSERT_TRUE(f.report) << f.Describe();
   EXPECT_TRUE(Contains(f.out, "stopped ")) << f.Describe();
   for (const auto& line : Lines(f.out)) {
     if (line.rfind("stopped ", 0) == 0) EXPECT_LT(std::stoi(line.substr(8)), 32) << f.Describe();
   }
   RunResult b = sb.Sh("f() { f | f & }; f 2>/dev/null; sleep 60",
-                      {"--policy", policy, "--max-processes", "64", "--timeout", "3s"});
+                      {"--policy", policy, "--max-processes", "64", "--timeout", "3s"}, {}, kVmMs);
   ASSERT_TRUE(b.report) << b.Describe();
   EXPECT_EQ(OutcomeOf(b), "timed_out") << b.Describe();
 }
@@ -250,13 +255,14 @@ TEST(Microvm, StdinExitCodesAndSignalsPassThrough) {
   Command c = sb.AgentboxCommand({"run", "--policy", MicrovmPolicy(sb), "--", "sh", "-c",
                                   "tr a-z A-Z; echo to-stderr >&2; kill -USR1 $$"});
   c.stdin_data = "piped in\n";
+  c.timeout_ms = kVmMs;
   RunResult r = RunCommand(c);
   EXPECT_TRUE(Contains(r.out, "PIPED IN")) << r.Describe();
   EXPECT_TRUE(Contains(r.err, "to-stderr")) << r.Describe();
   EXPECT_EQ(r.status, 128 + SIGUSR1) << r.Describe();
-  RunResult e = sb.Sh("exit 42", {"--policy", MicrovmPolicy(sb)});
+  RunResult e = sb.Sh("exit 42", {"--policy", MicrovmPolicy(sb)}, {}, kVmMs);
   EXPECT_EQ(e.status, 42) << e.Describe();
-  RunResult n = sb.RunArgv({"/no/such/program"}, {"--policy", MicrovmPolicy(sb)});
+  RunResult n = sb.RunArgv({"/no/such/program"}, {"--policy", MicrovmPolicy(sb)}, {}, kVmMs);
   EXPECT_EQ(n.status, 127) << n.Describe();
 }
 
@@ -269,7 +275,9 @@ std::string RunDirsOf(pid_t pid) {
 TEST(Microvm, KillingTheSupervisorLeavesNoVm) {
   REQUIRE_MICROVM();
   Sandbox sb;
-  Process p(sb.AgentboxCommand({"run", "--policy", MicrovmPolicy(sb), "--", "sh", "-c", "echo up; sleep 1000"}));
+  Command c = sb.AgentboxCommand({"run", "--policy", MicrovmPolicy(sb), "--", "sh", "-c", "echo up; sleep 1000"});
+  c.timeout_ms = kVmMs;
+  Process p(c);
   ASSERT_TRUE(p.started()) << p.start_error();
   ASSERT_TRUE(p.WaitForStdout("up", 120000)) << p.err();
   const std::string dir = "agentbox-microvm-" + std::to_string(p.pid()) + "-";
@@ -287,7 +295,9 @@ TEST(Microvm, KillingTheSupervisorLeavesNoVm) {
 TEST(Microvm, ARunRemovesItsDirectory) {
   REQUIRE_MICROVM();
   Sandbox sb;
-  Process p(sb.AgentboxCommand({"run", "--policy", MicrovmPolicy(sb), "--", "/bin/true"}));
+  Command c = sb.AgentboxCommand({"run", "--policy", MicrovmPolicy(sb), "--", "/bin/true"});
+  c.timeout_ms = kVmMs;
+  Process p(c);
   ASSERT_TRUE(p.started()) << p.start_error();
   RunResult r = p.Wait();
   EXPECT_EQ(r.status, 0) << r.Describe();
@@ -298,7 +308,7 @@ TEST(Microvm, ARunRemovesItsDirectory) {
 TEST(Microvm, APolicyThatAllowsEgressIsRefusedNamingWhy) {
   REQUIRE_MICROVM();
   Sandbox sb;
-  RunResult r = sb.Sh("true", {"--policy", MicrovmPolicy(sb, "network: { allow: [\"example.com\"] }\n")});
+  RunResult r = sb.Sh("true", {"--policy", MicrovmPolicy(sb, "network: { allow: [\"example.com\"] }\n")}, {}, kVmMs);
   EXPECT_EQ(r.status, 125) << r.Describe();
   EXPECT_TRUE(Contains(r.err, "egress from a microVM")) << r.Describe();
 }

@@ -133,13 +133,13 @@ TEST(SandboxError, ImpossibleInsideWorkspacePath) {
   EXPECT_FALSE(Contains(r.out, "ran")) << r.Describe();
 }
 
-TEST(SandboxError, MicrovmIsRefusedNotDowngraded) {
+TEST(SandboxError, RemoteIsRefusedNotDowngraded) {
   Sandbox sb;
-  WriteFile(sb.scratch() + "/policy.yaml", "version: 1\nsandbox:\n  isolation: microvm\n");
+  WriteFile(sb.scratch() + "/policy.yaml", "version: 1\nsandbox:\n  isolation: remote\n");
   RunResult r = sb.Sh("echo ran", {"--policy", sb.scratch() + "/policy.yaml"});
-  ExpectSandboxError(r, "isolation: microvm");
+  ExpectSandboxError(r, "isolation: remote");
   EXPECT_FALSE(Contains(r.out, "ran")) << r.Describe();
-  EXPECT_TRUE(Contains(r.err, "microvm")) << r.Describe();
+  EXPECT_TRUE(Contains(r.err, "remote")) << r.Describe();
 }
 
 TEST(SandboxError, UnenforceableMemoryLimitRefusedUnderRequireFull) {
