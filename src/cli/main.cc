@@ -1012,6 +1012,22 @@ int main(int argc, char** argv) {
   if (argc == 2 && std::strcmp(argv[1], "__world") == 0) return agentbox::session::WorldMain();
   // A microVM's init: this binary is the guest image's /init.
   if (getpid() == 1 && std::strcmp(argv[0], "/init") == 0) agentbox::supervise::GuestInitMain();
+  // A trial boot of the guest image (bench/ladder_bench: QEMU's boot to the
+  // guest's init alone): exec's QEMU, which prints the guest's console.
+  if (argc == 3 && std::strcmp(argv[1], "__guest-trial") == 0) {
+    const agentbox::LadderCaps l = agentbox::ProbeLadder(agentbox::ProbeDepth::kQuick);
+    if (l.qemu.empty() || l.guest_image.empty()) {
+      std::fprintf(stderr, "agentbox: no QEMU or guest image: %s\n", l.microvm_why.c_str());
+      return 1;
+    }
+    const auto a = agentbox::linux::QemuTrialArgv(l.qemu, l.guest_kernel, l.guest_image, argv[2]);
+    std::vector<char*> c;
+    for (const auto& s : a) c.push_back(const_cast<char*>(s.c_str()));
+    c.push_back(nullptr);
+    execv(c[0], c.data());
+    std::perror("agentbox: exec qemu");
+    return 1;
+  }
   // The guest image for a kernel release (the build makes it: CMake's guest_image).
   if (argc == 5 && std::strcmp(argv[1], "__guest-image") == 0) {
     if (agentbox::Status s = agentbox::linux::WriteGuestInitramfs(argv[2], argv[3], argv[4]); !s.ok()) {

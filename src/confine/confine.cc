@@ -1799,11 +1799,11 @@ Result<ConfinedCommand> ConfinePolicy(const std::vector<std::string>& argv, cons
       vm.kernel = l.guest_kernel;
       vm.initramfs = l.guest_image;
       vm.accel = l.accel();
-      vm.memory_mib = plan.limits.memory_max_bytes ? std::max<std::uint64_t>(*plan.limits.memory_max_bytes >> 20, 64)
-                                                   : 1024;
-      vm.vcpus = plan.limits.cpu_max_cores
-                     ? static_cast<unsigned>(std::max(1.0, std::ceil(*plan.limits.cpu_max_cores)))
-                     : l.cpus;
+      // From the policy itself: the VM is the limit, whatever this host's
+      // cgroups (which do not hold the VM) allow.
+      const auto& res = policy.resources;
+      vm.memory_mib = res.memory_limit_bytes ? std::max<std::uint64_t>(*res.memory_limit_bytes >> 20, 64) : 1024;
+      vm.vcpus = res.cpu.limit ? static_cast<unsigned>(std::max(1.0, std::ceil(*res.cpu.limit))) : l.cpus;
       vm.rootless = host.uid != 0;
       // Without root the helpers' namespace puts a tmpfs over /run (for
       // virtiofsd's pid file): the run's sockets go below /tmp then.

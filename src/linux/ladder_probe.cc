@@ -251,10 +251,11 @@ LadderCaps ProbeLadder(ProbeDepth depth) {
   }
   if (const long n = sysconf(_SC_NPROCESSORS_ONLN); n > 0) l.cpus = static_cast<unsigned>(n);
   if (l.kvm && !l.qemu.empty() && !l.guest_image.empty()) {
-    // /dev/kvm opens; whether it runs this guest is tried (once per boot,
-    // or on every check): a trial boot to the guest's init.
+    // /dev/kvm opens; whether it runs this guest is tried once per boot
+    // (check included: a failing trial costs its whole 8 s timeout): a trial
+    // boot to the guest's init.
     const std::string cache = KvmTrialCachePath(l.qemu, l.guest_kernel);
-    std::string verdict = depth == ProbeDepth::kQuick ? ReadCachedVersion(cache) : "";
+    std::string verdict = ReadCachedVersion(cache);
     if (verdict.empty()) {
       int ws = 0;
       const auto t0 = std::chrono::steady_clock::now();
