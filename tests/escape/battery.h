@@ -43,6 +43,9 @@ std::string ProbeBin();
 
 // ESCAPE_ISOLATION=container: every inside run is on gVisor (--isolation container).
 bool ContainerMode();
+// ESCAPE_ISOLATION=microvm: every inside run is in a QEMU microVM (--isolation
+// microvm): the guest applies the os plan again, with no network device.
+bool MicrovmMode();
 
 struct Probe {
   bool present = false;  // a RESULT line for the attack was printed
