@@ -90,26 +90,21 @@ int main(int argc, char** argv) {
   const double gvisor = entries[4].failed ? 0 : Median(entries[4].ms);
   std::printf("run -- /bin/true per isolation level, %d interleaved rounds (median ms)\n", rounds);
   std::printf("  %-40s %9s %10s %10s\n", "", "ms", "/ bwrap", "/ runsc do");
-  for (const auto& e : entries) {
-    if (e.failed) {
-      std::printf("  %-40s %9s\n", e.name.c_str(), "failed");
-      continue;
+  auto print_rows = [&](const std::vector<Entry>& rows) {
+    for (const auto& e : rows) {
+      if (e.failed) {
+        std::printf("  %-40s %9s\n", e.name.c_str(), "failed");
+        continue;
+      }
+      const double m = Median(e.ms);
+      std::printf("  %-40s %9.2f %9.2fx %9.2fx\n", e.name.c_str(), m, bwrap > 0 ? m / bwrap : 0.0,
+                  gvisor > 0 ? m / gvisor : 0.0);
     }
-    const double m = Median(e.ms);
-    std::printf("  %-40s %9.2f %9.2fx %9.2fx\n", e.name.c_str(), m, bwrap > 0 ? m / bwrap : 0.0,
-                gvisor > 0 ? m / gvisor : 0.0);
-  }
+  };
+  print_rows(entries);
   std::printf("microVM, %d rounds (median ms; a row that failed could not run here: KVM that cannot boot the "
               "guest, say)\n", vm_rounds);
-  for (const auto& e : vm) {
-    if (e.failed) {
-      std::printf("  %-40s %9s\n", e.name.c_str(), "failed");
-      continue;
-    }
-    const double m = Median(e.ms);
-    std::printf("  %-40s %9.2f %9.2fx %9.2fx\n", e.name.c_str(), m, bwrap > 0 ? m / bwrap : 0.0,
-                gvisor > 0 ? m / gvisor : 0.0);
-  }
+  print_rows(vm);
   if (!entries[5].failed && os > 0) {
     std::printf("  %-40s %9.2f ms\n", "container over os", Median(entries[5].ms) - os);
   }

@@ -148,8 +148,8 @@ void MountShares(const linux::GuestRequest& request) {
   std::stable_sort(shares.begin(), shares.end(),
                    [](const linux::GuestShare& a, const linux::GuestShare& b) { return a.path.size() < b.path.size(); });
   if (shares.empty() || shares.front().path != "/") Die(Status::Error("guest", "the request has no root share"));
-  // The root share, then the guest's own /dev, /proc, /sys, /tmp and /run,
-  // then the writable trees (one may lie below /tmp).
+  // The root share, then the guest's own /dev, /proc and /sys, then the
+  // writable trees at the mount points the host made for them there.
   auto mount_share = [](const linux::GuestShare& s) {
     const std::string at = s.path == "/" ? "/newroot" : "/newroot" + s.path;
     if (s.path != "/") {
@@ -168,8 +168,9 @@ void MountShares(const linux::GuestRequest& request) {
   MountOrDie("devtmpfs", "/newroot/dev", "devtmpfs", MS_NOSUID, "mode=0755");
   MountOrDie("proc", "/newroot/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr);
   MountOrDie("sysfs", "/newroot/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, nullptr);
-  MountOrDie("tmpfs", "/newroot/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777");
-  MountOrDie("tmpfs", "/newroot/run", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755");
+  // No tmpfs of the init's own over /tmp or /run: the plan's sources below
+  // them (a read-only tree in /tmp, resolv.conf's target in /run) are in the
+  // root share there. The runner gives the command its private /tmp.
   for (std::size_t i = 1; i < shares.size(); ++i) mount_share(shares[i]);
   // The switch: the initramfs stays below, unreachable.
   if (chdir("/newroot") != 0) Die(Status::Errno("guest", "chdir", "/newroot"));

@@ -479,7 +479,19 @@ Outcome RunMicrovm(const Plan& plan, const std::vector<std::string>& argv,
                            failure->value("message", std::string("?")),
                   failure->value("errno", 0), started);
   }
-  if (!result) return qemu_failed("ended before the guest reported the command's outcome");
+  if (!result) {
+    // The guest kernel out of memory with nothing left to kill panics
+    // (panic=-1 ends QEMU): that is the VM's memory limit, not a broken sandbox.
+    const std::string console = Tail(dir + "/console.log", 4000);
+    if (console.find("Out of memory") != std::string::npos || console.find("oom-kill") != std::string::npos) {
+      out.kind = OutcomeKind::kOomKilled;
+      out.error = ErrorInfo{"oom", "the guest kernel ran out of memory in the VM's " +
+                                       std::to_string(vm.memory_mib << 20) + " bytes and stopped the VM", 0};
+      out.denials.push_back(OomDenial(vm.memory_mib << 20, 1));
+      return out;
+    }
+    return qemu_failed("ended before the guest reported the command's outcome");
+  }
   const std::uint64_t oom = result->value("guest_oom_kills", std::uint64_t{0});
   const bool known = TakeGuestOutcome(*result, &out);
   for (auto& d : scanner.denials()) out.denials.push_back(std::move(d));

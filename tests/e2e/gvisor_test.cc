@@ -13,6 +13,7 @@
 #include <string>
 
 #include "harness.h"
+#include "ladder_workloads.h"
 
 namespace agentbox::e2e {
 namespace {
@@ -89,30 +90,12 @@ TEST(Gvisor, CheckNamesTheLadder) {
 TEST(Gvisor, CompatWorkloadsRunOnGvisorsKernel) {
   REQUIRE_GVISOR();
   Sandbox sb;
-  std::string script =
-      "set -e; printf 'int main(void){return 7;}' > /tmp/a.c; gcc /tmp/a.c -o /tmp/a; set +e; /tmp/a; "
-      "echo gcc=$?; set -e; "
-      "python3 -c 'import os; print(\"python\", os.getpid() > 0)'; "
-      "git -c user.email=a@b -c user.name=a commit -q --allow-empty -m inside && git log --oneline | wc -l; "
-      "echo pipes | tr a-z A-Z | sed s/P/p/; "
-      "echo tmp > /tmp/t && cat /tmp/t; "
-      "echo release=$(uname -r)";
-  if (!FindTool("node").empty()) script += "; node -e 'console.log(\"node\", 6*7)'";
-  RunResult r = sb.Sh(script, {"--policy", ContainerPolicy(sb)});
-  ASSERT_EQ(r.status, 0) << r.Describe();
-  EXPECT_TRUE(Contains(r.out, "gcc=7")) << r.Describe();
-  EXPECT_TRUE(Contains(r.out, "python True")) << r.Describe();
-  EXPECT_TRUE(Contains(r.out, "\n1\n")) << r.Describe();
-  EXPECT_TRUE(Contains(r.out, "pIPES")) << r.Describe();
-  EXPECT_TRUE(Contains(r.out, "tmp\n")) << r.Describe();
-  if (!FindTool("node").empty()) EXPECT_TRUE(Contains(r.out, "node 42")) << r.Describe();
+  RunResult r = sb.Sh(CompatScript(), {"--policy", ContainerPolicy(sb)});
+  ExpectCompat(sb, r);
+  if (HasFatalFailure()) return;
   // Another kernel: gVisor's Sentry names its own release.
   EXPECT_TRUE(Contains(r.out, "release=")) << r.Describe();
   EXPECT_FALSE(Contains(r.out, "release=" + HostRelease() + "\n")) << r.Describe();
-  // The commit landed in the host's workspace.
-  EXPECT_EQ(sb.Git({"log", "--oneline"}).out.size() > 0, true);
-  ASSERT_TRUE(r.report) << r.Describe();
-  EXPECT_EQ(OutcomeOf(r), "exited");
   const auto& e = (*r.report)["enforcement"];
   EXPECT_EQ(e["backend"], "gvisor") << e.dump();
   EXPECT_EQ(e["runtime"].get<std::string>().rfind("runsc ", 0), 0u) << e.dump();
@@ -124,45 +107,10 @@ TEST(Gvisor, CompatWorkloadsRunOnGvisorsKernel) {
 TEST(Gvisor, SecretsStayAbsentAndNothingOutsideTheWorkspaceIsWritten) {
   REQUIRE_GVISOR();
   Sandbox sb;
-  const std::string env_marker = "DOTENV-" + RandomHex();
-  WriteFile(sb.ws() + "/.env", "TOKEN=" + env_marker + "\n");
-  const std::string outside = sb.scratch() + "/planted";
-  HostServer server;
-  const std::string script =
-      "cat " + sb.home() + "/.ssh/id_rsa " + sb.home() + "/.aws/credentials .env /etc/shadow; "
-      // HOME inside is a private tmpfs at the same path: a write there stays inside.
-      "for p in /usr/planted /etc/planted " + outside + "; do "
-      "  echo x > $p 2>/dev/null && echo WROTE $p; done; "
-      "echo in-ws > inside.txt; "
-      "python3 - <<'EOF'\n"
-      "import os, socket\n"
-      "pids = [p for p in os.listdir('/proc') if p.isdigit()]\n"
-      "print('pids', len(pids))\n"
-      "s = socket.socket(); s.settimeout(2)\n"
-      "try:\n"
-      "    s.connect(('127.0.0.1', " + std::to_string(server.port()) + ")); print('CONNECTED')\n"
-      "except OSError as e:\n"
-      "    print('connect refused', e.errno)\n"
-      "EOF";
-  RunResult r = sb.Sh(script, {"--policy", ContainerPolicy(sb)});
-  ASSERT_TRUE(r.report) << r.Describe();
-  const std::string all = r.out + r.err;
-  EXPECT_FALSE(Contains(all, sb.ssh_secret())) << r.Describe();
-  EXPECT_FALSE(Contains(all, sb.aws_secret())) << r.Describe();
-  EXPECT_FALSE(Contains(all, env_marker)) << r.Describe();
-  EXPECT_FALSE(Contains(all, "root:")) << r.Describe();  // /etc/shadow's first field
-  EXPECT_FALSE(Contains(r.out, "WROTE")) << r.Describe();
-  EXPECT_FALSE(Exists(outside));
-  EXPECT_FALSE(Exists(sb.home() + "/planted"));
-  EXPECT_FALSE(Exists("/usr/planted"));
-  EXPECT_EQ(ReadFile(sb.ws() + "/inside.txt").value_or(""), "in-ws\n");
-  // The Sentry's processes only; the host's loopback is not the sandbox's.
-  EXPECT_TRUE(Contains(r.out, "connect refused")) << r.Describe();
-  EXPECT_EQ(server.served(), 0);
-  for (const auto& line : Lines(r.out)) {
-    if (line.rfind("pids ", 0) == 0) EXPECT_LT(std::stoi(line.substr(5)), 10) << r.Describe();
-  }
-  EXPECT_TRUE(HasDenial(r, ".env")) << r.Describe();
+  SecretsCheck check;
+  RunResult r = sb.Sh(check.Script(sb), {"--policy", ContainerPolicy(sb)});
+  check.Expect(sb, r);
+  if (HasFatalFailure()) return;
 }
 
 TEST(Gvisor, TimeoutOomAndAForkBombAreToldApart) {

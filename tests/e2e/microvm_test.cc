@@ -17,6 +17,7 @@
 #include <string>
 
 #include "harness.h"
+#include "ladder_workloads.h"
 
 namespace agentbox::e2e {
 namespace {
@@ -112,28 +113,11 @@ TEST(Microvm, CheckNamesTheAcceleratorAndWhy) {
 TEST(Microvm, CompatWorkloadsRunOnTheGuestKernel) {
   REQUIRE_MICROVM();
   Sandbox sb;
-  std::string script =
-      "set -e; printf 'int main(void){return 7;}' > /tmp/a.c; gcc /tmp/a.c -o /tmp/a; set +e; /tmp/a; "
-      "echo gcc=$?; set -e; "
-      "python3 -c 'import os; print(\"python\", os.getpid() > 0)'; "
-      "git -c user.email=a@b -c user.name=a commit -q --allow-empty -m inside && git log --oneline | wc -l; "
-      "echo pipes | tr a-z A-Z | sed s/P/p/; "
-      "echo tmp > /tmp/t && cat /tmp/t; "
-      "echo release=$(uname -r)";
-  if (!FindTool("node").empty()) script += "; node -e 'console.log(\"node\", 6*7)'";
-  RunResult r = sb.Sh(script, {"--policy", MicrovmPolicy(sb)}, {}, kVmMs);
-  ASSERT_EQ(r.status, 0) << r.Describe();
-  EXPECT_TRUE(Contains(r.out, "gcc=7")) << r.Describe();
-  EXPECT_TRUE(Contains(r.out, "python True")) << r.Describe();
-  EXPECT_TRUE(Contains(r.out, "\n1\n")) << r.Describe();
-  EXPECT_TRUE(Contains(r.out, "pIPES")) << r.Describe();
-  EXPECT_TRUE(Contains(r.out, "tmp\n")) << r.Describe();
-  if (!FindTool("node").empty()) EXPECT_TRUE(Contains(r.out, "node 42")) << r.Describe();
+  RunResult r = sb.Sh(CompatScript(), {"--policy", MicrovmPolicy(sb)}, {}, kVmMs);
+  ExpectCompat(sb, r);
+  if (HasFatalFailure()) return;
   // Another kernel: the guest's own release.
   EXPECT_TRUE(Contains(r.out, "release=" + GuestRelease() + "\n")) << r.Describe();
-  EXPECT_FALSE(sb.Git({"log", "--oneline"}).out.empty());
-  ASSERT_TRUE(r.report) << r.Describe();
-  EXPECT_EQ(OutcomeOf(r), "exited");
   const auto& e = (*r.report)["enforcement"];
   EXPECT_EQ(e["backend"], "microvm") << e.dump();
   EXPECT_TRUE(Contains(e["runtime"].get<std::string>(), "qemu microvm (accelerator ")) << e.dump();
@@ -145,46 +129,14 @@ TEST(Microvm, CompatWorkloadsRunOnTheGuestKernel) {
 TEST(Microvm, SecretsStayAbsentAndNothingOutsideTheWorkspaceIsWritten) {
   REQUIRE_MICROVM();
   Sandbox sb;
-  const std::string env_marker = "DOTENV-" + RandomHex();
-  WriteFile(sb.ws() + "/.env", "TOKEN=" + env_marker + "\n");
-  const std::string outside = sb.scratch() + "/planted";
-  HostServer server;
-  const std::string script =
-      "cat " + sb.home() + "/.ssh/id_rsa " + sb.home() + "/.aws/credentials .env /etc/shadow; "
-      "for p in /usr/planted /etc/planted " + outside + "; do "
-      "  echo x > $p 2>/dev/null && echo WROTE $p; done; "
-      "echo in-ws > inside.txt; "
-      "ls /sys/class/net; "
-      "python3 - <<'EOF'\n"
-      "import os, socket\n"
-      "pids = [p for p in os.listdir('/proc') if p.isdigit()]\n"
-      "print('pids', len(pids))\n"
-      "s = socket.socket(); s.settimeout(2)\n"
-      "try:\n"
-      "    s.connect(('127.0.0.1', " + std::to_string(server.port()) + ")); print('CONNECTED')\n"
-      "except OSError as e:\n"
-      "    print('connect refused', e.errno)\n"
-      "EOF";
-  RunResult r = sb.Sh(script, {"--policy", MicrovmPolicy(sb)}, {}, kVmMs);
-  ASSERT_TRUE(r.report) << r.Describe();
-  const std::string all = r.out + r.err;
-  EXPECT_FALSE(Contains(all, sb.ssh_secret())) << r.Describe();
-  EXPECT_FALSE(Contains(all, sb.aws_secret())) << r.Describe();
-  EXPECT_FALSE(Contains(all, env_marker)) << r.Describe();
-  EXPECT_FALSE(Contains(all, "root:")) << r.Describe();
-  EXPECT_FALSE(Contains(r.out, "WROTE")) << r.Describe();
-  EXPECT_FALSE(Exists(outside));
-  EXPECT_FALSE(Exists(sb.home() + "/planted"));
-  EXPECT_FALSE(Exists("/usr/planted"));
-  EXPECT_EQ(ReadFile(sb.ws() + "/inside.txt").value_or(""), "in-ws\n");
-  EXPECT_TRUE(Contains(r.out, "connect refused")) << r.Describe();
-  EXPECT_EQ(server.served(), 0);
+  SecretsCheck check;
+  RunResult r = sb.Sh(check.Script(sb, "ls /sys/class/net; "), {"--policy", MicrovmPolicy(sb)}, {}, kVmMs);
+  check.Expect(sb, r);
+  if (HasFatalFailure()) return;
   for (const auto& line : Lines(r.out)) {
-    if (line.rfind("pids ", 0) == 0) EXPECT_LT(std::stoi(line.substr(5)), 10) << r.Describe();
     // No network device but loopback inside.
     if (line.rfind("eth", 0) == 0 || line.rfind("ens", 0) == 0) ADD_FAILURE() << "a NIC inside: " << line;
   }
-  EXPECT_TRUE(HasDenial(r, ".env")) << r.Describe();
 }
 
 // The share's exported view is the plan's: a masked path is masked on the

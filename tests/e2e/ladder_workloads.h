@@ -1,0 +1,92 @@
+// What every rung of the isolation ladder must run and keep out, shared by
+// the container (gVisor) and microvm tests: the compat workloads, and the
+// secrets-absent / nothing-written-outside check.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "harness.h"
+
+namespace agentbox::e2e {
+
+// gcc, python, git commit, pipes and /tmp, node where installed; ends by
+// printing `release=$(uname -r)`.
+inline std::string CompatScript() {
+  std::string script =
+      "set -e; printf 'int main(void){return 7;}' > /tmp/a.c; gcc /tmp/a.c -o /tmp/a; set +e; /tmp/a; "
+      "echo gcc=$?; set -e; "
+      "python3 -c 'import os; print(\"python\", os.getpid() > 0)'; "
+      "git -c user.email=a@b -c user.name=a commit -q --allow-empty -m inside && git log --oneline | wc -l; "
+      "echo pipes | tr a-z A-Z | sed s/P/p/; "
+      "echo tmp > /tmp/t && cat /tmp/t; "
+      "echo release=$(uname -r)";
+  if (!FindTool("node").empty()) script += "; node -e 'console.log(\"node\", 6*7)'";
+  return script;
+}
+
+inline void ExpectCompat(const Sandbox& sb, const RunResult& r) {
+  ASSERT_EQ(r.status, 0) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, "gcc=7")) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, "python True")) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, "\n1\n")) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, "pIPES")) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, "tmp\n")) << r.Describe();
+  if (!FindTool("node").empty()) EXPECT_TRUE(Contains(r.out, "node 42")) << r.Describe();
+  // The commit landed in the host's workspace.
+  EXPECT_FALSE(sb.Git({"log", "--oneline"}).out.empty());
+  ASSERT_TRUE(r.report) << r.Describe();
+  EXPECT_EQ(OutcomeOf(r), "exited");
+}
+
+// Reads the fixture's secrets, /etc/shadow and a planted .env; tries to
+// write outside the workspace; lists processes; connects to `server` on
+// the host's loopback. `more`: extra shell lines before the python part.
+struct SecretsCheck {
+  std::string env_marker = "DOTENV-" + RandomHex();
+  std::string outside;
+  HostServer server;
+
+  std::string Script(const Sandbox& sb, const std::string& more = "") {
+    WriteFile(sb.ws() + "/.env", "TOKEN=" + env_marker + "\n");
+    outside = sb.scratch() + "/planted";
+    return "cat " + sb.home() + "/.ssh/id_rsa " + sb.home() + "/.aws/credentials .env /etc/shadow; "
+           "for p in /usr/planted /etc/planted " + outside + "; do "
+           "  echo x > $p 2>/dev/null && echo WROTE $p; done; "
+           "echo in-ws > inside.txt; " + more +
+           "python3 - <<'EOF'\n"
+           "import os, socket\n"
+           "pids = [p for p in os.listdir('/proc') if p.isdigit()]\n"
+           "print('pids', len(pids))\n"
+           "s = socket.socket(); s.settimeout(2)\n"
+           "try:\n"
+           "    s.connect(('127.0.0.1', " + std::to_string(server.port()) + ")); print('CONNECTED')\n"
+           "except OSError as e:\n"
+           "    print('connect refused', e.errno)\n"
+           "EOF";
+  }
+
+  void Expect(const Sandbox& sb, const RunResult& r) {
+    ASSERT_TRUE(r.report) << r.Describe();
+    const std::string all = r.out + r.err;
+    EXPECT_FALSE(Contains(all, sb.ssh_secret())) << r.Describe();
+    EXPECT_FALSE(Contains(all, sb.aws_secret())) << r.Describe();
+    EXPECT_FALSE(Contains(all, env_marker)) << r.Describe();
+    EXPECT_FALSE(Contains(all, "root:")) << r.Describe();  // /etc/shadow's first field
+    EXPECT_FALSE(Contains(r.out, "WROTE")) << r.Describe();
+    EXPECT_FALSE(Exists(outside));
+    EXPECT_FALSE(Exists(sb.home() + "/planted"));
+    EXPECT_FALSE(Exists("/usr/planted"));
+    EXPECT_EQ(ReadFile(sb.ws() + "/inside.txt").value_or(""), "in-ws\n");
+    // The host's loopback is not the sandbox's.
+    EXPECT_TRUE(Contains(r.out, "connect refused")) << r.Describe();
+    EXPECT_EQ(server.served(), 0);
+    for (const auto& line : Lines(r.out)) {
+      if (line.rfind("pids ", 0) == 0) EXPECT_LT(std::stoi(line.substr(5)), 10) << r.Describe();
+    }
+    EXPECT_TRUE(HasDenial(r, ".env")) << r.Describe();
+  }
+};
+
+}  // namespace agentbox::e2e
