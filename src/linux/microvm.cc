@@ -389,9 +389,8 @@ std::vector<std::string> WritableSources(const ResolvedPlan& resolved) {
   return out;
 }
 
-Status PrepareShareView(const Plan& plan, const ResolvedPlan& resolved, const GuestShare& share,
-                        const std::string& staging, const std::string& empty_file, const std::string& empty_dir) {
-  (void)plan;
+Status PrepareShareView(const ResolvedPlan& resolved, const GuestShare& share, const std::string& staging,
+                        const std::string& empty_file, const std::string& empty_dir) {
   if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
     return Status::Errno("microvm", "make mounts private", "/");
   }

@@ -127,7 +127,7 @@ std::vector<std::string> VirtiofsdArgv(const std::string& virtiofsd, const std::
 // In both, every mask of the plan below the exported tree is bound over
 // with an empty mode-0 file or directory, and every protected path is
 // bound read-only onto itself.
-[[nodiscard]] Status PrepareShareView(const Plan& plan, const ResolvedPlan& resolved, const GuestShare& share,
+[[nodiscard]] Status PrepareShareView(const ResolvedPlan& resolved, const GuestShare& share,
                                       const std::string& staging, const std::string& empty_file,
                                       const std::string& empty_dir);
 

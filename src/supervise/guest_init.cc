@@ -40,6 +40,7 @@
 #include "linux/microvm.h"
 #include "report/report_json.h"
 #include "supervise/microvm_run.h"
+#include "supervise/run_io.h"
 
 namespace agentbox::supervise {
 namespace {
@@ -80,26 +81,26 @@ std::uint64_t OomKills() {
   return at == std::string::npos ? 0 : std::strtoull(vmstat.c_str() + at + 10, nullptr, 10);
 }
 
+// The non-empty pieces of `text` between any of `delims`.
+std::vector<std::string> Split(const std::string& text, const char* delims) {
+  std::vector<std::string> out;
+  std::size_t i = 0;
+  while (i <= text.size()) {
+    std::size_t j = text.find_first_of(delims, i);
+    if (j == std::string::npos) j = text.size();
+    if (j > i) out.push_back(text.substr(i, j - i));
+    i = j + 1;
+  }
+  return out;
+}
+
 void LoadModules() {
   // virtio_mmio.device=... entries from the command line, as modprobe passes them.
   std::string mmio;
-  const std::string cmdline = Slurp("/proc/cmdline");
-  std::size_t i = 0;
-  while (i < cmdline.size()) {
-    std::size_t j = cmdline.find_first_of(" \n", i);
-    if (j == std::string::npos) j = cmdline.size();
-    const std::string word = cmdline.substr(i, j - i);
+  for (const auto& word : Split(Slurp("/proc/cmdline"), " \n")) {
     if (word.rfind("virtio_mmio.", 0) == 0) mmio += (mmio.empty() ? "" : " ") + word.substr(12);
-    i = j + 1;
   }
-  const std::string order = Slurp("/modules.order");
-  std::size_t at = 0;
-  while (at < order.size()) {
-    std::size_t nl = order.find('\n', at);
-    if (nl == std::string::npos) nl = order.size();
-    const std::string path = order.substr(at, nl - at);
-    at = nl + 1;
-    if (path.empty()) continue;
+  for (const auto& path : Split(Slurp("/modules.order"), "\n")) {
     linux::UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
     if (!fd.valid()) Die(Status::Errno("guest", "open module", path));
     const std::string params = path.find("/virtio_mmio.ko") != std::string::npos ? mmio : "";
@@ -267,14 +268,7 @@ bool WriteFrameOrNote(linux::FrameType type, const char* p, std::size_t n) {
     options.ask_on_terminal = false;
     Outcome outcome = RunPlan(*plan, request->argv, {}, options);
     const std::string text = ToJsonValue(outcome).dump();
-    const char* p = text.data();
-    std::size_t left = text.size();
-    while (left > 0) {
-      ssize_t w = write(result_pipe[1], p, left);
-      if (w <= 0) break;
-      p += w;
-      left -= static_cast<std::size_t>(w);
-    }
+    WriteAll(result_pipe[1], text.data(), text.size());
     _exit(0);
   }
   close(in_pipe[0]);
@@ -290,15 +284,7 @@ bool WriteFrameOrNote(linux::FrameType type, const char* p, std::size_t n) {
   bool out_open = true, err_open = true, result_open = true, port_open = true;
   auto handle = [&](const linux::Frame& f) {
     if (f.type == linux::FrameType::kStdin && stdin_w >= 0) {
-      const char* p = f.payload.data();
-      std::size_t left = f.payload.size();
-      while (left > 0) {
-        ssize_t w = write(stdin_w, p, left);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) break;
-        p += w;
-        left -= static_cast<std::size_t>(w);
-      }
+      WriteAll(stdin_w, f.payload.data(), f.payload.size());
     } else if (f.type == linux::FrameType::kStdinEnd && stdin_w >= 0) {
       close(stdin_w);
       stdin_w = -1;

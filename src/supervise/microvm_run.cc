@@ -291,7 +291,7 @@ Outcome RunMicrovm(const Plan& plan, const std::vector<std::string>& argv,
                                     if (vm.rootless && !WriteIdMaps(uid, gid)) {
                                       return Status::Errno("microvm", "uid_map", "virtiofsd");
                                     }
-                                    if (Status s = linux::PrepareShareView(plan, *resolved, share, staging,
+                                    if (Status s = linux::PrepareShareView(*resolved, share, staging,
                                                                            empty_file, empty_dir);
                                         !s.ok()) {
                                       return s;
