@@ -71,7 +71,7 @@ struct PolicyFlags {
     app->add_option("--workspace", workspace, "workspace directory (default: current directory)");
     if (!full) return;
     app->add_option("--backend", backend, "auto | namespaces | landlock (default: auto)");
-    app->add_option("--isolation", isolation, "os | container: the policy's sandbox.isolation, overridden");
+    app->add_option("--isolation", isolation, "os | container | microvm: the policy's sandbox.isolation, overridden");
     app->add_option("--require", require, "full | partial (default: the policy's, else full)");
     // One value per flag, repeated for more: a second word is the command's,
     // even without `--`.
