@@ -467,10 +467,9 @@ std::string MicrovmLack(const Policy& policy, const HostCaps& host, const Invoca
   if (l.guest_image.empty() || l.guest_kernel.empty()) return "no guest kernel with agentbox's guest image";
   if (inv.session) return "sessions on a microVM are not available in this version (agentbox run is)";
   if (inv.workspace_overlay) return "--workspace-overlay is not available on a microVM in this version";
-  if (NeedsProxy(policy)) {
-    return "the policy lets the sandbox reach the network (network.allow, egress_proxy or credentials), and "
-           "egress from a microVM through agentbox's proxy is not available in this version: the guest has no "
-           "network device at all";
+  if (NeedsProxy(policy) && Terminates(policy)) {
+    return "credentials and network.http_rules end TLS in agentbox's proxy with a CA of the run's, which a "
+           "microVM's guest is not given in this version (egress by network.allow is)";
   }
   if (!policy.filesystem.unix_sockets.empty()) {
     return "filesystem.unix_sockets: a microVM reaches no host socket in this version";
@@ -515,8 +514,16 @@ EnforcementReport AssessMicrovm(const Policy& policy, const HostCaps& host, cons
       g.notes.push_back("inside the guest the plan is applied again: mount namespace, masks and the guest kernel's "
                         "Landlock");
     } else if (f.name == "network") {
-      g.mechanisms = {"no-network-device", "guest-network-namespace"};
+      g.mechanisms = {"no-network-device"};
       g.notes = {"the VM has no network device (QEMU -nodefaults, no -netdev): no route out, no host socket"};
+      if (NeedsProxy(policy)) {
+        g.mechanisms.push_back("egress-proxy-over-channel");
+        g.notes.push_back("egress: the guest's init listens on the proxy variables' ports of the guest's loopback "
+                          "and carries each connection over the VM's virtio-serial port to agentbox's proxy on "
+                          "this host, which decides it by network.allow and network.deny");
+      } else {
+        g.mechanisms.push_back("guest-network-namespace");
+      }
     } else if (f.name == "processes") {
       g.mechanisms.insert(g.mechanisms.begin(), "guest-kernel");
       g.notes.insert(g.notes.begin(), "the command's processes live in the guest kernel: no host process is "

@@ -154,7 +154,8 @@ std::string GuestRequestToJson(const GuestRequest& r) {
   json shares = json::array();
   for (const auto& s : r.shares) shares.push_back({{"tag", s.tag}, {"path", s.path}, {"writable", s.writable}});
   return json{{"plan", r.plan_json}, {"argv", r.argv},   {"shares", shares},
-              {"stdin", r.stdin_open}, {"env", r.env}, {"pids_max", r.pids_max}}
+              {"stdin", r.stdin_open}, {"env", r.env}, {"pids_max", r.pids_max},
+              {"proxy_http_port", r.proxy_http_port}, {"proxy_socks_port", r.proxy_socks_port}}
       .dump();
 }
 
@@ -170,6 +171,8 @@ Result<GuestRequest> GuestRequestFromJson(const std::string& text) {
     r.stdin_open = j.at("stdin").get<bool>();
     r.env = j.at("env").get<std::vector<std::string>>();
     r.pids_max = j.at("pids_max").get<std::uint64_t>();
+    r.proxy_http_port = j.at("proxy_http_port").get<std::uint16_t>();
+    r.proxy_socks_port = j.at("proxy_socks_port").get<std::uint16_t>();
     return r;
   } catch (const std::exception& e) {
     return Status::Error("guest", std::string("the request is not one: ") + e.what());

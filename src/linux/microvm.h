@@ -36,6 +36,12 @@ enum class FrameType : char {
   kStderr = 'e',    // guest → host: the command's stderr
   kResult = 'x',    // guest → host: the outcome (JSON), the last frame
   kFailure = 'f',   // guest → host: the guest could not run the request (JSON: stage, message, errno)
+  // Egress (linux/stream_mux.h): connections carried over the channel.
+  kConnOpen = 'n',   // guest → host: a connection on a listener of the guest's
+  kConnData = 'd',   // both ways: bytes of a connection
+  kConnAck = 'a',    // both ways: bytes of a connection written on
+  kConnEnd = 'z',    // both ways: no more bytes of a connection from this end
+  kConnAbort = 'k',  // both ways: a connection is gone
 };
 inline constexpr std::size_t kMaxFrame = 1u << 20;
 
@@ -76,6 +82,11 @@ struct GuestRequest {
   // host: the guest's init has an environment of its own).
   std::vector<std::string> env;
   std::uint64_t pids_max = 0;      // max_processes, as a pids cgroup of the guest's (0: none)
+  // Egress: the guest's init listens on 127.0.0.1 at these ports (the ones
+  // the command's proxy variables name) and carries each connection over
+  // the channel to the supervisor's proxy (0: no egress, no listener).
+  std::uint16_t proxy_http_port = 0;
+  std::uint16_t proxy_socks_port = 0;
 };
 std::string GuestRequestToJson(const GuestRequest& request);
 Result<GuestRequest> GuestRequestFromJson(const std::string& text);

@@ -490,7 +490,11 @@ SetUpResult SetUpSandbox(const Plan& plan, const ResolvedPlan& resolved, int* st
       upper_fs->seed_fd = -1;
     }
     if (upper_fd >= 0) close(upper_fd);  // sent: the supervisor holds the layer now
-    if (Status s = BringUpLoopback(); !s.ok()) Fail(*status_fd, s);
+    // A network namespace of the run's own starts with its loopback down
+    // (without one, as in a microVM's guest, the loopback is the init's).
+    if (std::find(plan.namespaces.begin(), plan.namespaces.end(), "net") != plan.namespaces.end()) {
+      if (Status s = BringUpLoopback(); !s.ok()) Fail(*status_fd, s);
+    }
     // The egress proxy's listeners, bound on this namespace's loopback and
     // handed to the supervisor; none stays open in here.
     if (*proxy_fd >= 0 && (plan.network.proxy || !plan.network.dns_address.empty())) {

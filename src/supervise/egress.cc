@@ -134,7 +134,8 @@ void DecideName(Egress::State& s, const NetworkPlan& n, const std::string& name,
 }  // namespace
 
 Result<std::unique_ptr<Egress>> Egress::Start(const Plan& plan, const RunOptions& options, Fds fds,
-                                              pid_t served_root, std::shared_ptr<net::Terminator> terminator) {
+                                              pid_t served_root, std::shared_ptr<net::Terminator> terminator,
+                                              std::function<bool(int)> admit) {
   auto rules = net::RuleSet::Build(plan.network.allow, plan.network.deny,
                                    plan.network.default_allow ? NetDefault::kAllow : NetDefault::kDeny);
   if (!rules.ok()) return Status::Error("network", rules.status().message());
@@ -166,6 +167,8 @@ Result<std::unique_ptr<Egress>> Egress::Start(const Plan& plan, const RunOptions
   popts.terminator = std::move(terminator);
   if (served_root > 0) {
     popts.admit = [served_root](int fd) { return linux::LoopbackPeerBelow(served_root, fd); };
+  } else if (admit) {
+    popts.admit = std::move(admit);
   }
   s.proxy = std::make_unique<net::Proxy>(s.io, *rules, popts, *s.resolver, s.asker.get(), &s.sink);
   // Not yet running: set up on this thread, before the proxy's thread starts.

@@ -4,6 +4,7 @@
 // rule engine, one record sink, one report for all three.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +29,9 @@ class Egress {
   // `served_root` > 0 (landlock-only: listeners on the host's loopback, where
   // any local process may connect): only connections whose client socket a
   // process below that pid (the runner) holds are served; others are closed.
+  // `admit` (when set, and served_root is 0): whether to serve a connection
+  // accepted on the proxy's listeners (its fd), for listeners on the host's
+  // loopback that only the supervisor's own relay should reach.
   // `terminator` (from PrepareCredentials, may be null) ends TLS for the
   // hosts it covers; used on the proxy's thread from here on.
   // `fds`: the proxy's listeners (absent: no proxy variables inside), the
@@ -38,7 +42,8 @@ class Egress {
   };
   static Result<std::unique_ptr<Egress>> Start(const Plan& plan, const RunOptions& options, Fds fds,
                                                pid_t served_root = 0,
-                                               std::shared_ptr<net::Terminator> terminator = nullptr);
+                                               std::shared_ptr<net::Terminator> terminator = nullptr,
+                                               std::function<bool(int)> admit = nullptr);
   ~Egress();  // Stop()
 
   // Closes the listeners and every connection (each delivers its record),

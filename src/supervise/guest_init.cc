@@ -10,6 +10,8 @@
 //     switch into it;
 //  4. the request's plan run as a namespaces run (RunPlan) in a child whose
 //     stdio are pipes relayed as frames; signals from the host forwarded;
+//     connections to the proxy ports (egress) accepted on the guest's
+//     loopback and carried over the channel to the host's proxy;
 //  5. the outcome as the last frame, with the kernel's OOM-kill count;
 //     sync, power off.
 // A failure before the request is run is a kFailure frame (or, with no
@@ -18,8 +20,10 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <netinet/in.h>
 #include <sys/mount.h>
 #include <sys/reboot.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -33,11 +37,14 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "agentbox/run.h"
 #include "linux/fd.h"
 #include "linux/microvm.h"
+#include "linux/namespaces.h"
+#include "linux/stream_mux.h"
 #include "report/report_json.h"
 #include "supervise/microvm_run.h"
 #include "supervise/run_io.h"
@@ -179,6 +186,22 @@ void MountShares(const linux::GuestRequest& request) {
   if (chroot(".") != 0 || chdir("/") != 0) Die(Status::Errno("guest", "chroot", "/newroot"));
 }
 
+// A listener on the guest's 127.0.0.1:port, for the proxy variables' port.
+linux::UniqueFd ListenLoopback(std::uint16_t port) {
+  linux::UniqueFd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd.valid()) Die(Status::Errno("guest", "socket", "egress listener"));
+  const int one = 1;
+  setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  struct sockaddr_in a {};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || listen(fd.get(), 128) != 0) {
+    Die(Status::Errno("guest", "listen", "127.0.0.1:" + std::to_string(port)));
+  }
+  return fd;
+}
+
 bool WriteFrameOrNote(linux::FrameType type, const char* p, std::size_t n) {
   return linux::WriteFrame(g_port, type, std::string_view(p, n)).ok();
 }
@@ -215,6 +238,14 @@ bool WriteFrameOrNote(linux::FrameType type, const char* p, std::size_t n) {
   auto plan = PlanFromJson(request->plan_json);
   if (!plan.ok()) Die(plan.status());
   MountShares(*request);
+  // Egress: the proxy's ports on the guest's loopback; the command's
+  // variables name them, and every connection goes to the host's proxy.
+  linux::UniqueFd http_listener, socks_listener;
+  if (request->proxy_http_port || request->proxy_socks_port) {
+    if (Status s = linux::BringUpLoopback(); !s.ok()) Die(s);
+    if (request->proxy_http_port) http_listener = ListenLoopback(request->proxy_http_port);
+    if (request->proxy_socks_port) socks_listener = ListenLoopback(request->proxy_socks_port);
+  }
 
   int in_pipe[2], out_pipe[2], err_pipe[2], result_pipe[2];
   if (pipe2(in_pipe, O_CLOEXEC) != 0 || pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0 ||
@@ -258,6 +289,8 @@ bool WriteFrameOrNote(linux::FrameType type, const char* p, std::size_t n) {
     for (int fd : {in_pipe[0], in_pipe[1], out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1], result_pipe[0], g_port}) {
       close(fd);
     }
+    http_listener.reset();
+    socks_listener.reset();
     if (!request->stdin_open) {
       int null = open("/dev/null", O_RDONLY);
       dup2(null, 0);
@@ -282,7 +315,11 @@ bool WriteFrameOrNote(linux::FrameType type, const char* p, std::size_t n) {
   }
   std::string result;
   bool out_open = true, err_open = true, result_open = true, port_open = true;
+  linux::StreamMux mux([](linux::FrameType type, std::string_view payload) {
+    return linux::WriteFrame(g_port, type, payload).ok();
+  });
   auto handle = [&](const linux::Frame& f) {
+    if (mux.Handle(f)) return;
     if (f.type == linux::FrameType::kStdin && stdin_w >= 0) {
       WriteAll(stdin_w, f.payload.data(), f.payload.size());
     } else if (f.type == linux::FrameType::kStdinEnd && stdin_w >= 0) {
@@ -297,14 +334,29 @@ bool WriteFrameOrNote(linux::FrameType type, const char* p, std::size_t n) {
   frames.clear();
   signal(SIGPIPE, SIG_IGN);
   char buf[1 << 16];
+  std::vector<struct pollfd> fds;
   while (out_open || err_open || result_open) {
-    struct pollfd fds[4];
-    int n = 0, i_out = -1, i_err = -1, i_res = -1, i_port = -1;
-    if (out_open) fds[i_out = n++] = {out_pipe[0], POLLIN, 0};
-    if (err_open) fds[i_err = n++] = {err_pipe[0], POLLIN, 0};
-    if (result_open) fds[i_res = n++] = {result_pipe[0], POLLIN, 0};
-    if (port_open) fds[i_port = n++] = {g_port, POLLIN, 0};
-    if (poll(fds, static_cast<nfds_t>(n), 1000) < 0 && errno != EINTR) break;
+    fds.clear();
+    int i_out = -1, i_err = -1, i_res = -1, i_port = -1, i_http = -1, i_socks = -1;
+    auto add = [&](int fd) {
+      fds.push_back({fd, POLLIN, 0});
+      return static_cast<int>(fds.size() - 1);
+    };
+    if (out_open) i_out = add(out_pipe[0]);
+    if (err_open) i_err = add(err_pipe[0]);
+    if (result_open) i_res = add(result_pipe[0]);
+    if (port_open) i_port = add(g_port);
+    if (port_open && http_listener.valid()) i_http = add(http_listener.get());
+    if (port_open && socks_listener.valid()) i_socks = add(socks_listener.get());
+    const std::size_t i_mux = fds.size();
+    if (port_open) mux.AppendPollFds(&fds);
+    if (poll(fds.data(), static_cast<nfds_t>(fds.size()), 1000) < 0 && errno != EINTR) break;
+    if (port_open) mux.Service(fds.data() + i_mux, fds.size() - i_mux);
+    for (auto [i, listener, tag] : {std::tuple{i_http, http_listener.get(), 'h'}, std::tuple{i_socks, socks_listener.get(), 's'}}) {
+      if (i < 0 || !fds[i].revents) continue;
+      linux::UniqueFd conn(accept4(listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+      if (conn.valid()) mux.Accept(std::move(conn), tag);
+    }
     // Orphans of the run (none should outlive its pid namespace) are reaped.
     while (waitpid(-1, nullptr, WNOHANG) > 0) {
     }

@@ -8,7 +8,12 @@
 //  - QEMU's microvm machine with the guest kernel, agentbox's initramfs,
 //    the shares and one virtio-serial port, no network device;
 //  - the request on the port; then the command's stdio as frames, the
-//    host's signals forwarded, the outcome as the last frame.
+//    host's signals forwarded, the outcome as the last frame;
+//  - egress (a plan with the proxy): the guest has no network device; its
+//    init listens on the proxy ports of the guest's loopback and carries
+//    each connection over the port (linux/stream_mux.h) to this process,
+//    which hands it to the egress proxy on listeners of the host's loopback
+//    that serve only the connections it dialled itself.
 // Every process started here dies with the supervisor (PR_SET_PDEATHSIG);
 // `agentbox gc` removes a directory whose supervisor is gone.
 #include "supervise/microvm_run.h"
@@ -32,16 +37,24 @@
 #include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <mutex>
+#include <netinet/in.h>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 
 #include "linux/compat.h"
 #include "linux/fd.h"
+#include "linux/loopback_peer.h"
 #include "linux/microvm.h"
+#include "linux/proxy_listeners.h"
+#include "linux/stream_mux.h"
 #include "linux/resolve.h"
 #include "linux/runner.h"
 #include "supervise/denial_scanner.h"
+#include "supervise/egress.h"
 #include "supervise/resources.h"
 #include "supervise/run_dirs.h"
 #include "supervise/run_io.h"
@@ -216,6 +229,13 @@ Plan GuestPlan(const Plan& plan) {
   g.limits.cpu_max_cores.reset();
   g.limits.cpu_weight_cores.reset();
   g.limits.pids_max.reset();
+  // Egress: the guest's own network namespace (loopback only, no device)
+  // holds the proxy ports the guest's init listens on; the command's
+  // variables name them. The proxy itself is this host's.
+  if (g.network.proxy) {
+    g.network.proxy.reset();
+    std::erase(g.namespaces, std::string("net"));
+  }
   g.scan_cache_dir.clear();
   g.cache_dirs.clear();
   g.workspace_quota.reset();
@@ -228,6 +248,64 @@ Plan GuestPlan(const Plan& plan) {
   g.gid = 0;
   return g;
 }
+
+// The host's end of the guest's egress: the proxy on listeners of the
+// host's loopback, serving only the connections this process dials for the
+// guest (their client sockets' inodes).
+class GuestEgress {
+ public:
+  static Result<std::unique_ptr<GuestEgress>> Start(const Plan& plan, const RunOptions& options) {
+    auto listeners = linux::BindHostProxyListeners();
+    if (!listeners.ok()) return listeners.status();
+    std::unique_ptr<GuestEgress> e(new GuestEgress());
+    e->ports_ = listeners->ports;
+    GuestEgress* self = e.get();
+    auto admit = [self](int fd) {
+      auto inode = linux::LoopbackPeerInode(fd);
+      std::lock_guard<std::mutex> lock(self->mu_);
+      return inode.ok() && self->dialled_.erase(*inode) > 0;
+    };
+    Egress::Fds fds;
+    fds.http = std::move(listeners->http);
+    fds.socks = std::move(listeners->socks);
+    auto started = Egress::Start(plan, options, std::move(fds), 0, nullptr, admit);
+    if (!started.ok()) return started.status();
+    e->proxy_ = std::move(*started);
+    return e;
+  }
+
+  // A connection to the proxy's listener for `tag` ('h' HTTP, 's' SOCKS).
+  linux::UniqueFd Dial(char tag) {
+    const std::uint16_t port = tag == 'h' ? ports_.http_port : tag == 's' ? ports_.socks_port : 0;
+    if (port == 0) return {};
+    linux::UniqueFd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    struct stat st {};
+    if (!fd.valid() || fstat(fd.get(), &st) != 0) return {};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      dialled_.insert(st.st_ino);
+    }
+    struct sockaddr_in a {};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+      std::lock_guard<std::mutex> lock(mu_);
+      dialled_.erase(st.st_ino);
+      return {};
+    }
+    return fd;
+  }
+
+  Egress& proxy() { return *proxy_; }
+
+ private:
+  GuestEgress() = default;
+  ProxyPorts ports_;
+  std::mutex mu_;
+  std::set<ino_t> dialled_;
+  std::unique_ptr<Egress> proxy_;
+};
 
 }  // namespace
 
@@ -336,6 +414,16 @@ Outcome RunMicrovm(const Plan& plan, const std::vector<std::string>& argv,
     return Failed(out, "the control socket " + qemu_run.control_socket + ": " + std::strerror(errno), errno, started);
   }
 
+  std::unique_ptr<GuestEgress> egress;
+  if (plan.network.proxy) {
+    auto started_egress = GuestEgress::Start(plan, options);
+    if (!started_egress.ok()) {
+      return Failed(out, started_egress.status().message(), started_egress.status().err(), started,
+                    started_egress.status().stage());
+    }
+    egress = std::move(*started_egress);
+  }
+
   ForwardedSignals sigfd(options.forward_signals);
   auto started_qemu = StartHelper(linux::QemuArgv(qemu_run), dir + "/qemu.log", []() -> Status { return {}; });
   if (!started_qemu.ok()) return Failed(out, started_qemu.status().message(), started_qemu.status().err(), started);
@@ -377,6 +465,10 @@ Outcome RunMicrovm(const Plan& plan, const std::vector<std::string>& argv,
                                                        S_ISSOCK(in_st.st_mode));
   linux::GuestRequest request{PlanToJson(GuestPlan(plan)), argv, shares, forward_stdin,
                               linux::BuildEnv(plan.env), plan.limits.pids_max.value_or(0)};
+  if (plan.network.proxy) {
+    request.proxy_http_port = plan.network.proxy->http_port;
+    request.proxy_socks_port = plan.network.proxy->socks_port;
+  }
   if (Status s = linux::WriteFrame(channel.get(), linux::FrameType::kRequest, linux::GuestRequestToJson(request));
       !s.ok()) {
     return qemu_failed("took no request");
@@ -396,6 +488,12 @@ Outcome RunMicrovm(const Plan& plan, const std::vector<std::string>& argv,
   if (plan.timeout_ms) {
     deadline = Clock::now() + std::chrono::milliseconds(*plan.timeout_ms + plan.kill_grace_ms + 5000);
   }
+  linux::StreamMux mux(
+      [&](linux::FrameType type, std::string_view payload) {
+        return linux::WriteFrame(channel.get(), type, payload).ok();
+      },
+      [&](char tag) { return egress ? egress->Dial(tag) : linux::UniqueFd(); });
+  std::vector<struct pollfd> fds;
   char buf[1 << 16];
   while (channel_open && !result && !failure) {
     const auto now = Clock::now();
@@ -408,18 +506,27 @@ Outcome RunMicrovm(const Plan& plan, const std::vector<std::string>& argv,
         deadline ? static_cast<int>(std::max<std::int64_t>(
                        1, std::chrono::duration_cast<std::chrono::milliseconds>(*deadline - now).count()))
                  : -1;
-    struct pollfd fds[4];
-    int n = 0, i_ch = -1, i_in = -1, i_sig = -1, i_vm = -1;
-    fds[i_ch = n++] = {channel.get(), POLLIN, 0};
-    if (stdin_open) fds[i_in = n++] = {0, POLLIN, 0};
-    if (sigfd.valid()) fds[i_sig = n++] = {sigfd.get(), POLLIN, 0};
-    fds[i_vm = n++] = {qemu.pidfd.get(), POLLIN, 0};
-    int r = poll(fds, static_cast<nfds_t>(n), timeout_ms);
+    fds.clear();
+    int i_in = -1, i_sig = -1;
+    auto add = [&](int fd) {
+      fds.push_back({fd, POLLIN, 0});
+      return static_cast<int>(fds.size() - 1);
+    };
+    const int i_ch = add(channel.get());
+    if (stdin_open) i_in = add(0);
+    if (sigfd.valid()) i_sig = add(sigfd.get());
+    const int i_vm = add(qemu.pidfd.get());
+    const std::size_t i_mux = fds.size();
+    mux.AppendPollFds(&fds);
+    int r = poll(fds.data(), static_cast<nfds_t>(fds.size()), timeout_ms);
     if (r < 0 && errno == EINTR) continue;
+    mux.Service(fds.data() + i_mux, fds.size() - i_mux);
     if (fds[i_ch].revents) {
       channel_open = reader.Read(channel.get(), &frames);
       for (auto& f : frames) {
-        if (f.type == linux::FrameType::kStdout) {
+        if (mux.Handle(f)) {
+          continue;
+        } else if (f.type == linux::FrameType::kStdout) {
           WriteAll(1, f.payload.data(), f.payload.size());
         } else if (f.type == linux::FrameType::kStderr) {
           WriteAll(options.stderr_fd, f.payload.data(), f.payload.size());
@@ -457,6 +564,18 @@ Outcome RunMicrovm(const Plan& plan, const std::vector<std::string>& argv,
   }
   scanner.Finish();
   channel.reset();
+  // Every connection's record is in once the proxy is stopped.
+  auto network_report = [&]() {
+    if (!egress) return;
+    egress->proxy().Stop();
+    AddNetworkReport(egress->proxy().records(), &out);
+    if (!options.network_log.empty()) {
+      if (Status s = WriteNetworkLog(options.network_log, egress->proxy().records()); !s.ok()) {
+        const std::string line = "agentbox: " + s.message() + "\n";
+        WriteAll(options.stderr_fd, line.data(), line.size());
+      }
+    }
+  };
   // The guest powers off after its last frame.
   ReapHelper(&qemu, std::chrono::milliseconds(result ? 3000 : 0));
   out.usage.wall_ms = Ms(Clock::now() - started);
@@ -467,6 +586,7 @@ Outcome RunMicrovm(const Plan& plan, const std::vector<std::string>& argv,
   out.usage.limits.fsize_bytes = plan.limits.fsize_bytes;
   out.usage.limits.core_dumps = false;
   out.usage.limits.wall_clock_ms = plan.timeout_ms;
+  network_report();
 
   if (timed_out) {
     out.kind = OutcomeKind::kTimedOut;

@@ -1,0 +1,191 @@
+#include "linux/stream_mux.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+namespace agentbox::linux {
+namespace {
+
+void PutU32(std::string* s, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) s->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+bool GetU32(std::string_view s, std::size_t at, std::uint32_t* v) {
+  if (s.size() < at + 4) return false;
+  *v = 0;
+  for (int i = 0; i < 4; ++i) *v |= static_cast<std::uint32_t>(static_cast<unsigned char>(s[at + i])) << (8 * i);
+  return true;
+}
+
+}  // namespace
+
+StreamMux::StreamMux(SendFrame send, Dial dial) : send_(std::move(send)), dial_(std::move(dial)) {}
+
+bool StreamMux::Send(FrameType type, std::uint32_t id, std::string_view rest) {
+  std::string payload;
+  payload.reserve(4 + rest.size());
+  PutU32(&payload, id);
+  payload.append(rest);
+  return send_(type, payload);
+}
+
+void StreamMux::Accept(UniqueFd fd, char tag) {
+  if (!fd.valid()) return;
+  if (conns_.size() >= kMuxMaxConnections) return;  // closed: too many at once
+  const std::uint32_t id = next_id_++;
+  if (!Send(FrameType::kConnOpen, id, std::string_view(&tag, 1))) return;
+  Conn c;
+  c.fd = std::move(fd);
+  conns_.emplace(id, std::move(c));
+}
+
+void StreamMux::Abort(std::uint32_t id, bool tell) {
+  if (tell) Send(FrameType::kConnAbort, id);
+  conns_.erase(id);
+}
+
+void StreamMux::MaybeFinish(std::uint32_t id) {
+  auto it = conns_.find(id);
+  if (it == conns_.end()) return;
+  Conn& c = it->second;
+  if (c.peer_end && c.out.empty() && !c.shut_wr) {
+    shutdown(c.fd.get(), SHUT_WR);
+    c.shut_wr = true;
+  }
+  if (c.read_end && c.shut_wr) conns_.erase(it);
+}
+
+bool StreamMux::Handle(const Frame& f) {
+  if (f.type != FrameType::kConnOpen && f.type != FrameType::kConnData && f.type != FrameType::kConnAck &&
+      f.type != FrameType::kConnEnd && f.type != FrameType::kConnAbort) {
+    return false;
+  }
+  std::uint32_t id = 0;
+  if (!GetU32(f.payload, 0, &id)) return true;  // no id: nothing to abort
+  if (f.type == FrameType::kConnOpen) {
+    // Only the outside dials; an id in use, a missing tag or too many
+    // connections abort the new one.
+    if (!dial_ || f.payload.size() != 5 || conns_.count(id) || conns_.size() >= kMuxMaxConnections) {
+      Send(FrameType::kConnAbort, id);
+      return true;
+    }
+    UniqueFd fd = dial_(f.payload[4]);
+    if (!fd.valid()) {
+      Send(FrameType::kConnAbort, id);
+      return true;
+    }
+    Conn c;
+    c.fd = std::move(fd);
+    conns_.emplace(id, std::move(c));
+    return true;
+  }
+  auto it = conns_.find(id);
+  if (it == conns_.end()) return true;  // aborted meanwhile
+  Conn& c = it->second;
+  switch (f.type) {
+    case FrameType::kConnData:
+      // More than the window: the other end does not keep to it.
+      if (c.peer_end || c.out.size() + f.payload.size() - 4 > kMuxWindow) {
+        Abort(id, true);
+        return true;
+      }
+      c.out.append(f.payload, 4);
+      break;
+    case FrameType::kConnAck: {
+      std::uint32_t n = 0;
+      if (!GetU32(f.payload, 4, &n)) {
+        Abort(id, true);
+        return true;
+      }
+      c.unacked -= std::min<std::size_t>(n, c.unacked);
+      break;
+    }
+    case FrameType::kConnEnd:
+      c.peer_end = true;
+      MaybeFinish(id);
+      break;
+    case FrameType::kConnAbort:
+      Abort(id, false);
+      break;
+    default:
+      break;
+  }
+  return true;
+}
+
+void StreamMux::AppendPollFds(std::vector<pollfd>* fds) {
+  polled_.clear();
+  for (auto& [id, c] : conns_) {
+    short events = 0;
+    if (!c.read_end && c.unacked < kMuxWindow) events |= POLLIN;
+    if (!c.out.empty()) events |= POLLOUT;
+    polled_.push_back(id);
+    fds->push_back({c.fd.get(), events, 0});
+  }
+}
+
+void StreamMux::ReadFrom(std::uint32_t id, Conn* c) {
+  char buf[kMuxChunk];
+  const std::size_t room = std::min(sizeof(buf), kMuxWindow - c->unacked);
+  ssize_t n;
+  do {
+    n = recv(c->fd.get(), buf, room, MSG_DONTWAIT);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+    Abort(id, true);
+    return;
+  }
+  if (n == 0) {
+    c->read_end = true;
+    Send(FrameType::kConnEnd, id);
+    MaybeFinish(id);
+    return;
+  }
+  c->unacked += static_cast<std::size_t>(n);
+  if (!Send(FrameType::kConnData, id, std::string_view(buf, static_cast<std::size_t>(n)))) Abort(id, false);
+}
+
+void StreamMux::WriteTo(std::uint32_t id, Conn* c) {
+  ssize_t n;
+  do {
+    n = send(c->fd.get(), c->out.data(), c->out.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+    Abort(id, true);
+    return;
+  }
+  c->out.erase(0, static_cast<std::size_t>(n));
+  std::string count;
+  PutU32(&count, static_cast<std::uint32_t>(n));
+  Send(FrameType::kConnAck, id, count);
+  MaybeFinish(id);
+}
+
+void StreamMux::Service(const pollfd* fds, std::size_t n) {
+  const std::vector<std::uint32_t> ids = polled_;
+  for (std::size_t i = 0; i < n && i < ids.size(); ++i) {
+    const short ev = fds[i].revents;
+    if (!ev) continue;
+    auto it = conns_.find(ids[i]);
+    if (it == conns_.end()) continue;
+    if (ev & POLLOUT) WriteTo(ids[i], &it->second);
+    it = conns_.find(ids[i]);
+    if (it == conns_.end()) continue;
+    if (ev & (POLLIN | POLLHUP | POLLERR)) {
+      if (!it->second.read_end && it->second.unacked < kMuxWindow) {
+        ReadFrom(ids[i], &it->second);
+      } else if (ev & (POLLERR | POLLHUP)) {
+        // Closed both ways (or reset) with nothing more to read: nothing
+        // can be written to it either.
+        Abort(ids[i], true);
+      }
+    }
+  }
+}
+
+}  // namespace agentbox::linux

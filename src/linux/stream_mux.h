@@ -1,0 +1,79 @@
+// TCP connections carried over one framed channel (linux/microvm.h's
+// frames): the egress of a sandbox that has no network device. The inside
+// end accepts on its loopback listeners and announces each connection; the
+// outside end dials the supervisor's proxy for it. Bytes flow both ways in
+// kConnData frames, each direction with a window of kMuxWindow bytes not yet
+// acknowledged: neither end holds more than that per connection, and a
+// connection that stops reading stalls itself, never the channel.
+//
+// Payloads: kConnOpen = id (4 bytes, little endian) + tag (1 byte, which
+// listener); kConnData = id + bytes; kConnAck = id + count (4 bytes);
+// kConnEnd = id (the sender will send no more: a half close); kConnAbort = id
+// (the connection is gone; drop it).
+#pragma once
+
+#include <poll.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "linux/fd.h"
+#include "linux/microvm.h"
+
+namespace agentbox::linux {
+
+inline constexpr std::size_t kMuxWindow = 64u << 10;
+inline constexpr std::size_t kMuxChunk = 16u << 10;
+inline constexpr std::size_t kMuxMaxConnections = 256;
+
+class StreamMux {
+ public:
+  // Writes one frame on the channel; false once it is broken.
+  using SendFrame = std::function<bool(FrameType, std::string_view)>;
+  // The outside's: a connected socket for a connection the inside announced
+  // with `tag`, or an invalid fd (the connection is aborted).
+  using Dial = std::function<UniqueFd(char tag)>;
+
+  StreamMux(SendFrame send, Dial dial = nullptr);
+
+  // The inside's: a connection accepted on the listener `tag` names.
+  void Accept(UniqueFd fd, char tag);
+
+  // A frame from the channel: true when it was one of the mux's (handled),
+  // false when it is some other frame. A malformed one aborts its connection.
+  bool Handle(const Frame& frame);
+
+  // Appends the pollfds of the open connections; Service takes the same
+  // entries back (`fds` points at the first one appended) after poll(2).
+  void AppendPollFds(std::vector<pollfd>* fds);
+  void Service(const pollfd* fds, std::size_t n);
+
+  std::size_t open() const { return conns_.size(); }
+
+ private:
+  struct Conn {
+    UniqueFd fd;
+    std::string out;            // from the channel, to be written to fd
+    std::size_t unacked = 0;    // sent on the channel, not yet acknowledged
+    bool read_end = false;      // fd's end of file seen (kConnEnd sent)
+    bool peer_end = false;      // kConnEnd received
+    bool shut_wr = false;       // shutdown(SHUT_WR) done
+  };
+  void Abort(std::uint32_t id, bool tell);
+  void ReadFrom(std::uint32_t id, Conn* c);
+  void WriteTo(std::uint32_t id, Conn* c);
+  void MaybeFinish(std::uint32_t id);
+  bool Send(FrameType type, std::uint32_t id, std::string_view rest = {});
+
+  SendFrame send_;
+  Dial dial_;
+  std::map<std::uint32_t, Conn> conns_;
+  std::vector<std::uint32_t> polled_;  // ids in AppendPollFds' order
+  std::uint32_t next_id_ = 1;
+};
+
+}  // namespace agentbox::linux
