@@ -363,10 +363,14 @@ std::string ContainerLack(const Policy& policy, const HostCaps& host, const Invo
   if (l.runsc.empty()) return "gVisor's runsc was not found";
   if (inv.session) return "sessions on gVisor are not available in this version (agentbox run is)";
   if (inv.workspace_overlay) return "--workspace-overlay is not available on gVisor in this version";
-  if (NeedsProxy(policy)) {
-    return "the policy lets the sandbox reach the network (network.allow, egress_proxy or credentials), and "
-           "egress from a gVisor sandbox through agentbox's proxy is not available in this version: the "
-           "sandbox would have no network at all";
+  if (NeedsProxy(policy) && Terminates(policy)) {
+    return "credentials and network.http_rules end TLS in agentbox's proxy with a CA of the run's, which a gVisor "
+           "sandbox is not given in this version (egress by network.allow is)";
+  }
+  if (NeedsProxy(policy) && l.runsc_rootless) {
+    return "the policy lets the sandbox reach the network (network.allow or egress_proxy): egress from gVisor goes "
+           "through a network namespace agentbox prepares with the proxy's listeners, which runsc --rootless "
+           "cannot join (it is this user's, not root's); without root, no egress on gVisor in this version";
   }
   if (!policy.filesystem.unix_sockets.empty()) {
     return "filesystem.unix_sockets: a gVisor sandbox reaches no host socket in this version";
@@ -406,9 +410,18 @@ EnforcementReport AssessGvisor(const Policy& policy, const HostCaps& host, const
   r.facets.push_back(fs);
 
   FacetReport net = Facet("network", true);
-  net.mechanisms = {"gvisor-network-none"};
   net.level = Level::kFull;
-  net.notes.push_back("the sandbox has a loopback device only (runsc --network=none): no route out, no host socket");
+  if (NeedsProxy(policy)) {
+    net.mechanisms = {"gvisor-hostinet-private-netns", "egress-proxy"};
+    net.notes.push_back("the sandbox's sockets are this host kernel's (runsc --network=host), in a network namespace "
+                        "of the run's own with a loopback only, where the proxy's listeners are all there is to "
+                        "reach: every connection out goes through agentbox's proxy and network.allow");
+    net.notes.push_back("the host kernel's TCP/IP stack, not gVisor's netstack, serves those sockets: more host "
+                        "kernel is exposed than with no network");
+  } else {
+    net.mechanisms = {"gvisor-network-none"};
+    net.notes.push_back("the sandbox has a loopback device only (runsc --network=none): no route out, no host socket");
+  }
   r.facets.push_back(net);
 
   FacetReport proc = Facet("processes", true);
@@ -1785,7 +1798,8 @@ Result<ConfinedCommand> ConfinePolicy(const std::vector<std::string>& argv, cons
     out.denial_signatures = DenialSignatures(plan, protect_rel);
     if (gvisor) {
       // The same mount plan, given to runsc as an OCI spec. No broker and no
-      // DNS inside: the sandbox has no network (ContainerLack refused one).
+      // DNS inside: egress, if any, is the proxy variables' alone, on
+      // listeners in a network namespace the supervisor prepares.
       plan.backend = Backend::kGvisor;
       plan.network.broker = false;
       plan.network.dns_address.clear();
@@ -1798,7 +1812,8 @@ Result<ConfinedCommand> ConfinePolicy(const std::vector<std::string>& argv, cons
     }
     if (microvm) {
       // The same plan, applied again by the guest's init; no broker and no
-      // DNS inside: the guest has no network (MicrovmLack refused one).
+      // DNS inside: the guest has no network device, and egress, if any, is
+      // the proxy variables' alone, carried over the VM's port.
       plan.backend = Backend::kMicrovm;
       plan.network.broker = false;
       plan.network.dns_address.clear();

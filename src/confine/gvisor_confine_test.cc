@@ -124,8 +124,34 @@ TEST(GvisorConfine, WithoutRunscIsRefusedUnderFullAndPartial) {
   }
 }
 
+// Egress as root: the proxy's ports in the plan, the variables naming
+// them, host sockets in a namespace of the run's said in the report.
+TEST(GvisorConfine, EgressAsRootPlansTheProxyInAPreparedNamespace) {
+  Policy net = ContainerPolicy();
+  net.network.allow = {"pypi.org"};
+  auto c = Confine({"true"}, net, GvisorHost(false), testing::FakeInvocation());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(c->plan.network.proxy.has_value());
+  EXPECT_FALSE(c->plan.network.broker);
+  EXPECT_TRUE(c->plan.network.dns_address.empty());
+  bool proxy_var = false;
+  for (const auto& [k, v] : c->plan.env.set) proxy_var |= k == "HTTP_PROXY" && v.find("3128") != std::string::npos;
+  EXPECT_TRUE(proxy_var);
+  const FacetReport* f = FacetNamed(c->enforcement, "network");
+  ASSERT_NE(f, nullptr);
+  EXPECT_TRUE(HasMechanism(f, "gvisor-hostinet-private-netns"));
+  EXPECT_TRUE(HasMechanism(f, "egress-proxy"));
+  EXPECT_FALSE(HasMechanism(f, "gvisor-network-none"));
+
+  // TLS termination needs the run's CA inside: refused, root or not.
+  Policy rules = net;
+  rules.network.http_rules.push_back(HttpRuleSpec{});
+  rules.network.http_rules.back().host = "pypi.org";
+  ExpectRefused(Confine({"true"}, rules, GvisorHost(false), testing::FakeInvocation()), "http_rules");
+}
+
 // What gVisor cannot give in this version is refused, not dropped: a
-// session, network egress, a host unix socket.
+// session, egress without root, a host unix socket.
 TEST(GvisorConfine, SessionsNetworkAndUnixSocketsAreRefused) {
   Invocation session = testing::FakeInvocation();
   session.session = true;
@@ -133,7 +159,7 @@ TEST(GvisorConfine, SessionsNetworkAndUnixSocketsAreRefused) {
 
   Policy net = ContainerPolicy();
   net.network.allow = {"pypi.org"};
-  ExpectRefused(Confine({"true"}, net, GvisorHost(), testing::FakeInvocation()), "network.allow");
+  ExpectRefused(Confine({"true"}, net, GvisorHost(), testing::FakeInvocation()), "runsc --rootless cannot join");
 
   Policy sock = ContainerPolicy();
   sock.filesystem.unix_sockets = {"/run/user/1000/bus"};

@@ -247,12 +247,13 @@ Status WriteBundle(const OciSpec& spec, const std::string& bundle) {
 }
 
 std::vector<std::string> RunscRunArgv(const GvisorPlan& g, const std::string& bundle, const std::string& state,
-                                      const std::string& log, const std::string& id, bool oci_seccomp) {
+                                      const std::string& log, const std::string& id, bool oci_seccomp,
+                                      const std::string& netns) {
   std::vector<std::string> argv = {g.runsc,
                                    "--root=" + state,
                                    "--log=" + log,
                                    "--log-format=json",
-                                   "--network=none",
+                                   netns.empty() ? "--network=none" : "--network=host",
                                    // The run's cgroup is agentbox's: runsc's processes start in it.
                                    "--ignore-cgroups",
                                    "--platform=" + g.platform};
@@ -260,6 +261,12 @@ std::vector<std::string> RunscRunArgv(const GvisorPlan& g, const std::string& bu
   if (g.rootless) argv.push_back("--rootless");
   argv.insert(argv.end(), {"run", "--bundle", bundle, id});
   return argv;
+}
+
+void JoinNetworkNamespace(OciSpec* spec, const std::string& path) {
+  for (auto& ns : spec->config["linux"]["namespaces"]) {
+    if (ns["type"] == "network") ns["path"] = path;
+  }
 }
 
 std::string RunscError(const std::string& log_text) {

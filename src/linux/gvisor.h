@@ -52,8 +52,15 @@ nlohmann::json OciSeccomp(const SeccompPlan& seccomp, std::vector<std::string>* 
 
 // runsc's argv for `run` of the bundle as container `id`, with its state
 // under `state` and its log (JSON lines; errors land there) at `log`.
+// `netns` "": --network=none (a loopback of the Sentry's only); else
+// --network=host, with the spec's network namespace `netns` (see
+// JoinNetworkNamespace): the Sentry's sockets are the host kernel's there.
 std::vector<std::string> RunscRunArgv(const GvisorPlan& g, const std::string& bundle, const std::string& state,
-                                      const std::string& log, const std::string& id, bool oci_seccomp);
+                                      const std::string& log, const std::string& id, bool oci_seccomp,
+                                      const std::string& netns = "");
+
+// The spec's network namespace becomes the one at `path` (runsc joins it).
+void JoinNetworkNamespace(OciSpec* spec, const std::string& path);
 
 // runsc's log (--log-format=json): the message of its first "error" line,
 // "" when there is none.

@@ -447,6 +447,19 @@ TEST(GvisorRunscArgv, RootlessAndOciSeccompOnlyWhenAsked) {
             (std::vector<std::string>{"run", "--bundle", "/b", "ab-1"}));
 }
 
+// Egress: host sockets, but only in the namespace the spec names.
+TEST(GvisorRunscArgv, AHostNetworkOnlyWithAPreparedNamespace) {
+  GvisorPlan g{"/usr/bin/runsc", "v", "ptrace", false, "/tmp"};
+  auto argv = RunscRunArgv(g, "/b", "/s", "/l.json", "ab-1", false, "/proc/7/fd/9");
+  EXPECT_TRUE(Has(argv, "--network=host"));
+  EXPECT_FALSE(Has(argv, "--network=none"));
+  OciSpec spec;
+  spec.config = {{"linux", {{"namespaces", {{{"type", "pid"}}, {{"type", "network"}}}}}}};
+  JoinNetworkNamespace(&spec, "/proc/7/fd/9");
+  EXPECT_EQ(spec.config["linux"]["namespaces"][1]["path"], "/proc/7/fd/9");
+  EXPECT_FALSE(spec.config["linux"]["namespaces"][0].contains("path"));
+}
+
 class GvisorBundle : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -2,6 +2,11 @@
 // bundle, `runsc run` started in the run's cgroup, watched and classified as
 // a namespaces run is.
 //
+// Egress (a plan with the proxy): the sandbox joins a network namespace of
+// the run's with a loopback and the proxy's listeners on it (runsc
+// --network=host there), so every connection it makes reaches the
+// supervisor's proxy or nothing.
+//
 // runsc dies with the supervisor (PR_SET_PDEATHSIG), and its sandbox and
 // gofer with it (`run` starts the sandbox attached), so a kill -9 of
 // agentbox leaves no sandbox behind; the bundle directory it leaves is
@@ -12,7 +17,9 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sched.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -28,9 +35,12 @@
 #include "linux/compat.h"
 #include "linux/fd.h"
 #include "linux/gvisor.h"
+#include "linux/namespaces.h"
+#include "linux/proxy_listeners.h"
 #include "linux/resolve.h"
 #include "linux/runner.h"
 #include "supervise/denial_scanner.h"
+#include "supervise/egress.h"
 #include "supervise/resources.h"
 #include "supervise/run_dirs.h"
 #include "supervise/run_io.h"
@@ -58,6 +68,55 @@ Outcome Failed(Outcome out, const std::string& stage, const std::string& message
   out.error = ErrorInfo{stage, message, err};
   out.usage.wall_ms = Ms(Clock::now() - started);
   return out;
+}
+
+// A network namespace with its loopback up and the proxy's listeners on it
+// (127.0.0.1 at the plan's ports), made by a child that leaves at once: the
+// namespace lives on in `ns` (and in the listeners).
+struct EgressNamespace {
+  linux::UniqueFd ns;
+  linux::EgressListeners listeners;
+};
+
+Result<EgressNamespace> PrepareEgressNamespace(const Plan& plan) {
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+    return Status::Errno("network", "socketpair", "egress namespace");
+  }
+  linux::UniqueFd mine(sv[0]), theirs(sv[1]);
+  const pid_t pid = fork();
+  if (pid < 0) return Status::Errno("network", "fork", "egress namespace");
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    mine.reset();
+    if (unshare(CLONE_NEWNET) != 0) _exit(10);
+    if (!linux::BringUpLoopback().ok()) _exit(11);
+    if (!linux::SendEgressListeners(theirs.get(), plan.network).ok()) _exit(12);
+    char c;
+    (void)!read(theirs.get(), &c, 1);  // until the supervisor holds the namespace
+    _exit(0);
+  }
+  theirs.reset();
+  EgressNamespace e;
+  auto listeners = linux::ReceiveEgressListeners(mine.get());
+  if (listeners.ok()) {
+    e.listeners = std::move(*listeners);
+    e.ns.reset(open(("/proc/" + std::to_string(pid) + "/ns/net").c_str(), O_RDONLY | O_CLOEXEC));
+  }
+  const int open_errno = errno;
+  mine.reset();
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!listeners.ok()) {
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    const char* step = code == 10 ? "unshare(CLONE_NEWNET)" : code == 11 ? "bringing up its loopback"
+                       : code == 12 ? "binding the proxy's listeners" : "its helper";
+    return Status::Error("network", std::string("the sandbox's network namespace could not be prepared: ") + step +
+                                        " failed (" + listeners.status().message() + ")");
+  }
+  if (!e.ns.valid()) return Status::Syscall("network", "open", "the egress namespace", open_errno);
+  return e;
 }
 
 }  // namespace
@@ -91,12 +150,24 @@ Outcome RunGvisor(const Plan& plan, const std::vector<std::string>& argv,
   const std::vector<std::string> env = linux::BuildEnv(plan.env);
   auto spec = linux::BuildOciSpec(plan, *resolved, argv, env, dir);
   if (!spec.ok()) return Failed(out, spec.status().stage(), spec.status().message(), 0, started);
+  std::optional<EgressNamespace> egress_ns;
+  std::string netns;
+  if (plan.network.proxy) {
+    auto prepared = PrepareEgressNamespace(plan);
+    if (!prepared.ok()) {
+      return Failed(out, prepared.status().stage(), prepared.status().message(), prepared.status().err(), started);
+    }
+    egress_ns = std::move(*prepared);
+    // A path runsc can open: this process's descriptor of the namespace.
+    netns = "/proc/" + std::to_string(getpid()) + "/fd/" + std::to_string(egress_ns->ns.get());
+    linux::JoinNetworkNamespace(&*spec, netns);
+  }
   if (Status s = linux::WriteBundle(*spec, dir); !s.ok()) return Failed(out, s.stage(), s.message(), s.err(), started);
   const std::string state = dir + "/state";
   const std::string log = dir + "/runsc.log";
   const std::string id = "agentbox-" + plan.nonce;
   const std::vector<std::string> runsc =
-      linux::RunscRunArgv(g, dir, state, log, id, plan.seccomp.enabled);
+      linux::RunscRunArgv(g, dir, state, log, id, plan.seccomp.enabled, netns);
 
   auto made = MakeRunCgroup(plan);
   if (!made.ok()) return Failed(out, made.status().stage(), made.status().message(), made.status().err(), started);
@@ -164,6 +235,22 @@ Outcome RunGvisor(const Plan& plan, const std::vector<std::string>& argv,
   err_write.reset();
   out_write.reset();
   linux::UniqueFd pidfd(linux::PidfdOpen(pid));
+  // The proxy on the namespace's listeners (after the fork: no thread of
+  // its is copied into runsc's child); connections wait in their backlog.
+  std::unique_ptr<Egress> egress;
+  std::optional<Status> egress_error;
+  if (egress_ns) {
+    Egress::Fds fds;
+    fds.http = std::move(egress_ns->listeners.http);
+    fds.socks = std::move(egress_ns->listeners.socks);
+    auto started_egress = Egress::Start(plan, options, std::move(fds));
+    if (started_egress.ok()) {
+      egress = std::move(*started_egress);
+    } else {
+      egress_error = started_egress.status();
+      kill(pid, SIGKILL);
+    }
+  }
 
   DenialScanner scanner(denial_signatures);
   bool exited = false, stderr_open = err_read.valid(), stdout_open = out_read.valid(), timed_out = false,
@@ -240,6 +327,18 @@ Outcome RunGvisor(const Plan& plan, const std::vector<std::string>& argv,
   }
   FillUsage(plan, cgroup.get(), cg_stats, &out.usage);
   out.denials = std::move(scanner.denials());
+  if (egress) {
+    // Every connection's record is in once the proxy is stopped.
+    egress->Stop();
+    AddNetworkReport(egress->records(), &out);
+    if (!options.network_log.empty()) {
+      if (Status s = WriteNetworkLog(options.network_log, egress->records()); !s.ok()) {
+        const std::string line = "agentbox: " + s.message() + "\n";
+        WriteAll(options.stderr_fd, line.data(), line.size());
+      }
+    }
+  }
+  if (egress_error) return Failed(out, egress_error->stage(), egress_error->message(), egress_error->err(), started);
 
   const std::string runsc_error = linux::RunscError(ReadFile(log));
   if (timed_out) {

@@ -209,12 +209,42 @@ TEST(Gvisor, RunscVersionIsRememberedPerBinary) {
   EXPECT_EQ(ReadFile(files[0]).value_or(""), version);
 }
 
-TEST(Gvisor, APolicyThatAllowsEgressIsRefusedNamingWhy) {
+// Egress, as root: the sandbox joins a network namespace of the run's whose
+// loopback holds the proxy's listeners and nothing else. Without root,
+// runsc --rootless cannot join it: refused, naming why.
+TEST(Gvisor, EgressGoesThroughTheProxyAndADenialIsNamed) {
   REQUIRE_GVISOR();
   Sandbox sb;
-  RunResult r = sb.Sh("true", {"--policy", ContainerPolicy(sb, "network: { allow: [\"example.com\"] }\n")});
+  EgressCheck check(sb);
+  RunResult r = sb.Sh(check.Script(), {"--policy", ContainerPolicy(sb, check.PolicyLines())});
+  if (geteuid() != 0) {
+    EXPECT_EQ(r.status, 125) << r.Describe();
+    EXPECT_TRUE(Contains(r.err, "runsc --rootless cannot join")) << r.Describe();
+    EXPECT_EQ(check.allowed.served(), 0);
+    return;
+  }
+  check.Expect(r);
+  const auto& mech = (*r.report)["enforcement"]["facets"]["network"]["mechanisms"];
+  EXPECT_EQ(mech, nlohmann::json({"gvisor-hostinet-private-netns", "egress-proxy"})) << r.Describe();
+  // The host sockets it has are in that namespace alone: no device of the
+  // host's, and no raw socket.
+  RunResult inside = sb.Sh("echo ifaces=$(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | tr '\\n' ,); "
+                           "python3 -c 'import socket; socket.socket(socket.AF_INET, socket.SOCK_RAW, 1)' "
+                           "2>/dev/null; echo raw=$?",
+                           {"--policy", ContainerPolicy(sb, check.PolicyLines())});
+  EXPECT_EQ(inside.status, 0) << inside.Describe();
+  EXPECT_TRUE(Contains(inside.out, "ifaces=lo,\n")) << inside.Describe();
+  EXPECT_FALSE(Contains(inside.out, "raw=0")) << inside.Describe();
+}
+
+TEST(Gvisor, APolicyThatEndsTlsIsRefusedNamingWhy) {
+  REQUIRE_GVISOR();
+  Sandbox sb;
+  RunResult r = sb.Sh("true", {"--policy", ContainerPolicy(sb, "network:\n  allow: [\"api.test\"]\n  http_rules:\n"
+                                                             "    - host: api.test\n      allow: [\"GET /**\"]\n")});
   EXPECT_EQ(r.status, 125) << r.Describe();
-  EXPECT_TRUE(Contains(r.err, "egress from a gVisor sandbox")) << r.Describe();
+  EXPECT_TRUE(Contains(r.err, "http_rules")) << r.Describe();
+  EXPECT_TRUE(Contains(r.err, "gVisor")) << r.Describe();
 }
 
 }  // namespace

@@ -1,13 +1,16 @@
 // What every rung of the isolation ladder must run and keep out, shared by
 // the container (gVisor) and microvm tests: the compat workloads, and the
-// secrets-absent / nothing-written-outside check.
+// secrets-absent / nothing-written-outside check, and egress through the
+// proxy.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
 
 #include "harness.h"
+#include "net_fixtures.h"
 
 namespace agentbox::e2e {
 
@@ -86,6 +89,76 @@ struct SecretsCheck {
       if (line.rfind("pids ", 0) == 0) EXPECT_LT(std::stoi(line.substr(5)), 10) << r.Describe();
     }
     EXPECT_TRUE(HasDenial(r, ".env")) << r.Describe();
+  }
+};
+
+// POST: answers the body's sha256 (hex, a line) and 2 MiB of "x".
+inline const char* const kBulkServer = R"PY(import hashlib, http.server
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        n = int(self.headers["Content-Length"])
+        data = b""
+        while len(data) < n:
+            chunk = self.rfile.read(n - len(data))
+            if not chunk:
+                break
+            data += chunk
+        body = hashlib.sha256(data).hexdigest().encode() + b"\n" + b"x" * (2 << 20)
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        print("BULK", len(data), flush=True)
+    def log_message(self, *args):
+        pass
+srv = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+print("PORT", srv.server_address[1], flush=True)
+srv.serve_forever()
+)PY";
+
+// Egress by network.allow through agentbox's proxy: an allowed host on the
+// host's loopback is reached over HTTP and SOCKS, another host's request is
+// a 403 named in the report, a direct connection (no proxy) has nowhere to
+// go, and 3 MiB up with 2 MiB back arrive whole. The command exits 3.
+struct EgressCheck {
+  HostServer allowed, denied;
+  HostScript bulk;
+
+  explicit EgressCheck(const Sandbox& sb) : bulk(sb, "bulk_server.py", kBulkServer, {}) {}
+
+  std::string PolicyLines() const {
+    return "network: { allow: [\"" + allowed.target() + "\", \"" + bulk.target() + "\"], egress_proxy: true }\n";
+  }
+
+  std::string Script() const {
+    return "export NO_PROXY= no_proxy=; "
+           "echo http=$(curl -s -m 60 " + allowed.url() + "); "
+           "echo socks=$(curl -s -m 60 --noproxy '' --socks5-hostname 127.0.0.1:1080 " + allowed.url() + "); "
+           "echo denied=$(curl -s -m 60 -o /dev/null -w '%{http_code}' " + denied.url() + "); "
+           "curl -s -m 10 --noproxy '*' " + denied.url() + "; echo direct=$?; "
+           "head -c 3145728 /dev/urandom > up; curl -s -m 120 --data-binary @up -o down http://" + bulk.target() +
+           "/; [ \"$(sha256sum < up | cut -d' ' -f1)\" = \"$(head -1 down)\" ] && echo big=ok $(wc -c < down); "
+           "exit 3";
+  }
+
+  void Expect(const RunResult& r) const {
+    ASSERT_GT(allowed.port(), 0);
+    ASSERT_GT(bulk.port(), 0);
+    EXPECT_EQ(r.status, 3) << r.Describe();
+    EXPECT_TRUE(Contains(r.out, std::string("http=") + HostServer::kBody)) << r.Describe();
+    EXPECT_TRUE(Contains(r.out, std::string("socks=") + HostServer::kBody)) << r.Describe();
+    EXPECT_TRUE(Contains(r.out, "denied=403")) << r.Describe();
+    EXPECT_FALSE(Contains(r.out, "direct=0")) << r.Describe();
+    EXPECT_TRUE(Contains(r.out, "big=ok 2097217")) << r.Describe();
+    EXPECT_EQ(denied.served(), 0);
+    EXPECT_GE(allowed.served(), 2);
+    ASSERT_TRUE(r.report) << r.Describe();
+    EXPECT_EQ(OutcomeOf(r), "sandbox_denied") << r.Describe();
+    const nlohmann::json* d = DenialFor(r, denied.target());
+    EXPECT_NE(d, nullptr) << r.Describe();
+    const auto& c = (*r.report)["network"]["connections"];
+    EXPECT_GE(c["allowed"].get<int>(), 3) << r.Describe();
+    EXPECT_EQ(c["denied"], 1) << r.Describe();
   }
 };
 
