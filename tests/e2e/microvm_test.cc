@@ -11,10 +11,16 @@
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstring>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "harness.h"
 #include "ladder_workloads.h"
@@ -268,6 +274,75 @@ TEST(Microvm, EgressGoesThroughTheHostsProxyAndADenialIsNamed) {
   check.Expect(r);
   const auto& mech = (*r.report)["enforcement"]["facets"]["network"]["mechanisms"];
   EXPECT_EQ(mech, nlohmann::json({"no-network-device", "egress-proxy-over-channel"})) << r.Describe();
+}
+
+// The loopback TCP ports process `pid` listens on (its sockets' inodes
+// matched against /proc/net/tcp).
+std::vector<int> ListeningPortsOf(pid_t pid) {
+  std::vector<std::string> inodes;
+  const std::string fd_dir = "/proc/" + std::to_string(pid) + "/fd";
+  if (DIR* d = opendir(fd_dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      char link[64] = {};
+      const std::string path = fd_dir + "/" + e->d_name;
+      if (readlink(path.c_str(), link, sizeof(link) - 1) > 0 && std::string(link).rfind("socket:[", 0) == 0) {
+        inodes.push_back(std::string(link + 8, std::strlen(link) - 9));
+      }
+    }
+    closedir(d);
+  }
+  std::vector<int> ports;
+  for (const auto& line : Lines(ReadFile("/proc/net/tcp").value_or(""))) {
+    std::istringstream in(line);
+    std::string sl, local, remote, state, queues, timer, retr, uid, timeout, inode;
+    if (!(in >> sl >> local >> remote >> state >> queues >> timer >> retr >> uid >> timeout >> inode)) continue;
+    if (state != "0A" || local.rfind("0100007F:", 0) != 0) continue;
+    if (std::find(inodes.begin(), inodes.end(), inode) == inodes.end()) continue;
+    ports.push_back(std::stoi(local.substr(9), nullptr, 16));
+  }
+  return ports;
+}
+
+// The host end of the guest's egress listens on the host's loopback, where
+// any local process can connect: it serves only what the supervisor dialled
+// for the guest. A host process that finds the ports gets nothing through.
+TEST(Microvm, TheHostsProxyPortsServeNoOtherLocalProcess) {
+  REQUIRE_MICROVM();
+  HostServer allowed;
+  ASSERT_GT(allowed.port(), 0);
+  Sandbox sb;
+  const std::string policy = MicrovmPolicy(sb, "network: { allow: [\"" + allowed.target() + "\"] }\n");
+  Command c = sb.AgentboxCommand({"run", "--policy", policy, "--", "sh", "-c",
+                                  "echo up; while [ ! -e go ]; do sleep 0.1; done; "
+                                  "NO_PROXY= no_proxy= curl -s -m 60 " + allowed.url()});
+  c.timeout_ms = kVmMs;
+  Process p(c);
+  ASSERT_TRUE(p.started()) << p.start_error();
+  ASSERT_TRUE(p.WaitForStdout("up", 120000)) << p.err();
+  const std::vector<int> ports = ListeningPortsOf(p.pid());
+  EXPECT_EQ(ports.size(), 2u) << "the supervisor's proxy listeners (HTTP, SOCKS)";
+  for (int port : ports) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<std::uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0) << port;
+    const std::string req = "GET " + allowed.url() + " HTTP/1.0\r\n\r\n";
+    (void)!send(fd, req.data(), req.size(), MSG_NOSIGNAL);
+    const timeval tv{10, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    char buf[256];
+    EXPECT_LE(recv(fd, buf, sizeof(buf), 0), 0) << "port " << port << " answered a host process";
+    close(fd);
+  }
+  EXPECT_EQ(allowed.served(), 0);
+  WriteFile(sb.ws() + "/go", "");
+  RunResult r = p.Wait();
+  EXPECT_EQ(r.status, 0) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, HostServer::kBody)) << r.Describe();
+  EXPECT_EQ(allowed.served(), 1);
 }
 
 // TLS termination (credentials, http_rules) needs the run's CA inside,
