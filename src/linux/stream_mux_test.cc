@@ -34,7 +34,15 @@ struct Link {
                       app_outside.push_back(sv[0]);
                       return UniqueFd(sv[1]);
                     }};
-  std::size_t max_queued_frames = 0;
+  // A connection accepted on the inside ('h'), announced and dialled:
+  // the inside app's end of it (-1 on failure).
+  int Connect(char tag = 'h') {
+    int app[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, app) != 0) return -1;
+    inside.Accept(UniqueFd(app[1]), tag);
+    Pump();
+    return app[0];
+  }
 
   void Pump(int timeout_ms = 0) {
     while (!to_outside.empty()) {
@@ -77,11 +85,8 @@ void Shuttle(int fd, const std::string& send, std::size_t* sent, std::string* go
 
 TEST(StreamMux, CarriesBytesBothWaysAndHalfClosesThenForgetsTheConnection) {
   Link link;
-  int app[2];
-  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, app), 0);
-  link.inside.Accept(UniqueFd(app[1]), 'h');
-  ASSERT_EQ(link.inside.open(), 1u);
-  link.Pump();
+  int app[1] = {link.Connect()};
+  ASSERT_GE(app[0], 0);
   ASSERT_EQ(link.app_outside.size(), 1u);
   const int far = link.app_outside[0];
   const std::string up = Random(3 << 20, 1), down = Random(2 << 20, 2);
@@ -108,10 +113,8 @@ TEST(StreamMux, CarriesBytesBothWaysAndHalfClosesThenForgetsTheConnection) {
 
 TEST(StreamMux, AReaderThatStopsStallsItsOwnConnectionWithinTheWindow) {
   Link link;
-  int app[2];
-  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, app), 0);
-  link.inside.Accept(UniqueFd(app[1]), 'h');
-  link.Pump();
+  int app[1] = {link.Connect()};
+  ASSERT_GE(app[0], 0);
   ASSERT_EQ(link.app_outside.size(), 1u);
   const int far = link.app_outside[0];
   // The far end reads nothing, with a small receive buffer: the inside may
@@ -134,10 +137,8 @@ TEST(StreamMux, AReaderThatStopsStallsItsOwnConnectionWithinTheWindow) {
   EXPECT_LT(sent, kMuxWindow + static_cast<std::size_t>(2 * sndbuf) + static_cast<std::size_t>(unread) + (256u << 10));
   EXPECT_LT(sent, up.size());
   // Another connection still flows.
-  int app2[2];
-  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, app2), 0);
-  link.inside.Accept(UniqueFd(app2[1]), 'h');
-  link.Pump();
+  int app2[1] = {link.Connect()};
+  ASSERT_GE(app2[0], 0);
   ASSERT_EQ(link.app_outside.size(), 2u);
   ASSERT_EQ(send(app2[0], "ping", 4, 0), 4);
   std::string got;
@@ -153,10 +154,8 @@ TEST(StreamMux, AReaderThatStopsStallsItsOwnConnectionWithinTheWindow) {
 
 TEST(StreamMux, AnUnknownTagOrADialFromTheInsideIsAborted) {
   Link link;
-  int app[2];
-  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, app), 0);
-  link.inside.Accept(UniqueFd(app[1]), 'q');  // the outside dials nothing for 'q'
-  link.Pump();
+  int app[1] = {link.Connect('q')};  // the outside dials nothing for 'q'
+  ASSERT_GE(app[0], 0);
   EXPECT_EQ(link.inside.open(), 0u);
   char c;
   EXPECT_EQ(recv(app[0], &c, 1, 0), 0);  // closed
@@ -171,10 +170,8 @@ TEST(StreamMux, AnUnknownTagOrADialFromTheInsideIsAborted) {
 
 TEST(StreamMux, DataBeyondTheWindowAbortsTheConnection) {
   Link link;
-  int app[2];
-  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, app), 0);
-  link.inside.Accept(UniqueFd(app[1]), 'h');
-  link.Pump();
+  int app[1] = {link.Connect()};
+  ASSERT_GE(app[0], 0);
   ASSERT_EQ(link.outside.open(), 1u);
   // A peer that ignores the window: more than it in one go, never acknowledged.
   const std::string id("\x01\x00\x00\x00", 4);
