@@ -1011,7 +1011,7 @@ int main(int argc, char** argv) {
   // A session's sandbox supervisor (spawned by sessions, never typed).
   if (argc == 2 && std::strcmp(argv[1], "__world") == 0) return agentbox::session::WorldMain();
   // A microVM's init: this binary is the guest image's /init.
-  if (getpid() == 1 && std::strcmp(argv[0], "/init") == 0) agentbox::supervise::GuestInitMain();
+  if (getpid() == 1 && std::strcmp(argv[0], "/init") == 0) agentbox::supervise::GuestInitMain(&agentbox::session::WorldMain);
   // A trial boot of the guest image (bench/ladder_bench: QEMU's boot to the
   // guest's init alone): exec's QEMU, which prints the guest's console.
   if (argc == 3 && std::strcmp(argv[1], "__guest-trial") == 0) {

@@ -478,7 +478,6 @@ std::string MicrovmLack(const Policy& policy, const HostCaps& host, const Invoca
   if (l.qemu.empty()) return "QEMU is not installed (Debian package qemu-system-x86)";
   if (l.virtiofsd.empty()) return "QEMU's virtiofsd is not installed (Debian package qemu-system-common)";
   if (l.guest_image.empty() || l.guest_kernel.empty()) return "no guest kernel with agentbox's guest image";
-  if (inv.session) return "sessions on a microVM are not available in this version (agentbox run is)";
   if (inv.workspace_overlay) return "--workspace-overlay is not available on a microVM in this version";
   if (NeedsProxy(policy) && Terminates(policy)) {
     return "credentials and network.http_rules end TLS in agentbox's proxy with a CA of the run's, which a "

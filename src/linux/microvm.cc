@@ -109,17 +109,65 @@ Result<std::string> ReadWhole(const std::string& path) {
 
 }  // namespace
 
-Status WriteFrame(int fd, FrameType type, std::string_view payload) {
-  while (payload.size() > kMaxFrame) {
-    if (Status s = WriteFrame(fd, type, payload.substr(0, kMaxFrame)); !s.ok()) return s;
-    payload.remove_prefix(kMaxFrame);
+void AppendFrame(std::string* out, FrameType type, std::string_view payload) {
+  do {
+    const std::string_view part = payload.substr(0, std::min(payload.size(), kMaxFrame));
+    payload.remove_prefix(part.size());
+    const auto n = static_cast<std::uint32_t>(part.size());
+    out->push_back(static_cast<char>(type));
+    for (int i = 0; i < 4; ++i) out->push_back(static_cast<char>((n >> (8 * i)) & 0xff));
+    out->append(part);
+  } while (!payload.empty());
+}
+
+void AppendControlFrames(std::string* out, const ControlFrame& request) {
+  std::string head;
+  auto put32 = [&](std::uint32_t v) {
+    for (int i = 0; i < 4; ++i) head.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  };
+  put32(static_cast<std::uint32_t>(request.fds.size()));
+  for (const auto& d : request.fds) {
+    put32(d.id);
+    head.push_back(d.way);
   }
-  char header[5];
-  header[0] = static_cast<char>(type);
-  const auto n = static_cast<std::uint32_t>(payload.size());
-  for (int i = 0; i < 4; ++i) header[1 + i] = static_cast<char>((n >> (8 * i)) & 0xff);
-  std::string frame(header, 5);
-  frame.append(payload);
+  std::string_view text = request.text;
+  const std::size_t room = kMaxFrame - std::min(kMaxFrame, head.size());
+  while (text.size() > room) {
+    const std::size_t n = std::min(kMaxFrame, text.size() - room);
+    AppendFrame(out, FrameType::kControlPart, text.substr(0, n));
+    text.remove_prefix(n);
+  }
+  head.append(text);
+  AppendFrame(out, FrameType::kControl, head);
+}
+
+bool ParseControlFrame(std::string_view payload, std::string parts, ControlFrame* out) {
+  auto get32 = [&](std::size_t at, std::uint32_t* v) {
+    if (payload.size() < at + 4) return false;
+    *v = 0;
+    for (int i = 0; i < 4; ++i) *v |= static_cast<std::uint32_t>(static_cast<unsigned char>(payload[at + i])) << (8 * i);
+    return true;
+  };
+  std::uint32_t count = 0;
+  if (!get32(0, &count) || count > 8) return false;
+  std::size_t at = 4;
+  out->fds.clear();
+  for (std::uint32_t i = 0; i < count; ++i) {
+    ControlDescriptor d;
+    if (!get32(at, &d.id) || payload.size() < at + 5) return false;
+    d.way = payload[at + 4];
+    if (d.way != 'r' && d.way != 'w' && d.way != 's') return false;
+    out->fds.push_back(d);
+    at += 5;
+  }
+  out->text = std::move(parts);
+  out->text.append(payload.substr(at));
+  return true;
+}
+
+Status WriteFrame(int fd, FrameType type, std::string_view payload) {
+  std::string frame;
+  AppendFrame(&frame, type, payload);
   if (!WriteAllFd(fd, frame.data(), frame.size())) return Status::Errno("channel", "write", "frame");
   return {};
 }
@@ -155,7 +203,8 @@ std::string GuestRequestToJson(const GuestRequest& r) {
   for (const auto& s : r.shares) shares.push_back({{"tag", s.tag}, {"path", s.path}, {"writable", s.writable}});
   return json{{"plan", r.plan_json}, {"argv", r.argv},   {"shares", shares},
               {"stdin", r.stdin_open}, {"env", r.env}, {"pids_max", r.pids_max},
-              {"proxy_http_port", r.proxy_http_port}, {"proxy_socks_port", r.proxy_socks_port}}
+              {"proxy_http_port", r.proxy_http_port}, {"proxy_socks_port", r.proxy_socks_port},
+              {"world", r.world}}
       .dump();
 }
 
@@ -173,6 +222,7 @@ Result<GuestRequest> GuestRequestFromJson(const std::string& text) {
     r.pids_max = j.at("pids_max").get<std::uint64_t>();
     r.proxy_http_port = j.at("proxy_http_port").get<std::uint16_t>();
     r.proxy_socks_port = j.at("proxy_socks_port").get<std::uint16_t>();
+    r.world = j.at("world").get<bool>();
     return r;
   } catch (const std::exception& e) {
     return Status::Error("guest", std::string("the request is not one: ") + e.what());

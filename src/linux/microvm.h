@@ -42,15 +42,42 @@ enum class FrameType : char {
   kConnAck = 'a',    // both ways: bytes of a connection written on
   kConnEnd = 'z',    // both ways: no more bytes of a connection from this end
   kConnAbort = 'k',  // both ways: a connection is gone
+  // A session's world (GuestRequest::world; session/microvm_world.cc).
+  kWorld = 'w',        // both ways: one message of the world's channel (JSON)
+  kControl = 'C',      // host → guest: one request of the world's control socket (ControlFrame)
+  kControlPart = 'P',  // host → guest: the first bytes of a kControl's text too long for one frame
 };
 inline constexpr std::size_t kMaxFrame = 1u << 20;
 
 [[nodiscard]] Status WriteFrame(int fd, FrameType type, std::string_view payload);
+// The same bytes appended to `out` (a payload over kMaxFrame as several frames).
+void AppendFrame(std::string* out, FrameType type, std::string_view payload);
 
 struct Frame {
   FrameType type;
   std::string payload;
 };
+
+// A request on a session world's control socket carried over the channel:
+// its text and, for each descriptor it passed, the mux id that carries the
+// descriptor's bytes (linux/stream_mux.h) and which way they go for the
+// world's init: 'r' it reads (stdin), 'w' it writes (output, a result), 's'
+// a stream socket, both ways. The payload: count (4 bytes), then per
+// descriptor id (4 bytes) and the way (1 byte), then the text.
+struct ControlDescriptor {
+  std::uint32_t id = 0;
+  char way = 'r';
+};
+struct ControlFrame {
+  std::vector<ControlDescriptor> fds;
+  std::string text;
+};
+// The frames of one request: kControlPart frames with the text's first
+// bytes when it does not fit in one frame, then the kControl.
+void AppendControlFrames(std::string* out, const ControlFrame& request);
+// A kControl's payload, the text of the kControlPart frames before it in
+// front: false when it is malformed.
+bool ParseControlFrame(std::string_view payload, std::string parts, ControlFrame* out);
 
 // Splits a byte stream into frames as it is read.
 class FrameReader {
@@ -87,6 +114,10 @@ struct GuestRequest {
   // the channel to the supervisor's proxy (0: no egress, no listener).
   std::uint16_t proxy_http_port = 0;
   std::uint16_t proxy_socks_port = 0;
+  // A session's world instead of one command (argv unused): the guest runs
+  // the world's supervisor on the plan and relays its channel and the
+  // calls' control requests (kWorld, kControl frames) until it ends.
+  bool world = false;
 };
 std::string GuestRequestToJson(const GuestRequest& request);
 Result<GuestRequest> GuestRequestFromJson(const std::string& text);

@@ -1,4 +1,5 @@
 #include "linux/microvm.h"
+#include "linux/stream_mux.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -199,6 +200,53 @@ TEST(MicrovmImage, ModulesComeAfterWhatTheyDependOnAndTheImageHasInit) {
   unlink(init.c_str());
   unlink(out.c_str());
   rmdir(dir);
+}
+
+}  // namespace
+}  // namespace agentbox::linux
+
+namespace agentbox::linux {
+namespace {
+
+TEST(MicrovmControl, ARequestLongerThanAFrameComesBackWhole) {
+  ControlFrame request;
+  request.fds = {{kMuxAttached | 1, 'r'}, {kMuxAttached | 2, 'w'}, {kMuxAttached | 3, 's'}};
+  request.text = std::string(kMaxFrame * 2 + 123, 'q');
+  std::string wire;
+  AppendControlFrames(&wire, request);
+  int p[2];
+  ASSERT_EQ(pipe(p), 0);
+  FrameReader reader;
+  std::vector<Frame> frames;
+  std::size_t off = 0;
+  std::string parts;
+  ControlFrame back;
+  bool done = false;
+  while (!done && off < wire.size()) {
+    const std::size_t n = std::min<std::size_t>(65536, wire.size() - off);
+    ASSERT_EQ(write(p[1], wire.data() + off, n), static_cast<ssize_t>(n));
+    off += n;
+    ASSERT_TRUE(reader.Read(p[0], &frames)) << reader.error();
+    for (auto& f : frames) {
+      if (f.type == FrameType::kControlPart) {
+        parts += f.payload;
+      } else {
+        ASSERT_EQ(f.type, FrameType::kControl);
+        ASSERT_TRUE(ParseControlFrame(f.payload, parts, &back));
+        done = true;
+      }
+    }
+    frames.clear();
+  }
+  close(p[0]);
+  close(p[1]);
+  ASSERT_TRUE(done);
+  EXPECT_TRUE(back.text == request.text);
+  ASSERT_EQ(back.fds.size(), 3u);
+  EXPECT_EQ(back.fds[2].id, kMuxAttached | 3);
+  EXPECT_EQ(back.fds[1].way, 'w');
+  EXPECT_FALSE(ParseControlFrame(std::string("\x01\0\0\0\x05\0\0\0x", 9), "", &back)) << "an unknown way was taken";
+  EXPECT_FALSE(ParseControlFrame(std::string("\x09\0\0\0", 4), "", &back)) << "more descriptors than a request has";
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 #include "linux/stream_mux.h"
 
+#include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -42,6 +44,21 @@ void StreamMux::Accept(UniqueFd fd, char tag) {
   conns_.emplace(id, std::move(c));
 }
 
+bool StreamMux::Attach(std::uint32_t id, UniqueFd fd, MuxFlow flow) {
+  if (!fd.valid() || conns_.count(id) || conns_.size() >= kMuxMaxConnections) return false;
+  struct stat st {};
+  Conn c;
+  c.socket = fstat(fd.get(), &st) == 0 && S_ISSOCK(st.st_mode);
+  fcntl(fd.get(), F_SETFL, fcntl(fd.get(), F_GETFL) | O_NONBLOCK);
+  c.fd = std::move(fd);
+  // One way only: the other direction is over before it starts (the peer,
+  // attached the other way round, neither sends its end nor expects ours).
+  if (flow == MuxFlow::kOut) c.peer_end = c.shut_wr = true;
+  if (flow == MuxFlow::kIn) c.read_end = true;
+  conns_.emplace(id, std::move(c));
+  return true;
+}
+
 void StreamMux::Abort(std::uint32_t id, bool tell) {
   if (tell) Send(FrameType::kConnAbort, id);
   conns_.erase(id);
@@ -52,7 +69,11 @@ void StreamMux::MaybeFinish(std::uint32_t id) {
   if (it == conns_.end()) return;
   Conn& c = it->second;
   if (c.peer_end && c.out.empty() && !c.shut_wr) {
-    shutdown(c.fd.get(), SHUT_WR);
+    if (c.socket) {
+      shutdown(c.fd.get(), SHUT_WR);
+    } else {
+      c.fd.reset();  // a pipe's write end: its reader sees the end of file
+    }
     c.shut_wr = true;
   }
   if (c.read_end && c.shut_wr) conns_.erase(it);
@@ -132,7 +153,7 @@ void StreamMux::ReadFrom(std::uint32_t id, Conn* c) {
   const std::size_t room = std::min(sizeof(buf), kMuxWindow - c->unacked);
   ssize_t n;
   do {
-    n = recv(c->fd.get(), buf, room, MSG_DONTWAIT);
+    n = c->socket ? recv(c->fd.get(), buf, room, MSG_DONTWAIT) : read(c->fd.get(), buf, room);
   } while (n < 0 && errno == EINTR);
   if (n < 0) {
     if (errno == EAGAIN || errno == EWOULDBLOCK) return;
@@ -152,7 +173,8 @@ void StreamMux::ReadFrom(std::uint32_t id, Conn* c) {
 void StreamMux::WriteTo(std::uint32_t id, Conn* c) {
   ssize_t n;
   do {
-    n = send(c->fd.get(), c->out.data(), c->out.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    n = c->socket ? send(c->fd.get(), c->out.data(), c->out.size(), MSG_DONTWAIT | MSG_NOSIGNAL)
+                  : write(c->fd.get(), c->out.data(), c->out.size());
   } while (n < 0 && errno == EINTR);
   if (n < 0) {
     if (errno == EAGAIN || errno == EWOULDBLOCK) return;

@@ -10,6 +10,11 @@
 // listener); kConnData = id + bytes; kConnAck = id + count (4 bytes);
 // kConnEnd = id (the sender will send no more: a half close); kConnAbort = id
 // (the connection is gone; drop it).
+//
+// A descriptor can also be attached to an id both ends agreed on beforehand
+// (Attach: a pipe or a socket handed over with a request, a session's call),
+// flowing one way or both; such ids are the outside's and have kMuxAttached
+// set, so they never meet the inside's.
 #pragma once
 
 #include <poll.h>
@@ -29,6 +34,14 @@ namespace agentbox::linux {
 inline constexpr std::size_t kMuxWindow = 64u << 10;
 inline constexpr std::size_t kMuxChunk = 16u << 10;
 inline constexpr std::size_t kMuxMaxConnections = 256;
+inline constexpr std::uint32_t kMuxAttached = 0x80000000u;
+
+// Which way an attached descriptor's bytes go.
+enum class MuxFlow {
+  kBoth,  // a socket: read here and sent, and what comes written to it
+  kOut,   // read here and sent (a pipe's read end); nothing is written to it
+  kIn,    // what comes is written to it (a pipe's write end); it is not read
+};
 
 class StreamMux {
  public:
@@ -42,6 +55,11 @@ class StreamMux {
 
   // The inside's: a connection accepted on the listener `tag` names.
   void Accept(UniqueFd fd, char tag);
+
+  // `fd` carries connection `id` from now on, without a kConnOpen: the
+  // other end attaches its own descriptor to the same id. The descriptor is
+  // made non-blocking. False (and `fd` closed) for an id in use or too many.
+  bool Attach(std::uint32_t id, UniqueFd fd, MuxFlow flow);
 
   // A frame from the channel: true when it was one of the mux's (handled),
   // false when it is some other frame. A malformed one aborts its connection.
@@ -62,6 +80,7 @@ class StreamMux {
     bool read_end = false;      // fd's end of file seen (kConnEnd sent)
     bool peer_end = false;      // kConnEnd received
     bool shut_wr = false;       // shutdown(SHUT_WR) done
+    bool socket = true;         // else read(2)/write(2), and closed instead of shut down
   };
   void Abort(std::uint32_t id, bool tell);
   void ReadFrom(std::uint32_t id, Conn* c);

@@ -187,3 +187,64 @@ TEST(StreamMux, DataBeyondTheWindowAbortsTheConnection) {
 
 }  // namespace
 }  // namespace agentbox::linux
+
+namespace agentbox::linux {
+namespace {
+
+// Pipes attached on both ends under one agreed id, one way each: the bytes
+// arrive whole, the end of file follows, and the ids are forgotten.
+TEST(StreamMux, AttachedPipesCarryOneWayAndEndWithTheirWriter) {
+  Link link;
+  int in[2], out[2];
+  ASSERT_EQ(pipe2(in, O_CLOEXEC), 0);   // the outside's app writes in[1]; the mux reads in[0]
+  ASSERT_EQ(pipe2(out, O_CLOEXEC), 0);  // the inside's mux writes out[1]; its app reads out[0]
+  const std::uint32_t id = kMuxAttached | 1;
+  ASSERT_TRUE(link.outside.Attach(id, UniqueFd(in[0]), MuxFlow::kOut));
+  ASSERT_TRUE(link.inside.Attach(id, UniqueFd(out[1]), MuxFlow::kIn));
+  EXPECT_FALSE(link.inside.Attach(id, UniqueFd(dup(out[0])), MuxFlow::kIn)) << "an id in use was attached twice";
+  const std::string data = Random(3 * kMuxWindow + 17, 7);
+  fcntl(in[1], F_SETFL, O_NONBLOCK);
+  fcntl(out[0], F_SETFL, O_NONBLOCK);
+  std::size_t sent = 0;
+  std::string got;
+  bool closed = false, eof = false;
+  for (int i = 0; i < 20000 && !eof; ++i) {
+    if (sent < data.size()) {
+      const ssize_t n = write(in[1], data.data() + sent, data.size() - sent);
+      if (n > 0) sent += static_cast<std::size_t>(n);
+    } else if (!closed) {
+      close(in[1]);
+      closed = true;
+    }
+    link.Pump(1);
+    char buf[65536];
+    const ssize_t r = read(out[0], buf, sizeof(buf));
+    if (r > 0) got.append(buf, static_cast<std::size_t>(r));
+    if (r == 0) eof = true;
+  }
+  close(out[0]);
+  EXPECT_TRUE(eof) << "the reader saw no end of file after " << got.size() << " bytes";
+  EXPECT_EQ(got.size(), data.size());
+  EXPECT_TRUE(got == data) << "the bytes changed on the way";
+  EXPECT_EQ(link.inside.open(), 0u);
+  EXPECT_EQ(link.outside.open(), 0u);
+}
+
+// Data for an id attached to be read only (the peer should not send any)
+// aborts it: a misbehaving guest cannot write into a caller's stdin pipe.
+TEST(StreamMux, DataTowardsAReadOnlyAttachmentAbortsIt) {
+  Link link;
+  int p[2];
+  ASSERT_EQ(pipe2(p, O_CLOEXEC), 0);
+  const std::uint32_t id = kMuxAttached | 2;
+  ASSERT_TRUE(link.outside.Attach(id, UniqueFd(p[0]), MuxFlow::kOut));
+  std::string payload = {char(id & 0xff), char((id >> 8) & 0xff), char((id >> 16) & 0xff), char((id >> 24) & 0xff), 'x'};
+  EXPECT_TRUE(link.outside.Handle({FrameType::kConnData, payload}));
+  EXPECT_EQ(link.outside.open(), 0u);
+  ASSERT_FALSE(link.to_inside.empty());
+  EXPECT_EQ(link.to_inside.back().type, FrameType::kConnAbort);
+  close(p[1]);
+}
+
+}  // namespace
+}  // namespace agentbox::linux

@@ -919,7 +919,9 @@ Result<ConfinedCommand> Manager::Impl::PlanFor(const SessionState& s, const Poli
   inv.cache_dir = linux::CacheDir(inv.home);
   inv.own_dirs = OwnDirsWith(options.state_dir);
   inv.nonce = nonce;
-  inv.backend = BackendChoice::kNamespaces;
+  // On the host's kernel a world needs namespaces (its init); a microVM's
+  // world is on the guest's, where its init runs the same way.
+  inv.backend = policy.sandbox.isolation == Isolation::kOs ? BackendChoice::kNamespaces : BackendChoice::kAuto;
   inv.session = true;
   inv.wrapped_command = false;  // a world spawns the plan itself
   return Confine({"true"}, policy, ProbeHostFor(policy), inv);
@@ -1142,6 +1144,11 @@ Json Manager::Impl::ExecResult(SessionState& s, World& world, const ConfinedComm
   if (r.rusage) supervise::FillRusage(*r.rusage, &o.usage);
   o.usage.limits = supervise::LimitsFor(plan, world.cgroup_mechanism(), world.rlimits());
   o.usage.limits.wall_clock_ms = exec.timeout_ms;
+  if (plan.microvm) {  // the VM is the memory and CPU limit, as for `run`
+    o.usage.limits.memory_max_bytes = plan.microvm->memory_mib << 20;
+    o.usage.limits.cpu_max_cores = static_cast<double>(plan.microvm->vcpus);
+    o.usage.limits.pids_max = plan.limits.pids_max;
+  }
   if (r.oom_kills) o.usage.oom_kills = r.oom_kills;
   // Evidence: the network's (proxy, broker, DNS) first, then seccomp's,
   // then what the output says.
@@ -1188,9 +1195,12 @@ Json Manager::Impl::ExecResult(SessionState& s, World& world, const ConfinedComm
   } else if (r.oom_kills > 0) {
     kind = "oom_killed";
     o.kind = OutcomeKind::kOomKilled;
-    const std::uint64_t limit = plan.limits.memory_max_bytes.value_or(0);
-    o.error = ErrorInfo{"oom", std::to_string(r.oom_kills) + " process(es) killed by the kernel's OOM killer at the "
-                                                             "session's memory limit of " + std::to_string(limit) + " bytes", 0};
+    // A microVM's limit is its RAM (the guest kernel's OOM killer).
+    const std::uint64_t limit = plan.microvm ? plan.microvm->memory_mib << 20 : plan.limits.memory_max_bytes.value_or(0);
+    o.error = ErrorInfo{"oom", std::to_string(r.oom_kills) + " process(es) killed by the " +
+                                   std::string(plan.microvm ? "guest kernel's OOM killer in the VM's memory" :
+                                                              "kernel's OOM killer at the session's memory limit") +
+                                   " of " + std::to_string(limit) + " bytes", 0};
     headline = "oom_killed at " + std::to_string(limit / (1024 * 1024)) + " MiB";
     o.denials.push_back(supervise::OomDenial(limit, r.oom_kills));
   } else if (r.world_died) {
@@ -1717,6 +1727,15 @@ Result<std::string> Manager::Create(const CreateRequest& request) {
   } else if (m.options.workspace_mode == "copy") {
     ws_mode = "copy";
     mode_reason = "asked for (workspace_mode copy)";
+  } else if (policy->sandbox.isolation == Isolation::kMicrovm) {
+    // The guest sees host directories through virtiofs shares: the
+    // session's copy is one; an overlay of the host's layers is not.
+    if (m.options.workspace_mode == "overlay") {
+      return Status::Error(kBadRequest, "workspace_mode overlay: a microVM's workspace is a share of the session's "
+                                        "copy (the host's overlay layers do not reach the guest); use copy");
+    }
+    ws_mode = "copy";
+    mode_reason = "sandbox.isolation: microvm (the guest's workspace is a share of the session's copy)";
   } else if (!m.overlay_available) {
     if (m.options.workspace_mode == "overlay") {
       return Status::Error("session", "overlayfs is not available on this host and workspace_mode is overlay");
@@ -3031,6 +3050,10 @@ Result<Json> Manager::OpenTerminal(const std::string& id, const Json& input) {
   }
   auto live = m.EnsureWorld(*s);
   if (!live.ok()) return live.status();
+  if (live->confined->plan.microvm) {
+    return Status::Error(kBadRequest, "session " + id + "'s sandbox is a microVM: terminals (a pty of the guest's "
+                                      "on this host) are not available on it in this version; bash calls are");
+  }
   auto spec = TerminalSpec(input, live->confined->plan);
   if (!spec.ok()) return spec.status();
   std::string tid;
@@ -3132,6 +3155,10 @@ Result<Json> Manager::ExposePort(const std::string& id, int port, bool* created)
   if (port < 1 || port > 65535) return Status::Error(kBadRequest, "port " + std::to_string(port) + " is not 1 to 65535");
   auto w = impl_->ServiceWorldFor(*s);
   if (!w.ok()) return w.status();
+  if (s->confined->plan.microvm) {
+    return Status::Error(kBadRequest, "session " + id + "'s sandbox is a microVM, which has no network device: a "
+                                      "port inside it cannot be exposed on the host in this version");
+  }
   if (std::find(s->confined->plan.namespaces.begin(), s->confined->plan.namespaces.end(), "net") ==
       s->confined->plan.namespaces.end()) {
     return Status::Error(kBadRequest, "session " + id + "'s sandbox has no network namespace of its own: its "

@@ -36,6 +36,7 @@
 #include "session/layers.h"
 #include "session/secret_handover.h"
 #include "session/world.h"
+#include "session/world_channel.h"
 #include "supervise/credentials.h"
 #include "supervise/egress.h"
 #include "supervise/resources.h"
@@ -69,7 +70,9 @@ std::string FileOp(const std::string& request) {
   return answer.dump(-1, ' ', false, json::error_handler_t::replace) + "\n" + output;
 }
 
-void Send(const json& message, int fd_to_pass = -1) {
+}  // namespace
+
+void Send(const json& message, int fd_to_pass) {
   const std::string text = message.dump(-1, ' ', false, json::error_handler_t::replace);
   struct iovec iov = {const_cast<char*>(text.data()), text.size()};
   struct msghdr msg {};
@@ -90,6 +93,8 @@ void Send(const json& message, int fd_to_pass = -1) {
   while (sendmsg(kChannelFd, &msg, flags) < 0 && errno == EINTR) {
   }
 }
+
+namespace {
 
 // The largest channel message: a rotation of a 64 KiB secret, hex-encoded.
 constexpr std::size_t kSecretsMessageMax = 1 << 20;
@@ -116,10 +121,14 @@ Result<std::shared_ptr<net::SecretStore>> ReceiveSecrets(const Plan& plan) {
   return net::SecretStore::WithValues(plan.network.credentials.secrets, *values);
 }
 
+}  // namespace
+
 json ErrorMessage(const Status& s) {
   return {{"t", "error"}, {"stage", s.stage()}, {"message", s.message()}, {"errno", s.err()},
           {"syscall", s.syscall()}, {"path", s.path()}};
 }
+
+namespace {
 
 // The answer to a grant's op ("graft", "ungraft", "memory"): "error" as
 // the network op has it ("" = done), with the Status's parts beside it.
@@ -158,9 +167,10 @@ int WorldMain() {
     return 125;
   }
   Plan plan = std::move(*parsed);
+  if (plan.confined && plan.backend == Backend::kMicrovm) return MicrovmWorldMain(plan);
   if (!plan.confined || plan.backend != Backend::kNamespaces) {
-    Send(ErrorMessage(Status::Error("world", "sessions need the namespaces backend (a long-lived init in its own "
-                                             "namespaces); this plan is " +
+    Send(ErrorMessage(Status::Error("world", "sessions need the namespaces or the microvm backend (a long-lived init in "
+                                             "namespaces of its own); this plan is " +
                                                  std::string(plan.confined ? ToString(plan.backend) : "unconfined"))));
     return 125;
   }

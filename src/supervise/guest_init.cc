@@ -14,6 +14,10 @@
 //     loopback and carried over the channel to the host's proxy;
 //  5. the outcome as the last frame, with the kernel's OOM-kill count;
 //     sync, power off.
+// A session's world (request.world) instead of 4 and 5: the world's
+// supervisor (the host's `__world` code, world_main) runs on the plan in a
+// child, and its channel and the calls' control requests are relayed over
+// the port (RelayWorld) until it ends; then the power-off.
 // A failure before the request is run is a kFailure frame (or, with no
 // port, a line on the console), then the power-off.
 #include <dirent.h>
@@ -21,6 +25,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <netinet/in.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/reboot.h>
 #include <sys/socket.h>
@@ -202,13 +207,200 @@ linux::UniqueFd ListenLoopback(std::uint16_t port) {
   return fd;
 }
 
+// Writes `text` to a fresh memfd: invalid when it could not be written whole.
+linux::UniqueFd MemfdWith(const char* name, const std::string& text) {
+  linux::UniqueFd fd(static_cast<int>(memfd_create(name, MFD_CLOEXEC)));
+  if (!fd.valid()) return fd;
+  WriteAll(fd.get(), text.data(), text.size());
+  struct stat st {};
+  if (fstat(fd.get(), &st) != 0 || static_cast<std::size_t>(st.st_size) != text.size()) fd.reset();
+  return fd;
+}
+
+// The child that becomes the run's or the world's supervisor: OOM-killable,
+// in the pids cgroup, with the request's environment, none of the init's
+// descriptors but those `keep` dup2s into place.
+template <typename Keep>
+pid_t ForkSupervisor(const linux::GuestRequest& request, const std::string& run_cgroup, Keep keep) {
+  const pid_t child = fork();
+  if (child != 0) return child;
+  // The kernel's OOM killer may choose this process (pid 1 is exempt).
+  if (int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC); fd >= 0) {
+    (void)!write(fd, "0", 1);
+    close(fd);
+  }
+  if (!run_cgroup.empty()) {
+    linux::UniqueFd procs(open((run_cgroup + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC));
+    if (!procs.valid() || write(procs.get(), "0", 1) != 1) _exit(125);
+  }
+  clearenv();
+  for (const auto& e : request.env) putenv(const_cast<char*>(e.c_str()));
+  keep();
+  return 0;
+}
+
+// A session's world: `world_main` (the `__world` supervisor) in a child,
+// its channel on fd 3 and the plan on fd 4 as on a host. What it says on
+// its channel goes to the host as kWorld frames, with the guest kernel's
+// OOM-kill count in "stats" and "exited"; the host's kWorld frames go to
+// it. Its control socket comes with "ready": each kControl request is
+// sent on it with a local pipe (or socket pair) for each descriptor the
+// host's caller passed, whose other end the mux carries under the
+// request's id. Egress connections are accepted as for a run.
+[[noreturn]] void RelayWorld(const linux::GuestRequest& request, int (*world_main)(), const std::string& run_cgroup,
+                             linux::UniqueFd http_listener, linux::UniqueFd socks_listener,
+                             linux::FrameReader* reader, std::vector<linux::Frame> frames) {
+  constexpr int kChannel = 3, kPlan = 4;
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) Die(Status::Errno("guest", "socketpair", "world channel"));
+  linux::UniqueFd channel(sv[0]), theirs(sv[1]);
+  linux::UniqueFd plan = MemfdWith("agentbox-plan", request.plan_json);
+  if (!plan.valid()) Die(Status::Errno("guest", "memfd", "the world's plan"));
+  const std::uint64_t oom_before = OomKills();
+  const pid_t child = ForkSupervisor(request, run_cgroup, [&] {
+    dup2(theirs.get(), kChannel);
+    dup2(plan.get(), kPlan);
+    close_range(kPlan + 1, ~0U, 0);
+    int null = open("/dev/null", O_RDONLY);
+    dup2(null, 0);
+    close(null);
+    _exit(world_main());
+  });
+  if (child < 0) Die(Status::Errno("guest", "fork", "the world's supervisor"));
+  theirs.reset();
+  plan.reset();
+  signal(SIGPIPE, SIG_IGN);
+
+  linux::UniqueFd control;  // the world's init's, from "ready"
+  linux::StreamMux mux([](linux::FrameType type, std::string_view payload) {
+    return linux::WriteFrame(g_port, type, payload).ok();
+  });
+  std::string parts;  // kControlPart text waiting for its kControl
+  auto send_control = [&](const linux::ControlFrame& c) {
+    // The init's descriptors, each with its other end carried by the mux.
+    std::vector<linux::UniqueFd> passed;
+    for (const auto& d : c.fds) {
+      int p[2];
+      const bool ok = d.way == 's' ? socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, p) == 0 : pipe2(p, O_CLOEXEC) == 0;
+      if (!ok) return;  // the caller sees its descriptors end: the call failed
+      linux::UniqueFd a(p[0]), b(p[1]);
+      if (d.way == 'r') {  // the init reads the read end; what comes is written to the write end
+        mux.Attach(d.id, std::move(b), linux::MuxFlow::kIn);
+        passed.push_back(std::move(a));
+      } else if (d.way == 'w') {
+        mux.Attach(d.id, std::move(a), linux::MuxFlow::kOut);
+        passed.push_back(std::move(b));
+      } else {
+        mux.Attach(d.id, std::move(a), linux::MuxFlow::kBoth);
+        passed.push_back(std::move(b));
+      }
+    }
+    if (!control.valid()) return;
+    std::string text = c.text;
+    linux::UniqueFd memfd;
+    if (text.size() > 16 * 1024) {  // the init takes a longer request in a memfd
+      memfd = MemfdWith("agentbox-request", text);
+      if (!memfd.valid()) return;
+      text = "@";
+    }
+    std::vector<int> fds;
+    if (memfd.valid()) fds.push_back(memfd.get());
+    for (const auto& f : passed) fds.push_back(f.get());
+    struct iovec iov = {text.data(), text.size()};
+    struct msghdr msg {};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    alignas(struct cmsghdr) char cbuf[CMSG_SPACE(sizeof(int) * 9)];
+    if (!fds.empty()) {
+      msg.msg_control = cbuf;
+      msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+      struct cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+      cm->cmsg_level = SOL_SOCKET;
+      cm->cmsg_type = SCM_RIGHTS;
+      cm->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+      std::memcpy(CMSG_DATA(cm), fds.data(), sizeof(int) * fds.size());
+    }
+    while (sendmsg(control.get(), &msg, MSG_NOSIGNAL) < 0 && errno == EINTR) {
+    }
+  };
+  auto handle = [&](const linux::Frame& f) {
+    if (mux.Handle(f)) return;
+    if (f.type == linux::FrameType::kWorld) {
+      while (send(channel.get(), f.payload.data(), f.payload.size(), MSG_NOSIGNAL) < 0 && errno == EINTR) {
+      }
+    } else if (f.type == linux::FrameType::kControlPart) {
+      parts.append(f.payload);
+    } else if (f.type == linux::FrameType::kControl) {
+      linux::ControlFrame c;
+      if (linux::ParseControlFrame(f.payload, std::move(parts), &c)) send_control(c);
+      parts.clear();
+    }
+  };
+  for (const auto& f : frames) handle(f);
+  frames.clear();
+  std::vector<char> in(1 << 20);
+  std::vector<struct pollfd> fds;
+  for (;;) {
+    fds.clear();
+    fds.push_back({g_port, POLLIN, 0});
+    fds.push_back({channel.get(), POLLIN, 0});
+    const int i_http = http_listener.valid() ? (fds.push_back({http_listener.get(), POLLIN, 0}), int(fds.size() - 1)) : -1;
+    const int i_socks = socks_listener.valid() ? (fds.push_back({socks_listener.get(), POLLIN, 0}), int(fds.size() - 1)) : -1;
+    const std::size_t i_mux = fds.size();
+    mux.AppendPollFds(&fds);
+    if (poll(fds.data(), static_cast<nfds_t>(fds.size()), 1000) < 0 && errno != EINTR) break;
+    mux.Service(fds.data() + i_mux, fds.size() - i_mux);
+    for (auto [i, listener, tag] : {std::tuple{i_http, http_listener.get(), 'h'}, std::tuple{i_socks, socks_listener.get(), 's'}}) {
+      if (i < 0 || !fds[i].revents) continue;
+      linux::UniqueFd conn(accept4(listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+      if (conn.valid()) mux.Accept(std::move(conn), tag);
+    }
+    if (fds[1].revents) {
+      struct iovec iov = {in.data(), in.size()};
+      alignas(struct cmsghdr) char cbuf[CMSG_SPACE(sizeof(int))];
+      struct msghdr msg {};
+      msg.msg_iov = &iov;
+      msg.msg_iovlen = 1;
+      msg.msg_control = cbuf;
+      msg.msg_controllen = sizeof(cbuf);
+      const ssize_t n = recvmsg(channel.get(), &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) break;  // the world's supervisor ended
+      if (n > 0) {
+        if (struct cmsghdr* c = CMSG_FIRSTHDR(&msg);
+            c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int))) {
+          int fd;
+          std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
+          control.reset(fd);
+        }
+        std::string text(in.data(), static_cast<std::size_t>(n));
+        json m = json::parse(text, nullptr, false);
+        const std::string t = m.is_object() ? m.value("t", "") : "";
+        if (t == "stats" || t == "exited") {
+          m["oom_kills"] = std::max(m.value("oom_kills", std::uint64_t{0}), OomKills() - oom_before);
+          text = m.dump();
+        }
+        (void)linux::WriteFrame(g_port, linux::FrameType::kWorld, text);
+      }
+    }
+    if (fds[0].revents) {
+      if (!reader->Read(g_port, &frames)) break;  // the host is gone
+      for (const auto& f : frames) handle(f);
+      frames.clear();
+    }
+    while (waitpid(-1, nullptr, WNOHANG) > 0) {
+    }
+  }
+  kill(child, SIGKILL);
+  PowerOff();
+}
+
 bool WriteFrameOrNote(linux::FrameType type, const char* p, std::size_t n) {
   return linux::WriteFrame(g_port, type, std::string_view(p, n)).ok();
 }
 
 }  // namespace
 
-[[noreturn]] void GuestInitMain() {
+[[noreturn]] void GuestInitMain(int (*world_main)()) {
   // No console node may be there before devtmpfs: stdio first.
   mount("devtmpfs", "/dev", "devtmpfs", MS_NOSUID, "mode=0755");
   for (int fd = open("/dev/console", O_RDWR); fd >= 0 && fd < 2; fd = open("/dev/console", O_RDWR)) {
@@ -268,21 +460,14 @@ bool WriteFrameOrNote(linux::FrameType type, const char* p, std::size_t n) {
     if (mkdir(run_cgroup.c_str(), 0755) != 0) Die(Status::Errno("guest", "mkdir", run_cgroup));
     put(run_cgroup + "/pids.max", std::to_string(request->pids_max));
   }
+  if (request->world) {
+    RelayWorld(*request, world_main, run_cgroup, std::move(http_listener), std::move(socks_listener), &reader,
+               std::move(frames));
+  }
   const std::uint64_t oom_before = OomKills();
-  const pid_t child = fork();
+  const pid_t child = ForkSupervisor(*request, run_cgroup, [] {});
   if (child < 0) Die(Status::Errno("guest", "fork", "runner"));
   if (child == 0) {
-    // The kernel's OOM killer may choose this process (pid 1 is exempt).
-    if (int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC); fd >= 0) {
-      (void)!write(fd, "0", 1);
-      close(fd);
-    }
-    if (!run_cgroup.empty()) {
-      linux::UniqueFd procs(open((run_cgroup + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC));
-      if (!procs.valid() || write(procs.get(), "0", 1) != 1) _exit(125);
-    }
-    clearenv();
-    for (const auto& e : request->env) putenv(const_cast<char*>(e.c_str()));
     dup2(in_pipe[0], 0);
     dup2(out_pipe[1], 1);
     dup2(err_pipe[1], 2);

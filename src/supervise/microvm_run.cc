@@ -309,32 +309,59 @@ class GuestEgress {
 
 }  // namespace
 
-Outcome RunMicrovm(const Plan& plan, const std::vector<std::string>& argv,
-                   const std::vector<Signature>& denial_signatures, const RunOptions& options) {
-  Outcome out;
-  out.policy_sha256 = plan.policy_sha256;
-  const auto started = Clock::now();
-  if (!plan.microvm) return Failed(out, "the plan names no VM", 0, started);
-  const MicrovmPlan& vm = *plan.microvm;
-  if (plan.tty) return Failed(out, "run --tty is not available on a microVM in this version", 0, started);
-
-  auto resolved = linux::ResolvePlan(plan);
-  if (!resolved.ok()) {
-    return Failed(out, resolved.status().message(), resolved.status().err(), started, resolved.status().stage());
+struct MicrovmVm::State {
+  std::string dir;
+  std::vector<Helper> daemons;
+  std::optional<Helper> qemu;
+  linux::UniqueFd channel;
+  std::unique_ptr<GuestEgress> egress;
+  std::vector<std::string> skipped;
+  ~State() {
+    channel.reset();
+    if (qemu) ReapHelper(&*qemu, std::chrono::milliseconds(0));
+    egress.reset();
+    for (auto& h : daemons) StopHelper(&h, SIGTERM);
+    for (auto& h : daemons) ReapHelper(&h, std::chrono::milliseconds(500));
+    if (!dir.empty() && !getenv("AGENTBOX_DEBUG_KEEP_BUNDLE")) RemoveTree(dir);
   }
-  out.enforcement.skipped = resolved->skipped;
+  Status QemuFailed(const std::string& when) {
+    std::string why = qemu ? Tail(qemu->log) : "";
+    const std::string console = Tail(dir + "/console.log", 1500);
+    if (!console.empty()) why += (why.empty() ? "" : "; ") + std::string("guest console: ") + console;
+    return Status::Error("microvm", "QEMU " + when + (why.empty() ? "" : ": " + why));
+  }
+};
+
+MicrovmVm::MicrovmVm(std::unique_ptr<State> state) : s_(std::move(state)) {}
+MicrovmVm::~MicrovmVm() = default;
+int MicrovmVm::channel() const { return s_->channel.get(); }
+int MicrovmVm::qemu_pidfd() const { return s_->qemu->pidfd.get(); }
+const std::vector<std::string>& MicrovmVm::skipped() const { return s_->skipped; }
+Egress* MicrovmVm::egress() { return s_->egress ? &s_->egress->proxy() : nullptr; }
+linux::UniqueFd MicrovmVm::DialEgress(char tag) { return s_->egress ? s_->egress->Dial(tag) : linux::UniqueFd(); }
+Status MicrovmVm::QemuFailed(const std::string& when) { return s_->QemuFailed(when); }
+std::string MicrovmVm::ConsoleTail(std::size_t max) const { return Tail(s_->dir + "/console.log", max); }
+void MicrovmVm::ReapQemu(std::chrono::milliseconds grace) {
+  if (s_->qemu) ReapHelper(&*s_->qemu, grace);
+}
+
+Result<std::unique_ptr<MicrovmVm>> MicrovmVm::Boot(const Plan& plan, const RunOptions& options,
+                                                   linux::GuestRequest request) {
+  if (!plan.microvm) return Status::Error("microvm", "the plan names no VM");
+  const MicrovmPlan& vm = *plan.microvm;
+  auto resolved = linux::ResolvePlan(plan);
+  if (!resolved.ok()) return resolved.status();
+  auto state = std::make_unique<State>();
+  state->skipped = resolved->skipped;
 
   std::string dir = vm.state_parent + "/" + kMicrovmDirPrefix + std::to_string(getpid()) + "-XXXXXX";
-  if (!mkdtemp(dir.data())) return Failed(out, "mkdtemp " + dir + ": " + std::strerror(errno), errno, started);
-  struct RemoveDir {
-    std::string dir;
-    ~RemoveDir() { if (!getenv("AGENTBOX_DEBUG_KEEP_BUNDLE")) RemoveTree(dir); }
-  } remove_dir{dir};
+  if (!mkdtemp(dir.data())) return Status::Errno("microvm", "mkdtemp", dir);
+  state->dir = dir;
   const std::string empty_file = dir + "/mask-file", empty_dir = dir + "/mask-dir", staging = dir + "/root";
   {
     linux::UniqueFd f(open(empty_file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0));
     if (!f.valid() || mkdir(empty_dir.c_str(), 0) != 0 || mkdir(staging.c_str(), 0755) != 0) {
-      return Failed(out, "preparing " + dir + ": " + std::strerror(errno), errno, started);
+      return Status::Errno("microvm", "preparing", dir);
     }
   }
 
@@ -347,14 +374,7 @@ Outcome RunMicrovm(const Plan& plan, const std::vector<std::string>& argv,
     if (!nested) shares.push_back({"ab" + std::to_string(shares.size()), w, true});
   }
 
-  std::vector<Helper> daemons;
-  struct StopAll {
-    std::vector<Helper>* helpers;
-    ~StopAll() {
-      for (auto& h : *helpers) StopHelper(&h, SIGTERM);
-      for (auto& h : *helpers) ReapHelper(&h, std::chrono::milliseconds(500));
-    }
-  } stop_daemons{&daemons};
+  std::vector<Helper>& daemons = state->daemons;
   const uid_t uid = getuid();
   const gid_t gid = getgid();
   linux::QemuRun qemu_run{vm, dir + "/ctl.sock", {}, dir + "/console.log"};
@@ -385,7 +405,7 @@ Outcome RunMicrovm(const Plan& plan, const std::vector<std::string>& argv,
                                     }
                                     return Status{};
                                   });
-    if (!started_fs.ok()) return Failed(out, started_fs.status().message(), started_fs.status().err(), started);
+    if (!started_fs.ok()) return started_fs.status();
     daemons.push_back(std::move(*started_fs));
     qemu_run.fs_sockets.emplace_back(share.tag, socket);
   }
@@ -396,7 +416,7 @@ Outcome RunMicrovm(const Plan& plan, const std::vector<std::string>& argv,
     struct stat st {};
     while (stat(socket.c_str(), &st) != 0) {
       if (Exited(&daemons[i]) || Clock::now() > until) {
-        return Failed(out, "virtiofsd for " + shares[i].path + " did not start: " + Tail(daemons[i].log), 0, started);
+        return Status::Error("microvm", "virtiofsd for " + shares[i].path + " did not start: " + Tail(daemons[i].log));
       }
       std::this_thread::sleep_for(std::chrono::microseconds(500));
     }
@@ -406,45 +426,27 @@ Outcome RunMicrovm(const Plan& plan, const std::vector<std::string>& argv,
   struct sockaddr_un addr {};
   addr.sun_family = AF_UNIX;
   if (qemu_run.control_socket.size() >= sizeof(addr.sun_path)) {
-    return Failed(out, "the run directory's path is too long for a socket: " + dir, 0, started);
+    return Status::Error("microvm", "the run directory's path is too long for a socket: " + dir);
   }
   std::strcpy(addr.sun_path, qemu_run.control_socket.c_str());
   if (!listener.valid() || bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
       listen(listener.get(), 1) != 0) {
-    return Failed(out, "the control socket " + qemu_run.control_socket + ": " + std::strerror(errno), errno, started);
+    return Status::Errno("microvm", "bind/listen", qemu_run.control_socket);
   }
 
-  std::unique_ptr<GuestEgress> egress;
   if (plan.network.proxy) {
     auto started_egress = GuestEgress::Start(plan, options);
-    if (!started_egress.ok()) {
-      return Failed(out, started_egress.status().message(), started_egress.status().err(), started,
-                    started_egress.status().stage());
-    }
-    egress = std::move(*started_egress);
+    if (!started_egress.ok()) return started_egress.status();
+    state->egress = std::move(*started_egress);
   }
 
-  ForwardedSignals sigfd(options.forward_signals);
   auto started_qemu = StartHelper(linux::QemuArgv(qemu_run), dir + "/qemu.log", []() -> Status { return {}; });
-  if (!started_qemu.ok()) return Failed(out, started_qemu.status().message(), started_qemu.status().err(), started);
-  std::vector<Helper> vms;
-  vms.push_back(std::move(*started_qemu));
-  struct StopVm {
-    std::vector<Helper>* helpers;
-    ~StopVm() {
-      for (auto& h : *helpers) ReapHelper(&h, std::chrono::milliseconds(0));
-    }
-  } stop_vm{&vms};
-  Helper& qemu = vms.front();
-  auto qemu_failed = [&](const std::string& when) {
-    std::string why = Tail(qemu.log);
-    const std::string console = Tail(dir + "/console.log", 1500);
-    if (!console.empty()) why += (why.empty() ? "" : "; ") + std::string("guest console: ") + console;
-    return Failed(out, "QEMU " + when + (why.empty() ? "" : ": " + why), 0, started);
-  };
+  if (!started_qemu.ok()) return started_qemu.status();
+  state->qemu = std::move(*started_qemu);
+  Helper& qemu = *state->qemu;
 
   // The guest's init connects through QEMU at boot.
-  linux::UniqueFd channel;
+  linux::UniqueFd& channel = state->channel;
   {
     const auto until = Clock::now() + std::chrono::seconds(60);
     while (!channel.valid()) {
@@ -452,27 +454,53 @@ Outcome RunMicrovm(const Plan& plan, const std::vector<std::string>& argv,
       poll(fds, 2, 100);
       if (fds[1].revents) {
         Exited(&qemu);
-        return qemu_failed("ended before the guest's channel opened");
+        return state->QemuFailed("ended before the guest's channel opened");
       }
       if (fds[0].revents) channel.reset(accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
-      if (Clock::now() > until) return qemu_failed("did not open the guest's channel in 60 s");
+      if (Clock::now() > until) return state->QemuFailed("did not open the guest's channel in 60 s");
     }
   }
   listener.reset();
 
-  struct stat in_st {};
-  const bool forward_stdin = fstat(0, &in_st) == 0 && (S_ISFIFO(in_st.st_mode) || S_ISREG(in_st.st_mode) ||
-                                                       S_ISSOCK(in_st.st_mode));
-  linux::GuestRequest request{PlanToJson(GuestPlan(plan)), argv, shares, forward_stdin,
-                              linux::BuildEnv(plan.env), plan.limits.pids_max.value_or(0)};
+  request.plan_json = PlanToJson(GuestPlan(plan));
+  request.shares = shares;
   if (plan.network.proxy) {
     request.proxy_http_port = plan.network.proxy->http_port;
     request.proxy_socks_port = plan.network.proxy->socks_port;
   }
   if (Status s = linux::WriteFrame(channel.get(), linux::FrameType::kRequest, linux::GuestRequestToJson(request));
       !s.ok()) {
-    return qemu_failed("took no request");
+    return state->QemuFailed("took no request");
   }
+  return std::unique_ptr<MicrovmVm>(new MicrovmVm(std::move(state)));
+}
+
+Outcome RunMicrovm(const Plan& plan, const std::vector<std::string>& argv,
+                   const std::vector<Signature>& denial_signatures, const RunOptions& options) {
+  Outcome out;
+  out.policy_sha256 = plan.policy_sha256;
+  const auto started = Clock::now();
+  if (!plan.microvm) return Failed(out, "the plan names no VM", 0, started);
+  const MicrovmPlan& vm = *plan.microvm;
+  if (plan.tty) return Failed(out, "run --tty is not available on a microVM in this version", 0, started);
+
+  struct stat in_st {};
+  const bool forward_stdin = fstat(0, &in_st) == 0 && (S_ISFIFO(in_st.st_mode) || S_ISREG(in_st.st_mode) ||
+                                                       S_ISSOCK(in_st.st_mode));
+  linux::GuestRequest request;
+  request.argv = argv;
+  request.stdin_open = forward_stdin;
+  request.env = linux::BuildEnv(plan.env);
+  request.pids_max = plan.limits.pids_max.value_or(0);
+  ForwardedSignals sigfd(options.forward_signals);
+  auto booted = MicrovmVm::Boot(plan, options, std::move(request));
+  if (!booted.ok()) {
+    return Failed(out, booted.status().message(), booted.status().err(), started, booted.status().stage());
+  }
+  MicrovmVm& machine = **booted;
+  out.enforcement.skipped = machine.skipped();
+  const int channel = machine.channel();
+  Egress* egress = machine.egress();
 
   DenialScanner scanner(denial_signatures);
   const bool scan = options.scan_stderr && !denial_signatures.empty();
@@ -488,18 +516,26 @@ Outcome RunMicrovm(const Plan& plan, const std::vector<std::string>& argv,
   if (plan.timeout_ms) {
     deadline = Clock::now() + std::chrono::milliseconds(*plan.timeout_ms + plan.kill_grace_ms + 5000);
   }
+  // What goes to the guest is queued and written as the channel takes it:
+  // this end never blocks on the channel, so the guest, which may block on
+  // its own writes, is always read. What is queued is bounded by the mux's
+  // windows, and stdin is not read while more than kStdinHold waits.
+  std::string to_guest;
+  constexpr std::size_t kStdinHold = 1u << 20;
+  auto send = [&](linux::FrameType type, std::string_view payload) {
+    linux::AppendFrame(&to_guest, type, payload);
+    return true;
+  };
   linux::StreamMux mux(
-      [&](linux::FrameType type, std::string_view payload) {
-        return linux::WriteFrame(channel.get(), type, payload).ok();
-      },
-      [&](char tag) { return egress ? egress->Dial(tag) : linux::UniqueFd(); });
+      send,
+      [&](char tag) { return machine.DialEgress(tag); });
   std::vector<struct pollfd> fds;
   char buf[1 << 16];
   while (channel_open && !result && !failure) {
     const auto now = Clock::now();
     if (deadline && now >= *deadline) {
       timed_out = true;
-      StopHelper(&qemu, SIGKILL);
+      machine.ReapQemu(std::chrono::milliseconds(0));
       break;
     }
     const int timeout_ms =
@@ -512,17 +548,22 @@ Outcome RunMicrovm(const Plan& plan, const std::vector<std::string>& argv,
       fds.push_back({fd, POLLIN, 0});
       return static_cast<int>(fds.size() - 1);
     };
-    const int i_ch = add(channel.get());
-    if (stdin_open) i_in = add(0);
+    const int i_ch = add(channel);
+    if (!to_guest.empty()) fds[i_ch].events |= POLLOUT;
+    if (stdin_open && to_guest.size() < kStdinHold) i_in = add(0);
     if (sigfd.valid()) i_sig = add(sigfd.get());
-    const int i_vm = add(qemu.pidfd.get());
+    const int i_vm = add(machine.qemu_pidfd());
     const std::size_t i_mux = fds.size();
     mux.AppendPollFds(&fds);
     int r = poll(fds.data(), static_cast<nfds_t>(fds.size()), timeout_ms);
     if (r < 0 && errno == EINTR) continue;
     mux.Service(fds.data() + i_mux, fds.size() - i_mux);
-    if (fds[i_ch].revents) {
-      channel_open = reader.Read(channel.get(), &frames);
+    if ((fds[i_ch].revents & POLLOUT) && !to_guest.empty()) {
+      const ssize_t sent = ::send(channel, to_guest.data(), to_guest.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (sent > 0) to_guest.erase(0, static_cast<std::size_t>(sent));
+    }
+    if (fds[i_ch].revents & (POLLIN | POLLHUP | POLLERR)) {
+      channel_open = reader.Read(channel, &frames);
       for (auto& f : frames) {
         if (mux.Handle(f)) {
           continue;
@@ -545,16 +586,15 @@ Outcome RunMicrovm(const Plan& plan, const std::vector<std::string>& argv,
       ssize_t got = read(0, buf, sizeof(buf));
       if (got <= 0) {
         stdin_open = false;
-        (void)linux::WriteFrame(channel.get(), linux::FrameType::kStdinEnd, "");
+        send(linux::FrameType::kStdinEnd, "");
       } else {
-        (void)linux::WriteFrame(channel.get(), linux::FrameType::kStdin,
-                                std::string_view(buf, static_cast<std::size_t>(got)));
+        send(linux::FrameType::kStdin, std::string_view(buf, static_cast<std::size_t>(got)));
       }
     }
     if (i_sig >= 0 && fds[i_sig].revents) {
       struct signalfd_siginfo si {};
       while (read(sigfd.get(), &si, sizeof(si)) == sizeof(si)) {
-        (void)linux::WriteFrame(channel.get(), linux::FrameType::kSignal, std::to_string(si.ssi_signo));
+        send(linux::FrameType::kSignal, std::to_string(si.ssi_signo));
       }
     }
     if (fds[i_vm].revents && !fds[i_ch].revents) {
@@ -563,21 +603,20 @@ Outcome RunMicrovm(const Plan& plan, const std::vector<std::string>& argv,
     }
   }
   scanner.Finish();
-  channel.reset();
   // Every connection's record is in once the proxy is stopped.
   auto network_report = [&]() {
     if (!egress) return;
-    egress->proxy().Stop();
-    AddNetworkReport(egress->proxy().records(), &out);
+    egress->Stop();
+    AddNetworkReport(egress->records(), &out);
     if (!options.network_log.empty()) {
-      if (Status s = WriteNetworkLog(options.network_log, egress->proxy().records()); !s.ok()) {
+      if (Status s = WriteNetworkLog(options.network_log, egress->records()); !s.ok()) {
         const std::string line = "agentbox: " + s.message() + "\n";
         WriteAll(options.stderr_fd, line.data(), line.size());
       }
     }
   };
   // The guest powers off after its last frame.
-  ReapHelper(&qemu, std::chrono::milliseconds(result ? 3000 : 0));
+  machine.ReapQemu(std::chrono::milliseconds(result ? 3000 : 0));
   out.usage.wall_ms = Ms(Clock::now() - started);
   out.usage.limits.memory_max_bytes = vm.memory_mib << 20;
   out.usage.limits.cpu_max_cores = static_cast<double>(vm.vcpus);
@@ -602,7 +641,7 @@ Outcome RunMicrovm(const Plan& plan, const std::vector<std::string>& argv,
   if (!result) {
     // The guest kernel out of memory with nothing left to kill panics
     // (panic=-1 ends QEMU): that is the VM's memory limit, not a broken sandbox.
-    const std::string console = Tail(dir + "/console.log", 4000);
+    const std::string console = machine.ConsoleTail(4000);
     if (console.find("Out of memory") != std::string::npos || console.find("oom-kill") != std::string::npos) {
       out.kind = OutcomeKind::kOomKilled;
       out.error = ErrorInfo{"oom", "the guest kernel ran out of memory in the VM's " +
@@ -610,7 +649,8 @@ Outcome RunMicrovm(const Plan& plan, const std::vector<std::string>& argv,
       out.denials.push_back(OomDenial(vm.memory_mib << 20, 1));
       return out;
     }
-    return qemu_failed("ended before the guest reported the command's outcome");
+    const Status why = machine.QemuFailed("ended before the guest reported the command's outcome");
+    return Failed(out, why.message(), 0, started);
   }
   const std::uint64_t oom = result->value("guest_oom_kills", std::uint64_t{0});
   const bool known = TakeGuestOutcome(*result, &out);

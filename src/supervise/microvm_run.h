@@ -2,6 +2,8 @@
 // and guest_init.cc (the guest's init).
 #pragma once
 
+#include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -9,8 +11,47 @@
 #include "agentbox/outcome.h"
 #include "agentbox/plan.h"
 #include "agentbox/run.h"
+#include "linux/fd.h"
+#include "linux/microvm.h"
 
 namespace agentbox::supervise {
+
+class Egress;
+
+// A booted microVM: its run directory, one virtiofsd per share (each in a
+// view of the plan's), QEMU, the guest's channel, and the host's end of the
+// guest's egress. All of it ends with the object: QEMU killed, the helpers
+// stopped, the directory removed.
+class MicrovmVm {
+ public:
+  // Boots the plan's VM and sends `request` once the guest's channel is
+  // open; its plan, shares and proxy ports are filled in here.
+  static Result<std::unique_ptr<MicrovmVm>> Boot(const Plan& plan, const RunOptions& options,
+                                                 linux::GuestRequest request);
+  ~MicrovmVm();
+  MicrovmVm(const MicrovmVm&) = delete;
+  MicrovmVm& operator=(const MicrovmVm&) = delete;
+
+  int channel() const;
+  int qemu_pidfd() const;
+  // read_only entries absent on this host (the report's enforcement.skipped).
+  const std::vector<std::string>& skipped() const;
+  // The proxy serving the guest's connections (null without egress), and a
+  // connection to its listener for `tag` ('h' HTTP, 's' SOCKS).
+  Egress* egress();
+  linux::UniqueFd DialEgress(char tag);
+  // An error naming `when` with QEMU's log and the guest console's tail.
+  Status QemuFailed(const std::string& when);
+  std::string ConsoleTail(std::size_t max) const;
+  // Waits up to `grace` for QEMU to end (the guest powers off), then kills it.
+  void ReapQemu(std::chrono::milliseconds grace);
+
+  struct State;
+
+ private:
+  explicit MicrovmVm(std::unique_ptr<State> state);
+  std::unique_ptr<State> s_;
+};
 
 // Boots the plan's VM, has its init run `argv` under the same plan inside
 // (as a namespaces run, the guest kernel's own Landlock and seccomp), and
@@ -29,7 +70,9 @@ inline constexpr const char* kMicrovmDirPrefix = "agentbox-microvm-";
 // The guest's init (pid 1 of the VM, the initramfs's /init): loads the
 // virtio modules, reads the request on the virtio-serial port, mounts the
 // shares as the guest's root, runs the request's plan and relays the
-// command's stdio and its outcome; then powers the VM off.
-[[noreturn]] void GuestInitMain();
+// command's stdio and its outcome (or, for a session's world, runs
+// `world_main`, the `__world` supervisor, and relays its channel and
+// calls); then powers the VM off.
+[[noreturn]] void GuestInitMain(int (*world_main)());
 
 }  // namespace agentbox::supervise

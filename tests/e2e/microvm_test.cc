@@ -28,49 +28,6 @@
 namespace agentbox::e2e {
 namespace {
 
-std::string BinDir() {
-  const std::string bin = AgentboxBin();
-  return bin.substr(0, bin.rfind('/'));
-}
-
-// The guest kernel release the build made an image for ("" none).
-std::string GuestRelease() {
-  DIR* d = opendir("/boot");
-  if (!d) return "";
-  std::string found;
-  while (dirent* e = readdir(d)) {
-    const std::string name = e->d_name;
-    if (name.rfind("vmlinuz-", 0) != 0) continue;
-    const std::string release = name.substr(8);
-    if (Exists(BinDir() + "/guest/initramfs-" + release + ".img") && release > found) found = release;
-  }
-  closedir(d);
-  return found;
-}
-
-// "" when a microVM can run here for this user, else why not.
-const std::string& MicrovmLack() {
-  static const std::string lack = [] {
-    if (FindTool("qemu-system-x86_64").empty()) return std::string("QEMU (qemu-system-x86_64) is not installed");
-    if (!Exists("/usr/lib/qemu/virtiofsd")) return std::string("QEMU's virtiofsd is not installed");
-    if (GuestRelease().empty()) {
-      return "no guest kernel in /boot with a guest image in " + BinDir() + "/guest (the build makes one per "
-             "kernel that has virtiofs)";
-    }
-    if (geteuid() != 0 && getgroups(0, nullptr) > 0) {
-      return std::string("this unprivileged user has supplementary groups, which virtiofsd (QEMU 7.2) must drop "
-                         "and a user namespace forbids dropping (the microvm_unprivileged run clears them)");
-    }
-    return std::string();
-  }();
-  return lack;
-}
-
-#define REQUIRE_MICROVM()                                                                   \
-  do {                                                                                      \
-    if (!MicrovmLack().empty()) GTEST_SKIP() << "not applicable here: " << MicrovmLack(); \
-  } while (0)
-
 // Without KVM (TCG) a guest boots in seconds and runs slower: a VM run's bound.
 constexpr int kVmMs = 240000;
 

@@ -1,0 +1,290 @@
+// `agentbox __world` for a plan on a microVM (sandbox.isolation: microvm).
+//
+// The world is one long-lived VM. Its guest's init runs the same world
+// supervisor as a host does (world_main.cc) on the guest kernel, and relays
+// (guest_init.cc). This process sits between the caller and the VM:
+//  - the caller's channel (fd 3): messages both ways as kWorld frames, but
+//    what only the host can do is answered here (network rules: the proxy is
+//    this host's) or refused with the reason (grafts, memory, rotation);
+//  - the control socket handed to the caller with "ready": each request
+//    goes over as a kControl frame, and each descriptor it passes (a call's
+//    stdin, output and result pipes, the background log, a binding socket)
+//    is carried by the stream mux under an id of this side's;
+//  - the guest's egress, as for a run (MicrovmVm).
+// A terminal or an inside socket would need the guest's descriptor on this
+// host: they are refused. The VM ends with this process.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "agentbox/run.h"
+#include "linux/fd.h"
+#include "linux/microvm.h"
+#include "linux/runner.h"
+#include "linux/stream_mux.h"
+#include "session/world_channel.h"
+#include "supervise/egress.h"
+#include "supervise/microvm_run.h"
+
+namespace agentbox::session {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+constexpr int kChannelFd = 3;
+
+json Refusal(const char* t, const std::string& why) {
+  return {{"t", t}, {"error", why}, {"stage", "microvm"}, {"message", why}, {"errno", 0}, {"syscall", ""}, {"path", ""}};
+}
+
+// The way a passed descriptor's bytes go for the world's init.
+char WayOf(int fd) {
+  struct stat st {};
+  if (fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode)) return 's';
+  return (fcntl(fd, F_GETFL) & O_ACCMODE) == O_RDONLY ? 'r' : 'w';
+}
+
+void WriteLine(int fd, const std::string& text) {
+  std::size_t off = 0;
+  while (off < text.size()) {
+    const ssize_t w = write(fd, text.data() + off, text.size() - off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return;
+    off += static_cast<std::size_t>(w);
+  }
+}
+
+}  // namespace
+
+int MicrovmWorldMain(const Plan& plan) {
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGTERM);
+  sigaddset(&mask, SIGINT);
+  sigaddset(&mask, SIGHUP);
+  sigprocmask(SIG_BLOCK, &mask, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  linux::UniqueFd sigfd(signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK));
+
+  RunOptions options;
+  options.ask_on_terminal = false;
+  options.on_connection = [](const std::string& record) {
+    Send(json{{"t", "net"}, {"record", json::parse(record, nullptr, false)}});
+  };
+  linux::GuestRequest request;
+  request.world = true;
+  request.env = linux::BuildEnv(plan.env);
+  request.pids_max = plan.limits.pids_max.value_or(0);
+  auto booted = supervise::MicrovmVm::Boot(plan, options, std::move(request));
+  if (!booted.ok()) {
+    Send(ErrorMessage(booted.status()));
+    return 125;
+  }
+  supervise::MicrovmVm& vm = **booted;
+  const int channel = vm.channel();
+  fcntl(channel, F_SETFL, fcntl(channel, F_GETFL) | O_NONBLOCK);
+
+  // What goes to the guest is queued and written as the channel takes it
+  // (this end never blocks on the guest, which may block on its writes).
+  std::string to_guest;
+  auto send = [&](linux::FrameType type, std::string_view payload) {
+    linux::AppendFrame(&to_guest, type, payload);
+    return true;
+  };
+  linux::StreamMux mux(send, [&](char tag) { return vm.DialEgress(tag); });
+  std::uint32_t next_id = 0;
+  linux::UniqueFd control;  // ours; the caller has the other end
+  bool ready = false;
+  std::optional<Clock::time_point> kill_at;
+  linux::FrameReader reader;
+  std::vector<linux::Frame> frames;
+  std::vector<char> in(1 << 20);
+
+  // The caller's control requests: the descriptors to the mux, the request
+  // to the guest.
+  auto relay_control = [&]() -> bool {
+    struct iovec iov = {in.data(), in.size()};
+    alignas(struct cmsghdr) char cbuf[CMSG_SPACE(sizeof(int) * 8)];
+    struct msghdr msg {};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf;
+    msg.msg_controllen = sizeof(cbuf);
+    const ssize_t n = recvmsg(control.get(), &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return false;
+    if (n < 0) return true;
+    std::vector<linux::UniqueFd> passed;
+    for (struct cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      const int* p = reinterpret_cast<const int*>(CMSG_DATA(c));
+      for (std::size_t i = 0; i < count; ++i) passed.emplace_back(p[i]);
+    }
+    linux::ControlFrame frame;
+    frame.text.assign(in.data(), static_cast<std::size_t>(n));
+    if (frame.text == "@" && !passed.empty()) {  // a long request, in a memfd (world.cc)
+      frame.text.clear();
+      char buf[65536];
+      off_t off = 0;
+      for (ssize_t r; (r = pread(passed[0].get(), buf, sizeof(buf), off)) > 0; off += r) {
+        frame.text.append(buf, static_cast<std::size_t>(r));
+      }
+      passed.erase(passed.begin());
+    }
+    const json req = json::parse(frame.text, nullptr, false);
+    const std::string op = req.is_object() ? req.value("op", "") : "";
+    if (op == "pty" && passed.size() >= 2) {
+      WriteLine(passed[1].get(), json{{"t", "exec_error"}, {"stage", "pty"}, {"syscall", "a terminal in a microVM session"},
+                                      {"path", "not available in this version"}, {"errno", EOPNOTSUPP}}
+                                     .dump());
+      return true;
+    }
+    if (op == "socket" && !passed.empty()) {
+      const std::string text = json{{"errno", EOPNOTSUPP}}.dump();
+      (void)!::send(passed[0].get(), text.data(), text.size(), MSG_NOSIGNAL);
+      return true;
+    }
+    for (auto& fd : passed) {
+      const char way = WayOf(fd.get());
+      const std::uint32_t id = linux::kMuxAttached | ++next_id;
+      const auto flow = way == 'r' ? linux::MuxFlow::kOut : way == 'w' ? linux::MuxFlow::kIn : linux::MuxFlow::kBoth;
+      if (!mux.Attach(id, std::move(fd), flow)) return true;  // too many at once: the call's descriptors end
+      frame.fds.push_back({id, way});
+    }
+    linux::AppendControlFrames(&to_guest, frame);
+    return true;
+  };
+
+  // One message of the caller's: the host's ops answered here, the rest to the guest.
+  auto from_caller = [&](const json& req, const std::string& text) {
+    const std::string op = req.is_object() ? req.value("op", "") : "";
+    if (op == "network" && req.contains("allow") && req["allow"].is_array() && req.contains("deny") &&
+        req["deny"].is_array()) {
+      std::vector<std::string> allow, deny;
+      for (const auto& e : req["allow"]) allow.push_back(e.is_string() ? e.get<std::string>() : e.dump());
+      for (const auto& e : req["deny"]) deny.push_back(e.is_string() ? e.get<std::string>() : e.dump());
+      supervise::Egress* egress = vm.egress();
+      Status set = egress ? egress->SetRules(allow, deny)
+                          : Status::Error("network", "this session's sandbox has no egress (its network is off)");
+      Send(json{{"t", "network"}, {"error", set.ok() ? "" : set.message()}});
+    } else if (op == "rotate") {
+      Send(json{{"t", "rotated"}, {"name", ""}, {"error", "this session has no secrets (credentials are refused on a microVM)"}});
+    } else if (op == "graft" || op == "ungraft") {
+      Send(Refusal(op.c_str(), "a microVM's shares are set when it boots: a path cannot be grafted into a running "
+                               "one (start a new session with the path in the policy)"));
+    } else if (op == "memory") {
+      Send(Refusal("memory", "a microVM's memory is its RAM, set when it boots (memory_gib.limit): it cannot be "
+                             "changed while it runs"));
+    } else {
+      if (op == "stop" && !kill_at) {
+        // The guest's supervisor stops the world; the VM ends after the
+        // grace and a margin for its power-off, should it not.
+        kill_at = Clock::now() + std::chrono::milliseconds(req.value("grace_ms", 0) + 5000);
+      }
+      send(linux::FrameType::kWorld, text);
+    }
+  };
+
+  for (;;) {
+    const auto now = Clock::now();
+    if (kill_at && now >= *kill_at) {
+      Send(json{{"t", "exited"}, {"how", "stopped"}, {"oom_kills", 0}});
+      return 0;
+    }
+    const int timeout = kill_at ? static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(*kill_at - now).count()) + 1
+                                : -1;
+    std::vector<struct pollfd> fds;
+    fds.push_back({channel, static_cast<short>(POLLIN | (to_guest.empty() ? 0 : POLLOUT)), 0});
+    fds.push_back({vm.qemu_pidfd(), POLLIN, 0});
+    fds.push_back({kChannelFd, POLLIN, 0});
+    fds.push_back({sigfd.get(), POLLIN, 0});
+    const int i_control = control.valid() ? (fds.push_back({control.get(), POLLIN, 0}), static_cast<int>(fds.size() - 1)) : -1;
+    const std::size_t i_mux = fds.size();
+    mux.AppendPollFds(&fds);
+    if (poll(fds.data(), static_cast<nfds_t>(fds.size()), timeout) < 0) continue;
+    mux.Service(fds.data() + i_mux, fds.size() - i_mux);
+    if ((fds[0].revents & POLLOUT) && !to_guest.empty()) {
+      const ssize_t sent = ::send(channel, to_guest.data(), to_guest.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (sent > 0) to_guest.erase(0, static_cast<std::size_t>(sent));
+    }
+    if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+      const bool open = reader.Read(channel, &frames);
+      for (auto& f : frames) {
+        if (mux.Handle(f)) continue;
+        if (f.type == linux::FrameType::kFailure) {
+          const json j = json::parse(f.payload, nullptr, false);
+          Send(ErrorMessage(Status::Error(
+              "microvm", "the guest's init: " + (j.is_object() ? j.value("stage", std::string("?")) + ": " +
+                                                                      j.value("message", std::string("?"))
+                                                                : f.payload))));
+          return 125;
+        }
+        if (f.type != linux::FrameType::kWorld) continue;
+        json m = json::parse(f.payload, nullptr, false);
+        const std::string t = m.is_object() ? m.value("t", "") : "";
+        if (t == "ready" && !ready) {
+          ready = true;
+          int sv[2];
+          if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
+            Send(ErrorMessage(Status::Errno("world", "socketpair", "the control socket")));
+            return 125;
+          }
+          control.reset(sv[0]);
+          linux::UniqueFd theirs(sv[1]);
+          // What this host's resolution skipped (the shares' views follow it).
+          m["skipped"] = vm.skipped();
+          Send(m, theirs.get());
+        } else if (t == "exited" || t == "error") {
+          Send(m);
+          return t == "error" ? 125 : 0;
+        } else {
+          Send(m);
+        }
+      }
+      frames.clear();
+      if (!open) {
+        Send(json{{"t", "exited"}, {"how", "the session's VM ended"}, {"oom_kills", 0}});
+        return 0;
+      }
+    }
+    if (fds[1].revents) {
+      // QEMU ended: a guest that ran out of memory with nothing left to
+      // kill stops the VM (panic), which the console says.
+      const std::string console = vm.ConsoleTail(4000);
+      const bool oom = console.find("Out of memory") != std::string::npos || console.find("oom-kill") != std::string::npos;
+      Send(json{{"t", "exited"}, {"how", "the session's VM ended: " + vm.QemuFailed("ended").message()}, {"oom_kills", oom ? 1 : 0}});
+      return 0;
+    }
+    if (fds[2].revents) {
+      const ssize_t got = recv(kChannelFd, in.data(), in.size(), MSG_DONTWAIT);
+      if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR)) return 0;  // the caller is gone: so is the VM
+      if (got > 0) {
+        const std::string text(in.data(), static_cast<std::size_t>(got));
+        from_caller(json::parse(text, nullptr, false), text);
+      }
+    }
+    if (fds[3].revents) {
+      struct signalfd_siginfo si {};
+      while (read(sigfd.get(), &si, sizeof(si)) == sizeof(si)) {
+        from_caller(json{{"op", "stop"}, {"grace_ms", plan.kill_grace_ms}},
+                    json{{"op", "stop"}, {"grace_ms", plan.kill_grace_ms}}.dump());
+      }
+    }
+    if (i_control >= 0 && fds[i_control].revents && !relay_control()) control.reset();
+  }
+}
+
+}  // namespace agentbox::session

@@ -1,0 +1,26 @@
+// The channel between a session's caller (world.cc) and its supervisor,
+// `agentbox __world` (world_main.cc), from the supervisor's side: fd 3, one
+// JSON message per packet. Shared by the namespaces world and the microVM
+// world (microvm_world.cc).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include "agentbox/plan.h"
+#include "agentbox/status.h"
+
+namespace agentbox::session {
+
+// One message to the caller, with `fd_to_pass` (>= 0) beside it. A "net"
+// record is dropped rather than block when the caller does not read.
+void Send(const nlohmann::json& message, int fd_to_pass = -1);
+
+// {"t": "error", stage, message, errno, syscall, path} of `s`.
+nlohmann::json ErrorMessage(const Status& s);
+
+// The supervisor of a session whose world is a microVM: boots it with the
+// guest's init in world mode and relays between the caller and the VM's
+// channel (microvm_world.cc). Returns the process's exit status.
+int MicrovmWorldMain(const Plan& plan);
+
+}  // namespace agentbox::session

@@ -1,0 +1,141 @@
+// Sessions on sandbox.isolation: microvm: one long-lived VM per session's
+// world, driven through the daemon's API as on the os level. The host facts
+// these depend on (QEMU, virtiofsd, a guest kernel with its image; without
+// root, no supplementary groups) are checked without agentbox; where one is
+// absent each test says "not applicable here" and why.
+#include <gtest/gtest.h>
+#include <sys/utsname.h>
+
+#include <string>
+#include <vector>
+
+#include "daemon_fixture.h"
+#include "ladder_workloads.h"
+
+namespace agentbox::session_test {
+namespace {
+
+using e2e::Contains;
+using e2e::MicrovmLack;
+using e2e::TempDir;
+
+constexpr const char* kMicrovmPolicy = "version: 1\nmode: workspace-write\nsandbox: { isolation: microvm }\n";
+
+std::string Output(const json& result) { return result.value("output", ""); }
+
+class MicrovmSession : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!MicrovmLack().empty()) GTEST_SKIP() << "not applicable here: " << MicrovmLack();
+    ASSERT_TRUE(d_.Start()) << d_.error();
+  }
+  daemon::Client& c() { return d_.client(); }
+  std::string Create(const std::string& policy = kMicrovmPolicy) {
+    return CreateSession(c(), ws_.path(), {{"policy", policy}});
+  }
+
+  TempDir ws_{"agentbox-session-ws-"};
+  Daemon d_;
+};
+
+TEST_F(MicrovmSession, OneVmServesTheCallsAndTheFileToolsSeeWhatTheShellSees) {
+  const std::string id = Create();
+  ASSERT_FALSE(id.empty());
+  json first = Bash(c(), id, "uname -r; echo 1 > /tmp/warm");
+  ASSERT_EQ(first.value("kind", ""), "exited") << first.dump();
+  EXPECT_EQ(Output(first), e2e::GuestRelease() + "\n") << "the call did not run on the guest kernel: " << first.dump();
+  EXPECT_EQ(first["outcome"]["enforcement"].value("backend", ""), "microvm") << first.dump();
+  const std::vector<pid_t> world = d_.Children();
+  ASSERT_FALSE(world.empty());
+  for (int i = 0; i < 3; ++i) {
+    json r = Bash(c(), id, "cat /tmp/warm");
+    EXPECT_EQ(Output(r), "1\n") << "the VM's /tmp is gone: a new VM per call? " << r.dump();
+  }
+  EXPECT_EQ(d_.Children(), world) << "the session's VM changed between warm calls";
+
+  ASSERT_EQ(Bash(c(), id, "mkdir notes").value("exit_code", -1), 0);
+  json w = Execute(c(), id, "write_file", {{"path", "notes/from-tool.txt"}, {"content", "written by the tool\n"}});
+  ASSERT_EQ(w.value("is_error", true), false) << w.dump();
+  EXPECT_EQ(Output(Bash(c(), id, "cat notes/from-tool.txt")), "written by the tool\n");
+  ASSERT_EQ(Bash(c(), id, "printf 'written by the shell\\n' > from-shell.txt").value("exit_code", -1), 0);
+  json read = Execute(c(), id, "read_file", {{"path", "from-shell.txt"}});
+  EXPECT_TRUE(Contains(Output(read), "written by the shell")) << read.dump();
+  json edit = Execute(c(), id, "edit_file", {{"path", "from-shell.txt"}, {"old", "shell"}, {"new", "editor"}});
+  EXPECT_EQ(edit.value("is_error", true), false) << edit.dump();
+  EXPECT_EQ(Output(Bash(c(), id, "cat from-shell.txt")), "written by the editor\n");
+  // A file tool's request too long for one packet (a memfd on the host, a
+  // second one in the guest) and an output bigger than the mux's window.
+  const std::string big(300000, 'x');
+  json wb = Execute(c(), id, "write_file", {{"path", "big.txt"}, {"content", big}});
+  ASSERT_EQ(wb.value("is_error", true), false) << wb.dump();
+  EXPECT_EQ(Output(Bash(c(), id, "wc -c < big.txt")), "300000\n");
+  json rb = Bash(c(), id, "head -c 200000 /dev/zero | tr '\\0' y | wc -c; echo in | cat");
+  EXPECT_EQ(Output(rb), "200000\nin\n") << rb.dump();
+  // The workspace is the session's copy: the base is untouched.
+  EXPECT_FALSE(e2e::Exists(ws_.path() + "/from-shell.txt"));
+}
+
+TEST_F(MicrovmSession, SecretsStayAbsentAndADenialIsNamed) {
+  e2e::WriteFile(ws_.path() + "/.env", "TOKEN=do-not-leak\n");
+  const std::string id = Create();
+  ASSERT_FALSE(id.empty());
+  json r = Bash(c(), id, "cat .env; cat /etc/shadow; echo out > /etc/agentbox-probe; exit 3");
+  EXPECT_EQ(r.value("exit_code", -1), 3) << r.dump();
+  EXPECT_FALSE(Contains(Output(r), "do-not-leak")) << r.dump();
+  EXPECT_FALSE(e2e::Exists("/etc/agentbox-probe"));
+  EXPECT_EQ(r.value("kind", ""), "sandbox_denied") << r.dump();
+  EXPECT_TRUE(Contains(r.dump(), "/etc/shadow")) << r.dump();
+  json tool = Execute(c(), id, "read_file", {{"path", ".env"}});
+  EXPECT_FALSE(Contains(Output(tool), "do-not-leak")) << tool.dump();
+}
+
+TEST_F(MicrovmSession, ATimeoutAndAnOomEndTheCallNotTheVm) {
+  const std::string id = Create(std::string(kMicrovmPolicy) + "resources:\n  memory_gib: { limit: 256Mi }\n");
+  ASSERT_FALSE(id.empty());
+  json timed = Execute(c(), id, "bash", {{"command", "sleep 60"}, {"timeout", "2s"}});
+  EXPECT_EQ(timed.value("kind", ""), "timed_out") << timed.dump();
+  json oom = Bash(c(), id, "head -c 600M /dev/zero | tail > /dev/null");
+  EXPECT_EQ(oom.value("kind", ""), "oom_killed") << oom.dump();
+  EXPECT_TRUE(Contains(Output(oom), "oom_killed at 256 MiB")) << oom.dump();
+  json after = Bash(c(), id, "echo alive");
+  EXPECT_EQ(Output(after), "alive\n") << after.dump();
+}
+
+TEST_F(MicrovmSession, ASnapshotRestoresIntoAFreshVm) {
+  const std::string a = Create();
+  ASSERT_FALSE(a.empty());
+  ASSERT_EQ(Bash(c(), a, "echo v1 > state.txt").value("exit_code", -1), 0);
+  Answer snap = Call(c(), "POST", "/v1/sessions/" + a + "/snapshot");
+  ASSERT_EQ(snap.status, 201) << snap.text;
+  const std::string snapshot = snap.body.value("snapshot_id", "");
+  ASSERT_FALSE(snapshot.empty()) << snap.text;
+  Bash(c(), a, "echo v2 > state.txt");
+  const std::string b = CreateSession(c(), ws_.path(), {{"from_snapshot", snapshot}, {"policy", kMicrovmPolicy}});
+  ASSERT_FALSE(b.empty());
+  json r = Bash(c(), b, "cat state.txt; uname -r");
+  EXPECT_EQ(Output(r), "v1\n" + e2e::GuestRelease() + "\n") << r.dump();
+}
+
+TEST_F(MicrovmSession, KillingTheDaemonLeavesNoVm) {
+  const std::string id = Create();
+  ASSERT_FALSE(id.empty());
+  ASSERT_EQ(Output(Bash(c(), id, "echo up")), "up\n");
+  const std::vector<pid_t> vm = d_.Descendants();
+  ASSERT_GE(vm.size(), 3u) << "expected the world's supervisor, virtiofsd and QEMU";
+  d_.Signal(SIGKILL);
+  ASSERT_EQ(d_.WaitExit(10000), 128 + SIGKILL);
+  EXPECT_TRUE(Daemon::WaitGone(vm, 15000)) << "the VM or its helpers outlived the SIGKILLed daemon";
+}
+
+TEST_F(MicrovmSession, WhatNeedsTheGuestsDescriptorsIsRefusedNamingWhy) {
+  const std::string id = Create();
+  ASSERT_FALSE(id.empty());
+  ASSERT_EQ(Output(Bash(c(), id, "echo up")), "up\n");
+  Answer port = Call(c(), "POST", "/v1/sessions/" + id + "/ports", {{"port", 8090}});
+  EXPECT_EQ(port.status, 400) << port.text;
+  EXPECT_TRUE(Contains(port.message(), "microVM, which has no network device")) << port.text;
+  EXPECT_EQ(Output(Bash(c(), id, "echo still")), "still\n");
+}
+
+}  // namespace
+}  // namespace agentbox::session_test
