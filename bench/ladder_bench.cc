@@ -98,11 +98,8 @@ long PssKib(const std::vector<pid_t>& pids) {
   long total = 0;
   for (pid_t pid : pids) {
     std::ifstream f("/proc/" + std::to_string(pid) + "/smaps_rollup");
-    std::string key;
-    long value = 0;
-    std::string unit;
-    while (f >> key >> value >> unit) {
-      if (key == "Pss:") total += value;
+    for (std::string line; std::getline(f, line);) {
+      if (line.rfind("Pss:", 0) == 0) total += std::atol(line.c_str() + 4);
     }
   }
   return total;
