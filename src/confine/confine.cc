@@ -479,10 +479,6 @@ std::string MicrovmLack(const Policy& policy, const HostCaps& host, const Invoca
   if (l.virtiofsd.empty()) return "QEMU's virtiofsd is not installed (Debian package qemu-system-common)";
   if (l.guest_image.empty() || l.guest_kernel.empty()) return "no guest kernel with agentbox's guest image";
   if (inv.workspace_overlay) return "--workspace-overlay is not available on a microVM in this version";
-  if (NeedsProxy(policy) && Terminates(policy)) {
-    return "credentials and network.http_rules end TLS in agentbox's proxy with a CA of the run's, which a "
-           "microVM's guest is not given in this version (egress by network.allow is)";
-  }
   if (!policy.filesystem.unix_sockets.empty()) {
     return "filesystem.unix_sockets: a microVM reaches no host socket in this version";
   }
@@ -533,6 +529,11 @@ EnforcementReport AssessMicrovm(const Policy& policy, const HostCaps& host, cons
         g.notes.push_back("egress: the guest's init listens on the proxy variables' ports of the guest's loopback "
                           "and carries each connection over the VM's virtio-serial port to agentbox's proxy on "
                           "this host, which decides it by network.allow and network.deny");
+        if (Terminates(policy)) {
+          g.notes.push_back("credentials and network.http_rules: that proxy ends TLS with a CA of the run's; the "
+                            "guest gets the CA's certificate in its trust bundle and placeholders, never the key or "
+                            "a secret");
+        }
       } else {
         g.mechanisms.push_back("guest-network-namespace");
       }

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include <openssl/crypto.h>
 
 #include "agentbox/run.h"
 #include "linux/fd.h"
@@ -36,6 +37,9 @@
 #include "linux/runner.h"
 #include "linux/stream_mux.h"
 #include "session/world_channel.h"
+#include "net/terminator.h"
+#include "session/secret_handover.h"
+#include "supervise/credentials.h"
 #include "supervise/egress.h"
 #include "supervise/microvm_run.h"
 
@@ -69,7 +73,7 @@ void WriteLine(int fd, const std::string& text) {
 
 }  // namespace
 
-int MicrovmWorldMain(const Plan& plan) {
+int MicrovmWorldMain(const Plan& given) {
   sigset_t mask;
   sigemptyset(&mask);
   sigaddset(&mask, SIGTERM);
@@ -78,6 +82,29 @@ int MicrovmWorldMain(const Plan& plan) {
   sigprocmask(SIG_BLOCK, &mask, nullptr);
   signal(SIGPIPE, SIG_IGN);
   linux::UniqueFd sigfd(signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK));
+
+  // Credentials, http_rules: the values come first from the caller and
+  // stay in this process (the proxy that serves the guest); the guest gets
+  // the CA's certificate and placeholders only.
+  Plan plan = given;
+  std::shared_ptr<net::SecretStore> secrets;
+  std::shared_ptr<net::Terminator> terminator;
+  if (plan.network.terminate && plan.network.proxy) {
+    if (!plan.network.credentials.secrets.empty()) {
+      auto store = ReceiveSecrets(plan);
+      if (!store.ok()) {
+        Send(ErrorMessage(store.status()));
+        return 125;
+      }
+      secrets = std::move(*store);
+    }
+    auto prepared = supervise::PrepareCredentials(&plan, secrets);
+    if (!prepared.ok()) {
+      Send(ErrorMessage(prepared.status()));
+      return 125;
+    }
+    terminator = std::move(*prepared);
+  }
 
   RunOptions options;
   options.ask_on_terminal = false;
@@ -88,7 +115,7 @@ int MicrovmWorldMain(const Plan& plan) {
   request.world = true;
   request.env = linux::BuildEnv(plan.env);
   request.pids_max = plan.limits.pids_max.value_or(0);
-  auto booted = supervise::MicrovmVm::Boot(plan, options, std::move(request));
+  auto booted = supervise::MicrovmVm::Boot(plan, options, std::move(request), terminator);
   if (!booted.ok()) {
     Send(ErrorMessage(booted.status()));
     return 125;
@@ -169,7 +196,7 @@ int MicrovmWorldMain(const Plan& plan) {
   };
 
   // One message of the caller's: the host's ops answered here, the rest to the guest.
-  auto from_caller = [&](const json& req, const std::string& text) {
+  auto from_caller = [&](json& req, const std::string& text) {
     const std::string op = req.is_object() ? req.value("op", "") : "";
     if (op == "network" && req.contains("allow") && req["allow"].is_array() && req.contains("deny") &&
         req["deny"].is_array()) {
@@ -181,7 +208,14 @@ int MicrovmWorldMain(const Plan& plan) {
                           : Status::Error("network", "this session's sandbox has no egress (its network is off)");
       Send(json{{"t", "network"}, {"error", set.ok() ? "" : set.message()}});
     } else if (op == "rotate") {
-      Send(json{{"t", "rotated"}, {"name", ""}, {"error", "this session has no secrets (credentials are refused on a microVM)"}});
+      // The values stay here: never forwarded to the guest.
+      auto values = TakeSecrets(req);
+      for (auto& [name, value] : values.ok() ? *values : std::vector<std::pair<std::string, std::string>>{}) {
+        Status rotated = secrets ? secrets->Rotate(name, value)
+                                 : Status::Error("credentials", "this session has no secrets");
+        net::Wipe(value);
+        Send(json{{"t", "rotated"}, {"name", name}, {"error", rotated.ok() ? std::string() : rotated.message()}});
+      }
     } else if (op == "graft" || op == "ungraft") {
       Send(Refusal(op.c_str(), "a microVM's shares are set when it boots: a path cannot be grafted into a running "
                                "one (start a new session with the path in the policy)"));
@@ -272,15 +306,20 @@ int MicrovmWorldMain(const Plan& plan) {
       const ssize_t got = recv(kChannelFd, in.data(), in.size(), MSG_DONTWAIT);
       if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR)) return 0;  // the caller is gone: so is the VM
       if (got > 0) {
-        const std::string text(in.data(), static_cast<std::size_t>(got));
-        from_caller(json::parse(text, nullptr, false), text);
+        std::string text(in.data(), static_cast<std::size_t>(got));
+        OPENSSL_cleanse(in.data(), static_cast<std::size_t>(got));
+        json req = json::parse(text, nullptr, false);
+        // A message with values (a rotation) is answered here; nothing else
+        // the caller sends holds one.
+        from_caller(req, req.is_object() && req.value("op", "") == "rotate" ? std::string() : text);
+        OPENSSL_cleanse(text.data(), text.size());
       }
     }
     if (fds[3].revents) {
       struct signalfd_siginfo si {};
       while (read(sigfd.get(), &si, sizeof(si)) == sizeof(si)) {
-        from_caller(json{{"op", "stop"}, {"grace_ms", plan.kill_grace_ms}},
-                    json{{"op", "stop"}, {"grace_ms", plan.kill_grace_ms}}.dump());
+        json stop = {{"op", "stop"}, {"grace_ms", plan.kill_grace_ms}};
+        from_caller(stop, stop.dump());
       }
     }
     if (i_control >= 0 && fds[i_control].revents && !relay_control()) control.reset();

@@ -4,10 +4,13 @@
 // world (microvm_world.cc).
 #pragma once
 
+#include <memory>
+
 #include <nlohmann/json.hpp>
 
 #include "agentbox/plan.h"
 #include "agentbox/status.h"
+#include "net/secrets.h"
 
 namespace agentbox::session {
 
@@ -17,6 +20,10 @@ void Send(const nlohmann::json& message, int fd_to_pass = -1);
 
 // {"t": "error", stage, message, errno, syscall, path} of `s`.
 nlohmann::json ErrorMessage(const Status& s);
+
+// The secrets' values, the caller's first message when the plan has
+// secrets (world.cc), as a store of the plan's secrets; the buffer is wiped.
+Result<std::shared_ptr<net::SecretStore>> ReceiveSecrets(const Plan& plan);
 
 // The supervisor of a session whose world is a microVM: boots it with the
 // guest's init in world mode and relays between the caller and the VM's

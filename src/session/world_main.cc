@@ -99,6 +99,8 @@ namespace {
 // The largest channel message: a rotation of a 64 KiB secret, hex-encoded.
 constexpr std::size_t kSecretsMessageMax = 1 << 20;
 
+}  // namespace
+
 // The daemon's first message when the plan has secrets (world.cc).
 Result<std::shared_ptr<net::SecretStore>> ReceiveSecrets(const Plan& plan) {
   std::vector<char> buf(kSecretsMessageMax);
@@ -120,6 +122,8 @@ Result<std::shared_ptr<net::SecretStore>> ReceiveSecrets(const Plan& plan) {
   if (!values.ok()) return values.status();
   return net::SecretStore::WithValues(plan.network.credentials.secrets, *values);
 }
+
+namespace {
 
 }  // namespace
 

@@ -54,6 +54,7 @@
 #include "linux/resolve.h"
 #include "linux/runner.h"
 #include "supervise/denial_scanner.h"
+#include "supervise/credentials.h"
 #include "supervise/egress.h"
 #include "supervise/resources.h"
 #include "supervise/run_dirs.h"
@@ -232,6 +233,10 @@ Plan GuestPlan(const Plan& plan) {
   // Egress: the guest's own network namespace (loopback only, no device)
   // holds the proxy ports the guest's init listens on; the command's
   // variables name them. The proxy itself is this host's.
+  // TLS that the policy's credentials or http_rules end is ended by that
+  // proxy too: the guest's plan carries only the CA's certificate (in the
+  // bundle's kFile mount, filled in on the host), never its key.
+  g.network.terminate = false;
   if (g.network.proxy) {
     g.network.proxy.reset();
     std::erase(g.namespaces, std::string("net"));
@@ -254,7 +259,8 @@ Plan GuestPlan(const Plan& plan) {
 // guest (their client sockets' inodes).
 class GuestEgress {
  public:
-  static Result<std::unique_ptr<GuestEgress>> Start(const Plan& plan, const RunOptions& options) {
+  static Result<std::unique_ptr<GuestEgress>> Start(const Plan& plan, const RunOptions& options,
+                                                    std::shared_ptr<net::Terminator> terminator) {
     auto listeners = linux::BindHostProxyListeners();
     if (!listeners.ok()) return listeners.status();
     std::unique_ptr<GuestEgress> e(new GuestEgress());
@@ -268,7 +274,7 @@ class GuestEgress {
     Egress::Fds fds;
     fds.http = std::move(listeners->http);
     fds.socks = std::move(listeners->socks);
-    auto started = Egress::Start(plan, options, std::move(fds), 0, nullptr, admit);
+    auto started = Egress::Start(plan, options, std::move(fds), 0, std::move(terminator), admit);
     if (!started.ok()) return started.status();
     e->proxy_ = std::move(*started);
     return e;
@@ -346,7 +352,8 @@ void MicrovmVm::ReapQemu(std::chrono::milliseconds grace) {
 }
 
 Result<std::unique_ptr<MicrovmVm>> MicrovmVm::Boot(const Plan& plan, const RunOptions& options,
-                                                   linux::GuestRequest request) {
+                                                   linux::GuestRequest request,
+                                                   std::shared_ptr<net::Terminator> terminator) {
   if (!plan.microvm) return Status::Error("microvm", "the plan names no VM");
   const MicrovmPlan& vm = *plan.microvm;
   auto resolved = linux::ResolvePlan(plan);
@@ -435,7 +442,7 @@ Result<std::unique_ptr<MicrovmVm>> MicrovmVm::Boot(const Plan& plan, const RunOp
   }
 
   if (plan.network.proxy) {
-    auto started_egress = GuestEgress::Start(plan, options);
+    auto started_egress = GuestEgress::Start(plan, options, std::move(terminator));
     if (!started_egress.ok()) return started_egress.status();
     state->egress = std::move(*started_egress);
   }
@@ -484,16 +491,23 @@ Outcome RunMicrovm(const Plan& plan, const std::vector<std::string>& argv,
   const MicrovmPlan& vm = *plan.microvm;
   if (plan.tty) return Failed(out, "run --tty is not available on a microVM in this version", 0, started);
 
+  // Credentials, http_rules: the run's CA and the secrets' placeholders,
+  // here on the host, before the guest's plan and environment are made.
+  Plan prepared = plan;
+  auto terminator = PrepareCredentials(&prepared);
+  if (!terminator.ok()) {
+    return Failed(out, terminator.status().message(), terminator.status().err(), started, terminator.status().stage());
+  }
   struct stat in_st {};
   const bool forward_stdin = fstat(0, &in_st) == 0 && (S_ISFIFO(in_st.st_mode) || S_ISREG(in_st.st_mode) ||
                                                        S_ISSOCK(in_st.st_mode));
   linux::GuestRequest request;
   request.argv = argv;
   request.stdin_open = forward_stdin;
-  request.env = linux::BuildEnv(plan.env);
+  request.env = linux::BuildEnv(prepared.env);
   request.pids_max = plan.limits.pids_max.value_or(0);
   ForwardedSignals sigfd(options.forward_signals);
-  auto booted = MicrovmVm::Boot(plan, options, std::move(request));
+  auto booted = MicrovmVm::Boot(prepared, options, std::move(request), std::move(*terminator));
   if (!booted.ok()) {
     return Failed(out, booted.status().message(), booted.status().err(), started, booted.status().stage());
   }

@@ -14,6 +14,10 @@
 #include "linux/fd.h"
 #include "linux/microvm.h"
 
+namespace agentbox::net {
+class Terminator;
+}
+
 namespace agentbox::supervise {
 
 class Egress;
@@ -25,9 +29,12 @@ class Egress;
 class MicrovmVm {
  public:
   // Boots the plan's VM and sends `request` once the guest's channel is
-  // open; its plan, shares and proxy ports are filled in here.
+  // open; its plan, shares and proxy ports are filled in here. The plan's
+  // credentials are prepared already (PrepareCredentials): `terminator`
+  // ends TLS in the proxy serving the guest.
   static Result<std::unique_ptr<MicrovmVm>> Boot(const Plan& plan, const RunOptions& options,
-                                                 linux::GuestRequest request);
+                                                 linux::GuestRequest request,
+                                                 std::shared_ptr<net::Terminator> terminator = nullptr);
   ~MicrovmVm();
   MicrovmVm(const MicrovmVm&) = delete;
   MicrovmVm& operator=(const MicrovmVm&) = delete;

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "harness.h"
+#include "ladder_workloads.h"
 #include "net_fixtures.h"
 
 namespace agentbox::e2e {
@@ -579,8 +580,9 @@ class Credentials : public ::testing::Test {
     std::vector<std::string> env = {"SSL_CERT_FILE=" + ca_->ca_pem, "GIT_PASSWORD=" + git_password_};
     if (k.api_token_in_env) env.push_back("API_TOKEN=" + token_);
     unlink(NetworkLog().c_str());
-    RunResult r = RunWithHosts(*sb_, kHosts, script, {"--policy", WritePolicy(k), "--network-log", NetworkLog()},
-                               timeout_ms, env);
+    std::vector<std::string> options = {"--policy", WritePolicy(k), "--network-log", NetworkLog()};
+    options.insert(options.end(), extra_options_.begin(), extra_options_.end());
+    RunResult r = RunWithHosts(*sb_, kHosts, script, options, timeout_ms, env);
     report_text_ = ReadFile(sb_->report_path()).value_or("");
     return r;
   }
@@ -597,6 +599,7 @@ class Credentials : public ::testing::Test {
     }
   }
 
+  std::vector<std::string> extra_options_;  // more `run` options (an --isolation)
   std::unique_ptr<Sandbox> sb_;
   std::unique_ptr<TestCa> ca_;
   std::unique_ptr<HostScript> api_, git_;
@@ -706,6 +709,35 @@ TEST_F(Credentials, TokenIsNowhereInsideTheSandbox) {
   EXPECT_NE(placeholder, token_);
   EXPECT_TRUE(Field(r.out, "API_TOKEN").empty()) << r.Describe();
   EXPECT_TRUE(Field(r.out, "GIT_PASSWORD").empty()) << r.Describe();
+  ExpectNoSecretIn(r);
+}
+
+// The same in a microVM: the host's proxy ends TLS with the run's CA (the
+// guest has its certificate only), adds the token at egress, and keeps to
+// the http_rules; nothing in the guest holds the token.
+TEST_F(Credentials, InAMicrovmTheTokenIsAddedAtEgressAndNeverInTheGuest) {
+  if (!MicrovmLack().empty()) GTEST_SKIP() << "not applicable here: " << MicrovmLack();
+  extra_options_ = {"--isolation", "microvm"};
+  WriteFile(sb().ws() + "/probe.py", kSecretProbe);
+  const std::string half = token_.substr(0, token_.size() / 2), rest = token_.substr(token_.size() / 2);
+  RunResult r = Run("echo release=$(uname -r); curl -sS --max-time 60 " + ApiUrl("/repos/acme/x") + "; echo; "
+                    "curl -sS --max-time 60 -o /dev/null -w 'other=%{http_code}\\n' " + ApiUrl("/repos/other/x") +
+                    "; env; echo '== token'; python3 probe.py " + half + " " + rest,
+                    {}, 240000);
+  EXPECT_EQ(r.status, 0) << r.Describe() << api_->Output();
+  EXPECT_TRUE(Contains(r.out, "release=" + GuestRelease() + "\n")) << "not the guest kernel: " << r.Describe();
+  EXPECT_TRUE(Contains(r.out, "\"auth\": \"ok\"")) << r.Describe() << api_->Output();
+  EXPECT_TRUE(Contains(r.out, "other=403")) << "http_rules did not refuse GET /repos/other/x: " << r.Describe();
+  EXPECT_EQ(ApiRequests(), std::vector<std::string>{"REQ GET /repos/acme/x auth=ok"}) << api_->Output();
+  EXPECT_TRUE(HasUse(r, {{"secret", "api"}, {"host", "api.test"}, {"method", "GET"}, {"path", "/repos/acme/x"},
+                         {"decision", "allow"}}))
+      << r.Describe();
+  auto sections = Sections(r.out);
+  EXPECT_TRUE(LinesWith(sections["token"], "MATCH").empty()) << r.Describe();
+  EXPECT_EQ(LinesWith(sections["token"], "SCANNED ").size(), 1u) << r.Describe();
+  EXPECT_FALSE(Field(r.out, "API_TOKEN_PLACEHOLDER").empty()) << r.Describe();
+  ASSERT_TRUE(r.report.has_value()) << r.Describe();
+  EXPECT_EQ((*r.report)["enforcement"].value("backend", ""), "microvm") << r.Describe();
   ExpectNoSecretIn(r);
 }
 

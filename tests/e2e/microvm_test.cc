@@ -304,17 +304,6 @@ TEST(Microvm, TheHostsProxyPortsServeNoOtherLocalProcess) {
 
 // TLS termination (credentials, http_rules) needs the run's CA inside,
 // which a guest is not given: refused, naming why, never run without it.
-TEST(Microvm, APolicyThatEndsTlsIsRefusedNamingWhy) {
-  REQUIRE_MICROVM();
-  Sandbox sb;
-  RunResult r = sb.Sh("true",
-                      {"--policy", MicrovmPolicy(sb, "network:\n  allow: [\"api.test\"]\n  http_rules:\n"
-                                                     "    - host: api.test\n      allow: [\"GET /**\"]\n")},
-                      {}, kVmMs);
-  EXPECT_EQ(r.status, 125) << r.Describe();
-  EXPECT_TRUE(Contains(r.err, "http_rules")) << r.Describe();
-  EXPECT_TRUE(Contains(r.err, "microVM")) << r.Describe();
-}
 
 }  // namespace
 }  // namespace agentbox::e2e

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "daemon_fixture.h"
+#include "ladder_workloads.h"
 #include "net_fixtures.h"
 
 namespace agentbox::session_test {
@@ -198,6 +199,30 @@ class SessionCredentials : public ::testing::Test {
   e2e::TempDir ws_{"agentbox-session-ws-"};  // outlives the daemon
   Daemon d_;
 };
+
+// On a microVM: the world's supervisor on the host holds the values and
+// ends TLS for the guest, which sees the placeholder only; a rotation takes
+// effect in the running VM, and no value crosses into it.
+TEST_F(SessionCredentials, InAMicrovmTheHostAddsTheTokenAndARotationReachesTheRunningVm) {
+  if (!e2e::MicrovmLack().empty()) GTEST_SKIP() << "not applicable here: " << e2e::MicrovmLack();
+  ASSERT_NO_FATAL_FAILURE(StartDaemon());
+  const std::string id = CreateSession(c(), ws_.path(), {{"policy", std::string(kPolicy) +
+                                                                        "sandbox: { isolation: microvm }\n"}});
+  ASSERT_FALSE(id.empty());
+  json r = Bash(c(), id, "uname -r; curl -sS --max-time 60 " + Url("/first") + "; echo; env");
+  EXPECT_EQ(r.value("exit_code", -1), 0) << r.dump() << api_->Output();
+  const std::string out = Output(r);
+  EXPECT_TRUE(Contains(out, e2e::GuestRelease() + "\n")) << "not the guest kernel: " << out;
+  EXPECT_EQ(Seen("/first"), SawBearer("/first", token_)) << api_->Output();
+  EXPECT_EQ(EnvValue(out, "API_TOKEN_PLACEHOLDER").rfind("agentbox-placeholder-api-", 0), 0u) << out;
+  EXPECT_FALSE(Contains(out, token_)) << out;
+  Answer a = Rotate(id, {{"name", "api"}, {"value", rotated_}});
+  ASSERT_EQ(a.status, 200) << a.text;
+  json second = Curl(id, "/second");
+  ExpectAnswered(second);
+  EXPECT_EQ(Seen("/second"), SawBearer("/second", rotated_)) << api_->Output();
+  ExpectNoValueLogged(id);
+}
 
 // The token reaches the upstream; inside, `env` shows the placeholder and
 // nothing shows the token; the daemon's environment no longer holds it.
