@@ -44,7 +44,7 @@ void StreamMux::Accept(UniqueFd fd, char tag) {
   conns_.emplace(id, std::move(c));
 }
 
-bool StreamMux::Attach(std::uint32_t id, UniqueFd fd, MuxFlow flow) {
+bool StreamMux::Attach(std::uint32_t id, UniqueFd fd, MuxFlow flow, AttachOptions options) {
   if (!fd.valid() || conns_.count(id) || conns_.size() >= kMuxMaxConnections) return false;
   struct stat st {};
   Conn c;
@@ -55,8 +55,16 @@ bool StreamMux::Attach(std::uint32_t id, UniqueFd fd, MuxFlow flow) {
   // attached the other way round, neither sends its end nor expects ours).
   if (flow == MuxFlow::kOut) c.peer_end = c.shut_wr = true;
   if (flow == MuxFlow::kIn) c.read_end = true;
+  c.after = options.after;
+  c.write_room = options.write_cap;
   conns_.emplace(id, std::move(c));
   return true;
+}
+
+StreamMux::Conn* StreamMux::Before(const Conn& c) {
+  if (!c.after) return nullptr;
+  auto it = conns_.find(c.after);
+  return it == conns_.end() ? nullptr : &it->second;
 }
 
 void StreamMux::Abort(std::uint32_t id, bool tell) {
@@ -87,9 +95,10 @@ bool StreamMux::Handle(const Frame& f) {
   std::uint32_t id = 0;
   if (!GetU32(f.payload, 0, &id)) return true;  // no id: nothing to abort
   if (f.type == FrameType::kConnOpen) {
-    // Only the outside dials; an id in use, a missing tag or too many
-    // connections abort the new one.
-    if (!dial_ || f.payload.size() != 5 || conns_.count(id) || conns_.size() >= kMuxMaxConnections) {
+    // Only the outside dials; an id in use, one of the attached ids, a
+    // missing tag or too many connections abort the new one.
+    if (!dial_ || f.payload.size() != 5 || (id & kMuxAttached) || conns_.count(id) ||
+        conns_.size() >= kMuxMaxConnections) {
       Send(FrameType::kConnAbort, id);
       return true;
     }
@@ -141,8 +150,11 @@ void StreamMux::AppendPollFds(std::vector<pollfd>* fds) {
   polled_.clear();
   for (auto& [id, c] : conns_) {
     short events = 0;
-    if (!c.read_end && c.unacked < kMuxWindow) events |= POLLIN;
-    if (!c.out.empty()) events |= POLLOUT;
+    const Conn* before = Before(c);
+    if (!c.read_end && c.unacked < kMuxWindow && !(before && !before->read_end && before->unacked >= kMuxWindow)) {
+      events |= POLLIN;
+    }
+    if (!c.out.empty() && !(before && !before->out.empty())) events |= POLLOUT;
     polled_.push_back(id);
     fds->push_back({c.fd.get(), events, 0});
   }
@@ -171,10 +183,27 @@ void StreamMux::ReadFrom(std::uint32_t id, Conn* c) {
 }
 
 void StreamMux::WriteTo(std::uint32_t id, Conn* c) {
+  if (Conn* before = Before(*c); before && !before->out.empty()) {
+    WriteTo(c->after, before);
+    c = nullptr;
+    auto it = conns_.find(id);
+    if (it == conns_.end()) return;
+    c = &it->second;
+    if ((before = Before(*c)) && !before->out.empty()) return;  // still behind
+  }
+  if (c->write_room == 0) {  // over its cap: acknowledged, dropped
+    std::string count;
+    PutU32(&count, static_cast<std::uint32_t>(c->out.size()));
+    c->out.clear();
+    Send(FrameType::kConnAck, id, count);
+    MaybeFinish(id);
+    return;
+  }
   ssize_t n;
+  const std::size_t len = static_cast<std::size_t>(std::min<std::uint64_t>(c->out.size(), c->write_room));
   do {
-    n = c->socket ? send(c->fd.get(), c->out.data(), c->out.size(), MSG_DONTWAIT | MSG_NOSIGNAL)
-                  : write(c->fd.get(), c->out.data(), c->out.size());
+    n = c->socket ? send(c->fd.get(), c->out.data(), len, MSG_DONTWAIT | MSG_NOSIGNAL)
+                  : write(c->fd.get(), c->out.data(), len);
   } while (n < 0 && errno == EINTR);
   if (n < 0) {
     if (errno == EAGAIN || errno == EWOULDBLOCK) return;
@@ -182,10 +211,25 @@ void StreamMux::WriteTo(std::uint32_t id, Conn* c) {
     return;
   }
   c->out.erase(0, static_cast<std::size_t>(n));
+  if (c->write_room != ~std::uint64_t{0}) c->write_room -= static_cast<std::uint64_t>(n);
   std::string count;
   PutU32(&count, static_cast<std::uint32_t>(n));
   Send(FrameType::kConnAck, id, count);
   MaybeFinish(id);
+}
+
+bool StreamMux::DrainBefore(std::uint32_t id) {
+  for (;;) {
+    auto it = conns_.find(id);
+    if (it == conns_.end()) return false;
+    const std::uint32_t before_id = it->second.after;
+    Conn* before = Before(it->second);
+    if (!before || before->read_end) return true;
+    struct pollfd p = {before->fd.get(), POLLIN, 0};
+    if (poll(&p, 1, 0) <= 0 || !p.revents) return true;  // nothing waiting there
+    if (before->unacked >= kMuxWindow) return false;      // behind a full window: later
+    ReadFrom(before_id, before);
+  }
 }
 
 void StreamMux::Service(const pollfd* fds, std::size_t n) {
@@ -200,6 +244,10 @@ void StreamMux::Service(const pollfd* fds, std::size_t n) {
     if (it == conns_.end()) continue;
     if (ev & (POLLIN | POLLHUP | POLLERR)) {
       if (!it->second.read_end && it->second.unacked < kMuxWindow) {
+        // Behind another connection: what that one has to read goes first.
+        if (!DrainBefore(ids[i])) continue;
+        it = conns_.find(ids[i]);
+        if (it == conns_.end()) continue;
         ReadFrom(ids[i], &it->second);
       } else if (ev & (POLLERR | POLLHUP)) {
         // Closed both ways (or reset) with nothing more to read: nothing

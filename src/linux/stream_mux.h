@@ -33,7 +33,7 @@ namespace agentbox::linux {
 
 inline constexpr std::size_t kMuxWindow = 64u << 10;
 inline constexpr std::size_t kMuxChunk = 16u << 10;
-inline constexpr std::size_t kMuxMaxConnections = 256;
+inline constexpr std::size_t kMuxMaxConnections = 1024;
 inline constexpr std::uint32_t kMuxAttached = 0x80000000u;
 
 // Which way an attached descriptor's bytes go.
@@ -59,7 +59,23 @@ class StreamMux {
   // `fd` carries connection `id` from now on, without a kConnOpen: the
   // other end attaches its own descriptor to the same id. The descriptor is
   // made non-blocking. False (and `fd` closed) for an id in use or too many.
-  bool Attach(std::uint32_t id, UniqueFd fd, MuxFlow flow);
+  //  - `after` (an attached id, 0: none): this connection's bytes keep
+  //    their order behind that one's, both ways: nothing of this one is read
+  //    here while that one's fd has bytes to read and room in its window,
+  //    nor written while that one has bytes waiting to be written (a call's
+  //    result never overtakes its output);
+  //  - `write_cap`: at most that many bytes are written to `fd`; what comes
+  //    beyond is acknowledged and dropped (a log's size limit).
+  struct AttachOptions {
+    std::uint32_t after = 0;
+    std::uint64_t write_cap = ~std::uint64_t{0};
+  };
+  bool Attach(std::uint32_t id, UniqueFd fd, MuxFlow flow, AttachOptions options);
+  bool Attach(std::uint32_t id, UniqueFd fd, MuxFlow flow) { return Attach(id, std::move(fd), flow, {}); }
+
+  // Ends connection `id` (a kConnAbort to the other end): for an attached
+  // id whose request could not be made whole.
+  void Drop(std::uint32_t id) { Abort(id, true); }
 
   // A frame from the channel: true when it was one of the mux's (handled),
   // false when it is some other frame. A malformed one aborts its connection.
@@ -81,11 +97,18 @@ class StreamMux {
     bool peer_end = false;      // kConnEnd received
     bool shut_wr = false;       // shutdown(SHUT_WR) done
     bool socket = true;         // else read(2)/write(2), and closed instead of shut down
+    std::uint32_t after = 0;    // AttachOptions::after
+    std::uint64_t write_room = ~std::uint64_t{0};  // what may still be written to fd
   };
+  // The connection `c` keeps its order behind, if it is still open.
+  Conn* Before(const Conn& c);
   void Abort(std::uint32_t id, bool tell);
   void ReadFrom(std::uint32_t id, Conn* c);
   void WriteTo(std::uint32_t id, Conn* c);
   void MaybeFinish(std::uint32_t id);
+  // Reads what the connection `id` keeps its order behind has waiting:
+  // false when that one's window is full (so `id` must not be read now).
+  bool DrainBefore(std::uint32_t id);
   bool Send(FrameType type, std::uint32_t id, std::string_view rest = {});
 
   SendFrame send_;

@@ -49,6 +49,12 @@ namespace {
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 constexpr int kChannelFd = 3;
+// The background log's size limit, as the init keeps it on a host
+// (runner.cc): in a guest the log is a pipe, so this side keeps it.
+constexpr off_t kBackgroundLogCap = 64 << 20;
+// More queued for the guest than an honest one can cause (the mux's
+// windows, stdin held back, control requests) is a protocol violation.
+constexpr std::size_t kToGuestMax = 32u << 20;
 
 json Refusal(const char* t, const std::string& why) {
   return {{"t", t}, {"error", why}, {"stage", "microvm"}, {"message", why}, {"errno", 0}, {"syscall", ""}, {"path", ""}};
@@ -184,11 +190,29 @@ int MicrovmWorldMain(const Plan& given) {
       (void)!::send(passed[0].get(), text.data(), text.size(), MSG_NOSIGNAL);
       return true;
     }
+    // A call's result keeps its order behind its output on this side too;
+    // a regular file (the background log) is written up to its cap.
+    const bool ordered = op == "exec" || op == "shell";
+    std::vector<std::uint32_t> written;
     for (auto& fd : passed) {
       const char way = WayOf(fd.get());
       const std::uint32_t id = linux::kMuxAttached | ++next_id;
       const auto flow = way == 'r' ? linux::MuxFlow::kOut : way == 'w' ? linux::MuxFlow::kIn : linux::MuxFlow::kBoth;
-      if (!mux.Attach(id, std::move(fd), flow)) return true;  // too many at once: the call's descriptors end
+      linux::StreamMux::AttachOptions o;
+      if (way == 'w') {
+        if (ordered && written.size() == 1) o.after = written[0];
+        written.push_back(id);
+        struct stat st {};
+        if (fstat(fd.get(), &st) == 0 && S_ISREG(st.st_mode)) {
+          o.write_cap = st.st_size >= kBackgroundLogCap ? 0 : static_cast<std::uint64_t>(kBackgroundLogCap - st.st_size);
+        }
+      }
+      if (!mux.Attach(id, std::move(fd), flow, o)) {
+        // Too many at once: what was attached of this request ends, the
+        // rest closes here, and the caller sees the call's descriptors end.
+        for (const auto& d : frame.fds) mux.Drop(d.id);
+        return true;
+      }
       frame.fds.push_back({id, way});
     }
     linux::AppendControlFrames(&to_guest, frame);
@@ -232,7 +256,26 @@ int MicrovmWorldMain(const Plan& given) {
     }
   };
 
+  // How the VM ended when QEMU or its channel did: a guest out of memory
+  // with nothing left to kill stops the VM (panic), which its console says.
+  auto vm_ended = [&]() {
+    vm.ReapQemu(std::chrono::milliseconds(1000));
+    const std::string console = vm.ConsoleTail(4000);
+    const bool oom = console.find("Out of memory") != std::string::npos || console.find("oom-kill") != std::string::npos;
+    Send(json{{"t", "exited"},
+              {"how", oom ? std::string("the session's VM ran out of memory and stopped")
+                          : "the session's VM ended: " + vm.QemuFailed("ended").message()},
+              {"oom_kills", oom ? 1 : 0}});
+    return 0;
+  };
+
   for (;;) {
+    if (to_guest.size() > kToGuestMax) {
+      Send(ErrorMessage(Status::Error("microvm", "the guest broke the channel's protocol (more than " +
+                                                     std::to_string(kToGuestMax >> 20) +
+                                                     " MiB queued for it that it does not take): the VM is ended")));
+      return 125;
+    }
     const auto now = Clock::now();
     if (kill_at && now >= *kill_at) {
       Send(json{{"t", "exited"}, {"how", "stopped"}, {"oom_kills", 0}});
@@ -283,25 +326,20 @@ int MicrovmWorldMain(const Plan& given) {
           Send(m, theirs.get());
         } else if (t == "exited" || t == "error") {
           Send(m);
+          vm.ReapQemu(std::chrono::milliseconds(3000));  // the guest syncs and powers off
           return t == "error" ? 125 : 0;
+        } else if (t == "net" || t == "network" || t == "graft" || t == "ungraft" || t == "memory" ||
+                   t == "rotated") {
+          // Answered here, never by the guest: its plan has no proxy, and
+          // these ops are this process's. A guest that sends one is ignored.
         } else {
           Send(m);
         }
       }
       frames.clear();
-      if (!open) {
-        Send(json{{"t", "exited"}, {"how", "the session's VM ended"}, {"oom_kills", 0}});
-        return 0;
-      }
+      if (!open) return vm_ended();
     }
-    if (fds[1].revents) {
-      // QEMU ended: a guest that ran out of memory with nothing left to
-      // kill stops the VM (panic), which the console says.
-      const std::string console = vm.ConsoleTail(4000);
-      const bool oom = console.find("Out of memory") != std::string::npos || console.find("oom-kill") != std::string::npos;
-      Send(json{{"t", "exited"}, {"how", "the session's VM ended: " + vm.QemuFailed("ended").message()}, {"oom_kills", oom ? 1 : 0}});
-      return 0;
-    }
+    if (fds[1].revents) return vm_ended();
     if (fds[2].revents) {
       const ssize_t got = recv(kChannelFd, in.data(), in.size(), MSG_DONTWAIT);
       if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR)) return 0;  // the caller is gone: so is the VM

@@ -278,29 +278,58 @@ pid_t ForkSupervisor(const linux::GuestRequest& request, const std::string& run_
   std::string parts;  // kControlPart text waiting for its kControl
   auto send_control = [&](const linux::ControlFrame& c) {
     // The init's descriptors, each with its other end carried by the mux.
+    // A call's result keeps its order behind its output (an exec's second
+    // written descriptor behind its first): its end never overtakes them.
+    const json req = json::parse(c.text, nullptr, false);
+    const std::string op = req.is_object() ? req.value("op", "") : "";
+    const bool ordered = op == "exec" || op == "shell";
+    std::vector<std::uint32_t> written;
     std::vector<linux::UniqueFd> passed;
+    std::size_t attached = 0;
     for (const auto& d : c.fds) {
       int p[2];
       const bool ok = d.way == 's' ? socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, p) == 0 : pipe2(p, O_CLOEXEC) == 0;
-      if (!ok) return;  // the caller sees its descriptors end: the call failed
+      if (!ok) break;
       linux::UniqueFd a(p[0]), b(p[1]);
+      bool done = false;
       if (d.way == 'r') {  // the init reads the read end; what comes is written to the write end
-        mux.Attach(d.id, std::move(b), linux::MuxFlow::kIn);
+        done = mux.Attach(d.id, std::move(b), linux::MuxFlow::kIn);
         passed.push_back(std::move(a));
       } else if (d.way == 'w') {
-        mux.Attach(d.id, std::move(a), linux::MuxFlow::kOut);
+        linux::StreamMux::AttachOptions o;
+        if (ordered && written.size() == 1) o.after = written[0];
+        done = mux.Attach(d.id, std::move(a), linux::MuxFlow::kOut, o);
+        written.push_back(d.id);
         passed.push_back(std::move(b));
       } else {
-        mux.Attach(d.id, std::move(a), linux::MuxFlow::kBoth);
+        done = mux.Attach(d.id, std::move(a), linux::MuxFlow::kBoth);
         passed.push_back(std::move(b));
       }
+      if (!done) break;
+      ++attached;
     }
-    if (!control.valid()) return;
+    if (attached < c.fds.size() || !control.valid()) {
+      // The request cannot be made whole: every one of its ids ends, so the
+      // caller sees its descriptors end instead of waiting on them.
+      for (std::size_t i = 0; i < c.fds.size(); ++i) {
+        if (i < attached) {
+          mux.Drop(c.fds[i].id);
+        } else {
+          std::string id(4, '\0');
+          for (int k = 0; k < 4; ++k) id[k] = static_cast<char>((c.fds[i].id >> (8 * k)) & 0xff);
+          (void)linux::WriteFrame(g_port, linux::FrameType::kConnAbort, id);
+        }
+      }
+      return;
+    }
     std::string text = c.text;
     linux::UniqueFd memfd;
     if (text.size() > 16 * 1024) {  // the init takes a longer request in a memfd
       memfd = MemfdWith("agentbox-request", text);
-      if (!memfd.valid()) return;
+      if (!memfd.valid()) {
+        for (const auto& d : c.fds) mux.Drop(d.id);
+        return;
+      }
       text = "@";
     }
     std::vector<int> fds;
@@ -320,7 +349,11 @@ pid_t ForkSupervisor(const linux::GuestRequest& request, const std::string& run_
       cm->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
       std::memcpy(CMSG_DATA(cm), fds.data(), sizeof(int) * fds.size());
     }
-    while (sendmsg(control.get(), &msg, MSG_NOSIGNAL) < 0 && errno == EINTR) {
+    ssize_t sent;
+    while ((sent = sendmsg(control.get(), &msg, MSG_NOSIGNAL)) < 0 && errno == EINTR) {
+    }
+    if (sent < 0) {
+      for (const auto& d : c.fds) mux.Drop(d.id);
     }
   };
   auto handle = [&](const linux::Frame& f) {

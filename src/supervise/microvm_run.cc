@@ -532,8 +532,9 @@ Outcome RunMicrovm(const Plan& plan, const std::vector<std::string>& argv,
   }
   // What goes to the guest is queued and written as the channel takes it:
   // this end never blocks on the channel, so the guest, which may block on
-  // its own writes, is always read. What is queued is bounded by the mux's
-  // windows, and stdin is not read while more than kStdinHold waits.
+  // its own writes, is always read. An honest guest keeps what is queued
+  // within the mux's windows; stdin is not read while more than kStdinHold
+  // waits.
   std::string to_guest;
   constexpr std::size_t kStdinHold = 1u << 20;
   auto send = [&](linux::FrameType type, std::string_view payload) {
@@ -546,6 +547,13 @@ Outcome RunMicrovm(const Plan& plan, const std::vector<std::string>& argv,
   std::vector<struct pollfd> fds;
   char buf[1 << 16];
   while (channel_open && !result && !failure) {
+    // More queued than an honest guest can cause (the mux's windows, the
+    // stdin hold) is a protocol violation: the VM is ended.
+    if (to_guest.size() > kStdinHold + (32u << 20)) {
+      machine.ReapQemu(std::chrono::milliseconds(0));
+      return Failed(out, "the guest broke the channel's protocol (it does not take what is queued for it): the VM "
+                         "was ended", 0, started);
+    }
     const auto now = Clock::now();
     if (deadline && now >= *deadline) {
       timed_out = true;

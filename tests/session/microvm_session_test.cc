@@ -71,6 +71,14 @@ TEST_F(MicrovmSession, OneVmServesTheCallsAndTheFileToolsSeeWhatTheShellSees) {
   EXPECT_EQ(Output(Bash(c(), id, "wc -c < big.txt")), "300000\n");
   json rb = Bash(c(), id, "head -c 200000 /dev/zero | tr '\\0' y | wc -c; echo in | cat");
   EXPECT_EQ(Output(rb), "200000\nin\n") << rb.dump();
+  // The output's tail arrives before the call's end: the result never
+  // overtakes the output on the way (the caller stops reading at the end).
+  for (int i = 0; i < 3; ++i) {
+    json tail = Bash(c(), id, "head -c 300000 /dev/zero | tr '\\0' y; echo; echo END-OF-OUTPUT");
+    const std::string o = Output(tail);
+    EXPECT_GE(o.size(), 14u) << tail.dump().substr(0, 400);
+    EXPECT_EQ(o.substr(o.size() >= 14 ? o.size() - 14 : 0), "END-OF-OUTPUT\n") << "the output's tail was lost";
+  }
   // The workspace is the session's copy: the base is untouched.
   EXPECT_FALSE(e2e::Exists(ws_.path() + "/from-shell.txt"));
 }
