@@ -95,21 +95,9 @@ int MicrovmWorldMain(const Plan& given) {
   Plan plan = given;
   std::shared_ptr<net::SecretStore> secrets;
   std::shared_ptr<net::Terminator> terminator;
-  if (plan.network.terminate && plan.network.proxy) {
-    if (!plan.network.credentials.secrets.empty()) {
-      auto store = ReceiveSecrets(plan);
-      if (!store.ok()) {
-        Send(ErrorMessage(store.status()));
-        return 125;
-      }
-      secrets = std::move(*store);
-    }
-    auto prepared = supervise::PrepareCredentials(&plan, secrets);
-    if (!prepared.ok()) {
-      Send(ErrorMessage(prepared.status()));
-      return 125;
-    }
-    terminator = std::move(*prepared);
+  if (Status s = PrepareWorldCredentials(&plan, &secrets, &terminator); !s.ok()) {
+    Send(ErrorMessage(s));
+    return 125;
   }
 
   RunOptions options;

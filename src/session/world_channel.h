@@ -12,6 +12,10 @@
 #include "agentbox/status.h"
 #include "net/secrets.h"
 
+namespace agentbox::net {
+class Terminator;
+}
+
 namespace agentbox::session {
 
 // One message to the caller, with `fd_to_pass` (>= 0) beside it. A "net"
@@ -24,6 +28,13 @@ nlohmann::json ErrorMessage(const Status& s);
 // The secrets' values, the caller's first message when the plan has
 // secrets (world.cc), as a store of the plan's secrets; the buffer is wiped.
 Result<std::shared_ptr<net::SecretStore>> ReceiveSecrets(const Plan& plan);
+
+// A plan that ends TLS (credentials, http_rules): the secrets' values from
+// the caller (ReceiveSecrets) and the terminator made with them
+// (supervise::PrepareCredentials, which fills in the plan). Nothing for
+// another plan.
+Status PrepareWorldCredentials(Plan* plan, std::shared_ptr<net::SecretStore>* secrets,
+                               std::shared_ptr<net::Terminator>* terminator);
 
 // The supervisor of a session whose world is a microVM: boots it with the
 // guest's init in world mode and relays between the caller and the VM's

@@ -101,6 +101,20 @@ constexpr std::size_t kSecretsMessageMax = 1 << 20;
 
 }  // namespace
 
+Status PrepareWorldCredentials(Plan* plan, std::shared_ptr<net::SecretStore>* secrets,
+                               std::shared_ptr<net::Terminator>* terminator) {
+  if (!plan->network.terminate || !plan->network.proxy) return {};
+  if (!plan->network.credentials.secrets.empty()) {
+    auto store = ReceiveSecrets(*plan);
+    if (!store.ok()) return store.status();
+    *secrets = std::move(*store);
+  }
+  auto prepared = supervise::PrepareCredentials(plan, *secrets);
+  if (!prepared.ok()) return prepared.status();
+  *terminator = std::move(*prepared);
+  return {};
+}
+
 // The daemon's first message when the plan has secrets (world.cc).
 Result<std::shared_ptr<net::SecretStore>> ReceiveSecrets(const Plan& plan) {
   std::vector<char> buf(kSecretsMessageMax);
@@ -198,21 +212,9 @@ int WorldMain() {
   // process): the daemon sends the secrets' values first thing (world.cc).
   std::shared_ptr<net::SecretStore> secrets;
   std::shared_ptr<net::Terminator> terminator;
-  if (plan.network.terminate && plan.network.proxy) {
-    if (!plan.network.credentials.secrets.empty()) {
-      auto store = ReceiveSecrets(plan);
-      if (!store.ok()) {
-        Send(ErrorMessage(store.status()));
-        return 125;
-      }
-      secrets = std::move(*store);
-    }
-    auto prepared = supervise::PrepareCredentials(&plan, secrets ? secrets : nullptr);
-    if (!prepared.ok()) {
-      Send(ErrorMessage(prepared.status()));
-      return 125;
-    }
-    terminator = std::move(*prepared);
+  if (Status s = PrepareWorldCredentials(&plan, &secrets, &terminator); !s.ok()) {
+    Send(ErrorMessage(s));
+    return 125;
   }
   if (plan.network.proxy) {
     struct rlimit nofile {};
