@@ -415,27 +415,21 @@ void BindingServer::Serve() {
   if (!send(program_)) return;
   std::string pending;
   char buf[65536];
-  while (!stop_) {
-    struct pollfd p[2] = {{fd_.get(), POLLIN, 0}, {wake_r_.get(), POLLIN, 0}};
-    if (poll(p, 2, -1) < 0) {
-      if (errno == EINTR) continue;
-      return;
-    }
-    if (stop_ || (p[1].revents & POLLIN)) return;
-    if (!(p[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-    ssize_t got = read(fd_.get(), buf, sizeof(buf));
-    if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (got <= 0) return;  // the program closed its end (it ended)
-    pending.append(buf, static_cast<std::size_t>(got));
+  // The complete lines in `pending`; false once the channel is done with.
+  // `last`: the program has ended, nothing is dispatched any more; what it
+  // said before its end (its result, an error, denials) still counts.
+  auto take_lines = [&](bool last) -> bool {
     std::size_t nl;
     while ((nl = pending.find('\n')) != std::string::npos) {
       Json m = Json::parse(pending.substr(0, nl), nullptr, false);
       pending.erase(0, nl + 1);
       const std::string t = m.is_object() && m.contains("t") && m["t"].is_string() ? m["t"].get<std::string>() : "";
       if (t == "call") {
+        if (last) continue;
         const Json id = m.value("id", Json());
         if (!m.contains("name") || !m["name"].is_string() || !id.is_number_integer()) {
-          return broken("a call without a name or an integer id");
+          broken("a call without a name or an integer id");
+          return false;
         }
         Json result;
         if (++report_.calls > max_calls_) {
@@ -446,7 +440,7 @@ void BindingServer::Serve() {
         } else {
           result = dispatch_(m["name"].get<std::string>(), m.value("input", Json::object()), &stop_);
         }
-        if (!send({{"t", "return"}, {"id", id}, {"result", result}})) return;
+        if (!send({{"t", "return"}, {"id", id}, {"result", result}})) return false;
       } else if (t == "result") {
         report_.value = m.value("value", Json());
       } else if (t == "error") {
@@ -457,9 +451,34 @@ void BindingServer::Serve() {
           report_.denials.push_back({{"op", Text(m, "op")}, {"target", Text(m, "target")}});
         }
       } else {
-        return broken("a line that is not a message of the protocol");
+        broken("a line that is not a message of the protocol");
+        return false;
       }
     }
+    return true;
+  };
+  while (!stop_) {
+    struct pollfd p[2] = {{fd_.get(), POLLIN, 0}, {wake_r_.get(), POLLIN, 0}};
+    if (poll(p, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (stop_ || (p[1].revents & POLLIN)) {
+      // Finish: the program has ended. What it wrote before that is read
+      // now, so its result is not lost to a race with the call's end.
+      for (ssize_t got; pending.size() <= max_line_ &&
+                        (got = recv(fd_.get(), buf, sizeof(buf), MSG_DONTWAIT)) > 0;) {
+        pending.append(buf, static_cast<std::size_t>(got));
+      }
+      take_lines(true);
+      return;
+    }
+    if (!(p[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+    ssize_t got = read(fd_.get(), buf, sizeof(buf));
+    if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (got <= 0) return;  // the program closed its end (it ended)
+    pending.append(buf, static_cast<std::size_t>(got));
+    if (!take_lines(false)) return;
     if (pending.size() > max_line_) return broken("a line longer than " + std::to_string(max_line_) + " bytes");
   }
 }
