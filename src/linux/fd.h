@@ -59,8 +59,11 @@ inline UniqueFd OpenBeneath(int root_fd, const std::string& rel, int flags) {
 // Sends `data` (at least one byte) with the descriptors `fds` attached
 // (SCM_RIGHTS) in one sendmsg, retrying on EINTR: true when all of it went.
 // Every descriptor-passing channel of the runner and the session init.
+// At most kMaxPassedFds descriptors: what a session's call passes (a memfd,
+// stdin, output, result, the background log, a binding socket) fits.
+inline constexpr std::size_t kMaxPassedFds = 8;
 inline bool SendWithFds(int sock, const void* data, std::size_t len, const int* fds, std::size_t n) {
-  constexpr std::size_t kMaxFds = 4;
+  constexpr std::size_t kMaxFds = kMaxPassedFds;
   if (n > kMaxFds || len == 0) return false;
   iovec iov{const_cast<void*>(data), len};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)] = {};
@@ -90,7 +93,7 @@ inline bool SendWithFds(int sock, const void* data, std::size_t len, const int* 
 // descriptors than fit.
 inline ssize_t RecvWithFds(int sock, void* data, std::size_t len, int flags, std::vector<UniqueFd>* fds,
                            bool* truncated = nullptr) {
-  constexpr std::size_t kMaxFds = 4;
+  constexpr std::size_t kMaxFds = kMaxPassedFds;
   iovec iov{data, len};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)] = {};
   msghdr msg{};

@@ -137,23 +137,10 @@ int MicrovmWorldMain(const Plan& given) {
   // The caller's control requests: the descriptors to the mux, the request
   // to the guest.
   auto relay_control = [&]() -> bool {
-    struct iovec iov = {in.data(), in.size()};
-    alignas(struct cmsghdr) char cbuf[CMSG_SPACE(sizeof(int) * 8)];
-    struct msghdr msg {};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf;
-    msg.msg_controllen = sizeof(cbuf);
-    const ssize_t n = recvmsg(control.get(), &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return false;
-    if (n < 0) return true;
     std::vector<linux::UniqueFd> passed;
-    for (struct cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      const std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      const int* p = reinterpret_cast<const int*>(CMSG_DATA(c));
-      for (std::size_t i = 0; i < count; ++i) passed.emplace_back(p[i]);
-    }
+    const ssize_t n = linux::RecvWithFds(control.get(), in.data(), in.size(), MSG_DONTWAIT, &passed);
+    if (n == 0 || (n < 0 && errno != EAGAIN)) return false;
+    if (n < 0) return true;
     linux::ControlFrame frame;
     frame.text.assign(in.data(), static_cast<std::size_t>(n));
     if (frame.text == "@" && !passed.empty()) {  // a long request, in a memfd (world.cc)

@@ -335,24 +335,8 @@ pid_t ForkSupervisor(const linux::GuestRequest& request, const std::string& run_
     std::vector<int> fds;
     if (memfd.valid()) fds.push_back(memfd.get());
     for (const auto& f : passed) fds.push_back(f.get());
-    struct iovec iov = {text.data(), text.size()};
-    struct msghdr msg {};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    alignas(struct cmsghdr) char cbuf[CMSG_SPACE(sizeof(int) * 9)];
-    if (!fds.empty()) {
-      msg.msg_control = cbuf;
-      msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
-      struct cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-      cm->cmsg_level = SOL_SOCKET;
-      cm->cmsg_type = SCM_RIGHTS;
-      cm->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-      std::memcpy(CMSG_DATA(cm), fds.data(), sizeof(int) * fds.size());
-    }
-    ssize_t sent;
-    while ((sent = sendmsg(control.get(), &msg, MSG_NOSIGNAL)) < 0 && errno == EINTR) {
-    }
-    if (sent < 0) {
+    const bool sent = linux::SendWithFds(control.get(), text.data(), text.size(), fds.data(), fds.size());
+    if (!sent) {
       for (const auto& d : c.fds) mux.Drop(d.id);
     }
   };
@@ -389,22 +373,11 @@ pid_t ForkSupervisor(const linux::GuestRequest& request, const std::string& run_
       if (conn.valid()) mux.Accept(std::move(conn), tag);
     }
     if (fds[1].revents) {
-      struct iovec iov = {in.data(), in.size()};
-      alignas(struct cmsghdr) char cbuf[CMSG_SPACE(sizeof(int))];
-      struct msghdr msg {};
-      msg.msg_iov = &iov;
-      msg.msg_iovlen = 1;
-      msg.msg_control = cbuf;
-      msg.msg_controllen = sizeof(cbuf);
-      const ssize_t n = recvmsg(channel.get(), &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) break;  // the world's supervisor ended
+      std::vector<linux::UniqueFd> got;
+      const ssize_t n = linux::RecvWithFds(channel.get(), in.data(), in.size(), MSG_DONTWAIT, &got);
+      if (n == 0 || (n < 0 && errno != EAGAIN)) break;  // the world's supervisor ended
       if (n > 0) {
-        if (struct cmsghdr* c = CMSG_FIRSTHDR(&msg);
-            c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int))) {
-          int fd;
-          std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
-          control.reset(fd);
-        }
+        if (!got.empty()) control = std::move(got.front());  // "ready" hands over the init's control socket
         std::string text(in.data(), static_cast<std::size_t>(n));
         json m = json::parse(text, nullptr, false);
         const std::string t = m.is_object() ? m.value("t", "") : "";
