@@ -91,6 +91,17 @@ Result<Launched> Launch(const Plan& plan, const std::vector<std::string>& argv, 
     }
   }
 
+  // Without pidfds (before Linux 5.3, gVisor) nothing could watch the
+  // runner: refused before it starts (once a process: the answer stays).
+  static const int pidfd_errno = [] {
+    UniqueFd self(PidfdOpen(getpid()));
+    return self.valid() ? 0 : errno;
+  }();
+  if (pidfd_errno != 0) {
+    return Status::Syscall("clone", "pidfd_open", "this kernel's pidfds (Linux 5.3 and later; `agentbox check` shows "
+                                                  "pidfd): agentbox watches every sandbox through one",
+                           pidfd_errno);
+  }
   CloneArgs args{};
   args.flags = CLONE_PIDFD | (plan.confined ? NamespaceFlags(plan.namespaces) : 0);
   if (cgroup && cgroup->v2_fd() >= 0) {
@@ -125,6 +136,17 @@ Result<Launched> Launch(const Plan& plan, const std::vector<std::string>& argv, 
                       session->control_fd, session->upper_seed_fd, session->hooks);
     }
     RunnerMain(plan, out.resolved, argv, status_w.get(), lifeline_r.get(), filter_recv.get(), proxy_send.get());
+  }
+  if (pidfd < 0) {
+    // A kernel that takes CLONE_PIDFD without answering it (gVisor's, one
+    // before Linux 5.3 with the raw clone) leaves nothing to watch the
+    // runner by: every wait below would be on no descriptor, for ever.
+    kill(static_cast<pid_t>(pid), SIGKILL);
+    while (waitpid(static_cast<pid_t>(pid), nullptr, 0) < 0 && errno == EINTR) {
+    }
+    return Status::Error("clone", "the kernel started the sandbox's runner but gave no pidfd for it (CLONE_PIDFD, "
+                                  "Linux 5.3 and later; `agentbox check` shows pidfd): agentbox watches every "
+                                  "sandbox through one and refuses to run without");
   }
   out.pid = static_cast<pid_t>(pid);
   out.pidfd.reset(pidfd);

@@ -188,6 +188,39 @@ TEST(Gvisor, KillingTheSupervisorLeavesNoSandbox) {
   EXPECT_EQ(BundlesOf(p.pid()), "") << "gc said it removed the bundle, and it is still there";
 }
 
+// agentbox itself on a kernel without pidfds (gVisor's own, here: `runsc
+// do`, whose Linux emulation takes CLONE_PIDFD and answers no descriptor):
+// refused at once, naming the missing pidfd, never a run that waits on no
+// descriptor for ever.
+TEST(Gvisor, AKernelWithoutPidfdsIsRefusedNotWaitedOn) {
+  REQUIRE_GVISOR();
+  Sandbox sb;
+  const std::string runsc = FindTool("runsc");
+  TempDir state("agentbox-e2e-runsc-");
+  auto inside = [&](std::vector<std::string> args, int timeout_ms) {
+    Command c;
+    c.argv = {runsc, "--root=" + state.path(), "--network=none", "--ignore-cgroups"};
+    if (geteuid() != 0) c.argv.push_back("--rootless");
+    c.argv.insert(c.argv.end(), {"do", AgentboxBin()});
+    c.argv.insert(c.argv.end(), args.begin(), args.end());
+    c.env = {"PATH=/usr/bin:/bin", "HOME=" + sb.home()};
+    c.cwd = sb.ws();
+    c.timeout_ms = timeout_ms;
+    return RunCommand(c);
+  };
+  RunResult check = inside({"check", "--json"}, 60000);
+  auto j = nlohmann::json::parse(check.out, nullptr, false);
+  ASSERT_TRUE(j.is_object() && j["host"].contains("pidfd")) << check.Describe();
+  if (j["host"]["pidfd"].get<bool>()) GTEST_SKIP() << "not applicable here: this gVisor's kernel has pidfds";
+  const std::string policy = sb.scratch() + "/full.yaml";
+  WriteFile(policy, "version: 1\nmode: danger-full-access\n");
+  RunResult r = inside({"run", "--policy", policy, "--", "/bin/echo", "ran"}, 30000);
+  EXPECT_FALSE(r.timed_out) << "agentbox waited on a runner it had no pidfd for: " << r.Describe();
+  EXPECT_EQ(r.status, 125) << r.Describe();
+  EXPECT_TRUE(Contains(r.err, "stage=clone") && Contains(r.err, "pidfd")) << r.Describe();
+  EXPECT_FALSE(Contains(r.out, "ran")) << "the command ran unwatched: " << r.Describe();
+}
+
 // runsc's version is asked once per binary and remembered in the user's
 // cache; a record that is not one version token is ignored and rewritten.
 TEST(Gvisor, RunscVersionIsRememberedPerBinary) {
