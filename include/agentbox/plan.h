@@ -303,6 +303,10 @@ struct GvisorPlan {
   std::string platform = "ptrace";
   bool rootless = false;        // --rootless: the caller is not root
   std::string state_parent;     // where per-run bundles and runsc's state go (the runtime dir)
+  // The plan of a session's world as its supervisor runs it inside the
+  // sandbox (plan.confined false there): the Sentry is the fence, and the
+  // world's init forks each call with the plan's environment.
+  bool inside = false;
 };
 
 // How the microVM is made (Backend::kMicrovm).

@@ -32,6 +32,7 @@
 #include "linux/microvm.h"
 #include "supervise/approver.h"
 #include "supervise/escalation_round.h"
+#include "supervise/gvisor_world.h"
 #include "supervise/microvm_run.h"
 #include "supervise/systemd_scope.h"
 #include "session/code_mode.h"
@@ -1012,6 +1013,10 @@ int main(int argc, char** argv) {
   if (argc == 2 && std::strcmp(argv[1], "__world") == 0) return agentbox::session::WorldMain();
   // A microVM's init: this binary is the guest image's /init.
   if (getpid() == 1 && std::strcmp(argv[0], "/init") == 0) agentbox::supervise::GuestInitMain(&agentbox::session::WorldMain);
+  // A session's world in a gVisor sandbox: this binary is the container's init.
+  if (getpid() == 1 && argc == 2 && std::strcmp(argv[1], agentbox::supervise::kGvisorInsideArg) == 0) {
+    agentbox::supervise::GvisorInsideMain(&agentbox::session::WorldMain);
+  }
   // A trial boot of the guest image (bench/ladder_bench: QEMU's boot to the
   // guest's init alone): exec's QEMU, which prints the guest's console.
   if (argc == 3 && std::strcmp(argv[1], "__guest-trial") == 0) {

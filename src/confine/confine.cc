@@ -361,13 +361,14 @@ std::string ContainerLack(const Policy& policy, const HostCaps& host, const Invo
   if (!l.probed) return "gVisor's runsc was not looked for (the host probe did not include the isolation ladder)";
   if (!l.runsc_why.empty()) return l.runsc_why;
   if (l.runsc.empty()) return "gVisor's runsc was not found";
-  if (inv.session) return "sessions on gVisor are not available in this version (agentbox run is)";
   if (inv.workspace_overlay) return "--workspace-overlay is not available on gVisor in this version";
   if (NeedsProxy(policy) && Terminates(policy)) {
     return "credentials and network.http_rules end TLS in agentbox's proxy with a CA of the run's, which a gVisor "
            "sandbox is not given in this version (egress by network.allow is)";
   }
-  if (NeedsProxy(policy) && l.runsc_rootless) {
+  // (A session's sandbox has no network: its egress is carried on its
+  // stream to the host's proxy, with or without root.)
+  if (NeedsProxy(policy) && l.runsc_rootless && !inv.session) {
     return "the policy lets the sandbox reach the network (network.allow or egress_proxy): egress from gVisor goes "
            "through a network namespace agentbox prepares with the proxy's listeners, which runsc --rootless "
            "cannot join (it is this user's, not root's); without root, no egress on gVisor in this version";

@@ -150,16 +150,27 @@ TEST(GvisorConfine, EgressAsRootPlansTheProxyInAPreparedNamespace) {
   ExpectRefused(Confine({"true"}, rules, GvisorHost(false), testing::FakeInvocation()), "http_rules");
 }
 
-// What gVisor cannot give in this version is refused, not dropped: a
-// session, egress without root, a host unix socket.
-TEST(GvisorConfine, SessionsNetworkAndUnixSocketsAreRefused) {
+// What gVisor cannot give in this version is refused, not dropped: a run's
+// egress without root, TLS ended in the proxy, a host unix socket. A
+// session's sandbox has no network device (its egress rides its stream),
+// so it gets egress without root.
+TEST(GvisorConfine, RunEgressWithoutRootAndUnixSocketsAreRefusedSessionsAreNot) {
   Invocation session = testing::FakeInvocation();
   session.session = true;
-  ExpectRefused(Confine({"true"}, ContainerPolicy(), GvisorHost(), session), "sessions on gVisor");
+  auto world = Confine({"true"}, ContainerPolicy(), GvisorHost(), session);
+  ASSERT_TRUE(world.ok()) << world.status().ToString();
+  EXPECT_EQ(world->plan.backend, Backend::kGvisor);
 
   Policy net = ContainerPolicy();
   net.network.allow = {"pypi.org"};
   ExpectRefused(Confine({"true"}, net, GvisorHost(), testing::FakeInvocation()), "runsc --rootless cannot join");
+  auto egress_world = Confine({"true"}, net, GvisorHost(), session);
+  ASSERT_TRUE(egress_world.ok()) << egress_world.status().ToString();
+  EXPECT_TRUE(egress_world->plan.network.proxy.has_value());
+  Policy rules = net;
+  rules.network.http_rules.push_back(HttpRuleSpec{});
+  rules.network.http_rules.back().host = "pypi.org";
+  ExpectRefused(Confine({"true"}, rules, GvisorHost(), session), "http_rules");
 
   Policy sock = ContainerPolicy();
   sock.filesystem.unix_sockets = {"/run/user/1000/bus"};

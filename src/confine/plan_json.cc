@@ -352,7 +352,7 @@ std::string PlanToJson(const Plan& plan, int indent) {
   if (plan.gvisor) {
     j["gvisor"] = {{"runsc", plan.gvisor->runsc},       {"version", plan.gvisor->version},
                    {"platform", plan.gvisor->platform}, {"rootless", plan.gvisor->rootless},
-                   {"state_parent", plan.gvisor->state_parent}};
+                   {"state_parent", plan.gvisor->state_parent}, {"inside", plan.gvisor->inside}};
   }
   if (plan.microvm) {
     const MicrovmPlan& m = *plan.microvm;
@@ -378,6 +378,7 @@ Result<Plan> PlanFromJson(const std::string& text) {
       plan.gvisor = GvisorPlan{g.at("runsc").get<std::string>(), g.at("version").get<std::string>(),
                                g.at("platform").get<std::string>(), g.at("rootless").get<bool>(),
                                g.at("state_parent").get<std::string>()};
+      plan.gvisor->inside = g.value("inside", false);
     } else if (backend == ToString(Backend::kMicrovm)) {
       plan.backend = Backend::kMicrovm;
       const json& m = j.at("microvm");

@@ -194,6 +194,49 @@ inline long CloneProcess(CloneArgs* args) {
 inline int CloseRange(unsigned first, unsigned last, unsigned flags) {
   return static_cast<int>(syscall(SYS_close_range, first, last, flags));
 }
+// Closes every descriptor from `first` to `last`: close_range, or where the
+// kernel refuses it (before Linux 5.9; gVisor's) the open ones that
+// /proc/self/fd lists (a close per possible number costs seconds on
+// gVisor). No allocation: safe in a forked child.
+inline void CloseFds(unsigned first, unsigned last = ~0U) {
+  if (CloseRange(first, last, 0) == 0) return;
+  const int dir = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) {
+    for (unsigned fd = first; fd <= last && fd < 65536; ++fd) close(static_cast<int>(fd));
+    return;
+  }
+  for (bool more = true; more;) {
+    more = false;
+    int found[256];
+    int n = 0;
+    lseek(dir, 0, SEEK_SET);
+    alignas(8) char buf[4096];
+    for (long got; n < 256 && (got = syscall(SYS_getdents64, dir, buf, sizeof(buf))) > 0;) {
+      for (long off = 0; off < got;) {
+        // struct linux_dirent64: ino (8), off (8), reclen (2), type (1), name.
+        unsigned short reclen;
+        __builtin_memcpy(&reclen, buf + off + 16, sizeof(reclen));
+        const char* name = buf + off + 19;
+        unsigned long fd = 0;
+        bool number = *name != 0;
+        for (const char* c = name; *c; ++c) {
+          if (*c < '0' || *c > '9') {
+            number = false;
+            break;
+          }
+          fd = fd * 10 + static_cast<unsigned long>(*c - '0');
+        }
+        if (number && fd >= first && fd <= last && static_cast<int>(fd) != dir && n < 256) {
+          found[n++] = static_cast<int>(fd);
+        }
+        off += reclen;
+      }
+    }
+    for (int i = 0; i < n; ++i) close(found[i]);
+    more = n == 256;
+  }
+  close(dir);
+}
 inline int OpenTree(int dirfd, const char* path, unsigned flags) {
   return static_cast<int>(syscall(SYS_open_tree, dirfd, path, flags));
 }

@@ -97,7 +97,10 @@ Result<Launched> Launch(const Plan& plan, const std::vector<std::string>& argv, 
     UniqueFd self(PidfdOpen(getpid()));
     return self.valid() ? 0 : errno;
   }();
-  if (pidfd_errno != 0) {
+  // A session's world inside gVisor (whose kernel has none) watches its
+  // init by the status pipe instead (world_main.cc).
+  const bool inside_gvisor = !plan.confined && plan.gvisor && plan.gvisor->inside;
+  if (pidfd_errno != 0 && !inside_gvisor) {
     return Status::Syscall("clone", "pidfd_open", "this kernel's pidfds (Linux 5.3 and later; `agentbox check` shows "
                                                   "pidfd): agentbox watches every sandbox through one",
                            pidfd_errno);
@@ -137,7 +140,7 @@ Result<Launched> Launch(const Plan& plan, const std::vector<std::string>& argv, 
     }
     RunnerMain(plan, out.resolved, argv, status_w.get(), lifeline_r.get(), filter_recv.get(), proxy_send.get());
   }
-  if (pidfd < 0) {
+  if (pidfd < 0 && !inside_gvisor) {
     // A kernel that takes CLONE_PIDFD without answering it (gVisor's, one
     // before Linux 5.3 with the raw clone) leaves nothing to watch the
     // runner by: every wait below would be on no descriptor, for ever.

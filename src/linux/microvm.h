@@ -42,7 +42,7 @@ enum class FrameType : char {
   kConnAck = 'a',    // both ways: bytes of a connection written on
   kConnEnd = 'z',    // both ways: no more bytes of a connection from this end
   kConnAbort = 'k',  // both ways: a connection is gone
-  // A session's world (GuestRequest::world; session/microvm_world.cc).
+  // A session's world (GuestRequest::world; session/relayed_world.cc).
   kWorld = 'w',        // both ways: one message of the world's channel (JSON)
   kControl = 'C',      // host → guest: one request of the world's control socket (ControlFrame)
   kControlPart = 'P',  // host → guest: the first bytes of a kControl's text too long for one frame

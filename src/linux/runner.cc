@@ -115,9 +115,7 @@ Status CloseInheritedFds(int* status_fd, int* lifeline_fd, int* filter_fd, int* 
     *upper_fd = next++;
   }
   const unsigned first = static_cast<unsigned>(next);
-  if (CloseRange(first, ~0U, 0) != 0) {
-    for (int fd = static_cast<int>(first); fd < 65536; ++fd) close(fd);  // kernels before 5.9
-  }
+  CloseFds(first);
   // A directory as stdin/stdout/stderr is a way out: openat(0, "..") walks
   // the host's tree whatever the mount namespace says.
   for (int fd = 0; fd <= 2; ++fd) {
@@ -454,7 +452,11 @@ SetUpResult SetUpSandbox(const Plan& plan, const ResolvedPlan& resolved, int* st
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
   if (Status s = TieToSupervisor(*lifeline_fd); !s.ok()) Fail(*status_fd, s);
-  if (Status s = HideSupervisorArgv(); !s.ok()) Fail(*status_fd, s);
+  // (gVisor's procfs shows no argv area; its world's init runs agentbox's
+  // own binary there, bound in, with nothing of the caller's in its argv.)
+  if (!(plan.gvisor && plan.gvisor->inside)) {
+    if (Status s = HideSupervisorArgv(); !s.ok()) Fail(*status_fd, s);
+  }
   // Out of the supervisor's process group: a terminal's ^C reaches the
   // supervisor alone, which forwards it once.
   setpgid(0, 0);
@@ -774,6 +776,9 @@ bool WriteAllWaiting(int fd, const char* data, size_t n) {
   _exit(0);
 }
 
+// The world's init runs in a gVisor sandbox (GvisorPlan::inside).
+bool g_inside_gvisor = false;
+
 // A session call's keeper: a process of the init's (outside the command's
 // signal scope, so the command cannot stop or kill it) that leads the call's
 // session and is a child subreaper, so every process the call starts stays
@@ -796,10 +801,7 @@ bool WriteAllWaiting(int fd, const char* data, size_t n) {
   // pipes: a file tool's caller waits for the end of its pipe) stays open
   // here: stdio (/dev/null), this call's pipes, its log and the signal scope.
   {
-    auto close_from_to = [](unsigned first, unsigned last) {
-      if (CloseRange(first, last, 0) == 0) return;
-      for (unsigned fd = first; fd <= last && fd < 65536; ++fd) close(static_cast<int>(fd));
-    };
+    auto close_from_to = [](unsigned first, unsigned last) { CloseFds(first, last); };
     int keep[] = {0, 1, 2, in_fd, out_fd, result_fd, log_fd, req.signal_scope, req.binding_fd};
     std::sort(std::begin(keep), std::end(keep));
     unsigned next = 0;
@@ -816,7 +818,13 @@ bool WriteAllWaiting(int fd, const char* data, size_t n) {
                               "}\n");
     _exit(125);
   };
-  if (setsid() < 0 || prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0) fail("session", "setsid/prctl");
+  if (setsid() < 0) fail("session", "setsid");
+  // gVisor's kernel (2022) has no child subreaper: there, what a call
+  // double-forks re-parents to the sandbox's init instead, and ends with
+  // the sandbox (docs/isolation.md).
+  if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0 && !(g_inside_gvisor && errno == EINVAL)) {
+    fail("session", "prctl(PR_SET_CHILD_SUBREAPER)");
+  }
   // A terminal: the pty is the controlling terminal of the call's session
   // (the keeper leads it) and the command's stdio, with no relay; the
   // command's group takes the foreground.
@@ -1019,6 +1027,7 @@ void AnswerSocketRequest(int answer_fd) {
 
 void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_fd, int lifeline_fd, int filter_fd,
                      int proxy_fd, int control_fd, int upper_seed_fd, const SessionHooks& hooks) {
+  g_inside_gvisor = plan.gvisor && plan.gvisor->inside;
   UpperFs upper_fs;
   upper_fs.seed_fd = upper_seed_fd;
   upper_fs.copy_upper = hooks.copy_upper;
@@ -1027,7 +1036,10 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
   // The world's namespaces and root go to the supervisor first thing on
   // the control socket (it reads them before handing the socket on): a
   // grant is mounted into this world from there (linux/graft.h).
-  if (Status s = SendWorldNamespaces(control_fd); !s.ok()) Fail(status_fd, s);
+  // (Unconfined, in a gVisor sandbox: nothing is grafted into it.)
+  if (plan.confined) {
+    if (Status s = SendWorldNamespaces(control_fd); !s.ok()) Fail(status_fd, s);
+  }
   // An upper layer with a size of its own goes to the caller next
   // on the control socket, before "ready": the caller keeps it, so that the
   // session's changes outlive this world (its diff, snapshots, the next
@@ -1244,9 +1256,7 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
             // like /proc/self/fd/N would otherwise reopen.
             const int answer_fd = fcntl(received[first_io].get(), F_DUPFD_CLOEXEC, 3);
             if (answer_fd < 0 || dup3(answer_fd, 3, O_CLOEXEC) < 0) _exit(125);
-            if (CloseRange(4, ~0U, 0) != 0) {
-              for (int fd = 4; fd < 65536; ++fd) close(fd);
-            }
+            CloseFds(4);
             std::string answer = hooks.file_op(text);
             WriteFully(3, answer);
             _exit(0);

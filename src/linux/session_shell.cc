@@ -166,10 +166,7 @@ std::string ShellCallLine(const std::string& dir, long n, const std::string& cwd
     int keep[] = {0, 1, 2, sock, keep_fd};
     std::sort(std::begin(keep), std::end(keep));
     unsigned next = 0;
-    auto close_from_to = [](unsigned first, unsigned last) {
-      if (CloseRange(first, last, 0) == 0) return;
-      for (unsigned fd = first; fd <= last && fd < 65536; ++fd) close(static_cast<int>(fd));
-    };
+    auto close_from_to = [](unsigned first, unsigned last) { CloseFds(first, last); };
     for (int fd : keep) {
       if (fd < 0 || static_cast<unsigned>(fd) < next) continue;
       if (static_cast<unsigned>(fd) > next) close_from_to(next, static_cast<unsigned>(fd) - 1);

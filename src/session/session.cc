@@ -1727,15 +1727,21 @@ Result<std::string> Manager::Create(const CreateRequest& request) {
   } else if (m.options.workspace_mode == "copy") {
     ws_mode = "copy";
     mode_reason = "asked for (workspace_mode copy)";
-  } else if (policy->sandbox.isolation == Isolation::kMicrovm) {
-    // The guest sees host directories through virtiofs shares: the
-    // session's copy is one; an overlay of the host's layers is not.
+  } else if (policy->sandbox.isolation == Isolation::kMicrovm || policy->sandbox.isolation == Isolation::kContainer) {
+    // The guest sees host directories through virtiofs shares, gVisor
+    // through its gofer's binds: the session's copy is one; an overlay of
+    // the host's layers is not.
+    const bool vm = policy->sandbox.isolation == Isolation::kMicrovm;
     if (m.options.workspace_mode == "overlay") {
-      return Status::Error(kBadRequest, "workspace_mode overlay: a microVM's workspace is a share of the session's "
-                                        "copy (the host's overlay layers do not reach the guest); use copy");
+      return Status::Error(kBadRequest, std::string("workspace_mode overlay: ") +
+                                            (vm ? "a microVM's workspace is a share" : "a gVisor sandbox's workspace "
+                                                                                      "is a bind") +
+                                            " of the session's copy (the host's overlay layers do not reach it); use "
+                                            "copy");
     }
     ws_mode = "copy";
-    mode_reason = "sandbox.isolation: microvm (the guest's workspace is a share of the session's copy)";
+    mode_reason = vm ? "sandbox.isolation: microvm (the guest's workspace is a share of the session's copy)"
+                     : "sandbox.isolation: container (the gVisor sandbox's workspace is a bind of the session's copy)";
   } else if (!m.overlay_available) {
     if (m.options.workspace_mode == "overlay") {
       return Status::Error("session", "overlayfs is not available on this host and workspace_mode is overlay");
@@ -3054,6 +3060,10 @@ Result<Json> Manager::OpenTerminal(const std::string& id, const Json& input) {
     return Status::Error(kBadRequest, "session " + id + "'s sandbox is a microVM: terminals (a pty of the guest's "
                                       "on this host) are not available on it in this version; bash calls are");
   }
+  if (live->confined->plan.gvisor) {
+    return Status::Error(kBadRequest, "session " + id + "'s sandbox is a gVisor sandbox: terminals (a pty of the "
+                                      "Sentry's on this host) are not available on it in this version; bash calls are");
+  }
   auto spec = TerminalSpec(input, live->confined->plan);
   if (!spec.ok()) return spec.status();
   std::string tid;
@@ -3158,6 +3168,11 @@ Result<Json> Manager::ExposePort(const std::string& id, int port, bool* created)
   if (s->confined->plan.microvm) {
     return Status::Error(kBadRequest, "session " + id + "'s sandbox is a microVM, which has no network device: a "
                                       "port inside it cannot be exposed on the host in this version");
+  }
+  if (s->confined->plan.gvisor) {
+    return Status::Error(kBadRequest, "session " + id + "'s sandbox is a gVisor sandbox with no network of its own "
+                                      "(egress goes through its stream): a port inside it cannot be exposed on the "
+                                      "host in this version");
   }
   if (std::find(s->confined->plan.namespaces.begin(), s->confined->plan.namespaces.end(), "net") ==
       s->confined->plan.namespaces.end()) {

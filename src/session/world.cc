@@ -288,6 +288,10 @@ Result<std::unique_ptr<World>> World::Start(const std::string& exe, const Plan& 
       w->Stop(0);
       return s;
     }
+    if (t == "exited") {  // a machine of its own that ended before it was ready says how
+      w->Stop(0);
+      return Status::Error("session", "the session's sandbox ended before it was ready: " + m.value("how", "?"));
+    }
     if (t == "ready" && control.valid()) {
       w->control_ = std::move(control);
       // The init sent its upper filesystem before it reported ready.

@@ -1,7 +1,7 @@
 // The channel between a session's caller (world.cc) and its supervisor,
 // `agentbox __world` (world_main.cc), from the supervisor's side: fd 3, one
 // JSON message per packet. Shared by the namespaces world and the microVM
-// world (microvm_world.cc).
+// world (relayed_world.cc).
 #pragma once
 
 #include <memory>
@@ -36,9 +36,11 @@ Result<std::shared_ptr<net::SecretStore>> ReceiveSecrets(const Plan& plan);
 Status PrepareWorldCredentials(Plan* plan, std::shared_ptr<net::SecretStore>* secrets,
                                std::shared_ptr<net::Terminator>* terminator);
 
-// The supervisor of a session whose world is a microVM: boots it with the
-// guest's init in world mode and relays between the caller and the VM's
-// channel (microvm_world.cc). Returns the process's exit status.
+// The supervisor of a session whose world is a microVM (or a gVisor
+// sandbox): starts it with the inside's relay in world mode and relays
+// between the caller and the machine's channel (relayed_world.cc).
+// Returns the process's exit status.
 int MicrovmWorldMain(const Plan& plan);
+int GvisorWorldMain(const Plan& plan);
 
 }  // namespace agentbox::session

@@ -186,9 +186,14 @@ int WorldMain() {
   }
   Plan plan = std::move(*parsed);
   if (plan.confined && plan.backend == Backend::kMicrovm) return MicrovmWorldMain(plan);
-  if (!plan.confined || plan.backend != Backend::kNamespaces) {
-    Send(ErrorMessage(Status::Error("world", "sessions need the namespaces or the microvm backend (a long-lived init in "
-                                             "namespaces of its own); this plan is " +
+  if (plan.confined && plan.backend == Backend::kGvisor) return GvisorWorldMain(plan);
+  // In a gVisor sandbox (its relay forked this process): the Sentry is the
+  // fence, and its kernel has no pidfds: the init is watched by its status
+  // pipe and signalled by pid (a child of this process's, reaped only here).
+  const bool inside_gvisor = !plan.confined && plan.gvisor && plan.gvisor->inside;
+  if (!inside_gvisor && (!plan.confined || plan.backend != Backend::kNamespaces)) {
+    Send(ErrorMessage(Status::Error("world", "sessions need the namespaces, gvisor or microvm backend (a long-lived "
+                                             "init of their own); this plan is " +
                                                  std::string(plan.confined ? ToString(plan.backend) : "unconfined"))));
     return 125;
   }
@@ -261,9 +266,16 @@ int WorldMain() {
   linux::WorldNamespaces world_ns;
   std::map<std::string, linux::Mountpoint> grafted;
 
+  auto signal_init = [&](int sig) {
+    if (child.pidfd.valid()) {
+      linux::PidfdSendSignal(child.pidfd.get(), sig);
+    } else if (inside_gvisor) {
+      kill(child.pid, sig);
+    }
+  };
   auto end_world = [&](const std::string& how) {
     if (cgroup) cgroup->KillAll();
-    linux::PidfdSendSignal(child.pidfd.get(), SIGKILL);
+    signal_init(SIGKILL);
     int ws = 0;
     while (waitpid(child.pid, &ws, 0) < 0 && errno == EINTR) {
     }
@@ -336,13 +348,15 @@ int WorldMain() {
           ready = true;
           // The init sent its namespaces on the control socket before it
           // reported ready; they are read before the socket is handed on.
-          auto ns = linux::ReceiveWorldNamespaces(ours.get());
-          if (!ns.ok()) {
-            failure = ns.status();
-            end_world("setup");
-            return 125;
+          if (plan.confined) {
+            auto ns = linux::ReceiveWorldNamespaces(ours.get());
+            if (!ns.ok()) {
+              failure = ns.status();
+              end_world("setup");
+              return 125;
+            }
+            world_ns = std::move(*ns);
           }
-          world_ns = std::move(*ns);
           // The cgroup the calls run in and the rlimits the runner set (it
           // was cloned from this process), for their reports' limits.
           const linux::RlimitsSet rl = linux::RlimitsFor(plan.limits);
@@ -355,7 +369,7 @@ int WorldMain() {
         }
       }
     }
-    if (fds[i_pid].revents) {
+    if (fds[i_pid].revents || (!child.pidfd.valid() && !status_open)) {
       if (!failure && !ready) failure = Status::Error("runner", "the session's init ended before it was ready");
       end_world("the session's sandbox (its init) ended");
       return failure ? 125 : 0;
@@ -423,7 +437,7 @@ int WorldMain() {
           Send(json{{"t", "stats"}, {"oom_kills", stats.oom_kills}});
         } else if (op == "stop" && !kill_at) {
           const int grace = req.value("grace_ms", 0);
-          linux::PidfdSendSignal(child.pidfd.get(), SIGTERM);
+          signal_init(SIGTERM);
           if (cgroup) {
             cgroup->SignalAll(SIGTERM, child.pid);
             cgroup->SignalAll(SIGCONT, child.pid);
@@ -436,7 +450,7 @@ int WorldMain() {
       struct signalfd_siginfo si {};
       while (read(sigfd.get(), &si, sizeof(si)) == sizeof(si)) {
         if (!kill_at) {
-          linux::PidfdSendSignal(child.pidfd.get(), SIGTERM);
+          signal_init(SIGTERM);
           kill_at = Clock::now() + std::chrono::milliseconds(plan.kill_grace_ms);
         }
       }

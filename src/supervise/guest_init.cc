@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "agentbox/run.h"
+#include "linux/compat.h"
 #include "linux/fd.h"
 #include "linux/microvm.h"
 #include "linux/namespaces.h"
@@ -68,7 +69,12 @@ std::string Slurp(const std::string& path) {
   return out;
 }
 
+// In a gVisor sandbox the relay is the container's init, not a kernel's:
+// its end is an exit (runsc then ends the sandbox).
+bool g_in_gvisor = false;
+
 [[noreturn]] void PowerOff() {
+  if (g_in_gvisor) _exit(0);
   sync();
   reboot(RB_POWER_OFF);
   for (;;) pause();
@@ -260,9 +266,12 @@ pid_t ForkSupervisor(const linux::GuestRequest& request, const std::string& run_
   const pid_t child = ForkSupervisor(request, run_cgroup, [&] {
     dup2(theirs.get(), kChannel);
     dup2(plan.get(), kPlan);
-    close_range(kPlan + 1, ~0U, 0);
-    int null = open("/dev/null", O_RDONLY);
+    linux::CloseFds(kPlan + 1);
+    int null = open("/dev/null", O_RDWR);
     dup2(null, 0);
+    // In gVisor, stdout is the stream too (and stays open in the relay:
+    // the Sentry ends a host socket with its last descriptor).
+    if (g_in_gvisor) dup2(null, 1);
     close(null);
     _exit(world_main());
   });
@@ -400,6 +409,22 @@ pid_t ForkSupervisor(const linux::GuestRequest& request, const std::string& run_
   PowerOff();
 }
 
+// The host's request: the channel's first frame (the frames after it stay
+// in `frames`).
+Result<linux::GuestRequest> ReadRequest(linux::FrameReader* reader, std::vector<linux::Frame>* frames) {
+  while (frames->empty()) {
+    if (!reader->Read(g_port, frames)) {
+      Die(Status::Error("guest", "the channel closed before a request came" +
+                                     (reader->error().empty() ? "" : ": " + reader->error())));
+    }
+  }
+  if (frames->front().type != linux::FrameType::kRequest) Die(Status::Error("guest", "the first frame is not a request"));
+  auto request = linux::GuestRequestFromJson(frames->front().payload);
+  if (!request.ok()) Die(request.status());
+  frames->erase(frames->begin());
+  return request;
+}
+
 bool WriteFrameOrNote(linux::FrameType type, const char* p, std::size_t n) {
   return linux::WriteFrame(g_port, type, std::string_view(p, n)).ok();
 }
@@ -423,16 +448,7 @@ bool WriteFrameOrNote(linux::FrameType type, const char* p, std::size_t n) {
 
   linux::FrameReader reader;
   std::vector<linux::Frame> frames;
-  while (frames.empty()) {
-    if (!reader.Read(g_port, &frames)) {
-      Die(Status::Error("guest", "the channel closed before a request came" +
-                                     (reader.error().empty() ? "" : ": " + reader.error())));
-    }
-  }
-  if (frames.front().type != linux::FrameType::kRequest) Die(Status::Error("guest", "the first frame is not a request"));
-  auto request = linux::GuestRequestFromJson(frames.front().payload);
-  if (!request.ok()) Die(request.status());
-  frames.erase(frames.begin());
+  auto request = ReadRequest(&reader, &frames);
   auto plan = PlanFromJson(request->plan_json);
   if (!plan.ok()) Die(plan.status());
   MountShares(*request);
@@ -585,6 +601,25 @@ bool WriteFrameOrNote(linux::FrameType type, const char* p, std::size_t n) {
   j["guest_oom_kills"] = OomKills() - oom_before;
   (void)linux::WriteFrame(g_port, linux::FrameType::kResult, j.dump());
   PowerOff();
+}
+
+[[noreturn]] void GvisorInsideMain(int (*world_main)()) {
+  // stdin and stdout are one socket to the host (gvisor_world.cc): the
+  // channel. Both stay open here: the Sentry shuts a host socket down when
+  // one of its imports is closed. What is forked from here gets /dev/null
+  // for both (RelayWorld); stderr is the bundle's log.
+  g_in_gvisor = true;
+  g_port = 0;
+  linux::FrameReader reader;
+  std::vector<linux::Frame> frames;
+  auto request = ReadRequest(&reader, &frames);
+  if (!request->world) Die(Status::Error("gvisor", "the request is not a session's world"));
+  // Egress: the proxy's ports on the Sentry's loopback (up already).
+  linux::UniqueFd http_listener, socks_listener;
+  if (request->proxy_http_port) http_listener = ListenLoopback(request->proxy_http_port);
+  if (request->proxy_socks_port) socks_listener = ListenLoopback(request->proxy_socks_port);
+  RelayWorld(*request, world_main, "", std::move(http_listener), std::move(socks_listener), &reader,
+             std::move(frames));
 }
 
 }  // namespace agentbox::supervise

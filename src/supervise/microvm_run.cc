@@ -56,6 +56,7 @@
 #include "supervise/denial_scanner.h"
 #include "supervise/credentials.h"
 #include "supervise/egress.h"
+#include "supervise/guest_egress.h"
 #include "supervise/resources.h"
 #include "supervise/run_dirs.h"
 #include "supervise/run_io.h"
@@ -254,65 +255,6 @@ Plan GuestPlan(const Plan& plan) {
   return g;
 }
 
-// The host's end of the guest's egress: the proxy on listeners of the
-// host's loopback, serving only the connections this process dials for the
-// guest (their client sockets' inodes).
-class GuestEgress {
- public:
-  static Result<std::unique_ptr<GuestEgress>> Start(const Plan& plan, const RunOptions& options,
-                                                    std::shared_ptr<net::Terminator> terminator) {
-    auto listeners = linux::BindHostProxyListeners();
-    if (!listeners.ok()) return listeners.status();
-    std::unique_ptr<GuestEgress> e(new GuestEgress());
-    e->ports_ = listeners->ports;
-    GuestEgress* self = e.get();
-    auto admit = [self](int fd) {
-      auto inode = linux::LoopbackPeerInode(fd);
-      std::lock_guard<std::mutex> lock(self->mu_);
-      return inode.ok() && self->dialled_.erase(*inode) > 0;
-    };
-    Egress::Fds fds;
-    fds.http = std::move(listeners->http);
-    fds.socks = std::move(listeners->socks);
-    auto started = Egress::Start(plan, options, std::move(fds), 0, std::move(terminator), admit);
-    if (!started.ok()) return started.status();
-    e->proxy_ = std::move(*started);
-    return e;
-  }
-
-  // A connection to the proxy's listener for `tag` ('h' HTTP, 's' SOCKS).
-  linux::UniqueFd Dial(char tag) {
-    const std::uint16_t port = tag == 'h' ? ports_.http_port : tag == 's' ? ports_.socks_port : 0;
-    if (port == 0) return {};
-    linux::UniqueFd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    struct stat st {};
-    if (!fd.valid() || fstat(fd.get(), &st) != 0) return {};
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      dialled_.insert(st.st_ino);
-    }
-    struct sockaddr_in a {};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-      std::lock_guard<std::mutex> lock(mu_);
-      dialled_.erase(st.st_ino);
-      return {};
-    }
-    return fd;
-  }
-
-  Egress& proxy() { return *proxy_; }
-
- private:
-  GuestEgress() = default;
-  ProxyPorts ports_;
-  std::mutex mu_;
-  std::set<ino_t> dialled_;
-  std::unique_ptr<Egress> proxy_;
-};
-
 }  // namespace
 
 struct MicrovmVm::State {
@@ -349,6 +291,25 @@ Status MicrovmVm::QemuFailed(const std::string& when) { return s_->QemuFailed(wh
 std::string MicrovmVm::ConsoleTail(std::size_t max) const { return Tail(s_->dir + "/console.log", max); }
 void MicrovmVm::ReapQemu(std::chrono::milliseconds grace) {
   if (s_->qemu) ReapHelper(&*s_->qemu, grace);
+}
+
+// A guest out of memory with nothing left to kill stops the VM (panic),
+// which its console says.
+std::string MicrovmVm::EndedHow(bool* oom) {
+  const std::string console = ConsoleTail(4000);
+  *oom = console.find("Out of memory") != std::string::npos || console.find("oom-kill") != std::string::npos;
+  return *oom ? std::string("the session's VM ran out of memory and stopped")
+              : "the session's VM ended: " + QemuFailed("ended").message();
+}
+
+Status MicrovmVm::SetMemory(std::uint64_t) {
+  return Status::Error("microvm", "a microVM's memory is its RAM, set when it boots (memory_gib.limit): it cannot be "
+                                  "changed while it runs");
+}
+
+std::string MicrovmVm::GraftRefusal() const {
+  return "a microVM's shares are set when it boots: a path cannot be grafted into a running one (start a new "
+         "session with the path in the policy)";
 }
 
 Result<std::unique_ptr<MicrovmVm>> MicrovmVm::Boot(const Plan& plan, const RunOptions& options,

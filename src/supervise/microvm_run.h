@@ -13,6 +13,7 @@
 #include "agentbox/run.h"
 #include "linux/fd.h"
 #include "linux/microvm.h"
+#include "supervise/world_machine.h"
 
 namespace agentbox::net {
 class Terminator;
@@ -26,7 +27,7 @@ class Egress;
 // view of the plan's), QEMU, the guest's channel, and the host's end of the
 // guest's egress. All of it ends with the object: QEMU killed, the helpers
 // stopped, the directory removed.
-class MicrovmVm {
+class MicrovmVm final : public WorldMachine {
  public:
   // Boots the plan's VM and sends `request` once the guest's channel is
   // open; its plan, shares and proxy ports are filled in here. The plan's
@@ -39,19 +40,27 @@ class MicrovmVm {
   MicrovmVm(const MicrovmVm&) = delete;
   MicrovmVm& operator=(const MicrovmVm&) = delete;
 
-  int channel() const;
+  int channel() const override;
   int qemu_pidfd() const;
   // read_only entries absent on this host (the report's enforcement.skipped).
-  const std::vector<std::string>& skipped() const;
+  const std::vector<std::string>& skipped() const override;
   // The proxy serving the guest's connections (null without egress), and a
   // connection to its listener for `tag` ('h' HTTP, 's' SOCKS).
-  Egress* egress();
-  linux::UniqueFd DialEgress(char tag);
+  Egress* egress() override;
+  linux::UniqueFd DialEgress(char tag) override;
   // An error naming `when` with QEMU's log and the guest console's tail.
   Status QemuFailed(const std::string& when);
   std::string ConsoleTail(std::size_t max) const;
   // Waits up to `grace` for QEMU to end (the guest powers off), then kills it.
   void ReapQemu(std::chrono::milliseconds grace);
+
+  // A session's world (WorldMachine).
+  int ended_fd() const override { return qemu_pidfd(); }
+  void Reap(std::chrono::milliseconds grace) override { ReapQemu(grace); }
+  std::string EndedHow(bool* oom) override;
+  Status SetMemory(std::uint64_t bytes) override;
+  std::string GraftRefusal() const override;
+  const char* stage() const override { return "microvm"; }
 
   struct State;
 
@@ -81,5 +90,11 @@ inline constexpr const char* kMicrovmDirPrefix = "agentbox-microvm-";
 // `world_main`, the `__world` supervisor, and relays its channel and
 // calls); then powers the VM off.
 [[noreturn]] void GuestInitMain(int (*world_main)());
+
+// The relay of a session's world in a gVisor sandbox (its init, agentbox
+// bound in at kGvisorInsideBinary): the host's request on the stream that
+// stdin and stdout are, then as a microVM's world does (`world_main` in a
+// child, its channel and calls relayed), until it ends.
+[[noreturn]] void GvisorInsideMain(int (*world_main)());
 
 }  // namespace agentbox::supervise

@@ -60,6 +60,30 @@ inline const std::string& MicrovmLack() {
   } while (0)
 
 
+// "" when runsc can start a sandbox for this user here, else why not.
+inline const std::string& GvisorLack() {
+  static const std::string lack = [] {
+    const std::string runsc = FindTool("runsc");
+    if (runsc.empty()) return std::string("gVisor's runsc is not installed");
+    TempDir state("agentbox-e2e-runsc-");
+    Command c;
+    c.argv = {runsc, "--root=" + state.path(), "--network=none", "--ignore-cgroups"};
+    if (geteuid() != 0) c.argv.push_back("--rootless");
+    c.argv.insert(c.argv.end(), {"do", "/bin/true"});
+    c.env = {"PATH=/usr/bin:/bin"};
+    c.cwd = "/";
+    RunResult r = RunCommand(c);
+    if (r.status != 0) return "runsc do /bin/true failed here: " + r.Describe();
+    return std::string();
+  }();
+  return lack;
+}
+
+#define REQUIRE_GVISOR()                                                       \
+  do {                                                                         \
+    if (!GvisorLack().empty()) GTEST_SKIP() << "not applicable here: " << GvisorLack(); \
+  } while (0)
+
 // gcc, python, git commit, pipes and /tmp, node where installed; ends by
 // printing `release=$(uname -r)`.
 inline std::string CompatScript() {

@@ -1,18 +1,21 @@
-// `agentbox __world` for a plan on a microVM (sandbox.isolation: microvm).
+// `agentbox __world` for a plan on a kernel of its own: a microVM
+// (sandbox.isolation: microvm) or a gVisor sandbox (container).
 //
-// The world is one long-lived VM. Its guest's init runs the same world
-// supervisor as a host does (world_main.cc) on the guest kernel, and relays
-// (guest_init.cc). This process sits between the caller and the VM:
+// The world is one long-lived machine (supervise/world_machine.h). The
+// relay inside it runs the same world supervisor as a host does
+// (world_main.cc) on that kernel (guest_init.cc). This process sits between
+// the caller and the machine:
 //  - the caller's channel (fd 3): messages both ways as kWorld frames, but
 //    what only the host can do is answered here (network rules: the proxy is
-//    this host's) or refused with the reason (grafts, memory, rotation);
+//    this host's; a rotation: the values stay here; memory: the machine's)
+//    or refused with the reason (grafts);
 //  - the control socket handed to the caller with "ready": each request
 //    goes over as a kControl frame, and each descriptor it passes (a call's
 //    stdin, output and result pipes, the background log, a binding socket)
 //    is carried by the stream mux under an id of this side's;
-//  - the guest's egress, as for a run (MicrovmVm).
-// A terminal or an inside socket would need the guest's descriptor on this
-// host: they are refused. The VM ends with this process.
+//  - the inside's egress, as for a run (GuestEgress).
+// A terminal or an inside socket would need the inside's descriptor on this
+// host: they are refused. The machine ends with this process.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -41,6 +44,7 @@
 #include "session/secret_handover.h"
 #include "supervise/credentials.h"
 #include "supervise/egress.h"
+#include "supervise/gvisor_world.h"
 #include "supervise/microvm_run.h"
 
 namespace agentbox::session {
@@ -56,8 +60,8 @@ constexpr off_t kBackgroundLogCap = 64 << 20;
 // windows, stdin held back, control requests) is a protocol violation.
 constexpr std::size_t kToGuestMax = 32u << 20;
 
-json Refusal(const char* t, const std::string& why) {
-  return {{"t", t}, {"error", why}, {"stage", "microvm"}, {"message", why}, {"errno", 0}, {"syscall", ""}, {"path", ""}};
+json Refusal(const char* t, const char* stage, const std::string& why) {
+  return {{"t", t}, {"error", why}, {"stage", stage}, {"message", why}, {"errno", 0}, {"syscall", ""}, {"path", ""}};
 }
 
 // The way a passed descriptor's bytes go for the world's init.
@@ -77,9 +81,13 @@ void WriteLine(int fd, const std::string& text) {
   }
 }
 
-}  // namespace
+// Starts the world's machine for the prepared plan, with `request` for
+// the relay inside.
+using StartMachine = Result<std::unique_ptr<supervise::WorldMachine>> (*)(
+    const Plan& plan, const RunOptions& options, linux::GuestRequest request,
+    std::shared_ptr<net::Terminator> terminator);
 
-int MicrovmWorldMain(const Plan& given) {
+int RelayedWorldMain(const Plan& given, StartMachine start, const char* noun) {
   sigset_t mask;
   sigemptyset(&mask);
   sigaddset(&mask, SIGTERM);
@@ -109,12 +117,12 @@ int MicrovmWorldMain(const Plan& given) {
   request.world = true;
   request.env = linux::BuildEnv(plan.env);
   request.pids_max = plan.limits.pids_max.value_or(0);
-  auto booted = supervise::MicrovmVm::Boot(plan, options, std::move(request), terminator);
+  auto booted = start(plan, options, std::move(request), terminator);
   if (!booted.ok()) {
     Send(ErrorMessage(booted.status()));
     return 125;
   }
-  supervise::MicrovmVm& vm = **booted;
+  supervise::WorldMachine& vm = **booted;
   const int channel = vm.channel();
   fcntl(channel, F_SETFL, fcntl(channel, F_GETFL) | O_NONBLOCK);
 
@@ -155,7 +163,7 @@ int MicrovmWorldMain(const Plan& given) {
     const json req = json::parse(frame.text, nullptr, false);
     const std::string op = req.is_object() ? req.value("op", "") : "";
     if (op == "pty" && passed.size() >= 2) {
-      WriteLine(passed[1].get(), json{{"t", "exec_error"}, {"stage", "pty"}, {"syscall", "a terminal in a microVM session"},
+      WriteLine(passed[1].get(), json{{"t", "exec_error"}, {"stage", "pty"}, {"syscall", std::string("a terminal in ") + noun + " session"},
                                       {"path", "not available in this version"}, {"errno", EOPNOTSUPP}}
                                      .dump());
       return true;
@@ -216,14 +224,19 @@ int MicrovmWorldMain(const Plan& given) {
         Send(json{{"t", "rotated"}, {"name", name}, {"error", rotated.ok() ? std::string() : rotated.message()}});
       }
     } else if (op == "graft" || op == "ungraft") {
-      Send(Refusal(op.c_str(), "a microVM's shares are set when it boots: a path cannot be grafted into a running "
-                               "one (start a new session with the path in the policy)"));
+      Send(Refusal(op.c_str(), vm.stage(), vm.GraftRefusal()));
     } else if (op == "memory") {
-      Send(Refusal("memory", "a microVM's memory is its RAM, set when it boots (memory_gib.limit): it cannot be "
-                             "changed while it runs"));
+      Status done = req.contains("bytes") && req["bytes"].is_number_unsigned()
+                        ? vm.SetMemory(req["bytes"].get<std::uint64_t>())
+                        : Status::Error("memory", "the request names no bytes");
+      if (done.ok()) {
+        Send(json{{"t", "memory"}, {"error", ""}});
+      } else {
+        Send(Refusal("memory", vm.stage(), done.message()));
+      }
     } else {
       if (op == "stop" && !kill_at) {
-        // The guest's supervisor stops the world; the VM ends after the
+        // The inside's supervisor stops the world; the machine ends after the
         // grace and a margin for its power-off, should it not.
         kill_at = Clock::now() + std::chrono::milliseconds(req.value("grace_ms", 0) + 5000);
       }
@@ -231,24 +244,20 @@ int MicrovmWorldMain(const Plan& given) {
     }
   };
 
-  // How the VM ended when QEMU or its channel did: a guest out of memory
-  // with nothing left to kill stops the VM (panic), which its console says.
+  // How the machine ended when its process or its channel did.
   auto vm_ended = [&]() {
-    vm.ReapQemu(std::chrono::milliseconds(1000));
-    const std::string console = vm.ConsoleTail(4000);
-    const bool oom = console.find("Out of memory") != std::string::npos || console.find("oom-kill") != std::string::npos;
-    Send(json{{"t", "exited"},
-              {"how", oom ? std::string("the session's VM ran out of memory and stopped")
-                          : "the session's VM ended: " + vm.QemuFailed("ended").message()},
-              {"oom_kills", oom ? 1 : 0}});
+    vm.Reap(std::chrono::milliseconds(1000));
+    bool oom = false;
+    const std::string how = vm.EndedHow(&oom);
+    Send(json{{"t", "exited"}, {"how", how}, {"oom_kills", oom ? 1 : 0}});
     return 0;
   };
 
   for (;;) {
     if (to_guest.size() > kToGuestMax) {
-      Send(ErrorMessage(Status::Error("microvm", "the guest broke the channel's protocol (more than " +
-                                                     std::to_string(kToGuestMax >> 20) +
-                                                     " MiB queued for it that it does not take): the VM is ended")));
+      Send(ErrorMessage(Status::Error(vm.stage(), std::string("the inside broke the channel's protocol (more than ") +
+                                                     std::to_string(kToGuestMax >> 20) + " MiB queued for it that it "
+                                                     "does not take): " + noun + " is ended")));
       return 125;
     }
     const auto now = Clock::now();
@@ -260,7 +269,7 @@ int MicrovmWorldMain(const Plan& given) {
                                 : -1;
     std::vector<struct pollfd> fds;
     fds.push_back({channel, static_cast<short>(POLLIN | (to_guest.empty() ? 0 : POLLOUT)), 0});
-    fds.push_back({vm.qemu_pidfd(), POLLIN, 0});
+    fds.push_back({vm.ended_fd(), POLLIN, 0});
     fds.push_back({kChannelFd, POLLIN, 0});
     fds.push_back({sigfd.get(), POLLIN, 0});
     const int i_control = control.valid() ? (fds.push_back({control.get(), POLLIN, 0}), static_cast<int>(fds.size() - 1)) : -1;
@@ -279,7 +288,7 @@ int MicrovmWorldMain(const Plan& given) {
         if (f.type == linux::FrameType::kFailure) {
           const json j = json::parse(f.payload, nullptr, false);
           Send(ErrorMessage(Status::Error(
-              "microvm", "the guest's init: " + (j.is_object() ? j.value("stage", std::string("?")) + ": " +
+              vm.stage(), "the inside's init: " + (j.is_object() ? j.value("stage", std::string("?")) + ": " +
                                                                       j.value("message", std::string("?"))
                                                                 : f.payload))));
           return 125;
@@ -301,7 +310,7 @@ int MicrovmWorldMain(const Plan& given) {
           Send(m, theirs.get());
         } else if (t == "exited" || t == "error") {
           Send(m);
-          vm.ReapQemu(std::chrono::milliseconds(3000));  // the guest syncs and powers off
+          vm.Reap(std::chrono::milliseconds(3000));  // the inside syncs and ends
           return t == "error" ? 125 : 0;
         } else if (t == "net" || t == "network" || t == "graft" || t == "ungraft" || t == "memory" ||
                    t == "rotated") {
@@ -317,7 +326,7 @@ int MicrovmWorldMain(const Plan& given) {
     if (fds[1].revents) return vm_ended();
     if (fds[2].revents) {
       const ssize_t got = recv(kChannelFd, in.data(), in.size(), MSG_DONTWAIT);
-      if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR)) return 0;  // the caller is gone: so is the VM
+      if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR)) return 0;  // the caller is gone: so is the machine
       if (got > 0) {
         std::string text(in.data(), static_cast<std::size_t>(got));
         OPENSSL_cleanse(in.data(), static_cast<std::size_t>(got));
@@ -337,6 +346,32 @@ int MicrovmWorldMain(const Plan& given) {
     }
     if (i_control >= 0 && fds[i_control].revents && !relay_control()) control.reset();
   }
+}
+
+}  // namespace
+
+int MicrovmWorldMain(const Plan& plan) {
+  return RelayedWorldMain(
+      plan,
+      [](const Plan& p, const RunOptions& o, linux::GuestRequest r, std::shared_ptr<net::Terminator> t)
+          -> Result<std::unique_ptr<supervise::WorldMachine>> {
+        auto vm = supervise::MicrovmVm::Boot(p, o, std::move(r), std::move(t));
+        if (!vm.ok()) return vm.status();
+        return std::unique_ptr<supervise::WorldMachine>(std::move(*vm));
+      },
+      "a microVM");
+}
+
+int GvisorWorldMain(const Plan& plan) {
+  return RelayedWorldMain(
+      plan,
+      [](const Plan& p, const RunOptions& o, linux::GuestRequest r, std::shared_ptr<net::Terminator> t)
+          -> Result<std::unique_ptr<supervise::WorldMachine>> {
+        auto sandbox = supervise::GvisorSandbox::Start(p, o, std::move(r), std::move(t));
+        if (!sandbox.ok()) return sandbox.status();
+        return std::unique_ptr<supervise::WorldMachine>(std::move(*sandbox));
+      },
+      "a gVisor sandbox");
 }
 
 }  // namespace agentbox::session
