@@ -88,14 +88,7 @@ using StartMachine = Result<std::unique_ptr<supervise::WorldMachine>> (*)(
     std::shared_ptr<net::Terminator> terminator);
 
 int RelayedWorldMain(const Plan& given, StartMachine start, const char* noun) {
-  sigset_t mask;
-  sigemptyset(&mask);
-  sigaddset(&mask, SIGTERM);
-  sigaddset(&mask, SIGINT);
-  sigaddset(&mask, SIGHUP);
-  sigprocmask(SIG_BLOCK, &mask, nullptr);
-  signal(SIGPIPE, SIG_IGN);
-  linux::UniqueFd sigfd(signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK));
+  linux::UniqueFd sigfd = BlockStopSignals();
 
   // Credentials, http_rules: the values come first from the caller and
   // stay in this process (the proxy that serves the guest); the guest gets
@@ -348,30 +341,24 @@ int RelayedWorldMain(const Plan& given, StartMachine start, const char* noun) {
   }
 }
 
+// `start` (MicrovmVm::Boot, GvisorSandbox::Start) as a StartMachine.
+template <auto start>
+Result<std::unique_ptr<supervise::WorldMachine>> StartAs(const Plan& plan, const RunOptions& options,
+                                                         linux::GuestRequest request,
+                                                         std::shared_ptr<net::Terminator> terminator) {
+  auto machine = start(plan, options, std::move(request), std::move(terminator));
+  if (!machine.ok()) return machine.status();
+  return std::unique_ptr<supervise::WorldMachine>(std::move(*machine));
+}
+
 }  // namespace
 
 int MicrovmWorldMain(const Plan& plan) {
-  return RelayedWorldMain(
-      plan,
-      [](const Plan& p, const RunOptions& o, linux::GuestRequest r, std::shared_ptr<net::Terminator> t)
-          -> Result<std::unique_ptr<supervise::WorldMachine>> {
-        auto vm = supervise::MicrovmVm::Boot(p, o, std::move(r), std::move(t));
-        if (!vm.ok()) return vm.status();
-        return std::unique_ptr<supervise::WorldMachine>(std::move(*vm));
-      },
-      "a microVM");
+  return RelayedWorldMain(plan, &StartAs<&supervise::MicrovmVm::Boot>, "a microVM");
 }
 
 int GvisorWorldMain(const Plan& plan) {
-  return RelayedWorldMain(
-      plan,
-      [](const Plan& p, const RunOptions& o, linux::GuestRequest r, std::shared_ptr<net::Terminator> t)
-          -> Result<std::unique_ptr<supervise::WorldMachine>> {
-        auto sandbox = supervise::GvisorSandbox::Start(p, o, std::move(r), std::move(t));
-        if (!sandbox.ok()) return sandbox.status();
-        return std::unique_ptr<supervise::WorldMachine>(std::move(*sandbox));
-      },
-      "a gVisor sandbox");
+  return RelayedWorldMain(plan, &StartAs<&supervise::GvisorSandbox::Start>, "a gVisor sandbox");
 }
 
 }  // namespace agentbox::session

@@ -10,6 +10,7 @@
 
 #include "agentbox/plan.h"
 #include "agentbox/status.h"
+#include "linux/fd.h"
 #include "net/secrets.h"
 
 namespace agentbox::net {
@@ -21,6 +22,10 @@ namespace agentbox::session {
 // One message to the caller, with `fd_to_pass` (>= 0) beside it. A "net"
 // record is dropped rather than block when the caller does not read.
 void Send(const nlohmann::json& message, int fd_to_pass = -1);
+
+// A world supervisor's stop signals (SIGTERM, SIGINT, SIGHUP) blocked and
+// delivered on the returned signalfd instead; SIGPIPE ignored.
+linux::UniqueFd BlockStopSignals();
 
 // {"t": "error", stage, message, errno, syscall, path} of `s`.
 nlohmann::json ErrorMessage(const Status& s);

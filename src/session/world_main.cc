@@ -141,6 +141,18 @@ namespace {
 
 }  // namespace
 
+linux::UniqueFd BlockStopSignals() {
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGTERM);
+  sigaddset(&mask, SIGINT);
+  sigaddset(&mask, SIGHUP);
+  sigprocmask(SIG_BLOCK, &mask, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  linux::UniqueFd sigfd(signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK));
+  return sigfd;
+}
+
 json ErrorMessage(const Status& s) {
   return {{"t", "error"}, {"stage", s.stage()}, {"message", s.message()}, {"errno", s.err()},
           {"syscall", s.syscall()}, {"path", s.path()}};
@@ -198,14 +210,7 @@ int WorldMain() {
     return 125;
   }
   // SIGTERM: stop gracefully. The channel's end is the other way to stop.
-  sigset_t mask;
-  sigemptyset(&mask);
-  sigaddset(&mask, SIGTERM);
-  sigaddset(&mask, SIGINT);
-  sigaddset(&mask, SIGHUP);
-  sigprocmask(SIG_BLOCK, &mask, nullptr);
-  signal(SIGPIPE, SIG_IGN);
-  linux::UniqueFd sigfd(signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK));
+  linux::UniqueFd sigfd = BlockStopSignals();
 
   auto made = supervise::MakeRunCgroup(plan);
   if (!made.ok()) {

@@ -172,19 +172,11 @@ Outcome RunGvisor(const Plan& plan, const std::vector<std::string>& argv,
   auto made = MakeRunCgroup(plan);
   if (!made.ok()) return Failed(out, made.status().stage(), made.status().message(), made.status().err(), started);
   std::unique_ptr<linux::SandboxCgroup> cgroup = std::move(*made);
-  std::vector<linux::UniqueFd> task_files;
-  if (cgroup) {
-    if (cgroup->v2_fd() >= 0) {
-      linux::UniqueFd procs(openat(cgroup->v2_fd(), "cgroup.procs", O_WRONLY | O_CLOEXEC));
-      if (!procs.valid()) return Failed(out, "cgroup", std::string("open cgroup.procs: ") + std::strerror(errno), errno, started);
-      task_files.push_back(std::move(procs));
-    }
-    if (cgroup->NeedsAttach()) {
-      auto files = cgroup->OpenTaskFiles();
-      if (!files.ok()) return Failed(out, files.status().stage(), files.status().message(), files.status().err(), started);
-      for (auto& f : *files) task_files.push_back(std::move(f));
-    }
+  auto opened = RunCgroupTaskFiles(cgroup.get());
+  if (!opened.ok()) {
+    return Failed(out, opened.status().stage(), opened.status().message(), opened.status().err(), started);
   }
+  std::vector<linux::UniqueFd> task_files = std::move(*opened);
 
   ForwardedSignals sigfd(options.forward_signals);
 

@@ -35,20 +35,6 @@
 namespace agentbox::supervise {
 namespace {
 
-std::string Tail(const std::string& path, std::size_t max = 1500) {
-  linux::UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) return "";
-  std::string out;
-  char buf[8192];
-  for (ssize_t n; (n = read(fd.get(), buf, sizeof(buf))) > 0;) {
-    out.append(buf, static_cast<size_t>(n));
-    if (out.size() > (4u << 20)) break;
-  }
-  if (out.size() > max) out = out.substr(out.size() - max);
-  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
-  return out;
-}
-
 std::string SelfExe() {
   char buf[PATH_MAX];
   const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
@@ -98,8 +84,8 @@ struct GvisorSandbox::State {
     if (!dir.empty() && !getenv("AGENTBOX_DEBUG_KEEP_BUNDLE")) RemoveTree(dir);
   }
   Status Failed(const std::string& when) {
-    std::string why = linux::RunscError(Tail(dir + "/runsc.log", 1u << 20));
-    const std::string err = Tail(dir + "/stderr.log");
+    std::string why = linux::RunscError(FileTail(dir + "/runsc.log", 1u << 20));
+    const std::string err = FileTail(dir + "/stderr.log", 1500);
     if (!err.empty()) why += (why.empty() ? "" : "; ") + std::string("the sandbox's init: ") + err;
     return Status::Error("gvisor", "runsc " + when + (why.empty() ? "" : ": " + why));
   }
@@ -167,19 +153,9 @@ Result<std::unique_ptr<GvisorSandbox>> GvisorSandbox::Start(const Plan& plan, co
   auto made = MakeRunCgroup(plan);
   if (!made.ok()) return made.status();
   state->cgroup = std::move(*made);
-  std::vector<linux::UniqueFd> task_files;
-  if (state->cgroup) {
-    if (state->cgroup->v2_fd() >= 0) {
-      linux::UniqueFd procs(openat(state->cgroup->v2_fd(), "cgroup.procs", O_WRONLY | O_CLOEXEC));
-      if (!procs.valid()) return Status::Errno("cgroup", "open", "cgroup.procs");
-      task_files.push_back(std::move(procs));
-    }
-    if (state->cgroup->NeedsAttach()) {
-      auto files = state->cgroup->OpenTaskFiles();
-      if (!files.ok()) return files.status();
-      for (auto& f : *files) task_files.push_back(std::move(f));
-    }
-  }
+  auto opened = RunCgroupTaskFiles(state->cgroup.get());
+  if (!opened.ok()) return opened.status();
+  std::vector<linux::UniqueFd> task_files = std::move(*opened);
 
   if (plan.network.proxy) {
     auto started = GuestEgress::Start(plan, options, std::move(terminator));

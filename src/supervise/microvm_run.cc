@@ -75,17 +75,6 @@ Outcome Failed(Outcome out, const std::string& message, int err, Clock::time_poi
   return out;
 }
 
-std::string Tail(const std::string& path, std::size_t max = 2000) {
-  linux::UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) return "";
-  std::string out;
-  char buf[8192];
-  for (ssize_t n; (n = read(fd.get(), buf, sizeof(buf))) > 0;) out.append(buf, static_cast<size_t>(n));
-  if (out.size() > max) out = out.substr(out.size() - max);
-  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
-  return out;
-}
-
 bool WriteIdMaps(uid_t uid, gid_t gid) {
   auto put = [](const char* path, const std::string& text) {
     linux::UniqueFd fd(open(path, O_WRONLY | O_CLOEXEC));
@@ -273,8 +262,8 @@ struct MicrovmVm::State {
     if (!dir.empty() && !getenv("AGENTBOX_DEBUG_KEEP_BUNDLE")) RemoveTree(dir);
   }
   Status QemuFailed(const std::string& when) {
-    std::string why = qemu ? Tail(qemu->log) : "";
-    const std::string console = Tail(dir + "/console.log", 1500);
+    std::string why = qemu ? FileTail(qemu->log) : "";
+    const std::string console = FileTail(dir + "/console.log", 1500);
     if (!console.empty()) why += (why.empty() ? "" : "; ") + std::string("guest console: ") + console;
     return Status::Error("microvm", "QEMU " + when + (why.empty() ? "" : ": " + why));
   }
@@ -288,7 +277,7 @@ const std::vector<std::string>& MicrovmVm::skipped() const { return s_->skipped;
 Egress* MicrovmVm::egress() { return s_->egress ? &s_->egress->proxy() : nullptr; }
 linux::UniqueFd MicrovmVm::DialEgress(char tag) { return s_->egress ? s_->egress->Dial(tag) : linux::UniqueFd(); }
 Status MicrovmVm::QemuFailed(const std::string& when) { return s_->QemuFailed(when); }
-std::string MicrovmVm::ConsoleTail(std::size_t max) const { return Tail(s_->dir + "/console.log", max); }
+std::string MicrovmVm::ConsoleTail(std::size_t max) const { return FileTail(s_->dir + "/console.log", max); }
 void MicrovmVm::ReapQemu(std::chrono::milliseconds grace) {
   if (s_->qemu) ReapHelper(&*s_->qemu, grace);
 }
@@ -384,7 +373,7 @@ Result<std::unique_ptr<MicrovmVm>> MicrovmVm::Boot(const Plan& plan, const RunOp
     struct stat st {};
     while (stat(socket.c_str(), &st) != 0) {
       if (Exited(&daemons[i]) || Clock::now() > until) {
-        return Status::Error("microvm", "virtiofsd for " + shares[i].path + " did not start: " + Tail(daemons[i].log));
+        return Status::Error("microvm", "virtiofsd for " + shares[i].path + " did not start: " + FileTail(daemons[i].log));
       }
       std::this_thread::sleep_for(std::chrono::microseconds(500));
     }

@@ -1,5 +1,7 @@
 #include "supervise/resources.h"
 
+#include <fcntl.h>
+
 #include <cstdlib>
 
 #include "supervise/gvisor_run.h"
@@ -71,6 +73,22 @@ Denial OomDenial(std::uint64_t limit_bytes, std::uint64_t kills) {
                 "the kernel's OOM killer ended " + std::to_string(kills) + " process(es) at the memory limit of " +
                     std::to_string(limit_bytes) + " bytes (resources.memory_gib)",
                 "cgroup", kills};
+}
+
+Result<std::vector<linux::UniqueFd>> RunCgroupTaskFiles(const linux::SandboxCgroup* cgroup) {
+  std::vector<linux::UniqueFd> files;
+  if (!cgroup) return files;
+  if (cgroup->v2_fd() >= 0) {
+    linux::UniqueFd procs(openat(cgroup->v2_fd(), "cgroup.procs", O_WRONLY | O_CLOEXEC));
+    if (!procs.valid()) return Status::Errno("cgroup", "open", "cgroup.procs");
+    files.push_back(std::move(procs));
+  }
+  if (cgroup->NeedsAttach()) {
+    auto v1 = cgroup->OpenTaskFiles();
+    if (!v1.ok()) return v1.status();
+    for (auto& f : *v1) files.push_back(std::move(f));
+  }
+  return files;
 }
 
 }  // namespace agentbox::supervise

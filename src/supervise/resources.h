@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "agentbox/outcome.h"
 #include "agentbox/plan.h"
@@ -19,6 +20,10 @@ namespace agentbox::supervise {
 // (then nothing is created and nothing is paid). Stale cgroups of dead
 // supervisors under ours are removed on the way.
 [[nodiscard]] Result<std::unique_ptr<linux::SandboxCgroup>> MakeRunCgroup(const Plan& plan);
+
+// The files a child writes "0" to, before its exec, to join `cgroup` (v2's
+// cgroup.procs, and each v1 hierarchy's tasks); none without a cgroup.
+[[nodiscard]] Result<std::vector<linux::UniqueFd>> RunCgroupTaskFiles(const linux::SandboxCgroup* cgroup);
 
 // The limits in force for a command launched from `plan`: the rlimits its
 // runner set (`rlimits`, as linux::RlimitsFor gives them in the process the

@@ -1,6 +1,7 @@
 #include "supervise/run_dirs.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -47,6 +48,21 @@ std::vector<std::string> CollectDeadRunDirs(const std::string& parent, const std
   }
   closedir(d);
   return removed;
+}
+
+std::string FileTail(const std::string& path, std::size_t max) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  std::string out;
+  char buf[8192];
+  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) {
+    out.append(buf, static_cast<size_t>(n));
+    if (out.size() > 2 * max + sizeof(buf)) out.erase(0, out.size() - max);
+  }
+  close(fd);
+  if (out.size() > max) out = out.substr(out.size() - max);
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
+  return out;
 }
 
 }  // namespace agentbox::supervise

@@ -3,6 +3,7 @@
 // once a killed supervisor left one behind.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,10 @@ namespace agentbox::supervise {
 // directory that cannot be read is removed too: it is empty); true when it
 // is gone.
 bool RemoveTree(const std::string& dir);
+
+// The last `max` bytes of the file at `path` (trailing newlines dropped;
+// "" when it cannot be read): a helper's log, a console.
+std::string FileTail(const std::string& path, std::size_t max = 2000);
 
 // Removes the directories <parent>/<prefix><pid>-* of this user whose
 // supervisor `pid` is gone; returns those removed.
