@@ -30,6 +30,9 @@ using linux::UniqueFd;
 
 constexpr std::size_t kInlineRequest = 16 * 1024;  // larger requests travel in a memfd
 constexpr std::size_t kMaxConnectionsKept = 1000;
+// How long a call's output is awaited after its exit when the pipe has not
+// ended: what a relay still carries arrives within it.
+constexpr auto kOutputEndGrace = std::chrono::milliseconds(100);
 constexpr auto kConnectionsKeptFor = std::chrono::minutes(5);
 
 int MsUntil(Clock::time_point t) {
@@ -742,9 +745,18 @@ Result<WorldExecResult> World::Exec(const WorldExec& exec, const OutputSink& sin
     }
     if (!res_open && !exited) break;  // the init closed the call without an exit: it died
   }
-  // Whatever the command (or what it left running) wrote up to now.
+  // Whatever the command (or what it left running) wrote up to now. A
+  // relayed world's output can still be in flight behind its exit line, so
+  // after an exit the pipe is read until its end, for a short grace when
+  // something the command left running still holds it.
+  const auto drain_until = Clock::now() + kOutputEndGrace;
   for (;;) {
+    int wait_ms = 0;
+    if (exited && out_open) wait_ms = std::max(0, MsUntil(drain_until));
+    struct pollfd pfd = {out_r.get(), POLLIN, 0};
+    if (poll(&pfd, 1, wait_ms) <= 0) break;
     ssize_t got = read(out_r.get(), buf, sizeof(buf));
+    if (got < 0 && (errno == EAGAIN || errno == EINTR)) continue;
     if (got <= 0) break;
     output.Add(buf, static_cast<size_t>(got));
     if (sink) sink(std::string_view(buf, static_cast<size_t>(got)));
