@@ -624,6 +624,10 @@ Result<WorldExecResult> World::Exec(const WorldExec& exec, const OutputSink& sin
     (void)SendControl(json{{"op", "kill"}, {"id", id}, {"signal", sig}}, {});
   };
   char buf[65536];
+  auto keep = [&](size_t got) {  // output read into buf
+    output.Add(buf, got);
+    if (sink) sink(std::string_view(buf, got));
+  };
   while (!exited && (res_open || out_open)) {
     if (cancel && cancel->load() && !out.cancelled) {
       out.cancelled = true;
@@ -664,8 +668,7 @@ Result<WorldExecResult> World::Exec(const WorldExec& exec, const OutputSink& sin
     if (i_out >= 0 && fds[i_out].revents) {
       ssize_t got = read(out_r.get(), buf, sizeof(buf));
       if (got > 0) {
-        output.Add(buf, static_cast<size_t>(got));
-        if (sink) sink(std::string_view(buf, static_cast<size_t>(got)));
+        keep(static_cast<size_t>(got));
       } else if (got == 0 || (errno != EAGAIN && errno != EINTR)) {
         out_open = false;
       }
@@ -758,8 +761,7 @@ Result<WorldExecResult> World::Exec(const WorldExec& exec, const OutputSink& sin
     ssize_t got = read(out_r.get(), buf, sizeof(buf));
     if (got < 0 && (errno == EAGAIN || errno == EINTR)) continue;
     if (got <= 0) break;
-    output.Add(buf, static_cast<size_t>(got));
-    if (sink) sink(std::string_view(buf, static_cast<size_t>(got)));
+    keep(static_cast<size_t>(got));
   }
   out.output = output.Take(&out.truncated);
   out.output_bytes = output.total();
