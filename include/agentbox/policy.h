@@ -29,12 +29,38 @@ enum class ReportAs { kSandboxDenial, kTaskFailure };
 enum class Escalation { kDeny, kOneTimeApproval };
 enum class ShellMode { kFresh, kPersistent };
 
+// sandbox.remote.kubernetes: a sandbox claimed from a cluster running
+// kubernetes-sigs/agent-sandbox (docs/kubernetes.md).
+struct KubernetesRemoteSpec {
+  std::string namespace_name;  // "namespace": the claims' and the template's namespace
+  std::string template_name;   // "template": the SandboxTemplate claimed from
+  std::string context;         // the kubeconfig context ("" = its current-context)
+  std::string kubeconfig;      // "" = $KUBECONFIG, else ~/.kube/config; absolute or ~/...
+};
+
+// sandbox.remote: where `isolation: remote` runs a session's world.
+// Exactly one of `ssh` and `kubernetes` is set.
+struct RemoteSpec {
+  // "[user@]host[:port]" or a Host alias of the ssh configuration; the
+  // system's ssh client connects with strict host key checking.
+  std::string ssh;
+  std::string ssh_config;      // "" = ssh's own default; absolute or ~/...
+  // What the remote agentbox applies to each call: os | container | microvm.
+  Isolation level = Isolation::kOs;
+  // The workspace's directory on the remote ("" = the session's workspace
+  // path, taken as a path on the remote).
+  std::string workspace;
+  std::optional<KubernetesRemoteSpec> kubernetes;
+};
+
 struct SandboxSpec {
   Isolation isolation = Isolation::kOs;
   Requirement require = Requirement::kFull;
   std::string image = "host";
   bool fresh_per_task = true;
   bool snapshot_on_exit = false;
+  // Set exactly when isolation is remote.
+  std::optional<RemoteSpec> remote;
 };
 
 struct WorkspaceSpec {

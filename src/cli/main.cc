@@ -1112,7 +1112,7 @@ int main(int argc, char** argv) {
   explain->add_flag("--json", explain_json, "JSON output");
 
   std::vector<Subcommand> subcommands = {AddServeCommand(app), AddSessionCommand(app), AddMcpCommand(app),
-                                         AddSetupDelegationCommand(app)};
+                                         AddSetupDelegationCommand(app), AddK8sCommand(app)};
 
   // Everything after the first `--` is the command, verbatim. Split it off
   // before parsing: otherwise a repeatable option just before `--` (say

@@ -23,5 +23,7 @@ Subcommand AddSessionCommand(CLI::App& app);
 Subcommand AddMcpCommand(CLI::App& app);
 // `agentbox setup-delegation`: a cgroup subtree for a user (delegation_cmd.cc).
 Subcommand AddSetupDelegationCommand(CLI::App& app);
+// `agentbox k8s ...`: Kubernetes agent-sandbox objects from a policy (k8s_cmd.cc).
+Subcommand AddK8sCommand(CLI::App& app);
 
 }  // namespace agentbox::cli

@@ -438,6 +438,36 @@ std::optional<std::string> HttpRuleProblem(std::string_view rule) {
   return PathPatternProblem(rule.substr(space + 1));
 }
 
+std::optional<std::string> CheckSshDestination(const std::string& destination) {
+  if (destination.empty()) return "must not be empty";
+  if (destination[0] == '-') return "must not start with '-' (ssh would read it as an option)";
+  for (char c : destination) {
+    const bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' || c == '@' ||
+                    c == ':' || c == '[' || c == ']';
+    if (!ok) {
+      return std::string("holds '") + c + "': a destination is [user@]host[:port] (letters, digits, . - _ @ : [ ])";
+    }
+  }
+  const auto at = destination.find('@');
+  if (at != std::string::npos && (at == 0 || destination.find('@', at + 1) != std::string::npos ||
+                                  at + 1 == destination.size())) {
+    return "is not [user@]host[:port]";
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> CheckKubernetesName(const std::string& name) {
+  if (name.empty()) return "must not be empty";
+  if (name.size() > 63) return "is longer than 63 characters (a Kubernetes name is a DNS label)";
+  for (char c : name) {
+    if (!(std::islower(static_cast<unsigned char>(c)) || std::isdigit(static_cast<unsigned char>(c)) || c == '-')) {
+      return "\"" + name + "\" is not a DNS label (lower-case letters, digits and '-')";
+    }
+  }
+  if (name.front() == '-' || name.back() == '-') return "\"" + name + "\" must start and end with a letter or digit";
+  return std::nullopt;
+}
+
 std::optional<std::string> CheckGitRemote(std::string& remote) {
   const std::string written = remote;
   auto has_scheme = [&](std::string_view scheme) {

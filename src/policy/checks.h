@@ -94,6 +94,11 @@ std::optional<std::string> HttpRuleProblem(std::string_view rule);
 // than "/". Normalises the scheme, host and port in place (":443", the
 // default, is dropped).
 std::optional<std::string> CheckGitRemote(std::string& remote);
+// sandbox.remote.ssh: "[user@]host[:port]" (or an ssh_config Host alias):
+// nothing ssh would read as an option or a second argument.
+std::optional<std::string> CheckSshDestination(const std::string& destination);
+// A Kubernetes object name (an RFC 1123 DNS label: a namespace, a template).
+std::optional<std::string> CheckKubernetesName(const std::string& name);
 
 // A tools.upstream[].url, "http(s)://HOST[:PORT][/PATH]" (no user info, no
 // fragment, PORT 1-65535, the scheme's by default), split for a client.

@@ -200,6 +200,8 @@ class Parser {
   Status ParseSection(const std::string& key, const Field& value, Policy& policy) const;
   Status ParseVersion(const Field& f, int& out) const;
   Status ParseSandbox(const Field& f, SandboxSpec& out) const;
+  Status ParseRemote(const Field& f, RemoteSpec& out) const;
+  Status CheckRemote(const Field& root, const Policy& policy) const;
   Status ParseFilesystem(const Field& f, FilesystemSpec& out) const;
   Status ParseNetwork(const Field& f, NetworkSpec& out) const;
   Status ParseHttpRules(const Field& f, std::vector<HttpRuleSpec>& out) const;
@@ -541,8 +543,14 @@ Status Parser::ParseVersion(const Field& f, int& out) const {
 
 Status Parser::ParseSandbox(const Field& f, SandboxSpec& out) const {
   return ForEachKey(
-      f, {"isolation", "require", "image", "fresh_per_task", "snapshot_on_exit"},
+      f, {"isolation", "require", "image", "fresh_per_task", "snapshot_on_exit", "remote"},
       [&](const std::string& key, const Field& v) -> Status {
+        if (key == "remote") {
+          RemoteSpec remote;
+          if (Status s = ParseRemote(v, remote); !s.ok()) return s;
+          out.remote = std::move(remote);
+          return Status();
+        }
         // Every rung of the isolation ladder parses; whether this host can
         // provide it is decided when the policy is enforced.
         if (key == "isolation") {
@@ -561,6 +569,82 @@ Status Parser::ParseSandbox(const Field& f, SandboxSpec& out) const {
         if (key == "fresh_per_task") return ReadBool(v, out.fresh_per_task);
         return ReadBool(v, out.snapshot_on_exit);
       });
+}
+
+// sandbox.remote: { ssh, ssh_config?, level?, workspace? } or { kubernetes: {...}, level? }
+Status Parser::ParseRemote(const Field& f, RemoteSpec& out) const {
+  Status status = ForEachKey(
+      f, {"ssh", "ssh_config", "level", "workspace", "kubernetes"}, [&](const std::string& key, const Field& v) -> Status {
+        if (key == "ssh") {
+          if (Status s = ReadString(v, out.ssh); !s.ok()) return s;
+          if (auto problem = CheckSshDestination(out.ssh)) return Fail(v, *problem);
+          return Status();
+        }
+        if (key == "ssh_config") {
+          if (Status s = ReadString(v, out.ssh_config); !s.ok()) return s;
+          if (auto problem = CheckPath(out.ssh_config, PathRule::kFile)) return Fail(v, *problem);
+          return Status();
+        }
+        if (key == "level") {
+          if (Status s = ReadEnum(v, {Isolation::kOs, Isolation::kContainer, Isolation::kMicrovm}, out.level);
+              !s.ok()) {
+            return s;
+          }
+          return Status();
+        }
+        if (key == "workspace") {
+          if (Status s = ReadString(v, out.workspace); !s.ok()) return s;
+          if (auto problem = CheckPath(out.workspace, PathRule::kWorkspace)) return Fail(v, *problem);
+          return Status();
+        }
+        KubernetesRemoteSpec k;
+        Status ks = ForEachKey(v, {"namespace", "template", "context", "kubeconfig"},
+                               [&](const std::string& kkey, const Field& kv) -> Status {
+                                 std::string text;
+                                 if (Status s = ReadString(kv, text); !s.ok()) return s;
+                                 if (kkey == "kubeconfig") {
+                                   if (auto problem = CheckPath(text, PathRule::kFile)) return Fail(kv, *problem);
+                                   k.kubeconfig = std::move(text);
+                                   return Status();
+                                 }
+                                 if (kkey == "context") {
+                                   if (text.empty()) return Fail(kv, "must not be empty");
+                                   k.context = std::move(text);
+                                   return Status();
+                                 }
+                                 if (auto problem = CheckKubernetesName(text)) return Fail(kv, *problem);
+                                 (kkey == "namespace" ? k.namespace_name : k.template_name) = std::move(text);
+                                 return Status();
+                               });
+        if (!ks.ok()) return ks;
+        if (k.namespace_name.empty()) return Fail(v, "kubernetes needs namespace: the namespace of the claims");
+        if (k.template_name.empty()) return Fail(v, "kubernetes needs template: the SandboxTemplate to claim from");
+        out.kubernetes = std::move(k);
+        return Status();
+      });
+  if (!status.ok()) return status;
+  if (out.ssh.empty() == !out.kubernetes) {
+    return Fail(f, out.ssh.empty() ? "names no remote: give ssh (\"user@host\") or kubernetes ({namespace, template})"
+                                   : "gives both ssh and kubernetes: a remote world is one or the other");
+  }
+  if (out.kubernetes && (!out.ssh_config.empty() || !out.workspace.empty())) {
+    return Fail(f, "ssh_config and workspace are for an ssh remote; a kubernetes sandbox's workspace is its pod's");
+  }
+  return Status();
+}
+
+Status Parser::CheckRemote(const Field& root, const Policy& policy) const {
+  const bool remote = policy.sandbox.isolation == Isolation::kRemote;
+  if (remote == policy.sandbox.remote.has_value()) return Status();
+  std::optional<Field> sandbox = Child(root, "sandbox");
+  if (remote) {
+    std::optional<Field> iso = sandbox ? Child(*sandbox, "isolation") : std::nullopt;
+    return Fail(iso ? *iso : root, "isolation: remote needs sandbox.remote: where the world runs "
+                                   "({ssh: \"user@host\", level: os} or {kubernetes: {namespace, template}})");
+  }
+  std::optional<Field> at = sandbox ? Child(*sandbox, "remote") : std::nullopt;
+  return Fail(at ? *at : root, std::string("sandbox.remote is set but sandbox.isolation is ") +
+                                   ToString(policy.sandbox.isolation) + ", not remote");
 }
 
 Status Parser::ParseFilesystem(const Field& f, FilesystemSpec& out) const {
@@ -1394,6 +1478,7 @@ Result<Policy> Parser::Parse() const {
   // compare values that parsed.
   if (errors_ && !errors_->empty()) return errors_->front();
   if (Status s = CheckNetwork(root, policy); !s.ok()) return s;
+  if (Status s = CheckRemote(root, policy); !s.ok()) return s;
   if (Status s = CheckMaxGrant(root, policy); !s.ok()) return s;
   if (Status s = CheckSecrets(root, policy); !s.ok()) return s;
   if (Status s = CheckUpstreams(root, policy); !s.ok()) return s;

@@ -414,6 +414,25 @@ std::string ToYaml(const Policy& p) {
   out << YAML::Key << "image" << YAML::Value << p.sandbox.image;
   out << YAML::Key << "fresh_per_task" << YAML::Value << p.sandbox.fresh_per_task;
   out << YAML::Key << "snapshot_on_exit" << YAML::Value << p.sandbox.snapshot_on_exit;
+  if (p.sandbox.remote) {
+    const RemoteSpec& r = *p.sandbox.remote;
+    out << YAML::Key << "remote" << YAML::Value << YAML::BeginMap;
+    if (!r.ssh.empty()) out << YAML::Key << "ssh" << YAML::Value << r.ssh;
+    if (!r.ssh_config.empty()) out << YAML::Key << "ssh_config" << YAML::Value << r.ssh_config;
+    out << YAML::Key << "level" << YAML::Value << ToString(r.level);
+    if (!r.workspace.empty()) out << YAML::Key << "workspace" << YAML::Value << r.workspace;
+    if (r.kubernetes) {
+      out << YAML::Key << "kubernetes" << YAML::Value << YAML::BeginMap;
+      out << YAML::Key << "namespace" << YAML::Value << r.kubernetes->namespace_name;
+      out << YAML::Key << "template" << YAML::Value << r.kubernetes->template_name;
+      if (!r.kubernetes->context.empty()) out << YAML::Key << "context" << YAML::Value << r.kubernetes->context;
+      if (!r.kubernetes->kubeconfig.empty()) {
+        out << YAML::Key << "kubeconfig" << YAML::Value << r.kubernetes->kubeconfig;
+      }
+      out << YAML::EndMap;
+    }
+    out << YAML::EndMap;
+  }
   out << YAML::EndMap;
 
   const FilesystemSpec& fs = p.filesystem;
