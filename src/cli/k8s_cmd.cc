@@ -54,7 +54,8 @@ void AddRender(CLI::App& k8s, const std::shared_ptr<RenderFlags>& f) {
                   std::string("SandboxTemplate and SandboxWarmPool name (default: sandbox.remote.kubernetes.template, "
                               "else ") +
                       k8s::kDefaultTemplateName + ")");
-  cmd->add_option("--image", f->options.image, "the pod's image, holding agentbox (default " + k8s::DefaultImage() + ")");
+  cmd->add_option("--image", f->options.image,
+                  "the pod's image, holding agentbox (default " + k8s::DefaultImage() + ")");
   cmd->add_option("--session", f->options.session, "also a SandboxClaim for this session id, named NAME-ID");
   cmd->add_option("--secret-name", f->options.secret_name,
                   "the Secret holding credentials.secrets, one key per secret (default NAME-credentials)");

@@ -30,10 +30,10 @@ Status Fail(const std::string& message) { return Status::Error(kStage, message);
 // names something else than the policy is refused: rendering objects for
 // another template than the one the policy claims from would go unnoticed
 // until a claim failed on the cluster.
-Result<std::string> PickName(const std::string& what, const std::string& from_policy, const std::string& flag,
-                             const std::string& fallback) {
+Result<std::string> PickName(const std::string& what, const std::string& flag_name, const std::string& from_policy,
+                             const std::string& flag, const std::string& fallback) {
   if (!from_policy.empty() && !flag.empty() && flag != from_policy) {
-    return Fail("--" + what + " " + flag + " contradicts sandbox.remote.kubernetes." + what + " (" + from_policy +
+    return Fail(flag_name + " " + flag + " contradicts sandbox.remote.kubernetes." + what + " (" + from_policy +
                 ") in the policy");
   }
   std::string name = !from_policy.empty() ? from_policy : !flag.empty() ? flag : fallback;
@@ -288,10 +288,10 @@ Result<Names> ResolveNames(const Policy& policy, const RenderOptions& options) {
   KubernetesRemoteSpec from_policy;
   if (policy.sandbox.remote && policy.sandbox.remote->kubernetes) from_policy = *policy.sandbox.remote->kubernetes;
   Names names;
-  auto ns = PickName("namespace", from_policy.namespace_name, options.namespace_name, kDefaultNamespace);
+  auto ns = PickName("namespace", "--namespace", from_policy.namespace_name, options.namespace_name, kDefaultNamespace);
   if (!ns.ok()) return ns.status();
   names.namespace_name = *ns;
-  auto name = PickName("template", from_policy.template_name, options.template_name, kDefaultTemplateName);
+  auto name = PickName("template", "--name", from_policy.template_name, options.template_name, kDefaultTemplateName);
   if (!name.ok()) return name.status();
   names.template_name = *name;
   names.warm_pool_name = names.template_name;
@@ -454,7 +454,9 @@ Result<std::vector<json>> Render(const Policy& policy, const RenderOptions& opti
   });
   if (!options.session.empty()) {
     const std::string claim = names->template_name + "-" + options.session;
-    if (auto problem = CheckKubernetesName(claim)) return Fail("claim name for session " + options.session + ": " + *problem);
+    if (auto problem = CheckKubernetesName(claim)) {
+      return Fail("claim name for session " + options.session + ": " + *problem);
+    }
     json meta = Metadata(claim, names->namespace_name);
     meta["labels"]["agentbox/session"] = options.session;
     objects.push_back({

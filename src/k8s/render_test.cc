@@ -393,7 +393,12 @@ TEST(K8sRender, WithoutRemoteNamesComeFromFlagsElseDefaults) {
 TEST(K8sRender, AFlagThatContradictsThePolicyIsAnError) {
   auto objects = Render(Parse(kRemote), RenderOptions{.template_name = "other"});
   ASSERT_FALSE(objects.ok());
-  EXPECT_NE(objects.status().message().find("contradicts sandbox.remote.kubernetes.template"), std::string::npos);
+  EXPECT_NE(objects.status().message().find("--name other contradicts sandbox.remote.kubernetes.template (coder)"),
+            std::string::npos)
+      << objects.status().message();
+  objects = Render(Parse(kRemote), RenderOptions{.namespace_name = "elsewhere"});
+  ASSERT_FALSE(objects.ok());
+  EXPECT_NE(objects.status().message().find("--namespace elsewhere contradicts"), std::string::npos);
   EXPECT_TRUE(Render(Parse(kRemote), RenderOptions{.template_name = "coder"}).ok());
   EXPECT_FALSE(Render(Parse("version: 1\n"), RenderOptions{.template_name = "Not_A_Label"}).ok());
 }
@@ -480,12 +485,14 @@ TEST(K8sRender, AllowedPortsAndAddressBlocksBecomeEgressRulesWithDns) {
   EXPECT_NE(egress[1]["to"][0]["ipBlock"]["except"].dump().find("169.254.0.0/16"), std::string::npos);
   EXPECT_EQ(egress[1]["to"][1]["ipBlock"]["cidr"], "::/0");
   // An IP entry: exactly that address, on its port.
-  EXPECT_EQ(egress[2], json::parse(R"({"to":[{"ipBlock":{"cidr":"10.1.2.3/32"}}],"ports":[{"protocol":"TCP","port":5432}]})"));
+  EXPECT_EQ(egress[2], json::parse(R"({"to": [{"ipBlock": {"cidr": "10.1.2.3/32"}}],
+                                       "ports": [{"protocol": "TCP", "port": 5432}]})"));
 }
 
 TEST(K8sRender, AnyPortWhenANameHasNoPortOrTheDefaultIsAllow) {
   auto egress_of = [](const std::string& network) {
-    return TemplateOf(MustRender(Parse(std::string(kRemote) + "network:\n" + network)))["spec"]["networkPolicy"]["egress"];
+    const json t = TemplateOf(MustRender(Parse(std::string(kRemote) + "network:\n" + network)));
+    return t["spec"]["networkPolicy"]["egress"];
   };
   json egress = egress_of("  allow: [github.com, localhost]\n");
   ASSERT_EQ(egress.size(), 2u) << egress.dump(2);  // DNS, public any port; localhost adds nothing
@@ -508,7 +515,8 @@ TEST(K8sRender, EnvSecretsBecomeSecretKeyRefsAndFileSecretsASecretVolume) {
   for (const json& e : container["env"]) {
     if (e["name"] == "GH_TOKEN") github = e;
   }
-  EXPECT_EQ(github, json::parse(R"({"name":"GH_TOKEN","valueFrom":{"secretKeyRef":{"name":"team-tokens","key":"github"}}})"));
+  EXPECT_EQ(github, json::parse(R"({"name": "GH_TOKEN",
+                                    "valueFrom": {"secretKeyRef": {"name": "team-tokens", "key": "github"}}})"));
   EXPECT_FALSE(github.contains("value"));
   json volume, mount;
   for (const json& v : pod["volumes"]) {
