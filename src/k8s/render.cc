@@ -453,12 +453,13 @@ Result<std::vector<json>> Render(const Policy& policy, const RenderOptions& opti
        {{"replicas", options.warm_pool_replicas}, {"sandboxTemplateRef", {{"name", names->template_name}}}}},
   });
   if (!options.session.empty()) {
-    const std::string claim = names->template_name + "-" + options.session;
-    if (auto problem = CheckKubernetesName(claim)) {
-      return Fail("claim name for session " + options.session + ": " + *problem);
-    }
-    json meta = Metadata(claim, names->namespace_name);
+    auto claim = ClaimName(names->template_name, options.session);
+    if (!claim.ok()) return claim.status();
+    json meta = Metadata(*claim, names->namespace_name);
     meta["labels"]["agentbox/session"] = options.session;
+    // agent-sandbox's own label for who created an object (api/v1beta1
+    // CreatedByLabel); the API client labels its claims the same way.
+    meta["labels"]["agents.x-k8s.io/created-by"] = "agentbox";
     objects.push_back({
         {"apiVersion", kApiVersion},
         {"kind", "SandboxClaim"},
@@ -467,6 +468,12 @@ Result<std::vector<json>> Render(const Policy& policy, const RenderOptions& opti
     });
   }
   return objects;
+}
+
+Result<std::string> ClaimName(const std::string& template_name, const std::string& session) {
+  const std::string claim = template_name + "-" + session;
+  if (auto problem = CheckKubernetesName(claim)) return Fail("claim name for session " + session + ": " + *problem);
+  return claim;
 }
 
 std::string ToYamlStream(const std::vector<json>& objects) {

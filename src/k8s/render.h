@@ -97,6 +97,10 @@ struct SecretRefs {
 };
 Result<SecretRefs> SecretRefsFor(const CredentialsSpec& credentials, const std::string& secret_name);
 
+// A session's SandboxClaim name: TEMPLATE-SESSION, which must be a DNS
+// label (the claim's Sandbox and pod are named after it).
+Result<std::string> ClaimName(const std::string& template_name, const std::string& session);
+
 // The objects, in apply order: SandboxTemplate, SandboxWarmPool, and a
 // SandboxClaim when options.session is set.
 Result<std::vector<nlohmann::json>> Render(const Policy& policy, const RenderOptions& options);

@@ -555,6 +555,9 @@ TEST(K8sRender, ASessionGetsAClaimOnTheWarmPool) {
   EXPECT_EQ(objects[2]["metadata"]["name"], "coder-s-0a1b2c");
   EXPECT_EQ(objects[2]["metadata"]["namespace"], "agents");
   EXPECT_EQ(objects[2]["metadata"]["labels"]["agentbox/session"], "s-0a1b2c");
+  EXPECT_EQ(objects[2]["metadata"]["labels"]["agents.x-k8s.io/created-by"], "agentbox");
+  EXPECT_EQ(*ClaimName("coder", "s-0a1b2c"), "coder-s-0a1b2c");
+  EXPECT_FALSE(ClaimName("coder", std::string(60, 'a')).ok());  // past a DNS label's 63
   EXPECT_EQ(objects[2]["spec"], json::parse(R"({"warmPoolRef":{"name":"coder"}})"));
   auto bad = Render(Parse(kRemote), RenderOptions{.session = "S_1"});
   ASSERT_FALSE(bad.ok());
