@@ -156,7 +156,11 @@ void StreamMux::AppendPollFds(std::vector<pollfd>* fds) {
     }
     if (!c.out.empty() && !(before && !before->out.empty())) events |= POLLOUT;
     polled_.push_back(id);
-    fds->push_back({c.fd.get(), events, 0});
+    // Nothing wanted of it now (its window is full, nothing to write):
+    // left out of the poll, whose POLLHUP, reported whatever is asked, must
+    // not end a pipe whose writer is gone while its last bytes wait for
+    // the window.
+    fds->push_back({events ? c.fd.get() : -1, events, 0});
   }
 }
 
@@ -249,9 +253,10 @@ void StreamMux::Service(const pollfd* fds, std::size_t n) {
         it = conns_.find(ids[i]);
         if (it == conns_.end()) continue;
         ReadFrom(ids[i], &it->second);
-      } else if (ev & (POLLERR | POLLHUP)) {
+      } else if (it->second.read_end && (ev & (POLLERR | POLLHUP))) {
         // Closed both ways (or reset) with nothing more to read: nothing
-        // can be written to it either.
+        // can be written to it either. (Not read to its end yet: what is
+        // left is read once the window has room.)
         Abort(ids[i], true);
       }
     }

@@ -230,6 +230,46 @@ TEST(StreamMux, AttachedPipesCarryOneWayAndEndWithTheirWriter) {
   EXPECT_EQ(link.outside.open(), 0u);
 }
 
+// A writer that wrote more than the window and closed its pipe before the
+// far end acknowledged anything: the pipe reports POLLHUP with bytes still
+// in it, and every byte still arrives, in order, then the end of file.
+TEST(StreamMux, APipeWhoseWriterClosedWhileTheWindowIsFullIsReadToItsEnd) {
+  Link link;
+  int in[2], out[2];
+  ASSERT_EQ(pipe2(in, O_CLOEXEC), 0);
+  ASSERT_EQ(pipe2(out, O_CLOEXEC), 0);
+  ASSERT_GE(fcntl(in[1], F_SETPIPE_SZ, 1 << 20), static_cast<int>(4 * kMuxWindow));
+  const std::uint32_t id = kMuxAttached | 2;
+  ASSERT_TRUE(link.outside.Attach(id, UniqueFd(in[0]), MuxFlow::kOut));
+  ASSERT_TRUE(link.inside.Attach(id, UniqueFd(out[1]), MuxFlow::kIn));
+  const std::string data = Random(3 * kMuxWindow + 5, 9);
+  ASSERT_EQ(write(in[1], data.data(), data.size()), static_cast<ssize_t>(data.size()));
+  close(in[1]);
+  // Rounds in which no acknowledgement comes back: the outside fills its
+  // window and then sees the pipe's hang-up with bytes left in it.
+  for (int i = 0; i < 20; ++i) {
+    std::vector<pollfd> fds;
+    link.outside.AppendPollFds(&fds);
+    poll(fds.data(), fds.size(), 1);
+    link.outside.Service(fds.data(), fds.size());
+  }
+  EXPECT_EQ(link.outside.open(), 1u) << "the connection was given up while its last bytes waited for the window";
+  fcntl(out[0], F_SETFL, O_NONBLOCK);
+  std::string got;
+  bool eof = false;
+  for (int i = 0; i < 20000 && !eof; ++i) {
+    link.Pump(1);
+    char buf[65536];
+    const ssize_t r = read(out[0], buf, sizeof(buf));
+    if (r > 0) got.append(buf, static_cast<std::size_t>(r));
+    if (r == 0) eof = true;
+  }
+  close(out[0]);
+  EXPECT_TRUE(eof);
+  EXPECT_EQ(got.size(), data.size());
+  EXPECT_TRUE(got == data) << "the bytes changed on the way";
+}
+
 // Data for an id attached to be read only (the peer should not send any)
 // aborts it: a misbehaving guest cannot write into a caller's stdin pipe.
 TEST(StreamMux, DataTowardsAReadOnlyAttachmentAbortsIt) {
