@@ -309,6 +309,23 @@ struct GvisorPlan {
   bool inside = false;
 };
 
+// A session's world on another host (sandbox.isolation: remote), as the
+// caller's side holds it. The remote agentbox confines the policy with its
+// own host's enforcement (session/remote_world.h): this is what reaches it,
+// not a plan of the remote's.
+struct RemotePlan {
+  std::string ssh;         // the destination as ssh takes it: [user@]host (a port apart)
+  std::string port;        // "" = ssh's (its configuration's) port
+  std::string ssh_config;  // "" = ssh's default; else an absolute path
+  std::string level;       // what the remote applies: os | container | microvm
+  std::string workspace;   // the workspace's directory on the remote
+  std::string session;     // the session's id: names its copy of the workspace there
+  // The effective policy as YAML, with env.pass resolved into env.set here
+  // (the remote's environment is not the caller's).
+  std::string policy_yaml;
+  std::string binary;      // this host's agentbox, installed on the remote by digest
+};
+
 // How the microVM is made (Backend::kMicrovm).
 struct MicrovmPlan {
   std::string qemu;             // qemu-system-x86_64
@@ -371,6 +388,7 @@ struct Plan {
   std::string private_dir;
   std::optional<GvisorPlan> gvisor;     // kGvisor only
   std::optional<MicrovmPlan> microvm;   // kMicrovm only
+  std::optional<RemotePlan> remote;     // a remote world's caller side (nothing runs here)
   std::string policy_sha256;
 };
 

@@ -27,6 +27,7 @@
 #include "agentbox/run.h"
 #include "cli/report_sink.h"
 #include "cli/subcommand.h"
+#include "session/remote_world.h"
 #include "linux/cgroup_delegation.h"
 #include "linux/cgroups.h"
 #include "linux/microvm.h"
@@ -1011,6 +1012,11 @@ int main(int argc, char** argv) {
   using namespace agentbox::cli;
   // A session's sandbox supervisor (spawned by sessions, never typed).
   if (argc == 2 && std::strcmp(argv[1], "__world") == 0) return agentbox::session::WorldMain();
+  // A session's world on this host for a caller elsewhere (sandbox.isolation:
+  // remote): frames on stdin and stdout, reached over ssh.
+  if (argc == 3 && std::strcmp(argv[1], "__world") == 0 && std::strcmp(argv[2], "--stdio") == 0) {
+    return agentbox::session::RemoteStdioMain();
+  }
   // A microVM's init: this binary is the guest image's /init.
   if (getpid() == 1 && std::strcmp(argv[0], "/init") == 0) agentbox::supervise::GuestInitMain(&agentbox::session::WorldMain);
   // A session's world in a gVisor sandbox: this binary is the container's init.

@@ -585,6 +585,11 @@ Status CheckAvailable(const Policy& policy) {
                          "sandbox.isolation: host means no isolation; ask for it by name with "
                          "mode danger-full-access");
   }
+  if (iso == Isolation::kRemote) {
+    return Status::Error("confine", "sandbox.isolation: remote runs a session's world on another host (a session "
+                                    "of agentbox serve or agentbox mcp); a command run here is confined here: use "
+                                    "isolation os, container or microvm for it; refusing rather than downgrading");
+  }
   if (iso != Isolation::kOs && iso != Isolation::kContainer && iso != Isolation::kMicrovm) {
     return Status::Error("confine", std::string("sandbox.isolation: ") + ToString(iso) +
                                         " is not available in this version (available: os, container, microvm); "

@@ -360,6 +360,12 @@ std::string PlanToJson(const Plan& plan, int indent) {
                     {"initramfs", m.initramfs}, {"accel", m.accel},           {"memory_mib", m.memory_mib},
                     {"vcpus", m.vcpus},         {"rootless", m.rootless},     {"state_parent", m.state_parent}};
   }
+  if (plan.remote) {
+    const RemotePlan& r = *plan.remote;
+    j["remote"] = {{"ssh", r.ssh},           {"port", r.port},       {"ssh_config", r.ssh_config},
+                   {"level", r.level},       {"workspace", r.workspace}, {"session", r.session},
+                   {"policy_yaml", r.policy_yaml}, {"binary", r.binary}};
+  }
   j["policy_sha256"] = plan.policy_sha256;
   return j.dump(indent);
 }
@@ -389,6 +395,13 @@ Result<Plan> PlanFromJson(const std::string& text) {
                                  m.at("state_parent").get<std::string>()};
     } else if (backend != ToString(Backend::kNamespaces)) {
       return Status::Error("plan", "unknown backend " + backend);
+    }
+    if (j.contains("remote")) {
+      const json& r = j.at("remote");
+      plan.remote = RemotePlan{r.at("ssh").get<std::string>(),        r.at("port").get<std::string>(),
+                               r.at("ssh_config").get<std::string>(), r.at("level").get<std::string>(),
+                               r.at("workspace").get<std::string>(),  r.at("session").get<std::string>(),
+                               r.at("policy_yaml").get<std::string>(), r.at("binary").get<std::string>()};
     }
     plan.private_dir_parent = j.value("private_dir_parent", std::string());
     plan.private_dir = j.value("private_dir", std::string());

@@ -448,6 +448,19 @@ std::optional<std::string> CheckSshDestination(const std::string& destination) {
       return std::string("holds '") + c + "': a destination is [user@]host[:port] (letters, digits, . - _ @ : [ ])";
     }
   }
+  // A port after the host: host:port or [v6]:port.
+  const auto close = destination.find(']');
+  const auto colon = close != std::string::npos ? destination.find(':', close)
+                     : std::count(destination.begin(), destination.end(), ':') == 1 ? destination.find(':')
+                                                                                     : std::string::npos;
+  if (colon != std::string::npos) {
+    const std::string port = destination.substr(colon + 1);
+    unsigned value = 0;
+    auto [ptr, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
+    if (port.empty() || ec != std::errc() || ptr != port.data() + port.size() || value < 1 || value > 65535) {
+      return "has the port '" + port + "' (a port is 1-65535)";
+    }
+  }
   const auto at = destination.find('@');
   if (at != std::string::npos && (at == 0 || destination.find('@', at + 1) != std::string::npos ||
                                   at + 1 == destination.size())) {

@@ -35,6 +35,8 @@ using policy_internal::CacheNameProblem;
 using policy_internal::CheckGitRemote;
 using policy_internal::CheckHostName;
 using policy_internal::CheckPath;
+using policy_internal::CheckKubernetesName;
+using policy_internal::CheckSshDestination;
 using policy_internal::CredentialsInSandboxName;
 using policy_internal::DomainList;
 using policy_internal::DomainProblem;

@@ -16,6 +16,9 @@
 //  - the inside's egress, as for a run (GuestEgress).
 // A terminal or an inside socket would need the inside's descriptor on this
 // host: they are refused. The machine ends with this process.
+// A remote world (RelayMode::kRemote, remote_world.cc) is relayed the same
+// way, but its agentbox owns its egress, rotations and memory limit: those
+// messages pass through both ways.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -115,9 +118,19 @@ int RelayedWorldMain(const Plan& given, StartMachine start, const char* noun) {
     Send(ErrorMessage(booted.status()));
     return 125;
   }
-  supervise::WorldMachine& vm = **booted;
+  linux::FrameReader reader;
+  return RelayWorldLoop(**booted, plan, secrets.get(), noun, RelayMode::kHostEgress, std::move(sigfd), &reader, {});
+}
+
+}  // namespace
+
+int RelayWorldLoop(supervise::WorldMachine& vm, const Plan& plan, net::SecretStore* secrets, const char* noun,
+                   RelayMode mode, linux::UniqueFd sigfd, linux::FrameReader* reader_ptr,
+                   std::vector<linux::Frame> pending) {
+  const bool remote = mode == RelayMode::kRemote;
   const int channel = vm.channel();
   fcntl(channel, F_SETFL, fcntl(channel, F_GETFL) | O_NONBLOCK);
+  linux::FrameReader& reader = *reader_ptr;
 
   // What goes to the guest is queued and written as the channel takes it
   // (this end never blocks on the guest, which may block on its writes).
@@ -131,8 +144,7 @@ int RelayedWorldMain(const Plan& given, StartMachine start, const char* noun) {
   linux::UniqueFd control;  // ours; the caller has the other end
   bool ready = false;
   std::optional<Clock::time_point> kill_at;
-  linux::FrameReader reader;
-  std::vector<linux::Frame> frames;
+  std::vector<linux::Frame> frames = std::move(pending);
   std::vector<char> in(1 << 20);
 
   // The caller's control requests: the descriptors to the mux, the request
@@ -198,6 +210,13 @@ int RelayedWorldMain(const Plan& given, StartMachine start, const char* noun) {
   // One message of the caller's: the host's ops answered here, the rest to the guest.
   auto from_caller = [&](json& req, const std::string& text) {
     const std::string op = req.is_object() ? req.value("op", "") : "";
+    if (remote && op != "graft" && op != "ungraft") {
+      // The remote agentbox's proxy, secrets and cgroup: its ops go there
+      // (a rotation's values over the stream, held in its memory).
+      if (op == "stop" && !kill_at) kill_at = Clock::now() + std::chrono::milliseconds(req.value("grace_ms", 0) + 5000);
+      send(linux::FrameType::kWorld, text);
+      return;
+    }
     if (op == "network" && req.contains("allow") && req["allow"].is_array() && req.contains("deny") &&
         req["deny"].is_array()) {
       std::vector<std::string> allow, deny;
@@ -258,8 +277,9 @@ int RelayedWorldMain(const Plan& given, StartMachine start, const char* noun) {
       Send(json{{"t", "exited"}, {"how", "stopped"}, {"oom_kills", 0}});
       return 0;
     }
-    const int timeout = kill_at ? static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(*kill_at - now).count()) + 1
-                                : -1;
+    int timeout = kill_at ? static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(*kill_at - now).count()) + 1
+                          : -1;
+    if (!frames.empty()) timeout = 0;  // read before this loop (a remote's handshake)
     std::vector<struct pollfd> fds;
     fds.push_back({channel, static_cast<short>(POLLIN | (to_guest.empty() ? 0 : POLLOUT)), 0});
     fds.push_back({vm.ended_fd(), POLLIN, 0});
@@ -274,8 +294,9 @@ int RelayedWorldMain(const Plan& given, StartMachine start, const char* noun) {
       const ssize_t sent = ::send(channel, to_guest.data(), to_guest.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
       if (sent > 0) to_guest.erase(0, static_cast<std::size_t>(sent));
     }
-    if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) {
-      const bool open = reader.Read(channel, &frames);
+    bool open = true;
+    if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) open = reader.Read(channel, &frames);
+    if (!frames.empty() || !open) {
       for (auto& f : frames) {
         if (mux.Handle(f)) continue;
         if (f.type == linux::FrameType::kFailure) {
@@ -298,15 +319,16 @@ int RelayedWorldMain(const Plan& given, StartMachine start, const char* noun) {
           }
           control.reset(sv[0]);
           linux::UniqueFd theirs(sv[1]);
-          // What this host's resolution skipped (the shares' views follow it).
-          m["skipped"] = vm.skipped();
+          // What this host's resolution skipped (the shares' views follow
+          // it); a remote's own resolution is the remote's to say.
+          if (!remote) m["skipped"] = vm.skipped();
           Send(m, theirs.get());
         } else if (t == "exited" || t == "error") {
           Send(m);
           vm.Reap(std::chrono::milliseconds(3000));  // the inside syncs and ends
           return t == "error" ? 125 : 0;
-        } else if (t == "net" || t == "network" || t == "graft" || t == "ungraft" || t == "memory" ||
-                   t == "rotated") {
+        } else if (!remote && (t == "net" || t == "network" || t == "graft" || t == "ungraft" || t == "memory" ||
+                               t == "rotated")) {
           // Answered here, never by the guest: its plan has no proxy, and
           // these ops are this process's. A guest that sends one is ignored.
         } else {
@@ -326,7 +348,7 @@ int RelayedWorldMain(const Plan& given, StartMachine start, const char* noun) {
         json req = json::parse(text, nullptr, false);
         // A message with values (a rotation) is answered here; nothing else
         // the caller sends holds one.
-        from_caller(req, req.is_object() && req.value("op", "") == "rotate" ? std::string() : text);
+        from_caller(req, !remote && req.is_object() && req.value("op", "") == "rotate" ? std::string() : text);
         OPENSSL_cleanse(text.data(), text.size());
       }
     }
@@ -340,6 +362,8 @@ int RelayedWorldMain(const Plan& given, StartMachine start, const char* noun) {
     if (i_control >= 0 && fds[i_control].revents && !relay_control()) control.reset();
   }
 }
+
+namespace {
 
 // `start` (MicrovmVm::Boot, GvisorSandbox::Start) as a StartMachine.
 template <auto start>

@@ -55,6 +55,7 @@
 #include "session/code_mode.h"
 #include "session/file_tools.h"
 #include "session/layers.h"
+#include "session/remote_world.h"
 #include "session/port_bridge.h"
 #include "session/services.h"
 #include "session/tool_inputs.h"
@@ -191,6 +192,67 @@ Result<Policy> BuildPolicy(const std::string& yaml, const std::string& mode) {
   if (!p.ok()) return Status::Error(kBadRequest, p.status().message());
   p->sha256.clear();
   return p;
+}
+
+// A remote world's first provisioning connects, may copy agentbox there and
+// copies the workspace there: it may take longer than a local world's.
+constexpr int kRemoteReadyTimeoutMs = 300000;
+
+// What a remote session (sandbox.isolation: remote) cannot have in this
+// version, refused when it is created rather than at its first call.
+Status CheckRemoteSession(const Policy& policy, const CreateRequest& request) {
+  const RemoteSpec& r = *policy.sandbox.remote;
+  if (r.kubernetes) {
+    return Status::Error(kBadRequest, "sandbox.remote.kubernetes: a session's world in a claimed agent-sandbox pod "
+                                      "is not in this version; `agentbox k8s render` makes the objects "
+                                      "(docs/kubernetes.md)");
+  }
+  if (!request.from_snapshot.empty()) {
+    return Status::Error(kBadRequest, "from_snapshot: a remote session's workspace is the remote's; snapshots of "
+                                      "remote sessions are not in this version");
+  }
+  if (policy.sandbox.snapshot_on_exit) {
+    return Status::Error(kBadRequest, "sandbox.snapshot_on_exit: snapshots of remote sessions are not in this "
+                                      "version");
+  }
+  return {};
+}
+
+// The remote's side of a remote session's world: the destination as ssh
+// takes it ([user@]host, the port apart) and the policy as the remote gets
+// it (env.pass resolved here: the remote's environment is not the caller's).
+RemotePlan RemotePlanFor(const Policy& policy, const std::string& session, const std::string& workspace,
+                         const std::string& exe) {
+  const RemoteSpec& r = *policy.sandbox.remote;
+  RemotePlan out;
+  out.ssh = r.ssh;
+  // host:port and [v6]:port carry a port, which ssh takes apart (-p).
+  if (const auto open = out.ssh.find('['); open != std::string::npos) {
+    const auto close = out.ssh.find(']');
+    if (close != std::string::npos && close + 1 < out.ssh.size() && out.ssh[close + 1] == ':') {
+      out.port = out.ssh.substr(close + 2);
+      out.ssh.erase(close + 1);
+    }
+    if (out.ssh.back() == ']') out.ssh = out.ssh.substr(0, open) + out.ssh.substr(open + 1, out.ssh.size() - open - 2);
+  } else if (std::count(out.ssh.begin(), out.ssh.end(), ':') == 1) {
+    const auto colon = out.ssh.find(':');
+    out.port = out.ssh.substr(colon + 1);
+    out.ssh.erase(colon);
+  }
+  out.ssh_config = r.ssh_config;
+  if (out.ssh_config.rfind("~/", 0) == 0) out.ssh_config = linux::HomeDir() + out.ssh_config.substr(1);
+  out.level = ToString(r.level);
+  out.workspace = workspace;
+  out.session = session;
+  Policy sent = policy;
+  Plan env;
+  env.env.pass = policy.env.pass;
+  env.env.set = policy.env.set;
+  sent.env.set = WithResolvedEnv(env).env.set;
+  sent.env.pass.clear();
+  out.policy_yaml = ToYaml(sent);
+  out.binary = RemoteBinaryFor(exe);
+  return out;
 }
 
 // A session's policy: its recipe's, widened by the session's grants
@@ -507,6 +569,8 @@ struct SessionState {
   // they replace the sources' for this session's worlds from then on.
   std::map<std::string, net::LockedBytes> rotated;
   std::shared_ptr<const ConfinedCommand> confined;
+  // A remote world's: host, remote_pid, binary, level (world_mu); null otherwise.
+  Json remote;
   // Direct mode: the repositories the world protects (audited after calls: the others).
   std::shared_ptr<const std::set<std::string>> git_known;
   std::uint64_t provisions = 0;
@@ -707,6 +771,8 @@ struct Manager::Impl {
   Status Load(const std::string& id);
   Result<std::vector<std::string>> SnapshotChain(const std::string& snapshot_id, std::string* mode);
   Status Provision(SessionState& s);
+  // A remote world's (sandbox.isolation: remote): the remote confines.
+  Status ProvisionRemote(SessionState& s, const Policy& policy);
   // The session's world, provisioned on first use and again when its
   // sandbox died (an event in the log either way); used without the
   // provisioning lock, so calls run side by side.
@@ -927,9 +993,48 @@ Result<ConfinedCommand> Manager::Impl::PlanFor(const SessionState& s, const Poli
   return Confine({"true"}, policy, ProbeHostFor(policy), inv);
 }
 
+Status Manager::Impl::ProvisionRemote(SessionState& s, const Policy& policy) {
+  // Nothing is confined here: the remote agentbox confines the policy with
+  // its own host's enforcement and says what it enforced.
+  Plan plan;
+  plan.confined = true;
+  plan.remote = RemotePlanFor(policy, s.id, s.workspace, exe);
+  plan.policy_sha256 = PolicyDigest(policy);
+  plan.kill_grace_ms = policy.resources.kill_grace_ms.value_or(plan.kill_grace_ms);
+  // The secrets' values go from their sources here to the remote's memory,
+  // over the stream only (World::Start sends them first).
+  if (!policy.credentials.secrets.empty()) {
+    plan.network.terminate = true;
+    plan.network.credentials = policy.credentials;
+  }
+  auto world = World::Start(exe, plan, std::max(options.ready_timeout_ms, kRemoteReadyTimeoutMs), -1, &s.rotated);
+  if (!world.ok()) return world.status();
+  auto given = (*world)->remote_confined();
+  if (!given) return Status::Error("session", "the remote world was ready without its confined plan");
+  auto confined = ConfinedFromJson(*given);
+  if (!confined.ok()) return confined.status();
+  EnforcementReport& e = confined->enforcement;
+  e.backend_reason = "sandbox.isolation: remote over ssh to " + given->value("host", std::string("?")) +
+                     " (agentbox " + given->value("remote_version", std::string("?")) + " there: " +
+                     e.backend_reason + ")";
+  s.remote = {{"host", given->value("host", "")},
+              {"remote_pid", given->value("remote_pid", 0)},
+              {"binary", given->value("binary", "")},
+              {"level", ToString(policy.sandbox.remote->level)}};
+  s.world = std::shared_ptr<World>(std::move(*world));
+  s.confined = std::make_shared<const ConfinedCommand>(std::move(*confined));
+  ++s.provisions;
+  return {};
+}
+
 Status Manager::Impl::Provision(SessionState& s) {
   auto policy = SessionPolicy(s.recipe, s.world_grants);
   if (!policy.ok()) return policy.status();
+  s.idle_timeout_ms = policy->session.idle_timeout_ms;
+  s.call_timeout_ms =
+      policy->session.call_timeout_ms.value_or(policy->resources.wall_clock_ms.value_or(kDefaultCallTimeoutMs));
+  s.persistent_shell = policy->session.shell == ShellMode::kPersistent;
+  if (policy->sandbox.isolation == Isolation::kRemote) return ProvisionRemote(s, *policy);
   auto confined = PlanFor(s, *policy, RandomId(""));
   if (!confined.ok()) return confined.status();
   Plan& plan = confined->plan;
@@ -937,10 +1042,6 @@ Status Manager::Impl::Provision(SessionState& s) {
     return Status::Error(kBadRequest, "sessions run confined: a danger-full-access policy has no sandbox to keep");
   }
   if (plan.policy_sha256.empty()) plan.policy_sha256 = PolicyDigest(*policy);
-  s.idle_timeout_ms = policy->session.idle_timeout_ms;
-  s.call_timeout_ms =
-      policy->session.call_timeout_ms.value_or(policy->resources.wall_clock_ms.value_or(kDefaultCallTimeoutMs));
-  s.persistent_shell = policy->session.shell == ShellMode::kPersistent;
   // The policy's timeout bounds each call, not the session.
   plan.timeout_ms.reset();
   if (s.ws_mode != "direct") {
@@ -979,17 +1080,7 @@ Status Manager::Impl::Provision(SessionState& s) {
         if (Status c = CopyTree(from, copy + ".tmp"); !c.ok()) return c;
         if (rename((copy + ".tmp").c_str(), copy.c_str()) != 0) return Status::Errno("session", "rename", copy);
       }
-      const std::string old = plan.workspace_source;
-      auto rebase = [&](std::string& p) {
-        if (p == old) {
-          p = copy;
-        } else if (p.size() > old.size() && p.compare(0, old.size(), old) == 0 && p[old.size()] == '/') {
-          p = copy + p.substr(old.size());
-        }
-      };
-      for (auto& m : plan.mounts) rebase(m.source);
-      for (auto& g : plan.deny_globs) rebase(g.source_root);
-      plan.workspace_source = copy;
+      RebaseWorkspace(&plan, copy);
     }
   }
   s.git_known.reset();
@@ -1462,6 +1553,10 @@ void SpillUpperLayer(SessionState& s) {
 
 Result<std::string> Manager::Impl::TakeSnapshot(SessionState& s, bool keep) {
   std::lock_guard<std::mutex> snapshots_lock(snapshots_mu);
+  if (s.ws_mode == "remote") {
+    return Status::Error(kBadRequest, "session " + s.id + " works on a remote's workspace (sandbox.isolation: "
+                                      "remote): snapshots of remote sessions are not in this version");
+  }
   if (s.ws_mode == "direct") {
     return Status::Error(kBadRequest, "session " + s.id + " works on its workspace directly (fresh_per_task: false): "
                                       "there are no session changes to snapshot");
@@ -1702,26 +1797,43 @@ Result<std::string> Manager::Create(const CreateRequest& request) {
   if (request.workspace.empty() || request.workspace[0] != '/') {
     return Status::Error(kBadRequest, "workspace must be an absolute path (got '" + request.workspace + "')");
   }
-  const std::string workspace = RealPath(request.workspace);
-  struct stat st {};
-  if (workspace.empty() || stat(workspace.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    return Status::Error(kBadRequest, "workspace " + request.workspace + " is not a directory");
-  }
-  // A session on agentbox's own state would hand the sandbox the daemon's
-  // socket, other sessions' logs and layers.
-  for (const auto& own : OwnDirsWith(m.options.state_dir)) {
-    if (paths::IsWithin(workspace, own)) {
-      return Status::Error(kBadRequest, "workspace " + workspace + " is inside agentbox's own state directory " + own +
-                                            ": no session may work on it");
-    }
-  }
   auto policy = BuildPolicy(request.policy_yaml, request.mode);
   if (!policy.ok()) return policy.status();
   if (policy->mode == Mode::kDangerFullAccess) {
     return Status::Error(kBadRequest, "sessions run confined: a danger-full-access policy has no sandbox to keep");
   }
+  // A remote world's workspace is a directory of the remote's, which the
+  // remote agentbox checks (and copies, for fresh_per_task) when the world
+  // is first provisioned: nothing of it is here.
+  const bool remote = policy->sandbox.isolation == Isolation::kRemote;
+  std::string workspace = request.workspace;
+  if (remote) {
+    if (Status r = CheckRemoteSession(*policy, request); !r.ok()) return r;
+    if (!policy->sandbox.remote->workspace.empty()) workspace = policy->sandbox.remote->workspace;
+  } else {
+    workspace = RealPath(request.workspace);
+    struct stat st {};
+    if (workspace.empty() || stat(workspace.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      return Status::Error(kBadRequest, "workspace " + request.workspace + " is not a directory");
+    }
+    // A session on agentbox's own state would hand the sandbox the daemon's
+    // socket, other sessions' logs and layers.
+    for (const auto& own : OwnDirsWith(m.options.state_dir)) {
+      if (paths::IsWithin(workspace, own)) {
+        return Status::Error(kBadRequest, "workspace " + workspace + " is inside agentbox's own state directory " +
+                                              own + ": no session may work on it");
+      }
+    }
+  }
   std::string ws_mode, mode_reason;
-  if (!policy->sandbox.fresh_per_task) {
+  if (remote) {
+    ws_mode = "remote";
+    mode_reason = policy->sandbox.fresh_per_task
+                      ? "sandbox.isolation: remote (the session's copy of the workspace is on the remote, " +
+                            policy->sandbox.remote->ssh + ")"
+                      : "sandbox.isolation: remote, fresh_per_task false (the session works on the remote's "
+                        "workspace itself, " + policy->sandbox.remote->ssh + ")";
+  } else if (!policy->sandbox.fresh_per_task) {
     ws_mode = "direct";
     mode_reason = "the policy's sandbox.fresh_per_task is false: the session works on the workspace itself";
   } else if (m.options.workspace_mode == "copy") {
@@ -1801,7 +1913,7 @@ Result<std::string> Manager::Create(const CreateRequest& request) {
   } else {
     recipe["upper_fs"] = "disk";
   }
-  if (ws_mode != "direct") {
+  if (ws_mode != "direct" && ws_mode != "remote") {
     // What apply checks the base against (BaseRecordPath).
     if (Status s = RecordBase(workspace, dir + "/" + kBaseRecordName, OwnDirsWith(m.options.state_dir)); !s.ok()) {
       RemoveTree(dir);
@@ -1848,6 +1960,7 @@ Result<Json> Manager::Describe(const std::string& id) const {
     std::unique_lock<std::mutex> lock(s->world_mu, std::try_to_lock);
     d["provisioned"] = lock.owns_lock() ? (s->world && s->world->Alive()) : true;
     d["provisions"] = s->provisions;
+    if (lock.owns_lock() && !s->remote.is_null()) d["remote"] = s->remote;
     if (lock.owns_lock() && s->confined) {
       d["enforcement"] = Json::parse(ToJson(s->confined->enforcement, -1));
       d["sandbox_pid"] = s->world ? s->world->supervisor_pid() : -1;
@@ -2024,6 +2137,7 @@ Result<Json> Manager::ExecuteIn(const std::string& id, const std::string& name, 
 
   const auto started = Clock::now();
   Json result;
+  std::shared_ptr<World> ran_in;  // the world the call was sent to
   std::string cwd;  // a bash call's cwd, resolved inside its world
   // A world found dead when the call is sent ran nothing: provision afresh
   // and send it again, once.
@@ -2069,6 +2183,7 @@ Result<Json> Manager::ExecuteIn(const std::string& id, const std::string& name, 
       m.OpenOnceGrants(*s, *world, live_once, &grants_used);
     }
     // The world is used without the provisioning lock: calls run side by side.
+    ran_in = world;
     if (name == "bash") {
       result = m.RunBash(*s, *world, *confined, input, cwd, sink, cancel);
     } else if (name == "run_code") {
@@ -2102,6 +2217,22 @@ Result<Json> Manager::ExecuteIn(const std::string& id, const std::string& name, 
   if (m.shutting_down && result.value("kind", "") == "sandbox_error") {
     result["kind"] = "interrupted";
     result["output"] = "interrupted: agentbox stopped during the call";
+  } else if (s->ws_mode == "remote" && ran_in && result.value("kind", "") == "sandbox_error" && !ran_in->Alive()) {
+    // The connection (or the remote's world) went during the call: what it
+    // did there is unknown, so it is not sent again; the next call gets a
+    // world provisioned afresh from the recipe, on the same remote copy.
+    // What the call wrote before is kept, below the headline that replaces
+    // the sandbox_error one.
+    std::string before = result.value("output", "");
+    if (before.rfind("sandbox_error:", 0) == 0) {
+      const auto nl = before.find('\n');
+      before = nl == std::string::npos ? "" : before.substr(nl + 1);
+    }
+    result["kind"] = "interrupted";
+    result["output"] = "interrupted: " + ran_in->death() +
+                       " during the call; it is not run again (its effects, if any, stay in the remote's "
+                       "workspace), and the next call provisions the remote world again\n" + before;
+    if (result.contains("outcome") && result["outcome"].is_object()) result["outcome"]["kind"] = "interrupted";
   }
   result["call_id"] = call_id;
   result["name"] = name;
@@ -2806,6 +2937,10 @@ Result<DiffOptions> SessionDiffOptions(const SessionState& s, bool all) {
 // The session's layers, ready to read: its image mounted, an upper layer
 // that was never made made (overlay), nullopt for a copy never made.
 Result<std::optional<LayerStack>> ReadableLayers(SessionState& s, std::shared_ptr<const UniqueFd>* hold) {
+  if (s.ws_mode == "remote") {
+    return Status::Error(kBadRequest, "session " + s.id + " works on a remote's workspace (sandbox.isolation: "
+                                      "remote): its diff and apply are not in this version");
+  }
   if (s.ws_mode == "direct") {
     return Status::Error(kBadRequest, "session " + s.id + " works on its workspace directly (fresh_per_task: "
                                       "false): its changes are already in " + s.workspace);
@@ -2921,6 +3056,16 @@ Status Manager::Remove(const std::string& id) {
     std::lock_guard<std::mutex> wl(s->world_mu);
     if (s->world) s->world->Stop(0);
     s->world.reset();
+  }
+  if (s->ws_mode == "remote") {
+    // The remote's copy of the workspace goes with the session. A remote
+    // that cannot be reached keeps it; the daemon says so on its stderr.
+    if (auto policy = SessionPolicy(s->recipe); policy.ok() && policy->sandbox.remote &&
+                                                policy->sandbox.fresh_per_task) {
+      if (Status f = ForgetRemoteSession(RemotePlanFor(*policy, s->id, s->workspace, m.exe)); !f.ok()) {
+        std::fprintf(stderr, "agentbox: session %s: %s\n", id.c_str(), f.ToString().c_str());
+      }
+    }
   }
   {
     std::lock_guard<std::mutex> lock(s->mu);

@@ -151,6 +151,20 @@ Plan WithResolvedEnv(const Plan& plan) {
   return out;
 }
 
+void RebaseWorkspace(Plan* plan, const std::string& to) {
+  const std::string old = plan->workspace_source;
+  auto rebase = [&](std::string& p) {
+    if (p == old) {
+      p = to;
+    } else if (p.size() > old.size() && p.compare(0, old.size(), old) == 0 && p[old.size()] == '/') {
+      p = to + p.substr(old.size());
+    }
+  };
+  for (auto& m : plan->mounts) rebase(m.source);
+  for (auto& g : plan->deny_globs) rebase(g.source_root);
+  plan->workspace_source = to;
+}
+
 Result<std::unique_ptr<World>> World::Start(const std::string& exe, const Plan& plan, int ready_timeout_ms,
                                             int upper_seed_fd, const std::map<std::string, net::LockedBytes>* rotated) {
   int sv[2];
@@ -216,6 +230,14 @@ Result<std::unique_ptr<World>> World::Start(const std::string& exe, const Plan& 
   std::vector<std::string> trust;
   for (const char* name : {"SSL_CERT_FILE", "SSL_CERT_DIR"}) {
     if (const char* v = getenv(name); v != nullptr && *v) trust.push_back(std::string(name) + "=" + v);
+  }
+  // A remote world's supervisor runs the user's ssh client: it needs what
+  // ssh reads of the environment (the agent's socket, HOME for ~/.ssh, PATH
+  // to find ssh itself, the user's names). Nothing of it goes to the remote.
+  if (plan.remote) {
+    for (const char* name : {"HOME", "PATH", "SSH_AUTH_SOCK", "USER", "LOGNAME"}) {
+      if (const char* v = getenv(name); v != nullptr && *v) trust.push_back(std::string(name) + "=" + v);
+    }
   }
   std::vector<char*> envp;
   for (auto& t : trust) envp.push_back(t.data());
@@ -318,6 +340,23 @@ Result<std::unique_ptr<World>> World::Start(const std::string& exe, const Plan& 
         }
       }
       return w;
+    }
+    // A remote world's plan and report, as the remote confined them (in a
+    // memfd: they outgrow one message).
+    if (t == "confined" && control.valid()) {
+      std::string confined_text;
+      char buf[65536];
+      off_t off = 0;
+      for (ssize_t r; (r = pread(control.get(), buf, sizeof(buf), off)) > 0; off += r) {
+        confined_text.append(buf, static_cast<std::size_t>(r));
+      }
+      json c = json::parse(confined_text, nullptr, false);
+      if (!c.is_object()) {
+        w->Stop(0);
+        return Status::Error("session", "the remote world's confined plan is not JSON");
+      }
+      w->remote_confined_ = std::make_shared<const json>(std::move(c));
+      continue;
     }
     // Before ready: what the runner found short of the plan (Landlock under
     // require: partial), for the calls' reports.

@@ -206,6 +206,11 @@ class World {
   // "upper" below it, readable from the host through the fd.
   linux::UniqueFd TakeUpperFs() { return std::move(upper_fs_); }
 
+  // A remote world's (sandbox.isolation: remote): what the remote agentbox
+  // confined, as remote_world.cc's ConfinedToJson with "host",
+  // "remote_pid", "remote_version" and "binary" beside it; null otherwise.
+  std::shared_ptr<const nlohmann::json> remote_confined() const { return remote_confined_; }
+
  private:
   World() = default;
   Status SendControl(const nlohmann::json& request, const std::vector<int>& fds);
@@ -228,6 +233,7 @@ class World {
   linux::UniqueFd channel_;  // to the supervisor
   linux::UniqueFd control_;  // to the init
   linux::UniqueFd upper_fs_;
+  std::shared_ptr<const nlohmann::json> remote_confined_;
   std::mutex send_mu_;
   std::mutex channel_mu_;
   std::atomic<long> next_id_{1};
@@ -254,5 +260,9 @@ inline constexpr int kWorldUpperSeedFd = 5;
 // process's environment resolved into env.set: nothing below the caller
 // reads an environment of its own.
 Plan WithResolvedEnv(const Plan& plan);
+
+// Points the plan's workspace (its bind's source, the mounts and deny-glob
+// scans below it) at `to`: a session's copy of the workspace.
+void RebaseWorkspace(Plan* plan, const std::string& to);
 
 }  // namespace agentbox::session

@@ -11,10 +11,14 @@
 #include "agentbox/plan.h"
 #include "agentbox/status.h"
 #include "linux/fd.h"
+#include "linux/microvm.h"
 #include "net/secrets.h"
 
 namespace agentbox::net {
 class Terminator;
+}
+namespace agentbox::supervise {
+class WorldMachine;
 }
 
 namespace agentbox::session {
@@ -47,5 +51,18 @@ Status PrepareWorldCredentials(Plan* plan, std::shared_ptr<net::SecretStore>* se
 // Returns the process's exit status.
 int MicrovmWorldMain(const Plan& plan);
 int GvisorWorldMain(const Plan& plan);
+
+// Who answers the ops that need the host side of a world (network rules,
+// rotations, memory): this process (a microVM's, a gVisor sandbox's proxy
+// is this host's) or the far end (a remote agentbox owns all of them).
+enum class RelayMode { kHostEgress, kRemote };
+
+// Relays between the caller (fd 3) and a started machine's stream until
+// either ends; `pending` are frames `reader` read from the stream before.
+// `secrets` (may be null) answers rotations in kHostEgress mode. Returns
+// the process's exit status.
+int RelayWorldLoop(supervise::WorldMachine& vm, const Plan& plan, net::SecretStore* secrets, const char* noun,
+                   RelayMode mode, linux::UniqueFd sigfd, linux::FrameReader* reader,
+                   std::vector<linux::Frame> pending);
 
 }  // namespace agentbox::session

@@ -34,6 +34,7 @@
 #include "net/terminator.h"
 #include "session/file_tools.h"
 #include "session/layers.h"
+#include "session/remote_world.h"
 #include "session/secret_handover.h"
 #include "session/world.h"
 #include "session/world_channel.h"
@@ -197,6 +198,7 @@ int WorldMain() {
     return 125;
   }
   Plan plan = std::move(*parsed);
+  if (plan.remote) return RemoteWorldMain(plan);
   if (plan.confined && plan.backend == Backend::kMicrovm) return MicrovmWorldMain(plan);
   if (plan.confined && plan.backend == Backend::kGvisor) return GvisorWorldMain(plan);
   // In a gVisor sandbox (its relay forked this process): the Sentry is the

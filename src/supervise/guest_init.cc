@@ -69,8 +69,10 @@ std::string Slurp(const std::string& path) {
   return out;
 }
 
-// In a gVisor sandbox the relay is the container's init, not a kernel's:
-// its end is an exit (runsc then ends the sandbox).
+// In a gVisor sandbox, or on a remote host (`__world --stdio`), the relay
+// is a process, not a kernel's init: its end is an exit (runsc then ends
+// the sandbox; ssh its session), and what it forks gets /dev/null for
+// stdout, which is the stream.
 bool g_in_gvisor = false;
 
 [[noreturn]] void PowerOff() {
@@ -80,13 +82,14 @@ bool g_in_gvisor = false;
   for (;;) pause();
 }
 
-int g_port = -1;
+int g_port = -1;  // frames come in here
+int g_out = -1;   // and go out here: the same descriptor but on a remote host's stdio
 
 [[noreturn]] void Die(const Status& why) {
   const std::string text =
       json{{"stage", why.stage()}, {"message", why.message()}, {"errno", why.err()}}.dump();
-  if (g_port >= 0) {
-    (void)linux::WriteFrame(g_port, linux::FrameType::kFailure, text);
+  if (g_out >= 0) {
+    (void)linux::WriteFrame(g_out, linux::FrameType::kFailure, text);
   } else {
     std::fprintf(stderr, "agentbox guest: %s\n", why.ToString().c_str());
   }
@@ -282,7 +285,7 @@ pid_t ForkSupervisor(const linux::GuestRequest& request, const std::string& run_
 
   linux::UniqueFd control;  // the world's init's, from "ready"
   linux::StreamMux mux([](linux::FrameType type, std::string_view payload) {
-    return linux::WriteFrame(g_port, type, payload).ok();
+    return linux::WriteFrame(g_out, type, payload).ok();
   });
   std::string parts;  // kControlPart text waiting for its kControl
   auto send_control = [&](const linux::ControlFrame& c) {
@@ -326,7 +329,7 @@ pid_t ForkSupervisor(const linux::GuestRequest& request, const std::string& run_
         } else {
           std::string id(4, '\0');
           for (int k = 0; k < 4; ++k) id[k] = static_cast<char>((c.fds[i].id >> (8 * k)) & 0xff);
-          (void)linux::WriteFrame(g_port, linux::FrameType::kConnAbort, id);
+          (void)linux::WriteFrame(g_out, linux::FrameType::kConnAbort, id);
         }
       }
       return;
@@ -394,7 +397,7 @@ pid_t ForkSupervisor(const linux::GuestRequest& request, const std::string& run_
           m["oom_kills"] = std::max(m.value("oom_kills", std::uint64_t{0}), OomKills() - oom_before);
           text = m.dump();
         }
-        (void)linux::WriteFrame(g_port, linux::FrameType::kWorld, text);
+        (void)linux::WriteFrame(g_out, linux::FrameType::kWorld, text);
       }
     }
     if (fds[0].revents) {
@@ -426,7 +429,7 @@ Result<linux::GuestRequest> ReadRequest(linux::FrameReader* reader, std::vector<
 }
 
 bool WriteFrameOrNote(linux::FrameType type, const char* p, std::size_t n) {
-  return linux::WriteFrame(g_port, type, std::string_view(p, n)).ok();
+  return linux::WriteFrame(g_out, type, std::string_view(p, n)).ok();
 }
 
 }  // namespace
@@ -445,6 +448,7 @@ bool WriteFrameOrNote(linux::FrameType type, const char* p, std::size_t n) {
   }
   LoadModules();
   g_port = OpenPort();
+  g_out = g_port;
 
   linux::FrameReader reader;
   std::vector<linux::Frame> frames;
@@ -523,7 +527,7 @@ bool WriteFrameOrNote(linux::FrameType type, const char* p, std::size_t n) {
   std::string result;
   bool out_open = true, err_open = true, result_open = true, port_open = true;
   linux::StreamMux mux([](linux::FrameType type, std::string_view payload) {
-    return linux::WriteFrame(g_port, type, payload).ok();
+    return linux::WriteFrame(g_out, type, payload).ok();
   });
   auto handle = [&](const linux::Frame& f) {
     if (mux.Handle(f)) return;
@@ -599,7 +603,7 @@ bool WriteFrameOrNote(linux::FrameType type, const char* p, std::size_t n) {
     j["runner_status"] = WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
   }
   j["guest_oom_kills"] = OomKills() - oom_before;
-  (void)linux::WriteFrame(g_port, linux::FrameType::kResult, j.dump());
+  (void)linux::WriteFrame(g_out, linux::FrameType::kResult, j.dump());
   PowerOff();
 }
 
@@ -610,6 +614,7 @@ bool WriteFrameOrNote(linux::FrameType type, const char* p, std::size_t n) {
   // for both (RelayWorld); stderr is the bundle's log.
   g_in_gvisor = true;
   g_port = 0;
+  g_out = 0;
   linux::FrameReader reader;
   std::vector<linux::Frame> frames;
   auto request = ReadRequest(&reader, &frames);
@@ -620,6 +625,22 @@ bool WriteFrameOrNote(linux::FrameType type, const char* p, std::size_t n) {
   if (request->proxy_socks_port) socks_listener = ListenLoopback(request->proxy_socks_port);
   RelayWorld(*request, world_main, "", std::move(http_listener), std::move(socks_listener), &reader,
              std::move(frames));
+}
+
+[[noreturn]] void RemoteRelayMain(const std::string& plan_json, int (*world_main)(), linux::FrameReader* reader,
+                                  std::vector<linux::Frame> frames) {
+  g_in_gvisor = true;
+  g_port = 0;
+  g_out = 1;
+  linux::GuestRequest request;
+  request.world = true;
+  request.plan_json = plan_json;
+  // The world's supervisor starts as a host's does (world.cc): with where
+  // its proxy takes its trust from, and nothing else of this environment.
+  for (const char* name : {"SSL_CERT_FILE", "SSL_CERT_DIR"}) {
+    if (const char* v = getenv(name); v != nullptr && *v) request.env.push_back(std::string(name) + "=" + v);
+  }
+  RelayWorld(request, world_main, "", {}, {}, reader, std::move(frames));
 }
 
 }  // namespace agentbox::supervise

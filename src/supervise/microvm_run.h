@@ -97,4 +97,12 @@ inline constexpr const char* kMicrovmDirPrefix = "agentbox-microvm-";
 // child, its channel and calls relayed), until it ends.
 [[noreturn]] void GvisorInsideMain(int (*world_main)());
 
+// The relay of a session's world on a remote host (`agentbox __world
+// --stdio`, reached over ssh or a pod's exec): frames on stdin, frames out
+// on stdout; `world_main` runs on `plan_json` (the remote's own plan) in a
+// child and its channel and calls are relayed as a gVisor world's are,
+// until either end goes. `frames` are what `reader` read past the request.
+[[noreturn]] void RemoteRelayMain(const std::string& plan_json, int (*world_main)(), linux::FrameReader* reader,
+                                  std::vector<linux::Frame> frames);
+
 }  // namespace agentbox::supervise

@@ -1,0 +1,625 @@
+// sandbox.isolation: remote over SSH (remote_world.h): both ends.
+#include "session/remote_world.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include <openssl/evp.h>
+
+#include "agentbox/host_caps.h"
+#include "agentbox/outcome.h"
+#include "agentbox/policy.h"
+#include "linux/compat.h"
+#include "linux/fd.h"
+#include "linux/host_program.h"
+#include "linux/microvm.h"
+#include "linux/random.h"
+#include "linux/user_dirs.h"
+#include "report/report_json.h"
+#include "session/layers.h"
+#include "session/world.h"
+#include "session/world_channel.h"
+#include "supervise/microvm_run.h"
+#include "supervise/run_dirs.h"
+#include "supervise/world_machine.h"
+
+extern char** environ;
+
+namespace agentbox::session {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kLinePrefix = "agentbox-remote: ";
+// From the connection to the world's confined plan: ssh's handshake, the
+// binary's copy on first use, the remote's copy of the workspace.
+constexpr auto kProvisionTimeout = std::chrono::minutes(5);
+
+std::string ShellQuote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'') {
+      out += "'\\''";
+    } else {
+      out += c;
+    }
+  }
+  return out + "'";
+}
+
+int MsLeft(Clock::time_point deadline) {
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return static_cast<int>(std::clamp<long long>(ms, 0, 1 << 30));
+}
+
+Result<std::string> Sha256OfFile(const std::string& path, std::string* bytes) {
+  linux::UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return Status::Errno(kRemoteStage, "open", path);
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = read(fd.get(), buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Status::Errno(kRemoteStage, "read", path);
+    if (n == 0) break;
+    bytes->append(buf, static_cast<std::size_t>(n));
+  }
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (EVP_Digest(bytes->data(), bytes->size(), md, &len, EVP_sha256(), nullptr) != 1) {
+    return Status::Error(kRemoteStage, "sha256 of " + path + " failed");
+  }
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned i = 0; i < len; ++i) {
+    out += hex[md[i] >> 4];
+    out += hex[md[i] & 15];
+  }
+  return out;
+}
+
+// The host's side of the stream to a remote world: the `ssh` process, whose
+// stdin and stdout are one socket of ours, and a thread that keeps the
+// tail of its stderr (the remote's and ssh's own words) for errors.
+class SshMachine : public supervise::WorldMachine {
+ public:
+  ~SshMachine() override {
+    Reap(std::chrono::milliseconds(0));
+    if (stderr_thread_.joinable()) stderr_thread_.join();
+  }
+
+  static Result<std::unique_ptr<SshMachine>> Connect(const RemotePlan& remote, Clock::time_point deadline);
+
+  int channel() const override { return stream_.get(); }
+  int ended_fd() const override { return pidfd_.get(); }
+  const std::vector<std::string>& skipped() const override { return skipped_; }
+  supervise::Egress* egress() override { return nullptr; }
+  linux::UniqueFd DialEgress(char) override { return {}; }
+  void Reap(std::chrono::milliseconds grace) override {
+    if (pid_ <= 0 || reaped_) return;
+    struct pollfd p = {pidfd_.get(), POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(grace.count())) <= 0) {
+      kill(pid_, SIGTERM);
+      if (poll(&p, 1, 1000) <= 0) kill(pid_, SIGKILL);
+    }
+    while (waitpid(pid_, &wait_status_, 0) < 0 && errno == EINTR) {
+    }
+    reaped_ = true;
+  }
+  std::string EndedHow(bool* oom) override {
+    *oom = false;
+    std::string how = "the connection to the remote world (" + destination_ + ") ended";
+    if (reaped_) how += ": ssh " + linux::DescribeWaitStatus(wait_status_);
+    if (const std::string tail = StderrTail(); !tail.empty()) how += " (" + tail + ")";
+    return how;
+  }
+  Status SetMemory(std::uint64_t) override {
+    return Status::Error(kRemoteStage, "a remote world's memory limit is set by the remote agentbox");
+  }
+  std::string GraftRefusal() const override {
+    return "a path of the daemon's host cannot be grafted into a remote world (" + destination_ +
+           "): its files are the remote's; grant the path there in the policy";
+  }
+  const char* stage() const override { return kRemoteStage; }
+
+  // "present": the remote had this binary; "installed": it was copied now.
+  const std::string& binary_state() const { return binary_state_; }
+  // The last lines ssh wrote on its stderr (ssh's errors, the remote's).
+  std::string StderrTail() {
+    std::lock_guard<std::mutex> lock(stderr_mu_);
+    std::string t = stderr_tail_;
+    while (!t.empty() && (t.back() == '\n' || t.back() == '\r')) t.pop_back();
+    // The last few lines, one line of text.
+    std::size_t lines = 0, at = t.size();
+    while (at > 0 && lines < 3) {
+      at = t.rfind('\n', at - 1);
+      if (at == std::string::npos) {
+        at = 0;
+        break;
+      }
+      ++lines;
+    }
+    t = t.substr(at == 0 ? 0 : at + 1);
+    std::replace(t.begin(), t.end(), '\n', ';');
+    std::replace(t.begin(), t.end(), '\r', ' ');
+    return t;
+  }
+
+ private:
+  SshMachine() = default;
+  Status Install(const std::string& binary, Clock::time_point deadline);
+  Result<std::string> ReadLine(Clock::time_point deadline);
+
+  std::string destination_;
+  pid_t pid_ = -1;
+  linux::UniqueFd pidfd_;
+  linux::UniqueFd stream_;
+  bool reaped_ = false;
+  int wait_status_ = 0;
+  std::vector<std::string> skipped_;
+  std::string binary_state_;
+  std::thread stderr_thread_;
+  std::mutex stderr_mu_;
+  std::string stderr_tail_;
+};
+
+Result<std::unique_ptr<SshMachine>> SshMachine::Connect(const RemotePlan& remote, Clock::time_point deadline) {
+  std::string binary;
+  auto digest = Sha256OfFile(remote.binary, &binary);
+  if (!digest.ok()) return digest.status();
+  struct utsname u {};
+  uname(&u);
+  const std::vector<std::string> argv =
+      SshArgv(remote, "sh -c " + ShellQuote(InstallScript(*digest, binary.size(), u.machine)));
+  const char* path = getenv("PATH");
+  const std::string ssh = linux::FindOnPath("/", path ? path : "/usr/bin:/bin", "ssh");
+  if (ssh.empty()) {
+    return Status::Error(kRemoteStage, "no ssh client on this host's PATH (sandbox.remote.ssh needs the system's "
+                                       "ssh: Debian's openssh-client)");
+  }
+  int sv[2], err[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+    return Status::Errno(kRemoteStage, "socketpair", "the stream to " + remote.ssh);
+  }
+  linux::UniqueFd ours(sv[0]), theirs(sv[1]);
+  if (pipe2(err, O_CLOEXEC) != 0) return Status::Errno(kRemoteStage, "pipe2", "ssh's stderr");
+  linux::UniqueFd err_r(err[0]), err_w(err[1]);
+
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, theirs.get(), 0);
+  posix_spawn_file_actions_adddup2(&actions, theirs.get(), 1);
+  posix_spawn_file_actions_adddup2(&actions, err_w.get(), 2);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, linux::SpawnWithCleanSignals(&attr));
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, ssh.c_str(), &actions, &attr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) return Status::Syscall(kRemoteStage, "posix_spawn", ssh, rc);
+  theirs.reset();
+  err_w.reset();
+
+  std::unique_ptr<SshMachine> m(new SshMachine());
+  m->destination_ = remote.ssh + (remote.port.empty() ? "" : ":" + remote.port);
+  m->pid_ = pid;
+  m->pidfd_.reset(linux::PidfdOpen(pid));
+  m->stream_ = std::move(ours);
+  if (!m->pidfd_.valid()) return Status::Errno(kRemoteStage, "pidfd_open", "ssh");
+  SshMachine* raw = m.get();
+  m->stderr_thread_ = std::thread([raw, fd = std::move(err_r)]() {
+    char buf[4096];
+    for (;;) {
+      const ssize_t n = read(fd.get(), buf, sizeof(buf));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return;
+      std::lock_guard<std::mutex> lock(raw->stderr_mu_);
+      raw->stderr_tail_.append(buf, static_cast<std::size_t>(n));
+      if (raw->stderr_tail_.size() > 8192) raw->stderr_tail_.erase(0, raw->stderr_tail_.size() - 8192);
+    }
+  });
+  if (Status s = m->Install(binary, deadline); !s.ok()) return s;
+  return m;
+}
+
+// One line the install script wrote, read a byte at a time: what follows
+// its last line is the world's frames, which must stay in the socket.
+Result<std::string> SshMachine::ReadLine(Clock::time_point deadline) {
+  std::string line;
+  for (;;) {
+    struct pollfd p = {stream_.get(), POLLIN, 0};
+    const int r = poll(&p, 1, MsLeft(deadline));
+    if (r < 0 && errno == EINTR) continue;
+    if (r == 0) {
+      return Status::Error(kRemoteStage, "no answer from " + destination_ + " in time" +
+                                             (StderrTail().empty() ? "" : " (ssh: " + StderrTail() + ")"));
+    }
+    char c = 0;
+    const ssize_t n = read(stream_.get(), &c, 1);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n <= 0) {
+      Reap(std::chrono::milliseconds(2000));
+      if (stderr_thread_.joinable()) stderr_thread_.join();
+      const std::string tail = StderrTail();
+      return Status::Error(kRemoteStage, "ssh to " + destination_ + " ended before the remote agentbox started: " +
+                                             linux::DescribeWaitStatus(wait_status_) +
+                                             (tail.empty() ? "" : ": " + tail));
+    }
+    if (c == '\n') return line;
+    if (line.size() < 4096) line += c;
+  }
+}
+
+Status SshMachine::Install(const std::string& binary, Clock::time_point deadline) {
+  for (int lines = 0; lines < 1000; ++lines) {
+    auto line = ReadLine(deadline);
+    if (!line.ok()) return line.status();
+    // Whatever a login shell's start-up files print comes before the script's words.
+    if (line->rfind(kLinePrefix, 0) != 0) continue;
+    const std::string word = line->substr(std::strlen(kLinePrefix));
+    if (word == "have") {
+      binary_state_ = binary_state_.empty() ? "present" : binary_state_;
+      return {};
+    }
+    if (word == "installed") {
+      binary_state_ = "installed";
+      return {};
+    }
+    if (word == "need") {
+      for (std::size_t off = 0; off < binary.size();) {
+        struct pollfd p = {stream_.get(), POLLOUT, 0};
+        if (poll(&p, 1, MsLeft(deadline)) <= 0) {
+          return Status::Error(kRemoteStage, "copying agentbox to " + destination_ + " stalled");
+        }
+        const ssize_t w = send(stream_.get(), binary.data() + off, binary.size() - off, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (w < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+        if (w < 0) return Status::Errno(kRemoteStage, "send", "agentbox's binary to " + destination_);
+        off += static_cast<std::size_t>(w);
+      }
+      binary_state_ = "installed";
+      continue;
+    }
+    if (word.rfind("machine ", 0) == 0) {
+      struct utsname u {};
+      uname(&u);
+      return Status::Error(kRemoteStage, destination_ + " is a " + word.substr(8) + " machine; this agentbox is built "
+                                         "for " + u.machine + ": install agentbox there for its own machine");
+    }
+    return Status::Error(kRemoteStage, destination_ + ": " + word);
+  }
+  return Status::Error(kRemoteStage, destination_ + " printed too much before the remote agentbox started");
+}
+
+Isolation LevelNamed(const std::string& name, bool* ok) {
+  *ok = true;
+  if (name == "os") return Isolation::kOs;
+  if (name == "container") return Isolation::kContainer;
+  if (name == "microvm") return Isolation::kMicrovm;
+  *ok = false;
+  return Isolation::kOs;
+}
+
+bool ValidSessionId(const std::string& id) {
+  if (id.empty() || id.size() > 64) return false;
+  return std::all_of(id.begin(), id.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_';
+  });
+}
+
+std::string CanonicalPath(const std::string& p) {
+  char* r = realpath(p.c_str(), nullptr);
+  if (r == nullptr) return "";
+  std::string out(r);
+  free(r);
+  return out;
+}
+
+std::string HostName() {
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+// The remote's confinement of the caller's request, with its own host's
+// enforcement, and its copy of the workspace for a fresh_per_task session.
+Result<ConfinedCommand> ConfineHere(const json& req) {
+  const std::string where = "on " + HostName();
+  if (!req.is_object()) return Status::Error(kRemoteStage, "the request is not a JSON object");
+  const std::string yaml = req.value("policy_yaml", "");
+  const std::string workspace = req.value("workspace", "");
+  const std::string session = req.value("session", "");
+  bool level_ok = false;
+  const Isolation level = LevelNamed(req.value("level", ""), &level_ok);
+  if (!level_ok) return Status::Error(kRemoteStage, "level '" + req.value("level", "") + "' is not os, container or microvm");
+  if (!ValidSessionId(session)) return Status::Error(kRemoteStage, "the session id '" + session + "' is malformed");
+  auto policy = ParsePolicy(yaml, "the session's policy");
+  if (!policy.ok()) return policy.status();
+  policy->sandbox.isolation = level;
+  policy->sandbox.remote.reset();
+  if (workspace.empty() || workspace[0] != '/') {
+    return Status::Error(kRemoteStage, "the workspace '" + workspace + "' is not an absolute path");
+  }
+  const std::string real = CanonicalPath(workspace);
+  struct stat st {};
+  if (real.empty() || stat(real.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return Status::Error(kRemoteStage, "the workspace " + workspace + " is not a directory " + where);
+  }
+  std::string home = linux::HomeDir();
+  if (!home.empty() && !CanonicalPath(home).empty()) home = CanonicalPath(home);
+  const std::string state = linux::StateDir();
+  if (state.empty()) return Status::Error(kRemoteStage, "no state directory " + where + " (neither $XDG_STATE_HOME nor $HOME)");
+  const std::string dir = state + "/remote/" + session;
+  for (const std::string& d : {state.substr(0, state.rfind('/')), state, state + "/remote", dir}) {
+    if (mkdir(d.c_str(), 0700) != 0 && errno != EEXIST) return Status::Errno(kRemoteStage, "mkdir", d);
+  }
+  std::string copy;
+  if (policy->sandbox.fresh_per_task) {
+    // The session's copy of the workspace, made once: a world provisioned
+    // again after a dropped connection finds the session's changes.
+    copy = dir + "/copy";
+    if (stat(copy.c_str(), &st) != 0) {
+      supervise::RemoveTree(copy + ".tmp");
+      if (Status c = CopyTree(real, copy + ".tmp"); !c.ok()) return c;
+      if (rename((copy + ".tmp").c_str(), copy.c_str()) != 0) return Status::Errno(kRemoteStage, "rename", copy);
+    }
+  }
+  Invocation inv;
+  inv.workspace = real;
+  inv.cwd = real;
+  inv.home = home;
+  inv.self_exe = CanonicalPath("/proc/self/exe");
+  inv.cache_dir = linux::CacheDir(home);
+  inv.own_dirs = linux::OwnDirs(home);
+  inv.nonce = linux::RandomHex(8);
+  inv.backend = level == Isolation::kOs ? BackendChoice::kNamespaces : BackendChoice::kAuto;
+  inv.session = true;
+  inv.wrapped_command = false;
+  auto confined = Confine({"true"}, *policy, ProbeHostFor(*policy), inv);
+  if (!confined.ok()) return confined.status().WithContext("the remote (" + HostName() + ") refuses");
+  Plan& plan = confined->plan;
+  if (!plan.confined) return Status::Error(kRemoteStage, "sessions run confined: the plan " + where + " confines nothing");
+  plan.timeout_ms.reset();
+  plan.policy_sha256 = req.value("policy_sha256", plan.policy_sha256);
+  if (!copy.empty()) RebaseWorkspace(&plan, copy);
+  return confined;
+}
+
+json FailureText(const Status& s) {
+  return {{"stage", s.stage()}, {"message", s.message()}, {"errno", s.err()}};
+}
+
+}  // namespace
+
+std::string RemoteBinaryFor(const std::string& exe) {
+  const std::string dir = exe.substr(0, exe.rfind('/'));
+  const std::string prefix = dir.substr(0, dir.rfind('/'));
+  for (const std::string& candidate : {dir + "/remote/agentbox", prefix + "/lib/agentbox/remote/agentbox"}) {
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return exe;
+}
+
+std::vector<std::string> SshArgv(const RemotePlan& remote, const std::string& remote_command) {
+  std::vector<std::string> a = {"ssh",
+                                // Nothing asks: no password, passphrase or host key prompt.
+                                "-o", "BatchMode=yes",
+                                // An unknown or changed host key is refused, never learnt.
+                                "-o", "StrictHostKeyChecking=yes",
+                                "-o", "ConnectTimeout=15",
+                                // A dead peer is noticed: the world is then provisioned again.
+                                "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=3",
+                                // Nothing of this host's goes to the remote: no agent, X11 or ports.
+                                "-o", "ForwardAgent=no", "-o", "ForwardX11=no", "-o", "ClearAllForwardings=yes",
+                                "-o", "PermitLocalCommand=no", "-o", "RequestTTY=no",
+                                "-T", "-e", "none"};
+  if (!remote.ssh_config.empty()) {
+    a.push_back("-F");
+    a.push_back(remote.ssh_config);
+  }
+  if (!remote.port.empty()) {
+    a.push_back("-p");
+    a.push_back(remote.port);
+  }
+  a.push_back("--");
+  a.push_back(remote.ssh);
+  a.push_back(remote_command);
+  return a;
+}
+
+std::string InstallScript(const std::string& sha256_hex, std::uint64_t size, const std::string& machine) {
+  const std::string p = kLinePrefix;
+  return "set -u\n"
+         "[ \"$(uname -m)\" = " + ShellQuote(machine) + " ] || { echo \"" + p + "machine $(uname -m)\"; exit 4; }\n"
+         "d=\"${XDG_CACHE_HOME:-$HOME/.cache}/agentbox/bin\"; f=\"$d/agentbox-" + sha256_hex + "\"\n"
+         "sum() { sha256sum < \"$1\" 2>/dev/null | cut -d' ' -f1; }\n"
+         "if [ -x \"$f\" ] && [ \"$(sum \"$f\")\" = " + sha256_hex + " ]; then echo '" + p + "have'\n"
+         "else\n"
+         "  umask 077; mkdir -p \"$d\" || { echo \"" + p + "cannot make $d\"; exit 5; }\n"
+         "  t=\"$f.tmp.$$\"; echo '" + p + "need'\n"
+         "  head -c " + std::to_string(size) + " > \"$t\" && chmod 700 \"$t\" || { rm -f \"$t\"; echo \"" + p +
+         "cannot write $t\"; exit 5; }\n"
+         "  [ \"$(sum \"$t\")\" = " + sha256_hex + " ] || { rm -f \"$t\"; echo '" + p +
+         "the copied binary does not have the digest it was sent with'; exit 6; }\n"
+         "  mv -f \"$t\" \"$f\"; echo '" + p + "installed'\n"
+         "fi\n"
+         "exec \"$f\" __world --stdio\n";
+}
+
+json ConfinedToJson(const ConfinedCommand& c) {
+  json sigs = json::array();
+  for (const auto& s : c.denial_signatures) sigs.push_back({{"pattern", s.pattern}, {"meaning", s.meaning}});
+  json rules = json::array();
+  for (const auto& s : c.runner_failure_rules) rules.push_back({{"pattern", s.pattern}, {"meaning", s.meaning}});
+  return {{"plan", json::parse(PlanToJson(c.plan))},
+          {"enforcement", ToJsonValue(c.enforcement)},
+          {"denial_signatures", sigs},
+          {"runner_failure_rules", rules}};
+}
+
+Result<ConfinedCommand> ConfinedFromJson(const json& j) {
+  if (!j.is_object() || !j.contains("plan") || !j.contains("enforcement")) {
+    return Status::Error(kRemoteStage, "the remote's confined plan is malformed");
+  }
+  ConfinedCommand c;
+  auto plan = PlanFromJson(j["plan"].dump());
+  if (!plan.ok()) return plan.status();
+  c.plan = std::move(*plan);
+  auto enforcement = EnforcementFromJson(j["enforcement"]);
+  if (!enforcement.ok()) return enforcement.status();
+  c.enforcement = std::move(*enforcement);
+  for (const char* key : {"denial_signatures", "runner_failure_rules"}) {
+    auto& out = std::strcmp(key, "denial_signatures") == 0 ? c.denial_signatures : c.runner_failure_rules;
+    if (!j.contains(key) || !j[key].is_array()) continue;
+    for (const auto& s : j[key]) {
+      if (s.is_object()) out.push_back({s.value("pattern", ""), s.value("meaning", "")});
+    }
+  }
+  return c;
+}
+
+Status ForgetRemoteSession(const RemotePlan& remote) {
+  if (!ValidSessionId(remote.session)) return Status::Error(kRemoteStage, "the session id is malformed");
+  const std::string dir = "\"${XDG_STATE_HOME:-$HOME/.local/state}/agentbox/remote/" + remote.session + "\"";
+  auto ran = linux::RunHostProgram(SshArgv(remote, "rm -rf -- " + dir), "", std::chrono::seconds(60), 64 * 1024);
+  if (!ran.ok()) return ran.status();
+  if (!WIFEXITED(ran->wait_status) || WEXITSTATUS(ran->wait_status) != 0) {
+    return Status::Error(kRemoteStage, "removing the session's copy on " + remote.ssh + " failed: ssh " +
+                                           linux::DescribeWaitStatus(ran->wait_status) + ": " + ran->output);
+  }
+  return {};
+}
+
+int RemoteStdioMain() {
+  signal(SIGPIPE, SIG_IGN);
+  // stdout is the stream: nothing else of this process may write on it.
+  constexpr int kIn = 0, kOut = 1;
+  if (!linux::WriteFrame(kOut, linux::FrameType::kWorld,
+                         json{{"t", "hello"}, {"pid", getpid()}, {"version", Version()}}.dump())
+           .ok()) {
+    return 0;
+  }
+  linux::FrameReader reader;
+  std::vector<linux::Frame> frames;
+  while (frames.empty()) {
+    if (!reader.Read(kIn, &frames)) return 0;  // the caller went away
+  }
+  auto fail = [&](const Status& s) {
+    (void)linux::WriteFrame(kOut, linux::FrameType::kFailure, FailureText(s).dump());
+    return 125;
+  };
+  if (frames.front().type != linux::FrameType::kRequest) {
+    return fail(Status::Error(kRemoteStage, "the caller's first frame is not a request"));
+  }
+  const json req = json::parse(frames.front().payload, nullptr, false);
+  frames.erase(frames.begin());
+  auto confined = ConfineHere(req);
+  if (!confined.ok()) return fail(confined.status());
+  const std::string text = json{{"t", "confined"}, {"confined", ConfinedToJson(*confined)}}.dump();
+  if (text.size() > linux::kMaxFrame) {
+    return fail(Status::Error(kRemoteStage, "the confined plan is larger than one frame (" +
+                                                std::to_string(text.size()) + " bytes)"));
+  }
+  if (!linux::WriteFrame(kOut, linux::FrameType::kWorld, text).ok()) return 0;
+  supervise::RemoteRelayMain(PlanToJson(confined->plan), &WorldMain, &reader, std::move(frames));
+}
+
+int RemoteWorldMain(const Plan& plan) {
+  linux::UniqueFd sigfd = BlockStopSignals();
+  const RemotePlan& remote = *plan.remote;
+  const auto deadline = Clock::now() + kProvisionTimeout;
+  auto connected = SshMachine::Connect(remote, deadline);
+  if (!connected.ok()) {
+    Send(ErrorMessage(connected.status()));
+    return 125;
+  }
+  SshMachine& machine = **connected;
+  const int stream = machine.channel();
+  linux::FrameReader reader;
+  std::vector<linux::Frame> frames;
+  json hello;
+  std::optional<json> confined;
+  bool request_sent = false;
+  while (!confined) {
+    struct pollfd fds[2] = {{stream, POLLIN, 0}, {sigfd.get(), POLLIN, 0}};
+    const int r = poll(fds, 2, MsLeft(deadline));
+    if (r < 0 && errno == EINTR) continue;
+    if (r == 0 || fds[1].revents) {
+      Send(ErrorMessage(Status::Error(kRemoteStage, r == 0 ? "the remote world on " + remote.ssh +
+                                                                 " was not confined in time"
+                                                           : "stopped while the remote world was provisioned")));
+      return 125;
+    }
+    const bool open = reader.Read(stream, &frames);
+    while (!frames.empty() && !confined) {
+      linux::Frame f = std::move(frames.front());
+      frames.erase(frames.begin());
+      if (f.type == linux::FrameType::kFailure) {
+        const json j = json::parse(f.payload, nullptr, false);
+        Status s = Status::Error(j.is_object() ? j.value("stage", std::string(kRemoteStage)) : kRemoteStage,
+                                 remote.ssh + ": " + (j.is_object() ? j.value("message", f.payload) : f.payload));
+        Send(ErrorMessage(s));
+        return 125;
+      }
+      if (f.type != linux::FrameType::kWorld) continue;
+      json m = json::parse(f.payload, nullptr, false);
+      const std::string t = m.is_object() ? m.value("t", "") : "";
+      if (t == "hello" && !request_sent) {
+        hello = m;
+        json request = {{"policy_yaml", remote.policy_yaml}, {"level", remote.level},
+                        {"workspace", remote.workspace},     {"session", remote.session},
+                        {"policy_sha256", plan.policy_sha256}};
+        if (Status w = linux::WriteFrame(stream, linux::FrameType::kRequest, request.dump()); !w.ok()) {
+          Send(ErrorMessage(w));
+          return 125;
+        }
+        request_sent = true;
+      } else if (t == "confined" && m.contains("confined")) {
+        confined = m["confined"];
+      }
+    }
+    if (!open && !confined) {
+      machine.Reap(std::chrono::milliseconds(1000));
+      bool oom = false;
+      Send(ErrorMessage(Status::Error(kRemoteStage, machine.EndedHow(&oom) + " before its world was confined" +
+                                                        (reader.error().empty() ? "" : ": " + reader.error()))));
+      return 125;
+    }
+  }
+  // The remote's plan and report for the caller, in a memfd (they outgrow
+  // one message of the channel).
+  (*confined)["host"] = remote.ssh;
+  (*confined)["remote_pid"] = hello.value("pid", 0);
+  (*confined)["remote_version"] = hello.value("version", "");
+  (*confined)["binary"] = machine.binary_state();
+  const std::string text = confined->dump();
+  linux::UniqueFd memfd(static_cast<int>(memfd_create("agentbox-confined", MFD_CLOEXEC)));
+  if (!memfd.valid() || write(memfd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size())) {
+    Send(ErrorMessage(Status::Errno(kRemoteStage, "memfd", "the remote's confined plan")));
+    return 125;
+  }
+  Send(json{{"t", "confined"}}, memfd.get());
+  return RelayWorldLoop(machine, plan, nullptr, "a remote world", RelayMode::kRemote, std::move(sigfd), &reader,
+                        std::move(frames));
+}
+
+}  // namespace agentbox::session
