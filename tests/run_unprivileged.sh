@@ -27,6 +27,8 @@ trap 'rm -rf "$stage"' EXIT
 cp "$bin" "$stage/agentbox"
 # The microVM guest images the build made beside the binary.
 if [ -d "$(dirname "$bin")/guest" ]; then cp -r "$(dirname "$bin")/guest" "$stage/guest"; fi
+# The stripped binary a remote host gets (sandbox.isolation: remote).
+if [ -d "$(dirname "$bin")/remote" ]; then cp -r "$(dirname "$bin")/remote" "$stage/remote"; fi
 name="$(basename "$tests")"
 cp "$tests" "$stage/$name"
 cp -r "$fixtures" "$stage/fixtures"
