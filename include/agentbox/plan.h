@@ -324,6 +324,12 @@ struct RemotePlan {
   // (the remote's environment is not the caller's).
   std::string policy_yaml;
   std::string binary;      // this host's agentbox, installed on the remote by digest
+  // A sandbox claimed from a Kubernetes cluster instead (ssh empty): the
+  // policy's sandbox.remote.kubernetes, its kubeconfig path expanded.
+  std::string k8s_namespace;
+  std::string k8s_template;
+  std::string k8s_context;
+  std::string k8s_kubeconfig;
 };
 
 // How the microVM is made (Backend::kMicrovm).

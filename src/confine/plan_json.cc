@@ -364,7 +364,9 @@ std::string PlanToJson(const Plan& plan, int indent) {
     const RemotePlan& r = *plan.remote;
     j["remote"] = {{"ssh", r.ssh},           {"port", r.port},       {"ssh_config", r.ssh_config},
                    {"level", r.level},       {"workspace", r.workspace}, {"session", r.session},
-                   {"policy_yaml", r.policy_yaml}, {"binary", r.binary}};
+                   {"policy_yaml", r.policy_yaml}, {"binary", r.binary},
+                   {"k8s_namespace", r.k8s_namespace}, {"k8s_template", r.k8s_template},
+                   {"k8s_context", r.k8s_context},     {"k8s_kubeconfig", r.k8s_kubeconfig}};
   }
   j["policy_sha256"] = plan.policy_sha256;
   return j.dump(indent);
@@ -401,7 +403,9 @@ Result<Plan> PlanFromJson(const std::string& text) {
       plan.remote = RemotePlan{r.at("ssh").get<std::string>(),        r.at("port").get<std::string>(),
                                r.at("ssh_config").get<std::string>(), r.at("level").get<std::string>(),
                                r.at("workspace").get<std::string>(),  r.at("session").get<std::string>(),
-                               r.at("policy_yaml").get<std::string>(), r.at("binary").get<std::string>()};
+                               r.at("policy_yaml").get<std::string>(), r.at("binary").get<std::string>(),
+                               r.value("k8s_namespace", ""),         r.value("k8s_template", ""),
+                               r.value("k8s_context", ""),           r.value("k8s_kubeconfig", "")};
     }
     plan.private_dir_parent = j.value("private_dir_parent", std::string());
     plan.private_dir = j.value("private_dir", std::string());

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/mman.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/utsname.h>
@@ -25,6 +26,8 @@
 #include "agentbox/host_caps.h"
 #include "agentbox/outcome.h"
 #include "agentbox/policy.h"
+#include "k8s/client.h"
+#include "k8s/render.h"
 #include "linux/compat.h"
 #include "linux/fd.h"
 #include "linux/host_program.h"
@@ -94,10 +97,34 @@ Result<std::string> Sha256OfFile(const std::string& path, std::string* bytes) {
   return out;
 }
 
+// The caller's side of a remote world's stream: over ssh, or a pod's exec.
+class RemoteMachine : public supervise::WorldMachine {
+ public:
+  supervise::Egress* egress() override { return nullptr; }
+  linux::UniqueFd DialEgress(char) override { return {}; }
+  const std::vector<std::string>& skipped() const override { return skipped_; }
+  Status SetMemory(std::uint64_t) override {
+    return Status::Error(kRemoteStage, "a remote world's memory limit is set by the remote agentbox");
+  }
+  std::string GraftRefusal() const override {
+    return "a path of the daemon's host cannot be grafted into a remote world (" + where() +
+           "): its files are the remote's; grant the path there in the policy";
+  }
+  const char* stage() const override { return kRemoteStage; }
+  // "over ssh to agent@build-3", "in pod P of claim C (namespace N)".
+  virtual std::string where() const = 0;
+  // "present": the remote had this binary; "installed": it was copied now;
+  // "image": the pod's own.
+  virtual std::string binary_state() const = 0;
+
+ private:
+  std::vector<std::string> skipped_;
+};
+
 // The host's side of the stream to a remote world: the `ssh` process, whose
 // stdin and stdout are one socket of ours, and a thread that keeps the
 // tail of its stderr (the remote's and ssh's own words) for errors.
-class SshMachine : public supervise::WorldMachine {
+class SshMachine : public RemoteMachine {
  public:
   ~SshMachine() override {
     Reap(std::chrono::milliseconds(0));
@@ -108,9 +135,6 @@ class SshMachine : public supervise::WorldMachine {
 
   int channel() const override { return stream_.get(); }
   int ended_fd() const override { return pidfd_.get(); }
-  const std::vector<std::string>& skipped() const override { return skipped_; }
-  supervise::Egress* egress() override { return nullptr; }
-  linux::UniqueFd DialEgress(char) override { return {}; }
   void Reap(std::chrono::milliseconds grace) override {
     if (pid_ <= 0 || reaped_) return;
     struct pollfd p = {pidfd_.get(), POLLIN, 0};
@@ -129,17 +153,8 @@ class SshMachine : public supervise::WorldMachine {
     if (const std::string tail = StderrTail(); !tail.empty()) how += " (" + tail + ")";
     return how;
   }
-  Status SetMemory(std::uint64_t) override {
-    return Status::Error(kRemoteStage, "a remote world's memory limit is set by the remote agentbox");
-  }
-  std::string GraftRefusal() const override {
-    return "a path of the daemon's host cannot be grafted into a remote world (" + destination_ +
-           "): its files are the remote's; grant the path there in the policy";
-  }
-  const char* stage() const override { return kRemoteStage; }
-
-  // "present": the remote had this binary; "installed": it was copied now.
-  const std::string& binary_state() const { return binary_state_; }
+  std::string where() const override { return "over ssh to " + destination_; }
+  std::string binary_state() const override { return binary_state_; }
   // The last lines ssh wrote on its stderr (ssh's errors, the remote's).
   std::string StderrTail() {
     std::lock_guard<std::mutex> lock(stderr_mu_);
@@ -172,7 +187,6 @@ class SshMachine : public supervise::WorldMachine {
   linux::UniqueFd stream_;
   bool reaped_ = false;
   int wait_status_ = 0;
-  std::vector<std::string> skipped_;
   std::string binary_state_;
   std::thread stderr_thread_;
   std::mutex stderr_mu_;
@@ -309,6 +323,79 @@ Status SshMachine::Install(const std::string& binary, Clock::time_point deadline
   }
   return Status::Error(kRemoteStage, destination_ + " printed too much before the remote agentbox started");
 }
+
+// A pod of a SandboxClaim (kubernetes-sigs/agent-sandbox) whose
+// `agentbox __world --stdio` is reached through the API server's exec
+// subresource (k8s/client.h). The claim is this world's: made when it is
+// provisioned, deleted (and with it the Sandbox and its pod) when it ends.
+class K8sMachine : public RemoteMachine {
+ public:
+  ~K8sMachine() override { Reap(std::chrono::milliseconds(0)); }
+
+  static Result<std::unique_ptr<K8sMachine>> Connect(const RemotePlan& remote, Clock::time_point deadline) {
+    KubernetesRemoteSpec spec{remote.k8s_namespace, remote.k8s_template, remote.k8s_context, remote.k8s_kubeconfig};
+    // A claim per world: one name per provisioning, so a claim still being
+    // deleted never stands in the way of the next.
+    auto name = k8s::ClaimName(remote.k8s_template, remote.session + "-" + linux::RandomHex(3));
+    if (!name.ok()) return name.status();
+    std::unique_ptr<K8sMachine> m(new K8sMachine());
+    m->ended_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!m->ended_.valid()) return Status::Errno(kRemoteStage, "eventfd", "the exec stream's end");
+    auto claimed = k8s::ClaimedSandbox::Claim(spec, *name, std::chrono::milliseconds(MsLeft(deadline)));
+    if (!claimed.ok()) return claimed.status();
+    m->claim_ = std::move(*claimed);
+    K8sMachine* raw = m.get();
+    k8s::ExecCallbacks callbacks;
+    callbacks.on_stderr = [raw](std::string_view line) {
+      std::lock_guard<std::mutex> lock(raw->mu_);
+      raw->stderr_tail_ = std::string(line.substr(0, 2000));
+    };
+    callbacks.on_end = [raw](const k8s::ExecOutcome& outcome) {
+      {
+        std::lock_guard<std::mutex> lock(raw->mu_);
+        raw->outcome_ = outcome.message.empty() ? outcome.reason : outcome.reason + ": " + outcome.message;
+      }
+      const std::uint64_t one = 1;
+      (void)!write(raw->ended_.get(), &one, sizeof(one));
+    };
+    auto stream = m->claim_->Exec({"agentbox", "__world", "--stdio"}, callbacks);
+    if (!stream.ok()) return stream.status();
+    m->stream_ = std::move(*stream);
+    return m;
+  }
+
+  int channel() const override { return stream_.get(); }
+  int ended_fd() const override { return ended_.get(); }
+  void Reap(std::chrono::milliseconds) override {
+    stream_.reset();
+    if (claim_) {
+      if (Status s = claim_->Release(); !s.ok()) std::fprintf(stderr, "agentbox: %s\n", s.ToString().c_str());
+    }
+  }
+  std::string EndedHow(bool* oom) override {
+    *oom = false;
+    std::lock_guard<std::mutex> lock(mu_);
+    std::string how = "the exec stream to the remote world (" + where() + ") ended";
+    if (!outcome_.empty()) how += ": " + outcome_;
+    if (!stderr_tail_.empty()) how += " (" + stderr_tail_ + ")";
+    return how;
+  }
+  std::string where() const override {
+    return claim_ ? "in pod " + claim_->pod() + " of claim " + claim_->claim() + " (namespace " +
+                        claim_->namespace_name() + ")"
+                  : "in a Kubernetes claim";
+  }
+  std::string binary_state() const override { return "image"; }
+
+ private:
+  K8sMachine() = default;
+  std::unique_ptr<k8s::ClaimedSandbox> claim_;
+  linux::UniqueFd stream_;
+  linux::UniqueFd ended_;
+  std::mutex mu_;
+  std::string outcome_;
+  std::string stderr_tail_;
+};
 
 Isolation LevelNamed(const std::string& name, bool* ok) {
   *ok = true;
@@ -547,12 +634,23 @@ int RemoteWorldMain(const Plan& plan) {
   linux::UniqueFd sigfd = BlockStopSignals();
   const RemotePlan& remote = *plan.remote;
   const auto deadline = Clock::now() + kProvisionTimeout;
-  auto connected = SshMachine::Connect(remote, deadline);
-  if (!connected.ok()) {
-    Send(ErrorMessage(connected.status()));
-    return 125;
+  std::unique_ptr<RemoteMachine> connected;
+  if (remote.ssh.empty()) {
+    auto k8s = K8sMachine::Connect(remote, deadline);
+    if (!k8s.ok()) {
+      Send(ErrorMessage(k8s.status()));
+      return 125;
+    }
+    connected = std::move(*k8s);
+  } else {
+    auto ssh = SshMachine::Connect(remote, deadline);
+    if (!ssh.ok()) {
+      Send(ErrorMessage(ssh.status()));
+      return 125;
+    }
+    connected = std::move(*ssh);
   }
-  SshMachine& machine = **connected;
+  RemoteMachine& machine = *connected;
   const int stream = machine.channel();
   linux::FrameReader reader;
   std::vector<linux::Frame> frames;
@@ -564,7 +662,7 @@ int RemoteWorldMain(const Plan& plan) {
     const int r = poll(fds, 2, MsLeft(deadline));
     if (r < 0 && errno == EINTR) continue;
     if (r == 0 || fds[1].revents) {
-      Send(ErrorMessage(Status::Error(kRemoteStage, r == 0 ? "the remote world on " + remote.ssh +
+      Send(ErrorMessage(Status::Error(kRemoteStage, r == 0 ? "the remote world " + machine.where() +
                                                                  " was not confined in time"
                                                            : "stopped while the remote world was provisioned")));
       return 125;
@@ -576,7 +674,8 @@ int RemoteWorldMain(const Plan& plan) {
       if (f.type == linux::FrameType::kFailure) {
         const json j = json::parse(f.payload, nullptr, false);
         Status s = Status::Error(j.is_object() ? j.value("stage", std::string(kRemoteStage)) : kRemoteStage,
-                                 remote.ssh + ": " + (j.is_object() ? j.value("message", f.payload) : f.payload));
+                                 "the remote world " + machine.where() + ": " +
+                                     (j.is_object() ? j.value("message", f.payload) : f.payload));
         Send(ErrorMessage(s));
         return 125;
       }
@@ -607,7 +706,7 @@ int RemoteWorldMain(const Plan& plan) {
   }
   // The remote's plan and report for the caller, in a memfd (they outgrow
   // one message of the channel).
-  (*confined)["host"] = remote.ssh;
+  (*confined)["host"] = machine.where();
   (*confined)["remote_pid"] = hello.value("pid", 0);
   (*confined)["remote_version"] = hello.value("version", "");
   (*confined)["binary"] = machine.binary_state();

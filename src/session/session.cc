@@ -202,11 +202,7 @@ constexpr int kRemoteReadyTimeoutMs = 300000;
 // version, refused when it is created rather than at its first call.
 Status CheckRemoteSession(const Policy& policy, const CreateRequest& request) {
   const RemoteSpec& r = *policy.sandbox.remote;
-  if (r.kubernetes) {
-    return Status::Error(kBadRequest, "sandbox.remote.kubernetes: a session's world in a claimed agent-sandbox pod "
-                                      "is not in this version; `agentbox k8s render` makes the objects "
-                                      "(docs/kubernetes.md)");
-  }
+  (void)r;
   if (!request.from_snapshot.empty()) {
     return Status::Error(kBadRequest, "from_snapshot: a remote session's workspace is the remote's; snapshots of "
                                       "remote sessions are not in this version");
@@ -241,6 +237,13 @@ RemotePlan RemotePlanFor(const Policy& policy, const std::string& session, const
   }
   out.ssh_config = r.ssh_config;
   if (out.ssh_config.rfind("~/", 0) == 0) out.ssh_config = linux::HomeDir() + out.ssh_config.substr(1);
+  if (r.kubernetes) {
+    out.k8s_namespace = r.kubernetes->namespace_name;
+    out.k8s_template = r.kubernetes->template_name;
+    out.k8s_context = r.kubernetes->context;
+    out.k8s_kubeconfig = r.kubernetes->kubeconfig;
+    if (out.k8s_kubeconfig.rfind("~/", 0) == 0) out.k8s_kubeconfig = linux::HomeDir() + out.k8s_kubeconfig.substr(1);
+  }
   out.level = ToString(r.level);
   out.workspace = workspace;
   out.session = session;
@@ -1014,7 +1017,7 @@ Status Manager::Impl::ProvisionRemote(SessionState& s, const Policy& policy) {
   auto confined = ConfinedFromJson(*given);
   if (!confined.ok()) return confined.status();
   EnforcementReport& e = confined->enforcement;
-  e.backend_reason = "sandbox.isolation: remote over ssh to " + given->value("host", std::string("?")) +
+  e.backend_reason = "sandbox.isolation: remote " + given->value("host", std::string("?")) +
                      " (agentbox " + given->value("remote_version", std::string("?")) + " there: " +
                      e.backend_reason + ")";
   s.remote = {{"host", given->value("host", "")},
@@ -3061,6 +3064,7 @@ Status Manager::Remove(const std::string& id) {
     // The remote's copy of the workspace goes with the session. A remote
     // that cannot be reached keeps it; the daemon says so on its stderr.
     if (auto policy = SessionPolicy(s->recipe); policy.ok() && policy->sandbox.remote &&
+                                                !policy->sandbox.remote->ssh.empty() &&
                                                 policy->sandbox.fresh_per_task) {
       if (Status f = ForgetRemoteSession(RemotePlanFor(*policy, s->id, s->workspace, m.exe)); !f.ok()) {
         std::fprintf(stderr, "agentbox: session %s: %s\n", id.c_str(), f.ToString().c_str());
