@@ -1017,6 +1017,8 @@ int main(int argc, char** argv) {
   if (argc == 3 && std::strcmp(argv[1], "__world") == 0 && std::strcmp(argv[2], "--stdio") == 0) {
     return agentbox::session::RemoteStdioMain();
   }
+  // A remote session's diff, apply or snapshot on this host (remote_world.h).
+  if (argc == 2 && std::strcmp(argv[1], "__remote-layers") == 0) return agentbox::session::RemoteLayersMain();
   // A microVM's init: this binary is the guest image's /init.
   if (getpid() == 1 && std::strcmp(argv[0], "/init") == 0) agentbox::supervise::GuestInitMain(&agentbox::session::WorldMain);
   // A session's world in a gVisor sandbox: this binary is the container's init.

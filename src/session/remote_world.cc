@@ -131,7 +131,8 @@ class SshMachine : public RemoteMachine {
     if (stderr_thread_.joinable()) stderr_thread_.join();
   }
 
-  static Result<std::unique_ptr<SshMachine>> Connect(const RemotePlan& remote, Clock::time_point deadline);
+  static Result<std::unique_ptr<SshMachine>> Connect(const RemotePlan& remote, Clock::time_point deadline,
+                                                     const std::string& command = "__world --stdio");
 
   int channel() const override { return stream_.get(); }
   int ended_fd() const override { return pidfd_.get(); }
@@ -193,14 +194,15 @@ class SshMachine : public RemoteMachine {
   std::string stderr_tail_;
 };
 
-Result<std::unique_ptr<SshMachine>> SshMachine::Connect(const RemotePlan& remote, Clock::time_point deadline) {
+Result<std::unique_ptr<SshMachine>> SshMachine::Connect(const RemotePlan& remote, Clock::time_point deadline,
+                                                        const std::string& command) {
   std::string binary;
   auto digest = Sha256OfFile(remote.binary, &binary);
   if (!digest.ok()) return digest.status();
   struct utsname u {};
   uname(&u);
   const std::vector<std::string> argv =
-      SshArgv(remote, "sh -c " + ShellQuote(InstallScript(*digest, binary.size(), u.machine)));
+      SshArgv(remote, "sh -c " + ShellQuote(InstallScript(*digest, binary.size(), u.machine, command)));
   const char* path = getenv("PATH");
   const std::string ssh = linux::FindOnPath("/", path ? path : "/usr/bin:/bin", "ssh");
   if (ssh.empty()) {
@@ -465,6 +467,8 @@ Result<ConfinedCommand> ConfineHere(const json& req) {
     // again after a dropped connection finds the session's changes.
     copy = dir + "/copy";
     if (stat(copy.c_str(), &st) != 0) {
+      // What apply checks the base against (as a local session's base.record).
+      if (Status b = RecordBase(real, dir + "/base.record", linux::OwnDirs(home)); !b.ok()) return b;
       supervise::RemoveTree(copy + ".tmp");
       if (Status c = CopyTree(real, copy + ".tmp"); !c.ok()) return c;
       if (rename((copy + ".tmp").c_str(), copy.c_str()) != 0) return Status::Errno(kRemoteStage, "rename", copy);
@@ -533,7 +537,8 @@ std::vector<std::string> SshArgv(const RemotePlan& remote, const std::string& re
   return a;
 }
 
-std::string InstallScript(const std::string& sha256_hex, std::uint64_t size, const std::string& machine) {
+std::string InstallScript(const std::string& sha256_hex, std::uint64_t size, const std::string& machine,
+                          const std::string& command) {
   const std::string p = kLinePrefix;
   return "set -u\n"
          "[ \"$(uname -m)\" = " + ShellQuote(machine) + " ] || { echo \"" + p + "machine $(uname -m)\"; exit 4; }\n"
@@ -549,7 +554,7 @@ std::string InstallScript(const std::string& sha256_hex, std::uint64_t size, con
          "the copied binary does not have the digest it was sent with'; exit 6; }\n"
          "  mv -f \"$t\" \"$f\"; echo '" + p + "installed'\n"
          "fi\n"
-         "exec \"$f\" __world --stdio\n";
+         "exec \"$f\" " + command + "\n";
 }
 
 json ConfinedToJson(const ConfinedCommand& c) {
@@ -582,6 +587,133 @@ Result<ConfinedCommand> ConfinedFromJson(const json& j) {
     }
   }
   return c;
+}
+
+namespace {
+
+// Where the remote keeps a session's state and its snapshots.
+std::string RemoteStateDir() { return linux::StateDir() + "/remote"; }
+
+Result<json> LayersHere(const json& req) {
+  if (!req.is_object()) return Status::Error(kRemoteStage, "the request is not a JSON object");
+  const std::string session = req.value("session", "");
+  if (!ValidSessionId(session)) return Status::Error(kRemoteStage, "the session id '" + session + "' is malformed");
+  const std::string real = CanonicalPath(req.value("workspace", ""));
+  struct stat st {};
+  if (real.empty() || stat(real.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return Status::Error(kRemoteStage, "the workspace " + req.value("workspace", "") + " is not a directory on " +
+                                           HostName());
+  }
+  const std::string dir = RemoteStateDir() + "/" + session;
+  LayerStack stack;
+  stack.base = real;
+  stack.upper = dir + "/copy";
+  stack.copy_mode = true;
+  const bool copied = stat(stack.upper.c_str(), &st) == 0;
+  DiffOptions diff;
+  diff.max_patch_bytes = req.value("max_patch_bytes", std::size_t{8u << 20});
+  diff.all = req.value("all", false);
+  diff.exclude = req.value("exclude", std::vector<std::string>{});
+  const std::string op = req.value("op", "");
+  if (op == "diff") {
+    if (!copied) return json{{"files", json::array()}, {"patch", ""}, {"truncated", false}, {"files_truncated", false}};
+    return ComputeDiff(stack, diff);
+  }
+  if (op == "apply") {
+    if (!copied) {
+      return json{{"applied", json::array()}, {"files", json::array()}, {"conflicts", json::array()},
+                  {"protected", json::array()}};
+    }
+    ApplyOptions options;
+    options.diff = diff;
+    options.base_record = dir + "/base.record";
+    options.protect = req.value("protect", std::vector<std::string>{});
+    return ApplyChanges(stack, options);
+  }
+  if (op == "snapshot") {
+    const std::string id = req.value("snapshot", "");
+    if (!ValidSessionId(id)) return Status::Error(kRemoteStage, "the snapshot id '" + id + "' is malformed");
+    // A session that never ran has no copy: its snapshot is of the base it would copy.
+    if (!copied) stack.upper = real;
+    const std::string parent = RemoteStateDir() + "/snapshots";
+    for (const std::string& d : {RemoteStateDir(), parent}) {
+      if (mkdir(d.c_str(), 0700) != 0 && errno != EEXIST) return Status::Errno(kRemoteStage, "mkdir", d);
+    }
+    return CreateSnapshot(stack, "", parent + "/" + id);
+  }
+  return Status::Error(kRemoteStage, "unknown op '" + op + "'");
+}
+
+}  // namespace
+
+int RemoteLayersMain() {
+  std::string text;
+  char buf[65536];
+  for (ssize_t n; (n = read(0, buf, sizeof(buf))) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 || text.size() > (1u << 20)) break;
+    text.append(buf, static_cast<std::size_t>(n));
+  }
+  auto answer = LayersHere(json::parse(text, nullptr, false));
+  const json out = answer.ok() ? json{{"answer", *answer}}
+                               : json{{"error", {{"stage", answer.status().stage()},
+                                                 {"message", answer.status().message()},
+                                                 {"errno", answer.status().err()}}}};
+  const std::string line = out.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+  return linux::WriteFrame(1, linux::FrameType::kResult, line).ok() ? 0 : 1;
+}
+
+Result<json> RemoteLayers(const RemotePlan& remote, json request) {
+  if (remote.ssh.empty()) {
+    return Status::Error(kRemoteStage, "a Kubernetes world's workspace is its pod's, gone with its claim: its diff, "
+                                       "apply and snapshots are not in this version");
+  }
+  request["session"] = remote.session;
+  request["workspace"] = remote.workspace;
+  const auto deadline = Clock::now() + kProvisionTimeout;
+  auto machine = SshMachine::Connect(remote, deadline, "__remote-layers");
+  if (!machine.ok()) return machine.status();
+  const int fd = (*machine)->channel();
+  const std::string text = request.dump();
+  for (std::size_t off = 0; off < text.size();) {
+    const ssize_t w = send(fd, text.data() + off, text.size() - off, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) return Status::Errno(kRemoteStage, "send", "the request to " + remote.ssh);
+    off += static_cast<std::size_t>(w);
+  }
+  shutdown(fd, SHUT_WR);
+  // The answer: kResult frames to the end of the stream (a payload past
+  // one frame's size comes as several).
+  linux::FrameReader reader;
+  std::vector<linux::Frame> frames;
+  std::string payload;
+  bool answered = false;
+  for (bool open = true; open;) {
+    struct pollfd p = {fd, POLLIN, 0};
+    const int r = poll(&p, 1, MsLeft(deadline));
+    if (r < 0 && errno == EINTR) continue;
+    if (r == 0) return Status::Error(kRemoteStage, remote.ssh + " did not answer in time");
+    open = reader.Read(fd, &frames);
+    for (const auto& f : frames) {
+      if (f.type != linux::FrameType::kResult) continue;
+      payload += f.payload;
+      answered = true;
+    }
+    frames.clear();
+  }
+  bool oom = false;
+  (*machine)->Reap(std::chrono::milliseconds(2000));
+  if (!answered) {
+    return Status::Error(kRemoteStage, (*machine)->EndedHow(&oom) + " without an answer" +
+                                           (reader.error().empty() ? "" : ": " + reader.error()));
+  }
+  const json out = json::parse(payload, nullptr, false);
+  if (!out.is_object()) return Status::Error(kRemoteStage, remote.ssh + " answered with no JSON");
+  if (out.contains("error")) {
+    const json& e = out["error"];
+    return Status::Error(e.value("stage", std::string(kRemoteStage)), remote.ssh + ": " + e.value("message", ""));
+  }
+  return out.value("answer", json());
 }
 
 Status ForgetRemoteSession(const RemotePlan& remote) {

@@ -44,6 +44,21 @@ int RemoteStdioMain();
 // `remote` (world_main.cc): connects, provisions, relays.
 int RemoteWorldMain(const Plan& plan);
 
+// A session's changes on the remote, worked on there by the remote agentbox
+// (`agentbox __remote-layers`, over a connection of its own, installing the
+// binary first as a world's connection does): `request` is
+//   {"op": "diff", "all", "exclude": [...], "max_patch_bytes"}
+//   {"op": "apply", "all", "exclude": [...], "protect": [...]}
+//   {"op": "snapshot", "snapshot": ID}  (kept on the remote, beside the copy)
+// with ComputeDiff's, ApplyChanges' or CreateSnapshot's JSON as the answer
+// (layers.h), computed on the remote's copy against its workspace. Ssh
+// remotes only.
+Result<nlohmann::json> RemoteLayers(const RemotePlan& remote, nlohmann::json request);
+
+// `agentbox __remote-layers`: the remote end (the request on stdin, the
+// answer on stdout). Returns the exit status.
+int RemoteLayersMain();
+
 // Removes a session's state on the remote (its copy of the workspace) over
 // a connection of its own. An error names the host and what ssh said.
 Status ForgetRemoteSession(const RemotePlan& remote);
@@ -67,6 +82,9 @@ std::vector<std::string> SshArgv(const RemotePlan& remote, const std::string& re
 // binary's digest, asks for it when absent or different ("need") and
 // installs what it is sent only when its digest matches, then execs
 // `__world --stdio`. Pure, for tests.
-std::string InstallScript(const std::string& sha256_hex, std::uint64_t size, const std::string& machine);
+// `command` is what the script execs once the binary is there
+// ("__world --stdio", "__remote-layers").
+std::string InstallScript(const std::string& sha256_hex, std::uint64_t size, const std::string& machine,
+                          const std::string& command = "__world --stdio");
 
 }  // namespace agentbox::session

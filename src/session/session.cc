@@ -202,14 +202,13 @@ constexpr int kRemoteReadyTimeoutMs = 300000;
 // version, refused when it is created rather than at its first call.
 Status CheckRemoteSession(const Policy& policy, const CreateRequest& request) {
   const RemoteSpec& r = *policy.sandbox.remote;
-  (void)r;
   if (!request.from_snapshot.empty()) {
-    return Status::Error(kBadRequest, "from_snapshot: a remote session's workspace is the remote's; snapshots of "
-                                      "remote sessions are not in this version");
+    return Status::Error(kBadRequest, "from_snapshot: a remote session starts from the remote's workspace; "
+                                      "starting one from a snapshot (kept on its remote) is not in this version");
   }
-  if (policy.sandbox.snapshot_on_exit) {
-    return Status::Error(kBadRequest, "sandbox.snapshot_on_exit: snapshots of remote sessions are not in this "
-                                      "version");
+  if (policy.sandbox.snapshot_on_exit && r.kubernetes) {
+    return Status::Error(kBadRequest, "sandbox.snapshot_on_exit: a Kubernetes world's workspace goes with its "
+                                      "claim; its snapshots are not in this version");
   }
   return {};
 }
@@ -1554,11 +1553,34 @@ void SpillUpperLayer(SessionState& s) {
 
 }  // namespace
 
+namespace {
+
+// A remote session's diff, apply or snapshot, done by the remote agentbox
+// on its copy of the workspace.
+Result<Json> RemoteLayersOf(const SessionState& s, const std::string& exe, Json request) {
+  auto policy = SessionPolicy(s.recipe);
+  if (!policy.ok()) return policy.status();
+  if (!policy->sandbox.remote) return Status::Error("session", "session " + s.id + " has no remote");
+  if (!policy->sandbox.fresh_per_task) {
+    return Status::Error(kBadRequest, "session " + s.id + " works on the remote's workspace directly "
+                                      "(fresh_per_task: false): there are no session changes apart from it");
+  }
+  return RemoteLayers(RemotePlanFor(*policy, s.id, s.workspace, exe), std::move(request));
+}
+
+}  // namespace
+
 Result<std::string> Manager::Impl::TakeSnapshot(SessionState& s, bool keep) {
   std::lock_guard<std::mutex> snapshots_lock(snapshots_mu);
   if (s.ws_mode == "remote") {
-    return Status::Error(kBadRequest, "session " + s.id + " works on a remote's workspace (sandbox.isolation: "
-                                      "remote): snapshots of remote sessions are not in this version");
+    // Kept on the remote, beside the session's copy (remote_world.h).
+    const std::string snap = RandomId("snap-");
+    auto taken = RemoteLayersOf(s, exe, {{"op", "snapshot"}, {"snapshot", snap}});
+    if (!taken.ok()) return taken.status();
+    std::lock_guard<std::mutex> lock(s.mu);
+    (void)s.AppendLog({{"type", "event"}, {"event", "snapshot"}, {"snapshot_id", snap}, {"keep", keep},
+                       {"on_remote", true}});
+    return snap;
   }
   if (s.ws_mode == "direct") {
     return Status::Error(kBadRequest, "session " + s.id + " works on its workspace directly (fresh_per_task: false): "
@@ -2967,6 +2989,11 @@ Result<Json> Manager::Diff(const std::string& id, bool all) {
   if (!s) return Status::Error(kNotFound, "no session " + id);
   auto options = SessionDiffOptions(*s, all);
   if (!options.ok()) return options.status();
+  if (s->ws_mode == "remote") {
+    return RemoteLayersOf(*s, impl_->exe,
+                          {{"op", "diff"}, {"all", options->all}, {"exclude", options->exclude},
+                           {"max_patch_bytes", options->max_patch_bytes}});
+  }
   std::shared_ptr<const UniqueFd> hold;
   auto stack = ReadableLayers(*s, &hold);
   if (!stack.ok()) return stack.status();
@@ -3002,6 +3029,17 @@ Result<Json> Manager::Apply(const std::string& id, bool all) {
     while (!rel.empty() && rel.back() == '/') rel.pop_back();
     if (rel.empty() || rel[0] == '/') continue;  // outside the workspace: apply never writes there
     options.protect.push_back(rel);
+  }
+  if (s->ws_mode == "remote") {
+    auto result = RemoteLayersOf(*s, impl_->exe,
+                                 {{"op", "apply"}, {"all", options.diff.all}, {"exclude", options.diff.exclude},
+                                  {"protect", options.protect}});
+    if (!result.ok()) return result.status();
+    std::lock_guard<std::mutex> log_lock(s->mu);
+    (void)s->AppendLog({{"type", "event"}, {"event", "applied"}, {"applied", (*result)["applied"]},
+                        {"conflicts", (*result)["conflicts"]}, {"protected", (*result)["protected"]},
+                        {"on_remote", true}});
+    return result;
   }
   std::shared_ptr<const UniqueFd> hold;
   auto stack = ReadableLayers(*s, &hold);

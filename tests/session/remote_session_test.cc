@@ -105,6 +105,43 @@ TEST_F(RemoteSession, OneWorldOnTheRemoteServesTheCallsAndTheFileToolsSeeWhatThe
   EXPECT_FALSE(e2e::Exists(host_->state_dir() + "/agentbox/remote/" + id));
 }
 
+TEST_F(RemoteSession, DiffSnapshotAndApplyAreDoneOnTheRemotesCopy) {
+  e2e::WriteFile(ws_.path() + "/base.txt", "one\n");
+  const std::string id = Create(host_->Policy());
+  ASSERT_FALSE(id.empty());
+  ASSERT_EQ(Bash(c(), id, "echo two >> base.txt; echo new > added.txt").value("exit_code", -1), 0);
+
+  Answer diff = Call(c(), "GET", "/v1/sessions/" + id + "/diff");
+  ASSERT_EQ(diff.status, 200) << diff.text;
+  const std::string patch = diff.body.value("patch", "");
+  EXPECT_TRUE(Contains(patch, "+two")) << diff.text;
+  EXPECT_TRUE(Contains(patch, "added.txt")) << diff.text;
+  EXPECT_EQ(diff.body["files"].size(), 2u) << diff.text;
+
+  Answer snap = Call(c(), "POST", "/v1/sessions/" + id + "/snapshot");
+  ASSERT_EQ(snap.status, 201) << snap.text;
+  const std::string snap_id = snap.body.value("snapshot_id", "");
+  ASSERT_FALSE(snap_id.empty());
+  EXPECT_TRUE(e2e::Exists(host_->state_dir() + "/agentbox/remote/snapshots/" + snap_id + "/manifest.json"))
+      << "the snapshot is not kept on the remote";
+
+  // Apply writes into the remote's workspace (on this test's one machine,
+  // the directory the session was created on).
+  Answer apply = Call(c(), "POST", "/v1/sessions/" + id + "/apply");
+  ASSERT_EQ(apply.status, 200) << apply.text;
+  EXPECT_EQ(apply.body["applied"].size(), 2u) << apply.text;
+  EXPECT_EQ(e2e::ReadFile(ws_.path() + "/base.txt").value_or(""), "one\ntwo\n");
+  EXPECT_EQ(e2e::ReadFile(ws_.path() + "/added.txt").value_or(""), "new\n");
+  // A base changed since the copy is a conflict: nothing is written.
+  ASSERT_EQ(Bash(c(), id, "echo three >> base.txt").value("exit_code", -1), 0);
+  e2e::WriteFile(ws_.path() + "/base.txt", "changed outside\n");
+  Answer conflict = Call(c(), "POST", "/v1/sessions/" + id + "/apply");
+  ASSERT_EQ(conflict.status, 409) << conflict.text;
+  EXPECT_EQ(conflict.code(), "conflict") << conflict.text;
+  EXPECT_EQ(conflict.body["error"]["conflicts"], json::array({"base.txt"})) << conflict.text;
+  EXPECT_EQ(e2e::ReadFile(ws_.path() + "/base.txt").value_or(""), "changed outside\n");
+}
+
 TEST_F(RemoteSession, ARemoteWorldKilledDuringACallInterruptsItAndTheNextCallProvisionsAgain) {
   const std::string id = Create(host_->Policy());
   ASSERT_FALSE(id.empty());
