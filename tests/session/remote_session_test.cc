@@ -142,6 +142,46 @@ TEST_F(RemoteSession, DiffSnapshotAndApplyAreDoneOnTheRemotesCopy) {
   EXPECT_EQ(e2e::ReadFile(ws_.path() + "/base.txt").value_or(""), "changed outside\n");
 }
 
+// The secret's value goes from the daemon's environment to the remote
+// world's memory over the stream: the world starts (its supervisor waits
+// for the values before anything runs), the sandbox sees the placeholder,
+// and the value is in no file the remote wrote, no command line and no
+// environment of the remote's processes.
+TEST_F(RemoteSession, ASecretReachesTheRemoteOverTheStreamOnlyAndNeverItsDisk) {
+  const std::string value = "remote-secret-" + e2e::RandomHex(12);
+  Daemon d;
+  d.extra_env = {"AGENTBOX_REMOTE_TEST_TOKEN=" + value};
+  ASSERT_TRUE(d.Start()) << d.error();
+  const std::string policy =
+      host_->Policy("os", "network:\n  allow: [\"api.test\"]\ncredentials:\n  secrets:\n    api:\n"
+                          "      from: { env: AGENTBOX_REMOTE_TEST_TOKEN }\n      hosts: [api.test]\n"
+                          "      inject: { header: Authorization, format: \"Bearer {}\" }\n"
+                          "      placeholder_env: API_TOKEN\n");
+  const std::string id = CreateSession(d.client(), ws_.path(), {{"policy", policy}});
+  ASSERT_FALSE(id.empty());
+  json r = Bash(d.client(), id, "printf '%s' \"$API_TOKEN\"");
+  ASSERT_EQ(r.value("kind", ""), "exited") << r.dump();
+  EXPECT_FALSE(Output(r).empty()) << "no placeholder inside";
+  EXPECT_FALSE(Contains(Output(r), value)) << "the value itself is inside the sandbox";
+  // Nothing the remote wrote holds it.
+  e2e::Command grep;
+  grep.argv = {"/bin/grep", "-rlF", "--", value, host_->cache_dir(), host_->state_dir()};
+  grep.env = {"PATH=/usr/bin:/bin"};
+  e2e::RunResult found = e2e::RunCommand(grep);
+  EXPECT_EQ(found.status, 1) << "the value is on the remote's disk: " << found.out << found.err;
+  // No process of the remote's carries it in its command line or environment.
+  const std::vector<pid_t> remote = ProcessTree(host_->pid());
+  ASSERT_FALSE(remote.empty());
+  for (pid_t p : remote) {
+    for (const char* what : {"cmdline", "environ"}) {
+      const std::string text = e2e::ReadFile("/proc/" + std::to_string(p) + "/" + what).value_or("");
+      EXPECT_FALSE(Contains(text, value)) << "pid " << p << "'s " << what << " holds the value";
+    }
+  }
+  d.Signal(SIGTERM);
+  d.WaitExit(10000);
+}
+
 TEST_F(RemoteSession, ARemoteWorldKilledDuringACallInterruptsItAndTheNextCallProvisionsAgain) {
   const std::string id = Create(host_->Policy());
   ASSERT_FALSE(id.empty());
