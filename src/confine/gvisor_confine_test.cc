@@ -190,18 +190,20 @@ TEST(GvisorConfine, ForcedBackendIsRefused) {
 
 // remote is still unavailable; microvm on a host with runsc but no QEMU is
 // refused naming what is missing, never run on gVisor instead.
-TEST(GvisorConfine, RemoteIsStillRefusedAndMicrovmNeedsQemu) {
+// A command confined here is never sent elsewhere: remote is a session's
+// world (session/remote_world.h), refused for `run` and `wrap` naming why.
+TEST(GvisorConfine, RemoteIsRefusedForACommandRunHereAndMicrovmNeedsQemu) {
   Policy pol = PresetFor(Mode::kWorkspaceWrite);
   pol.sandbox.isolation = Isolation::kRemote;
   Status s = CheckAvailable(pol);
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("available: os, container, microvm"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("runs a session's world on another host"), std::string::npos) << s.message();
   EXPECT_TRUE(CheckAvailable(ContainerPolicy()).ok());
   Policy vm = PresetFor(Mode::kWorkspaceWrite);
   vm.sandbox.isolation = Isolation::kMicrovm;
   EXPECT_TRUE(CheckAvailable(vm).ok());
   ExpectRefused(Confine({"true"}, vm, GvisorHost(), testing::FakeInvocation()), "QEMU is not installed");
-  ExpectRefused(Confine({"true"}, pol, GvisorHost(), testing::FakeInvocation()), "available: os, container, microvm");
+  ExpectRefused(Confine({"true"}, pol, GvisorHost(), testing::FakeInvocation()), "refusing rather than downgrading");
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -33,6 +34,7 @@
 #include "linux/host_program.h"
 #include "linux/microvm.h"
 #include "linux/random.h"
+#include "linux/session_shell.h"
 #include "linux/user_dirs.h"
 #include "report/report_json.h"
 #include "session/layers.h"
@@ -55,17 +57,7 @@ constexpr const char* kLinePrefix = "agentbox-remote: ";
 // binary's copy on first use, the remote's copy of the workspace.
 constexpr auto kProvisionTimeout = std::chrono::minutes(5);
 
-std::string ShellQuote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'') {
-      out += "'\\''";
-    } else {
-      out += c;
-    }
-  }
-  return out + "'";
-}
+using linux::ShellQuote;
 
 int MsLeft(Clock::time_point deadline) {
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
@@ -126,10 +118,7 @@ class RemoteMachine : public supervise::WorldMachine {
 // tail of its stderr (the remote's and ssh's own words) for errors.
 class SshMachine : public RemoteMachine {
  public:
-  ~SshMachine() override {
-    Reap(std::chrono::milliseconds(0));
-    if (stderr_thread_.joinable()) stderr_thread_.join();
-  }
+  ~SshMachine() override { Reap(std::chrono::milliseconds(0)); }
 
   static Result<std::unique_ptr<SshMachine>> Connect(const RemotePlan& remote, Clock::time_point deadline,
                                                      const std::string& command = "__world --stdio");
@@ -158,8 +147,13 @@ class SshMachine : public RemoteMachine {
   std::string binary_state() const override { return binary_state_; }
   // The last lines ssh wrote on its stderr (ssh's errors, the remote's).
   std::string StderrTail() {
-    std::lock_guard<std::mutex> lock(stderr_mu_);
-    std::string t = stderr_tail_;
+    std::string t;
+    {
+      std::unique_lock<std::mutex> lock(stderr_->mu);
+      // Once ssh ended, its last words are waited for a moment.
+      if (reaped_) stderr_->cv.wait_for(lock, std::chrono::milliseconds(500), [this] { return stderr_->done; });
+      t = stderr_->tail;
+    }
     while (!t.empty() && (t.back() == '\n' || t.back() == '\r')) t.pop_back();
     // The last few lines, one line of text.
     std::size_t lines = 0, at = t.size();
@@ -189,9 +183,15 @@ class SshMachine : public RemoteMachine {
   bool reaped_ = false;
   int wait_status_ = 0;
   std::string binary_state_;
-  std::thread stderr_thread_;
-  std::mutex stderr_mu_;
-  std::string stderr_tail_;
+  // Shared with the thread that reads ssh's stderr, which is detached: a
+  // process ssh started (a ProxyCommand) may hold the pipe past ssh itself.
+  struct TailBuffer {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::string tail;
+    bool done = false;
+  };
+  std::shared_ptr<TailBuffer> stderr_ = std::make_shared<TailBuffer>();
 };
 
 Result<std::unique_ptr<SshMachine>> SshMachine::Connect(const RemotePlan& remote, Clock::time_point deadline,
@@ -242,18 +242,21 @@ Result<std::unique_ptr<SshMachine>> SshMachine::Connect(const RemotePlan& remote
   m->pidfd_.reset(linux::PidfdOpen(pid));
   m->stream_ = std::move(ours);
   if (!m->pidfd_.valid()) return Status::Errno(kRemoteStage, "pidfd_open", "ssh");
-  SshMachine* raw = m.get();
-  m->stderr_thread_ = std::thread([raw, fd = std::move(err_r)]() {
+  std::thread([tail = m->stderr_, fd = std::move(err_r)]() {
     char buf[4096];
     for (;;) {
       const ssize_t n = read(fd.get(), buf, sizeof(buf));
       if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return;
-      std::lock_guard<std::mutex> lock(raw->stderr_mu_);
-      raw->stderr_tail_.append(buf, static_cast<std::size_t>(n));
-      if (raw->stderr_tail_.size() > 8192) raw->stderr_tail_.erase(0, raw->stderr_tail_.size() - 8192);
+      std::lock_guard<std::mutex> lock(tail->mu);
+      if (n <= 0) {
+        tail->done = true;
+        tail->cv.notify_all();
+        return;
+      }
+      tail->tail.append(buf, static_cast<std::size_t>(n));
+      if (tail->tail.size() > 8192) tail->tail.erase(0, tail->tail.size() - 8192);
     }
-  });
+  }).detach();
   if (Status s = m->Install(binary, deadline); !s.ok()) return s;
   return m;
 }
@@ -275,7 +278,6 @@ Result<std::string> SshMachine::ReadLine(Clock::time_point deadline) {
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
     if (n <= 0) {
       Reap(std::chrono::milliseconds(2000));
-      if (stderr_thread_.joinable()) stderr_thread_.join();
       const std::string tail = StderrTail();
       return Status::Error(kRemoteStage, "ssh to " + destination_ + " ended before the remote agentbox started: " +
                                              linux::DescribeWaitStatus(wait_status_) +
@@ -458,11 +460,11 @@ Result<ConfinedCommand> ConfineHere(const json& req) {
   const std::string state = linux::StateDir();
   if (state.empty()) return Status::Error(kRemoteStage, "no state directory " + where + " (neither $XDG_STATE_HOME nor $HOME)");
   const std::string dir = state + "/remote/" + session;
-  for (const std::string& d : {state.substr(0, state.rfind('/')), state, state + "/remote", dir}) {
-    if (mkdir(d.c_str(), 0700) != 0 && errno != EEXIST) return Status::Errno(kRemoteStage, "mkdir", d);
-  }
   std::string copy;
   if (policy->sandbox.fresh_per_task) {
+    for (const std::string& d : {state.substr(0, state.rfind('/')), state, state + "/remote", dir}) {
+      if (mkdir(d.c_str(), 0700) != 0 && errno != EEXIST) return Status::Errno(kRemoteStage, "mkdir", d);
+    }
     // The session's copy of the workspace, made once: a world provisioned
     // again after a dropped connection finds the session's changes.
     copy = dir + "/copy";
@@ -495,6 +497,8 @@ Result<ConfinedCommand> ConfineHere(const json& req) {
   return confined;
 }
 
+Result<ConfinedCommand> ConfinedFromJsonChecked(const json& j);
+
 json FailureText(const Status& s) {
   return {{"stage", s.stage()}, {"message", s.message()}, {"errno", s.err()}};
 }
@@ -522,6 +526,8 @@ std::vector<std::string> SshArgv(const RemotePlan& remote, const std::string& re
                                 // Nothing of this host's goes to the remote: no agent, X11 or ports.
                                 "-o", "ForwardAgent=no", "-o", "ForwardX11=no", "-o", "ClearAllForwardings=yes",
                                 "-o", "PermitLocalCommand=no", "-o", "RequestTTY=no",
+                                // A connection of its own: no master's, and none left behind.
+                                "-o", "ControlMaster=no", "-o", "ControlPath=none",
                                 "-T", "-e", "none"};
   if (!remote.ssh_config.empty()) {
     a.push_back("-F");
@@ -543,6 +549,8 @@ std::string InstallScript(const std::string& sha256_hex, std::uint64_t size, con
   return "set -u\n"
          "[ \"$(uname -m)\" = " + ShellQuote(machine) + " ] || { echo \"" + p + "machine $(uname -m)\"; exit 4; }\n"
          "d=\"${XDG_CACHE_HOME:-$HOME/.cache}/agentbox/bin\"; f=\"$d/agentbox-" + sha256_hex + "\"\n"
+         "command -v sha256sum >/dev/null 2>&1 || { echo '" + p + "no sha256sum here (coreutils): the digest "
+         "of the binary cannot be checked'; exit 7; }\n"
          "sum() { sha256sum < \"$1\" 2>/dev/null | cut -d' ' -f1; }\n"
          "if [ -x \"$f\" ] && [ \"$(sum \"$f\")\" = " + sha256_hex + " ]; then echo '" + p + "have'\n"
          "else\n"
@@ -569,6 +577,18 @@ json ConfinedToJson(const ConfinedCommand& c) {
 }
 
 Result<ConfinedCommand> ConfinedFromJson(const json& j) {
+  // What the remote sends is checked, never trusted to have the types it
+  // should: a malformed answer is an error here, not an exception.
+  try {
+    return ConfinedFromJsonChecked(j);
+  } catch (const std::exception& e) {
+    return Status::Error(kRemoteStage, std::string("the remote's confined plan is malformed: ") + e.what());
+  }
+}
+
+namespace {
+
+Result<ConfinedCommand> ConfinedFromJsonChecked(const json& j) {
   if (!j.is_object() || !j.contains("plan") || !j.contains("enforcement")) {
     return Status::Error(kRemoteStage, "the remote's confined plan is malformed");
   }
@@ -583,11 +603,17 @@ Result<ConfinedCommand> ConfinedFromJson(const json& j) {
     auto& out = std::strcmp(key, "denial_signatures") == 0 ? c.denial_signatures : c.runner_failure_rules;
     if (!j.contains(key) || !j[key].is_array()) continue;
     for (const auto& s : j[key]) {
-      if (s.is_object()) out.push_back({s.value("pattern", ""), s.value("meaning", "")});
+      if (!s.is_object() || !s.contains("pattern") || !s["pattern"].is_string() ||
+          (s.contains("meaning") && !s["meaning"].is_string())) {
+        return Status::Error(kRemoteStage, std::string("the remote's confined plan has a malformed ") + key);
+      }
+      out.push_back({s["pattern"].get<std::string>(), s.value("meaning", "")});
     }
   }
   return c;
 }
+
+}  // namespace
 
 namespace {
 
@@ -635,8 +661,9 @@ Result<json> LayersHere(const json& req) {
     if (!ValidSessionId(id)) return Status::Error(kRemoteStage, "the snapshot id '" + id + "' is malformed");
     // A session that never ran has no copy: its snapshot is of the base it would copy.
     if (!copied) stack.upper = real;
-    const std::string parent = RemoteStateDir() + "/snapshots";
-    for (const std::string& d : {RemoteStateDir(), parent}) {
+    // Kept with the session's state there: removed with the session.
+    const std::string parent = dir + "/snapshots";
+    for (const std::string& d : {RemoteStateDir(), dir, parent}) {
       if (mkdir(d.c_str(), 0700) != 0 && errno != EEXIST) return Status::Errno(kRemoteStage, "mkdir", d);
     }
     return CreateSnapshot(stack, "", parent + "/" + id);

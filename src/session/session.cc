@@ -243,7 +243,9 @@ RemotePlan RemotePlanFor(const Policy& policy, const std::string& session, const
     out.k8s_kubeconfig = r.kubernetes->kubeconfig;
     if (out.k8s_kubeconfig.rfind("~/", 0) == 0) out.k8s_kubeconfig = linux::HomeDir() + out.k8s_kubeconfig.substr(1);
   }
-  out.level = ToString(r.level);
+  // A pod's level is its runtime (gVisor, Kata: `agentbox k8s render`);
+  // inside it, agentbox confines each call with namespaces.
+  out.level = r.kubernetes ? ToString(Isolation::kOs) : ToString(r.level);
   out.workspace = workspace;
   out.session = session;
   Policy sent = policy;
@@ -1853,11 +1855,15 @@ Result<std::string> Manager::Create(const CreateRequest& request) {
   std::string ws_mode, mode_reason;
   if (remote) {
     ws_mode = "remote";
+    const RemoteSpec& r = *policy->sandbox.remote;
+    const std::string where = r.kubernetes ? "a pod claimed from SandboxTemplate " + r.kubernetes->template_name +
+                                                 " in namespace " + r.kubernetes->namespace_name
+                                           : r.ssh;
     mode_reason = policy->sandbox.fresh_per_task
-                      ? "sandbox.isolation: remote (the session's copy of the workspace is on the remote, " +
-                            policy->sandbox.remote->ssh + ")"
+                      ? "sandbox.isolation: remote (the session's copy of the workspace is on the remote, " + where +
+                            ")"
                       : "sandbox.isolation: remote, fresh_per_task false (the session works on the remote's "
-                        "workspace itself, " + policy->sandbox.remote->ssh + ")";
+                        "workspace itself, " + where + ")";
   } else if (!policy->sandbox.fresh_per_task) {
     ws_mode = "direct";
     mode_reason = "the policy's sandbox.fresh_per_task is false: the session works on the workspace itself";

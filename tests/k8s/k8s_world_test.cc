@@ -63,93 +63,87 @@ bool AnyRequest(const std::vector<std::string>& requests, const std::string& met
   });
 }
 
-TEST(K8sWorld, ASessionClaimsASandboxRunsItsCallsThroughTheExecStreamAndReleasesTheClaim) {
-  const char* bin = getenv("AGENTBOX_BIN");
-  ASSERT_TRUE(bin && *bin) << "AGENTBOX_BIN is not set";
-  Dir dir, state, ws;
-  const std::string bin_dir = std::string(bin).substr(0, std::string(bin).rfind('/'));
+class K8sWorld : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    bin_ = getenv("AGENTBOX_BIN") ? getenv("AGENTBOX_BIN") : "";
+    ASSERT_FALSE(bin_.empty()) << "AGENTBOX_BIN is not set";
+    std::string error;
+    server_ = FakeApiServer::Start({}, &error);
+    ASSERT_TRUE(server_) << error;
+    kubeconfig_ = dir_.path() + "/kubeconfig";
+    std::ofstream(kubeconfig_) << server_->Kubeconfig();
+    session::ManagerOptions o;
+    o.state_dir = state_.path() + "/state";
+    o.agentbox_exe = bin_;
+    auto manager = session::Manager::Open(o);
+    ASSERT_TRUE(manager.ok()) << manager.status().ToString();
+    manager_ = std::move(*manager);
+  }
+  void TearDown() override { manager_.reset(); }
+  std::string Create() {
+    session::CreateRequest c;
+    c.workspace = ws_.path();
+    c.policy_yaml = "version: 1\nmode: workspace-write\nsandbox:\n  isolation: remote\n  remote:\n    kubernetes: "
+                    "{ namespace: agents, template: agentbox, kubeconfig: " + kubeconfig_ + " }\n";
+    auto id = manager_->Create(c);
+    EXPECT_TRUE(id.ok()) << id.status().ToString();
+    return id.ok() ? *id : "";
+  }
+  json Run(const std::string& id, const std::string& name, const json& input) {
+    auto r = manager_->Execute(id, name, input);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : json();
+  }
+
+  std::string bin_, kubeconfig_;
+  Dir dir_, state_, ws_;
+  std::unique_ptr<FakeApiServer> server_;
+  std::unique_ptr<session::Manager> manager_;
+};
+
+TEST_F(K8sWorld, ASessionClaimsASandboxRunsItsCallsThroughTheExecStreamAndReleasesTheClaim) {
+  const std::string bin_dir = bin_.substr(0, bin_.rfind('/'));
   ScopedEnv path("PATH", bin_dir + ":" + (getenv("PATH") ? getenv("PATH") : "/usr/bin:/bin"));
-  ScopedEnv cache("XDG_CACHE_HOME", dir.path() + "/pod-cache");
-  ScopedEnv pod_state("XDG_STATE_HOME", dir.path() + "/pod-state");
-  std::ofstream(ws.path() + "/base.txt") << "from the base\n";
+  ScopedEnv cache("XDG_CACHE_HOME", dir_.path() + "/pod-cache");
+  ScopedEnv pod_state("XDG_STATE_HOME", dir_.path() + "/pod-state");
+  std::ofstream(ws_.path() + "/base.txt") << "from the base\n";
+  server_->AddWarmPool("agents", "agentbox", "agentbox");
+  const std::string id = Create();
+  ASSERT_FALSE(id.empty());
+  EXPECT_FALSE(AnyRequest(server_->Requests(), "POST", "/sandboxclaims")) << "claimed before the first call";
 
-  std::string error;
-  auto server = FakeApiServer::Start({}, &error);
-  ASSERT_TRUE(server) << error;
-  server->AddWarmPool("agents", "agentbox", "agentbox");
-  const std::string kubeconfig = dir.path() + "/kubeconfig";
-  std::ofstream(kubeconfig) << server->Kubeconfig();
-
-  session::ManagerOptions o;
-  o.state_dir = state.path() + "/state";
-  o.agentbox_exe = bin;
-  auto manager = session::Manager::Open(o);
-  ASSERT_TRUE(manager.ok()) << manager.status().ToString();
-  session::CreateRequest c;
-  c.workspace = ws.path();
-  c.policy_yaml = "version: 1\nmode: workspace-write\nsandbox:\n  isolation: remote\n  remote:\n    kubernetes: "
-                  "{ namespace: agents, template: agentbox, kubeconfig: " + kubeconfig + " }\n";
-  auto id = (*manager)->Create(c);
-  ASSERT_TRUE(id.ok()) << id.status().ToString();
-  EXPECT_FALSE(AnyRequest(server->Requests(), "POST", "/sandboxclaims")) << "claimed before the first call";
-
-  auto first = (*manager)->Execute(*id, "bash", {{"command", "cat base.txt; echo warm > /tmp/warm"}});
-  ASSERT_TRUE(first.ok()) << first.status().ToString();
-  ASSERT_EQ(first->value("kind", ""), "exited") << first->dump();
-  EXPECT_EQ(first->value("output", ""), "from the base\n");
-  const json& enforcement = (*first)["outcome"]["enforcement"];
+  json first = Run(id, "bash", {{"command", "cat base.txt; echo warm > /tmp/warm"}});
+  ASSERT_EQ(first.value("kind", ""), "exited") << first.dump();
+  EXPECT_EQ(first.value("output", ""), "from the base\n");
+  const json& enforcement = first["outcome"]["enforcement"];
   EXPECT_NE(enforcement.value("backend_reason", "").find("of claim agentbox-"), std::string::npos) << enforcement.dump();
   EXPECT_EQ(enforcement.value("level", ""), "full") << enforcement.dump();
-  const auto requests = server->Requests();
+  const auto requests = server_->Requests();
   EXPECT_TRUE(AnyRequest(requests, "POST", "/apis/extensions.agents.x-k8s.io/v1beta1/namespaces/agents/sandboxclaims"));
   EXPECT_TRUE(AnyRequest(requests, "GET", "/exec?")) << "no exec through the API server";
 
-  // One world across calls; the file tools see what the shell sees.
-  auto warm = (*manager)->Execute(*id, "bash", {{"command", "cat /tmp/warm"}});
-  ASSERT_TRUE(warm.ok());
-  EXPECT_EQ(warm->value("output", ""), "warm\n");
-  auto w = (*manager)->Execute(*id, "write_file", {{"path", "tool.txt"}, {"content", "from the tool\n"}});
-  ASSERT_TRUE(w.ok());
-  EXPECT_EQ(w->value("is_error", true), false) << w->dump();
-  auto r = (*manager)->Execute(*id, "bash", {{"command", "cat tool.txt"}});
-  ASSERT_TRUE(r.ok());
-  EXPECT_EQ(r->value("output", ""), "from the tool\n");
-  EXPECT_FALSE(std::filesystem::exists(ws.path() + "/tool.txt")) << "the base was written";
+  // One world across calls; the file tools see what the shell see.
+  EXPECT_EQ(Run(id, "bash", {{"command", "cat /tmp/warm"}}).value("output", ""), "warm\n");
+  json w = Run(id, "write_file", {{"path", "tool.txt"}, {"content", "from the tool\n"}});
+  EXPECT_EQ(w.value("is_error", true), false) << w.dump();
+  EXPECT_EQ(Run(id, "bash", {{"command", "cat tool.txt"}}).value("output", ""), "from the tool\n");
+  EXPECT_FALSE(std::filesystem::exists(ws_.path() + "/tool.txt")) << "the base was written";
 
   // The session's end deletes its claim.
-  ASSERT_TRUE((*manager)->Remove(*id).ok());
-  EXPECT_TRUE(AnyRequest(server->Requests(), "DELETE", "/sandboxclaims/agentbox-"));
-  manager->reset();
+  ASSERT_TRUE(manager_->Remove(id).ok());
+  EXPECT_TRUE(AnyRequest(server_->Requests(), "DELETE", "/sandboxclaims/agentbox-"));
 }
 
-TEST(K8sWorld, AClaimThatCannotBeMadeIsTheCallsSandboxErrorNamingTheAPIsAnswer) {
-  const char* bin = getenv("AGENTBOX_BIN");
-  ASSERT_TRUE(bin && *bin) << "AGENTBOX_BIN is not set";
-  Dir dir, state, ws;
-  std::string error;
-  auto server = FakeApiServer::Start({}, &error);
-  ASSERT_TRUE(server) << error;
+TEST_F(K8sWorld, AClaimThatCannotBeMadeIsTheCallsSandboxErrorNamingTheAPIsAnswer) {
   // No warm pool serves the template: the claim cannot be made.
-  const std::string kubeconfig = dir.path() + "/kubeconfig";
-  std::ofstream(kubeconfig) << server->Kubeconfig();
-  session::ManagerOptions o;
-  o.state_dir = state.path() + "/state";
-  o.agentbox_exe = bin;
-  auto manager = session::Manager::Open(o);
-  ASSERT_TRUE(manager.ok()) << manager.status().ToString();
-  session::CreateRequest c;
-  c.workspace = ws.path();
-  c.policy_yaml = "version: 1\nsandbox:\n  isolation: remote\n  remote:\n    kubernetes: "
-                  "{ namespace: agents, template: agentbox, kubeconfig: " + kubeconfig + " }\n";
-  auto id = (*manager)->Create(c);
-  ASSERT_TRUE(id.ok()) << id.status().ToString();
-  auto first = (*manager)->Execute(*id, "bash", {{"command", "echo should-not-run"}});
-  ASSERT_TRUE(first.ok()) << first.status().ToString();
-  EXPECT_EQ(first->value("kind", ""), "sandbox_error") << first->dump();
-  const std::string out = first->value("output", "");
+  const std::string id = Create();
+  ASSERT_FALSE(id.empty());
+  json first = Run(id, "bash", {{"command", "echo should-not-run"}});
+  EXPECT_EQ(first.value("kind", ""), "sandbox_error") << first.dump();
+  const std::string out = first.value("output", "");
   EXPECT_NE(out.find("no SandboxWarmPool"), std::string::npos) << out;
   EXPECT_EQ(out.find("should-not-run"), std::string::npos) << out;
-  manager->reset();
 }
 
 }  // namespace

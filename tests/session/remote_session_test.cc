@@ -122,7 +122,7 @@ TEST_F(RemoteSession, DiffSnapshotAndApplyAreDoneOnTheRemotesCopy) {
   ASSERT_EQ(snap.status, 201) << snap.text;
   const std::string snap_id = snap.body.value("snapshot_id", "");
   ASSERT_FALSE(snap_id.empty());
-  EXPECT_TRUE(e2e::Exists(host_->state_dir() + "/agentbox/remote/snapshots/" + snap_id + "/manifest.json"))
+  EXPECT_TRUE(e2e::Exists(host_->state_dir() + "/agentbox/remote/" + id + "/snapshots/" + snap_id + "/manifest.json"))
       << "the snapshot is not kept on the remote";
 
   // Apply writes into the remote's workspace (on this test's one machine,
