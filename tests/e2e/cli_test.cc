@@ -421,11 +421,14 @@ TEST(Check, NamesTheRefusalExplainGives) {
   // are: tests/e2e/gvisor_test.cc, microvm_test.cc.)
   for (const char* isolation : {"remote"}) {
     const std::string file = sb.scratch() + "/" + isolation + ".yaml";
-    WriteFile(file, std::string("version: 1\nsandbox:\n  isolation: ") + isolation + "\n");
+    // remote names where its world runs (a session's, never a command run here).
+    WriteFile(file, std::string("version: 1\nsandbox:\n  isolation: ") + isolation +
+                        "\n  remote: { ssh: agent@build-3, level: os }\n");
     RunResult e = Agentbox(sb, {"policy", "explain", "--json", "--policy", file});
     auto ej = nlohmann::json::parse(e.out, nullptr, false);
     ASSERT_FALSE(ej.is_discarded()) << e.Describe();
-    // This version offers `os`, `container` and `microvm`: `remote` is refused, never downgraded.
+    // A command confined here is offered `os`, `container` and `microvm`:
+    // `remote` is a session's world, refused here, never downgraded.
     EXPECT_EQ(ej["would_run"], false) << e.Describe();
     ASSERT_TRUE(ej["refusal"].is_string()) << e.Describe();
     const std::string refusal = ej["refusal"].get<std::string>();
