@@ -330,6 +330,10 @@ struct RemotePlan {
   std::string k8s_template;
   std::string k8s_context;
   std::string k8s_kubeconfig;
+  // The session's claimed sandbox (the daemon claims it and holds it for
+  // the session's life): its pod is where the world is exec'd.
+  std::string k8s_claim;
+  std::string k8s_pod;
 };
 
 // How the microVM is made (Backend::kMicrovm).

@@ -366,7 +366,8 @@ std::string PlanToJson(const Plan& plan, int indent) {
                    {"level", r.level},       {"workspace", r.workspace}, {"session", r.session},
                    {"policy_yaml", r.policy_yaml}, {"binary", r.binary},
                    {"k8s_namespace", r.k8s_namespace}, {"k8s_template", r.k8s_template},
-                   {"k8s_context", r.k8s_context},     {"k8s_kubeconfig", r.k8s_kubeconfig}};
+                   {"k8s_context", r.k8s_context},     {"k8s_kubeconfig", r.k8s_kubeconfig},
+                   {"k8s_claim", r.k8s_claim},         {"k8s_pod", r.k8s_pod}};
   }
   j["policy_sha256"] = plan.policy_sha256;
   return j.dump(indent);
@@ -405,7 +406,8 @@ Result<Plan> PlanFromJson(const std::string& text) {
                                r.at("workspace").get<std::string>(),  r.at("session").get<std::string>(),
                                r.at("policy_yaml").get<std::string>(), r.at("binary").get<std::string>(),
                                r.value("k8s_namespace", ""),         r.value("k8s_template", ""),
-                               r.value("k8s_context", ""),           r.value("k8s_kubeconfig", "")};
+                               r.value("k8s_context", ""),           r.value("k8s_kubeconfig", ""),
+                               r.value("k8s_claim", ""),             r.value("k8s_pod", "")};
     }
     plan.private_dir_parent = j.value("private_dir_parent", std::string());
     plan.private_dir = j.value("private_dir", std::string());

@@ -28,7 +28,6 @@
 #include "agentbox/outcome.h"
 #include "agentbox/policy.h"
 #include "k8s/client.h"
-#include "k8s/render.h"
 #include "linux/compat.h"
 #include "linux/fd.h"
 #include "linux/host_program.h"
@@ -328,26 +327,25 @@ Status SshMachine::Install(const std::string& binary, Clock::time_point deadline
   return Status::Error(kRemoteStage, destination_ + " printed too much before the remote agentbox started");
 }
 
-// A pod of a SandboxClaim (kubernetes-sigs/agent-sandbox) whose
+// The pod of the session's SandboxClaim (kubernetes-sigs/agent-sandbox;
+// the daemon claims it and holds it for the session's life), whose
 // `agentbox __world --stdio` is reached through the API server's exec
-// subresource (k8s/client.h). The claim is this world's: made when it is
-// provisioned, deleted (and with it the Sandbox and its pod) when it ends.
+// subresource (k8s/client.h). A world that ends leaves the pod as it is.
 class K8sMachine : public RemoteMachine {
  public:
   ~K8sMachine() override { Reap(std::chrono::milliseconds(0)); }
 
   static Result<std::unique_ptr<K8sMachine>> Connect(const RemotePlan& remote, Clock::time_point deadline) {
-    KubernetesRemoteSpec spec{remote.k8s_namespace, remote.k8s_template, remote.k8s_context, remote.k8s_kubeconfig};
-    // A claim per world: one name per provisioning, so a claim still being
-    // deleted never stands in the way of the next.
-    auto name = k8s::ClaimName(remote.k8s_template, remote.session + "-" + linux::RandomHex(3));
-    if (!name.ok()) return name.status();
+    if (remote.k8s_pod.empty()) return Status::Error(kRemoteStage, "no claimed pod to run the world in");
+    auto config = k8s::LoadKubeconfig(remote.k8s_kubeconfig, remote.k8s_context);
+    if (!config.ok()) return config.status();
+    auto api = k8s::ApiClient::Create(std::move(*config));
+    if (!api.ok()) return api.status();
     std::unique_ptr<K8sMachine> m(new K8sMachine());
+    m->api_ = std::move(*api);
+    m->remote_ = remote;
     m->ended_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
     if (!m->ended_.valid()) return Status::Errno(kRemoteStage, "eventfd", "the exec stream's end");
-    auto claimed = k8s::ClaimedSandbox::Claim(spec, *name, std::chrono::milliseconds(MsLeft(deadline)));
-    if (!claimed.ok()) return claimed.status();
-    m->claim_ = std::move(*claimed);
     K8sMachine* raw = m.get();
     k8s::ExecCallbacks callbacks;
     callbacks.on_stderr = [raw](std::string_view line) {
@@ -362,9 +360,11 @@ class K8sMachine : public RemoteMachine {
       const std::uint64_t one = 1;
       (void)!write(raw->ended_.get(), &one, sizeof(one));
     };
-    auto stream = m->claim_->Exec({"agentbox", "__world", "--stdio"}, callbacks);
-    if (!stream.ok()) return stream.status();
-    m->stream_ = std::move(*stream);
+    auto exec = m->api_->Exec(remote.k8s_namespace, remote.k8s_pod, "", {"agentbox", "__world", "--stdio"},
+                              callbacks, std::chrono::milliseconds(std::min(MsLeft(deadline), 30000)));
+    if (!exec.ok()) return exec.status();
+    m->exec_ = std::move(*exec);
+    m->stream_ = m->exec_->TakeStream();
     return m;
   }
 
@@ -372,9 +372,7 @@ class K8sMachine : public RemoteMachine {
   int ended_fd() const override { return ended_.get(); }
   void Reap(std::chrono::milliseconds) override {
     stream_.reset();
-    if (claim_) {
-      if (Status s = claim_->Release(); !s.ok()) std::fprintf(stderr, "agentbox: %s\n", s.ToString().c_str());
-    }
+    if (exec_) exec_->Stop();  // joins the relay: no callback after this
   }
   std::string EndedHow(bool* oom) override {
     *oom = false;
@@ -385,15 +383,16 @@ class K8sMachine : public RemoteMachine {
     return how;
   }
   std::string where() const override {
-    return claim_ ? "in pod " + claim_->pod() + " of claim " + claim_->claim() + " (namespace " +
-                        claim_->namespace_name() + ")"
-                  : "in a Kubernetes claim";
+    return "in pod " + remote_.k8s_pod + " of claim " + remote_.k8s_claim + " (namespace " + remote_.k8s_namespace +
+           ")";
   }
   std::string binary_state() const override { return "image"; }
 
  private:
   K8sMachine() = default;
-  std::unique_ptr<k8s::ClaimedSandbox> claim_;
+  std::unique_ptr<k8s::ApiClient> api_;
+  RemotePlan remote_;
+  std::unique_ptr<k8s::ExecStream> exec_;
   linux::UniqueFd stream_;
   linux::UniqueFd ended_;
   std::mutex mu_;

@@ -56,6 +56,8 @@
 #include "session/file_tools.h"
 #include "session/layers.h"
 #include "session/remote_world.h"
+#include "k8s/client.h"
+#include "k8s/render.h"
 #include "session/port_bridge.h"
 #include "session/services.h"
 #include "session/tool_inputs.h"
@@ -575,6 +577,9 @@ struct SessionState {
   std::shared_ptr<const ConfinedCommand> confined;
   // A remote world's: host, remote_pid, binary, level (world_mu); null otherwise.
   Json remote;
+  // A Kubernetes session's SandboxClaim, held for the session's life (its
+  // worlds come and go in the same pod); deleting it deletes the pod. world_mu.
+  std::shared_ptr<k8s::ClaimedSandbox> claim;
   // Direct mode: the repositories the world protects (audited after calls: the others).
   std::shared_ptr<const std::set<std::string>> git_known;
   std::uint64_t provisions = 0;
@@ -1003,6 +1008,24 @@ Status Manager::Impl::ProvisionRemote(SessionState& s, const Policy& policy) {
   Plan plan;
   plan.confined = true;
   plan.remote = RemotePlanFor(policy, s.id, s.workspace, exe);
+  if (policy.sandbox.remote->kubernetes) {
+    // The session's sandbox: claimed at its first world, kept for the next.
+    if (!s.claim) {
+      auto name = k8s::ClaimName(policy.sandbox.remote->kubernetes->template_name,
+                                 s.id.substr(2) + "-" + linux::RandomHex(2));
+      if (!name.ok()) return name.status();
+      auto claimed = k8s::ClaimedSandbox::Claim(*policy.sandbox.remote->kubernetes, *name,
+                                                std::chrono::milliseconds(kRemoteReadyTimeoutMs));
+      if (!claimed.ok()) return claimed.status();
+      s.claim = std::move(*claimed);
+      std::lock_guard<std::mutex> lock(s.mu);
+      (void)s.AppendLog({{"type", "event"}, {"event", "claimed"}, {"claim", s.claim->claim()},
+                         {"sandbox", s.claim->sandbox()}, {"pod", s.claim->pod()}},
+                        /*sync=*/false);
+    }
+    plan.remote->k8s_claim = s.claim->claim();
+    plan.remote->k8s_pod = s.claim->pod();
+  }
   plan.policy_sha256 = PolicyDigest(policy);
   plan.kill_grace_ms = policy.resources.kill_grace_ms.value_or(plan.kill_grace_ms);
   // The secrets' values go from their sources here to the remote's memory,
@@ -1012,7 +1035,18 @@ Status Manager::Impl::ProvisionRemote(SessionState& s, const Policy& policy) {
     plan.network.credentials = policy.credentials;
   }
   auto world = World::Start(exe, plan, std::max(options.ready_timeout_ms, kRemoteReadyTimeoutMs), -1, &s.rotated);
-  if (!world.ok()) return world.status();
+  if (!world.ok()) {
+    // A pod that took no world (gone, restarted, refusing): the next
+    // provisioning claims another rather than trying it again.
+    if (s.claim) {
+      std::lock_guard<std::mutex> lock(s.mu);
+      (void)s.AppendLog({{"type", "event"}, {"event", "claim_released"}, {"claim", s.claim->claim()},
+                         {"reason", world.status().ToString()}},
+                        /*sync=*/false);
+      s.claim.reset();
+    }
+    return world.status();
+  }
   auto given = (*world)->remote_confined();
   if (!given) return Status::Error("session", "the remote world was ready without its confined plan");
   auto confined = ConfinedFromJson(*given);
@@ -3103,6 +3137,12 @@ Status Manager::Remove(const std::string& id) {
     std::lock_guard<std::mutex> wl(s->world_mu);
     if (s->world) s->world->Stop(0);
     s->world.reset();
+    if (s->claim) {
+      if (Status r = s->claim->Release(); !r.ok()) {
+        std::fprintf(stderr, "agentbox: session %s: %s\n", id.c_str(), r.ToString().c_str());
+      }
+      s->claim.reset();
+    }
   }
   if (s->ws_mode == "remote") {
     // The remote's copy of the workspace goes with the session. A remote

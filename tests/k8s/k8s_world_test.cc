@@ -5,6 +5,7 @@
 // pod's image), sends every call over that stream, and deletes the claim
 // when the session goes.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -129,6 +130,30 @@ TEST_F(K8sWorld, ASessionClaimsASandboxRunsItsCallsThroughTheExecStreamAndReleas
   EXPECT_EQ(w.value("is_error", true), false) << w.dump();
   EXPECT_EQ(Run(id, "bash", {{"command", "cat tool.txt"}}).value("output", ""), "from the tool\n");
   EXPECT_FALSE(std::filesystem::exists(ws_.path() + "/tool.txt")) << "the base was written";
+
+  // A world that goes (its agentbox killed in the pod) is provisioned again
+  // in the session's same sandbox: one claim, and the session's files kept.
+  auto described = manager_->Describe(id);
+  ASSERT_TRUE(described.ok());
+  const int remote_pid = (*described)["remote"].value("remote_pid", 0);
+  ASSERT_GT(remote_pid, 0) << described->dump();
+  ASSERT_EQ(kill(remote_pid, SIGKILL), 0);
+  // Once the session has seen its world go, the next call provisions one.
+  for (int i = 0; i < 250; ++i) {
+    auto now = manager_->Describe(id);
+    if (now.ok() && !now->value("provisioned", true)) break;
+    usleep(20000);
+  }
+  json again = Run(id, "bash", {{"command", "cat tool.txt"}});
+  EXPECT_EQ(again.value("output", ""), "from the tool\n") << again.dump();
+  auto after = manager_->Describe(id);
+  ASSERT_TRUE(after.ok());
+  EXPECT_NE((*after)["remote"].value("remote_pid", 0), remote_pid) << "the world was not provisioned again";
+  const auto claims = server_->Requests();
+  EXPECT_EQ(std::count_if(claims.begin(), claims.end(),
+                          [](const std::string& r) { return r.rfind("POST ", 0) == 0 && r.find("/sandboxclaims") != std::string::npos; }),
+            1)
+      << "a second claim for the same session";
 
   // The session's end deletes its claim.
   ASSERT_TRUE(manager_->Remove(id).ok());
