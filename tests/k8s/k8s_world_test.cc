@@ -17,6 +17,7 @@
 
 #include "fake_api_server.h"
 #include "session/session.h"
+#include "scoped_env.h"
 
 namespace agentbox::k8s {
 namespace {
@@ -37,26 +38,7 @@ class Dir {
   std::string path_;
 };
 
-// Sets a variable for the test's length (the fake forks the pod's command
-// from this process: its environment is the pod's).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = getenv(name)) old_ = old;
-    setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      setenv(name_, old_->c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using test_support::ScopedEnv;
 
 bool AnyRequest(const std::vector<std::string>& requests, const std::string& method, const std::string& part) {
   return std::any_of(requests.begin(), requests.end(), [&](const std::string& r) {

@@ -27,6 +27,7 @@
 #include "daemon_fixture.h"
 #include "ladder_workloads.h"
 #include "net_fixtures.h"
+#include "scoped_env.h"
 
 namespace agentbox::session_test {
 namespace {
@@ -80,25 +81,7 @@ std::string EnvValue(const std::string& text, const std::string& name) {
   return "";
 }
 
-// Sets an environment variable for the scope, then puts back what was there.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = getenv(name)) old_ = old;
-    setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      setenv(name_, old_->c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using test_support::ScopedEnv;
 
 // The test CA, the bearer server on api.test, and a daemon whose secret
 // API_TOKEN is in its environment only.
