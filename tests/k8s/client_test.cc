@@ -568,7 +568,7 @@ TEST_F(K8sClient, AClientCertificateAuthenticates) {
       "ec_paramgen_curve:P-256 -nodes -keyout client.key -out client.csr -subj /CN=agentbox-user >/dev/null 2>&1 && "
       "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out client.pem -days 1 "
       ">/dev/null 2>&1";
-  if (std::system(script.c_str()) != 0) GTEST_SKIP() << "the openssl command cannot make a client certificate here";
+  if (std::system(script.c_str()) != 0) GTEST_SKIP() << "not applicable here: the openssl command cannot make a client certificate";
   auto read = [&](const std::string& name) {
     std::ifstream in(d + "/" + name);
     return std::string(std::istreambuf_iterator<char>(in), {});
