@@ -335,7 +335,10 @@ class K8sMachine : public RemoteMachine {
  public:
   ~K8sMachine() override { Reap(std::chrono::milliseconds(0)); }
 
-  static Result<std::unique_ptr<K8sMachine>> Connect(const RemotePlan& remote, Clock::time_point deadline) {
+  // Runs `command` (agentbox's world by default) in the claimed pod.
+  static Result<std::unique_ptr<K8sMachine>> Connect(
+      const RemotePlan& remote, Clock::time_point deadline,
+      const std::vector<std::string>& command = {"agentbox", "__world", "--stdio"}) {
     if (remote.k8s_pod.empty()) return Status::Error(kRemoteStage, "no claimed pod to run the world in");
     auto config = k8s::LoadKubeconfig(remote.k8s_kubeconfig, remote.k8s_context);
     if (!config.ok()) return config.status();
@@ -360,8 +363,8 @@ class K8sMachine : public RemoteMachine {
       const std::uint64_t one = 1;
       (void)!write(raw->ended_.get(), &one, sizeof(one));
     };
-    auto exec = m->api_->Exec(remote.k8s_namespace, remote.k8s_pod, "", {"agentbox", "__world", "--stdio"},
-                              callbacks, std::chrono::milliseconds(std::min(MsLeft(deadline), 30000)));
+    auto exec = m->api_->Exec(remote.k8s_namespace, remote.k8s_pod, "", command, callbacks,
+                              std::chrono::milliseconds(std::min(MsLeft(deadline), 30000)));
     if (!exec.ok()) return exec.status();
     m->exec_ = std::move(*exec);
     m->stream_ = m->exec_->TakeStream();
@@ -616,11 +619,42 @@ Result<ConfinedCommand> ConfinedFromJsonChecked(const json& j) {
 
 namespace {
 
-// Where the remote keeps a session's state and its snapshots.
+// Where the remote keeps sessions' state (remote/<session>) and the
+// snapshots taken of them (remote-snapshots/<id>), which outlive their
+// session as a local snapshot does.
 std::string RemoteStateDir() { return linux::StateDir() + "/remote"; }
+std::string RemoteSnapshotsDir() { return linux::StateDir() + "/remote-snapshots"; }
+
+Status MakeDirs(const std::vector<std::string>& dirs) {
+  for (const std::string& d : dirs) {
+    if (mkdir(d.c_str(), 0700) != 0 && errno != EEXIST) return Status::Errno(kRemoteStage, "mkdir", d);
+  }
+  return {};
+}
 
 Result<json> LayersHere(const json& req) {
   if (!req.is_object()) return Status::Error(kRemoteStage, "the request is not a JSON object");
+  const std::string op = req.value("op", "");
+  const std::string snapshot = req.value("snapshot", "");
+  const bool names_snapshot = op == "snapshot" || op == "seed" || op == "drop_snapshot";
+  if (names_snapshot && !ValidSessionId(snapshot)) {
+    return Status::Error(kRemoteStage, "the snapshot id '" + snapshot + "' is malformed");
+  }
+  const std::string state = linux::StateDir();
+  if (state.empty()) {
+    return Status::Error(kRemoteStage, "no state directory on " + HostName() + " (neither $XDG_STATE_HOME nor $HOME)");
+  }
+  const std::string snap_dir = RemoteSnapshotsDir() + "/" + snapshot;
+  if (op == "drop_snapshot") {
+    // The manifest goes first: a half-removed snapshot is no snapshot.
+    struct stat st {};
+    const bool present = stat(snap_dir.c_str(), &st) == 0;
+    if (present && unlink((snap_dir + "/manifest.json").c_str()) != 0 && errno != ENOENT) {
+      return Status::Errno(kRemoteStage, "unlink", snap_dir + "/manifest.json");
+    }
+    if (present) supervise::RemoveTree(snap_dir);
+    return json{{"dropped", present}};
+  }
   const std::string session = req.value("session", "");
   if (!ValidSessionId(session)) return Status::Error(kRemoteStage, "the session id '" + session + "' is malformed");
   const std::string real = CanonicalPath(req.value("workspace", ""));
@@ -639,7 +673,6 @@ Result<json> LayersHere(const json& req) {
   diff.max_patch_bytes = req.value("max_patch_bytes", std::size_t{8u << 20});
   diff.all = req.value("all", false);
   diff.exclude = req.value("exclude", std::vector<std::string>{});
-  const std::string op = req.value("op", "");
   if (op == "diff") {
     if (!copied) return json{{"files", json::array()}, {"patch", ""}, {"truncated", false}, {"files_truncated", false}};
     return ComputeDiff(stack, diff);
@@ -656,16 +689,34 @@ Result<json> LayersHere(const json& req) {
     return ApplyChanges(stack, options);
   }
   if (op == "snapshot") {
-    const std::string id = req.value("snapshot", "");
-    if (!ValidSessionId(id)) return Status::Error(kRemoteStage, "the snapshot id '" + id + "' is malformed");
     // A session that never ran has no copy: its snapshot is of the base it would copy.
     if (!copied) stack.upper = real;
-    // Kept with the session's state there: removed with the session.
-    const std::string parent = dir + "/snapshots";
-    for (const std::string& d : {RemoteStateDir(), dir, parent}) {
-      if (mkdir(d.c_str(), 0700) != 0 && errno != EEXIST) return Status::Errno(kRemoteStage, "mkdir", d);
+    if (Status d = MakeDirs({state.substr(0, state.rfind('/')), state, RemoteSnapshotsDir()}); !d.ok()) return d;
+    auto manifest = CreateSnapshot(stack, "", snap_dir);
+    if (!manifest.ok()) return manifest.status();
+    // What the caller keeps of it: the manifest stays here, with the tree.
+    return json{{"snapshot", snapshot},
+                {"created", manifest->value("created", "")},
+                {"entries", (*manifest)["entries"].size()}};
+  }
+  if (op == "seed") {
+    // A session started from a snapshot: its copy is the snapshot's tree,
+    // made before its world is first provisioned (which then finds it),
+    // and apply's base the workspace as it is now.
+    if (copied) return Status::Error(kRemoteStage, "session " + session + " has a copy on " + HostName() + " already");
+    if (Status v = VerifySnapshot(snap_dir); !v.ok()) {
+      return Status::Error(kRemoteStage, "snapshot " + snapshot + " on " + HostName() + ": " + v.message());
     }
-    return CreateSnapshot(stack, "", parent + "/" + id);
+    if (Status d = MakeDirs({state.substr(0, state.rfind('/')), state, RemoteStateDir(), dir}); !d.ok()) return d;
+    std::string home = linux::HomeDir();
+    if (!home.empty() && !CanonicalPath(home).empty()) home = CanonicalPath(home);
+    if (Status b = RecordBase(real, dir + "/base.record", linux::OwnDirs(home)); !b.ok()) return b;
+    supervise::RemoveTree(stack.upper + ".tmp");
+    if (Status c = CopyTree(snap_dir + "/tree", stack.upper + ".tmp"); !c.ok()) return c;
+    if (rename((stack.upper + ".tmp").c_str(), stack.upper.c_str()) != 0) {
+      return Status::Errno(kRemoteStage, "rename", stack.upper);
+    }
+    return json{{"seeded", snapshot}};
   }
   return Status::Error(kRemoteStage, "unknown op '" + op + "'");
 }
@@ -673,14 +724,19 @@ Result<json> LayersHere(const json& req) {
 }  // namespace
 
 int RemoteLayersMain() {
-  std::string text;
-  char buf[65536];
-  for (ssize_t n; (n = read(0, buf, sizeof(buf))) != 0;) {
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 || text.size() > (1u << 20)) break;
-    text.append(buf, static_cast<std::size_t>(n));
+  // One request frame (a Kubernetes v4 exec stream cannot end stdin alone).
+  linux::FrameReader reader;
+  std::vector<linux::Frame> frames;
+  while (frames.empty()) {
+    if (!reader.Read(0, &frames)) break;
   }
-  auto answer = LayersHere(json::parse(text, nullptr, false));
+  Result<json> answer = Status::Error(kRemoteStage, "no request came" +
+                                                        (reader.error().empty() ? "" : ": " + reader.error()));
+  if (!frames.empty() && frames.front().type == linux::FrameType::kRequest) {
+    answer = LayersHere(json::parse(frames.front().payload, nullptr, false));
+  } else if (!frames.empty()) {
+    answer = Status::Error(kRemoteStage, "the caller's first frame is not a request");
+  }
   const json out = answer.ok() ? json{{"answer", *answer}}
                                : json{{"error", {{"stage", answer.status().stage()},
                                                  {"message", answer.status().message()},
@@ -690,24 +746,24 @@ int RemoteLayersMain() {
 }
 
 Result<json> RemoteLayers(const RemotePlan& remote, json request) {
-  if (remote.ssh.empty()) {
-    return Status::Error(kRemoteStage, "a Kubernetes world's workspace is its pod's, gone with its claim: its diff, "
-                                       "apply and snapshots are not in this version");
-  }
   request["session"] = remote.session;
   request["workspace"] = remote.workspace;
   const auto deadline = Clock::now() + kProvisionTimeout;
-  auto machine = SshMachine::Connect(remote, deadline, "__remote-layers");
-  if (!machine.ok()) return machine.status();
-  const int fd = (*machine)->channel();
-  const std::string text = request.dump();
-  for (std::size_t off = 0; off < text.size();) {
-    const ssize_t w = send(fd, text.data() + off, text.size() - off, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) return Status::Errno(kRemoteStage, "send", "the request to " + remote.ssh);
-    off += static_cast<std::size_t>(w);
+  std::unique_ptr<RemoteMachine> machine;
+  if (remote.ssh.empty()) {
+    auto k8s = K8sMachine::Connect(remote, deadline, {"agentbox", "__remote-layers"});
+    if (!k8s.ok()) return k8s.status();
+    machine = std::move(*k8s);
+  } else {
+    auto ssh = SshMachine::Connect(remote, deadline, "__remote-layers");
+    if (!ssh.ok()) return ssh.status();
+    machine = std::move(*ssh);
   }
-  shutdown(fd, SHUT_WR);
+  const std::string where = remote.ssh.empty() ? machine->where() : remote.ssh;
+  const int fd = machine->channel();
+  if (Status w = linux::WriteFrame(fd, linux::FrameType::kRequest, request.dump()); !w.ok()) {
+    return w.WithContext("the request to " + where);
+  }
   // The answer: kResult frames to the end of the stream (a payload past
   // one frame's size comes as several).
   linux::FrameReader reader;
@@ -718,7 +774,7 @@ Result<json> RemoteLayers(const RemotePlan& remote, json request) {
     struct pollfd p = {fd, POLLIN, 0};
     const int r = poll(&p, 1, MsLeft(deadline));
     if (r < 0 && errno == EINTR) continue;
-    if (r == 0) return Status::Error(kRemoteStage, remote.ssh + " did not answer in time");
+    if (r == 0) return Status::Error(kRemoteStage, where + " did not answer in time");
     open = reader.Read(fd, &frames);
     for (const auto& f : frames) {
       if (f.type != linux::FrameType::kResult) continue;
@@ -728,16 +784,16 @@ Result<json> RemoteLayers(const RemotePlan& remote, json request) {
     frames.clear();
   }
   bool oom = false;
-  (*machine)->Reap(std::chrono::milliseconds(2000));
+  machine->Reap(std::chrono::milliseconds(2000));
   if (!answered) {
-    return Status::Error(kRemoteStage, (*machine)->EndedHow(&oom) + " without an answer" +
+    return Status::Error(kRemoteStage, machine->EndedHow(&oom) + " without an answer" +
                                            (reader.error().empty() ? "" : ": " + reader.error()));
   }
   const json out = json::parse(payload, nullptr, false);
-  if (!out.is_object()) return Status::Error(kRemoteStage, remote.ssh + " answered with no JSON");
+  if (!out.is_object()) return Status::Error(kRemoteStage, where + " answered with no JSON");
   if (out.contains("error")) {
     const json& e = out["error"];
-    return Status::Error(e.value("stage", std::string(kRemoteStage)), remote.ssh + ": " + e.value("message", ""));
+    return Status::Error(e.value("stage", std::string(kRemoteStage)), where + ": " + e.value("message", ""));
   }
   return out.value("answer", json());
 }

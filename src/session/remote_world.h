@@ -45,14 +45,19 @@ int RemoteStdioMain();
 int RemoteWorldMain(const Plan& plan);
 
 // A session's changes on the remote, worked on there by the remote agentbox
-// (`agentbox __remote-layers`, over a connection of its own, installing the
-// binary first as a world's connection does): `request` is
+// (`agentbox __remote-layers`, over a connection of its own: ssh, installing
+// the binary first as a world's connection does, or exec in the session's
+// claimed pod): `request` is
 //   {"op": "diff", "all", "exclude": [...], "max_patch_bytes"}
 //   {"op": "apply", "all", "exclude": [...], "protect": [...]}
-//   {"op": "snapshot", "snapshot": ID}  (kept on the remote, beside the copy)
-// with ComputeDiff's, ApplyChanges' or CreateSnapshot's JSON as the answer
-// (layers.h), computed on the remote's copy against its workspace. Ssh
-// remotes only.
+//   {"op": "snapshot", "snapshot": ID}       kept in the remote's
+//                                            remote-snapshots/ID, beyond the session
+//   {"op": "seed", "snapshot": ID}           the session's copy made from it
+//   {"op": "drop_snapshot", "snapshot": ID}  removed there
+// with ComputeDiff's or ApplyChanges' JSON as the answer (layers.h),
+// computed on the remote's copy against its workspace; a snapshot answers
+// {snapshot, created, entries}, seed {seeded}, drop {dropped}. The request
+// is one kRequest frame, the answer kResult frames.
 Result<nlohmann::json> RemoteLayers(const RemotePlan& remote, nlohmann::json request);
 
 // `agentbox __remote-layers`: the remote end (the request on stdin, the

@@ -86,6 +86,9 @@ constexpr std::size_t kMaxPatchBytes = 8u << 20;
 constexpr const char* kBaseRecordName = "base.record";
 // Beside a snapshot's manifest: {"session": the id it was taken from, "keep": bool, "taken_ns"}.
 constexpr const char* kSnapshotOwnerFile = "owner.json";
+// A snapshot kept on a remote (remote_world.h): its directory here holds
+// this record (whose remote, taken how) and the owner file, no tree.
+constexpr const char* kRemoteSnapshotFile = "remote.json";
 constexpr int kFileToolTimeoutMs = 30000;  // a file tool's deadline: then timed_out, its process killed
 // upper_fs auto: from this cap on, an image on disk rather than memory.
 constexpr std::uint64_t kUpperImageFromBytes = 4ULL << 30;
@@ -204,13 +207,13 @@ constexpr int kRemoteReadyTimeoutMs = 300000;
 // version, refused when it is created rather than at its first call.
 Status CheckRemoteSession(const Policy& policy, const CreateRequest& request) {
   const RemoteSpec& r = *policy.sandbox.remote;
-  if (!request.from_snapshot.empty()) {
-    return Status::Error(kBadRequest, "from_snapshot: a remote session starts from the remote's workspace; "
-                                      "starting one from a snapshot (kept on its remote) is not in this version");
+  if (!request.from_snapshot.empty() && r.kubernetes) {
+    return Status::Error(kBadRequest, "from_snapshot: a Kubernetes session's snapshots would go with its claimed "
+                                      "pod, so none are kept to start from");
   }
   if (policy.sandbox.snapshot_on_exit && r.kubernetes) {
     return Status::Error(kBadRequest, "sandbox.snapshot_on_exit: a Kubernetes world's workspace goes with its "
-                                      "claim; its snapshots are not in this version");
+                                      "claimed pod, and a snapshot kept there would go with it");
   }
   return {};
 }
@@ -287,6 +290,32 @@ Result<Policy> SessionPolicy(const Json& recipe, const std::vector<EscalationOff
     if (offer.grant_key == "network.allow") (void)ApplyGrant(offer, &*policy);
   }
   return policy;
+}
+
+// The record of a snapshot kept on a remote (kRemoteSnapshotFile), checked:
+// not_found when `dir` holds none.
+Result<Json> ReadRemoteSnapshotRecord(const std::string& dir) {
+  const std::string path = dir + "/" + kRemoteSnapshotFile;
+  auto text = ReadWholeFile(path);
+  if (!text.ok()) return Status::Error(kNotFound, "no remote snapshot record at " + path);
+  Json record = Json::parse(*text, nullptr, false);
+  if (!record.is_object()) return Status::Error(kConflict, path + " is corrupt: not a JSON object");
+  for (const char* key : {"policy_yaml", "mode", "session", "workspace", "created", "remote"}) {
+    if (!record.contains(key) || !record[key].is_string()) {
+      return Status::Error(kConflict, path + " is corrupt: \"" + key + "\" is not a string");
+    }
+  }
+  return record;
+}
+
+// The connection to the remote a snapshot record names, as its session's was.
+Result<RemotePlan> RemoteSnapshotPlan(const Json& record, const std::string& exe) {
+  auto policy = BuildPolicy(record.value("policy_yaml", ""), record.value("mode", ""));
+  if (!policy.ok()) return policy.status();
+  if (!policy->sandbox.remote || policy->sandbox.remote->kubernetes) {
+    return Status::Error(kConflict, "a remote snapshot's record names no ssh remote");
+  }
+  return RemotePlanFor(*policy, record.value("session", ""), record.value("workspace", ""), exe);
 }
 
 // Why a grant of `key` needs a world of its own.
@@ -820,6 +849,7 @@ struct Manager::Impl {
   Json RunFile(SessionState& s, World& world, const ConfinedCommand& confined, const std::string& name,
                const Json& input);
   Result<std::string> TakeSnapshot(SessionState& s, bool keep);
+  Result<std::string> TakeRemoteSnapshot(SessionState& s, bool keep);
   // The session's world for a service or a port: provisioned when there is
   // none or it died (logged as a call's provisioning is).
   Result<ServiceWorld> ServiceWorldFor(SessionState& s);
@@ -1592,8 +1622,9 @@ void SpillUpperLayer(SessionState& s) {
 namespace {
 
 // A remote session's diff, apply or snapshot, done by the remote agentbox
-// on its copy of the workspace.
-Result<Json> RemoteLayersOf(const SessionState& s, const std::string& exe, Json request) {
+// on its copy of the workspace: over ssh, or by exec in the session's
+// claimed pod.
+Result<Json> RemoteLayersOf(SessionState& s, const std::string& exe, Json request) {
   auto policy = SessionPolicy(s.recipe);
   if (!policy.ok()) return policy.status();
   if (!policy->sandbox.remote) return Status::Error("session", "session " + s.id + " has no remote");
@@ -1601,23 +1632,32 @@ Result<Json> RemoteLayersOf(const SessionState& s, const std::string& exe, Json 
     return Status::Error(kBadRequest, "session " + s.id + " works on the remote's workspace directly "
                                       "(fresh_per_task: false): there are no session changes apart from it");
   }
-  return RemoteLayers(RemotePlanFor(*policy, s.id, s.workspace, exe), std::move(request));
+  RemotePlan plan = RemotePlanFor(*policy, s.id, s.workspace, exe);
+  if (policy->sandbox.remote->kubernetes) {
+    std::lock_guard<std::mutex> wl(s.world_mu);
+    if (!s.claim) {
+      // No call has run: no pod, so no copy and no changes.
+      const std::string op = request.value("op", "");
+      if (op == "diff") {
+        return Json{{"files", Json::array()}, {"patch", ""}, {"truncated", false}, {"files_truncated", false}};
+      }
+      if (op == "apply") {
+        return Json{{"applied", Json::array()}, {"files", Json::array()}, {"conflicts", Json::array()},
+                    {"protected", Json::array()}};
+      }
+      return Status::Error(kConflict, "session " + s.id + " has no claimed pod yet (no call has run)");
+    }
+    plan.k8s_claim = s.claim->claim();
+    plan.k8s_pod = s.claim->pod();
+  }
+  return RemoteLayers(plan, std::move(request));
 }
 
 }  // namespace
 
 Result<std::string> Manager::Impl::TakeSnapshot(SessionState& s, bool keep) {
   std::lock_guard<std::mutex> snapshots_lock(snapshots_mu);
-  if (s.ws_mode == "remote") {
-    // Kept on the remote, beside the session's copy (remote_world.h).
-    const std::string snap = RandomId("snap-");
-    auto taken = RemoteLayersOf(s, exe, {{"op", "snapshot"}, {"snapshot", snap}});
-    if (!taken.ok()) return taken.status();
-    std::lock_guard<std::mutex> lock(s.mu);
-    (void)s.AppendLog({{"type", "event"}, {"event", "snapshot"}, {"snapshot_id", snap}, {"keep", keep},
-                       {"on_remote", true}});
-    return snap;
-  }
+  if (s.ws_mode == "remote") return TakeRemoteSnapshot(s, keep);
   if (s.ws_mode == "direct") {
     return Status::Error(kBadRequest, "session " + s.id + " works on its workspace directly (fresh_per_task: false): "
                                       "there are no session changes to snapshot");
@@ -1658,6 +1698,50 @@ Result<std::string> Manager::Impl::TakeSnapshot(SessionState& s, bool keep) {
   return snap;
 }
 
+// A remote session's snapshot: its tree kept on the remote (remote_world.h),
+// its record here, listed and deleted as the others are; a session on the
+// same remote may start from it.
+Result<std::string> Manager::Impl::TakeRemoteSnapshot(SessionState& s, bool keep) {
+  auto policy = SessionPolicy(s.recipe);
+  if (!policy.ok()) return policy.status();
+  if (policy->sandbox.remote && policy->sandbox.remote->kubernetes) {
+    return Status::Error(kBadRequest, "session " + s.id + " runs in a claimed Kubernetes pod: a snapshot kept there "
+                                      "would go with the claim, so none is taken");
+  }
+  const std::string snap = RandomId("snap-");
+  auto taken = RemoteLayersOf(s, exe, {{"op", "snapshot"}, {"snapshot", snap}});
+  if (!taken.ok()) return taken.status();
+  const std::string dest = SnapshotsDir() + "/" + snap;
+  const std::int64_t taken_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                    std::chrono::system_clock::now().time_since_epoch()).count();
+  const Json record = {{"policy_yaml", s.recipe.value("policy_yaml", "")},
+                       {"mode", s.recipe.value("mode", "")},
+                       {"session", s.id},
+                       {"workspace", s.workspace},
+                       {"created", taken->value("created", NowRfc3339())},
+                       {"entries", taken->value("entries", 0)},
+                       {"remote", policy->sandbox.remote->ssh}};
+  Status written = mkdir(SnapshotsDir().c_str(), 0700) != 0 && errno != EEXIST
+                       ? Status::Errno("snapshot", "mkdir", SnapshotsDir())
+                   : mkdir(dest.c_str(), 0700) != 0 ? Status::Errno("snapshot", "mkdir", dest)
+                                                    : Status();
+  if (written.ok()) {
+    written = WriteFileDurably(dest + "/" + kSnapshotOwnerFile,
+                               Json{{"session", s.id}, {"keep", keep}, {"taken_ns", taken_ns}}.dump());
+  }
+  // The record last: a directory without it is no snapshot.
+  if (written.ok()) written = WriteFileDurably(dest + "/" + kRemoteSnapshotFile, record.dump(2));
+  if (!written.ok()) {
+    RemoveTree(dest);
+    (void)RemoteLayersOf(s, exe, {{"op", "drop_snapshot"}, {"snapshot", snap}});
+    return written;
+  }
+  std::lock_guard<std::mutex> lock(s.mu);
+  (void)s.AppendLog({{"type", "event"}, {"event", "snapshot"}, {"snapshot_id", snap}, {"keep", keep},
+                     {"on_remote", true}});
+  return snap;
+}
+
 std::vector<Json> Manager::Impl::AllSnapshots() const {
   std::vector<Json> all;
   DIR* d = opendir(SnapshotsDir().c_str());
@@ -1670,14 +1754,20 @@ std::vector<Json> Manager::Impl::AllSnapshots() const {
   std::vector<std::pair<std::int64_t, std::string>> order;  // beside `all`
   for (const auto& id : ids) {
     const std::string dir = SnapshotsDir() + "/" + id;
-    auto manifest = ReadSnapshotManifest(dir);
-    if (!manifest.ok()) continue;  // being written, or an interrupted copy
-    Json snap = {{"id", id},
-                 {"parent", manifest->value("parent", "")},
-                 {"mode", manifest->value("mode", "overlay")},
-                 {"created", manifest->value("created", "")},
-                 {"session", ""},
-                 {"keep", true}};
+    Json snap;
+    if (auto record = ReadRemoteSnapshotRecord(dir); record.ok()) {
+      snap = {{"id", id},     {"parent", ""},   {"mode", "remote"},        {"created", record->value("created", "")},
+              {"session", ""}, {"keep", true}, {"remote", record->value("remote", "")}};
+    } else {
+      auto manifest = ReadSnapshotManifest(dir);
+      if (!manifest.ok()) continue;  // being written, or an interrupted copy
+      snap = {{"id", id},
+              {"parent", manifest->value("parent", "")},
+              {"mode", manifest->value("mode", "overlay")},
+              {"created", manifest->value("created", "")},
+              {"session", ""},
+              {"keep", true}};
+    }
     // Oldest first: when it was taken (owner.json), else when its manifest
     // (written last) was.
     struct stat mst {};
@@ -1730,6 +1820,22 @@ std::string Manager::Impl::SnapshotUsers(const std::string& id, const std::vecto
 
 Status Manager::Impl::DeleteSnapshotLocked(const std::string& id) {
   const std::string dir = SnapshotsDir() + "/" + id;
+  if (auto record = ReadRemoteSnapshotRecord(dir); record.ok()) {
+    // The tree on the remote first: a remote that cannot be reached keeps
+    // the record, and the caller may delete it again.
+    auto plan = RemoteSnapshotPlan(*record, exe);
+    if (!plan.ok()) return plan.status();
+    auto dropped = RemoteLayers(*plan, {{"op", "drop_snapshot"}, {"snapshot", id}});
+    if (!dropped.ok()) {
+      return Status::Error(dropped.status().stage(), "snapshot " + id + " is kept on " + record->value("remote", "") +
+                                                         ", which could not remove it: " + dropped.status().message());
+    }
+    if (unlink((dir + "/" + kRemoteSnapshotFile).c_str()) != 0) {
+      return Status::Errno("snapshot", "unlink", dir + "/" + kRemoteSnapshotFile);
+    }
+    RemoveTree(dir);
+    return {};
+  }
   if (!ReadSnapshotManifest(dir).ok()) return Status::Error(kNotFound, "no snapshot " + id);
   const std::string users = SnapshotUsers(id, AllSnapshots());
   if (!users.empty()) {
@@ -1939,8 +2045,41 @@ Result<std::string> Manager::Create(const CreateRequest& request) {
   std::vector<std::string> lowers;
   // Until the session is in the list (Load): its snapshot cannot go meanwhile.
   std::unique_lock<std::mutex> snapshots_lock(m.snapshots_mu);
+  // A remote session's snapshot, the tree on its remote: the new session's
+  // copy there is made from it before the session is listed.
+  std::string seed_from;
   if (!request.from_snapshot.empty()) {
-    if (ws_mode == "direct") return Status::Error(kBadRequest, "from_snapshot needs a fresh_per_task session");
+    if (ws_mode == "direct" || !policy->sandbox.fresh_per_task) {
+      return Status::Error(kBadRequest, "from_snapshot needs a fresh_per_task session");
+    }
+    if (!ValidId(request.from_snapshot)) {
+      return Status::Error(kBadRequest, "snapshot id '" + request.from_snapshot + "' is malformed");
+    }
+    auto record = ReadRemoteSnapshotRecord(m.SnapshotsDir() + "/" + request.from_snapshot);
+    if (!record.ok() && record.status().stage() != kNotFound) return record.status();
+    if (record.ok() != (ws_mode == "remote")) {
+      if (!record.ok() && !ReadSnapshotManifest(m.SnapshotsDir() + "/" + request.from_snapshot).ok()) {
+        return Status::Error(kNotFound, "no snapshot " + request.from_snapshot);
+      }
+      return Status::Error(kConflict, "snapshot " + request.from_snapshot +
+                                          (record.ok() ? " is kept on the remote " + record->value("remote", "") +
+                                                             "; this session's world is local (" + ws_mode + " mode)"
+                                                       : " is kept here; a remote session starts only from a "
+                                                         "snapshot kept on its remote"));
+    }
+  }
+  if (!request.from_snapshot.empty() && ws_mode == "remote") {
+    auto record = ReadRemoteSnapshotRecord(m.SnapshotsDir() + "/" + request.from_snapshot);
+    auto theirs = RemoteSnapshotPlan(*record, m.exe);
+    if (!theirs.ok()) return theirs.status();
+    const RemotePlan ours = RemotePlanFor(*policy, "", workspace, m.exe);
+    if (theirs->ssh != ours.ssh || theirs->port != ours.port) {
+      return Status::Error(kConflict, "snapshot " + request.from_snapshot + " is kept on " +
+                                          record->value("remote", "") + "; this session's world is on " +
+                                          policy->sandbox.remote->ssh);
+    }
+    seed_from = request.from_snapshot;
+  } else if (!request.from_snapshot.empty()) {
     std::string snap_mode;
     auto chain = m.SnapshotChain(request.from_snapshot, &snap_mode);
     if (!chain.ok()) return chain.status();
@@ -1988,6 +2127,15 @@ Result<std::string> Manager::Create(const CreateRequest& request) {
   if (Status s = WriteFileDurably(dir + "/session.json", recipe.dump(2)); !s.ok()) {
     RemoveTree(dir);
     return s;
+  }
+  if (!seed_from.empty()) {
+    const RemotePlan plan = RemotePlanFor(*policy, id, workspace, m.exe);
+    auto seeded = RemoteLayers(plan, {{"op", "seed"}, {"snapshot", seed_from}});
+    if (!seeded.ok()) {
+      (void)ForgetRemoteSession(plan);  // what the seed left there
+      RemoveTree(dir);
+      return seeded.status().WithContext("from_snapshot " + seed_from);
+    }
   }
   if (Status s = m.Load(id); !s.ok()) {
     RemoveTree(dir);

@@ -142,6 +142,58 @@ TEST_F(K8sWorld, ASessionClaimsASandboxRunsItsCallsThroughTheExecStreamAndReleas
   EXPECT_TRUE(AnyRequest(server_->Requests(), "DELETE", "/sandboxclaims/agentbox-"));
 }
 
+// Diff and apply of a pod's world are the pod's agentbox's, by exec in the
+// session's claimed pod (as ssh remotes do over a connection of their own);
+// a snapshot, which would go with the claim, is refused rather than kept
+// where it does not last.
+TEST_F(K8sWorld, DiffAndApplyRunInTheClaimedPodAndASnapshotThatWouldGoWithItIsRefused) {
+  const std::string bin_dir = bin_.substr(0, bin_.rfind('/'));
+  ScopedEnv path("PATH", bin_dir + ":" + (getenv("PATH") ? getenv("PATH") : "/usr/bin:/bin"));
+  ScopedEnv cache("XDG_CACHE_HOME", dir_.path() + "/pod-cache");
+  ScopedEnv pod_state("XDG_STATE_HOME", dir_.path() + "/pod-state");
+  std::ofstream(ws_.path() + "/base.txt") << "one\n";
+  server_->AddWarmPool("agents", "agentbox", "agentbox");
+  const std::string id = Create();
+  ASSERT_FALSE(id.empty());
+  // No call yet: no pod, no changes, and nothing claimed to say so.
+  auto empty = manager_->Diff(id);
+  ASSERT_TRUE(empty.ok()) << empty.status().ToString();
+  EXPECT_TRUE((*empty)["files"].empty()) << empty->dump();
+  EXPECT_FALSE(AnyRequest(server_->Requests(), "POST", "/sandboxclaims"));
+
+  json r = Run(id, "bash", {{"command", "echo two >> base.txt; echo new > added.txt"}});
+  ASSERT_EQ(r.value("exit_code", -1), 0) << r.dump();
+  const auto seen = server_->Requests();
+  const auto execs_before =
+      std::count_if(seen.begin(), seen.end(), [](const std::string& q) { return q.find("/exec?") != std::string::npos; });
+  auto diff = manager_->Diff(id);
+  ASSERT_TRUE(diff.ok()) << diff.status().ToString();
+  EXPECT_EQ((*diff)["files"].size(), 2u) << diff->dump();
+  EXPECT_NE(diff->value("patch", "").find("+two"), std::string::npos) << diff->dump();
+  const auto requests = server_->Requests();
+  EXPECT_TRUE(std::any_of(requests.begin(), requests.end(), [](const std::string& q) {
+    return q.find("/exec?") != std::string::npos && q.find("__remote-layers") != std::string::npos;
+  })) << "the diff was not computed by the pod's agentbox";
+  EXPECT_GT(std::count_if(requests.begin(), requests.end(),
+                          [](const std::string& q) { return q.find("/exec?") != std::string::npos; }),
+            execs_before);
+  // The copy the diff read is the pod's (its state dir), not a local one.
+  EXPECT_TRUE(std::filesystem::exists(dir_.path() + "/pod-state/agentbox/remote/" + id + "/copy/added.txt"));
+
+  auto applied = manager_->Apply(id);
+  ASSERT_TRUE(applied.ok()) << applied.status().ToString();
+  EXPECT_EQ((*applied)["applied"].size(), 2u) << applied->dump();
+  std::ifstream in(ws_.path() + "/base.txt");
+  std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(content, "one\ntwo\n");
+
+  auto snap = manager_->Snapshot(id);
+  ASSERT_FALSE(snap.ok()) << "a snapshot was taken in a pod that goes with its claim";
+  EXPECT_NE(snap.status().message().find("would go with the claim"), std::string::npos) << snap.status().ToString();
+  EXPECT_FALSE(std::filesystem::exists(dir_.path() + "/pod-state/agentbox/remote-snapshots"));
+  ASSERT_TRUE(manager_->Remove(id).ok());
+}
+
 TEST_F(K8sWorld, AClaimThatCannotBeMadeIsTheCallsSandboxErrorNamingTheAPIsAnswer) {
   // No warm pool serves the template: the claim cannot be made.
   const std::string id = Create();

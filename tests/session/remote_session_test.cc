@@ -122,7 +122,7 @@ TEST_F(RemoteSession, DiffSnapshotAndApplyAreDoneOnTheRemotesCopy) {
   ASSERT_EQ(snap.status, 201) << snap.text;
   const std::string snap_id = snap.body.value("snapshot_id", "");
   ASSERT_FALSE(snap_id.empty());
-  EXPECT_TRUE(e2e::Exists(host_->state_dir() + "/agentbox/remote/" + id + "/snapshots/" + snap_id + "/manifest.json"))
+  EXPECT_TRUE(e2e::Exists(host_->state_dir() + "/agentbox/remote-snapshots/" + snap_id + "/manifest.json"))
       << "the snapshot is not kept on the remote";
 
   // Apply writes into the remote's workspace (on this test's one machine,
@@ -140,6 +140,87 @@ TEST_F(RemoteSession, DiffSnapshotAndApplyAreDoneOnTheRemotesCopy) {
   EXPECT_EQ(conflict.code(), "conflict") << conflict.text;
   EXPECT_EQ(conflict.body["error"]["conflicts"], json::array({"base.txt"})) << conflict.text;
   EXPECT_EQ(e2e::ReadFile(ws_.path() + "/base.txt").value_or(""), "changed outside\n");
+}
+
+// A remote session's snapshot is kept on its remote and listed here; it
+// outlives its session, a session on the same remote starts from it (its
+// copy there made from the snapshot's tree), a local session or another
+// remote cannot, and deleting it removes the tree on the remote.
+TEST_F(RemoteSession, ASnapshotKeptOnTheRemoteOutlivesItsSessionAndStartsAnother) {
+  e2e::WriteFile(ws_.path() + "/base.txt", "one\n");
+  const std::string first = Create(host_->Policy());
+  ASSERT_FALSE(first.empty());
+  ASSERT_EQ(Bash(c(), first, "echo two >> base.txt; mkdir -p deep/er; echo kept > deep/er/made.txt")
+                .value("exit_code", -1),
+            0);
+  Answer snap = Call(c(), "POST", "/v1/sessions/" + first + "/snapshot", {{"keep", true}});
+  ASSERT_EQ(snap.status, 201) << snap.text;
+  const std::string snap_id = snap.body.value("snapshot_id", "");
+  ASSERT_FALSE(snap_id.empty());
+  const std::string on_remote = host_->state_dir() + "/agentbox/remote-snapshots/" + snap_id;
+  ASSERT_TRUE(e2e::Exists(on_remote + "/tree/deep/er/made.txt")) << "the snapshot's tree is not on the remote";
+  // One not kept goes with its session, here and there.
+  Answer passing = Call(c(), "POST", "/v1/sessions/" + first + "/snapshot");
+  ASSERT_EQ(passing.status, 201) << passing.text;
+  const std::string passing_on_remote =
+      host_->state_dir() + "/agentbox/remote-snapshots/" + passing.body.value("snapshot_id", "");
+  ASSERT_TRUE(e2e::Exists(passing_on_remote + "/manifest.json"));
+
+  // Listed with the others, as the remote's.
+  Answer list = Call(c(), "GET", "/v1/snapshots");
+  ASSERT_EQ(list.status, 200) << list.text;
+  json listed;
+  for (const json& s : list.body["snapshots"]) {
+    if (s.value("id", "") == snap_id) listed = s;
+  }
+  ASSERT_TRUE(listed.is_object()) << list.text;
+  EXPECT_EQ(listed.value("mode", ""), "remote") << listed.dump();
+  EXPECT_EQ(listed.value("session", ""), first) << listed.dump();
+  EXPECT_TRUE(Contains(listed.value("remote", ""), "testremote")) << listed.dump();
+
+  // It outlives its session (the session's copy there goes).
+  ASSERT_EQ(Call(c(), "DELETE", "/v1/sessions/" + first).status, 204);
+  EXPECT_FALSE(e2e::Exists(host_->state_dir() + "/agentbox/remote/" + first));
+  ASSERT_TRUE(e2e::Exists(on_remote + "/manifest.json"));
+  EXPECT_FALSE(e2e::Exists(passing_on_remote)) << "a snapshot not kept outlived its session on the remote";
+  Answer after = Call(c(), "GET", "/v1/snapshots");
+  EXPECT_FALSE(Contains(after.text, passing.body.value("snapshot_id", "-"))) << after.text;
+
+  // A session on the same remote starts from it: the calls see the
+  // snapshot's files, the workspace is untouched, and diff is against it.
+  const std::string second = CreateSession(c(), ws_.path(), {{"policy", host_->Policy()}, {"from_snapshot", snap_id}});
+  ASSERT_FALSE(second.empty());
+  EXPECT_EQ(Output(Bash(c(), second, "cat base.txt deep/er/made.txt")), "one\ntwo\nkept\n");
+  EXPECT_EQ(e2e::ReadFile(ws_.path() + "/base.txt").value_or(""), "one\n");
+  EXPECT_FALSE(e2e::Exists(ws_.path() + "/deep"));
+  Answer diff = Call(c(), "GET", "/v1/sessions/" + second + "/diff");
+  ASSERT_EQ(diff.status, 200) << diff.text;
+  EXPECT_TRUE(Contains(diff.body.value("patch", ""), "+two")) << diff.text;
+  EXPECT_EQ(Describe(second).value("from_snapshot", ""), snap_id);
+
+  // Not a local session's start, nor a session's on another remote.
+  Answer local = Call(c(), "POST", "/v1/sessions",
+                      {{"workspace", ws_.path()}, {"policy", "mode: workspace-write\n"}, {"from_snapshot", snap_id}});
+  EXPECT_EQ(local.status, 409) << local.text;
+  EXPECT_TRUE(Contains(local.text, "kept on the remote")) << local.text;
+  std::string elsewhere = host_->Policy();
+  const std::string dest = "testremote";
+  ASSERT_NE(elsewhere.find(dest), std::string::npos) << elsewhere;
+  elsewhere.replace(elsewhere.find(dest), dest.size(), "otherremote");
+  Answer other = Call(c(), "POST", "/v1/sessions",
+                      {{"workspace", ws_.path()}, {"policy", elsewhere}, {"from_snapshot", snap_id}});
+  EXPECT_EQ(other.status, 409) << other.text;
+  EXPECT_TRUE(Contains(other.text, "otherremote")) << other.text;
+
+  // Deleted: its tree goes from the remote, and nothing starts from it.
+  Answer gone = Call(c(), "DELETE", "/v1/snapshots/" + snap_id);
+  EXPECT_EQ(gone.status, 204) << gone.text;
+  EXPECT_FALSE(e2e::Exists(on_remote)) << "the snapshot's tree is still on the remote";
+  Answer none = Call(c(), "POST", "/v1/sessions",
+                     {{"workspace", ws_.path()}, {"policy", host_->Policy()}, {"from_snapshot", snap_id}});
+  EXPECT_EQ(none.status, 404) << none.text;
+  // The session made from it keeps its own copy.
+  EXPECT_EQ(Output(Bash(c(), second, "cat deep/er/made.txt")), "kept\n");
 }
 
 // The secret's value goes from the daemon's environment to the remote
