@@ -418,27 +418,64 @@ Result<std::unique_ptr<ClaimedSandbox>> ClaimedSandbox::Claim(std::shared_ptr<co
   claimed->api_ = std::move(api);
   claimed->namespace_ = ns;
   claimed->claim_ = claim_name;
+  claimed->uid_ = StrAt(created->body, "metadata", "uid");
+  if (Status b = claimed->Bind(deadline, ready_timeout); !b.ok()) return b;
+  return claimed;
+}
 
-  // 3. Ready, with its Sandbox bound.
-  auto ready = AwaitReady(*claimed->api_, ns, claim_name, deadline, ready_timeout);
+Result<std::unique_ptr<ClaimedSandbox>> ClaimedSandbox::Resume(const KubernetesRemoteSpec& spec,
+                                                               const std::string& claim_name, const std::string& uid,
+                                                               std::chrono::milliseconds ready_timeout) {
+  auto config = LoadKubeconfig(spec.kubeconfig, spec.context);
+  if (!config.ok()) return config.status();
+  auto made = ApiClient::Create(std::move(*config));
+  if (!made.ok()) return made.status();
+  std::shared_ptr<const ApiClient> api(std::move(*made));
+  const auto deadline = Clock::now() + ready_timeout;
+  const std::string& ns = spec.namespace_name;
+  const std::string where = "SandboxClaim " + ns + "/" + claim_name;
+  auto got = api->Call(Method::kGet, ClaimsPath(ns) + "/" + PercentEncode(claim_name), nullptr, deadline);
+  if (!got.ok()) return got.status();
+  if (got->code == 404) return Status::Error("not_found", where + " is gone");
+  if (!Ok(got->code)) return Status::Error(kStage, api->server() + ": get " + where + ": " + DescribeFailure(*got));
+  const Json metadata = got->body.is_object() ? got->body.value("metadata", Json::object()) : Json::object();
+  const std::string label = StrAt(metadata, "labels", "agents.x-k8s.io/created-by");
+  const std::string their_uid = StrAt(got->body, "metadata", "uid");
+  if (label != "agentbox" || (!uid.empty() && their_uid != uid)) {
+    return Status::Error("not_found", where + " is not the claim agentbox made (" +
+                                     (label != "agentbox" ? "no agents.x-k8s.io/created-by: agentbox label"
+                                                          : "uid " + their_uid + ", not " + uid) +
+                                     "): not adopted, not deleted");
+  }
+  std::unique_ptr<ClaimedSandbox> claimed(new ClaimedSandbox());
+  claimed->api_ = std::move(api);
+  claimed->namespace_ = ns;
+  claimed->claim_ = claim_name;
+  claimed->uid_ = their_uid;
+  if (Status b = claimed->Bind(deadline, ready_timeout); !b.ok()) return b;
+  return claimed;
+}
+
+Status ClaimedSandbox::Bind(Clock::time_point deadline, std::chrono::milliseconds ready_timeout) {
+  // Ready, with its Sandbox bound.
+  auto ready = AwaitReady(*api_, namespace_, claim_, deadline, ready_timeout);
   if (!ready.ok()) return ready.status();
-  claimed->sandbox_ = ready->sandbox;
-
-  // 4. The pod: the Sandbox's pod-name annotation (a pod adopted from the
-  //    warm pool keeps its own name), else the Sandbox's name.
-  auto sandbox = claimed->api_->Call(Method::kGet, SandboxPath(ns, ready->sandbox), nullptr,
-                                     std::max(deadline, Clock::now() + std::chrono::seconds(10)));
+  sandbox_ = ready->sandbox;
+  // The pod: the Sandbox's pod-name annotation (a pod adopted from the
+  // warm pool keeps its own name), else the Sandbox's name.
+  auto sandbox = api_->Call(Method::kGet, SandboxPath(namespace_, ready->sandbox), nullptr,
+                            std::max(deadline, Clock::now() + std::chrono::seconds(10)));
   if (!sandbox.ok()) return sandbox.status();
   if (!Ok(sandbox->code)) {
-    return Status::Error(kStage, claimed->api_->server() + ": get Sandbox " + ns + "/" + ready->sandbox + ": " +
+    return Status::Error(kStage, api_->server() + ": get Sandbox " + namespace_ + "/" + ready->sandbox + ": " +
                                      DescribeFailure(*sandbox));
   }
   const Json& body = sandbox->body;
   if (body.is_object() && body.contains("metadata") && body["metadata"].is_object()) {
-    claimed->pod_ = StrAt(body["metadata"], "annotations", kPodNameAnnotation);
+    pod_ = StrAt(body["metadata"], "annotations", kPodNameAnnotation);
   }
-  if (claimed->pod_.empty()) claimed->pod_ = ready->sandbox;
-  return claimed;
+  if (pod_.empty()) pod_ = ready->sandbox;
+  return Status();
 }
 
 ClaimedSandbox::~ClaimedSandbox() { (void)Release(); }

@@ -134,6 +134,15 @@ class ClaimedSandbox {
                                                        const KubernetesRemoteSpec& spec,
                                                        const std::string& claim_name,
                                                        std::chrono::milliseconds ready_timeout);
+  // A claim this agentbox created before it stopped (a session's log names
+  // it, and the uid it had): bound again when it is still there, labelled
+  // as agentbox's, with that uid, and Ready, so its pod (and what the
+  // session left in it) serves the session again. not_found when it is
+  // gone, or is not agentbox's or not that claim (then nothing is deleted).
+  // One that is ours but never becomes Ready is deleted.
+  static Result<std::unique_ptr<ClaimedSandbox>> Resume(const KubernetesRemoteSpec& spec,
+                                                        const std::string& claim_name, const std::string& uid,
+                                                        std::chrono::milliseconds ready_timeout);
   // Release()s; an error there is lost (call Release to see it).
   ~ClaimedSandbox();
   ClaimedSandbox(const ClaimedSandbox&) = delete;
@@ -143,6 +152,7 @@ class ClaimedSandbox {
   const std::string& sandbox() const { return sandbox_; }
   const std::string& pod() const { return pod_; }
   const std::string& namespace_name() const { return namespace_; }
+  const std::string& uid() const { return uid_; }
 
   // Runs argv in the pod (its only container, or the one named by
   // `container`) and returns the caller's end of the byte stream
@@ -160,9 +170,12 @@ class ClaimedSandbox {
 
  private:
   ClaimedSandbox() = default;
+  // Waits for Ready and learns the Sandbox and its pod.
+  Status Bind(std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds ready_timeout);
   std::shared_ptr<const ApiClient> api_;
   std::string namespace_;
   std::string claim_;
+  std::string uid_;
   std::string sandbox_;
   std::string pod_;
   std::mutex mu_;

@@ -609,6 +609,10 @@ struct SessionState {
   // A Kubernetes session's SandboxClaim, held for the session's life (its
   // worlds come and go in the same pod); deleting it deletes the pod. world_mu.
   std::shared_ptr<k8s::ClaimedSandbox> claim;
+  // A claim the log says was made and never released: agentbox stopped
+  // holding it (killed, or stopped before its release was logged). Resumed
+  // (ResumeClaim) before anything claims another. world_mu.
+  std::string claim_left, claim_left_uid;
   // Direct mode: the repositories the world protects (audited after calls: the others).
   std::shared_ptr<const std::set<std::string>> git_known;
   std::uint64_t provisions = 0;
@@ -916,6 +920,11 @@ Status Manager::Impl::Load(const std::string& id) {
       if (event == "provisioned" || event == "reprovisioned") upper_in_memory = s->upper_kind == "tmpfs";
       if (event == "upper_lost" || event == "upper_spilled") upper_in_memory = false;
       s->upper_lost = s->upper_lost || event == "upper_lost";
+      if (event == "claimed" || event == "claim_resumed") {
+        s->claim_left = e.value("claim", "");
+        s->claim_left_uid = e.value("uid", "");
+      }
+      if (event == "claim_released") s->claim_left.clear();
       if (type == "call") {
         open_calls[seq] = e;
         ++s->calls;
@@ -1032,6 +1041,33 @@ Result<ConfinedCommand> Manager::Impl::PlanFor(const SessionState& s, const Poli
   return Confine({"true"}, policy, ProbeHostFor(policy), inv);
 }
 
+namespace {
+
+// A Kubernetes session's claim after agentbox stopped holding it: the one
+// its log names, resumed when it is still there and still agentbox's (its
+// pod keeps the session's copy); else logged as released, and the caller
+// claims another. world_mu held.
+Status ResumeClaim(SessionState& s, const KubernetesRemoteSpec& spec) {
+  if (s.claim || s.claim_left.empty()) return {};
+  const std::string name = s.claim_left;
+  auto resumed = k8s::ClaimedSandbox::Resume(spec, name, s.claim_left_uid,
+                                             std::chrono::milliseconds(kRemoteReadyTimeoutMs));
+  if (!resumed.ok() && resumed.status().stage() != kNotFound) return resumed.status();
+  s.claim_left.clear();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (!resumed.ok()) {
+    (void)s.AppendLog({{"type", "event"}, {"event", "claim_released"}, {"claim", name},
+                       {"reason", resumed.status().message()}});
+    return {};
+  }
+  s.claim = std::move(*resumed);
+  (void)s.AppendLog({{"type", "event"}, {"event", "claim_resumed"}, {"claim", name}, {"uid", s.claim->uid()},
+                     {"sandbox", s.claim->sandbox()}, {"pod", s.claim->pod()}});
+  return {};
+}
+
+}  // namespace
+
 Status Manager::Impl::ProvisionRemote(SessionState& s, const Policy& policy) {
   // Nothing is confined here: the remote agentbox confines the policy with
   // its own host's enforcement and says what it enforced.
@@ -1040,6 +1076,7 @@ Status Manager::Impl::ProvisionRemote(SessionState& s, const Policy& policy) {
   plan.remote = RemotePlanFor(policy, s.id, s.workspace, exe);
   if (policy.sandbox.remote->kubernetes) {
     // The session's sandbox: claimed at its first world, kept for the next.
+    if (Status r = ResumeClaim(s, *policy.sandbox.remote->kubernetes); !r.ok()) return r;
     if (!s.claim) {
       auto name = k8s::ClaimName(policy.sandbox.remote->kubernetes->template_name,
                                  s.id.substr(2) + "-" + linux::RandomHex(2));
@@ -1049,9 +1086,9 @@ Status Manager::Impl::ProvisionRemote(SessionState& s, const Policy& policy) {
       if (!claimed.ok()) return claimed.status();
       s.claim = std::move(*claimed);
       std::lock_guard<std::mutex> lock(s.mu);
+      // Synced: a claim agentbox made is one it can find again.
       (void)s.AppendLog({{"type", "event"}, {"event", "claimed"}, {"claim", s.claim->claim()},
-                         {"sandbox", s.claim->sandbox()}, {"pod", s.claim->pod()}},
-                        /*sync=*/false);
+                         {"uid", s.claim->uid()}, {"sandbox", s.claim->sandbox()}, {"pod", s.claim->pod()}});
     }
     plan.remote->k8s_claim = s.claim->claim();
     plan.remote->k8s_pod = s.claim->pod();
@@ -1635,6 +1672,7 @@ Result<Json> RemoteLayersOf(SessionState& s, const std::string& exe, Json reques
   RemotePlan plan = RemotePlanFor(*policy, s.id, s.workspace, exe);
   if (policy->sandbox.remote->kubernetes) {
     std::lock_guard<std::mutex> wl(s.world_mu);
+    if (Status r = ResumeClaim(s, *policy->sandbox.remote->kubernetes); !r.ok()) return r;
     if (!s.claim) {
       // No call has run: no pod, so no copy and no changes.
       const std::string op = request.value("op", "");
@@ -3285,6 +3323,14 @@ Status Manager::Remove(const std::string& id) {
     std::lock_guard<std::mutex> wl(s->world_mu);
     if (s->world) s->world->Stop(0);
     s->world.reset();
+    if (!s->claim && !s->claim_left.empty()) {
+      // One agentbox stopped holding: found again to be deleted.
+      auto policy = SessionPolicy(s->recipe);
+      Status r = policy.ok() && policy->sandbox.remote && policy->sandbox.remote->kubernetes
+                     ? ResumeClaim(*s, *policy->sandbox.remote->kubernetes)
+                     : policy.status();
+      if (!r.ok()) std::fprintf(stderr, "agentbox: session %s: %s\n", id.c_str(), r.ToString().c_str());
+    }
     if (s->claim) {
       if (Status r = s->claim->Release(); !r.ok()) {
         std::fprintf(stderr, "agentbox: session %s: %s\n", id.c_str(), r.ToString().c_str());

@@ -5,6 +5,7 @@
 // pod's image), sends every call over that stream, and deletes the claim
 // when the session goes.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -192,6 +193,80 @@ TEST_F(K8sWorld, DiffAndApplyRunInTheClaimedPodAndASnapshotThatWouldGoWithItIsRe
   EXPECT_NE(snap.status().message().find("would go with the claim"), std::string::npos) << snap.status().ToString();
   EXPECT_FALSE(std::filesystem::exists(dir_.path() + "/pod-state/agentbox/remote-snapshots"));
   ASSERT_TRUE(manager_->Remove(id).ok());
+}
+
+// A daemon that stops without releasing its claims (killed) leaves them in
+// the cluster; the session's log names each, so the next agentbox on that
+// state directory resumes the claim (its pod keeps the session's changes)
+// rather than leaking it and claiming another; one gone meanwhile is
+// logged as released, and another is claimed.
+TEST_F(K8sWorld, AClaimLeftByAStoppedAgentboxIsResumedAndOneGoneIsClaimedAfresh) {
+  const std::string bin_dir = bin_.substr(0, bin_.rfind('/'));
+  ScopedEnv path("PATH", bin_dir + ":" + (getenv("PATH") ? getenv("PATH") : "/usr/bin:/bin"));
+  ScopedEnv cache("XDG_CACHE_HOME", dir_.path() + "/pod-cache");
+  ScopedEnv pod_state("XDG_STATE_HOME", dir_.path() + "/pod-state");
+  server_->AddWarmPool("agents", "agentbox", "agentbox");
+  session::ManagerOptions o;
+  o.state_dir = state_.path() + "/left";
+  o.agentbox_exe = bin_;
+  const std::string id_file = dir_.path() + "/session-id";
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // An agentbox that ends without releasing anything, as a killed one does.
+    auto m = session::Manager::Open(o);
+    if (!m.ok()) _exit(2);
+    session::CreateRequest c;
+    c.workspace = ws_.path();
+    c.policy_yaml = "version: 1\nmode: workspace-write\nsandbox:\n  isolation: remote\n  remote:\n    kubernetes: "
+                    "{ namespace: agents, template: agentbox, kubeconfig: " + kubeconfig_ + " }\n";
+    auto id = (*m)->Create(c);
+    if (!id.ok()) _exit(3);
+    auto r = (*m)->Execute(*id, "bash", {{"command", "echo kept > kept.txt"}});
+    if (!r.ok() || r->value("exit_code", -1) != 0) _exit(4);
+    std::ofstream(id_file) << *id;
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the first agentbox failed: " << status;
+  std::string id;
+  std::ifstream(id_file) >> id;
+  ASSERT_FALSE(id.empty());
+  auto claims = [&] {
+    const auto all = server_->Requests();
+    return std::count_if(all.begin(), all.end(), [](const std::string& r) {
+      return r.rfind("POST ", 0) == 0 && r.find("/sandboxclaims") != std::string::npos;
+    });
+  };
+  ASSERT_EQ(claims(), 1);
+  auto log_of = [&](session::Manager& m) {
+    auto path = m.LogPath(id);
+    std::ifstream in(path.ok() ? *path : "/nonexistent");
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+
+  {
+    auto again = session::Manager::Open(o);
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+    auto r = (*again)->Execute(id, "bash", {{"command", "cat kept.txt"}});
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->value("output", ""), "kept\n") << r->dump();
+    EXPECT_EQ(claims(), 1) << "a second claim while the first was still there";
+    EXPECT_NE(log_of(**again).find("\"claim_resumed\""), std::string::npos) << log_of(**again);
+    // This one stops as a daemon does, releasing its claim (unlogged).
+  }
+  {
+    auto third = session::Manager::Open(o);
+    ASSERT_TRUE(third.ok()) << third.status().ToString();
+    auto r = (*third)->Execute(id, "bash", {{"command", "echo after"}});
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->value("output", ""), "after\n") << r->dump();
+    EXPECT_EQ(claims(), 2) << "the claim that was gone was not claimed again";
+    const std::string log = log_of(**third);
+    EXPECT_NE(log.find("is gone"), std::string::npos) << log;
+    ASSERT_TRUE((*third)->Remove(id).ok());
+  }
 }
 
 TEST_F(K8sWorld, AClaimThatCannotBeMadeIsTheCallsSandboxErrorNamingTheAPIsAnswer) {
