@@ -545,6 +545,9 @@ std::vector<std::string> SshArgv(const RemotePlan& remote, const std::string& re
   return a;
 }
 
+// How long a binary no connection used stays in the remote's cache.
+constexpr int kRemoteBinaryKeepDays = 14;
+
 std::string InstallScript(const std::string& sha256_hex, std::uint64_t size, const std::string& machine,
                           const std::string& command) {
   const std::string p = kLinePrefix;
@@ -564,6 +567,12 @@ std::string InstallScript(const std::string& sha256_hex, std::uint64_t size, con
          "the copied binary does not have the digest it was sent with'; exit 6; }\n"
          "  mv -f \"$t\" \"$f\"; echo '" + p + "installed'\n"
          "fi\n"
+         // Its last use, by which the others are pruned: a binary no
+         // connection asked for in kRemoteBinaryKeepDays goes (a version
+         // left by an upgrade, an install cut short).
+         "touch \"$f\" 2>/dev/null\n"
+         "find \"$d\" -name 'agentbox-*' ! -name \"agentbox-" + sha256_hex + "\" -mtime +" +
+         std::to_string(kRemoteBinaryKeepDays) + " -exec rm -f {} + 2>/dev/null\n"
          "exec \"$f\" " + command + "\n";
 }
 

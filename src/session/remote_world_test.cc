@@ -230,6 +230,38 @@ TEST_F(InstallScriptTest, BytesThatDoNotHaveTheDigestAreNeitherInstalledNorRun) 
   }
 }
 
+TEST_F(InstallScriptTest, BinariesNoConnectionUsedForTwoWeeksArePrunedTheOthersKept) {
+  const std::string bin = cache() + "/agentbox/bin";
+  std::filesystem::create_directories(bin);
+  auto aged = [](const std::string& path, int days) {
+    const time_t when = time(nullptr) - days * 86400;
+    struct timespec times[2] = {{when, 0}, {when, 0}};
+    return utimensat(AT_FDCWD, path.c_str(), times, 0) == 0;
+  };
+  WriteAll(bin + "/agentbox-0ld", "an older version", 0700);
+  WriteAll(bin + "/agentbox-0ld.tmp.123", "an install cut short", 0600);
+  WriteAll(bin + "/agentbox-recent", "another daemon's version", 0700);
+  WriteAll(bin + "/unrelated", "not agentbox's", 0600);
+  ASSERT_TRUE(aged(bin + "/agentbox-0ld", 30));
+  ASSERT_TRUE(aged(bin + "/agentbox-0ld.tmp.123", 30));
+  ASSERT_TRUE(aged(bin + "/agentbox-recent", 3));
+  ASSERT_TRUE(aged(bin + "/unrelated", 30));
+  const ScriptRun r = Run(binary_, MachineHere());
+  EXPECT_EQ(r.out, "agentbox-remote: need\nagentbox-remote: installed\nran __world --stdio\n");
+  EXPECT_FALSE(std::filesystem::exists(bin + "/agentbox-0ld"));
+  EXPECT_FALSE(std::filesystem::exists(bin + "/agentbox-0ld.tmp.123"));
+  EXPECT_TRUE(std::filesystem::exists(bin + "/agentbox-recent"));
+  EXPECT_TRUE(std::filesystem::exists(bin + "/unrelated"));
+  // The one in use is never pruned, however old its file: each use renews it.
+  ASSERT_TRUE(aged(installed(), 60));
+  const ScriptRun again = Run("", MachineHere());
+  EXPECT_EQ(again.out, "agentbox-remote: have\nran __world --stdio\n");
+  EXPECT_TRUE(std::filesystem::exists(installed()));
+  struct stat st {};
+  ASSERT_EQ(stat(installed().c_str(), &st), 0);
+  EXPECT_GT(st.st_mtime, time(nullptr) - 3600) << "its use did not renew it";
+}
+
 TEST_F(InstallScriptTest, AnotherMachineTypeIsRefusedBeforeAnythingIsWrittenOrRead) {
   const ScriptRun r = Run(binary_, "not-" + MachineHere());
   EXPECT_EQ(r.out, "agentbox-remote: machine " + MachineHere() + "\n");
