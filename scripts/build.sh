@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Configures and builds everything into build/ (binary, library, tests, benchmarks).
+# Configures and builds into build/: everything (binary, library, tests,
+# benchmarks), or only the targets named (`build.sh agentbox_cli`: the binary
+# and what it needs, as the demo does).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$root/scripts/install-deps.sh"
 cmake -S "$root" -B "$root/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build "$root/build" -j"$(nproc)"
+targets=()
+for t in "$@"; do targets+=(--target "$t"); done
+cmake --build "$root/build" -j"$(nproc)" "${targets[@]}"
