@@ -49,11 +49,16 @@ TEST(DurableLog, AppendReturnsTheLengthAndSyncCoversIt) {
   EXPECT_EQ(*b, 16u);
   // Written is readable before any sync (a SIGKILL of the writer keeps it).
   EXPECT_EQ(t.Read(), "{\"a\":1}\n{\"b\":2}\n");
-  EXPECT_TRUE(log.Sync(*b).ok());
-  EXPECT_EQ(log.syncs(), 1u);
-  // Already on disk: no second fdatasync.
+  // One fdatasync covers every line written before it began: syncing the
+  // first line puts the second on disk too.
   EXPECT_TRUE(log.Sync(*a).ok());
   EXPECT_EQ(log.syncs(), 1u);
+  EXPECT_TRUE(log.Sync(*b).ok());
+  EXPECT_EQ(log.syncs(), 1u);
+  auto c = log.Append("{\"c\":3}\n");
+  ASSERT_TRUE(c.ok());
+  EXPECT_TRUE(log.Sync(*c).ok());
+  EXPECT_EQ(log.syncs(), 2u);
 }
 
 TEST(DurableLog, ReopenedContinuesAtTheEndAndSyncsWhatWasThere) {
@@ -74,7 +79,7 @@ TEST(DurableLog, ReopenedContinuesAtTheEndAndSyncsWhatWasThere) {
   EXPECT_EQ(t.Read(), "first\nsecond\n");
 }
 
-TEST(DurableLog, ConcurrentWritersShareSyncsAndNeverInterleave) {
+TEST(DurableLog, ConcurrentWritersNeverInterleaveAndEachSyncHolds) {
   TempLog t;
   DurableLog log;
   ASSERT_TRUE(log.Open(t.path()).ok());
@@ -103,8 +108,9 @@ TEST(DurableLog, ConcurrentWritersShareSyncsAndNeverInterleave) {
   }
   EXPECT_EQ(seen.size(), static_cast<std::size_t>(kThreads * kLines));
   EXPECT_EQ(log.written(), text.size());
-  // Writers at once share fdatasyncs: fewer than one per line.
-  EXPECT_LT(log.syncs(), static_cast<std::uint64_t>(kThreads * kLines));
+  // Never more fdatasyncs than syncs asked for (how many writers shared one
+  // depends on how long the filesystem takes; a tmpfs takes no time).
+  EXPECT_LE(log.syncs(), static_cast<std::uint64_t>(kThreads * kLines));
   EXPECT_GE(log.syncs(), 1u);
 }
 
