@@ -1,6 +1,7 @@
 #include <algorithm>
 
 #include "daemon/http.h"
+#include "report/json_text.h"
 
 namespace agentbox::daemon {
 namespace {
@@ -64,7 +65,7 @@ Response Response::Json(int status, const nlohmann::json& body) {
   r.status = status;
   // Replacement characters rather than an exception for invalid UTF-8 in
   // command output that reached a JSON string.
-  r.body = body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  report::AppendCompactJson(body, &r.body);
   r.body += "\n";
   return r;
 }

@@ -1181,7 +1181,7 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
           text = ReadAllFrom(received[0].get(), 256u << 20);
           first_io = 1;
         }
-        nlohmann::json req = nlohmann::json::parse(text, nullptr, false);
+        nlohmann::json req = nlohmann::json::parse(ControlRequestJson(text), nullptr, false);
         const std::string op = req.is_object() ? req.value("op", "") : "";
         const long id = req.is_object() ? req.value("id", 0L) : 0L;
         const size_t io = received.size() - first_io;

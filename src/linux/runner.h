@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "agentbox/plan.h"
@@ -32,7 +33,10 @@ std::vector<std::string> BuildEnv(const EnvRules& rules);
 //       (preceded by an exec_error line when it could not start)
 //   {"op":"file","id":N,...} + [result]
 //       `hooks.file_op` runs in a forked process (the sandbox's view, its
-//       Landlock domain and seccomp filter) and writes its answer on `result`
+//       Landlock domain and seccomp filter) and writes its answer on `result`;
+//       with "raw":"FIELD", the request is followed by '\n' and that input
+//       field's bytes as they are (write_file's content: not escaped into
+//       the JSON and parsed back on each side)
 //   {"op":"kill","id":N,"signal":S}
 // The init reports "ready" on the status pipe once set up; it ends when the
 // control socket closes, or on SIGTERM once its calls are gone.
@@ -45,6 +49,12 @@ struct SessionHooks {
   std::string (*file_op)(const std::string& request) = nullptr;
   Status (*copy_upper)(int from_dir, int to_dir) = nullptr;  // linux/mounts.h UpperFs
 };
+
+// The JSON of a control request: what comes before its '\n' (the raw field
+// after it, when the request has one).
+inline std::string_view ControlRequestJson(std::string_view request) {
+  return request.substr(0, request.find('\n'));
+}
 
 [[noreturn]] void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_fd, int lifeline_fd,
                                   int filter_fd, int proxy_fd, int control_fd, int upper_seed_fd,

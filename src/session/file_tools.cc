@@ -42,6 +42,13 @@ std::string Utf8Safe(const std::string& text, bool* changed) {
   std::size_t i = 0;
   while (i < n) {
     unsigned char c = s[i];
+    if (c < 0x80) {  // a run of ASCII, appended at once
+      std::size_t end = i + 1;
+      while (end < n && s[end] < 0x80) ++end;
+      out.append(text, i, end - i);
+      i = end;
+      continue;
+    }
     std::size_t len = 0;
     unsigned char lo = 0x80, hi = 0xbf;  // the range of the second byte
     if (c < 0x80) {

@@ -165,7 +165,7 @@ int RelayWorldLoop(supervise::WorldMachine& vm, const Plan& plan, net::SecretSto
       }
       passed.erase(passed.begin());
     }
-    const json req = json::parse(frame.text, nullptr, false);
+    const json req = json::parse(linux::ControlRequestJson(frame.text), nullptr, false);
     const std::string op = req.is_object() ? req.value("op", "") : "";
     if (op == "pty" && passed.size() >= 2) {
       WriteLine(passed[1].get(), json{{"t", "exec_error"}, {"stage", "pty"}, {"syscall", std::string("a terminal in ") + noun + " session"},

@@ -3,7 +3,7 @@
 // State directory:
 //   lock                     flock'd by the one process serving this state dir
 //   sessions/<id>/session.json   the recipe: policy text, base workspace, layers, mode
-//   sessions/<id>/log.jsonl      the durable log: call, then result (each fsync'd)
+//   sessions/<id>/log.jsonl      the durable log: call, then result (on disk before the result is returned)
 //   sessions/<id>/upper, work    overlay mode: the session's own layer (with disk_gib
 //                            it is on a tmpfs of that size instead, held by an fd)
 //   sessions/<id>/spill/upper    that tmpfs layer, written here when the process stops
@@ -53,6 +53,7 @@
 #include "linux/user_dirs.h"
 #include "mcp/tools.h"
 #include "session/code_mode.h"
+#include "session/durable_log.h"
 #include "session/file_tools.h"
 #include "session/layers.h"
 #include "session/remote_world.h"
@@ -66,6 +67,7 @@
 #include "net/rules.h"
 #include "gateway/gateway.h"
 #include "net/secrets.h"
+#include "report/json_text.h"
 #include "report/report_json.h"
 #include "session/terminal.h"
 #include "session/world.h"
@@ -557,7 +559,7 @@ struct SessionState {
   // it open while a new world replaces it.
   std::shared_ptr<const UniqueFd> upper_fs;
   bool upper_lost = false;  // the process that held it ended (a restart): the changes are gone
-  UniqueFd log;
+  DurableLog log;           // appended under mu; synced without it (group commit)
   std::map<std::string, Json> results;  // call_id → recorded result
   std::map<std::string, std::pair<std::string, Json>> requests;  // call_id → (name, input) as recorded
   std::size_t active_calls = 0;         // execute calls in this session now (with or without call_id)
@@ -663,20 +665,22 @@ struct SessionState {
     return !ports.empty();
   }
 
-  // `sync`: on disk before returning (calls and results); events that a
-  // later synced line carries along need not wait.
-  Status AppendLog(Json entry, bool sync = true) {
+  // Writes `entry` as a line of the log (in the file, and safe from a
+  // SIGKILL of this process, from then on); the log's length after it, for
+  // log.Sync.
+  Result<std::uint64_t> WriteLog(Json entry) {
     entry["time"] = NowRfc3339();
-    const std::string line = entry.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
-    size_t off = 0;
-    while (off < line.size()) {
-      ssize_t w = write(log.get(), line.data() + off, line.size() - off);
-      if (w < 0 && errno == EINTR) continue;
-      if (w < 0) return Status::Errno("session", "write", dir + "/log.jsonl");
-      off += static_cast<size_t>(w);
-    }
-    if (sync && fdatasync(log.get()) != 0) return Status::Errno("session", "fdatasync", dir + "/log.jsonl");
-    return {};
+    std::string line;
+    report::AppendCompactJson(entry, &line);
+    line += '\n';
+    return log.Append(line);
+  }
+  // `sync`: also on disk before returning; lines that a later synced line
+  // carries along (a call's line, its events: its result's sync) need not wait.
+  Status AppendLog(Json entry, bool sync = true) {
+    auto end = WriteLog(std::move(entry));
+    if (!end.ok()) return end.status();
+    return sync ? log.Sync(*end) : Status{};
   }
 
   // `*hold` keeps the upper filesystem named by the stack's path open.
@@ -718,8 +722,10 @@ struct SessionState {
       Json denial = {{"facet", d.value("facet", "")}, {"op", d.value("op", "")}, {"target", d.value("target", "")},
                      {"reason", d.value("reason", "")}, {"call_id", call_id}, {"seq", seq}};
       offers[offer_id] = {{"offer", offer}, {"denial", denial}};
+      // On disk with the result's line (Execute syncs after this).
       (void)AppendLog({{"type", "event"}, {"event", "escalation_offered"}, {"seq", seq}, {"call_id", call_id},
-                       {"offer", offer}, {"denial", denial}});
+                       {"offer", offer}, {"denial", denial}},
+                      /*sync=*/false);
     }
   }
 
@@ -955,8 +961,7 @@ Status Manager::Impl::Load(const std::string& id) {
       }
     }
   }
-  s->log.reset(open(log_path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600));
-  if (!s->log.valid()) return Status::Errno("session", "open", log_path);
+  if (Status st = s->log.Open(log_path); !st.ok()) return st;
   const std::string background_path = s->dir + "/background.log";
   s->background_log.reset(open(background_path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600));
   if (!s->background_log.valid()) return Status::Errno("session", "open", background_path);
@@ -2268,7 +2273,9 @@ Result<Json> Manager::ExecuteIn(const std::string& id, const std::string& name, 
   }
   const Json input = upstream ? given : NormalizeToolInput(name, given);
 
-  std::uint64_t seq;
+  std::uint64_t seq = 0;
+  std::optional<Json> replay;
+  std::uint64_t replay_end = 0;
   {
     std::lock_guard<std::mutex> lock(s->mu);
     if (s->removing) return Status::Error(kConflict, "session " + id + " is being removed");
@@ -2280,27 +2287,34 @@ Result<Json> Manager::ExecuteIn(const std::string& id, const std::string& name, 
       }
       auto it = s->results.find(call_id);
       if (it != s->results.end()) {
-        Json replay = it->second;
-        replay["replayed"] = true;
-        return replay;
-      }
-      if (s->in_flight.count(call_id)) {
+        replay = it->second;
+        (*replay)["replayed"] = true;
+        replay_end = s->log.written();
+      } else if (s->in_flight.count(call_id)) {
         return Status::Error(kConflict, "call " + call_id + " is running in session " + id);
       }
     }
-    if (m.shutting_down) return Status::Error(kConflict, "agentbox is shutting down");
-    if (m.calls_in_flight.fetch_add(1) >= m.options.max_concurrent_calls) {
-      m.calls_in_flight.fetch_sub(1);
-      return Status::Error(kBusy, "the limit of " + std::to_string(m.options.max_concurrent_calls) +
-                                      " concurrent calls is reached");
+    if (!replay) {
+      if (m.shutting_down) return Status::Error(kConflict, "agentbox is shutting down");
+      if (m.calls_in_flight.fetch_add(1) >= m.options.max_concurrent_calls) {
+        m.calls_in_flight.fetch_sub(1);
+        return Status::Error(kBusy, "the limit of " + std::to_string(m.options.max_concurrent_calls) +
+                                        " concurrent calls is reached");
+      }
+      // From here the session is busy (Busy()): never stopped as idle.
+      ++s->active_calls;
+      seq = s->next_seq++;
+      if (!call_id.empty()) {
+        s->in_flight.insert(call_id);
+        s->requests[call_id] = {name, input};
+      }
     }
-    // From here the session is busy (Busy()): never stopped as idle.
-    ++s->active_calls;
-    seq = s->next_seq++;
-    if (!call_id.empty()) {
-      s->in_flight.insert(call_id);
-      s->requests[call_id] = {name, input};
-    }
+  }
+  if (replay) {
+    // Its first answer may still be waiting for the sync of its line: no
+    // answer goes out before the result it carries is on disk.
+    if (Status st = s->log.Sync(replay_end); !st.ok()) return st;
+    return *replay;
   }
   struct Release {
     Impl& m;
@@ -2383,7 +2397,10 @@ Result<Json> Manager::ExecuteIn(const std::string& id, const std::string& name, 
     logged = true;
     Json line = {{"type", "call"}, {"seq", seq}, {"call_id", call_id}, {"name", name}, {"input", input}};
     if (parent) line["parent"] = {{"call_id", parent->call_id}, {"seq", parent->seq}};
-    return s->AppendLog(line);
+    // Written, not synced: from here a SIGKILL of this process leaves it in
+    // the file (a restart records the call as interrupted); the result's
+    // sync puts it on disk with the result (one fdatasync per call).
+    return s->AppendLog(line, /*sync=*/false);
   };
 
   const auto started = Clock::now();
@@ -2457,12 +2474,14 @@ Result<Json> Manager::ExecuteIn(const std::string& id, const std::string& name, 
   if (!grants_used.empty()) {
     result["grants"] = grants_used;
     std::lock_guard<std::mutex> lock(s->mu);
-    for (const Json& g : grants_used) {
+    for (const Json& g : grants_used) {  // on disk with the result's line, below
       (void)s->AppendLog({{"type", "event"}, {"event", "grant_used"}, {"seq", seq}, {"call_id", call_id},
-                          {"escalation", g.value("escalation", "")}, {"grant", g["grant"]}, {"applied", g["applied"]}});
+                          {"escalation", g.value("escalation", "")}, {"grant", g["grant"]}, {"applied", g["applied"]}},
+                         /*sync=*/false);
       (void)s->AppendLog({{"type", "event"}, {"event", "grant_expired"}, {"seq", seq},
                           {"escalation", g.value("escalation", "")}, {"grant", g["grant"]},
-                          {"why", "a one-call grant ends with its call"}});
+                          {"why", "a one-call grant ends with its call"}},
+                         /*sync=*/false);
     }
   }
   if (m.shutting_down && result.value("kind", "") == "sandbox_error") {
@@ -2489,17 +2508,23 @@ Result<Json> Manager::ExecuteIn(const std::string& id, const std::string& name, 
   result["name"] = name;
   result["replayed"] = false;
   result["duration_ms"] = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started).count();
+  std::uint64_t logged_to = 0;
   {
     std::lock_guard<std::mutex> lock(s->mu);
     Json line = {{"type", "result"}, {"seq", seq}, {"call_id", call_id}, {"result", result}};
     if (parent) line["parent"] = {{"call_id", parent->call_id}, {"seq", parent->seq}};
-    (void)s->AppendLog(line);
+    (void)s->AppendLog(line, /*sync=*/false);
     if (!call_id.empty()) {
       s->results[call_id] = result;
       s->in_flight.erase(call_id);
     }
     s->RecordOffers(result, seq, call_id);
+    logged_to = s->log.written();
   }
+  // Group commit, without the session's lock: the calls of the session that
+  // end meanwhile share this fdatasync. The result goes out once it (with
+  // the call's line and events) is on disk.
+  (void)s->log.Sync(logged_to);
   return result;
 }
 
@@ -2761,7 +2786,7 @@ Result<Json> Manager::Impl::CallUpstream(SessionState& s, gateway::Gateway& gw, 
   if (parent) {
     call_line["parent"] = result_line["parent"] = {{"call_id", parent->call_id}, {"seq", parent->seq}};
   }
-  Status logged = s.AppendLog(call_line);
+  Status logged = s.AppendLog(call_line, /*sync=*/false);  // on disk with the result's line
   if (logged.ok()) logged = s.AppendLog(result_line);
   if (!call_id.empty()) {
     s.in_flight.erase(call_id);
@@ -3362,7 +3387,7 @@ Status Manager::Remove(const std::string& id) {
     std::lock_guard<std::mutex> lock(m.mu);
     m.sessions.erase(id);
   }
-  s->log.reset();
+  s->log.Close();
   RemoveTree(s->dir);
   m.RemoveSnapshotsOf(id);
   return {};

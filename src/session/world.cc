@@ -18,6 +18,7 @@
 #include "session/secret_handover.h"
 #include "linux/compat.h"
 #include "linux/host_program.h"
+#include "report/json_text.h"
 
 extern char** environ;
 
@@ -522,8 +523,13 @@ Status World::SetMemoryLimit(std::uint64_t bytes) {
   return s;
 }
 
-Status World::SendControl(const json& request, const std::vector<int>& fds) {
-  std::string text = request.dump(-1, ' ', false, json::error_handler_t::replace);
+Status World::SendControl(const json& request, const std::vector<int>& fds, const std::string* raw) {
+  std::string text = report::CompactJson(request);
+  if (raw) {  // the field's bytes after the JSON (linux/runner.h)
+    text.reserve(text.size() + 1 + raw->size());
+    text += '\n';
+    text += *raw;
+  }
   UniqueFd memfd;
   std::vector<int> all = fds;
   if (text.size() > kInlineRequest) {
@@ -824,7 +830,19 @@ Result<json> World::File(const json& request, int timeout_ms) {
   json req = request;
   req["op"] = "file";
   req["id"] = next_id_++;
-  if (Status s = SendControl(req, {res_w.get()}); !s.ok()) return s;
+  // write_file's content travels as it is, after the request's JSON: the
+  // init and the tool read the JSON only. Not to a remote agentbox, which
+  // may be of a version before it.
+  std::string raw;
+  const bool raw_content = !remote_confined_ && req.value("name", "") == "write_file" && req.contains("input") &&
+                           req["input"].is_object() && req["input"].contains("content") &&
+                           req["input"]["content"].is_string();
+  if (raw_content) {
+    raw = std::move(req["input"]["content"].get_ref<std::string&>());
+    req["input"].erase("content");
+    req["raw"] = "content";
+  }
+  if (Status s = SendControl(req, {res_w.get()}, raw_content ? &raw : nullptr); !s.ok()) return s;
   res_w.reset();
   std::string answer;
   char buf[65536];

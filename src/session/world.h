@@ -213,7 +213,9 @@ class World {
 
  private:
   World() = default;
-  Status SendControl(const nlohmann::json& request, const std::vector<int>& fds);
+  // `raw` (may be null): an input field's bytes sent after the JSON
+  // (linux/runner.h, "raw").
+  Status SendControl(const nlohmann::json& request, const std::vector<int>& fds, const std::string* raw = nullptr);
   Status AskSupervisor(std::string text, std::optional<std::string>* answer, const std::string& what);
   // Reads whatever the supervisor has sent; with `until_stats`, waits (up
   // to `wait_ms`) for a stats answer. Call with channel_mu_ held.

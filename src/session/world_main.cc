@@ -32,6 +32,8 @@
 #include "linux/status_pipe.h"
 #include "net/secrets.h"
 #include "net/terminator.h"
+#include "linux/runner.h"
+#include "report/json_text.h"
 #include "session/file_tools.h"
 #include "session/layers.h"
 #include "session/remote_world.h"
@@ -52,7 +54,8 @@ constexpr int kChannelFd = 3;
 
 // Runs in a process forked by the init, inside the sandbox.
 std::string FileOp(const std::string& request) {
-  json req = json::parse(request, nullptr, false);
+  const std::string_view header = linux::ControlRequestJson(request);
+  json req = json::parse(header, nullptr, false);
   if (!req.is_object() || !req.contains("name") || !req["name"].is_string()) {
     return json{{"kind", "tool_error"}, {"error", "malformed file tool request"}}.dump();
   }
@@ -60,6 +63,10 @@ std::string FileOp(const std::string& request) {
   limits.workspace = req.value("workspace", std::string("/"));
   if (req.contains("max_read_bytes")) limits.max_read_bytes = req["max_read_bytes"].get<std::size_t>();
   json input = req.contains("input") ? req["input"] : json::object();
+  // An input field that came as it is, after the JSON (World::File).
+  if (req.contains("raw") && req["raw"].is_string() && header.size() < request.size() && input.is_object()) {
+    input[req["raw"].get<std::string>()] = request.substr(header.size() + 1);
+  }
   // The answer: one JSON line without "output", then the output's bytes as
   // they are (a 1 MiB file is not escaped here and parsed back there).
   json answer = RunFileTool(req["name"].get<std::string>(), input, limits);
@@ -68,7 +75,11 @@ std::string FileOp(const std::string& request) {
     output = std::move(answer["output"].get_ref<std::string&>());
     answer.erase("output");
   }
-  return answer.dump(-1, ' ', false, json::error_handler_t::replace) + "\n" + output;
+  std::string text = report::CompactJson(answer);
+  text.reserve(text.size() + 1 + output.size());
+  text += '\n';
+  text += output;
+  return text;
 }
 
 }  // namespace

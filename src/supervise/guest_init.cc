@@ -50,6 +50,7 @@
 #include "linux/fd.h"
 #include "linux/microvm.h"
 #include "linux/namespaces.h"
+#include "linux/runner.h"
 #include "linux/stream_mux.h"
 #include "report/report_json.h"
 #include "supervise/microvm_run.h"
@@ -292,7 +293,7 @@ pid_t ForkSupervisor(const linux::GuestRequest& request, const std::string& run_
     // The init's descriptors, each with its other end carried by the mux.
     // A call's result keeps its order behind its output (an exec's second
     // written descriptor behind its first): its end never overtakes them.
-    const json req = json::parse(c.text, nullptr, false);
+    const json req = json::parse(linux::ControlRequestJson(c.text), nullptr, false);
     const std::string op = req.is_object() ? req.value("op", "") : "";
     const bool ordered = op == "exec" || op == "shell";
     std::vector<std::uint32_t> written;

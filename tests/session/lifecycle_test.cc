@@ -7,7 +7,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <map>
 #include <thread>
+#include <vector>
 
 #include "daemon_fixture.h"
 
@@ -164,6 +166,75 @@ TEST(DaemonLifecycle, SigkillAndRestartKeepSessionsLogsAndFiles) {
   EXPECT_EQ(again.value("replayed", false), true) << again.dump();
   EXPECT_EQ(again.value("kind", ""), "interrupted") << again.dump();
   EXPECT_FALSE(Contains(Output(Bash(d.client(), id, "cat counter")), "never"));
+}
+
+// Calls of one session that end together share the log's fdatasync (group
+// commit): a SIGKILL while several run side by side loses none that was
+// answered, and runs none again.
+TEST(DaemonLifecycle, SigkillLosesNoAnsweredCallOfConcurrentCalls) {
+  TempDir ws("agentbox-session-ws-");
+  Daemon d;
+  ASSERT_TRUE(d.Start()) << d.error();
+  const std::string id = CreateSession(d.client(), ws.path());
+  ASSERT_FALSE(Bash(d.client(), id, "true").value("is_error", true));
+  auto command = [](const std::string& call_id) { return "echo " + call_id + " >> ran.txt; echo " + call_id; };
+
+  // Clients calling side by side until the daemon is gone; each keeps what
+  // it sent and what was answered (with its output).
+  constexpr int kClients = 4;
+  constexpr int kAnsweredBeforeKill = 60;
+  std::atomic<int> answered_total{0};
+  std::vector<std::vector<std::string>> sent(kClients);
+  std::vector<std::map<std::string, std::string>> answered(kClients);
+  std::vector<std::thread> clients;
+  for (int k = 0; k < kClients; ++k) {
+    clients.emplace_back([&, k] {
+      daemon::Client client(d.endpoint());
+      for (int i = 0; i < 10000; ++i) {
+        const std::string call_id = "c" + std::to_string(k) + "-" + std::to_string(i);
+        sent[k].push_back(call_id);
+        Answer a = Call(client, "POST", "/v1/sessions/" + id + "/execute",
+                        {{"name", "bash"}, {"input", {{"command", command(call_id)}}}, {"call_id", call_id}});
+        if (a.status != 200) return;  // the daemon is gone
+        answered[k][call_id] = a.body.value("output", "");
+        ++answered_total;
+      }
+    });
+  }
+  // Killed right after an answer went out, with the others' calls running.
+  while (answered_total.load() < kAnsweredBeforeKill) std::this_thread::yield();
+  d.Signal(SIGKILL);
+  ASSERT_EQ(d.WaitExit(10000), 128 + SIGKILL);
+  for (auto& t : clients) t.join();
+
+  ASSERT_TRUE(d.Start()) << d.error();
+  std::size_t checked = 0, unanswered = 0;
+  for (int k = 0; k < kClients; ++k) {
+    for (const std::string& call_id : sent[k]) {
+      json r = Bash(d.client(), id, command(call_id), call_id);
+      auto it = answered[k].find(call_id);
+      if (it != answered[k].end()) {
+        // Answered before the kill: in the log, the same result again.
+        EXPECT_EQ(r.value("replayed", false), true) << call_id << " was answered and is lost: " << r.dump();
+        EXPECT_EQ(Output(r), it->second) << call_id;
+        EXPECT_EQ(it->second, call_id + "\n") << call_id;
+        ++checked;
+      } else {
+        ++unanswered;
+      }
+    }
+  }
+  EXPECT_GE(checked, static_cast<std::size_t>(kAnsweredBeforeKill));
+  EXPECT_GE(unanswered, static_cast<std::size_t>(kClients));  // each client's last call at least
+  // Each call ran once at most: a call that had begun is replayed (as
+  // interrupted or with its result), never run a second time.
+  const std::string ran = Output(Bash(d.client(), id, "cat ran.txt"));
+  std::map<std::string, int> runs;
+  for (const auto& line : e2e::Lines(ran)) ++runs[line];
+  for (const auto& [call_id, n] : runs) EXPECT_EQ(n, 1) << call_id << " ran " << n << " times";
+  for (int k = 0; k < kClients; ++k) {
+    for (const auto& [call_id, output] : answered[k]) EXPECT_EQ(runs[call_id], 1) << call_id;
+  }
 }
 
 TEST(DaemonLifecycle, SigtermLetsCallsInFlightFinish) {

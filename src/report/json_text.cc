@@ -1,0 +1,150 @@
+#include "report/json_text.h"
+
+#include <array>
+#include <cstdio>
+
+namespace agentbox::report {
+namespace {
+
+using nlohmann::json;
+
+// The bytes that end a run copied as it is: what JSON escapes, and the
+// lead bytes of multi-byte UTF-8 (checked, then copied too).
+constexpr std::array<bool, 256> kSpecial = [] {
+  std::array<bool, 256> t{};
+  for (int c = 0; c < 256; ++c) t[c] = c < 0x20 || c == '"' || c == '\\' || c >= 0x80;
+  return t;
+}();
+
+// The length of the well-formed UTF-8 sequence at s[i] (s[i] >= 0x80), or
+// 0: no overlong forms, no surrogates, nothing past U+10FFFF.
+std::size_t SequenceLength(const unsigned char* s, std::size_t i, std::size_t n) {
+  const unsigned char c = s[i];
+  std::size_t len = 0;
+  unsigned char lo = 0x80, hi = 0xbf;  // the range of the second byte
+  if (c >= 0xc2 && c <= 0xdf) {
+    len = 2;
+  } else if (c >= 0xe0 && c <= 0xef) {
+    len = 3;
+    if (c == 0xe0) lo = 0xa0;
+    if (c == 0xed) hi = 0x9f;
+  } else if (c >= 0xf0 && c <= 0xf4) {
+    len = 4;
+    if (c == 0xf0) lo = 0x90;
+    if (c == 0xf4) hi = 0x8f;
+  }
+  if (len == 0 || i + len > n) return 0;
+  if (s[i + 1] < lo || s[i + 1] > hi) return 0;
+  for (std::size_t k = 2; k < len; ++k) {
+    if (s[i + k] < 0x80 || s[i + k] > 0xbf) return 0;
+  }
+  return len;
+}
+
+// `text` as a JSON string, escaped as nlohmann escapes it (ensure_ascii
+// off); false, with nothing appended, when it is not valid UTF-8.
+bool AppendString(const std::string& text, std::string* out) {
+  const std::size_t start = out->size();
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const std::size_t n = text.size();
+  out->reserve(start + n + 2);
+  out->push_back('"');
+  std::size_t run = 0;  // where the bytes not yet appended begin
+  std::size_t i = 0;
+  while (i < n) {
+    const unsigned char c = s[i];
+    if (!kSpecial[c]) {
+      ++i;
+      continue;
+    }
+    if (c >= 0x80) {
+      const std::size_t len = SequenceLength(s, i, n);
+      if (len == 0) {
+        out->resize(start);
+        return false;
+      }
+      i += len;
+      continue;
+    }
+    out->append(text, run, i - run);
+    switch (c) {
+      case '"': out->append("\\\""); break;
+      case '\\': out->append("\\\\"); break;
+      case '\b': out->append("\\b"); break;
+      case '\f': out->append("\\f"); break;
+      case '\n': out->append("\\n"); break;
+      case '\r': out->append("\\r"); break;
+      case '\t': out->append("\\t"); break;
+      default: {
+        char u[8];
+        std::snprintf(u, sizeof(u), "\\u%04x", static_cast<unsigned>(c));
+        out->append(u, 6);
+      }
+    }
+    run = ++i;
+  }
+  out->append(text, run, n - run);
+  out->push_back('"');
+  return true;
+}
+
+void AppendStringOrReplaced(const std::string& text, std::string* out) {
+  if (!AppendString(text, out)) out->append(json(text).dump(-1, ' ', false, json::error_handler_t::replace));
+}
+
+}  // namespace
+
+void AppendCompactJson(const json& value, std::string* out) {
+  switch (value.type()) {
+    case json::value_t::object: {
+      out->push_back('{');
+      bool first = true;
+      for (auto it = value.begin(); it != value.end(); ++it) {
+        if (!first) out->push_back(',');
+        first = false;
+        AppendStringOrReplaced(it.key(), out);
+        out->push_back(':');
+        AppendCompactJson(it.value(), out);
+      }
+      out->push_back('}');
+      return;
+    }
+    case json::value_t::array: {
+      out->push_back('[');
+      bool first = true;
+      for (const auto& element : value) {
+        if (!first) out->push_back(',');
+        first = false;
+        AppendCompactJson(element, out);
+      }
+      out->push_back(']');
+      return;
+    }
+    case json::value_t::string:
+      AppendStringOrReplaced(value.get_ref<const std::string&>(), out);
+      return;
+    case json::value_t::boolean:
+      out->append(value.get<bool>() ? "true" : "false");
+      return;
+    case json::value_t::null:
+      out->append("null");
+      return;
+    case json::value_t::number_integer:
+      out->append(std::to_string(value.get<std::int64_t>()));
+      return;
+    case json::value_t::number_unsigned:
+      out->append(std::to_string(value.get<std::uint64_t>()));
+      return;
+    default:  // floats (nlohmann's own format), binary, discarded
+      out->append(value.dump(-1, ' ', false, json::error_handler_t::replace));
+      return;
+  }
+}
+
+std::string CompactJson(const json& value) {
+  std::string out;
+  AppendCompactJson(value, &out);
+  return out;
+}
+
+}  // namespace agentbox::report
