@@ -68,6 +68,7 @@ struct DirVerdict {
   std::int64_t ctime_s = 0, ctime_ns = 0;
   std::uint64_t ino = 0, dev = 0;
   bool cacheable = false;
+  bool visited = false;  // by this scan (not stored)
   std::vector<std::string> subdirs;
   std::vector<std::pair<char, std::string>> matches;  // 'd' dir, 'f' file, 'l' symlink
 };
@@ -282,14 +283,15 @@ Status ScanDenyGlobs(const GlobScan& scan, const std::string& workspace_source,
   }
 
   std::string cache_path;
-  Cache old_cache;
+  // Updated in place: what this scan reads replaces what it held, and what
+  // it never reached is dropped at the end.
+  Cache cache;
   if (!cache_dir.empty()) {
     std::string key = scan.source_root + '\0' + scan.pattern_base;
     for (const auto& p : scan.patterns) key += '\0' + p;
     cache_path = cache_dir + "/" + Sha256Hex(key).substr(0, 32);
-    old_cache = LoadCache(cache_path);
+    cache = LoadCache(cache_path);
   }
-  Cache new_cache;
   auto buffer = std::make_unique<DirentBuffer>();
   bool changed = false;
   // A directory changed in the last second may change again within the same
@@ -313,12 +315,13 @@ Status ScanDenyGlobs(const GlobScan& scan, const std::string& workspace_source,
       continue;  // vanished, or no longer a directory: nothing of it is visible either
     }
     ++stats->directories;
-    DirVerdict v;
-    auto hit = old_cache.find(rel);
-    if (hit != old_cache.end() && Matches(hit->second, stamp)) {
-      v = std::move(hit->second);
+    auto hit = cache.find(rel);
+    DirVerdict* verdict = nullptr;  // the cache's node (stable while the walk goes on)
+    if (hit != cache.end() && Matches(hit->second, stamp)) {
+      verdict = &hit->second;
       if (memo && !seen) memo->Put(rel, stamp);
     } else {
+      DirVerdict v;
       struct stat st {};
       UniqueFd dir = OpenBeneath(root.get(), rel, O_RDONLY | O_DIRECTORY);
       if (!dir.valid() || fstat(dir.get(), &st) != 0) continue;  // unreadable: not visible inside either
@@ -333,9 +336,16 @@ Status ScanDenyGlobs(const GlobScan& scan, const std::string& workspace_source,
       v.cacheable = st.st_mtim.tv_sec < settled_before && st.st_ctim.tv_sec < settled_before;
       ReadDir(dir.get(), rel, scan, matchers, buffer.get(), &v, stats);
       // The file changes only if what it would hold changes.
-      if (v.cacheable || (hit != old_cache.end() && hit->second.cacheable)) changed = true;
+      if (v.cacheable || (hit != cache.end() && hit->second.cacheable)) changed = true;
+      if (hit != cache.end()) {
+        hit->second = std::move(v);
+        verdict = &hit->second;
+      } else {
+        verdict = &cache.emplace(rel, std::move(v)).first->second;
+      }
     }
-    for (const auto& [type, name] : v.matches) {
+    verdict->visited = true;
+    for (const auto& [type, name] : verdict->matches) {
       std::string host = paths::Join(scan.source_root, rel.empty() ? name : rel + "/" + name);
       DenyMatch m{host, paths::Rebase(host, scan.source_root, scan.target_root), type == 'd'};
       if (type == 'l') {
@@ -351,15 +361,19 @@ Status ScanDenyGlobs(const GlobScan& scan, const std::string& workspace_source,
       }
       matches->push_back(std::move(m));
     }
-    for (const auto& s : v.subdirs) pending.push_back(rel.empty() ? s : rel + "/" + s);
-    new_cache.emplace(rel, std::move(v));
+    for (const auto& s : verdict->subdirs) pending.push_back(rel.empty() ? s : rel + "/" + s);
   }
   // Directories that went away drop out of the file too.
-  for (const auto& [rel, v] : old_cache) {
-    if (v.cacheable && new_cache.find(rel) == new_cache.end()) changed = true;
+  for (auto it = cache.begin(); it != cache.end();) {
+    if (it->second.visited) {
+      ++it;
+      continue;
+    }
+    changed = changed || it->second.cacheable;
+    it = cache.erase(it);
   }
   if (!cache_path.empty() && changed) {
-    SaveCache(cache_dir, cache_path, new_cache);
+    SaveCache(cache_dir, cache_path, cache);
   }
   return {};
 }
