@@ -209,11 +209,11 @@ double MedianAfter(const std::vector<std::string>& argv, const std::string& cwd,
 // Private memory (Private_Clean + Private_Dirty, KiB) of `pid`.
 long PrivateKib(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/smaps_rollup");
-  std::string key;
-  long kib = 0, total = 0;
-  std::string unit;
-  while (in >> key >> kib >> unit) {
-    if (key == "Private_Clean:" || key == "Private_Dirty:") total += kib;
+  long total = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("Private_Clean:", 0) == 0 || line.rfind("Private_Dirty:", 0) == 0) {
+      total += std::atol(line.c_str() + line.find(':') + 1);
+    }
   }
   return total;
 }
