@@ -671,13 +671,17 @@ void RunnerMain(const Plan& plan, const ResolvedPlan& resolved, const std::vecto
       // that the report's end is the sandbox's. The supervisor can then
       // finish without waiting for the kernel to release the namespaces
       // after us (agentbox/run.h, RunnerTeardown).
-      const bool empty = getpid() == 1;
-      if (empty) EmptyPidNamespace(&m);
+      if (getpid() == 1) {
+        EmptyPidNamespace(&m);
+        // The stderr pipe and every other descriptor but the status pipe
+        // end now, not once the kernel has released our namespaces
+        // (descriptors left to exit are closed after that); this message
+        // is the status pipe's last. The supervisor then has all it needs
+        // without waiting for us to run again.
+        CloseFds(0, static_cast<unsigned>(status_fd) - 1);
+        CloseFds(static_cast<unsigned>(status_fd) + 1);
+      }
       WriteMessage(status_fd, m);
-      // The status and stderr pipes end now, not once the kernel has
-      // released our namespaces (descriptors left to exit are closed after
-      // that): the supervisor reads the end at once.
-      if (empty) CloseFds(0);
       // Leaving pid 1 kills whatever the command left running.
       _exit(0);
     }

@@ -338,8 +338,10 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
       linux::phases::Mark("status read");
       if (!exited && leave_runner && !messages.empty() && messages.back().type == linux::RunnerMessage::Type::kExit &&
           messages.back().sandbox_empty) {
-        // Nothing of the sandbox runs but the runner's own exit.
+        // Nothing of the sandbox runs but the runner's own exit, and this
+        // is the last the runner says.
         exited = runner_left = true;
+        status_open = false;
         drain_until = Clock::now() + std::chrono::milliseconds(kDrainAfterExitMs);
       }
     }
