@@ -11,7 +11,20 @@
 
 namespace agentbox {
 
+// What the supervisor does once a sandbox's runner, the init of its pid
+// namespace, has reported the end (every other process of the sandbox
+// killed and reaped first): kAwait reaps the runner before Run returns,
+// after the kernel has released its namespaces (a mount namespace's release
+// waits for an RCU grace period: milliseconds on a busy machine);
+// kLeaveToExit, for a process that exits as soon as the run is reported
+// (the CLI), takes the usage from the runner's report and leaves that
+// release to finish after the process is gone (whoever inherits the runner
+// reaps it). Nothing of the sandbox runs any more in either case. A run
+// with a cgroup, a project quota or a workspace overlay always awaits.
+enum class RunnerTeardown { kAwait, kLeaveToExit };
+
 struct RunOptions {
+  RunnerTeardown runner_teardown = RunnerTeardown::kAwait;
   int stderr_fd = 2;       // where the command's stderr ends up
   // Copy the command's stderr through the supervisor to scan it for denial
   // signatures. Off for a terminal, so interactive programs keep their tty.

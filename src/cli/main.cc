@@ -31,6 +31,8 @@
 #include "linux/cgroup_delegation.h"
 #include "linux/cgroups.h"
 #include "linux/microvm.h"
+#include "linux/phases.h"
+#include "linux/text_pages.h"
 #include "supervise/approver.h"
 #include "supervise/escalation_round.h"
 #include "supervise/gvisor_world.h"
@@ -472,8 +474,11 @@ struct Attempt {
 
 Attempt RunAttempt(const std::vector<std::string>& command, const Policy& policy, const Invocation& inv, bool tty,
                    bool quiet, const RunOptions& opts) {
+  linux::phases::Mark("policy");
   HostCaps host = ProbeHostFor(policy);
+  linux::phases::Mark("probe");
   auto confined = Confine(command, policy, host, inv);
+  linux::phases::Mark("confine");
   if (!confined.ok()) {
     Error("refusing to run: " + confined.status().message());
     return {RefusedOutcome(confined.status(), AssessEnforcement(policy, host, inv), policy.sha256), std::nullopt};
@@ -533,6 +538,8 @@ int CmdRun(const PolicyFlags& f, const std::vector<std::string>& command, const 
   inv->wrapped_command = false;  // run spawns the plan itself
   RunOptions opts;
   opts.scan_stderr = !isatty(STDERR_FILENO);
+  // This process exits once the run is reported.
+  opts.runner_teardown = RunnerTeardown::kLeaveToExit;
   if (!nf.Apply(&opts)) return kExitUsage;
 
   Attempt first = RunAttempt(command, *policy, *inv, tty, quiet, opts);
@@ -561,6 +568,7 @@ int CmdRun(const PolicyFlags& f, const std::vector<std::string>& command, const 
   } else {
     WriteReport(report, last.outcome);
   }
+  linux::phases::Flush();
   return last.outcome.ExitStatus();
 }
 
@@ -674,6 +682,7 @@ int CmdExec(const std::vector<std::string>& command, const NetworkFlags& nf, con
   if (!context.ok()) return refuse(context.status());
   if (command.empty()) return refuse(Status::Error("plan", "no command after --"));
   RunOptions opts;
+  opts.runner_teardown = RunnerTeardown::kLeaveToExit;  // this process exits once the run is reported
   if (!nf.Apply(&opts)) return kExitSandbox;
   // Without a report the harness applies the signatures itself; with one,
   // stderr is scanned as `run` scans it, for the outcome `run` would give.
@@ -1008,8 +1017,14 @@ int CmdExplain(PolicyFlags f, bool as_json) {
 }  // namespace
 }  // namespace agentbox::cli
 
+// Before the program's own static initializers (101: the first priority
+// not reserved to the implementation), which already touch code all over
+// the binary: linux/text_pages.h.
+__attribute__((constructor(101))) static void MapOnlyTouchedTextFirst() { agentbox::linux::MapOnlyTouchedText(); }
+
 int main(int argc, char** argv) {
   using namespace agentbox::cli;
+  agentbox::linux::phases::Init();
   // A session's sandbox supervisor (spawned by sessions, never typed).
   if (argc == 2 && std::strcmp(argv[1], "__world") == 0) return agentbox::session::WorldMain();
   // A session's world on this host for a caller elsewhere (sandbox.isolation:

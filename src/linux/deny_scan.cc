@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <fnmatch.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -67,6 +68,7 @@ struct DirVerdict {
   std::int64_t ctime_s = 0, ctime_ns = 0;
   std::uint64_t ino = 0, dev = 0;
   bool cacheable = false;
+  bool visited = false;  // by this scan (not stored)
   std::vector<std::string> subdirs;
   std::vector<std::pair<char, std::string>> matches;  // 'd' dir, 'f' file, 'l' symlink
 };
@@ -240,6 +242,27 @@ void ReadDir(int dirfd, const std::string& rel, const GlobScan& scan, const std:
   }
 }
 
+DirStamp StampOf(const struct stat& st) {
+  return {st.st_ino, st.st_dev, st.st_mtim.tv_sec, st.st_mtim.tv_nsec, st.st_ctim.tv_sec, st.st_ctim.tv_nsec};
+}
+
+// One statx of `rel` below `root` (see the header on why its path walk is
+// safe). False: gone, or not a directory.
+bool StatDir(int root, const std::string& rel, DirStamp* out) {
+  struct statx sx {};
+  const int flags = AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT | (rel.empty() ? AT_EMPTY_PATH : 0);
+  if (statx(root, rel.c_str(), flags, STATX_TYPE | STATX_INO | STATX_MTIME | STATX_CTIME, &sx) != 0) return false;
+  if (!S_ISDIR(sx.stx_mode)) return false;
+  *out = {sx.stx_ino, makedev(sx.stx_dev_major, sx.stx_dev_minor), sx.stx_mtime.tv_sec, sx.stx_mtime.tv_nsec,
+          sx.stx_ctime.tv_sec, sx.stx_ctime.tv_nsec};
+  return true;
+}
+
+bool Matches(const DirVerdict& v, const DirStamp& s) {
+  return v.cacheable && v.ino == s.ino && v.dev == s.dev && v.mtime_s == s.mtime_s && v.mtime_ns == s.mtime_ns &&
+         v.ctime_s == s.ctime_s && v.ctime_ns == s.ctime_ns;
+}
+
 std::int64_t NowSeconds() {
   struct timespec ts {};
   clock_gettime(CLOCK_REALTIME, &ts);
@@ -250,7 +273,7 @@ std::int64_t NowSeconds() {
 
 Status ScanDenyGlobs(const GlobScan& scan, const std::string& workspace_source,
                      const std::string& workspace_target, const std::string& cache_dir,
-                     std::vector<DenyMatch>* matches, ScanStats* stats) {
+                     std::vector<DenyMatch>* matches, ScanStats* stats, DirStampMemo* memo) {
   std::vector<Matcher> matchers;
   for (const auto& p : scan.patterns) matchers.emplace_back(p);
   UniqueFd root(open(scan.source_root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
@@ -260,42 +283,50 @@ Status ScanDenyGlobs(const GlobScan& scan, const std::string& workspace_source,
   }
 
   std::string cache_path;
-  Cache old_cache;
+  // Updated in place: what this scan reads replaces what it held, and what
+  // it never reached is dropped at the end.
+  Cache cache;
   if (!cache_dir.empty()) {
     std::string key = scan.source_root + '\0' + scan.pattern_base;
     for (const auto& p : scan.patterns) key += '\0' + p;
     cache_path = cache_dir + "/" + Sha256Hex(key).substr(0, 32);
-    old_cache = LoadCache(cache_path);
+    cache = LoadCache(cache_path);
   }
-  Cache new_cache;
   auto buffer = std::make_unique<DirentBuffer>();
   bool changed = false;
   // A directory changed in the last second may change again within the same
   // timestamp tick without its mtime moving: read it again next time.
   const std::int64_t settled_before = NowSeconds() - 1;
 
+  if (memo && memo->root() != scan.source_root) memo = nullptr;
   std::vector<std::string> pending = {""};
   while (!pending.empty()) {
     std::string rel = std::move(pending.back());
     pending.pop_back();
-    // An unchanged directory costs one O_PATH open and a stat, no read.
-    // The workspace is the sandbox's: a directory swapped for a symlink
-    // since its parent was read must not lead the scan out of it.
-    struct stat st {};
-    UniqueFd node = OpenBeneath(root.get(), rel, O_PATH | O_DIRECTORY);
-    if (!node.valid() || fstat(node.get(), &st) != 0) continue;  // vanished: nothing of it is visible either
+    // An unchanged directory costs one statx, no open and no read (none
+    // when this launch looked at it already). The workspace is the
+    // sandbox's: a directory swapped for a symlink since its parent was
+    // read must not lead the scan out of it (see the header).
+    DirStamp stamp;
+    const DirStamp* seen = memo ? memo->Find(rel) : nullptr;
+    if (seen) {
+      stamp = *seen;
+    } else if (!StatDir(root.get(), rel, &stamp)) {
+      continue;  // vanished, or no longer a directory: nothing of it is visible either
+    }
     ++stats->directories;
-    DirVerdict v;
-    auto hit = old_cache.find(rel);
-    if (hit != old_cache.end() && hit->second.cacheable && hit->second.ino == st.st_ino &&
-        hit->second.dev == st.st_dev && hit->second.mtime_s == st.st_mtim.tv_sec &&
-        hit->second.mtime_ns == st.st_mtim.tv_nsec && hit->second.ctime_s == st.st_ctim.tv_sec &&
-        hit->second.ctime_ns == st.st_ctim.tv_nsec) {
-      v = std::move(hit->second);
+    auto hit = cache.find(rel);
+    DirVerdict* verdict = nullptr;  // the cache's node (stable while the walk goes on)
+    if (hit != cache.end() && Matches(hit->second, stamp)) {
+      verdict = &hit->second;
+      if (memo && !seen) memo->Put(rel, stamp);
     } else {
-      UniqueFd dir = OpenBeneath(node.get(), "", O_RDONLY | O_DIRECTORY);
+      DirVerdict v;
+      struct stat st {};
+      UniqueFd dir = OpenBeneath(root.get(), rel, O_RDONLY | O_DIRECTORY);
       if (!dir.valid() || fstat(dir.get(), &st) != 0) continue;  // unreadable: not visible inside either
       ++stats->directories_read;
+      if (memo) memo->Put(rel, StampOf(st));
       v.ino = st.st_ino;
       v.dev = st.st_dev;
       v.mtime_s = st.st_mtim.tv_sec;
@@ -305,9 +336,16 @@ Status ScanDenyGlobs(const GlobScan& scan, const std::string& workspace_source,
       v.cacheable = st.st_mtim.tv_sec < settled_before && st.st_ctim.tv_sec < settled_before;
       ReadDir(dir.get(), rel, scan, matchers, buffer.get(), &v, stats);
       // The file changes only if what it would hold changes.
-      if (v.cacheable || (hit != old_cache.end() && hit->second.cacheable)) changed = true;
+      if (v.cacheable || (hit != cache.end() && hit->second.cacheable)) changed = true;
+      if (hit != cache.end()) {
+        hit->second = std::move(v);
+        verdict = &hit->second;
+      } else {
+        verdict = &cache.emplace(rel, std::move(v)).first->second;
+      }
     }
-    for (const auto& [type, name] : v.matches) {
+    verdict->visited = true;
+    for (const auto& [type, name] : verdict->matches) {
       std::string host = paths::Join(scan.source_root, rel.empty() ? name : rel + "/" + name);
       DenyMatch m{host, paths::Rebase(host, scan.source_root, scan.target_root), type == 'd'};
       if (type == 'l') {
@@ -323,15 +361,19 @@ Status ScanDenyGlobs(const GlobScan& scan, const std::string& workspace_source,
       }
       matches->push_back(std::move(m));
     }
-    for (const auto& s : v.subdirs) pending.push_back(rel.empty() ? s : rel + "/" + s);
-    new_cache.emplace(rel, std::move(v));
+    for (const auto& s : verdict->subdirs) pending.push_back(rel.empty() ? s : rel + "/" + s);
   }
   // Directories that went away drop out of the file too.
-  for (const auto& [rel, v] : old_cache) {
-    if (v.cacheable && new_cache.find(rel) == new_cache.end()) changed = true;
+  for (auto it = cache.begin(); it != cache.end();) {
+    if (it->second.visited) {
+      ++it;
+      continue;
+    }
+    changed = changed || it->second.cacheable;
+    it = cache.erase(it);
   }
   if (!cache_path.empty() && changed) {
-    SaveCache(cache_dir, cache_path, new_cache);
+    SaveCache(cache_dir, cache_path, cache);
   }
   return {};
 }

@@ -10,10 +10,23 @@
 // kernel's coarse timestamps could hide a later change in the same tick).
 // The cache lives outside every tree the sandbox can write; a damaged or
 // foreign cache file is ignored, never trusted.
+//
+// Revalidating an unchanged directory costs one statx(2) by its path below
+// the scan's root, no open. That path may cross a symlink only if some
+// directory above changed since it was cached, and the walk is top-down: a
+// directory is looked at only when its parent's verdict, checked or read
+// just before, lists it as a directory, and a parent whose entries changed
+// (a rename, a symlink put in a subdirectory's place) has a new ctime, is
+// read again with no symlink followed (openat2, RESOLVE_NO_SYMLINKS), and
+// lists no such entry. A directory whose stamp does not match is read the
+// same way. (Batching the statx calls through io_uring was measured slower:
+// the kernel runs IORING_OP_STATX on its worker threads; docs/performance.md.)
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "agentbox/plan.h"
@@ -33,10 +46,39 @@ struct ScanStats {
   std::size_t entries = 0;
 };
 
+// A directory's identity and times, as one look at it found them.
+struct DirStamp {
+  std::uint64_t ino = 0, dev = 0;
+  std::int64_t mtime_s = 0, mtime_ns = 0, ctime_s = 0, ctime_ns = 0;
+};
+
+// The stamps one launch took of one tree, shared by the scans it makes of
+// it (the deny globs, then the git repositories) so that each directory is
+// looked at once per launch. Filled and read within one ResolvePlan, while
+// nothing of the sandbox runs; never kept across runs (the end-of-run audit
+// looks again).
+class DirStampMemo {
+ public:
+  explicit DirStampMemo(std::string root) : root_(std::move(root)) {}
+  const std::string& root() const { return root_; }
+  const DirStamp* Find(const std::string& rel) const {
+    auto it = stamps_.find(rel);
+    return it == stamps_.end() ? nullptr : &it->second;
+  }
+  void Put(const std::string& rel, const DirStamp& s) { stamps_[rel] = s; }
+
+ private:
+  std::string root_;
+  std::unordered_map<std::string, DirStamp> stamps_;
+};
+
 // Scans `scan` (see GlobScan) and appends every match. `cache_dir` empty:
-// no cache. `workspace_source/target` map symlink targets inside.
+// no cache. `workspace_source/target` map symlink targets inside. `memo`
+// (optional): stamps taken earlier in the same launch, used when its root
+// is the scan's, and added to.
 [[nodiscard]] Status ScanDenyGlobs(const GlobScan& scan, const std::string& workspace_source,
                                    const std::string& workspace_target, const std::string& cache_dir,
-                                   std::vector<DenyMatch>* matches, ScanStats* stats);
+                                   std::vector<DenyMatch>* matches, ScanStats* stats,
+                                   DirStampMemo* memo = nullptr);
 
 }  // namespace agentbox::linux

@@ -140,6 +140,52 @@ TEST_F(DenyScanTest, CacheNoticesANewDirectoryHoldingASecret) {
   EXPECT_NE(std::find(after.begin(), after.end(), "/inside/a/new/.env"), after.end());
 }
 
+// A cached directory is revalidated by a statx of its path, which would
+// follow a symlink put in place of an ancestor: the ancestor's parent
+// changed with it, is read again, and never leads there.
+TEST_F(DenyScanTest, CacheFollowsNoAncestorSwappedForASymlink) {
+  AgeAllDirectories();
+  ScanStats s1, s2;
+  Scan({"**/.env"}, cache_, &s1);
+  fs::rename(ws_ + "/a", ws_ + "/a2");
+  fs::create_directory_symlink("a2", ws_ + "/a");
+  EXPECT_EQ(Scan({"**/.env"}, cache_, &s2), (std::vector<std::string>{"/inside/.env", "/inside/a2/b/.env"}));
+}
+
+TEST_F(DenyScanTest, CacheFollowsNoDirectorySwappedForASymlinkOutside) {
+  fs::create_directories(root_ + "/outside/b");
+  Touch(root_ + "/outside/b/.env");
+  AgeAllDirectories();
+  ScanStats s1, s2;
+  Scan({"**/.env"}, cache_, &s1);
+  fs::rename(ws_ + "/a/b", ws_ + "/moved");
+  fs::create_directory_symlink(root_ + "/outside/b", ws_ + "/a/b");
+  EXPECT_EQ(Scan({"**/.env"}, cache_, &s2), (std::vector<std::string>{"/inside/.env", "/inside/moved/.env"}));
+}
+
+// Two scans of one launch share their stamps and find what each would alone.
+TEST_F(DenyScanTest, ScansOfOneLaunchShareTheirStamps) {
+  AgeAllDirectories();
+  ScanStats s1, s2, s3, s4;
+  Scan({"**/.env"}, cache_, &s1);
+  Scan({"**/.envrc"}, cache_, &s2);
+  DirStampMemo memo(ws_);
+  for (const auto& [pattern, want] :
+       std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"**/.env", {"/inside/.env", "/inside/a/b/.env"}}, {"**/.envrc", {"/inside/c/.envrc"}}}) {
+    std::vector<DenyMatch> matches;
+    ScanStats stats;
+    GlobScan scan{ws_, "/inside", "", {pattern}};
+    ASSERT_TRUE(ScanDenyGlobs(scan, ws_, "/inside", cache_, &matches, &stats, &memo).ok());
+    std::vector<std::string> targets;
+    for (const auto& m : matches) targets.push_back(m.target);
+    std::sort(targets.begin(), targets.end());
+    EXPECT_EQ(targets, want) << pattern;
+    EXPECT_EQ(stats.directories_read, 0u) << pattern;
+  }
+  EXPECT_NE(memo.Find("a/b"), nullptr);
+}
+
 TEST_F(DenyScanTest, ADamagedCacheIsIgnored) {
   AgeAllDirectories();
   ScanStats s1, s2;

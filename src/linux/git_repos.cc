@@ -344,11 +344,12 @@ std::vector<std::string> DangerousGitConfigKeys(const std::string& text) {
   return out;
 }
 
-Result<std::vector<GitDir>> FindGitDirs(const std::string& workspace, const std::string& cache_dir) {
+Result<std::vector<GitDir>> FindGitDirs(const std::string& workspace, const std::string& cache_dir,
+                                        DirStampMemo* memo) {
   GlobScan scan{workspace, workspace, "", {"**/.git", "**/HEAD"}};
   std::vector<DenyMatch> matches;
   ScanStats stats;
-  if (Status s = ScanDenyGlobs(scan, workspace, workspace, cache_dir, &matches, &stats); !s.ok()) return s;
+  if (Status s = ScanDenyGlobs(scan, workspace, workspace, cache_dir, &matches, &stats, memo); !s.ok()) return s;
   std::sort(matches.begin(), matches.end(),
             [](const DenyMatch& a, const DenyMatch& b) { return a.host_path < b.host_path; });
   std::vector<GitDir> out;

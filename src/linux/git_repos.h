@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "agentbox/status.h"
+#include "linux/deny_scan.h"
 
 namespace agentbox::linux {
 
@@ -32,8 +33,10 @@ struct GitDir {
 // in the workspace), each bare repository (a directory holding a HEAD file,
 // objects/ and refs/), and the submodules' git directories under
 // `<git dir>/modules`. `cache_dir` is the deny scan's cache ("" = none).
-// A directory named `.git` or `HEAD` is not searched further.
-[[nodiscard]] Result<std::vector<GitDir>> FindGitDirs(const std::string& workspace, const std::string& cache_dir);
+// A directory named `.git` or `HEAD` is not searched further. `memo`: the
+// launch's stamps of the workspace (deny_scan.h), or null.
+[[nodiscard]] Result<std::vector<GitDir>> FindGitDirs(const std::string& workspace, const std::string& cache_dir,
+                                                      DirStampMemo* memo = nullptr);
 
 // The settings in git config text that make git run a program or read
 // another file (core.hooksPath, core.fsmonitor, core.sshCommand, filter.*,

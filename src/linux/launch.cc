@@ -10,6 +10,7 @@
 
 #include "linux/compat.h"
 #include "linux/namespaces.h"
+#include "linux/phases.h"
 #include "linux/rlimits.h"
 #include "linux/runner.h"
 #include "linux/seccomp_filter.h"
@@ -23,6 +24,7 @@ Result<Launched> Launch(const Plan& plan, const std::vector<std::string>& argv, 
   auto resolved = ResolvePlan(plan);
   if (!resolved.ok()) return resolved.status();
   out.resolved = std::move(*resolved);
+  phases::Mark("resolve");
 
   int status_pipe[2], lifeline_pipe[2], stderr_pipe[2] = {-1, -1};
   if (pipe2(status_pipe, O_CLOEXEC) != 0) return Status::Errno("launch", "pipe2");
@@ -114,6 +116,7 @@ Result<Launched> Launch(const Plan& plan, const std::vector<std::string>& argv, 
   int pidfd = -1;
   args.pidfd = reinterpret_cast<std::uint64_t>(&pidfd);
   args.exit_signal = SIGCHLD;
+  phases::Mark("pre-clone");
   long pid = CloneProcess(&args);
   if (pid < 0) {
     return Status::Errno("clone", plan.confined ? "clone3(CLONE_NEWUSER|CLONE_NEWNS|CLONE_NEWPID|...)"
@@ -121,6 +124,7 @@ Result<Launched> Launch(const Plan& plan, const std::vector<std::string>& argv, 
   }
   if (pid == 0) {
     // Child: from here on only the runner's code runs; it never returns.
+    phases::Mark("runner: started");
     for (const auto& fd : task_files) {
       if (write(fd.get(), "0", 1) != 1) {
         WriteMessage(status_w.get(), {RunnerMessage::Type::kSetupError, Status::Errno("cgroup", "write", "tasks")});
@@ -151,6 +155,7 @@ Result<Launched> Launch(const Plan& plan, const std::vector<std::string>& argv, 
                                   "Linux 5.3 and later; `agentbox check` shows pidfd): agentbox watches every "
                                   "sandbox through one and refuses to run without");
   }
+  phases::Mark("clone returned");
   out.pid = static_cast<pid_t>(pid);
   out.pidfd.reset(pidfd);
   upper_send.reset();
@@ -165,6 +170,7 @@ Result<Launched> Launch(const Plan& plan, const std::vector<std::string>& argv, 
     } else if (Status s = SendProgram(filter_send.get(), *program); !s.ok()) {
       out.filter_error = s;
     }
+    phases::Mark("seccomp sent");
   }
   return out;
 }

@@ -173,10 +173,11 @@ Result<ProtectResolution> ResolveProtect(const Plan& plan, const MountOp& op, Re
 // Every other repository of the workspace gets the root's protection:
 // `<git dir>/NAME` read-only for each NAME in plan.protect_git, its
 // ancestors pinned. A `.git` file is protected (and pinned) itself.
-Status ProtectGitRepos(const Plan& plan, ResolvedPlan* rp, std::set<std::string>* protected_targets) {
+Status ProtectGitRepos(const Plan& plan, ResolvedPlan* rp, std::set<std::string>* protected_targets,
+                       DirStampMemo* memo) {
   if (plan.protect_git.empty() || !plan.workspace_writable) return {};
   const std::string& ws = plan.workspace_source;
-  auto dirs = FindGitDirs(ws, plan.scan_cache_dir);
+  auto dirs = FindGitDirs(ws, plan.scan_cache_dir, memo);
   if (!dirs.ok()) return dirs.status();
   std::set<std::string> pinned;
   for (const auto& m : rp->mounts) {
@@ -402,11 +403,14 @@ Result<ResolvedPlan> ResolvePlan(const Plan& plan) {
     rp.mounts.push_back(std::move(rm));
   }
 
+  // The deny globs and the git repositories are found by walks of the
+  // same tree: each directory is looked at once for both.
+  DirStampMemo memo(plan.workspace_source);
   for (const auto& scan : plan.deny_globs) {
     std::vector<DenyMatch> matches;
     ScanStats stats;
     if (Status s = ScanDenyGlobs(scan, plan.workspace_source, plan.workspace_target, plan.scan_cache_dir,
-                                 &matches, &stats);
+                                 &matches, &stats, &memo);
         !s.ok()) {
       return s;
     }
@@ -428,7 +432,7 @@ Result<ResolvedPlan> ResolvePlan(const Plan& plan) {
   }
   // After the masks: a repository inside a masked directory is hidden
   // whole, and there is nothing to bind in it.
-  if (Status s = ProtectGitRepos(plan, &rp, &protected_targets); !s.ok()) return s;
+  if (Status s = ProtectGitRepos(plan, &rp, &protected_targets, &memo); !s.ok()) return s;
   // Parents before children, so that a mask inside a pinned or protected
   // directory is mounted after (on top of) that directory's own bind.
   std::stable_sort(rp.mounts.begin() + 1, rp.mounts.end(),

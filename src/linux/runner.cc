@@ -42,12 +42,14 @@
 #include "linux/landlock_ruleset.h"
 #include "linux/mounts.h"
 #include "linux/namespaces.h"
+#include "linux/phases.h"
 #include "linux/proxy_listeners.h"
 #include "linux/pty.h"
 #include "linux/seccomp_filter.h"
 #include "linux/seccomp_notify.h"
 #include "linux/session_shell.h"
 #include "linux/status_pipe.h"
+#include "linux/text_pages.h"
 
 extern char** environ;
 
@@ -209,6 +211,7 @@ Status BuildRoot(const Plan& plan, const ResolvedPlan& resolved, UpperFs* upper_
 Result<std::unique_ptr<NotifyResponder>> ApplyLayers(const Plan& plan, int status_fd, int filter_fd, int broker_fd) {
   if (plan.landlock.abi > 0) {
     auto ll = ApplyLandlock(plan.landlock);
+    phases::Mark("runner: landlock");
     if (!ll.ok()) return ll.status();
     if (!ll->short_of_plan.empty()) {
       std::string what;
@@ -228,6 +231,7 @@ Result<std::unique_ptr<NotifyResponder>> ApplyLayers(const Plan& plan, int statu
   if (!plan.seccomp.enabled) return std::unique_ptr<NotifyResponder>();
   auto program = ReceiveProgram(filter_fd);
   close(filter_fd);
+  phases::Mark("runner: seccomp received");
   if (!program.ok()) return program.status();
   UnixConnectRules rules;
   rules.allowed = plan.unix_sockets;
@@ -246,7 +250,35 @@ Result<std::unique_ptr<NotifyResponder>> ApplyLayers(const Plan& plan, int statu
   auto listener = InstallSeccomp(*program);
   if (!listener.ok()) return listener.status();
   (*responder)->Serve(std::move(*listener));
+  phases::Mark("runner: seccomp loaded");
   return std::move(*responder);
+}
+
+// Pid 1 of the sandbox's pid namespace, once its command has ended: every
+// other process of the namespace (the command's leftovers, whatever was
+// re-parented to us) is sent SIGKILL and reaped. kill(-1) from pid 1 reaches
+// each of them and no new one can be forked past it (the kernel's own
+// zap_pid_ns_processes does the same when pid 1 exits); all share our uid
+// and none can have left it (one mapped id, no_new_privs). Then the usage
+// of us and everything we reaped, for the report (what the supervisor's
+// wait4 would say).
+void EmptyPidNamespace(RunnerMessage* m) {
+  kill(-1, SIGKILL);
+  for (;;) {
+    if (waitpid(-1, nullptr, __WALL) > 0) continue;
+    if (errno == EINTR) continue;
+    break;  // ECHILD: nothing of the sandbox is left but us
+  }
+  struct rusage self {}, children {};
+  getrusage(RUSAGE_SELF, &self);
+  getrusage(RUSAGE_CHILDREN, &children);
+  auto us = [](const struct timeval& a, const struct timeval& b) {
+    return static_cast<std::uint64_t>(a.tv_sec + b.tv_sec) * 1000000 + static_cast<std::uint64_t>(a.tv_usec + b.tv_usec);
+  };
+  m->sandbox_empty = true;
+  m->cpu_user_us = us(self.ru_utime, children.ru_utime);
+  m->cpu_sys_us = us(self.ru_stime, children.ru_stime);
+  m->max_rss_kib = static_cast<std::uint64_t>(std::max(self.ru_maxrss, children.ru_maxrss));
 }
 
 // The seccomp denials so far, on the status pipe (before the exit message).
@@ -467,10 +499,15 @@ SetUpResult SetUpSandbox(const Plan& plan, const ResolvedPlan& resolved, int* st
       !s.ok()) {
     Fail(*status_fd, s);
   }
+  // The supervisor's registration (text_pages.h) ended with the clone:
+  // ours, after the descriptors are settled (closing it would end it).
+  MapOnlyTouchedText();
   // Landlock-only: no namespaces, so no id maps, root, loopback or hostname.
   const bool namespaced = plan.confined && plan.backend == Backend::kNamespaces;
+  phases::Mark("runner: fds");
   if (namespaced) {
     if (Status s = WriteIdMaps(plan.uid, plan.gid); !s.ok()) Fail(*status_fd, s);
+    phases::Mark("runner: id maps");
   }
   // Nobody inside may ptrace us, read our memory or /proc/1/fd, or forge our
   // status pipe. (After the id maps: a non-dumpable process cannot open its
@@ -486,6 +523,7 @@ SetUpResult SetUpSandbox(const Plan& plan, const ResolvedPlan& resolved, int* st
   }
   if (namespaced) {
     if (Status s = BuildRoot(plan, resolved, upper_fs, upper_fd); !s.ok()) Fail(*status_fd, s);
+    phases::Mark("runner: mounts+pivot");
     // The earlier world's upper layer is copied: nothing here needs it again.
     if (upper_fs && upper_fs->seed_fd >= 0) {
       close(upper_fs->seed_fd);
@@ -515,6 +553,7 @@ SetUpResult SetUpSandbox(const Plan& plan, const ResolvedPlan& resolved, int* st
   }
   // On both backends: the daemon knows a sandbox's processes by this name
   // above them (EnclosingRunner), and refuses them.
+  phases::Mark("runner: net+hostname");
   if (plan.confined) prctl(PR_SET_NAME, kRunnerName, 0, 0, 0);
   if (chdir(plan.cwd.c_str()) != 0) Fail(*status_fd, Status::Errno("cwd", "chdir", plan.cwd));
 
@@ -531,6 +570,7 @@ SetUpResult SetUpSandbox(const Plan& plan, const ResolvedPlan& resolved, int* st
   // DropAllCapabilities also sets no_new_privs, which Landlock and seccomp need.
   if (plan.confined) {
     if (Status s = DropAllCapabilities(); !s.ok()) Fail(*status_fd, s);
+    phases::Mark("runner: caps");
     auto layers = ApplyLayers(plan, *status_fd, *filter_fd, *proxy_fd);
     if (!layers.ok()) Fail(*status_fd, layers.status());
     out.responder = std::move(*layers);
@@ -580,7 +620,9 @@ void RunnerMain(const Plan& plan, const ResolvedPlan& resolved, const std::vecto
     // the runner (the command gets SIG_DFL back before its exec).
     signal(SIGPIPE, SIG_IGN);
   }
+  phases::Mark("runner: spawn");
   pid_t child = SpawnCommand(request, plan.confined, status_fd, original);
+  phases::Mark("runner: exec'd");
   if (child < 0) Fail(status_fd, Status::Errno("fork", "vfork"));
   pty.slave.reset();  // the command's now: its last holder's exit ends the master's output
   // Reap everything; forward termination signals to the command's group;
@@ -613,6 +655,7 @@ void RunnerMain(const Plan& plan, const ResolvedPlan& resolved, const std::vecto
     pid_t pid;
     while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
       if (pid != child) continue;
+      phases::Mark("runner: command reaped");
       // The command's calls were all recorded before they were answered.
       count_records();
       if (relay) relay->Drain();
@@ -623,6 +666,21 @@ void RunnerMain(const Plan& plan, const ResolvedPlan& resolved, const std::vecto
       m.type = RunnerMessage::Type::kExit;
       if (WIFEXITED(status)) m.exit_code = WEXITSTATUS(status);
       if (WIFSIGNALED(status)) m.signal = WTERMSIG(status);
+      // The init of a pid namespace of its own: what the command left
+      // running is killed and reaped here, before the exit is reported, so
+      // that the report's end is the sandbox's. The supervisor can then
+      // finish without waiting for the kernel to release the namespaces
+      // after us (agentbox/run.h, RunnerTeardown).
+      if (getpid() == 1) {
+        EmptyPidNamespace(&m);
+        // The stderr pipe and every other descriptor but the status pipe
+        // end now, not once the kernel has released our namespaces
+        // (descriptors left to exit are closed after that); this message
+        // is the status pipe's last. The supervisor then has all it needs
+        // without waiting for us to run again.
+        CloseFds(0, static_cast<unsigned>(status_fd) - 1);
+        CloseFds(static_cast<unsigned>(status_fd) + 1);
+      }
       WriteMessage(status_fd, m);
       // Leaving pid 1 kills whatever the command left running.
       _exit(0);

@@ -25,6 +25,12 @@ void WriteMessage(int fd, const RunnerMessage& m) {
       j["t"] = "exit";
       j["code"] = m.exit_code;
       j["signal"] = m.signal;
+      if (m.sandbox_empty) {
+        j["empty"] = true;
+        j["utime_us"] = m.cpu_user_us;
+        j["stime_us"] = m.cpu_sys_us;
+        j["maxrss_kib"] = m.max_rss_kib;
+      }
       break;
     case RunnerMessage::Type::kReady:
       j["t"] = "ready";
@@ -73,6 +79,12 @@ bool ParseMessage(const std::string& line, RunnerMessage* m) {
       m->type = RunnerMessage::Type::kExit;
       m->exit_code = j.at("code").get<int>();
       m->signal = j.at("signal").get<int>();
+      m->sandbox_empty = j.value("empty", false);
+      if (m->sandbox_empty) {
+        m->cpu_user_us = j.at("utime_us").get<std::uint64_t>();
+        m->cpu_sys_us = j.at("stime_us").get<std::uint64_t>();
+        m->max_rss_kib = j.at("maxrss_kib").get<std::uint64_t>();
+      }
       return true;
     }
     m->type = t == "exec_error" ? RunnerMessage::Type::kExecError : RunnerMessage::Type::kSetupError;

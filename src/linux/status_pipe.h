@@ -22,6 +22,11 @@ struct RunnerMessage {
   Status status;       // kSetupError, kExecError
   int exit_code = -1;  // kExit: exited with this code
   int signal = 0;      // kExit: killed by this signal
+  // kExit from the init of a pid namespace: every other process of the
+  // sandbox was killed and reaped before it was sent; the usage of the
+  // runner and of all it reaped (what wait4 on the runner would give).
+  bool sandbox_empty = false;
+  std::uint64_t cpu_user_us = 0, cpu_sys_us = 0, max_rss_kib = 0;
   int landlock_abi = 0;                     // kLandlock: what the kernel offered
   std::vector<std::string> short_of_plan;   // kLandlock
   std::vector<std::pair<std::string, std::uint64_t>> denied;  // kSeccompDenials: syscall, count

@@ -25,6 +25,7 @@
 #include "linux/descendants.h"
 #include "linux/git_repos.h"
 #include "linux/launch.h"
+#include "linux/phases.h"
 #include "linux/proxy_listeners.h"
 #include "linux/seccomp_notify.h"
 #include "linux/status_pipe.h"
@@ -177,6 +178,7 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
     return out;
   }
   std::unique_ptr<linux::SandboxCgroup> cgroup = std::move(*made);
+  linux::phases::Mark("cgroup");
   // disk_gib by a project quota on the workspace: tagged before the launch,
   // restored when this function returns (and by gc, should we be killed).
   auto quota = supervise::StartWorkspaceQuota(plan);
@@ -238,6 +240,12 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
   bool timed_out = false, killed = false;
   std::optional<Clock::time_point> deadline, kill_at, drain_until;
   if (plan.timeout_ms) deadline = started + std::chrono::milliseconds(*plan.timeout_ms);
+
+  // RunnerTeardown::kLeaveToExit: whether this run may, and did, end
+  // without waiting for the runner's namespaces to be released.
+  const bool leave_runner = options.runner_teardown == RunnerTeardown::kLeaveToExit && !cgroup && !quota->quota &&
+                            !(plan.confined && plan.workspace_overlay);
+  bool runner_left = false;
 
   char buf[16384];
   while (status_open || stderr_open || !exited) {
@@ -325,7 +333,18 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
       if (listeners.ok()) idle_egress = EgressFds(plan, *listeners, &child);
       // Nothing received: the runner failed before, and says why on the status pipe.
     }
-    if (i_status >= 0 && fds[i_status].revents) status_open = status.Read(child.status.get(), &messages);
+    if (i_status >= 0 && fds[i_status].revents) {
+      status_open = status.Read(child.status.get(), &messages);
+      linux::phases::Mark("status read");
+      if (!exited && leave_runner && !messages.empty() && messages.back().type == linux::RunnerMessage::Type::kExit &&
+          messages.back().sandbox_empty) {
+        // Nothing of the sandbox runs but the runner's own exit, and this
+        // is the last the runner says.
+        exited = runner_left = true;
+        status_open = false;
+        drain_until = Clock::now() + std::chrono::milliseconds(kDrainAfterExitMs);
+      }
+    }
     if (i_err >= 0 && fds[i_err].revents) {
       ssize_t got = read(child.stderr_pipe.get(), buf, sizeof(buf));
       if (got <= 0) {
@@ -352,8 +371,21 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
 
   int wstatus = 0;
   struct rusage ru {};
-  while (wait4(child.pid, &wstatus, 0, &ru) < 0 && errno == EINTR) {
+  linux::phases::Mark("loop done");
+  const linux::RunnerMessage* end = nullptr;
+  for (const auto& m : messages) {
+    if (m.type == linux::RunnerMessage::Type::kExit) end = &m;
   }
+  if (runner_left && wait4(child.pid, &wstatus, WNOHANG, &ru) <= 0) {
+    // Still releasing its namespaces: its usage is the one it reported.
+    ru.ru_utime = {static_cast<time_t>(end->cpu_user_us / 1000000), static_cast<suseconds_t>(end->cpu_user_us % 1000000)};
+    ru.ru_stime = {static_cast<time_t>(end->cpu_sys_us / 1000000), static_cast<suseconds_t>(end->cpu_sys_us % 1000000)};
+    ru.ru_maxrss = static_cast<long>(end->max_rss_kib);
+  } else {
+    while (wait4(child.pid, &wstatus, 0, &ru) < 0 && errno == EINTR) {
+    }
+  }
+  linux::phases::Mark("reaped");
   out.usage.wall_ms = Ms(Clock::now() - started);
   supervise::FillRusage(ru, &out.usage);
   // Pid 1 is reaped: its namespace is empty. Read the counters before the
@@ -406,7 +438,9 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
     SettleOverlay(plan, child,
                   EndOfRun(setup_error || proxy_error, timed_out, cg_stats.oom_kills, exit_msg), &out);
   }
+  linux::phases::Mark("counters");
   const bool git_denied = AuditGitRepos(plan, child.resolved.git_dirs, &out);
+  linux::phases::Mark("git audit");
 
   // The runner is gone: close the proxy (every connection's record is in),
   // before the report is built.

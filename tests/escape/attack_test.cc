@@ -100,6 +100,35 @@ TEST(Attack, DotEnvInTheWorkspace) {
   EXPECT_FALSE(Contains(a.run().out + a.run().err, secret));
 }
 
+// The deny scan's cache serves unchanged directories from the last run: a
+// .env created since, in a directory the last run cached (its mtime put
+// back, as a copy that keeps times does) or in a new one, is masked all
+// the same.
+TEST(Attack, DotEnvCreatedBetweenRuns) {
+  Attack a("secret: .env created after a run cached the tree", Kind::kBoundary);
+  Sandbox sb;
+  const std::string secret = "API_KEY=" + RandomHex();
+  const std::string deep = sb.ws() + "/deep/x/y";
+  ASSERT_EQ(system(("mkdir -p '" + deep + "'").c_str()), 0);
+  // Only directories older than a second are cached: let them settle, and
+  // run once so that the next run's scan is served from the cache.
+  std::this_thread::sleep_for(std::chrono::milliseconds(2100));
+  e2e::RunResult warm = sb.Sh("true");
+  ASSERT_EQ(warm.status, 0) << warm.Describe();
+  struct stat before {};
+  ASSERT_EQ(stat(deep.c_str(), &before), 0);
+  e2e::WriteFile(deep + "/.env", secret + "\n", 0600);
+  e2e::WriteFile(sb.ws() + "/deep/new/.env", secret + "\n", 0600);
+  struct timespec back[2] = {before.st_atim, before.st_mtim};
+  ASSERT_EQ(utimensat(AT_FDCWD, deep.c_str(), back, AT_SYMLINK_NOFOLLOW), 0);
+  EXPECT_TRUE(a.Host(sb, {"read", "deep/x/y/.env", secret}).ok);
+  Probe in = a.InsideSh(sb, "./escape_probe read deep/x/y/.env " + secret + "; ./escape_probe read_any deep/new/.env",
+                        "read");
+  EXPECT_FALSE(in.ok) << in.Describe();
+  EXPECT_FALSE(ParseProbe(a.run().out, "read_any").ok) << a.run().Describe();
+  EXPECT_FALSE(Contains(a.run().out + a.run().err, secret));
+}
+
 // ------------------------------------------------------------ writes
 
 TEST(Attack, WriteOutsideTheWorkspace) {
