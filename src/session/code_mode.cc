@@ -463,16 +463,7 @@ void BindingServer::Serve() {
       if (errno == EINTR) continue;
       return;
     }
-    if (stop_ || (p[1].revents & POLLIN)) {
-      // Finish: the program has ended. What it wrote before that is read
-      // now, so its result is not lost to a race with the call's end.
-      for (ssize_t got; pending.size() <= max_line_ &&
-                        (got = recv(fd_.get(), buf, sizeof(buf), MSG_DONTWAIT)) > 0;) {
-        pending.append(buf, static_cast<std::size_t>(got));
-      }
-      take_lines(true);
-      return;
-    }
+    if (stop_ || (p[1].revents & POLLIN)) break;
     if (!(p[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
     ssize_t got = read(fd_.get(), buf, sizeof(buf));
     if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
@@ -481,6 +472,13 @@ void BindingServer::Serve() {
     if (!take_lines(false)) return;
     if (pending.size() > max_line_) return broken("a line longer than " + std::to_string(max_line_) + " bytes");
   }
+  // Finish: the program has ended. What it wrote before that is read now,
+  // however the loop saw the stop (the wake, or stop_ itself between two
+  // rounds), so its result is not lost to a race with the call's end.
+  for (ssize_t got; pending.size() <= max_line_ && (got = recv(fd_.get(), buf, sizeof(buf), MSG_DONTWAIT)) > 0;) {
+    pending.append(buf, static_cast<std::size_t>(got));
+  }
+  take_lines(true);
 }
 
 }  // namespace agentbox::session
