@@ -4,21 +4,10 @@
 #include <cstdio>
 
 namespace agentbox::report {
-namespace {
-
-using nlohmann::json;
-
-// The bytes that end a run copied as it is: what JSON escapes, and the
-// lead bytes of multi-byte UTF-8 (checked, then copied too).
-constexpr std::array<bool, 256> kSpecial = [] {
-  std::array<bool, 256> t{};
-  for (int c = 0; c < 256; ++c) t[c] = c < 0x20 || c == '"' || c == '\\' || c >= 0x80;
-  return t;
-}();
 
 // The length of the well-formed UTF-8 sequence at s[i] (s[i] >= 0x80), or
 // 0: no overlong forms, no surrogates, nothing past U+10FFFF.
-std::size_t SequenceLength(const unsigned char* s, std::size_t i, std::size_t n) {
+std::size_t Utf8SequenceLength(const unsigned char* s, std::size_t i, std::size_t n) {
   const unsigned char c = s[i];
   std::size_t len = 0;
   unsigned char lo = 0x80, hi = 0xbf;  // the range of the second byte
@@ -41,6 +30,19 @@ std::size_t SequenceLength(const unsigned char* s, std::size_t i, std::size_t n)
   return len;
 }
 
+namespace {
+
+using nlohmann::json;
+
+// The bytes that end a run copied as it is: what JSON escapes, and the
+// lead bytes of multi-byte UTF-8 (checked, then copied too).
+constexpr std::array<bool, 256> kSpecial = [] {
+  std::array<bool, 256> t{};
+  for (int c = 0; c < 256; ++c) t[c] = c < 0x20 || c == '"' || c == '\\' || c >= 0x80;
+  return t;
+}();
+
+
 // `text` as a JSON string, escaped as nlohmann escapes it (ensure_ascii
 // off); false, with nothing appended, when it is not valid UTF-8.
 bool AppendString(const std::string& text, std::string* out) {
@@ -58,7 +60,7 @@ bool AppendString(const std::string& text, std::string* out) {
       continue;
     }
     if (c >= 0x80) {
-      const std::size_t len = SequenceLength(s, i, n);
+      const std::size_t len = Utf8SequenceLength(s, i, n);
       if (len == 0) {
         out->resize(start);
         return false;

@@ -27,6 +27,7 @@
 
 #include "linux/compat.h"
 #include "linux/fd.h"
+#include "report/json_text.h"
 #include "policy/sha256.h"
 #include "session/gitignore.h"
 #include "session/unified_diff.h"
@@ -59,34 +60,11 @@ std::string Octal(mode_t mode) {
 // Whether `s` is well-formed UTF-8 (RFC 3629: no overlong forms, no
 // surrogates, nothing past U+10FFFF), which is what JSON text can carry.
 bool IsUtf8(std::string_view s) {
-  std::size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    std::size_t more = 0;
-    unsigned char lo = 0x80, hi = 0xbf;  // the range of the first continuation byte
-    if (c >= 0xc2 && c <= 0xdf) {
-      more = 1;
-    } else if (c >= 0xe0 && c <= 0xef) {
-      more = 2;
-      if (c == 0xe0) lo = 0xa0;
-      if (c == 0xed) hi = 0x9f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-      more = 3;
-      if (c == 0xf0) lo = 0x90;
-      if (c == 0xf4) hi = 0x8f;
-    } else {
-      return false;
-    }
-    if (s.size() - i <= more) return false;
-    for (std::size_t k = 1; k <= more; ++k) {
-      const auto b = static_cast<unsigned char>(s[i + k]);
-      if (k == 1 ? (b < lo || b > hi) : (b < 0x80 || b > 0xbf)) return false;
-    }
-    i += more + 1;
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  for (std::size_t i = 0; i < s.size();) {
+    const std::size_t len = p[i] < 0x80 ? 1 : report::Utf8SequenceLength(p, i, s.size());
+    if (len == 0) return false;
+    i += len;
   }
   return true;
 }
