@@ -29,19 +29,19 @@ struct RenderFlags {
   k8s::RenderOptions options;
 };
 
-int Fail(const std::string& message) {
+int RenderFail(const std::string& message) {
   std::fprintf(stderr, "agentbox k8s render: %s\n", message.c_str());
   return 1;
 }
 
 int RunRender(const RenderFlags& f) {
   auto policy = LoadPolicyFile(f.policy);
-  if (!policy.ok()) return Fail(policy.status().message());
+  if (!policy.ok()) return RenderFail(policy.status().message());
   auto objects = k8s::Render(*policy, f.options);
-  if (!objects.ok()) return Fail(objects.status().message());
+  if (!objects.ok()) return RenderFail(objects.status().message());
   const std::string yaml = k8s::ToYamlStream(*objects);
   std::fwrite(yaml.data(), 1, yaml.size(), stdout);
-  return std::fflush(stdout) == 0 ? 0 : Fail("writing to stdout failed");
+  return std::fflush(stdout) == 0 ? 0 : RenderFail("writing to stdout failed");
 }
 
 void AddRender(CLI::App& k8s, const std::shared_ptr<RenderFlags>& f) {

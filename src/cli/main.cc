@@ -50,9 +50,6 @@ namespace {
 
 using nlohmann::json;
 
-constexpr int kExitUsage = 2;
-constexpr int kExitSandbox = 125;
-
 // Flags shared by `run`, `wrap` and `policy explain`.
 struct PolicyFlags {
   std::string policy_file;
@@ -92,13 +89,6 @@ struct PolicyFlags {
 };
 
 void Error(const std::string& msg) { std::fprintf(stderr, "agentbox: %s\n", msg.c_str()); }
-
-std::string RealPath(const std::string& p) {
-  char buf[PATH_MAX];
-  if (!realpath(p.c_str(), buf)) return "";
-  return buf;
-}
-
 
 std::string Nonce() { return linux::RandomHex(8); }
 

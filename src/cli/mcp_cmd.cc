@@ -46,8 +46,6 @@ struct McpFlags {
   std::size_t workers = 16;
 };
 
-constexpr int kExitUsage = 2;
-constexpr int kExitFailure = 1;
 constexpr int kShutdownGraceMs = 2000;
 // Default state directories: DEFAULT/mcp/1 .. DEFAULT/mcp/kSlots. A state
 // directory serves one process at a time, and an MCP client may start
@@ -73,7 +71,7 @@ std::string DefaultSlotsDir() {
 }
 
 // mkdir -p (0700 for the directories created).
-void MakeDirs(const std::string& dir) {
+void MakePrivateDirs(const std::string& dir) {
   for (std::size_t slash = dir.find('/', 1);; slash = dir.find('/', slash + 1)) {
     ::mkdir(dir.substr(0, slash).c_str(), 0700);
     if (slash == std::string::npos) break;
@@ -87,7 +85,7 @@ struct OpenedState {
 
 // The Manager on `dir` (made when missing).
 Result<OpenedState> OpenState(const std::string& dir, std::size_t output_cap) {
-  MakeDirs(dir);
+  MakePrivateDirs(dir);
   session::ManagerOptions options;
   options.state_dir = dir;
   options.output_cap_bytes = output_cap;
@@ -117,11 +115,6 @@ Result<OpenedState> OpenSlot(const std::string& slots, const std::string& sessio
                                            ") is in use; last: " + last.ToString());
 }
 
-std::string RealPath(const std::string& p) {
-  char buf[PATH_MAX];
-  return realpath(p.c_str(), buf) ? std::string(buf) : std::string();
-}
-
 // Log lines with a UTC timestamp, to stderr or a file, from any thread.
 class Logger {
  public:
@@ -142,7 +135,7 @@ class Logger {
   std::mutex mu_;
 };
 
-void Error(const std::string& msg) { std::fprintf(stderr, "agentbox mcp: %s\n", msg.c_str()); }
+void McpError(const std::string& msg) { std::fprintf(stderr, "agentbox mcp: %s\n", msg.c_str()); }
 
 int RunMcp(const McpFlags& f) {
   // The protocol gets its own copies of fds 0 and 1 (close-on-exec, so no
@@ -151,12 +144,12 @@ int RunMcp(const McpFlags& f) {
   UniqueFd proto_out(::fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 3));
   UniqueFd proto_in(::fcntl(STDIN_FILENO, F_DUPFD_CLOEXEC, 3));
   if (!proto_out.valid() || !proto_in.valid()) {
-    Error(std::string("cannot duplicate stdin/stdout: ") + std::strerror(errno));
+    McpError(std::string("cannot duplicate stdin/stdout: ") + std::strerror(errno));
     return kExitFailure;
   }
   std::fflush(stdout);
   if (::dup2(STDERR_FILENO, STDOUT_FILENO) < 0) {
-    Error(std::string("dup2(stderr, stdout): ") + std::strerror(errno));
+    McpError(std::string("dup2(stderr, stdout): ") + std::strerror(errno));
     return kExitFailure;
   }
   if (UniqueFd null(::open("/dev/null", O_RDONLY | O_CLOEXEC)); null.valid()) ::dup2(null.get(), STDIN_FILENO);
@@ -165,7 +158,7 @@ int RunMcp(const McpFlags& f) {
   if (!f.log_file.empty()) {
     log_fd.reset(::open(f.log_file.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600));
     if (!log_fd.valid()) {
-      Error("--log-file " + f.log_file + ": " + std::strerror(errno));
+      McpError("--log-file " + f.log_file + ": " + std::strerror(errno));
       return kExitUsage;
     }
   }
@@ -174,7 +167,7 @@ int RunMcp(const McpFlags& f) {
 
   std::string workspace = RealPath(f.workspace.empty() ? "." : f.workspace);
   if (workspace.empty()) {
-    Error("--workspace " + (f.workspace.empty() ? std::string(".") : f.workspace) + ": " + std::strerror(errno));
+    McpError("--workspace " + (f.workspace.empty() ? std::string(".") : f.workspace) + ": " + std::strerror(errno));
     return kExitUsage;
   }
   std::string state_dir = f.state_dir;
@@ -183,7 +176,7 @@ int RunMcp(const McpFlags& f) {
   if (!f.policy_file.empty()) {
     std::ifstream in(f.policy_file);
     if (!in) {
-      Error("--policy " + f.policy_file + ": " + std::strerror(errno));
+      McpError("--policy " + f.policy_file + ": " + std::strerror(errno));
       return kExitUsage;
     }
     std::stringstream ss;
@@ -195,7 +188,7 @@ int RunMcp(const McpFlags& f) {
   // client that goes away makes writes fail instead of killing the process.
   int stop_pipe[2];
   if (::pipe2(stop_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
-    Error(std::string("pipe2: ") + std::strerror(errno));
+    McpError(std::string("pipe2: ") + std::strerror(errno));
     return kExitFailure;
   }
   UniqueFd stop_read(stop_pipe[0]), stop_write(stop_pipe[1]);
@@ -214,8 +207,8 @@ int RunMcp(const McpFlags& f) {
   };
   Result<OpenedState> state = open_state();
   if (!state.ok()) {
-    Error("state directory " + (state_dir.empty() ? DefaultSlotsDir() + "/N" : state_dir) + ": " +
-          state.status().ToString());
+    McpError("state directory " + (state_dir.empty() ? DefaultSlotsDir() + "/N" : state_dir) + ": " +
+             state.status().ToString());
     return kExitFailure;
   }
   state_dir = state->dir;
@@ -228,9 +221,9 @@ int RunMcp(const McpFlags& f) {
     request.workspace = workspace;
     auto created = manager->Create(request);
     if (!created.ok()) {
-      Error("cannot create a session on " + workspace +
-            (f.policy_file.empty() ? std::string() : " with --policy " + f.policy_file) + ": " +
-            created.status().ToString());
+      McpError("cannot create a session on " + workspace +
+               (f.policy_file.empty() ? std::string() : " with --policy " + f.policy_file) + ": " +
+               created.status().ToString());
       return kExitUsage;
     }
     id = *created;
@@ -238,7 +231,7 @@ int RunMcp(const McpFlags& f) {
   } else {
     auto described = manager->Describe(id);
     if (!described.ok()) {
-      Error("--session " + id + ": " + described.status().ToString());
+      McpError("--session " + id + ": " + described.status().ToString());
       return kExitUsage;
     }
     log("resuming session " + id + " (state dir " + state_dir + ")");

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "linux/fd.h"
 #include "linux/random.h"
 
 namespace agentbox::cli {
@@ -29,17 +30,6 @@ Status FileErrno(const std::string& path, const std::string& call, int err) {
 
 // A name beside FILE that no one else picks: O_EXCL refuses it if someone did.
 std::string TempName() { return ".agentbox-report-" + linux::RandomHex(8) + ".tmp"; }
-
-bool WriteAll(int fd, const std::string& text) {
-  std::size_t off = 0;
-  while (off < text.size()) {
-    ssize_t n = write(fd, text.data() + off, text.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    off += static_cast<std::size_t>(n);
-  }
-  return true;
-}
 
 }  // namespace
 
@@ -98,7 +88,7 @@ Result<ReportSink> ReportSink::ToFd(int fd) {
 
 Status ReportSink::Write(const std::string& text) const {
   if (fd_ >= 0) {
-    if (!WriteAll(fd_, text)) {
+    if (!linux::WriteAll(fd_, text)) {
       return Status::Error("report", "--report-fd " + std::to_string(fd_) + ": write: " + ErrnoText(errno));
     }
     return Status();
@@ -109,7 +99,7 @@ Status ReportSink::Write(const std::string& text) const {
   if (!fd.valid()) return FileErrno(path_, "openat(" + temp + ")", errno);
   // Exactly 0600 whatever the umask: the report names paths and hosts.
   int err = fchmod(fd.get(), 0600) == 0 ? 0 : errno;
-  if (err == 0 && !WriteAll(fd.get(), text)) err = errno ? errno : EIO;
+  if (err == 0 && !linux::WriteAll(fd.get(), text)) err = errno ? errno : EIO;
   if (err == 0 && close(fd.release()) != 0) err = errno;
   if (err == 0 && renameat(dir_.get(), temp.c_str(), dir_.get(), name_.c_str()) != 0) err = errno;
   if (err != 0) {

@@ -53,7 +53,7 @@ struct ServeFlags {
   bool approve_api = false;
 };
 
-int Fail(const std::string& message) {
+int ServeFail(const std::string& message) {
   std::fprintf(stderr, "agentbox serve: %s\n", message.c_str());
   return 1;
 }
@@ -92,8 +92,8 @@ Status MakeDirs(const std::string& dir) {
 int RunServe(const ServeFlags& f) {
   // 1. State directory.
   std::string state_dir = Absolute(f.state_dir.empty() ? daemon::DefaultStateDir() : f.state_dir);
-  if (state_dir.empty()) return Fail("no --state-dir given and no home directory to default to");
-  if (Status s = MakeDirs(state_dir); !s.ok()) return Fail(s.message());
+  if (state_dir.empty()) return ServeFail("no --state-dir given and no home directory to default to");
+  if (Status s = MakeDirs(state_dir); !s.ok()) return ServeFail(s.message());
 
   // 2. Log.
   std::unique_ptr<daemon::Logger> log;
@@ -101,32 +101,33 @@ int RunServe(const ServeFlags& f) {
     log = std::make_unique<daemon::Logger>();
   } else {
     auto l = daemon::Logger::ToFile(Absolute(f.log_file));
-    if (!l.ok()) return Fail(l.status().message());
+    if (!l.ok()) return ServeFail(l.status().message());
     log = std::move(*l);
   }
 
   // 3. One daemon per state directory.
   auto lock = daemon::LockStateDir(state_dir);
-  if (!lock.ok()) return Fail(lock.status().message());
+  if (!lock.ok()) return ServeFail(lock.status().message());
 
   // 4. Limits and TCP, all checked before anything listens.
   auto grace = ParseDurationMs(f.grace);
-  if (!grace.ok()) return Fail("--grace: " + grace.status().message());
+  if (!grace.ok()) return ServeFail("--grace: " + grace.status().message());
   auto max_body = ParseSize(f.max_body);
-  if (!max_body.ok()) return Fail("--max-body: " + max_body.status().message());
+  if (!max_body.ok()) return ServeFail("--max-body: " + max_body.status().message());
   auto read_timeout = ParseDurationMs(f.read_timeout);
   if (!read_timeout.ok() || *read_timeout == 0) {
-    return Fail("--read-timeout: " + (read_timeout.ok() ? std::string("must be positive") : read_timeout.status().message()));
+    return ServeFail("--read-timeout: " +
+                     (read_timeout.ok() ? std::string("must be positive") : read_timeout.status().message()));
   }
   auto approve_timeout = ParseDurationMs(f.approve_timeout);
-  if (!approve_timeout.ok()) return Fail("--approve-timeout: " + approve_timeout.status().message());
+  if (!approve_timeout.ok()) return ServeFail("--approve-timeout: " + approve_timeout.status().message());
   auto approve_command = ApproveCommand(f.approve_command);
-  if (!approve_command.ok()) return Fail("--approve-command: " + approve_command.status().message());
+  if (!approve_command.ok()) return ServeFail("--approve-command: " + approve_command.status().message());
   if (f.approve_api && !approve_command->empty()) {
-    return Fail("--approve-api and --approve-command: one approver decides, give one of them");
+    return ServeFail("--approve-api and --approve-command: one approver decides, give one of them");
   }
   if (f.workspace_mode != "auto" && f.workspace_mode != "overlay" && f.workspace_mode != "copy") {
-    return Fail("--workspace-mode: '" + f.workspace_mode + "' is not auto, overlay or copy");
+    return ServeFail("--workspace-mode: '" + f.workspace_mode + "' is not auto, overlay or copy");
   }
   daemon::ServerOptions options;
   options.grace_ms = static_cast<int>(*grace);
@@ -134,16 +135,16 @@ int RunServe(const ServeFlags& f) {
   options.read_timeout_ms = static_cast<int>(*read_timeout);
   options.max_workers = f.max_calls + 64;  // the manager caps calls; this caps threads
   if (!f.listen.empty() || !f.token_file.empty()) {
-    if (f.listen.empty()) return Fail("--token-file is for --listen; give both");
+    if (f.listen.empty()) return ServeFail("--token-file is for --listen; give both");
     if (f.token_file.empty()) {
-      return Fail("--listen " + f.listen + " needs --token-file FILE: TCP requests must carry a bearer token");
+      return ServeFail("--listen " + f.listen + " needs --token-file FILE: TCP requests must carry a bearer token");
     }
     auto address = daemon::ParseLoopbackAddress(f.listen);
-    if (!address.ok()) return Fail(address.status().message());
+    if (!address.ok()) return ServeFail(address.status().message());
     auto token = daemon::ReadTokenFile(Absolute(f.token_file));
-    if (!token.ok()) return Fail(token.status().message());
+    if (!token.ok()) return ServeFail(token.status().message());
     auto tcp = daemon::ListenTcp(*address);
-    if (!tcp.ok()) return Fail(tcp.status().message());
+    if (!tcp.ok()) return ServeFail(tcp.status().message());
     options.tcp_listener = std::move(*tcp);
     options.token = std::move(*token);
   }
@@ -151,7 +152,7 @@ int RunServe(const ServeFlags& f) {
   // 5. The unix socket.
   const std::string socket_path = Absolute(f.socket.empty() ? daemon::SocketIn(state_dir) : f.socket);
   auto unix_listener = daemon::ListenUnix(socket_path);
-  if (!unix_listener.ok()) return Fail(unix_listener.status().message());
+  if (!unix_listener.ok()) return ServeFail(unix_listener.status().message());
   options.unix_listener = std::move(*unix_listener);
   options.unix_path = socket_path;
   struct stat socket_stat{};
@@ -178,7 +179,7 @@ int RunServe(const ServeFlags& f) {
   mo.approve_timeout = std::chrono::milliseconds(*approve_timeout);
   mo.approve_api = f.approve_api;
   auto manager = session::Manager::Open(mo);
-  if (!manager.ok()) return Fail(manager.status().ToString());
+  if (!manager.ok()) return ServeFail(manager.status().ToString());
   log->Log(daemon::Level::kInfo, "sessions_loaded",
            {{"state_dir", state_dir}, {"sessions", (*manager)->List().size()}});
   log->Log(daemon::Level::kInfo, "approver",
@@ -187,7 +188,7 @@ int RunServe(const ServeFlags& f) {
 
   // 7. Serve.
   auto server = daemon::Server::Create(std::move(options), *log);
-  if (!server.ok()) return Fail(server.status().message());
+  if (!server.ok()) return ServeFail(server.status().message());
   daemon::RegisterApi(**server, **manager);
   mcp::RegisterHttp(**server, **manager);
   std::size_t still_running = (*server)->Run([&](int grace_ms) { (*manager)->Shutdown(grace_ms); });

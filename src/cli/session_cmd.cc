@@ -37,12 +37,6 @@ namespace {
 
 using nlohmann::json;
 
-constexpr int kExitFailure = 1;
-constexpr int kExitUsage = 2;
-constexpr int kExitTimedOut = 124;
-constexpr int kExitSandbox = 125;
-constexpr int kExitInterrupted = 130;
-
 struct SessionFlags {
   // Where the daemon is.
   std::string socket;
@@ -75,7 +69,7 @@ struct SessionFlags {
   bool forget = false;
 };
 
-void Error(const std::string& message) { std::fprintf(stderr, "agentbox session: %s\n", message.c_str()); }
+void SessionError(const std::string& message) { std::fprintf(stderr, "agentbox session: %s\n", message.c_str()); }
 
 std::string ReadAll(std::istream& in) { return std::string(std::istreambuf_iterator<char>(in), {}); }
 
@@ -107,7 +101,7 @@ Result<daemon::Endpoint> ResolveEndpoint(const SessionFlags& f) {
   return e;
 }
 
-std::string Absolute(const std::string& path) {
+std::string RealOrGiven(const std::string& path) {
   char buf[PATH_MAX];
   if (realpath(path.c_str(), buf)) return buf;
   return path;
@@ -171,8 +165,8 @@ SplitOutput Split(const json& result) {
 }
 
 void PrintNotes(const SplitOutput& s) {
-  if (!s.headline.empty()) Error(s.headline);
-  if (!s.trailer.empty()) Error(s.trailer);
+  if (!s.headline.empty()) SessionError(s.headline);
+  if (!s.trailer.empty()) SessionError(s.trailer);
 }
 
 std::string SessionPath(const std::string& id, const std::string& rest = "") {
@@ -188,7 +182,7 @@ int Execute(daemon::Client& client, const SessionFlags& f, const std::string& to
   try {
     text = body.dump(-1, ' ', false, json::error_handler_t::strict);
   } catch (const json::type_error&) {
-    Error("the " + tool + " input is not UTF-8 text (tools carry text; binary content is not supported)");
+    SessionError("the " + tool + " input is not UTF-8 text (tools carry text; binary content is not supported)");
     return kExitUsage;
   }
   json result;
@@ -211,15 +205,15 @@ int Execute(daemon::Client& client, const SessionFlags& f, const std::string& to
     auto r = client.Call("POST", SessionPath(f.id, "/execute?stream=1"), text,
                          [&](std::string_view chunk) { sse.Feed(chunk); });
     if (!r.ok()) {
-      Error(r.status().message());
+      SessionError(r.status().message());
       return kExitSandbox;
     }
     if (r->status != 200) {
-      Error(r->ErrorMessage());
+      SessionError(r->ErrorMessage());
       return kExitSandbox;
     }
     if (!got_result) {
-      Error(error.empty() ? "the stream ended without a result" : error);
+      SessionError(error.empty() ? "the stream ended without a result" : error);
       return kExitSandbox;
     }
     if (f.json) {
@@ -234,7 +228,7 @@ int Execute(daemon::Client& client, const SessionFlags& f, const std::string& to
   }
   auto r = client.CallJson("POST", SessionPath(f.id, "/execute"), body);
   if (!r.ok()) {
-    Error(r.status().message());
+    SessionError(r.status().message());
     return kExitSandbox;
   }
   result = std::move(*r);
@@ -310,17 +304,17 @@ std::string GrantLogLine(const json& e) {
 int Run(const std::string& sub, SessionFlags& f, const std::vector<std::string>& after_dashes) {
   auto endpoint = ResolveEndpoint(f);
   if (!endpoint.ok()) {
-    Error(endpoint.status().message());
+    SessionError(endpoint.status().message());
     return sub == "exec" ? kExitSandbox : kExitFailure;
   }
   daemon::Client client(*endpoint);
   auto fail = [&](const Status& s) {
-    Error(s.message());
+    SessionError(s.message());
     return kExitFailure;
   };
 
   if (sub == "create") {
-    json body = {{"workspace", Absolute(f.workspace.empty() ? "." : f.workspace)}};
+    json body = {{"workspace", RealOrGiven(f.workspace.empty() ? "." : f.workspace)}};
     if (!f.policy_file.empty()) {
       std::ifstream in(f.policy_file);
       if (!in) return fail(Status::Error("policy", "cannot read the policy file " + f.policy_file));
@@ -335,13 +329,13 @@ int Run(const std::string& sub, SessionFlags& f, const std::vector<std::string>&
   }
   if (sub == "exec") {
     if (!f.command.empty() && !after_dashes.empty()) {
-      Error("give the command either after -- or with --command, not both");
+      SessionError("give the command either after -- or with --command, not both");
       return kExitUsage;
     }
     std::string command = f.command;
     for (const auto& a : after_dashes) command += (command.empty() ? "" : " ") + ShellQuote(a);
     if (command.empty()) {
-      Error("no command: agentbox session exec ID -- COMMAND [ARG...]  (or --command STRING)");
+      SessionError("no command: agentbox session exec ID -- COMMAND [ARG...]  (or --command STRING)");
       return kExitUsage;
     }
     json input = {{"command", command}};
@@ -352,7 +346,7 @@ int Run(const std::string& sub, SessionFlags& f, const std::vector<std::string>&
       for (const auto& e : f.env) {
         const auto eq = e.find('=');
         if (eq == std::string::npos || eq == 0) {
-          Error("--env " + e + ": expected NAME=VALUE");
+          SessionError("--env " + e + ": expected NAME=VALUE");
           return kExitUsage;
         }
         env[e.substr(0, eq)] = e.substr(eq + 1);
@@ -465,7 +459,7 @@ int Run(const std::string& sub, SessionFlags& f, const std::vector<std::string>&
     std::string command = f.command;
     for (const auto& a : after_dashes) command += (command.empty() ? "" : " ") + ShellQuote(a);
     if (command.empty()) {
-      Error("no command: agentbox session service start ID NAME -- COMMAND [ARG...]  (or --command STRING)");
+      SessionError("no command: agentbox session service start ID NAME -- COMMAND [ARG...]  (or --command STRING)");
       return kExitUsage;
     }
     json body = {{"name", f.name}, {"command", command}};
@@ -475,7 +469,7 @@ int Run(const std::string& sub, SessionFlags& f, const std::vector<std::string>&
       for (const auto& kv : f.env) {
         const auto eq = kv.find('=');
         if (eq == std::string::npos || eq == 0) {
-          Error("--env " + kv + ": expected NAME=VALUE");
+          SessionError("--env " + kv + ": expected NAME=VALUE");
           return kExitUsage;
         }
         body["env"][kv.substr(0, eq)] = kv.substr(eq + 1);

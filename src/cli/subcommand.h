@@ -3,11 +3,26 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <climits>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
 
 namespace agentbox::cli {
+
+// Exit codes of the command line (DESIGN.md §3), as every subcommand uses them.
+inline constexpr int kExitFailure = 1;
+inline constexpr int kExitUsage = 2;
+inline constexpr int kExitTimedOut = 124;
+inline constexpr int kExitSandbox = 125;
+inline constexpr int kExitInterrupted = 130;
+
+// realpath(3) of `p`, or "" when it cannot be resolved.
+inline std::string RealPath(const std::string& p) {
+  char buf[PATH_MAX];
+  return realpath(p.c_str(), buf) ? std::string(buf) : std::string();
+}
 
 struct Subcommand {
   CLI::App* app = nullptr;

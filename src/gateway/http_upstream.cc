@@ -29,7 +29,6 @@ namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = asio::ip::tcp;
 
-constexpr const char* kStage = "upstream";
 constexpr std::size_t kMaxBody = 8 * 1024 * 1024;  // what one exchange may bring
 constexpr std::size_t kDetail = 300;                // of a refusal's body, for the error
 
@@ -168,7 +167,7 @@ Result<std::unique_ptr<HttpUpstream>> HttpUpstream::Start(const std::string& nam
                                                           const std::string& bearer, std::chrono::milliseconds timeout) {
   Url parsed;
   if (auto problem = policy_internal::ParseUpstreamUrl(url, parsed)) {
-    return Status::Error(kStage, "upstream " + name + ": " + *problem);
+    return Status::Error(kUpstreamStage, "upstream " + name + ": " + *problem);
   }
   std::unique_ptr<HttpUpstream> up(new HttpUpstream(name, std::move(parsed), bearer));
   auto init = up->Request("initialize", InitializeParams(), timeout);
@@ -181,9 +180,10 @@ Result<std::unique_ptr<HttpUpstream>> HttpUpstream::Start(const std::string& nam
   const Json initialized = {{"jsonrpc", "2.0"}, {"method", "notifications/initialized"}};
   Reply r = up->Exchange(&initialized, nullptr, timeout);
   if (r.status < 200 || r.status > 299) {
-    return Status::Error(kStage, "upstream " + name + " did not take notifications/initialized: " +
-                                     (r.status ? "HTTP " + std::to_string(r.status) + " " + r.detail
-                                               : (r.timed_out ? "no answer within " + Seconds(timeout) : r.error)));
+    return Status::Error(kUpstreamStage,
+                         "upstream " + name + " did not take notifications/initialized: " +
+                             (r.status ? "HTTP " + std::to_string(r.status) + " " + r.detail
+                                       : (r.timed_out ? "no answer within " + Seconds(timeout) : r.error)));
   }
   return up;
 }
@@ -283,7 +283,8 @@ Result<Json> HttpUpstream::Request(const std::string& method, const Json& params
   bool had_session;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (gone_) return Status::Error(kStage, "upstream " + name_ + " ended its session; the next call starts a new one");
+    if (gone_)
+      return Status::Error(kUpstreamStage, "upstream " + name_ + " ended its session; the next call starts a new one");
     id = next_id_++;
     had_session = !session_id_.empty();
   }
@@ -295,28 +296,31 @@ Result<Json> HttpUpstream::Request(const std::string& method, const Json& params
                          {"method", "notifications/cancelled"},
                          {"params", {{"requestId", id}, {"reason", "no answer within " + Seconds(timeout)}}}};
     (void)Exchange(&cancel, nullptr, std::chrono::milliseconds(1000));
-    return Status::Error(kStage, "upstream " + name_ + " did not answer " + method + " within " + Seconds(timeout));
+    return Status::Error(kUpstreamStage,
+                         "upstream " + name_ + " did not answer " + method + " within " + Seconds(timeout));
   }
-  if (r.status == 0) return Status::Error(kStage, who + " cannot be reached: " + r.error);
+  if (r.status == 0) return Status::Error(kUpstreamStage, who + " cannot be reached: " + r.error);
   if (r.status == 404 && had_session) {
     std::lock_guard<std::mutex> lock(mu_);
     gone_ = true;
-    return Status::Error(kStage, "upstream " + name_ + " ended its session (HTTP 404 to " + method +
-                                     "); the next call starts a new one");
+    return Status::Error(kUpstreamStage, "upstream " + name_ + " ended its session (HTTP 404 to " + method +
+                                             "); the next call starts a new one");
   }
   if (r.status == 401 || r.status == 403) {
-    return Status::Error(kStage, who + " refused the credential for " + method + " (HTTP " + std::to_string(r.status) +
-                                     (r.detail.empty() ? "" : ", " + r.detail) + ")");
+    return Status::Error(kUpstreamStage, who + " refused the credential for " + method + " (HTTP " +
+                                             std::to_string(r.status) + (r.detail.empty() ? "" : ", " + r.detail) +
+                                             ")");
   }
   if (r.status >= 300 && r.status <= 399) {
-    return Status::Error(kStage, who + " redirects " + method + " (HTTP " + std::to_string(r.status) + " to " + r.detail +
-                                     "); a redirect is not followed, the credential goes only to the URL the policy names");
+    return Status::Error(kUpstreamStage,
+                         who + " redirects " + method + " (HTTP " + std::to_string(r.status) + " to " + r.detail +
+                             "); a redirect is not followed, the credential goes only to the URL the policy names");
   }
   if (r.status < 200 || r.status > 299) {
-    return Status::Error(kStage, who + " answered " + method + " with HTTP " + std::to_string(r.status) +
-                                     (r.detail.empty() ? "" : ": " + r.detail));
+    return Status::Error(kUpstreamStage, who + " answered " + method + " with HTTP " + std::to_string(r.status) +
+                                             (r.detail.empty() ? "" : ": " + r.detail));
   }
-  if (!r.error.empty()) return Status::Error(kStage, who + " gave no answer to " + method + ": " + r.error);
+  if (!r.error.empty()) return Status::Error(kUpstreamStage, who + " gave no answer to " + method + ": " + r.error);
   if (method == "initialize" && !r.session_id.empty()) {
     std::lock_guard<std::mutex> lock(mu_);
     session_id_ = r.session_id;

@@ -18,7 +18,6 @@
 namespace agentbox::gateway {
 namespace {
 
-constexpr const char* kStage = "upstream";
 constexpr const char* kProtocol = "2025-06-18";
 constexpr std::size_t kMaxLine = 8 * 1024 * 1024;  // one message from the server
 constexpr std::size_t kStderrTail = 4096;
@@ -57,15 +56,15 @@ Result<std::unique_ptr<StdioUpstream>> StdioUpstream::Start(const std::string& n
                                                             const std::vector<std::string>& argv,
                                                             const std::vector<std::string>& env,
                                                             std::chrono::milliseconds timeout) {
-  if (argv.empty() || argv[0].empty()) return Status::Error(kStage, "upstream " + name + ": no command");
+  if (argv.empty() || argv[0].empty()) return Status::Error(kUpstreamStage, "upstream " + name + ": no command");
   int in[2], out[2];
-  if (pipe2(in, O_CLOEXEC) != 0) return Status::Errno(kStage, "pipe2", "upstream " + name);
+  if (pipe2(in, O_CLOEXEC) != 0) return Status::Errno(kUpstreamStage, "pipe2", "upstream " + name);
   linux::UniqueFd in_r(in[0]), in_w(in[1]);
-  if (pipe2(out, O_CLOEXEC) != 0) return Status::Errno(kStage, "pipe2", "upstream " + name);
+  if (pipe2(out, O_CLOEXEC) != 0) return Status::Errno(kUpstreamStage, "pipe2", "upstream " + name);
   linux::UniqueFd out_r(out[0]), out_w(out[1]);
   // Its stderr: an unlinked file, so that a chatty server never blocks on it.
   linux::UniqueFd err(open("/tmp", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600));
-  if (!err.valid()) return Status::Errno(kStage, "open(O_TMPFILE)", "/tmp (upstream " + name + "'s stderr)");
+  if (!err.valid()) return Status::Errno(kUpstreamStage, "open(O_TMPFILE)", "/tmp (upstream " + name + "'s stderr)");
 
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
@@ -93,7 +92,7 @@ Result<std::unique_ptr<StdioUpstream>> StdioUpstream::Start(const std::string& n
   const int rc = posix_spawnp(&pid, argv[0].c_str(), &actions, &attr, args.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
-  if (rc != 0) return Status::Syscall(kStage, "posix_spawnp", "upstream " + name + " (" + argv[0] + ")", rc);
+  if (rc != 0) return Status::Syscall(kUpstreamStage, "posix_spawnp", "upstream " + name + " (" + argv[0] + ")", rc);
   in_r.reset();
   out_w.reset();
 
@@ -157,7 +156,7 @@ std::string StdioUpstream::GoneReason() const {
 Status StdioUpstream::Send(const Json& message) {
   const std::string line = message.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
   std::lock_guard<std::mutex> lock(write_mu_);
-  if (!in_.valid()) return Status::Error(kStage, "upstream " + name_ + " is closed");
+  if (!in_.valid()) return Status::Error(kUpstreamStage, "upstream " + name_ + " is closed");
   // A pipe write has no MSG_NOSIGNAL: a server that is gone raises SIGPIPE,
   // whose default action would end the daemon. It is blocked in this thread
   // for the write and the one raised is discarded; EPIPE says it is gone.
@@ -171,7 +170,7 @@ Status StdioUpstream::Send(const Json& message) {
     const ssize_t n = write(in_.get(), line.data() + done, line.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      result = Status::Errno(kStage, "write", "upstream " + name_ + "'s stdin");
+      result = Status::Errno(kUpstreamStage, "write", "upstream " + name_ + "'s stdin");
       timespec zero{0, 0};
       while (sigtimedwait(&pipe_set, nullptr, &zero) == SIGPIPE) {
       }
@@ -263,24 +262,25 @@ Result<Json> StdioUpstream::Request(const std::string& method, const Json& param
   std::int64_t id;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (gone_) return Status::Error(kStage, GoneReason());
+    if (gone_) return Status::Error(kUpstreamStage, GoneReason());
     id = next_id_++;
   }
   if (Status s = Send({{"jsonrpc", "2.0"}, {"id", id}, {"method", method}, {"params", params}}); !s.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
-    return Status::Error(kStage, gone_ ? GoneReason() : s.message());
+    return Status::Error(kUpstreamStage, gone_ ? GoneReason() : s.message());
   }
   std::unique_lock<std::mutex> lock(mu_);
   const bool done = answered_.wait_for(lock, timeout, [&] { return gone_ || answers_.count(id) > 0; });
   auto it = answers_.find(id);
   if (it == answers_.end()) {
-    if (gone_) return Status::Error(kStage, GoneReason());
+    if (gone_) return Status::Error(kUpstreamStage, GoneReason());
     lock.unlock();
     (void)done;
     (void)Send({{"jsonrpc", "2.0"},
                 {"method", "notifications/cancelled"},
                 {"params", {{"requestId", id}, {"reason", "no answer within " + Seconds(timeout)}}}});
-    return Status::Error(kStage, "upstream " + name_ + " did not answer " + method + " within " + Seconds(timeout));
+    return Status::Error(kUpstreamStage,
+                         "upstream " + name_ + " did not answer " + method + " within " + Seconds(timeout));
   }
   Json answer = std::move(it->second);
   answers_.erase(it);
@@ -301,11 +301,13 @@ Json Upstream::InitializeParams() {
 Result<Json> Upstream::AnswerResult(const std::string& method, const Json& answer) const {
   if (answer.contains("error")) {
     const Json& e = answer["error"];
-    return Status::Error(kStage, "upstream " + name_ + " refused " + method + ": " +
-                                     (e.is_object() ? e.value("message", e.dump()) : e.dump()) +
-                                     (e.is_object() && e.contains("code") ? " (" + e["code"].dump() + ")" : ""));
+    return Status::Error(kUpstreamStage,
+                         "upstream " + name_ + " refused " + method + ": " +
+                             (e.is_object() ? e.value("message", e.dump()) : e.dump()) +
+                             (e.is_object() && e.contains("code") ? " (" + e["code"].dump() + ")" : ""));
   }
-  if (!answer.contains("result")) return Status::Error(kStage, "upstream " + name_ + " answered " + method + " with no result");
+  if (!answer.contains("result"))
+    return Status::Error(kUpstreamStage, "upstream " + name_ + " answered " + method + " with no result");
   return answer["result"];
 }
 
@@ -321,7 +323,7 @@ Result<Json> Upstream::ListTools(std::chrono::milliseconds timeout) {
     if (!r->contains("nextCursor") || !(*r)["nextCursor"].is_string()) return tools;
     params = {{"cursor", (*r)["nextCursor"]}};
   }
-  return Status::Error(kStage, "upstream " + name_ + " lists tools over more than 100 pages");
+  return Status::Error(kUpstreamStage, "upstream " + name_ + " lists tools over more than 100 pages");
 }
 
 Result<Json> Upstream::CallTool(const std::string& tool, const Json& arguments, std::chrono::milliseconds timeout) {

@@ -37,6 +37,10 @@
 
 namespace agentbox::gateway {
 
+// The stage that errors of an upstream (connection, TLS, handshake) are
+// reported under.
+inline constexpr const char* kUpstreamStage = "upstream";
+
 using Json = nlohmann::json;
 
 // What the gateway asks of an upstream, whatever its transport.

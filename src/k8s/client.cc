@@ -29,7 +29,6 @@ namespace http = beast::http;
 using Json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-constexpr const char* kStage = "kubernetes";
 constexpr std::size_t kMaxBody = 16 * 1024 * 1024;  // one object or list
 constexpr std::size_t kDetail = 400;                // of a non-Status body, for the error
 constexpr std::size_t kMaxWatchLine = 4 * 1024 * 1024;
@@ -184,7 +183,7 @@ Result<ApiResponse> ApiClient::Call(Method method, const std::string& path, cons
     out.text = std::move(parser.get().body());
   });
   if (!failed.empty()) {
-    return Status::Error(kStage, server() + ": " + NameOf(method) + " " + path + ": " + failed);
+    return Status::Error(kApiStage, server() + ": " + NameOf(method) + " " + path + ": " + failed);
   }
   out.body = Json::parse(out.text, nullptr, false);
   if (out.body.is_discarded()) out.body = nullptr;
@@ -234,10 +233,10 @@ Status ApiClient::Watch(const std::string& path, Clock::time_point deadline,
   });
   if (refused.code != 0) {
     refused.body = Json::parse(refused.text, nullptr, false);
-    return Status::Error(kStage, server() + ": watch " + path + ": " + DescribeFailure(refused));
+    return Status::Error(kApiStage, server() + ": watch " + path + ": " + DescribeFailure(refused));
   }
   if (!failed.empty() && failed != "no answer in time") {
-    return Status::Error(kStage, server() + ": watch " + path + ": " + failed);
+    return Status::Error(kApiStage, server() + ": watch " + path + ": " + failed);
   }
   return Status();
 }
@@ -246,7 +245,7 @@ Result<std::unique_ptr<ExecStream>> ApiClient::Exec(const std::string& ns, const
                                                     const std::string& container,
                                                     const std::vector<std::string>& argv, ExecCallbacks callbacks,
                                                     std::chrono::milliseconds connect_timeout) const {
-  if (argv.empty()) return Status::Error(kStage, "exec in pod " + pod + ": no command");
+  if (argv.empty()) return Status::Error(kApiStage, "exec in pod " + pod + ": no command");
   std::string target = config_.prefix + "/api/v1/namespaces/" + PercentEncode(ns) + "/pods/" + PercentEncode(pod) +
                        "/exec?";
   for (const auto& arg : argv) target += "command=" + PercentEncode(arg) + "&";
@@ -288,13 +287,13 @@ Result<std::string> WarmPoolFor(const ApiClient& api, const std::string& ns, con
   if (!named.ok()) return named.status();
   if (Ok(named->code) && serves(named->body)) return template_name;
   if (!Ok(named->code) && named->code != 404) {
-    return Status::Error(kStage, api.server() + ": get SandboxWarmPool " + ns + "/" + template_name + ": " +
-                                     DescribeFailure(*named));
+    return Status::Error(
+        kApiStage, api.server() + ": get SandboxWarmPool " + ns + "/" + template_name + ": " + DescribeFailure(*named));
   }
   auto list = api.Call(Method::kGet, PoolsPath(ns), nullptr, deadline);
   if (!list.ok()) return list.status();
   if (!Ok(list->code)) {
-    return Status::Error(kStage, api.server() + ": list SandboxWarmPools in " + ns + ": " + DescribeFailure(*list));
+    return Status::Error(kApiStage, api.server() + ": list SandboxWarmPools in " + ns + ": " + DescribeFailure(*list));
   }
   std::vector<std::string> found;
   const Json items = list->body.is_object() ? list->body.value("items", Json::array()) : Json::array();
@@ -303,15 +302,17 @@ Result<std::string> WarmPoolFor(const ApiClient& api, const std::string& ns, con
   }
   if (found.size() == 1) return found[0];
   if (found.empty()) {
-    return Status::Error(kStage, "no SandboxWarmPool in namespace " + ns + " serves SandboxTemplate " + template_name +
-                                     "; a v1beta1 SandboxClaim names a warm pool, so the cluster needs one (replicas: "
-                                     "0 for cold starts; `agentbox k8s render` makes one named as the template)");
+    return Status::Error(kApiStage,
+                         "no SandboxWarmPool in namespace " + ns + " serves SandboxTemplate " + template_name +
+                             "; a v1beta1 SandboxClaim names a warm pool, so the cluster needs one (replicas: "
+                             "0 for cold starts; `agentbox k8s render` makes one named as the template)");
   }
   std::string names;
   for (const auto& n : found) names += (names.empty() ? "" : ", ") + n;
-  return Status::Error(kStage, "several SandboxWarmPools in namespace " + ns + " serve SandboxTemplate " +
-                                   template_name + " (" + names + ") and none is named as the template; name one "
-                                   "after it so that the choice is not a guess");
+  return Status::Error(kApiStage, "several SandboxWarmPools in namespace " + ns + " serve SandboxTemplate " +
+                                      template_name + " (" + names +
+                                      ") and none is named as the template; name one "
+                                      "after it so that the choice is not a guess");
 }
 
 namespace {
@@ -331,13 +332,13 @@ Result<ClaimState> AwaitReady(const ApiClient& api, const std::string& ns, const
     auto got = api.Call(Method::kGet, ClaimsPath(ns) + "/" + PercentEncode(name), nullptr, deadline);
     if (!got.ok() && Clock::now() >= deadline) break;
     if (!got.ok()) return got.status();
-    if (got->code == 404) return Status::Error(kStage, where + " was deleted while agentbox waited for it");
+    if (got->code == 404) return Status::Error(kApiStage, where + " was deleted while agentbox waited for it");
     if (!Ok(got->code)) {
-      return Status::Error(kStage, api.server() + ": get " + where + ": " + DescribeFailure(*got));
+      return Status::Error(kApiStage, api.server() + ": get " + where + ": " + DescribeFailure(*got));
     }
     last = ClaimStateOf(got->body);
     if (last.ready && !last.sandbox.empty()) return last;
-    if (last.deleting) return Status::Error(kStage, where + " is being deleted");
+    if (last.deleting) return Status::Error(kApiStage, where + " is being deleted");
     const auto left = std::chrono::duration_cast<std::chrono::seconds>(deadline - Clock::now()).count();
     if (left <= 0) break;
     const std::string rv = StrAt(got->body, "metadata", "resourceVersion");
@@ -357,7 +358,7 @@ Result<ClaimState> AwaitReady(const ApiClient& api, const std::string& ns, const
       last = ClaimStateOf(event.value("object", Json::object()));
       return !(last.ready && !last.sandbox.empty());
     });
-    if (gone) return Status::Error(kStage, where + " was deleted while agentbox waited for it");
+    if (gone) return Status::Error(kApiStage, where + " was deleted while agentbox waited for it");
     if (last.ready && !last.sandbox.empty()) return last;
     if (!watched.ok()) return watched;
     if (Clock::now() + backoff >= deadline) break;
@@ -367,7 +368,7 @@ Result<ClaimState> AwaitReady(const ApiClient& api, const std::string& ns, const
   std::string why = last.ready_reason.empty() ? "no Ready condition yet"
                                               : "Ready is not True: " + last.ready_reason +
                                                     (last.ready_message.empty() ? "" : " (" + last.ready_message + ")");
-  return Status::Error(kStage, where + " was not ready within " + Seconds(timeout) + ": " + why);
+  return Status::Error(kApiStage, where + " was not ready within " + Seconds(timeout) + ": " + why);
 }
 
 Json ClaimObject(const std::string& ns, const std::string& name, const std::string& pool) {
@@ -407,11 +408,11 @@ Result<std::unique_ptr<ClaimedSandbox>> ClaimedSandbox::Claim(std::shared_ptr<co
   auto created = api->Call(Method::kPost, ClaimsPath(ns), &object, deadline);
   if (!created.ok()) return created.status();
   if (created->code == 409) {
-    return Status::Error(kStage, api->server() + ": create " + where + ": " + DescribeFailure(*created) +
-                                     "; agentbox does not adopt a claim it did not create");
+    return Status::Error(kApiStage, api->server() + ": create " + where + ": " + DescribeFailure(*created) +
+                                        "; agentbox does not adopt a claim it did not create");
   }
   if (!Ok(created->code)) {
-    return Status::Error(kStage, api->server() + ": create " + where + ": " + DescribeFailure(*created));
+    return Status::Error(kApiStage, api->server() + ": create " + where + ": " + DescribeFailure(*created));
   }
   // From here on the claim is ours: the object deletes it on every way out.
   std::unique_ptr<ClaimedSandbox> claimed(new ClaimedSandbox());
@@ -437,7 +438,7 @@ Result<std::unique_ptr<ClaimedSandbox>> ClaimedSandbox::Resume(const KubernetesR
   auto got = api->Call(Method::kGet, ClaimsPath(ns) + "/" + PercentEncode(claim_name), nullptr, deadline);
   if (!got.ok()) return got.status();
   if (got->code == 404) return Status::Error("not_found", where + " is gone");
-  if (!Ok(got->code)) return Status::Error(kStage, api->server() + ": get " + where + ": " + DescribeFailure(*got));
+  if (!Ok(got->code)) return Status::Error(kApiStage, api->server() + ": get " + where + ": " + DescribeFailure(*got));
   const Json metadata = got->body.is_object() ? got->body.value("metadata", Json::object()) : Json::object();
   const std::string label = StrAt(metadata, "labels", "agents.x-k8s.io/created-by");
   const std::string their_uid = StrAt(got->body, "metadata", "uid");
@@ -467,8 +468,8 @@ Status ClaimedSandbox::Bind(Clock::time_point deadline, std::chrono::millisecond
                             std::max(deadline, Clock::now() + std::chrono::seconds(10)));
   if (!sandbox.ok()) return sandbox.status();
   if (!Ok(sandbox->code)) {
-    return Status::Error(kStage, api_->server() + ": get Sandbox " + namespace_ + "/" + ready->sandbox + ": " +
-                                     DescribeFailure(*sandbox));
+    return Status::Error(kApiStage, api_->server() + ": get Sandbox " + namespace_ + "/" + ready->sandbox + ": " +
+                                        DescribeFailure(*sandbox));
   }
   const Json& body = sandbox->body;
   if (body.is_object() && body.contains("metadata") && body["metadata"].is_object()) {
@@ -484,7 +485,7 @@ Result<linux::UniqueFd> ClaimedSandbox::Exec(const std::vector<std::string>& arg
                                              const std::string& container) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (released_) return Status::Error(kStage, "SandboxClaim " + namespace_ + "/" + claim_ + " was released");
+    if (released_) return Status::Error(kApiStage, "SandboxClaim " + namespace_ + "/" + claim_ + " was released");
     // Relays that ended hold nothing but a finished thread: joined here.
     std::erase_if(streams_, [](const std::unique_ptr<ExecStream>& s) { return s->done(); });
   }
@@ -492,7 +493,7 @@ Result<linux::UniqueFd> ClaimedSandbox::Exec(const std::vector<std::string>& arg
   if (!stream.ok()) return stream.status();
   linux::UniqueFd fd = (*stream)->TakeStream();
   std::lock_guard<std::mutex> lock(mu_);
-  if (released_) return Status::Error(kStage, "SandboxClaim " + namespace_ + "/" + claim_ + " was released");
+  if (released_) return Status::Error(kApiStage, "SandboxClaim " + namespace_ + "/" + claim_ + " was released");
   streams_.push_back(std::move(*stream));
   return fd;
 }
@@ -511,7 +512,7 @@ Status ClaimedSandbox::Release() {
                             Clock::now() + std::chrono::seconds(30));
   if (!deleted.ok()) return deleted.status().WithContext("delete " + where);
   if (!Ok(deleted->code) && deleted->code != 404) {
-    return Status::Error(kStage, api_->server() + ": delete " + where + ": " + DescribeFailure(*deleted));
+    return Status::Error(kApiStage, api_->server() + ": delete " + where + ": " + DescribeFailure(*deleted));
   }
   std::lock_guard<std::mutex> lock(mu_);
   released_ = true;

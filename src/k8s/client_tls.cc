@@ -12,8 +12,6 @@ namespace {
 namespace asio = boost::asio;
 namespace beast = boost::beast;
 
-constexpr const char* kStage = "kubernetes";
-
 bool IsIpLiteral(const std::string& host) {
   boost::system::error_code ec;
   (void)asio::ip::make_address(host, ec);
@@ -31,25 +29,26 @@ Result<std::unique_ptr<TlsContext>> MakeTlsContext(const Kubeconfig& config) {
   ctx.set_verify_mode(asio::ssl::verify_peer, ec);
   if (config.ca_pem.empty()) {
     ctx.set_default_verify_paths(ec);
-    if (ec) return Status::Error(kStage, config.path + ": the system trust store: " + ec.message());
+    if (ec) return Status::Error(kApiStage, config.path + ": the system trust store: " + ec.message());
   } else {
     ctx.add_certificate_authority(asio::buffer(config.ca_pem), ec);
     if (ec) {
-      return Status::Error(kStage, config.path + ": cluster '" + config.cluster +
-                                       "': the certificate authority does not load: " + net::SslErrors(ec.message()));
+      return Status::Error(kApiStage,
+                           config.path + ": cluster '" + config.cluster +
+                               "': the certificate authority does not load: " + net::SslErrors(ec.message()));
     }
   }
   if (!config.client_cert_pem.empty()) {
     ctx.use_certificate_chain(asio::buffer(config.client_cert_pem), ec);
     if (!ec) ctx.use_private_key(asio::buffer(config.client_key_pem), asio::ssl::context::pem, ec);
     if (!ec && SSL_CTX_check_private_key(ctx.native_handle()) != 1) {
-      return Status::Error(kStage, config.path + ": user '" + config.user +
-                                       "': client-key does not match client-certificate");
+      return Status::Error(kApiStage,
+                           config.path + ": user '" + config.user + "': client-key does not match client-certificate");
     }
     if (ec) {
-      return Status::Error(kStage, config.path + ": user '" + config.user +
-                                       "': the client certificate or key does not load: " +
-                                       net::SslErrors(ec.message()));
+      return Status::Error(kApiStage,
+                           config.path + ": user '" + config.user +
+                               "': the client certificate or key does not load: " + net::SslErrors(ec.message()));
     }
   }
   return tls;

@@ -19,6 +19,10 @@
 
 namespace agentbox::k8s {
 
+// The stage that errors of the API client (connection, TLS, requests, exec
+// streams) are reported under.
+inline constexpr const char* kApiStage = "kubernetes";
+
 struct TlsContext {
   boost::asio::ssl::context ctx{boost::asio::ssl::context::tls_client};
 };

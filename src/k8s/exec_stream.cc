@@ -29,7 +29,6 @@ namespace http = beast::http;
 namespace websocket = beast::websocket;
 using Json = nlohmann::json;
 
-constexpr const char* kStage = "kubernetes";
 constexpr unsigned char kStdin = 0, kStdout = 1, kStderr = 2, kError = 3, kClose = 255;
 constexpr std::size_t kMaxStatus = 64 * 1024;  // channel 3 carries one Status
 constexpr std::size_t kMaxLine = 64 * 1024;    // a stderr line before it is passed on in pieces
@@ -203,7 +202,7 @@ Result<std::unique_ptr<ExecStream>> ExecStream::Start(const Kubeconfig& config, 
   // 1. The socketpair: one end for the caller, one for the relay.
   int pair[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) {
-    return Status::Errno(kStage, "socketpair", "exec stream");
+    return Status::Errno(kApiStage, "socketpair", "exec stream");
   }
   stream->caller_end_.reset(pair[0]);
   r.local.assign(pair[1]);
@@ -239,15 +238,15 @@ Result<std::unique_ptr<ExecStream>> ExecStream::Start(const Kubeconfig& config, 
       } else if (!answer.body().empty()) {
         why += ": " + answer.body().substr(0, 300);
       }
-      return Status::Error(kStage, "the WebSocket upgrade was refused: " + why);
+      return Status::Error(kApiStage, "the WebSocket upgrade was refused: " + why);
     }
   }
   if (!failure && handshake_error) failure = std::make_exception_ptr(boost::system::system_error(handshake_error));
-  if (failure) return Status::Error(kStage, TransportError(failure, r.ws.next_layer().native_handle()));
+  if (failure) return Status::Error(kApiStage, TransportError(failure, r.ws.next_layer().native_handle()));
   r.protocol = std::string(answer[http::field::sec_websocket_protocol]);
   if (r.protocol != kProtocolV5 && r.protocol != kProtocolV4) {
-    return Status::Error(kStage, "the server picked WebSocket subprotocol '" + r.protocol + "'; agentbox speaks " +
-                                     kProtocolV5 + " and " + kProtocolV4);
+    return Status::Error(kApiStage, "the server picked WebSocket subprotocol '" + r.protocol + "'; agentbox speaks " +
+                                        kProtocolV5 + " and " + kProtocolV4);
   }
   r.v5 = r.protocol == kProtocolV5;
 

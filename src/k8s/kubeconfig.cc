@@ -13,7 +13,7 @@
 namespace agentbox::k8s {
 namespace {
 
-constexpr const char* kStage = "kubeconfig";
+constexpr const char* kKubeconfigStage = "kubeconfig";
 
 // Standard base64 as kubeconfig *-data fields carry it (whitespace allowed).
 bool DecodeBase64(const std::string& in, std::string& out) {
@@ -35,7 +35,7 @@ bool DecodeBase64(const std::string& in, std::string& out) {
 
 Result<std::string> ReadWhole(const std::string& path, const std::string& what) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::Errno(kStage, "open", path).WithContext(what);
+  if (!in) return Status::Errno(kKubeconfigStage, "open", path).WithContext(what);
   std::ostringstream s;
   s << in.rdbuf();
   return s.str();
@@ -73,7 +73,7 @@ Result<std::string> PemFrom(const YAML::Node& map, const std::string& key, const
   if (!data.empty()) {
     std::string pem;
     if (!DecodeBase64(data, pem)) {
-      return Status::Error(kStage, k.path + ": " + where + ": " + key + "-data is not valid base64");
+      return Status::Error(kKubeconfigStage, k.path + ": " + where + ": " + key + "-data is not valid base64");
     }
     return pem;
   }
@@ -87,8 +87,8 @@ Status ParseServer(Kubeconfig& k, const std::string& where) {
   if (k.server.rfind("https://", 0) == 0) {
     rest = k.server.substr(8);
   } else {
-    return Status::Error(kStage, k.path + ": " + where + ": server '" + k.server +
-                                     "' is not an https:// URL; agentbox sends credentials only over TLS");
+    return Status::Error(kKubeconfigStage, k.path + ": " + where + ": server '" + k.server +
+                                               "' is not an https:// URL; agentbox sends credentials only over TLS");
   }
   const auto slash = rest.find('/');
   std::string authority = rest.substr(0, slash);
@@ -96,7 +96,8 @@ Status ParseServer(Kubeconfig& k, const std::string& where) {
   while (!k.prefix.empty() && k.prefix.back() == '/') k.prefix.pop_back();
   if (!authority.empty() && authority[0] == '[') {
     const auto close = authority.find(']');
-    if (close == std::string::npos) return Status::Error(kStage, k.path + ": " + where + ": bad server " + k.server);
+    if (close == std::string::npos)
+      return Status::Error(kKubeconfigStage, k.path + ": " + where + ": bad server " + k.server);
     k.host = authority.substr(1, close - 1);
     const std::string after = authority.substr(close + 1);
     k.port = after.size() > 1 && after[0] == ':' ? after.substr(1) : "443";
@@ -106,7 +107,7 @@ Status ParseServer(Kubeconfig& k, const std::string& where) {
     k.port = colon == std::string::npos ? "443" : authority.substr(colon + 1);
   }
   if (k.host.empty() || k.port.empty() || k.port.find_first_not_of("0123456789") != std::string::npos) {
-    return Status::Error(kStage, k.path + ": " + where + ": bad server " + k.server);
+    return Status::Error(kKubeconfigStage, k.path + ": " + where + ": bad server " + k.server);
   }
   return Status();
 }
@@ -115,15 +116,16 @@ Status ReadCluster(const YAML::Node& cluster, Kubeconfig& k) {
   const std::string where = "cluster '" + k.cluster + "' (context '" + k.context + "')";
   k.server = Str(cluster, "server");
   while (!k.server.empty() && k.server.back() == '/') k.server.pop_back();
-  if (k.server.empty()) return Status::Error(kStage, k.path + ": " + where + " has no server");
+  if (k.server.empty()) return Status::Error(kKubeconfigStage, k.path + ": " + where + " has no server");
   if (Status s = ParseServer(k, where); !s.ok()) return s;
   if (Str(cluster, "insecure-skip-tls-verify") == "true") {
-    return Status::Error(kStage, k.path + ": " + where +
-                                     " sets insecure-skip-tls-verify; agentbox refuses to send credentials to a server "
-                                     "it cannot verify (give certificate-authority or certificate-authority-data)");
+    return Status::Error(kKubeconfigStage,
+                         k.path + ": " + where +
+                             " sets insecure-skip-tls-verify; agentbox refuses to send credentials to a server "
+                             "it cannot verify (give certificate-authority or certificate-authority-data)");
   }
   if (!Str(cluster, "proxy-url").empty()) {
-    return Status::Error(kStage, k.path + ": " + where + " sets proxy-url, which agentbox does not support");
+    return Status::Error(kKubeconfigStage, k.path + ": " + where + " sets proxy-url, which agentbox does not support");
   }
   k.tls_server_name = Str(cluster, "tls-server-name");
   auto ca = PemFrom(cluster, "certificate-authority", k, where);
@@ -135,18 +137,21 @@ Status ReadCluster(const YAML::Node& cluster, Kubeconfig& k) {
 Status ReadUser(const YAML::Node& user, Kubeconfig& k) {
   const std::string where = "user '" + k.user + "' (context '" + k.context + "')";
   if (user["exec"]) {
-    return Status::Error(kStage, k.path + ": " + where +
-                                     " uses an exec credential plugin; agentbox runs no plugins: give the context a "
-                                     "token, tokenFile or client certificate");
+    return Status::Error(kKubeconfigStage,
+                         k.path + ": " + where +
+                             " uses an exec credential plugin; agentbox runs no plugins: give the context a "
+                             "token, tokenFile or client certificate");
   }
   if (user["auth-provider"]) {
-    return Status::Error(kStage, k.path + ": " + where +
-                                     " uses an auth-provider plugin; agentbox runs no plugins: give the context a "
-                                     "token, tokenFile or client certificate");
+    return Status::Error(kKubeconfigStage,
+                         k.path + ": " + where +
+                             " uses an auth-provider plugin; agentbox runs no plugins: give the context a "
+                             "token, tokenFile or client certificate");
   }
   if (!Str(user, "username").empty() || !Str(user, "password").empty()) {
-    return Status::Error(kStage, k.path + ": " + where +
-                                     " uses basic auth (username/password), which Kubernetes removed in 1.19");
+    return Status::Error(
+        kKubeconfigStage,
+        k.path + ": " + where + " uses basic auth (username/password), which Kubernetes removed in 1.19");
   }
   k.token = Str(user, "token");
   if (k.token.empty() && !Str(user, "tokenFile").empty()) {
@@ -156,7 +161,7 @@ Status ReadUser(const YAML::Node& user, Kubeconfig& k) {
     while (!k.token.empty() && (k.token.back() == '\n' || k.token.back() == '\r' || k.token.back() == ' ')) {
       k.token.pop_back();
     }
-    if (k.token.empty()) return Status::Error(kStage, k.path + ": " + where + ": tokenFile is empty");
+    if (k.token.empty()) return Status::Error(kKubeconfigStage, k.path + ": " + where + ": tokenFile is empty");
   }
   auto cert = PemFrom(user, "client-certificate", k, where);
   if (!cert.ok()) return cert.status();
@@ -165,12 +170,12 @@ Status ReadUser(const YAML::Node& user, Kubeconfig& k) {
   k.client_cert_pem = std::move(*cert);
   k.client_key_pem = std::move(*key);
   if (k.client_cert_pem.empty() != k.client_key_pem.empty()) {
-    return Status::Error(kStage, k.path + ": " + where + " has " +
-                                     (k.client_cert_pem.empty() ? "client-key without client-certificate"
-                                                                : "client-certificate without client-key"));
+    return Status::Error(kKubeconfigStage, k.path + ": " + where + " has " +
+                                               (k.client_cert_pem.empty() ? "client-key without client-certificate"
+                                                                          : "client-certificate without client-key"));
   }
   if (k.token.empty() && k.client_cert_pem.empty()) {
-    return Status::Error(kStage, k.path + ": " + where + " has no token, tokenFile or client-certificate");
+    return Status::Error(kKubeconfigStage, k.path + ": " + where + " has no token, tokenFile or client-certificate");
   }
   return Status();
 }
@@ -180,7 +185,7 @@ Status ReadUser(const YAML::Node& user, Kubeconfig& k) {
 Result<std::string> KubeconfigPath(const std::string& path) {
   if (!path.empty()) {
     const std::string p = paths::ExpandHome(path, linux::HomeDir());
-    if (p.empty()) return Status::Error(kStage, "cannot expand " + path + ": no home directory");
+    if (p.empty()) return Status::Error(kKubeconfigStage, "cannot expand " + path + ": no home directory");
     return p;
   }
   if (const char* env = std::getenv("KUBECONFIG"); env && *env) {
@@ -189,7 +194,8 @@ Result<std::string> KubeconfigPath(const std::string& path) {
     if (!first.empty()) return first;
   }
   const std::string home = linux::HomeDir();
-  if (home.empty()) return Status::Error(kStage, "no kubeconfig: neither $KUBECONFIG nor a home directory is set");
+  if (home.empty())
+    return Status::Error(kKubeconfigStage, "no kubeconfig: neither $KUBECONFIG nor a home directory is set");
   return home + "/.kube/config";
 }
 
@@ -208,34 +214,35 @@ Result<Kubeconfig> ParseKubeconfig(const std::string& yaml, const std::string& p
   try {
     root = YAML::Load(yaml);
   } catch (const YAML::Exception& e) {
-    return Status::Error(kStage, path + ": not YAML: " + e.what());
+    return Status::Error(kKubeconfigStage, path + ": not YAML: " + e.what());
   }
-  if (!root.IsMap()) return Status::Error(kStage, path + ": not a kubeconfig (no mapping at the top)");
+  if (!root.IsMap()) return Status::Error(kKubeconfigStage, path + ": not a kubeconfig (no mapping at the top)");
   try {
     k.context = context.empty() ? Str(root, "current-context") : context;
     if (k.context.empty()) {
-      return Status::Error(kStage, path + ": no context given and no current-context set");
+      return Status::Error(kKubeconfigStage, path + ": no context given and no current-context set");
     }
     const YAML::Node ctx = Find(root, "contexts", "context", k.context);
-    if (!ctx) return Status::Error(kStage, path + ": no context named '" + k.context + "'");
+    if (!ctx) return Status::Error(kKubeconfigStage, path + ": no context named '" + k.context + "'");
     k.cluster = Str(ctx, "cluster");
     k.user = Str(ctx, "user");
-    if (k.cluster.empty()) return Status::Error(kStage, path + ": context '" + k.context + "' names no cluster");
+    if (k.cluster.empty())
+      return Status::Error(kKubeconfigStage, path + ": context '" + k.context + "' names no cluster");
     const YAML::Node cluster = Find(root, "clusters", "cluster", k.cluster);
     if (!cluster) {
-      return Status::Error(kStage, path + ": context '" + k.context + "' names cluster '" + k.cluster +
-                                       "', which is not in clusters");
+      return Status::Error(kKubeconfigStage, path + ": context '" + k.context + "' names cluster '" + k.cluster +
+                                                 "', which is not in clusters");
     }
     if (Status s = ReadCluster(cluster, k); !s.ok()) return s;
-    if (k.user.empty()) return Status::Error(kStage, path + ": context '" + k.context + "' names no user");
+    if (k.user.empty()) return Status::Error(kKubeconfigStage, path + ": context '" + k.context + "' names no user");
     const YAML::Node user = Find(root, "users", "user", k.user);
     if (!user) {
-      return Status::Error(kStage, path + ": context '" + k.context + "' names user '" + k.user +
-                                       "', which is not in users");
+      return Status::Error(kKubeconfigStage,
+                           path + ": context '" + k.context + "' names user '" + k.user + "', which is not in users");
     }
     if (Status s = ReadUser(user, k); !s.ok()) return s;
   } catch (const YAML::Exception& e) {
-    return Status::Error(kStage, path + ": context '" + k.context + "': " + e.what());
+    return Status::Error(kKubeconfigStage, path + ": context '" + k.context + "': " + e.what());
   }
   return k;
 }

@@ -21,10 +21,10 @@ namespace {
 using nlohmann::json;
 using policy_internal::CheckKubernetesName;
 
-constexpr const char* kStage = "k8s render";
+constexpr const char* kRenderStage = "k8s render";
 constexpr const char* kContainerName = "agentbox";
 
-Status Fail(const std::string& message) { return Status::Error(kStage, message); }
+Status Fail(const std::string& message) { return Status::Error(kRenderStage, message); }
 
 // A name from the policy, else from a flag, else the default. A flag that
 // names something else than the policy is refused: rendering objects for

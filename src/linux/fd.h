@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -41,6 +42,22 @@ class UniqueFd {
  private:
   int fd_ = -1;
 };
+
+// Writes all of `data` to `fd`, retrying on EINTR and after short writes:
+// true when all of it went, false with errno set when a write failed (EIO
+// for a write that wrote nothing).
+inline bool WriteAll(int fd, std::string_view data) {
+  while (!data.empty()) {
+    const ssize_t n = ::write(fd, data.data(), data.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      if (n == 0) errno = EIO;
+      return false;
+    }
+    data.remove_prefix(static_cast<std::size_t>(n));
+  }
+  return true;
+}
 
 // Opens `rel` below the directory `root_fd` with openat2(RESOLVE_BENEATH |
 // RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS): no symlink is followed on

@@ -15,7 +15,7 @@
 namespace agentbox::linux {
 namespace {
 
-constexpr const char* kStage = "graft";
+constexpr const char* kGraftStage = "graft";
 constexpr char kNsMessage[] = "{\"t\":\"ns\"}";
 
 // What a child reports: a Status, and whether it made the mountpoint.
@@ -40,7 +40,7 @@ ChildResult Decode(const std::string& text) {
       f.back() += c;
     }
   }
-  if (f.size() != 6) return {Status::Error(kStage, "the graft's child gave no result"), false};
+  if (f.size() != 6) return {Status::Error(kGraftStage, "the graft's child gave no result"), false};
   if (f[0].empty()) return {Status{}, f[5] == "1"};
   if (!f[1].empty()) return {Status::Syscall(f[0], f[1], f[2], std::stoi(f[3])), false};
   return {Status::Error(f[0], f[4]), false};
@@ -51,10 +51,10 @@ ChildResult Decode(const std::string& text) {
 template <typename Body>
 ChildResult InForkedChild(Body body) {
   int p[2];
-  if (pipe2(p, O_CLOEXEC) != 0) return {Status::Errno(kStage, "pipe2"), false};
+  if (pipe2(p, O_CLOEXEC) != 0) return {Status::Errno(kGraftStage, "pipe2"), false};
   UniqueFd r(p[0]), w(p[1]);
   const pid_t pid = fork();
-  if (pid < 0) return {Status::Errno(kStage, "fork"), false};
+  if (pid < 0) return {Status::Errno(kGraftStage, "fork"), false};
   if (pid == 0) {
     r.reset();
     const std::string out = Encode(body());
@@ -74,8 +74,9 @@ ChildResult InForkedChild(Body body) {
   while (waitpid(pid, &ws, 0) < 0 && errno == EINTR) {
   }
   if (text.empty()) {
-    return {Status::Error(kStage, "the graft's child ended without a result (wait status " + std::to_string(ws) + ")"),
-            false};
+    return {
+        Status::Error(kGraftStage, "the graft's child ended without a result (wait status " + std::to_string(ws) + ")"),
+        false};
   }
   return Decode(text);
 }
@@ -105,15 +106,15 @@ std::string ParentOf(const std::string& p) {
 template <typename Between>
 Status EnterWorld(const WorldNamespaces& ns, Between between) {
   if (setns(ns.user.get(), CLONE_NEWUSER) != 0) {
-    return Status::Errno(kStage, "setns(CLONE_NEWUSER)", "the world's user namespace");
+    return Status::Errno(kGraftStage, "setns(CLONE_NEWUSER)", "the world's user namespace");
   }
   if (Status s = between(); !s.ok()) return s;
   if (setns(ns.mnt.get(), CLONE_NEWNS) != 0) {
-    return Status::Errno(kStage, "setns(CLONE_NEWNS)", "the world's mount namespace");
+    return Status::Errno(kGraftStage, "setns(CLONE_NEWNS)", "the world's mount namespace");
   }
-  if (fchdir(ns.root.get()) != 0) return Status::Errno(kStage, "fchdir", "the world's root");
-  if (chroot(".") != 0) return Status::Errno(kStage, "chroot", "the world's root");
-  if (chdir("/") != 0) return Status::Errno(kStage, "chdir", "/");
+  if (fchdir(ns.root.get()) != 0) return Status::Errno(kGraftStage, "fchdir", "the world's root");
+  if (chroot(".") != 0) return Status::Errno(kGraftStage, "chroot", "the world's root");
+  if (chdir("/") != 0) return Status::Errno(kGraftStage, "chdir", "/");
   return {};
 }
 
@@ -129,9 +130,9 @@ Result<Where> Look(const std::string& path) {
   Where w;
   if (statx(AT_FDCWD, path.c_str(), AT_SYMLINK_NOFOLLOW, STATX_MNT_ID | STATX_TYPE, &stx) != 0) {
     if (errno == ENOENT) return w;
-    return Status::Errno(kStage, "statx", path);
+    return Status::Errno(kGraftStage, "statx", path);
   }
-  if (!(stx.stx_mask & STATX_MNT_ID)) return Status::Error(kStage, "statx gives no mount id for " + path);
+  if (!(stx.stx_mask & STATX_MNT_ID)) return Status::Error(kGraftStage, "statx gives no mount id for " + path);
   w.exists = true;
   w.mnt_id = stx.stx_mnt_id;
   w.mount_root = (stx.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT) && (stx.stx_attributes & STATX_ATTR_MOUNT_ROOT);
@@ -150,11 +151,11 @@ class WritableRoot {
   static Result<WritableRoot> Open() {
     WritableRoot w;
     w.fd_.reset(OpenTree(AT_FDCWD, "/", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC));
-    if (!w.fd_.valid()) return Status::Errno(kStage, "open_tree(OPEN_TREE_CLONE)", "the world's root");
+    if (!w.fd_.valid()) return Status::Errno(kGraftStage, "open_tree(OPEN_TREE_CLONE)", "the world's root");
     MountAttr attr{};
     attr.attr_clr = MOUNT_ATTR_RDONLY;
     if (MountSetattr(w.fd_.get(), "", AT_EMPTY_PATH, &attr) != 0) {
-      return Status::Errno(kStage, "mount_setattr(clear RDONLY) on a private clone", "the world's root");
+      return Status::Errno(kGraftStage, "mount_setattr(clear RDONLY) on a private clone", "the world's root");
     }
     return w;
   }
@@ -178,9 +179,9 @@ class WritableRoot {
   Status AtParent(const std::string& path, Op op, const char* what) const {
     const std::string parent = ParentOf(path);
     UniqueFd dir = OpenBeneath(fd_.get(), parent.substr(1), O_PATH | O_DIRECTORY);
-    if (!dir.valid()) return Status::Errno(kStage, "openat2(RESOLVE_NO_SYMLINKS)", parent);
+    if (!dir.valid()) return Status::Errno(kGraftStage, "openat2(RESOLVE_NO_SYMLINKS)", parent);
     const std::string name = path.substr(path.rfind('/') + 1);
-    if (op(dir.get(), name.c_str()) != 0) return Status::Errno(kStage, what, path);
+    if (op(dir.get(), name.c_str()) != 0) return Status::Errno(kGraftStage, what, path);
     return {};
   }
   UniqueFd fd_;
@@ -202,18 +203,19 @@ Status CheckTarget(const std::string& target, bool is_dir, std::vector<std::stri
       continue;
     }
     if (w->mnt_id != root->mnt_id || w->mount_root) {
-      return Status::Error(kStage, "cannot graft at " + target + ": " +
-                                       (p == target ? target + " is a mountpoint or inside a mount"
-                                                    : p + " is a mountpoint or inside a mount") +
-                                       " other than the world's root tmpfs (only a new world can put it there)");
+      return Status::Error(kGraftStage, "cannot graft at " + target + ": " +
+                                            (p == target ? target + " is a mountpoint or inside a mount"
+                                                         : p + " is a mountpoint or inside a mount") +
+                                            " other than the world's root tmpfs (only a new world can put it there)");
     }
     if (p == target) {
       if (is_dir ? !S_ISDIR(w->mode) : !S_ISREG(w->mode)) {
-        return Status::Error(kStage, "cannot graft at " + target + ": it exists inside the world and is not a " +
-                                         (is_dir ? "directory" : "regular file") + " as the source is");
+        return Status::Error(kGraftStage, "cannot graft at " + target + ": it exists inside the world and is not a " +
+                                              (is_dir ? "directory" : "regular file") + " as the source is");
       }
     } else if (!S_ISDIR(w->mode)) {
-      return Status::Error(kStage, "cannot graft at " + target + ": " + p + " is not a directory inside the world");
+      return Status::Error(kGraftStage,
+                           "cannot graft at " + target + ": " + p + " is not a directory inside the world");
     }
     return {};
   }
@@ -227,21 +229,22 @@ ChildResult GraftChild(const WorldNamespaces& ns, const std::string& source, con
     // A mount namespace of the world's user namespace, copied from the
     // host's: open_tree needs CAP_SYS_ADMIN over the namespace the source
     // is in, which this one gives without privilege on the host.
-    if (unshare(CLONE_NEWNS) != 0) return Status::Errno(kStage, "unshare(CLONE_NEWNS)", "a copy of the host's mounts");
+    if (unshare(CLONE_NEWNS) != 0)
+      return Status::Errno(kGraftStage, "unshare(CLONE_NEWNS)", "a copy of the host's mounts");
     // The source exactly as named: no symlink may point the grant elsewhere.
     UniqueFd host_root(open("/", O_PATH | O_DIRECTORY | O_CLOEXEC));
-    if (!host_root.valid()) return Status::Errno(kStage, "open", "/");
+    if (!host_root.valid()) return Status::Errno(kGraftStage, "open", "/");
     UniqueFd src = OpenBeneath(host_root.get(), source.substr(1), O_PATH);
-    if (!src.valid()) return Status::Errno(kStage, "openat2(RESOLVE_NO_SYMLINKS)", source);
+    if (!src.valid()) return Status::Errno(kGraftStage, "openat2(RESOLVE_NO_SYMLINKS)", source);
     struct stat st {};
-    if (fstat(src.get(), &st) != 0) return Status::Errno(kStage, "fstat", source);
-    if (S_ISLNK(st.st_mode)) return Status::Syscall(kStage, "openat2(RESOLVE_NO_SYMLINKS)", source, ELOOP);
+    if (fstat(src.get(), &st) != 0) return Status::Errno(kGraftStage, "fstat", source);
+    if (S_ISLNK(st.st_mode)) return Status::Syscall(kGraftStage, "openat2(RESOLVE_NO_SYMLINKS)", source, ELOOP);
     if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode)) {
-      return Status::Error(kStage, "cannot graft " + source + ": not a directory or a regular file");
+      return Status::Error(kGraftStage, "cannot graft " + source + ": not a directory or a regular file");
     }
     is_dir = S_ISDIR(st.st_mode);
     tree.reset(OpenTree(src.get(), "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH | AT_RECURSIVE));
-    if (!tree.valid()) return Status::Errno(kStage, "open_tree(OPEN_TREE_CLONE|AT_RECURSIVE)", source);
+    if (!tree.valid()) return Status::Errno(kGraftStage, "open_tree(OPEN_TREE_CLONE|AT_RECURSIVE)", source);
     return {};
   });
   if (!entered.ok()) return {entered};
@@ -249,9 +252,9 @@ ChildResult GraftChild(const WorldNamespaces& ns, const std::string& source, con
   MountAttr attr{};
   attr.attr_set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (access == GraftAccess::kWritable ? 0 : MOUNT_ATTR_RDONLY);
   if (MountSetattr(tree.get(), "", AT_EMPTY_PATH | AT_RECURSIVE, &attr) != 0) {
-    return {Status::Errno(kStage, "mount_setattr(NOSUID|NODEV" +
-                                      std::string(access == GraftAccess::kWritable ? "" : "|RDONLY") + ")",
-                          source)};
+    return {Status::Errno(
+        kGraftStage,
+        "mount_setattr(NOSUID|NODEV" + std::string(access == GraftAccess::kWritable ? "" : "|RDONLY") + ")", source)};
   }
   std::vector<std::string> missing;
   if (Status s = CheckTarget(target, is_dir, &missing); !s.ok()) return {s};
@@ -272,9 +275,9 @@ ChildResult GraftChild(const WorldNamespaces& ns, const std::string& source, con
   // Nothing in the world could write to its root meanwhile: the target is
   // what was checked and made, with no symlink on the way.
   UniqueFd at = OpenBeneath(ns.root.get(), target.substr(1), O_PATH | (is_dir ? O_DIRECTORY : 0));
-  if (!at.valid()) return undo(Status::Errno(kStage, "openat2(RESOLVE_NO_SYMLINKS)", target));
+  if (!at.valid()) return undo(Status::Errno(kGraftStage, "openat2(RESOLVE_NO_SYMLINKS)", target));
   if (MoveMount(tree.get(), "", at.get(), "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) != 0) {
-    return undo(Status::Errno(kStage, "move_mount", target));
+    return undo(Status::Errno(kGraftStage, "move_mount", target));
   }
   return {Status{}, !missing.empty() && missing.back() == target};
 }
@@ -288,10 +291,11 @@ Status UngraftChild(const WorldNamespaces& ns, const std::string& target, Mountp
   auto parent = Look(ParentOf(target));
   if (!parent.ok()) return parent.status();
   if (!at->exists || !at->mount_root || parent->mnt_id != root->mnt_id) {
-    return Status::Error(kStage, "nothing is grafted at " + target + " (no mount there on the world's root tmpfs)");
+    return Status::Error(kGraftStage,
+                         "nothing is grafted at " + target + " (no mount there on the world's root tmpfs)");
   }
   const bool is_dir = S_ISDIR(at->mode);
-  if (umount2(target.c_str(), MNT_DETACH) != 0) return Status::Errno(kStage, "umount2(MNT_DETACH)", target);
+  if (umount2(target.c_str(), MNT_DETACH) != 0) return Status::Errno(kGraftStage, "umount2(MNT_DETACH)", target);
   if (mountpoint == Mountpoint::kKeep) return {};
   // The mountpoint goes too (its parents may be shared with other grafts).
   auto writable = WritableRoot::Open();
@@ -334,17 +338,20 @@ Result<WorldNamespaces> ReceiveWorldNamespaces(int sock) {
 
 Result<Mountpoint> GraftIntoWorld(const WorldNamespaces& ns, const std::string& source, const std::string& target,
                                   GraftAccess access) {
-  if (!ns.valid()) return Status::Error(kStage, "the world's namespaces are not held (no live grafts)");
-  if (!Normalized(source)) return Status::Error(kStage, "the source " + source + " is not an absolute, normalized path");
-  if (!Normalized(target)) return Status::Error(kStage, "the target " + target + " is not an absolute, normalized path");
+  if (!ns.valid()) return Status::Error(kGraftStage, "the world's namespaces are not held (no live grafts)");
+  if (!Normalized(source))
+    return Status::Error(kGraftStage, "the source " + source + " is not an absolute, normalized path");
+  if (!Normalized(target))
+    return Status::Error(kGraftStage, "the target " + target + " is not an absolute, normalized path");
   ChildResult r = InForkedChild([&] { return GraftChild(ns, source, target, access); });
   if (!r.status.ok()) return r.status;
   return r.made ? Mountpoint::kRemove : Mountpoint::kKeep;
 }
 
 Status UngraftFromWorld(const WorldNamespaces& ns, const std::string& target, Mountpoint mountpoint) {
-  if (!ns.valid()) return Status::Error(kStage, "the world's namespaces are not held (no live grafts)");
-  if (!Normalized(target)) return Status::Error(kStage, "the target " + target + " is not an absolute, normalized path");
+  if (!ns.valid()) return Status::Error(kGraftStage, "the world's namespaces are not held (no live grafts)");
+  if (!Normalized(target))
+    return Status::Error(kGraftStage, "the target " + target + " is not an absolute, normalized path");
   return InForkedChild([&] { return ChildResult{UngraftChild(ns, target, mountpoint)}; }).status;
 }
 

@@ -21,7 +21,7 @@ extern char** environ;
 namespace agentbox::linux {
 namespace {
 
-constexpr const char* kStage = "host program";
+constexpr const char* kHostProgramStage = "host program";
 
 // A pipe end that landed on 0, 1 or 2 (this process had one of them closed)
 // would be overwritten by the spawn's own dup2 onto those numbers: moved
@@ -42,16 +42,17 @@ Status FillPipe(int fd, std::string_view input, const std::string& name) {
   // A user over fs.pipe-user-pages-soft gets one-page pipes; ask for more
   // (best effort: the write below tells whether it fits).
   if (input.size() > 4096) (void)::fcntl(fd, F_SETPIPE_SZ, static_cast<int>(HostProgram::kMaxInput));
-  if (::fcntl(fd, F_SETFL, O_NONBLOCK) != 0) return Status::Errno(kStage, "fcntl(O_NONBLOCK)", "the stdin of " + name);
+  if (::fcntl(fd, F_SETFL, O_NONBLOCK) != 0)
+    return Status::Errno(kHostProgramStage, "fcntl(O_NONBLOCK)", "the stdin of " + name);
   std::size_t done = 0;
   while (done < input.size()) {
     ssize_t n = ::write(fd, input.data() + done, input.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && errno == EAGAIN) {
-      return Status::Error(kStage, "the request for " + name + " (" + std::to_string(input.size()) +
-                                       " bytes) does not fit in its stdin pipe");
+      return Status::Error(kHostProgramStage, "the request for " + name + " (" + std::to_string(input.size()) +
+                                                  " bytes) does not fit in its stdin pipe");
     }
-    if (n < 0) return Status::Errno(kStage, "write", "the stdin of " + name);
+    if (n < 0) return Status::Errno(kHostProgramStage, "write", "the stdin of " + name);
     done += static_cast<std::size_t>(n);
   }
   return Status();
@@ -75,19 +76,19 @@ bool ReadAvailable(int fd, std::string& buf, std::size_t* used) {
 
 Result<HostProgram> HostProgram::Start(const std::vector<std::string>& argv, std::string_view input,
                                        ProcessGroup group) {
-  if (argv.empty() || argv[0].empty()) return Status::Error(kStage, "no program given");
+  if (argv.empty() || argv[0].empty()) return Status::Error(kHostProgramStage, "no program given");
   const std::string& name = argv[0];
   if (input.size() > kMaxInput) {
-    return Status::Error(kStage, "the request for " + name + " is " + std::to_string(input.size()) +
-                                     " bytes, more than " + std::to_string(kMaxInput));
+    return Status::Error(kHostProgramStage, "the request for " + name + " is " + std::to_string(input.size()) +
+                                                " bytes, more than " + std::to_string(kMaxInput));
   }
   int in[2], out[2];
-  if (::pipe2(in, O_CLOEXEC) != 0) return Status::Errno(kStage, "pipe2", "the stdin of " + name);
+  if (::pipe2(in, O_CLOEXEC) != 0) return Status::Errno(kHostProgramStage, "pipe2", "the stdin of " + name);
   UniqueFd in_read(in[0]), in_write(in[1]);
-  if (::pipe2(out, O_CLOEXEC) != 0) return Status::Errno(kStage, "pipe2", "the stdout of " + name);
+  if (::pipe2(out, O_CLOEXEC) != 0) return Status::Errno(kHostProgramStage, "pipe2", "the stdout of " + name);
   UniqueFd out_read(out[0]), out_write(out[1]);
   if (!AboveStdio(&in_read) || !AboveStdio(&out_write)) {
-    return Status::Errno(kStage, "fcntl(F_DUPFD_CLOEXEC)", "the pipes of " + name);
+    return Status::Errno(kHostProgramStage, "fcntl(F_DUPFD_CLOEXEC)", "the pipes of " + name);
   }
   if (Status s = FillPipe(in_write.get(), input, name); !s.ok()) return s;
   in_write.reset();
@@ -115,7 +116,7 @@ Result<HostProgram> HostProgram::Start(const std::vector<std::string>& argv, std
   const int rc = ::posix_spawnp(&pid, args[0], &actions, &attr, args.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
-  if (rc != 0) return Status::Syscall(kStage, "posix_spawnp", name, rc);
+  if (rc != 0) return Status::Syscall(kHostProgramStage, "posix_spawnp", name, rc);
   return HostProgram(pid, group, std::move(out_read));
 }
 
@@ -168,9 +169,10 @@ Result<ProgramRun> RunHostProgram(const std::vector<std::string>& argv, std::str
   // Its exit, seen without reaping it (End still needs the pid): the
   // program is our unreaped child, so the pid is still its own here.
   UniqueFd exited(PidfdOpen(program->pid()));
-  if (!exited.valid()) return Status::Errno(kStage, "pidfd_open", argv[0]);
+  if (!exited.valid()) return Status::Errno(kHostProgramStage, "pidfd_open", argv[0]);
   const int out = program->stdout_fd();
-  if (::fcntl(out, F_SETFL, O_NONBLOCK) != 0) return Status::Errno(kStage, "fcntl(O_NONBLOCK)", "the stdout of " + argv[0]);
+  if (::fcntl(out, F_SETFL, O_NONBLOCK) != 0)
+    return Status::Errno(kHostProgramStage, "fcntl(O_NONBLOCK)", "the stdout of " + argv[0]);
 
   ProgramRun run;
   run.output.resize(max_output + 1);
@@ -185,7 +187,7 @@ Result<ProgramRun> RunHostProgram(const std::vector<std::string>& argv, std::str
     pollfd p[2] = {{exited.get(), POLLIN, 0}, {out_open ? out : -1, POLLIN, 0}};
     const int ready = ::poll(p, 2, left > INT_MAX ? INT_MAX : static_cast<int>(left));
     if (ready < 0 && errno == EINTR) continue;
-    if (ready < 0) return Status::Errno(kStage, "poll", "the stdout of " + argv[0]);
+    if (ready < 0) return Status::Errno(kHostProgramStage, "poll", "the stdout of " + argv[0]);
     if (p[1].revents != 0) out_open = ReadAvailable(out, run.output, &used);
     // Once it has exited, what it wrote before is in the pipe: read that,
     // and no more (a process it left behind may hold the pipe open).

@@ -24,17 +24,6 @@ namespace {
 
 using nlohmann::json;
 
-bool WriteAllFd(int fd, const char* p, std::size_t n) {
-  while (n > 0) {
-    ssize_t w = write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    p += w;
-    n -= static_cast<std::size_t>(w);
-  }
-  return true;
-}
-
 bool IsUnder(const std::string& path, const std::string& root) {
   if (root == "/") return !path.empty() && path[0] == '/';
   return path == root || (path.size() > root.size() && path.compare(0, root.size(), root) == 0 &&
@@ -168,7 +157,7 @@ bool ParseControlFrame(std::string_view payload, std::string parts, ControlFrame
 Status WriteFrame(int fd, FrameType type, std::string_view payload) {
   std::string frame;
   AppendFrame(&frame, type, payload);
-  if (!WriteAllFd(fd, frame.data(), frame.size())) return Status::Errno("channel", "write", "frame");
+  if (!WriteAll(fd, frame)) return Status::Errno("channel", "write", "frame");
   return {};
 }
 
@@ -313,7 +302,7 @@ Status WriteGuestInitramfs(const std::string& init, const std::string& release, 
   const std::string tmp = out + ".tmp";
   UniqueFd fd(open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (!fd.valid()) return Status::Errno("microvm", "create", tmp);
-  if (!WriteAllFd(fd.get(), cpio.data(), cpio.size())) return Status::Errno("microvm", "write", tmp);
+  if (!WriteAll(fd.get(), cpio)) return Status::Errno("microvm", "write", tmp);
   fd.reset();
   if (rename(tmp.c_str(), out.c_str()) != 0) return Status::Errno("microvm", "rename", out);
   return {};

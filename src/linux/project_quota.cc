@@ -59,7 +59,7 @@ class Kernel final : public QuotaKernel {
   }
 };
 
-std::string Join(const std::string& a, const std::string& b) { return a.empty() ? b : a + "/" + b; }
+std::string JoinRel(const std::string& a, const std::string& b) { return a.empty() ? b : a + "/" + b; }
 
 // Every directory and regular file at and below `root` on its filesystem,
 // each opened (without following symlinks) for `fn(fd, rel, is_dir)`.
@@ -68,11 +68,11 @@ using Visit = std::function<Status(int fd, const std::string& rel, bool is_dir)>
 
 Status WalkDir(int dir_fd, const std::string& rel, const std::string& root, dev_t dev, const Visit& fn) {
   int dup = fcntl(dir_fd, F_DUPFD_CLOEXEC, 0);
-  if (dup < 0) return Status::Errno("quota", "fcntl(F_DUPFD_CLOEXEC)", Join(root, rel));
+  if (dup < 0) return Status::Errno("quota", "fcntl(F_DUPFD_CLOEXEC)", JoinRel(root, rel));
   DIR* d = fdopendir(dup);
   if (!d) {
     close(dup);
-    return Status::Errno("quota", "fdopendir", Join(root, rel));
+    return Status::Errno("quota", "fdopendir", JoinRel(root, rel));
   }
   std::vector<std::string> names;
   while (struct dirent* e = readdir(d)) {
@@ -81,7 +81,7 @@ Status WalkDir(int dir_fd, const std::string& rel, const std::string& root, dev_
   }
   closedir(d);
   for (const auto& n : names) {
-    const std::string r = Join(rel, n);
+    const std::string r = JoinRel(rel, n);
     struct stat st {};
     if (fstatat(dir_fd, n.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
       if (errno == ENOENT) continue;
@@ -200,11 +200,11 @@ Result<std::unique_ptr<WorkspaceQuota>> WorkspaceQuota::Begin(QuotaKernel* kerne
   // are rewritten below).
   if (Status s = WriteRecord(q->record_, RecordJson(owner, workspace, device, projid, {})); !s.ok()) return s;
   Status tagged = Walk(workspace, [&](int fd, const std::string& rel, bool is_dir) -> Status {
-    auto attr = kernel->Get(fd, Join(workspace, rel));
+    auto attr = kernel->Get(fd, JoinRel(workspace, rel));
     if (!attr.ok()) return attr.status();
     if (!(*attr == ProjectAttr{})) q->previous_[rel] = *attr;
     ++q->tagged_;
-    return kernel->Set(fd, Join(workspace, rel), {projid, is_dir});
+    return kernel->Set(fd, JoinRel(workspace, rel), {projid, is_dir});
   });
   if (tagged.ok()) tagged = WriteRecord(q->record_, RecordJson(owner, workspace, device, projid, q->previous_));
   if (!tagged.ok()) return tagged;  // the destructor restores what was tagged
@@ -221,10 +221,10 @@ Status WorkspaceQuota::End() {
   ended_ = true;
   Status first;
   Status walked = Walk(workspace_, [&](int fd, const std::string& rel, bool) -> Status {
-    auto attr = kernel_->Get(fd, Join(workspace_, rel));
+    auto attr = kernel_->Get(fd, JoinRel(workspace_, rel));
     if (!attr.ok() || attr->projid != projid_) return {};
     auto it = previous_.find(rel);
-    Status s = kernel_->Set(fd, Join(workspace_, rel), it == previous_.end() ? ProjectAttr{} : it->second);
+    Status s = kernel_->Set(fd, JoinRel(workspace_, rel), it == previous_.end() ? ProjectAttr{} : it->second);
     if (!s.ok() && first.ok()) first = s;
     return {};
   });

@@ -165,8 +165,6 @@ std::string QuotedName(const std::string& name) {
   return out + "\"";
 }
 
-bool IsLocalhostName(const std::string& name) { return name == "localhost" || name.ends_with(".localhost"); }
-
 }  // namespace
 
 // --- wire format ---------------------------------------------------------------

@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "net/http_request.h"
+#include "net/http_text.h"
 #include "net/rules.h"
 
 namespace agentbox::net {
@@ -16,11 +17,6 @@ namespace {
 Status RequestError(const std::string& message) { return Status::Error("git-push", message); }
 
 char AsciiLower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
-
-bool IEquals(std::string_view a, std::string_view b) {
-  return a.size() == b.size() &&
-         std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) { return AsciiLower(x) == AsciiLower(y); });
-}
 
 bool IEndsWith(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && IEquals(s.substr(s.size() - suffix.size()), suffix);

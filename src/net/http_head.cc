@@ -14,8 +14,6 @@ namespace {
 
 namespace http = boost::beast::http;
 
-std::string_view SV(boost::beast::string_view s) { return {s.data(), s.size()}; }
-
 HeadParse Fail(int status, std::string reason) {
   HeadParse r;
   r.state = ParseState::kError;

@@ -13,8 +13,6 @@ namespace {
 
 namespace http = boost::beast::http;
 
-std::string_view SV(boost::beast::string_view s) { return {s.data(), s.size()}; }
-
 HttpParseResult Error(int status, std::string message) {
   HttpParseResult r;
   r.state = ParseState::kError;

@@ -19,7 +19,7 @@ bool IsUnreserved(int c) {
 }
 
 // The path after its leading "/", split at "/": "/" is {""}, "/a/" {"a", ""}.
-std::vector<std::string_view> Segments(std::string_view path) {
+std::vector<std::string_view> PathSegments(std::string_view path) {
   std::vector<std::string_view> out;
   path.remove_prefix(1);
   while (true) {
@@ -101,7 +101,7 @@ Result<std::string> NormaliseRequestPath(std::string_view target) {
     }
   }
   // Segment checks after decoding, so that "%2e%2e" is seen as "..".
-  std::vector<std::string_view> segments = Segments(out);
+  std::vector<std::string_view> segments = PathSegments(out);
   for (std::size_t i = 0; i < segments.size(); ++i) {
     std::string_view segment = segments[i];
     bool last = i + 1 == segments.size();
@@ -131,7 +131,7 @@ Result<HttpRulePattern> ParseHttpRulePattern(std::string_view text) {
   if (path.find('?') != std::string_view::npos) return fail("a query (patterns match the path only)");
   auto normal = NormaliseRequestPath(path);
   if (!normal.ok()) return fail(normal.status().message());
-  for (std::string_view segment : Segments(*normal)) {
+  for (std::string_view segment : PathSegments(*normal)) {
     if (segment != "**" && segment.find("**") != std::string_view::npos) return fail("** not a whole segment");
     pattern.segments.emplace_back(segment);
   }
@@ -142,7 +142,7 @@ bool HttpRulePattern::Matches(std::string_view request_method, std::string_view 
   if (method != "*" && method != request_method) return false;
   if (path.empty() || path.front() != '/') return false;
   return GreedyMatch(
-      segments, Segments(path), [](const std::string& s) { return s == "**"; },
+      segments, PathSegments(path), [](const std::string& s) { return s == "**"; },
       [](const std::string& pat, std::string_view segment) { return SegmentMatches(pat, segment); });
 }
 

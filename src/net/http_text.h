@@ -16,6 +16,12 @@ inline bool IEquals(std::string_view a, std::string_view b) {
          std::equal(a.begin(), a.end(), b.begin(), [&](char x, char y) { return lower(x) == lower(y); });
 }
 
+// Beast's string view (boost::string_view in Boost 1.74) as a std::string_view.
+template <class View>
+std::string_view SV(View s) {
+  return {s.data(), s.size()};
+}
+
 // OWS (SP / HTAB) removed from both ends.
 inline std::string_view TrimOws(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);

@@ -43,19 +43,12 @@ constexpr int kChunksPerTurn = 8;
 // close does not turn into a reset that destroys the 403 in flight.
 constexpr std::chrono::milliseconds kLingerTime{500};
 
-std::string TargetText(const std::string& host, std::uint16_t port) {
-  if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);
-  return host + ":" + std::to_string(port);
-}
-
 asio::ip::address ToAsio(const IpAddress& a) {
   if (!a.v6) return asio::ip::address_v4(asio::ip::address_v4::bytes_type{a.bytes[0], a.bytes[1], a.bytes[2], a.bytes[3]});
   asio::ip::address_v6::bytes_type b;
   std::copy(a.bytes.begin(), a.bytes.end(), b.begin());
   return asio::ip::address_v6(b);
 }
-
-bool IsLocalhostName(const std::string& host) { return host == "localhost" || host.ends_with(".localhost"); }
 
 // splice(2) into a socket has no MSG_NOSIGNAL: when the peer is gone it
 // raises SIGPIPE, whose default action would kill the supervisor. SIGPIPE is

@@ -283,6 +283,13 @@ const char* ToString(DenyReason r) {
   return "?";
 }
 
+std::string TargetText(const std::string& host, std::uint16_t port) {
+  if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);
+  return host + ":" + std::to_string(port);
+}
+
+bool IsLocalhostName(std::string_view host) { return host == "localhost" || host.ends_with(".localhost"); }
+
 Result<std::string> NormaliseHost(std::string_view host) {
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
     auto v6 = IpAddress::Parse(host.substr(1, host.size() - 2));

@@ -57,6 +57,14 @@ const char* ToString(AddressClass c);
 // IP literals are returned in canonical text ("[::1]" → "::1").
 Result<std::string> NormaliseHost(std::string_view host);
 
+// "localhost" and every name under it (RFC 6761 §6.3): loopback, which
+// is never asked of a resolver.
+bool IsLocalhostName(std::string_view host);
+
+// "host:port", with an IPv6 literal in brackets ("[::1]:443"), as messages
+// and connection keys name a destination.
+std::string TargetText(const std::string& host, std::uint16_t port);
+
 enum class RuleKind {
   kAnyHost,    // "*" (deny list only)
   kExactHost,  // "github.com"

@@ -6,6 +6,7 @@
 
 #include <openssl/evp.h>
 
+#include <algorithm>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/redirect_error.hpp>
@@ -15,16 +16,15 @@
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
-#include <nlohmann/json.hpp>
-
-#include <algorithm>
 #include <cstring>
 #include <limits>
+#include <nlohmann/json.hpp>
 
 #include "net/git_push.h"
 #include "net/http_head.h"
 #include "net/http_request.h"
 #include "net/http_text.h"
+#include "net/rules.h"
 #include "net/tls_socket.h"
 
 namespace agentbox::net {
@@ -116,11 +116,6 @@ std::string Chunk(std::string_view piece) {
   out.append(piece);
   out += "\r\n";
   return out;
-}
-
-std::string TargetText(const std::string& host, std::uint16_t port) {
-  if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);
-  return host + ":" + std::to_string(port);
 }
 
 std::string Base64(std::string_view in) {

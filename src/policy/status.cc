@@ -15,7 +15,7 @@ namespace {
   return xsi_result == 0 ? buf : "Unknown error";
 }
 
-std::string ErrnoText(int err) {
+std::string StrerrorMessage(int err) {
   char buf[256] = {};
   return StrerrorText(strerror_r(err, buf, sizeof buf), buf);
 }
@@ -26,7 +26,7 @@ std::string Status::message() const {
   if (syscall_.empty()) return message_;
   std::string out = syscall_;
   if (!path_.empty()) out += "(" + path_ + ")";
-  out += ": " + ErrnoText(err_);
+  out += ": " + StrerrorMessage(err_);
   if (!message_.empty()) out += " — " + message_;
   return out;
 }

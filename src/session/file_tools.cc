@@ -27,9 +27,6 @@ namespace {
 
 using linux::UniqueFd;
 
-// git's and grep's test for binary content.
-constexpr std::size_t kBinaryProbeBytes = 8000;
-
 // ------------------------------------------------------------------ results
 
 // `text` as valid UTF-8: each byte that does not start a well-formed sequence
@@ -204,18 +201,6 @@ std::string Dirname(const std::string& path) {
 
 // ------------------------------------------------------------------ io
 
-bool WriteAll(int fd, const std::string& data) {
-  for (std::size_t done = 0; done < data.size();) {
-    ssize_t n = write(fd, data.data() + done, data.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  return true;
-}
-
 // Reads the whole file; false with errno set on failure.
 bool ReadAll(int fd, std::string* out) {
   char buf[1 << 16];
@@ -232,7 +217,7 @@ bool ReadAll(int fd, std::string* out) {
 
 // Overwrites the open file `fd` with `data` (the shell's `>`).
 Json WriteInPlace(int fd, const std::string& path, const std::string& data, bool created) {
-  if (ftruncate(fd, 0) != 0 || lseek(fd, 0, SEEK_SET) != 0 || !WriteAll(fd, data)) {
+  if (ftruncate(fd, 0) != 0 || lseek(fd, 0, SEEK_SET) != 0 || !linux::WriteAll(fd, data)) {
     return FromErrno(errno, "write", "write", path);
   }
   Json result = Ok("wrote " + std::to_string(data.size()) + " bytes to " + path);
@@ -313,7 +298,7 @@ Json WriteContent(const std::string& path, const std::string& data) {
     unlink(temp.c_str());
     return FromErrno(err, "write", "write", path);
   };
-  if (!WriteAll(out.get(), data)) return discard(errno);
+  if (!linux::WriteAll(out.get(), data)) return discard(errno);
   if (existing.valid()) {
     if (fchown(out.get(), st.st_uid, st.st_gid) != 0) {
       // Not ours to give away (an unprivileged sandbox): keep our ownership.

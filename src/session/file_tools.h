@@ -35,6 +35,10 @@
 
 namespace agentbox::session {
 
+// git's and grep's test for binary content: a NUL byte in the first 8000
+// bytes.
+inline constexpr std::size_t kBinaryProbeBytes = 8000;
+
 using Json = nlohmann::json;
 
 struct FileToolLimits {

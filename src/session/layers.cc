@@ -27,8 +27,9 @@
 
 #include "linux/compat.h"
 #include "linux/fd.h"
-#include "report/json_text.h"
 #include "policy/sha256.h"
+#include "report/json_text.h"
+#include "session/file_tools.h"
 #include "session/gitignore.h"
 #include "session/unified_diff.h"
 
@@ -42,8 +43,6 @@ constexpr const char* kOpaqueXattr = "user.overlay.opaque";
 constexpr const char* kTrustedOpaqueXattr = "trusted.overlay.opaque";
 constexpr const char* kManifestName = "manifest.json";
 constexpr const char* kTreeName = "tree";
-// git's test for binary content: a NUL byte in the first 8000 bytes.
-constexpr std::size_t kBinaryProbeBytes = 8000;
 
 std::string Join(const std::string& dir, const std::string& rel) {
   if (rel.empty()) return dir;

@@ -55,7 +55,6 @@ namespace {
 
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
-constexpr int kChannelFd = 3;
 // The background log's size limit, as the init keeps it on a host
 // (runner.cc): in a guest the log is a pipe, so this side keeps it.
 constexpr off_t kBackgroundLogCap = 64 << 20;

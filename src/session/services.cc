@@ -9,6 +9,7 @@
 #include <chrono>
 #include <condition_variable>
 
+#include "linux/fd.h"
 #include "linux/session_shell.h"
 #include "session/session.h"
 
@@ -39,15 +40,6 @@ bool EnvName(const std::string& n) {
     if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_')) return false;
   }
   return true;
-}
-
-void WriteAll(int fd, std::string_view data) {
-  while (!data.empty()) {
-    ssize_t w = write(fd, data.data(), data.size());
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return;
-    data.remove_prefix(static_cast<size_t>(w));
-  }
 }
 
 }  // namespace
@@ -156,11 +148,11 @@ void Services::Launch(const std::shared_ptr<Service>& svc) {
       if (capped) return;
       struct stat st {};
       if (fstat(log_fd, &st) == 0 && st.st_size + static_cast<off_t>(chunk.size()) > kLogCap) {
-        WriteAll(log_fd, "\n[agentbox: the service's log is full (64 MiB); later output dropped]\n");
+        (void)linux::WriteAll(log_fd, "\n[agentbox: the service's log is full (64 MiB); later output dropped]\n");
         capped = true;
         return;
       }
-      WriteAll(log_fd, chunk);
+      (void)linux::WriteAll(log_fd, chunk);
     };
     auto r = w->world->Exec(exec, sink, nullptr);
     std::string error;

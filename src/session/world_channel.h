@@ -23,6 +23,9 @@ class WorldMachine;
 
 namespace agentbox::session {
 
+// The channel's descriptor in the world supervisor.
+inline constexpr int kChannelFd = 3;
+
 // One message to the caller, with `fd_to_pass` (>= 0) beside it. A "net"
 // record is dropped rather than block when the caller does not read.
 void Send(const nlohmann::json& message, int fd_to_pass = -1);

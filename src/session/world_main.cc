@@ -50,8 +50,6 @@ namespace {
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-constexpr int kChannelFd = 3;
-
 // Runs in a process forked by the init, inside the sandbox.
 std::string FileOp(const std::string& request) {
   const std::string_view header = linux::ControlRequestJson(request);

@@ -100,15 +100,6 @@ ApprovalDecision FromOutput(std::string_view output, const std::string& by) {
 constexpr const char* kTerminal = "terminal";
 constexpr std::size_t kMaxLineBytes = 256;
 
-void WriteAll(int fd, std::string_view text) {
-  while (!text.empty()) {
-    const ssize_t n = ::write(fd, text.data(), text.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    text.remove_prefix(static_cast<std::size_t>(n));
-  }
-}
-
 // One line from `fd` within `timeout` (without the newline), or why not.
 Result<std::string> ReadLine(int fd, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -152,10 +143,10 @@ ApprovalDecision AskOnDescriptors(int in_fd, int out_fd, const ApprovalRequest& 
   if (!request.reason.empty()) prompt += "agentbox: " + request.reason + "\n";
   prompt += "agentbox: grant " + grant + " and run the command again?\n" +
             "          [o]nce / [s]ession (once: a run has no session) / [d]eny: ";
-  WriteAll(out_fd, prompt);
+  (void)linux::WriteAll(out_fd, prompt);
   auto line = ReadLine(in_fd, timeout);
   if (!line.ok()) {
-    WriteAll(out_fd, "\nagentbox: denied (" + line.status().message() + ")\n");
+    (void)linux::WriteAll(out_fd, "\nagentbox: denied (" + line.status().message() + ")\n");
     return Deny(kTerminal, "terminal: " + Why(line.status()));
   }
   std::string word(Trim(*line));

@@ -19,17 +19,7 @@ using RunClock = std::chrono::steady_clock;
 
 // Writes all of `data` to `fd`; gives up quietly when `fd` is gone (our own
 // stderr closed: keep draining so the command is not blocked).
-inline void WriteAll(int fd, const char* data, std::size_t n) {
-  while (n > 0) {
-    ssize_t w = write(fd, data, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return;
-    }
-    data += w;
-    n -= static_cast<std::size_t>(w);
-  }
-}
+inline void WriteAll(int fd, const char* data, std::size_t n) { (void)linux::WriteAll(fd, {data, n}); }
 
 inline std::uint64_t Ms(RunClock::duration d) {
   return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(d).count());
