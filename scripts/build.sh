@@ -5,7 +5,12 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$root/scripts/install-deps.sh"
-cmake -S "$root" -B "$root/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+# Ninja for a new build directory: it compiles a target's files while the
+# libraries it links are still being built, where make waits for them. A
+# directory configured before keeps its generator.
+generator=()
+[ -f "$root/build/CMakeCache.txt" ] || generator=(-G Ninja)
+cmake -S "$root" -B "$root/build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 targets=()
 for t in "$@"; do targets+=(--target "$t"); done
 cmake --build "$root/build" -j"$(nproc)" "${targets[@]}"

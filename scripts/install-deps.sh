@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
   # build
-  cmake g++ make pkg-config git
+  cmake ninja-build g++ make pkg-config git
   # libraries
   libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libseccomp-dev
   # the egress proxy: Asio/Beast (header-only), IDNA host names (static: libunistring too)
