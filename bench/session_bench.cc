@@ -344,7 +344,8 @@ int main(int argc, char** argv) {
   Add("edit_file in a 1 MiB file", edit, "<= 2w+copy");
 
   Stats code_py, code_js, program50, execute50;
-  long rss = 0, pss = 0, daemon_rss = 0;
+  long rss = 0, pss = 0, private_kib = 0, daemon_rss = 0;
+  std::size_t idle_sessions = 0;
   std::vector<pid_t> procs;
   if (!calls_only) {
     // 4b. Code mode: a program's start next to a warm bash call, and 50 tool
@@ -398,7 +399,9 @@ int main(int argc, char** argv) {
     for (pid_t p : procs) {
       rss += Smaps(p, "Rss:");
       pss += Smaps(p, "Pss:");
+      private_kib += Smaps(p, "Private_Clean:") + Smaps(p, "Private_Dirty:");
     }
+    idle_sessions = idle.size() + 1;  // and the 10k-file one
     daemon_rss = Smaps(daemon->pid(), "Rss:");
   }
 
@@ -432,6 +435,9 @@ int main(int argc, char** argv) {
   std::printf("  total PSS %8.1f MiB (target <= 200 MiB)   sum of RSS %8.1f MiB   daemon alone RSS %6.1f MiB\n",
               static_cast<double>(pss) / 1024, static_cast<double>(rss) / 1024,
               static_cast<double>(daemon_rss) / 1024);
+  std::printf("  a session's idle world: private %6.0f KiB (target <= 1024 KiB)   PSS %6.0f KiB\n",
+              static_cast<double>(private_kib) / static_cast<double>(idle_sessions),
+              static_cast<double>(pss) / static_cast<double>(idle_sessions));
 
   daemon.reset();  // the daemon and its sandboxes stop before their files go
   const std::string cleanup = "rm -rf '" + root + "'";

@@ -290,6 +290,7 @@ int main(int argc, char** argv) {
        {g_agentbox, "run", "--allow-domain", "example.com", "--", "/bin/true"}, g_empty_ws, {}},
       {"unshare -Urmpnf --mount-proc", {"unshare", "-Urmpnf", "--mount-proc", "/bin/true"}, "", {}},
       {"bare /bin/true", {"/bin/true"}, "", {}},
+      {"bare bash -c true", {"/bin/bash", "-c", "true"}, "", {}},
   };
   if (!g_core_agentbox.empty()) entries.push_back({"core alone", {g_core_agentbox, "run", "--", "/bin/true"}, g_empty_ws, {}});
   const int rounds = 150;
