@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -41,6 +42,21 @@ class UniqueFd {
 
  private:
   int fd_ = -1;
+};
+
+// A buffer for recv(2) whose pages are touched only as data arrives in them:
+// a std::vector<char> of the same size is zeroed, which makes every page of
+// it private to the process for as long as the buffer lives (1 MiB per idle
+// session world, for a channel buffer sized for the largest message).
+class RecvBuffer {
+ public:
+  explicit RecvBuffer(std::size_t size) : data_(new char[size]), size_(size) {}
+  char* data() { return data_.get(); }
+  std::size_t size() const { return size_; }
+
+ private:
+  std::unique_ptr<char[]> data_;
+  std::size_t size_;
 };
 
 // Writes all of `data` to `fd`, retrying on EINTR and after short writes:

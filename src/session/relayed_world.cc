@@ -144,7 +144,7 @@ int RelayWorldLoop(supervise::WorldMachine& vm, const Plan& plan, net::SecretSto
   bool ready = false;
   std::optional<Clock::time_point> kill_at;
   std::vector<linux::Frame> frames = std::move(pending);
-  std::vector<char> in(1 << 20);
+  linux::RecvBuffer in(1 << 20);
 
   // The caller's control requests: the descriptors to the mux, the request
   // to the guest.

@@ -127,7 +127,7 @@ Status PrepareWorldCredentials(Plan* plan, std::shared_ptr<net::SecretStore>* se
 
 // The daemon's first message when the plan has secrets (world.cc).
 Result<std::shared_ptr<net::SecretStore>> ReceiveSecrets(const Plan& plan) {
-  std::vector<char> buf(kSecretsMessageMax);
+  linux::RecvBuffer buf(kSecretsMessageMax);
   struct pollfd p = {kChannelFd, POLLIN, 0};
   int ready = 0;
   while ((ready = poll(&p, 1, 30000)) < 0 && errno == EINTR) {
@@ -138,7 +138,7 @@ Result<std::shared_ptr<net::SecretStore>> ReceiveSecrets(const Plan& plan) {
   }
   if (got <= 0) return Status::Errno("credentials", "recv", "the secrets from the daemon");
   json message = json::parse(std::string_view(buf.data(), static_cast<size_t>(got)), nullptr, false);
-  OPENSSL_cleanse(buf.data(), buf.size());
+  OPENSSL_cleanse(buf.data(), static_cast<size_t>(got));
   if (!message.is_object() || message.value("op", "") != "secrets") {
     return Status::Error("credentials", "the daemon's first message is not the secrets");
   }
@@ -392,7 +392,7 @@ int WorldMain() {
     }
     if (fds[i_chan].revents) {
       // Big enough for a rotated secret (64 KiB, hex-encoded); zeroed after.
-      static std::vector<char> in(kSecretsMessageMax);
+      static linux::RecvBuffer in(kSecretsMessageMax);
       ssize_t got = recv(kChannelFd, in.data(), in.size(), MSG_DONTWAIT);
       if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR)) {
         end_world("closed");  // the caller is gone

@@ -368,7 +368,7 @@ pid_t ForkSupervisor(const linux::GuestRequest& request, const std::string& run_
   };
   for (const auto& f : frames) handle(f);
   frames.clear();
-  std::vector<char> in(1 << 20);
+  linux::RecvBuffer in(1 << 20);
   std::vector<struct pollfd> fds;
   for (;;) {
     fds.clear();
