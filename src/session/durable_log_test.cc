@@ -1,4 +1,5 @@
 #include "session/durable_log.h"
+#include "session/test_files.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -17,24 +18,11 @@ namespace {
 
 class TempLog {
  public:
-  TempLog() {
-    std::string t = std::string(getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp") + "/agentbox-durable-log-XXXXXX";
-    dir_ = mkdtemp(t.data()) ? t : "";
-  }
-  ~TempLog() {
-    unlink(path().c_str());
-    rmdir(dir_.c_str());
-  }
-  std::string path() const { return dir_ + "/log.jsonl"; }
-  std::string Read() const {
-    std::ifstream in(path());
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  }
+  std::string path() const { return dir_ / "log.jsonl"; }
+  std::string Read() const { return session::testing::Read(path()); }
 
  private:
-  std::string dir_;
+  session::testing::TempDir dir_{"durable-log"};
 };
 
 TEST(DurableLog, AppendReturnsTheLengthAndSyncCoversIt) {
