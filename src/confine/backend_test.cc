@@ -14,13 +14,15 @@
 namespace agentbox {
 namespace {
 
+using testing::Rule;
+
 HostCaps Host(bool userns, int landlock_abi = 7, bool seccomp = true) {
   HostCaps h = testing::FakeHost(userns, landlock_abi, seccomp);
   if (!userns) h.userns_reason = "kernel.apparmor_restrict_unprivileged_userns is 1";
   return h;
 }
 
-Invocation Inv(BackendChoice backend = BackendChoice::kAuto) {
+Invocation InvWith(BackendChoice backend = BackendChoice::kAuto) {
   Invocation inv = testing::FakeInvocation();
   inv.runtime_dir = "/run/user/1000";
   inv.backend = backend;
@@ -31,13 +33,6 @@ Policy Partial(Mode mode = Mode::kWorkspaceWrite) {
   Policy p = PresetFor(mode);
   p.sandbox.require = Requirement::kPartial;
   return p;
-}
-
-const LandlockRule* Rule(const Plan& p, const std::string& path) {
-  for (const auto& r : p.landlock.rules) {
-    if (r.path == path) return &r;
-  }
-  return nullptr;
 }
 
 bool Missing(const EnforcementReport& r, const std::string& facet, const std::string& text) {
@@ -62,7 +57,7 @@ TEST(SelectBackend, ForcedChoiceIsAnErrorNotADowngrade) {
   auto forced = SelectBackend(Host(false), BackendChoice::kNamespaces);
   ASSERT_FALSE(forced.ok());
   EXPECT_NE(forced.status().message().find("apparmor_restrict"), std::string::npos);
-  auto c = Confine({"true"}, Partial(), Host(false), Inv(BackendChoice::kNamespaces));
+  auto c = Confine({"true"}, Partial(), Host(false), InvWith(BackendChoice::kNamespaces));
   EXPECT_FALSE(c.ok());
   auto ll = SelectBackend(Host(true), BackendChoice::kLandlock);
   ASSERT_TRUE(ll.ok());
@@ -72,7 +67,7 @@ TEST(SelectBackend, ForcedChoiceIsAnErrorNotADowngrade) {
 
 TEST(LandlockOnly, RefusedUnderRequireFullWithTheMissingList) {
   Policy p = PresetFor(Mode::kWorkspaceWrite);
-  auto c = Confine({"true"}, p, Host(false), Inv());
+  auto c = Confine({"true"}, p, Host(false), InvWith());
   ASSERT_FALSE(c.ok());
   const std::string& msg = c.status().message();
   for (const char* want : {"processes:", "no private /tmp", "'**/.env'", "'.git/hooks'"}) {
@@ -81,7 +76,7 @@ TEST(LandlockOnly, RefusedUnderRequireFullWithTheMissingList) {
 }
 
 TEST(LandlockOnly, MissingFacetsListedExactly) {
-  auto c = Confine({"true"}, Partial(), Host(false), Inv());
+  auto c = Confine({"true"}, Partial(), Host(false), InvWith());
   ASSERT_TRUE(c.ok()) << c.status().message();
   const EnforcementReport& r = c->enforcement;
   EXPECT_EQ(r.backend, "landlock-only");
@@ -117,7 +112,7 @@ const FacetReport* FacetOf(const EnforcementReport& r, const std::string& name) 
 // A deny entry the backend cannot hide leaves the credentials facet short
 // of full, with the entry named, so that `--require full` refuses.
 TEST(LandlockOnly, CredentialsFacetIsPartialWhenADenyEntryStaysReadable) {
-  auto c = Confine({"true"}, Partial(), Host(false), Inv());
+  auto c = Confine({"true"}, Partial(), Host(false), InvWith());
   ASSERT_TRUE(c.ok()) << c.status().message();
   const FacetReport* cred = FacetOf(c->enforcement, "credentials");
   ASSERT_NE(cred, nullptr);
@@ -130,12 +125,12 @@ TEST(LandlockOnly, CredentialsFacetIsPartialWhenADenyEntryStaysReadable) {
   // Deny entries all outside the granted trees: nothing to name, full.
   Policy outside = Partial();
   outside.filesystem.deny = {"~/.ssh", "~/.aws"};
-  auto o = Confine({"true"}, outside, Host(false), Inv());
+  auto o = Confine({"true"}, outside, Host(false), InvWith());
   ASSERT_TRUE(o.ok()) << o.status().message();
   EXPECT_EQ(FacetOf(o->enforcement, "credentials")->level, Level::kFull);
   EXPECT_FALSE(Missing(o->enforcement, "credentials", ""));
   // The namespaces backend masks what the landlock-only one cannot.
-  auto ns = Confine({"true"}, Partial(), Host(true), Inv());
+  auto ns = Confine({"true"}, Partial(), Host(true), InvWith());
   ASSERT_TRUE(ns.ok()) << ns.status().message();
   EXPECT_EQ(FacetOf(ns->enforcement, "credentials")->level, Level::kFull);
   EXPECT_FALSE(Missing(ns->enforcement, "credentials", ""));
@@ -150,7 +145,7 @@ TEST(AssessEnforcement, EveryFacetLevelFollowsWhatIsMissing) {
       Policy p = Partial(mode);
       p.resources.memory_limit_bytes = 1u << 30;
       p.resources.max_processes = 64;
-      auto c = Confine({"true"}, p, hosts[i], Inv());
+      auto c = Confine({"true"}, p, hosts[i], InvWith());
       ASSERT_TRUE(c.ok()) << i << ": " << c.status().message();
       const EnforcementReport& r = c->enforcement;
       for (const auto& m : r.missing) {
@@ -173,7 +168,7 @@ TEST(LandlockOnly, OlderAbisSayWhatTheyLose) {
 }
 
 TEST(LandlockOnly, ReadOnlyModeHasNoProtectGapAndAReadOnlyWorkspace) {
-  auto c = Confine({"true"}, Partial(Mode::kReadOnly), Host(false), Inv());
+  auto c = Confine({"true"}, Partial(Mode::kReadOnly), Host(false), InvWith());
   ASSERT_TRUE(c.ok()) << c.status().message();
   EXPECT_FALSE(Missing(c->enforcement, "filesystem", "filesystem.protect"));
   const LandlockRule* ws = Rule(c->plan, "/home/u/proj");
@@ -182,7 +177,7 @@ TEST(LandlockOnly, ReadOnlyModeHasNoProtectGapAndAReadOnlyWorkspace) {
 }
 
 TEST(LandlockOnly, PlanHasNoNamespacesNoMountsAndHostPathRules) {
-  auto c = Confine({"true"}, Partial(), Host(true), Inv(BackendChoice::kLandlock));
+  auto c = Confine({"true"}, Partial(), Host(true), InvWith(BackendChoice::kLandlock));
   ASSERT_TRUE(c.ok()) << c.status().message();
   const Plan& p = c->plan;
   EXPECT_EQ(p.backend, Backend::kLandlockOnly);
@@ -213,7 +208,7 @@ TEST(LandlockOnly, PlanHasNoNamespacesNoMountsAndHostPathRules) {
 }
 
 TEST(LandlockOnly, PrivateDirectoryGetsARuleAndTheEnvironment) {
-  auto c = Confine({"true"}, Partial(), Host(false), Inv());
+  auto c = Confine({"true"}, Partial(), Host(false), InvWith());
   ASSERT_TRUE(c.ok());
   Plan p = c->plan;
   AdoptPrivateDir(&p, "/run/user/1000/agentbox-run-abc");
@@ -234,7 +229,7 @@ TEST(LandlockOnly, PrivateDirectoryGetsARuleAndTheEnvironment) {
 }
 
 TEST(LandlockOnly, NamespacesBackendUnchangedWhereUserNamespacesExist) {
-  auto c = Confine({"true"}, Partial(), Host(true), Inv());
+  auto c = Confine({"true"}, Partial(), Host(true), InvWith());
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->enforcement.backend, "linux-namespaces");
   EXPECT_EQ(c->plan.backend, Backend::kNamespaces);
@@ -269,12 +264,12 @@ TEST(LandlockOnly, NetworkFacetIsFullWithoutANamespaceOnAbi4AndLater) {
 TEST(LandlockOnly, ProxyOnTheHostLoopbackWithPortsOfTheRun) {
   Policy p = PresetFor(Mode::kWorkspaceWrite);
   p.network.allow = {"github.com"};
-  auto c = Confine({"true"}, Partial(), Host(false), Inv());
+  auto c = Confine({"true"}, Partial(), Host(false), InvWith());
   ASSERT_TRUE(c.ok());
   EXPECT_FALSE(c->plan.network.proxy.has_value());  // no network section, no proxy
   Policy relaxed = Partial();
   relaxed.network.allow = {"github.com"};
-  auto with_proxy = Confine({"true"}, relaxed, Host(false), Inv());
+  auto with_proxy = Confine({"true"}, relaxed, Host(false), InvWith());
   ASSERT_TRUE(with_proxy.ok()) << with_proxy.status().message();
   Plan plan = with_proxy->plan;
   ASSERT_TRUE(plan.network.proxy.has_value());
@@ -308,7 +303,7 @@ TEST(LandlockOnly, ProxyOnTheHostLoopbackWithPortsOfTheRun) {
   EXPECT_EQ(back->network.proxy->socks_port, 41002);
 
   // Landlock below ABI 4 has no port rules to give.
-  auto old = Confine({"true"}, relaxed, Host(false, 3), Inv());
+  auto old = Confine({"true"}, relaxed, Host(false, 3), InvWith());
   ASSERT_TRUE(old.ok());
   Plan old_plan = old->plan;
   AdoptProxyPorts(&old_plan, ProxyPorts{41001, 41002});
@@ -327,7 +322,7 @@ TEST(LandlockOnly, HomeEntriesAreLinkedIntoThePrivateHome) {
   p.filesystem.read_write = {"~/repos/x.git"};
   p.filesystem.caches = {{"npm", "~/.npm", ""}};
   p.home.import = {".gitconfig", ".pyenv/version"};
-  Invocation inv = Inv(BackendChoice::kLandlock);
+  Invocation inv = InvWith(BackendChoice::kLandlock);
   inv.cache_dir = "/home/u/.cache/agentbox";
   auto c = Confine({"true"}, p, Host(true), inv);
   ASSERT_TRUE(c.ok()) << c.status().ToString();

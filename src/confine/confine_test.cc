@@ -13,6 +13,9 @@
 namespace agentbox {
 namespace {
 
+using testing::FacetNamed;
+using testing::HasMechanism;
+
 HostCaps FullHost() { return testing::FakeHost(); }
 
 HostCaps NoUserns() { return testing::FakeHost(/*userns=*/false); }
@@ -31,13 +34,6 @@ size_t IndexOf(const Plan& p, const std::string& target) {
     if (p.mounts[i].target == target) return i;
   }
   return SIZE_MAX;
-}
-
-const FacetReport* FacetNamed(const EnforcementReport& r, const std::string& name) {
-  for (const auto& f : r.facets) {
-    if (f.name == name) return &f;
-  }
-  return nullptr;
 }
 
 TEST(Confine, WorkspaceWriteOnFullHostIsFull) {
@@ -278,10 +274,6 @@ TEST(Confine, UnimplementedResourcesFailClosedUnlessPartialIsAccepted) {
   EXPECT_EQ(relaxed->enforcement.level, Level::kPartial);
   ASSERT_EQ(relaxed->enforcement.missing.size(), 1u);
   EXPECT_EQ(relaxed->enforcement.missing[0].facet, "resources");
-}
-
-bool HasMechanism(const FacetReport* f, const std::string& m) {
-  return f && std::find(f->mechanisms.begin(), f->mechanisms.end(), m) != f->mechanisms.end();
 }
 
 std::string MissingText(const EnforcementReport& r) {

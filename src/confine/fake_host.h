@@ -1,6 +1,7 @@
 // Fake hosts and invocations for planning tests: no kernel involved.
 #pragma once
 
+#include <algorithm>
 #include <string>
 
 #include "agentbox/confine.h"
@@ -33,6 +34,27 @@ inline Invocation FakeInvocation(const std::string& cwd = "/home/u/proj/src") {
   inv.self_exe = "/usr/bin/agentbox";
   inv.nonce = "0123456789abcdef";
   return inv;
+}
+
+// The facet of the report named `name`, or nullptr.
+inline const FacetReport* FacetNamed(const EnforcementReport& r, const std::string& name) {
+  for (const auto& f : r.facets) {
+    if (f.name == name) return &f;
+  }
+  return nullptr;
+}
+
+// Whether facet `f` (may be nullptr) lists mechanism `m`.
+inline bool HasMechanism(const FacetReport* f, const std::string& m) {
+  return f && std::find(f->mechanisms.begin(), f->mechanisms.end(), m) != f->mechanisms.end();
+}
+
+// The plan's Landlock rule for `path`, or nullptr.
+inline const LandlockRule* Rule(const Plan& p, const std::string& path) {
+  for (const auto& r : p.landlock.rules) {
+    if (r.path == path) return &r;
+  }
+  return nullptr;
 }
 
 }  // namespace agentbox::testing

@@ -10,6 +10,9 @@
 namespace agentbox {
 namespace {
 
+using testing::FacetNamed;
+using testing::HasMechanism;
+
 // A host with every facility and gVisor's runsc found by the ladder probe.
 HostCaps GvisorHost(bool rootless = true) {
   HostCaps h = testing::FakeHost();
@@ -24,17 +27,6 @@ Policy ContainerPolicy() {
   Policy p = PresetFor(Mode::kWorkspaceWrite);
   p.sandbox.isolation = Isolation::kContainer;
   return p;
-}
-
-const FacetReport* FacetNamed(const EnforcementReport& r, const std::string& name) {
-  for (const auto& f : r.facets) {
-    if (f.name == name) return &f;
-  }
-  return nullptr;
-}
-
-bool HasMechanism(const FacetReport* f, const std::string& m) {
-  return f && std::find(f->mechanisms.begin(), f->mechanisms.end(), m) != f->mechanisms.end();
 }
 
 // Refused at stage confine, saying it will not downgrade, with `why` in the message.

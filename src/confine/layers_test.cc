@@ -12,28 +12,17 @@
 namespace agentbox {
 namespace {
 
+using testing::FacetNamed;
+using testing::Rule;
+
 HostCaps Host(int landlock_abi, bool seccomp = true) { return testing::FakeHost(true, landlock_abi, seccomp); }
 
-Invocation Inv() { return testing::FakeInvocation("/home/u/proj"); }
+Invocation ProjectRootInv() { return testing::FakeInvocation("/home/u/proj"); }
 
 Plan PlanFor(Mode mode, int abi) {
-  auto c = Confine({"true"}, PresetFor(mode), Host(abi), Inv());
+  auto c = Confine({"true"}, PresetFor(mode), Host(abi), ProjectRootInv());
   EXPECT_TRUE(c.ok()) << c.status().ToString();
   return c.ok() ? c->plan : Plan{};
-}
-
-const LandlockRule* Rule(const Plan& p, const std::string& path) {
-  for (const auto& r : p.landlock.rules) {
-    if (r.path == path) return &r;
-  }
-  return nullptr;
-}
-
-const FacetReport* FacetNamed(const EnforcementReport& r, const std::string& name) {
-  for (const auto& f : r.facets) {
-    if (f.name == name) return &f;
-  }
-  return nullptr;
 }
 
 constexpr std::uint64_t kWriteFile = LANDLOCK_ACCESS_FS_WRITE_FILE;
@@ -79,10 +68,10 @@ TEST(LandlockPlan, AdaptsToEachAbi) {
   Policy partial = PresetFor(Mode::kWorkspaceWrite);
   partial.sandbox.require = Requirement::kPartial;
   for (int abi = 1; abi <= 7; ++abi) {
-    auto c = Confine({"true"}, PresetFor(Mode::kWorkspaceWrite), Host(abi), Inv());
+    auto c = Confine({"true"}, PresetFor(Mode::kWorkspaceWrite), Host(abi), ProjectRootInv());
     if (abi < kMinLandlockAbi) {
       EXPECT_FALSE(c.ok()) << "require full refuses without the layer, ABI " << abi;
-      auto relaxed = Confine({"true"}, partial, Host(abi), Inv());
+      auto relaxed = Confine({"true"}, partial, Host(abi), ProjectRootInv());
       ASSERT_TRUE(relaxed.ok());
       EXPECT_EQ(relaxed->plan.landlock.abi, 0) << abi;
       continue;
@@ -150,8 +139,8 @@ TEST(SeccompPlan, HostWithoutSeccompLowersTheSyscallsFacet) {
   EXPECT_TRUE(sys->requested);
   EXPECT_EQ(sys->level, Level::kPartial);
   EXPECT_EQ(r.level, Level::kPartial);
-  EXPECT_FALSE(Confine({"true"}, PresetFor(Mode::kWorkspaceWrite), Host(7, false), Inv()).ok());
-  auto c = Confine({"true"}, partial, Host(7, false), Inv());
+  EXPECT_FALSE(Confine({"true"}, PresetFor(Mode::kWorkspaceWrite), Host(7, false), ProjectRootInv()).ok());
+  auto c = Confine({"true"}, partial, Host(7, false), ProjectRootInv());
   ASSERT_TRUE(c.ok());
   EXPECT_FALSE(c->plan.seccomp.enabled);
 
@@ -183,7 +172,7 @@ TEST(Landlock, CeilingTreesGetADirectoryAndARule) {
   policy.on_violation.escalation = Escalation::kOneTimeApproval;
   policy.on_violation.max_grant.filesystem_read = {"/srv/data", "/usr/share/doc", "/home/u/proj/sub"};
   policy.on_violation.max_grant.filesystem_write = {"/srv/out", "/srv/data"};
-  auto c = Confine({"true"}, policy, Host(6), Inv());
+  auto c = Confine({"true"}, policy, Host(6), ProjectRootInv());
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   const Plan& plan = c->plan;
   auto dirs = std::count_if(plan.mounts.begin(), plan.mounts.end(), [](const MountOp& m) { return m.kind == MountKind::kDir; });
@@ -210,7 +199,7 @@ TEST(Landlock, CeilingTreesGetADirectoryAndARule) {
 
   Policy read_only = policy;
   read_only.on_violation.max_grant.filesystem_write.clear();
-  auto r = Confine({"true"}, read_only, Host(6), Inv());
+  auto r = Confine({"true"}, read_only, Host(6), ProjectRootInv());
   ASSERT_TRUE(r.ok());
   ASSERT_NE(Rule(r->plan, "/srv/data"), nullptr);
   EXPECT_EQ(Rule(r->plan, "/srv/data")->access & kWriteFile, 0u);
@@ -221,7 +210,7 @@ TEST(Landlock, CeilingTreesGetADirectoryAndARule) {
   // No escalation: no directory, no rule.
   Policy none = policy;
   none.on_violation.escalation = Escalation::kDeny;
-  auto n = Confine({"true"}, none, Host(6), Inv());
+  auto n = Confine({"true"}, none, Host(6), ProjectRootInv());
   ASSERT_TRUE(n.ok());
   EXPECT_EQ(Rule(n->plan, "/srv/data"), nullptr);
   EXPECT_FALSE(LandlockCovers(n->plan.landlock, "/srv/data/x", false));

@@ -34,8 +34,6 @@ const std::vector<std::string> kAlwaysDenied = {
 constexpr std::uint64_t kCloneNamespaceFlags =
     0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000;
 
-HostCaps Host(bool userns) { return testing::FakeHost(userns); }
-
 // Escalation (policy.h SyscallGrantProblem) keeps its own copy of the
 // outright denials: every one of them is classified there, nothing else is,
 // and only the debugging group is grantable.
@@ -222,7 +220,7 @@ TEST(SeccompPlanProperty, RandomPoliciesAlwaysDenyTheListOnBothBackends) {
       const bool landlock = b == 1;
       inv.backend = landlock ? BackendChoice::kLandlock : BackendChoice::kAuto;
       // The landlock-only backend also by automatic choice on a host without user namespaces.
-      HostCaps host = Host(!(landlock && i % 2 == 0));
+      HostCaps host = testing::FakeHost(!(landlock && i % 2 == 0));
       auto c = Confine({"sh", "-c", "true"}, policy, host, inv);
       if (!c.ok()) continue;  // a policy the planner refuses (deny containing a mounted tree)
       ++planned[b];

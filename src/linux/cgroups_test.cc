@@ -11,47 +11,17 @@
 #include <fstream>
 #include <map>
 
+#include "linux/fake_cgroupfs.h"
+
 namespace agentbox::linux {
 namespace {
 
 namespace fs = std::filesystem;
 
-class FakeRoot {
- public:
-  FakeRoot() {
-    char tmpl[] = "/tmp/agentbox-cgfake.XXXXXX";
-    root_ = mkdtemp(tmpl);
-    fs::create_directories(root_ + "/proc/self/ns");
-    fs::create_symlink("pid:[4026531836]", root_ + "/proc/self/ns/pid");
-  }
-  ~FakeRoot() { fs::remove_all(root_); }
-  void Put(const std::string& path, const std::string& text) {
-    fs::create_directories(fs::path(root_ + path).parent_path());
-    std::ofstream(root_ + path) << text;
-  }
-  std::string Get(const std::string& path) {
-    std::ifstream in(root_ + path);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  }
-  bool Has(const std::string& path) { return fs::exists(root_ + path); }
-  void Dir(const std::string& path) { fs::create_directories(root_ + path); }
-  const std::string& root() const { return root_; }
-
- private:
-  std::string root_;
-};
-
-constexpr const char* kV2Mountinfo =
-    "25 30 0:23 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:9 - cgroup2 cgroup2 rw,nsdelegate\n";
-constexpr const char* kHybridMountinfo =
-    "31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n"
-    "32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu\n"
-    "33 31 0:30 / /sys/fs/cgroup/cpuacct rw,relatime - cgroup cgroup rw,cpuacct\n"
-    "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n"
-    "39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids\n"
-    "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n";
-constexpr const char* kHybridSelf =
-    "8:pids:/\n4:memory:/process_api/abc\n2:cpuacct:/\n1:cpu:/\n0::/\n";
+using fake_cgroupfs::FakeRoot;
+using fake_cgroupfs::kHybridMountinfo;
+using fake_cgroupfs::kHybridSelf;
+using fake_cgroupfs::kV2Mountinfo;
 
 ResourceLimits AllLimits() {
   ResourceLimits l;

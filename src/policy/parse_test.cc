@@ -4,18 +4,14 @@
 #include <string>
 
 #include "agentbox/policy.h"
+#include "policy/policy_testing.h"
 #include "policy/sha256.h"
 
 namespace agentbox {
 namespace {
 
-const std::string kFixtures = AGENTBOX_FIXTURES;
-
-Policy MustParse(const std::string& text) {
-  Result<Policy> r = ParsePolicy(text, "policy.yaml");
-  EXPECT_TRUE(r.ok()) << r.status().ToString();
-  return r.ok() ? *r : Policy{};
-}
+using policy_testing::kFixtures;
+using policy_testing::MustParse;
 
 bool Contains(const std::vector<std::string>& list, const std::string& item) {
   return std::find(list.begin(), list.end(), item) != list.end();

@@ -4,12 +4,13 @@
 
 #include <string>
 
+#include "policy/policy_testing.h"
 #include "policy/sha256.h"
 
 namespace agentbox {
 namespace {
 
-const std::string kFixtures = AGENTBOX_FIXTURES;
+using policy_testing::kFixtures;
 
 // ToYaml covers every field, so equal YAML means equal policies.
 void ExpectRoundTrip(const Policy& p) {

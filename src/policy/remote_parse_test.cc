@@ -5,15 +5,12 @@
 #include <string>
 
 #include "agentbox/policy.h"
+#include "policy/policy_testing.h"
 
 namespace agentbox {
 namespace {
 
-Policy MustParse(const std::string& text) {
-  Result<Policy> r = ParsePolicy(text, "policy.yaml");
-  EXPECT_TRUE(r.ok()) << r.status().ToString();
-  return r.ok() ? *r : Policy{};
-}
+using policy_testing::MustParse;
 
 // The whole message of the first error, or "" when the text parses.
 std::string ErrorOf(const std::string& text) {

@@ -32,8 +32,8 @@ using testing::Read;
 using testing::Write;
 
 // Reachable by the unprivileged user of the denial tests.
-struct TempDir : testing::TempDir {
-  TempDir() : testing::TempDir("filetools", 0755) {}
+struct ToolsDir : testing::TempDir {
+  ToolsDir() : testing::TempDir("filetools", 0755) {}
 };
 
 mode_t ModeOf(const std::string& path) {
@@ -55,7 +55,7 @@ class FileToolsTest : public ::testing::Test {
     EXPECT_NO_THROW(r.dump()) << "the result must serialise";
     return r;
   }
-  TempDir t_;
+  ToolsDir t_;
   FileToolLimits limits_{t_.path()};
 };
 

@@ -34,8 +34,8 @@ namespace fs = std::filesystem;
 using testing::Read;
 using testing::Write;
 
-struct TempDir : testing::TempDir {
-  TempDir() : testing::TempDir("layers") {}
+struct LayersDir : testing::TempDir {
+  LayersDir() : testing::TempDir("layers") {}
 };
 
 void Whiteout(const std::string& path) {
@@ -119,7 +119,7 @@ Json Diff(const LayerStack& stack, std::size_t max_patch = 1 << 20) {
 // ------------------------------------------------------------------ hand-built stacks
 
 TEST(LayersDiff, AddedModifiedDeletedInAHandBuiltUpper) {
-  TempDir t;
+  LayersDir t;
   Write(t / "base/keep.txt", "same\n");
   Write(t / "base/edit.txt", "one\ntwo\nthree\n");
   Write(t / "base/gone.txt", "bye\n");
@@ -144,7 +144,7 @@ TEST(LayersDiff, AddedModifiedDeletedInAHandBuiltUpper) {
 }
 
 TEST(LayersDiff, CopiedUpButUnchangedIsNoChange) {
-  TempDir t;
+  LayersDir t;
   Write(t / "base/a/b.txt", "x\n");
   Write(t / "upper/a/b.txt", "x\n");  // overlay copies a file up when it is opened for writing
   Json d = Diff({t / "base", {}, t / "upper"});
@@ -153,7 +153,7 @@ TEST(LayersDiff, CopiedUpButUnchangedIsNoChange) {
 }
 
 TEST(LayersDiff, OpaqueDirectoryDeletesWhatWasBelow) {
-  TempDir t;
+  LayersDir t;
   Write(t / "base/docs/a.md", "a\n");
   Write(t / "base/docs/sub/b.md", "b\n");
   Write(t / "base/docs/kept.md", "same\n");
@@ -166,7 +166,7 @@ TEST(LayersDiff, OpaqueDirectoryDeletesWhatWasBelow) {
 }
 
 TEST(LayersDiff, WhiteoutOfADirectoryDeletesEveryFileInIt) {
-  TempDir t;
+  LayersDir t;
   Write(t / "base/lib/x.c", "x\n");
   Write(t / "base/lib/deep/y.c", "y\n");
   Whiteout(t / "upper/lib");
@@ -176,7 +176,7 @@ TEST(LayersDiff, WhiteoutOfADirectoryDeletesEveryFileInIt) {
 }
 
 TEST(LayersDiff, FileReplacedByDirectoryAndBack) {
-  TempDir t;
+  LayersDir t;
   Write(t / "base/was_file", "f\n");
   Write(t / "base/was_dir/in.txt", "i\n");
   MakeOpaque(t / "upper/was_file");  // overlay makes a directory created over a whiteout opaque
@@ -194,7 +194,7 @@ TEST(LayersDiff, FileReplacedByDirectoryAndBack) {
 }
 
 TEST(LayersDiff, ModeOnlyChange) {
-  TempDir t;
+  LayersDir t;
   Write(t / "base/run.sh", "echo hi\n", 0644);
   Write(t / "upper/run.sh", "echo hi\n", 0755);
   Write(t / "base/private.txt", "p\n", 0644);
@@ -205,7 +205,7 @@ TEST(LayersDiff, ModeOnlyChange) {
 }
 
 TEST(LayersDiff, SymlinksAddedRetargetedAndTurnedIntoFiles) {
-  TempDir t;
+  LayersDir t;
   Write(t / "base/target.txt", "t\n");
   fs::create_symlink("target.txt", t / "base/old_link");
   fs::create_symlink("target.txt", t / "base/becomes_file");
@@ -231,7 +231,7 @@ TEST(LayersDiff, SymlinksAddedRetargetedAndTurnedIntoFiles) {
 }
 
 TEST(LayersDiff, BinaryFilesAreGitBinaryPatchesThatGitApplies) {
-  TempDir t;
+  LayersDir t;
   Write(t / "base/blob.bin", std::string("a\0b", 3));
   Write(t / "base/gone.bin", std::string("\0gone", 5));
   std::string big;
@@ -260,7 +260,7 @@ TEST(LayersDiff, BinaryFilesAreGitBinaryPatchesThatGitApplies) {
 }
 
 TEST(LayersDiff, BlobIdsAreGits) {
-  TempDir t;
+  LayersDir t;
   for (const std::string& content : {std::string(), std::string("x\n"), std::string("a\0b\xff", 4)}) {
     Write(t / "f", content);
     std::string out;
@@ -270,7 +270,7 @@ TEST(LayersDiff, BlobIdsAreGits) {
 }
 
 TEST(LayersDiff, LowerLayersStackUnderTheUpper) {
-  TempDir t;
+  LayersDir t;
   Write(t / "base/a.txt", "a\n");
   Write(t / "base/b.txt", "b\n");
   Write(t / "base/c.txt", "c\n");
@@ -289,7 +289,7 @@ TEST(LayersDiff, LowerLayersStackUnderTheUpper) {
 }
 
 TEST(LayersDiff, QuotedAndSpacedPathsApplyWithGit) {
-  TempDir t;
+  LayersDir t;
   Write(t / "base/with space.txt", "1\n2\n");
   Write(t / "base/tab\there.txt", "x\n");
   Write(t / "upper/with space.txt", "1\ntwo\n");
@@ -308,7 +308,7 @@ TEST(LayersDiff, QuotedAndSpacedPathsApplyWithGit) {
 }
 
 TEST(LayersDiff, GitMetadataIsLeftOut) {
-  TempDir t;
+  LayersDir t;
   Write(t / "base/.git/index", "old index");
   Write(t / "base/x.txt", "x\n");
   Write(t / "upper/.git/index", "new index");
@@ -319,7 +319,7 @@ TEST(LayersDiff, GitMetadataIsLeftOut) {
 }
 
 TEST(LayersDiff, PatchKeepsWholeSectionsUnderTheCap) {
-  TempDir t;
+  LayersDir t;
   Write(t / "upper/a.txt", "small\n");
   Write(t / "upper/b.txt", std::string(5000, 'x') + "\n");
   Write(t / "upper/c.txt", "small too\n");
@@ -334,7 +334,7 @@ TEST(LayersDiff, PatchKeepsWholeSectionsUnderTheCap) {
 }
 
 TEST(LayersDiff, BigFilesAreComparedWithoutLoading) {
-  TempDir t;
+  LayersDir t;
   std::string big(3 << 20, 'a');
   Write(t / "base/same.dat", big);
   Write(t / "upper/same.dat", big);  // copied up, unchanged
@@ -351,7 +351,7 @@ TEST(LayersDiff, BigFilesAreComparedWithoutLoading) {
 TEST(LayersDiff, CopyModeRandomEditsApplyWithGit) {
   std::mt19937 rng(4242);
   for (int round = 0; round < 6; ++round) {
-    TempDir t;
+    LayersDir t;
     const std::string base = t / "base", copy = t / "copy";
     std::vector<std::string> names;
     for (int i = 0; i < 40; ++i) {
@@ -394,7 +394,7 @@ TEST(LayersDiff, CopyModeRandomEditsApplyWithGit) {
 // ------------------------------------------------------------------ ignore rules and apply
 
 TEST(LayersDiff, GitignoreFilesAndExcludeLeaveOutWhatTheySay) {
-  TempDir t;
+  LayersDir t;
   Write(t / "base/.gitignore", "node_modules/\n__pycache__/\n");
   Write(t / "base/src/a.py", "a\n");
   Write(t / "base/.git/info/exclude", "*.swp\n");
@@ -421,7 +421,7 @@ TEST(LayersDiff, GitignoreFilesAndExcludeLeaveOutWhatTheySay) {
 }
 
 TEST(LayersDiff, CopyModeDeletedIgnoredDirectoryIsJudgedByTheBaseRules) {
-  TempDir t;
+  LayersDir t;
   Write(t / "base/pkg/.gitignore", "*.cache\n");
   Write(t / "base/pkg/a.txt", "a\n");
   Write(t / "base/pkg/x.cache", "c\n");
@@ -453,7 +453,7 @@ std::map<std::string, std::string> Tree(const std::string& root) {
 }
 
 struct ApplyFixture {
-  TempDir t;
+  LayersDir t;
   std::string record = t / "base.record";
   ApplyOptions Options() const {
     ApplyOptions o;
@@ -464,7 +464,7 @@ struct ApplyFixture {
 
 TEST(LayersApply, CleanApplyWritesEveryKindOfChangeAndOnlyThat) {
   ApplyFixture f;
-  TempDir& t = f.t;
+  LayersDir& t = f.t;
   Write(t / "base/edit.txt", "one\n");
   Write(t / "base/gone.txt", "bye\n");
   Write(t / "base/dir/inner.txt", "in\n");
@@ -507,7 +507,7 @@ TEST(LayersApply, CleanApplyWritesEveryKindOfChangeAndOnlyThat) {
 
 TEST(LayersApply, ConflictRefusesNamingThePathsAndChangesNothing) {
   ApplyFixture f;
-  TempDir& t = f.t;
+  LayersDir& t = f.t;
   Write(t / "base/a.txt", "a\n");
   Write(t / "base/b.txt", "b\n");
   ASSERT_TRUE(RecordBase(t / "base", f.record).ok());
@@ -527,7 +527,7 @@ TEST(LayersApply, ConflictRefusesNamingThePathsAndChangesNothing) {
 
 TEST(LayersApply, ProtectedPathsAndBareRepositoryHooksAreRefused) {
   ApplyFixture f;
-  TempDir& t = f.t;
+  LayersDir& t = f.t;
   Write(t / "base/ok.txt", "ok\n");
   Write(t / "base/repo.git/HEAD", "ref: refs/heads/main\n");
   fs::create_directories(t / "base/repo.git/objects");
@@ -549,7 +549,7 @@ TEST(LayersApply, ProtectedPathsAndBareRepositoryHooksAreRefused) {
 
 TEST(LayersApply, AFailurePartWayUndoesEveryStep) {
   ApplyFixture f;
-  TempDir& t = f.t;
+  LayersDir& t = f.t;
   Write(t / "base/a.txt", "a\n");
   Write(t / "base/z/keep/ignored.o", "o\n");
   Write(t / "base/.gitignore", "*.o\n");
@@ -571,7 +571,7 @@ TEST(LayersApply, AFailurePartWayUndoesEveryStep) {
 // write elsewhere) is a conflict: nothing is written, least of all there.
 TEST(LayersApply, ADirectorySwappedForASymlinkIsRefusedNotFollowed) {
   ApplyFixture f;
-  TempDir& t = f.t;
+  LayersDir& t = f.t;
   Write(t / "base/d/old.txt", "old\n");
   fs::create_directories(t / "outside");
   ASSERT_TRUE(RecordBase(t / "base", f.record).ok());
@@ -593,7 +593,7 @@ TEST(LayersApply, ADirectorySwappedForASymlinkIsRefusedNotFollowed) {
 }
 
 TEST(LayersApply, WithoutARecordItIsAConflict) {
-  TempDir t;
+  LayersDir t;
   Write(t / "base/a.txt", "a\n");
   Write(t / "upper/a.txt", "b\n");
   ApplyOptions options;
@@ -718,7 +718,7 @@ int ChangeWorkspace(const std::string& m) {
 }
 
 TEST(LayersOverlay, RealOverlayDiffAppliesWithGit) {
-  TempDir t;
+  LayersDir t;
   MakeBase(t / "base");
   for (const char* d : {"upper", "work", "merged"}) fs::create_directories(t / d);
   int rc = InNamespaces([&] {
@@ -757,7 +757,7 @@ TEST(LayersOverlay, RealOverlayDiffAppliesWithGit) {
 }
 
 TEST(LayersOverlay, SnapshotIsALayerToStartFrom) {
-  TempDir t;
+  LayersDir t;
   MakeBase(t / "base");
   for (const char* d : {"upper1", "work1", "merged1", "upper2", "work2", "merged2", "snaps"}) {
     fs::create_directories(t / d);
@@ -804,7 +804,7 @@ TEST(LayersOverlay, SnapshotIsALayerToStartFrom) {
 // ------------------------------------------------------------------ snapshots
 
 TEST(LayersSnapshot, ManifestDescribesTheUpperLayer) {
-  TempDir t;
+  LayersDir t;
   fs::create_directories(t / "base");
   Write(t / "upper/a.txt", "hello\n", 0640);
   Whiteout(t / "upper/gone.txt");
@@ -837,7 +837,7 @@ TEST(LayersSnapshot, ManifestDescribesTheUpperLayer) {
 }
 
 TEST(LayersSnapshot, OneCorruptByteIsFoundAndNamed) {
-  TempDir t;
+  LayersDir t;
   fs::create_directories(t / "base");
   Write(t / "upper/src/main.c", "int main() { return 0; }\n");
   Write(t / "upper/other.txt", "other\n");
@@ -855,7 +855,7 @@ TEST(LayersSnapshot, OneCorruptByteIsFoundAndNamed) {
 }
 
 TEST(LayersSnapshot, MissingExtraAndChangedEntriesAreNamed) {
-  TempDir t;
+  LayersDir t;
   fs::create_directories(t / "base");
   Write(t / "upper/a.txt", "a\n");
   Write(t / "upper/b.txt", "b\n");
@@ -885,7 +885,7 @@ TEST(LayersSnapshot, MissingExtraAndChangedEntriesAreNamed) {
 }
 
 TEST(LayersSnapshot, MissingSnapshotOrManifestIsNotFound) {
-  TempDir t;
+  LayersDir t;
   Status s = VerifySnapshot(t / "nope");
   EXPECT_EQ(s.stage(), "not_found");
   EXPECT_NE(s.message().find(t / "nope"), std::string::npos);
@@ -904,7 +904,7 @@ TEST(LayersSnapshot, MissingSnapshotOrManifestIsNotFound) {
 }
 
 TEST(LayersSnapshot, RefusesAnExistingDestination) {
-  TempDir t;
+  LayersDir t;
   fs::create_directories(t / "base");
   fs::create_directories(t / "upper");
   fs::create_directories(t / "snap");
@@ -915,7 +915,7 @@ TEST(LayersSnapshot, RefusesAnExistingDestination) {
 }
 
 TEST(LayersSnapshot, CopyModeKeepsTheWholeCopy) {
-  TempDir t;
+  LayersDir t;
   Write(t / "copy/a/b/c.txt", "c\n");
   Write(t / "copy/top.txt", "t\n");
   auto m = CreateSnapshot({t / "base", {}, t / "copy", /*copy_mode=*/true}, "p", t / "snap");
@@ -929,7 +929,7 @@ TEST(LayersSnapshot, CopyModeKeepsTheWholeCopy) {
 // While a writer keeps rewriting files in the upper layer, every snapshot
 // still verifies: the checksums describe the bytes copied.
 TEST(LayersSnapshot, ConsistentWhileTheUpperChanges) {
-  TempDir t;
+  LayersDir t;
   fs::create_directories(t / "base");
   for (int i = 0; i < 20; ++i) Write(t / ("upper/f" + std::to_string(i)), std::string(4096, 'a'));
   std::atomic<bool> stop{false};
@@ -964,7 +964,7 @@ TEST(LayersSnapshot, ConsistentWhileTheUpperChanges) {
 // ------------------------------------------------------------------ CopyTree
 
 TEST(LayersCopyTree, KeepsModesAndSymlinksAndNeverFollowsThem) {
-  TempDir t;
+  LayersDir t;
   Write(t / "from/x.sh", "run\n", 0750);
   Write(t / "from/ro/f.txt", "f\n", 0444);
   chmod((t / "from/ro").c_str(), 0555);
@@ -986,7 +986,7 @@ TEST(LayersCopyTree, KeepsModesAndSymlinksAndNeverFollowsThem) {
 }
 
 TEST(LayersCopyTree, ErrorsNameThePath) {
-  TempDir t;
+  LayersDir t;
   Status s = CopyTree(t / "missing", t / "to");
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.path(), t / "missing");
@@ -998,7 +998,7 @@ TEST(LayersCopyTree, ErrorsNameThePath) {
 // A name that is not UTF-8 (the sandbox can create any bytes but '/' and
 // NUL) round-trips through the manifest exactly, and the diff lists it.
 TEST(LayersHostile, NonUtf8NamesRoundTrip) {
-  TempDir t;
+  LayersDir t;
   fs::create_directories(t / "base");
   const std::string name = std::string("x") + '\xc3';           // a truncated two-byte sequence
   const std::string dir = std::string("d") + '\xff' + "\xed\xa0\x80";  // 0xff, then a UTF-16 surrogate
@@ -1068,7 +1068,7 @@ TEST(LayersHostile, NonUtf8NamesRoundTrip) {
 // The list of files is capped as the patch is: a sandbox that touches
 // ten thousand and more files gets a bounded answer, marked truncated.
 TEST(LayersHostile, FileListIsCapped) {
-  TempDir t;
+  LayersDir t;
   fs::create_directories(t / "base");
   constexpr int kChanged = 10050;
   for (int i = 0; i < kChanged; ++i) Write(t / ("upper/f" + std::to_string(i)), "x\n");
@@ -1088,7 +1088,7 @@ TEST(LayersHostile, FileListIsCapped) {
 // A big sparse file in the upper layer costs no memory: it is listed, left
 // out of the patch, and the patch says it is truncated.
 TEST(LayersHostile, FileOverTheCapIsNotLoaded) {
-  TempDir t;
+  LayersDir t;
   fs::create_directories(t / "base");
   Write(t / "upper/a.txt", "small\n");
   Write(t / "upper/big.bin", "");
@@ -1118,7 +1118,7 @@ TEST(LayersHostile, FileOverTheCapIsNotLoaded) {
 // A set-user-ID root binary in the upper layer (the sandbox's root can be
 // the host's) is kept in a snapshot without its set-id bits.
 TEST(LayersHostile, SnapshotDropsSetIdBits) {
-  TempDir t;
+  LayersDir t;
   fs::create_directories(t / "base");
   Write(t / "upper/bin/tool", "#!/bin/sh\n", 0755);
   ASSERT_EQ(chmod((t / "upper/bin/tool").c_str(), 04755), 0);
@@ -1158,7 +1158,7 @@ TEST(LayersHostile, SnapshotDropsSetIdBits) {
 // A tree nested past PATH_MAX (built one directory at a time, as the
 // sandbox can) is refused with its path by snapshot, copy and diff.
 TEST(LayersHostile, TreeDeeperThanPathMaxIsAClearError) {
-  TempDir t;
+  LayersDir t;
   fs::create_directories(t / "base");
   fs::create_directories(t / "upper");
   const std::string component(200, 'd');

@@ -275,7 +275,7 @@ ConfinedCommand AConfinedCommand() {
   Policy policy = PresetFor(Mode::kWorkspaceWrite);
   policy.network.allow = {"github.com"};
   policy.network.egress_proxy = true;
-  auto c = Confine({"true"}, policy, testing::FakeHost(), testing::FakeInvocation());
+  auto c = Confine({"true"}, policy, agentbox::testing::FakeHost(), agentbox::testing::FakeInvocation());
   EXPECT_TRUE(c.ok()) << c.status().ToString();
   ConfinedCommand out = c.ok() ? *c : ConfinedCommand{};
   out.enforcement.backend_reason = "user namespaces available";

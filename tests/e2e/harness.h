@@ -214,6 +214,8 @@ inline bool Contains(const std::string& text, const std::string& needle) {
 }
 // Full path of an executable found in /usr/bin, /bin, /usr/sbin, /sbin ("" if none).
 std::string FindTool(const std::string& name);
+// Whether python3 is on PATH (the attack scripts' interpreter).
+inline bool HavePython() { return !FindTool("python3").empty(); }
 
 }  // namespace agentbox::e2e
 

@@ -17,8 +17,6 @@
 namespace agentbox::e2e {
 namespace {
 
-bool HavePython() { return !FindTool("python3").empty(); }
-
 std::string Backend(const RunResult& r) {
   if (!r.report || !(*r.report)["enforcement"].is_object()) return "";
   return (*r.report)["enforcement"].value("backend", "");

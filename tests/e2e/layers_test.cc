@@ -24,8 +24,6 @@ bool HasSyscallDenial(const RunResult& r, const std::string& syscall) {
   return false;
 }
 
-bool HavePython() { return !FindTool("python3").empty(); }
-
 // Each call prints "name result errno". Raw syscall numbers (x86_64), so
 // that no libc wrapper hides what reaches the kernel.
 constexpr const char* kAttacks = R"PY(

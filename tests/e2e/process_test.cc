@@ -21,8 +21,6 @@ namespace {
 
 using Fd = agentbox::linux::UniqueFd;
 
-bool HavePython() { return !FindTool("python3").empty(); }
-
 // ------------------------------------------------------------ pid namespace
 
 TEST(Pid, RunnerIsPidOneAndHostPidsAreInvisible) {

@@ -30,8 +30,6 @@ class ApplyTest : public ::testing::Test {
   Daemon d_;
 };
 
-std::string Output(const json& result) { return result.value("output", ""); }
-
 // Every file and symlink below the current directory (.git and what the
 // workspace's .gitignore leaves out): type, executable bit and SHA-256, or target. The same script
 // runs inside the session and on the host, so both sides are read alike.

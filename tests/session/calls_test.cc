@@ -40,8 +40,6 @@ class CallsTest : public ::testing::Test {
   Daemon d_;
 };
 
-std::string Output(const json& result) { return result.value("output", ""); }
-
 TEST_F(CallsTest, CwdIsResolvedInsideTheWorkspace) {
   const std::string id = CreateSession(c(), ws_.path());
   ASSERT_EQ(Bash(c(), id, "mkdir -p sub/deeper && ln -s sub/deeper inner").value("exit_code", -1), 0);

@@ -71,8 +71,6 @@ credentials:
       placeholder_env: API_TOKEN_PLACEHOLDER
 )";
 
-std::string Output(const json& result) { return result.value("output", ""); }
-
 // The value of "<name>=" on a line of `text`, or "" when no line has it.
 std::string EnvValue(const std::string& text, const std::string& name) {
   for (const auto& line : e2e::Lines(text)) {

@@ -106,6 +106,9 @@ json Execute(daemon::Client& c, const std::string& id, const std::string& name, 
              const std::string& call_id = "");
 json Bash(daemon::Client& c, const std::string& id, const std::string& command, const std::string& call_id = "");
 
+// A call's result's "output" ("" when it has none).
+inline std::string Output(const json& result) { return result.value("output", ""); }
+
 // Sends `bytes` on a fresh connection to the unix socket and returns what
 // comes back until the daemon closes or `timeout_ms` passes. `as_uid` >= 0:
 // from a child that switched to that uid (root only).

@@ -22,8 +22,6 @@ using e2e::TempDir;
 
 constexpr const char* kGvisorPolicy = "version: 1\nmode: workspace-write\nsandbox: { isolation: container }\n";
 
-std::string Output(const json& result) { return result.value("output", ""); }
-
 class GvisorSession : public ::testing::Test {
  protected:
   void SetUp() override {

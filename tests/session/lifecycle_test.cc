@@ -19,8 +19,6 @@ namespace {
 using e2e::Contains;
 using e2e::TempDir;
 
-std::string Output(const json& result) { return result.value("output", ""); }
-
 // Runs a streamed bash call on its own thread; `started` once output came.
 class Background {
  public:

@@ -21,8 +21,6 @@ using e2e::TempDir;
 
 constexpr const char* kMicrovmPolicy = "version: 1\nmode: workspace-write\nsandbox: { isolation: microvm }\n";
 
-std::string Output(const json& result) { return result.value("output", ""); }
-
 class MicrovmSession : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -23,8 +23,6 @@ class SessionsTest : public ::testing::Test {
   Daemon d_;
 };
 
-std::string Output(const json& result) { return result.value("output", ""); }
-
 TEST_F(SessionsTest, CreateStartsNothingUntilTheFirstCall) {
   std::string id = CreateSession(c(), ws_.path());
   ASSERT_FALSE(id.empty());

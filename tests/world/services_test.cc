@@ -27,17 +27,13 @@
 namespace agentbox::session {
 namespace {
 
+using world_test::Bin;
 using world_test::Children;
 using world_test::Read;
 
 constexpr const char* kPython = "/usr/bin/python3";
 
-std::string Bin() {
-  const char* b = std::getenv("AGENTBOX_BIN");
-  return b ? b : "";
-}
-
-std::string MakeTemp(const char* what) {
+std::string MakeSvcTemp(const char* what) {
   std::string t = std::string(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") + "/agentbox-svc-" + what + ".XXXXXX";
   return mkdtemp(t.data()) ? t : "";
 }
@@ -105,8 +101,8 @@ class ServicesTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_FALSE(Bin().empty()) << "AGENTBOX_BIN must name the agentbox binary";
-    state_ = MakeTemp("state");
-    base_ = MakeTemp("base");
+    state_ = MakeSvcTemp("state");
+    base_ = MakeSvcTemp("base");
     ASSERT_FALSE(state_.empty());
     ASSERT_FALSE(base_.empty());
     ManagerOptions o;
