@@ -252,13 +252,17 @@ pid_t ForkSupervisor(const linux::GuestRequest& request, const std::string& run_
 // A session's world: `world_main` (the `__world` supervisor) in a child,
 // its channel on fd 3 and the plan on fd 4 as on a host. What it says on
 // its channel goes to the host as kWorld frames, with the guest kernel's
-// OOM-kill count in "stats" and "exited"; the host's kWorld frames go to
+// OOM-kill count in "stats" and "exited" when that kernel is the world's
+// own (`own_kernel`: a microVM's guest, a gVisor Sentry; not a remote host
+// or pod, whose /proc/vmstat counts every OOM kill of the machine, and
+// where the world's cgroup, when its policy sets limits, gives the count
+// as on this host); the host's kWorld frames go to
 // it. Its control socket comes with "ready": each kControl request is
 // sent on it with a local pipe (or socket pair) for each descriptor the
 // host's caller passed, whose other end the mux carries under the
 // request's id. Egress connections are accepted as for a run.
 [[noreturn]] void RelayWorld(const linux::GuestRequest& request, int (*world_main)(), const std::string& run_cgroup,
-                             linux::UniqueFd http_listener, linux::UniqueFd socks_listener,
+                             bool own_kernel, linux::UniqueFd http_listener, linux::UniqueFd socks_listener,
                              linux::FrameReader* reader, std::vector<linux::Frame> frames) {
   constexpr int kChannel = 3, kPlan = 4;
   int sv[2];
@@ -394,7 +398,7 @@ pid_t ForkSupervisor(const linux::GuestRequest& request, const std::string& run_
         std::string text(in.data(), static_cast<std::size_t>(n));
         json m = json::parse(text, nullptr, false);
         const std::string t = m.is_object() ? m.value("t", "") : "";
-        if (t == "stats" || t == "exited") {
+        if (own_kernel && (t == "stats" || t == "exited")) {
           m["oom_kills"] = std::max(m.value("oom_kills", std::uint64_t{0}), OomKills() - oom_before);
           text = m.dump();
         }
@@ -488,7 +492,7 @@ bool WriteFrameOrNote(linux::FrameType type, const char* p, std::size_t n) {
     put(run_cgroup + "/pids.max", std::to_string(request->pids_max));
   }
   if (request->world) {
-    RelayWorld(*request, world_main, run_cgroup, std::move(http_listener), std::move(socks_listener), &reader,
+    RelayWorld(*request, world_main, run_cgroup, true, std::move(http_listener), std::move(socks_listener), &reader,
                std::move(frames));
   }
   const std::uint64_t oom_before = OomKills();
@@ -624,7 +628,7 @@ bool WriteFrameOrNote(linux::FrameType type, const char* p, std::size_t n) {
   linux::UniqueFd http_listener, socks_listener;
   if (request->proxy_http_port) http_listener = ListenLoopback(request->proxy_http_port);
   if (request->proxy_socks_port) socks_listener = ListenLoopback(request->proxy_socks_port);
-  RelayWorld(*request, world_main, "", std::move(http_listener), std::move(socks_listener), &reader,
+  RelayWorld(*request, world_main, "", true, std::move(http_listener), std::move(socks_listener), &reader,
              std::move(frames));
 }
 
@@ -641,7 +645,7 @@ bool WriteFrameOrNote(linux::FrameType type, const char* p, std::size_t n) {
   for (const char* name : {"SSL_CERT_FILE", "SSL_CERT_DIR"}) {
     if (const char* v = getenv(name); v != nullptr && *v) request.env.push_back(std::string(name) + "=" + v);
   }
-  RelayWorld(request, world_main, "", {}, {}, reader, std::move(frames));
+  RelayWorld(request, world_main, "", false, {}, {}, reader, std::move(frames));
 }
 
 }  // namespace agentbox::supervise

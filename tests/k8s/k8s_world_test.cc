@@ -5,20 +5,23 @@
 // pod's image), sends every call over that stream, and deletes the claim
 // when the session goes.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fake_api_server.h"
-#include "session/session.h"
+#include "host_facts.h"
 #include "scoped_env.h"
+#include "session/session.h"
 
 namespace agentbox::k8s {
 namespace {
@@ -267,6 +270,43 @@ TEST_F(K8sWorld, AClaimLeftByAStoppedAgentboxIsResumedAndOneGoneIsClaimedAfresh)
     EXPECT_NE(log.find("is gone"), std::string::npos) << log;
     ASSERT_TRUE((*third)->Remove(id).ok());
   }
+}
+
+// The pod's kernel is the node's: an OOM kill of another process on it
+// (here, an `agentbox run` at its own memory limit on this host, which the
+// fake's pods share) during a call is not that call's. The call ends
+// `exited`; counting the kernel's OOM kills (/proc/vmstat), as a microVM's
+// guest may, would have made it `oom_killed`.
+TEST_F(K8sWorld, AnOomKillElsewhereOnTheNodeIsNotTheCalls) {
+  // The host fact, checked without agentbox: a child cgroup with the memory
+  // controller, for the run that is OOM-killed beside the call.
+  if (!host_facts::CgroupsExpected({"memory"})) {
+    GTEST_SKIP() << "not applicable here: no writable cgroup with the memory controller for this user";
+  }
+  const std::string bin_dir = bin_.substr(0, bin_.rfind('/'));
+  ScopedEnv path("PATH", bin_dir + ":" + (getenv("PATH") ? getenv("PATH") : "/usr/bin:/bin"));
+  ScopedEnv cache("XDG_CACHE_HOME", dir_.path() + "/pod-cache");
+  ScopedEnv pod_state("XDG_STATE_HOME", dir_.path() + "/pod-state");
+  server_->AddWarmPool("agents", "agentbox", "agentbox");
+  const std::string id = Create();
+  ASSERT_FALSE(id.empty());
+  ASSERT_EQ(Run(id, "bash", {{"command", "true"}}).value("kind", ""), "exited");  // the world is up
+
+  int elsewhere = -1;
+  std::thread oom([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const std::string cmd =
+        "'" + bin_ + "' run --memory 64Mi -- sh -c 'head -c 512M /dev/zero | tail' " + ">/dev/null 2>&1";
+    const int st = std::system(cmd.c_str());
+    elsewhere = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  });
+  json r = Run(id, "bash", {{"command", "sleep 3; echo after"}});
+  oom.join();
+  ASSERT_EQ(elsewhere, 137) << "the run beside the call was not OOM-killed, so this test shows nothing";
+  EXPECT_EQ(r.value("kind", ""), "exited") << r.dump();
+  EXPECT_EQ(r.value("output", ""), "after\n") << r.dump();
+  EXPECT_FALSE(r["outcome"]["usage"].contains("oom_kills")) << r.dump();
+  ASSERT_TRUE(manager_->Remove(id).ok());
 }
 
 TEST_F(K8sWorld, AClaimThatCannotBeMadeIsTheCallsSandboxErrorNamingTheAPIsAnswer) {
