@@ -1068,6 +1068,10 @@ int main(int argc, char** argv) {
   const std::string_view first = argc > 1 ? argv[1] : "";
   const bool build_all = std::find(std::begin(kTopLevel), std::end(kTopLevel), first) == std::end(kTopLevel);
   auto wanted = [&](std::string_view name) { return build_all || first == name; };
+  if (build_all && !first.empty() && first[0] != '-') {
+    Error("'" + std::string(first) + "' is not a subcommand (agentbox --help lists them)");
+    return kExitUsage;
+  }
 
   PolicyFlags run_flags;
   std::vector<std::string> run_cmd;

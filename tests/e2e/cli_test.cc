@@ -699,5 +699,28 @@ TEST(Cli, VersionAndUsage) {
   EXPECT_TRUE(Contains(mode.err, "yolo")) << mode.Describe();
 }
 
+// Only the subcommand named first is built (main.cc): the help still lists
+// every one, each one's own help and options work when it is built alone,
+// and a name that is none of them is a usage error naming it.
+TEST(Cli, EachSubcommandWorksWhenBuiltAloneAndTheHelpListsThemAll) {
+  Sandbox sb;
+  const std::vector<std::string> names = {
+      "run", "wrap", "check", "gc", "policy", "serve", "session", "mcp", "setup-delegation", "k8s"};
+  RunResult help = Agentbox(sb, {"--help"});
+  EXPECT_EQ(help.status, 0) << help.Describe();
+  for (const auto& name : names) {
+    EXPECT_TRUE(Contains(help.out, "  " + name + " ")) << name << " missing from --help\n" << help.Describe();
+    RunResult own = Agentbox(sb, {name, "--help"});
+    EXPECT_EQ(own.status, 0) << own.Describe();
+    EXPECT_TRUE(Contains(own.out, "Usage:") && Contains(own.out, name)) << own.Describe();
+  }
+  RunResult typo = Agentbox(sb, {"rnu", "--", "true"});
+  EXPECT_NE(typo.status, 0) << typo.Describe();
+  EXPECT_NE(typo.status, 125) << "a usage error is not a sandbox error\n" << typo.Describe();
+  EXPECT_TRUE(Contains(typo.err + typo.out, "rnu")) << typo.Describe();
+  RunResult explained = Agentbox(sb, {"policy", "explain", "--mode", "read-only"});
+  EXPECT_EQ(explained.status, 0) << explained.Describe();
+}
+
 }  // namespace
 }  // namespace agentbox::e2e
