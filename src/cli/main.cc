@@ -1068,10 +1068,6 @@ int main(int argc, char** argv) {
   const std::string_view first = argc > 1 ? argv[1] : "";
   const bool build_all = std::find(std::begin(kTopLevel), std::end(kTopLevel), first) == std::end(kTopLevel);
   auto wanted = [&](std::string_view name) { return build_all || first == name; };
-  if (build_all && !first.empty() && first[0] != '-') {
-    Error("'" + std::string(first) + "' is not a subcommand (agentbox --help lists them)");
-    return kExitUsage;
-  }
 
   PolicyFlags run_flags;
   std::vector<std::string> run_cmd;
@@ -1163,6 +1159,13 @@ int main(int argc, char** argv) {
   if (wanted("mcp")) subcommands.push_back(AddMcpCommand(app));
   if (wanted("setup-delegation")) subcommands.push_back(AddSetupDelegationCommand(app));
   if (wanted("k8s")) subcommands.push_back(AddK8sCommand(app));
+  // A first word that names none of them (checked against what was built,
+  // so a name missing from kTopLevel only costs the full build).
+  if (build_all && !first.empty() && first[0] != '-' &&
+      app.get_subcommands([&](const CLI::App* sub) { return sub->get_name() == first; }).empty()) {
+    Error("'" + std::string(first) + "' is not a subcommand (agentbox --help lists them)");
+    return kExitUsage;
+  }
 
   // Everything after the first `--` is the command, verbatim. Split it off
   // before parsing: otherwise a repeatable option just before `--` (say

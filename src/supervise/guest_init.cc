@@ -270,7 +270,7 @@ pid_t ForkSupervisor(const linux::GuestRequest& request, const std::string& run_
   linux::UniqueFd channel(sv[0]), theirs(sv[1]);
   linux::UniqueFd plan = MemfdWith("agentbox-plan", request.plan_json);
   if (!plan.valid()) Die(Status::Errno("guest", "memfd", "the world's plan"));
-  const std::uint64_t oom_before = OomKills();
+  const std::uint64_t oom_before = own_kernel ? OomKills() : 0;
   const pid_t child = ForkSupervisor(request, run_cgroup, [&] {
     dup2(theirs.get(), kChannel);
     dup2(plan.get(), kPlan);
@@ -492,8 +492,8 @@ bool WriteFrameOrNote(linux::FrameType type, const char* p, std::size_t n) {
     put(run_cgroup + "/pids.max", std::to_string(request->pids_max));
   }
   if (request->world) {
-    RelayWorld(*request, world_main, run_cgroup, true, std::move(http_listener), std::move(socks_listener), &reader,
-               std::move(frames));
+    RelayWorld(*request, world_main, run_cgroup, /*own_kernel=*/true, std::move(http_listener),
+               std::move(socks_listener), &reader, std::move(frames));
   }
   const std::uint64_t oom_before = OomKills();
   const pid_t child = ForkSupervisor(*request, run_cgroup, [] {});
@@ -628,8 +628,8 @@ bool WriteFrameOrNote(linux::FrameType type, const char* p, std::size_t n) {
   linux::UniqueFd http_listener, socks_listener;
   if (request->proxy_http_port) http_listener = ListenLoopback(request->proxy_http_port);
   if (request->proxy_socks_port) socks_listener = ListenLoopback(request->proxy_socks_port);
-  RelayWorld(*request, world_main, "", true, std::move(http_listener), std::move(socks_listener), &reader,
-             std::move(frames));
+  RelayWorld(*request, world_main, "", /*own_kernel=*/true, std::move(http_listener), std::move(socks_listener),
+             &reader, std::move(frames));
 }
 
 [[noreturn]] void RemoteRelayMain(const std::string& plan_json, int (*world_main)(), linux::FrameReader* reader,
@@ -645,7 +645,7 @@ bool WriteFrameOrNote(linux::FrameType type, const char* p, std::size_t n) {
   for (const char* name : {"SSL_CERT_FILE", "SSL_CERT_DIR"}) {
     if (const char* v = getenv(name); v != nullptr && *v) request.env.push_back(std::string(name) + "=" + v);
   }
-  RelayWorld(request, world_main, "", false, {}, {}, reader, std::move(frames));
+  RelayWorld(request, world_main, "", /*own_kernel=*/false, {}, {}, reader, std::move(frames));
 }
 
 }  // namespace agentbox::supervise
