@@ -141,7 +141,7 @@ Policy PresetFor(Mode mode) {
     // redirect where git talks to (config).
     p.filesystem.protect = {".git/hooks", ".git/config"};
     p.network.default_action = NetDefault::kDeny;
-    p.env.pass = {"PATH", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ"};
+    p.env.pass = {"PATH", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ", "SHELL"};
   }
   p.source = std::string("<preset ") + ToString(mode) + ">";
   // sha256 stays empty: PolicyDigest() derives it when a report needs it

@@ -214,7 +214,8 @@ TEST(Env, ScrubbedToAnAllowlist) {
   Sandbox sb;
   RunResult r = sb.RunArgv({"env"}, {},
                            {"SECRET_TOKEN=xyz-secret-token", "AWS_SECRET_ACCESS_KEY=abc-aws-key",
-                            "GITHUB_TOKEN=ghp-e2e", "SSH_AUTH_SOCK=/tmp/agent.sock", "TERM=xterm-e2e"});
+                            "GITHUB_TOKEN=ghp-e2e", "SSH_AUTH_SOCK=/tmp/agent.sock", "TERM=xterm-e2e",
+                            "SHELL=/bin/sh"});
   ASSERT_EQ(r.status, 0) << r.Describe();
   for (const char* leaked : {"SECRET_TOKEN", "xyz-secret-token", "AWS_SECRET_ACCESS_KEY", "abc-aws-key",
                              "GITHUB_TOKEN", "SSH_AUTH_SOCK", "AGENTBOX_PLAN"}) {
@@ -224,6 +225,7 @@ TEST(Env, ScrubbedToAnAllowlist) {
   auto has = [&](const std::string& kv) { return std::find(lines.begin(), lines.end(), kv) != lines.end(); };
   EXPECT_TRUE(has("LANG=C")) << r.Describe();
   EXPECT_TRUE(has("TERM=xterm-e2e")) << r.Describe();
+  EXPECT_TRUE(has("SHELL=/bin/sh")) << r.Describe();  // a shell need not look it up in the user database
   EXPECT_TRUE(has("HOME=" + sb.home())) << r.Describe();
   EXPECT_TRUE(has("PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")) << r.Describe();
 }
