@@ -30,7 +30,7 @@ std::string Now() {
   char buf[40];
   strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%S", &tm);
   char out[48];
-  snprintf(out, sizeof(out), "%s.%03ldZ", buf, ts.tv_nsec / 1000000);
+  snprintf(out, sizeof(out), "%s.%03dZ", buf, static_cast<int>(ts.tv_nsec / 1000000 % 1000));
   return out;
 }
 
