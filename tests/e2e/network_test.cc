@@ -305,8 +305,9 @@ TEST(Network, AskCommandsAreBoundedAndOnePerTarget) {
   ASSERT_EQ(mkdir(live.c_str(), 0700), 0);
   std::string ask = sb.scratch() + "/ask.sh";
   // Marks itself live, notes how many are live, unmarks itself before
-  // answering. A second, a long time for the same target's second
-  // connection (started right after the first) to join the open question.
+  // answering. The same target's second connection joins the open question,
+  // or, arriving after the answer (a loaded machine), meets the no that
+  // stands for that target: asked once either way.
   WriteFile(ask,
             "#!/bin/sh\nread q\necho \"$q\" >> '" + log + "'\ntouch '" + live + "/'$$\nls '" + live +
                 "' | wc -l >> '" + peak + "'\nsleep 1\nrm -f '" + live + "/'$$\necho deny\n",

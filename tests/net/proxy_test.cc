@@ -1015,8 +1015,9 @@ TEST(ProxyAsk, AtMostFourQuestionsAtOnceAndOnePerTarget) {
   const std::string live = dir.path() + "/live", log = dir.path() + "/asked", peak = dir.path() + "/peak";
   ASSERT_EQ(::mkdir(live.c_str(), 0700), 0);
   // Each run marks itself live, notes how many runs are live, and removes
-  // its mark before it answers: a count never includes a finished run. Half
-  // a second: every connection has arrived long before the first answer.
+  // its mark before it answers: a count never includes a finished run. A
+  // target's second connection joins its open question, or meets the no
+  // that stands for it once answered.
   const std::string script = "read q; echo \"$q\" >> '" + log + "'; touch '" + live + "/'$$; ls '" + live +
                              "' | wc -l >> '" + peak + "'; sleep 0.5; rm -f '" + live + "/'$$; echo deny";
   ProxyOptions options;
