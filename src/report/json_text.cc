@@ -1,7 +1,9 @@
 #include "report/json_text.h"
 
 #include <array>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 
 namespace agentbox::report {
 
@@ -43,6 +45,19 @@ constexpr std::array<bool, 256> kSpecial = [] {
 }();
 
 
+// Whether any of the eight bytes at `p` is special (kSpecial): a control
+// character, '"', '\\' or a byte >= 0x80. The zero-byte test below (the
+// bit-twiddling classic) can report a byte that is not special, never miss
+// one that is: a false alarm costs a look at the bytes one by one.
+inline bool AnySpecial8(const unsigned char* p) {
+  std::uint64_t x;
+  std::memcpy(&x, p, sizeof x);
+  constexpr std::uint64_t kOnes = 0x0101010101010101ULL, kHigh = 0x8080808080808080ULL;
+  auto has_zero = [](std::uint64_t v) { return (v - kOnes) & ~v & kHigh; };
+  const std::uint64_t below_space = (x - kOnes * 0x20) & ~x & kHigh;  // a byte < 0x20
+  return ((x & kHigh) | below_space | has_zero(x ^ (kOnes * '"')) | has_zero(x ^ (kOnes * '\\'))) != 0;
+}
+
 // `text` as a JSON string, escaped as nlohmann escapes it (ensure_ascii
 // off); false, with nothing appended, when it is not valid UTF-8.
 bool AppendString(const std::string& text, std::string* out) {
@@ -54,6 +69,8 @@ bool AppendString(const std::string& text, std::string* out) {
   std::size_t run = 0;  // where the bytes not yet appended begin
   std::size_t i = 0;
   while (i < n) {
+    while (i + 8 <= n && !AnySpecial8(s + i)) i += 8;  // the common case: plain ASCII
+    if (i >= n) break;
     const unsigned char c = s[i];
     if (!kSpecial[c]) {
       ++i;

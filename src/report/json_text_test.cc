@@ -5,6 +5,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <vector>
 
 namespace agentbox::report {
 namespace {
@@ -52,6 +53,44 @@ TEST(CompactJson, RandomBytesAndRandomUtf8) {
         case 1: s.push_back(static_cast<char>(rng() % 0x80)); break;  // ASCII
         case 2: s += "\xc3\xa9"; break;
         default: s += "\xf0\x9f\x98\x80"; break;
+      }
+    }
+    ASSERT_EQ(CompactJson(s), Reference(s)) << Reference(s);
+  }
+}
+
+// Plain ASCII is looked at eight bytes at a time: a byte that needs escaping
+// or checking is found at every offset of such a word, and past the last one.
+TEST(CompactJson, ASpecialByteIsFoundAtEveryOffsetOfALongPlainRun) {
+  std::vector<std::string> specials;
+  for (int c = 0; c < 0x20; ++c) specials.emplace_back(1, static_cast<char>(c));
+  for (const char* t : {"\"", "\\", "\x7f", "~", " ", "\x80", "\xff", "\xc3\xa9", "\xe2\x82\xac",
+                        "\xf0\x9f\x98\x80", "\xc3", "\xed\xa0\x80"}) {
+    specials.emplace_back(t);
+  }
+  for (const std::string& special : specials) {
+    for (std::size_t at = 0; at <= 24; ++at) {
+      const std::string s = std::string(at, 'a') + special + std::string(24 - at + at % 3, 'z');
+      ASSERT_EQ(CompactJson(s), Reference(s)) << Reference(s);
+    }
+  }
+}
+
+TEST(CompactJson, RandomMostlyPlainText) {
+  std::mt19937 rng(11);
+  for (int round = 0; round < 3000; ++round) {
+    std::string s;
+    const int len = static_cast<int>(rng() % 300);
+    for (int i = 0; i < len; ++i) {
+      const unsigned r = rng() % 100;
+      if (r < 90) {
+        s.push_back(static_cast<char>(0x20 + rng() % 0x5f));  // printable ASCII
+      } else if (r < 95) {
+        s.push_back(static_cast<char>(rng() % 0x20));
+      } else if (r < 98) {
+        s += "\xc3\xa9";
+      } else {
+        s.push_back(static_cast<char>(0x80 + rng() % 0x80));  // mostly not valid UTF-8
       }
     }
     ASSERT_EQ(CompactJson(s), Reference(s)) << Reference(s);
