@@ -8,6 +8,8 @@ packages=(
   cmake ninja-build g++ make pkg-config git
   # libraries
   libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libseccomp-dev
+  # large request bodies (a file's content) parsed ~10x faster than nlohmann's lexer
+  rapidjson-dev
   # the egress proxy: Asio/Beast (header-only), IDNA host names (static: libunistring too)
   libboost-dev libidn2-dev libunistring-dev
   # the TLS terminator (per-run CA, verified upstreams) and the git push check (zlib);

@@ -16,6 +16,7 @@
 #include "agentbox/outcome.h"
 #include "linux/fd.h"
 #include "net/secrets.h"
+#include "report/json_text.h"
 #include "session/layers.h"
 #include "session/services.h"
 
@@ -47,15 +48,21 @@ bool ParseObject(const Request& req, json* out, Response* error) {
     *out = json::object();
     return true;
   }
-  try {
-    *out = json::parse(req.body);
-  } catch (const json::parse_error& e) {
-    std::string what = e.what();
-    if (auto bracket = what.find("] "); what.rfind("[json.exception", 0) == 0 && bracket != std::string::npos) {
-      what = what.substr(bracket + 2);
+  auto what = [](const json::exception& e) {  // nlohmann's message without its "[json.exception...] "
+    std::string text = e.what();
+    if (auto bracket = text.find("] "); text.rfind("[json.exception", 0) == 0 && bracket != std::string::npos) {
+      text = text.substr(bracket + 2);
     }
+    return text;
+  };
+  try {
+    *out = report::ParseJson(req.body);
+  } catch (const json::parse_error& e) {
     *error = Response::Error(400, "malformed_json",
-                             "request body is not valid JSON: " + what + " (byte " + std::to_string(e.byte) + ")");
+                             "request body is not valid JSON: " + what(e) + " (byte " + std::to_string(e.byte) + ")");
+    return false;
+  } catch (const json::exception& e) {  // a number past a double's range (out_of_range 406)
+    *error = Response::Error(400, "malformed_json", "request body is not valid JSON: " + what(e));
     return false;
   }
   if (!out->is_object()) {

@@ -13,6 +13,7 @@
 #include "agentbox/outcome.h"
 #include "linux/random.h"
 #include "mcp/server.h"
+#include "report/json_text.h"
 
 namespace agentbox::mcp {
 namespace {
@@ -144,7 +145,7 @@ class Endpoint {
       }
     }
     if (req.body.size() > kMaxMessageBytes) return reply->Send(Rpc(413, Server::TooLarge(req.body.size())));
-    Json message = Json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+    Json message = report::ParseJsonOrDiscarded(req.body);
     if (message.is_discarded()) {
       return reply->Send(RpcError(400, nullptr, kParseError, "parse error: the request body is not valid JSON"));
     }

@@ -5,6 +5,8 @@
 #include <optional>
 #include <thread>
 
+#include "report/json_text.h"
+
 namespace agentbox::mcp {
 namespace {
 
@@ -197,7 +199,7 @@ void Server::Log(const std::string& line) const {
 
 std::optional<Json> Server::Handle(std::string_view text, const Notify& notify) {
   if (text.size() > kMaxMessageBytes) return TooLarge(text.size());
-  Json message = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  Json message = report::ParseJsonOrDiscarded(text);
   if (message.is_discarded()) {
     ErrorSax sax;
     (void)Json::sax_parse(text, &sax, Json::input_format_t::json, /*strict=*/true);

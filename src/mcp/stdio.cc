@@ -11,6 +11,8 @@
 #include <thread>
 #include <vector>
 
+#include "report/json_text.h"
+
 namespace agentbox::mcp {
 namespace {
 
@@ -118,7 +120,7 @@ Result<StdioEnd> ServeStdio(Server& server, const StdioOptions& options) {
   auto dispatch = [&](std::string_view line) {
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (Blank(line)) return;
-    Json message = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+    Json message = report::ParseJsonOrDiscarded(line);
     if (message.is_discarded()) {
       if (auto response = server.Handle(line, notify)) writer.Write(*response);  // the parse error
     } else if (Server::MayRunLong(message)) {

@@ -1,9 +1,15 @@
 #include "report/json_text.h"
 
+#include <rapidjson/encodedstream.h>
+#include <rapidjson/memorystream.h>
+#include <rapidjson/reader.h>
+
 #include <array>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <optional>
+#include <vector>
 
 namespace agentbox::report {
 
@@ -111,7 +117,122 @@ void AppendStringOrReplaced(const std::string& text, std::string* out) {
   if (!AppendString(text, out)) out->append(json(text).dump(-1, ' ', false, json::error_handler_t::replace));
 }
 
+// Well-formed UTF-8 (RFC 3629: no overlong form, no surrogate, nothing
+// past U+10FFFF), ASCII eight bytes at a time.
+bool WellFormedUtf8(const char* text, std::size_t n) {
+  const auto* s = reinterpret_cast<const unsigned char*>(text);
+  std::size_t i = 0;
+  while (i < n) {
+    while (i + 8 <= n) {
+      std::uint64_t x;
+      std::memcpy(&x, s + i, sizeof x);
+      if ((x & 0x8080808080808080ULL) != 0) break;
+      i += 8;
+    }
+    if (i >= n) break;
+    if (s[i] < 0x80) {
+      ++i;
+      continue;
+    }
+    const std::size_t len = Utf8SequenceLength(s, i, n);
+    if (len == 0) return false;
+    i += len;
+  }
+  return true;
+}
+
+// From this size on a text is read by rapidjson first (below it, nlohmann's
+// lexer is quick enough, and small requests keep exactly their old path).
+constexpr std::size_t kFastParseFrom = 16 * 1024;
+
+// rapidjson's events, built into an nlohmann::json without recursion: the
+// open containers on a stack, each value put into the innermost one (an
+// object's duplicate key: the last one wins, as with nlohmann).
+class Builder : public rapidjson::BaseReaderHandler<rapidjson::UTF8<>, Builder> {
+ public:
+  bool Null() { return Put(nullptr); }
+  bool Bool(bool b) { return Put(b); }
+  // rapidjson reports a number without fraction or exponent as unsigned
+  // when it is not negative, as nlohmann types it.
+  bool Int(int i) { return Put(static_cast<std::int64_t>(i)); }
+  bool Uint(unsigned u) { return Put(static_cast<std::uint64_t>(u)); }
+  bool Int64(std::int64_t i) { return Put(i); }
+  bool Uint64(std::uint64_t u) { return Put(u); }
+  bool Double(double d) { return Put(d); }
+  bool String(const char* s, rapidjson::SizeType n, bool) {
+    return WellFormedUtf8(s, n) && Put(std::string(s, n));
+  }
+  bool Key(const char* s, rapidjson::SizeType n, bool) {
+    if (!WellFormedUtf8(s, n)) return false;
+    key_.assign(s, n);
+    return true;
+  }
+  bool StartObject() { return Open(json::object()); }
+  bool EndObject(rapidjson::SizeType) { return Close(); }
+  bool StartArray() { return Open(json::array()); }
+  bool EndArray(rapidjson::SizeType) { return Close(); }
+
+  json Take() { return std::move(root_); }
+
+ private:
+  json* Place(json&& v) {
+    if (open_.empty()) {
+      root_ = std::move(v);
+      return &root_;
+    }
+    json& top = *open_.back();
+    if (top.is_array()) {
+      top.push_back(std::move(v));
+      return &top.back();  // nothing else goes into `top` while this value is open
+    }
+    json& slot = top[key_];
+    slot = std::move(v);
+    return &slot;
+  }
+  template <class T>
+  bool Put(T&& v) {
+    Place(json(std::forward<T>(v)));
+    return true;
+  }
+  bool Open(json&& container) {
+    open_.push_back(Place(std::move(container)));
+    return true;
+  }
+  bool Close() {
+    open_.pop_back();
+    return true;
+  }
+
+  json root_;
+  std::vector<json*> open_;
+  std::string key_;
+};
+
+std::optional<json> ParseLarge(std::string_view text) {
+  // rapidjson takes a NUL byte for the end of the text: a text holding one
+  // (never valid JSON) is nlohmann's to refuse.
+  if (text.size() < kFastParseFrom || std::memchr(text.data(), '\0', text.size()) != nullptr) return std::nullopt;
+  rapidjson::MemoryStream bytes(text.data(), text.size());
+  rapidjson::EncodedInputStream<rapidjson::UTF8<>, rapidjson::MemoryStream> in(bytes);
+  Builder builder;
+  rapidjson::Reader reader;
+  constexpr unsigned kFlags =
+      rapidjson::kParseIterativeFlag | rapidjson::kParseValidateEncodingFlag | rapidjson::kParseFullPrecisionFlag;
+  if (reader.Parse<kFlags>(in, builder).IsError()) return std::nullopt;
+  return builder.Take();
+}
+
 }  // namespace
+
+json ParseJson(std::string_view text) {
+  if (auto fast = ParseLarge(text)) return std::move(*fast);
+  return json::parse(text);
+}
+
+json ParseJsonOrDiscarded(std::string_view text) {
+  if (auto fast = ParseLarge(text)) return std::move(*fast);
+  return json::parse(text, nullptr, /*allow_exceptions=*/false);
+}
 
 void AppendCompactJson(const json& value, std::string* out) {
   switch (value.type()) {

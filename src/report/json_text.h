@@ -7,6 +7,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -19,5 +20,17 @@ std::size_t Utf8SequenceLength(const unsigned char* s, std::size_t i, std::size_
 std::string CompactJson(const nlohmann::json& value);
 // Appends the text to `*out`.
 void AppendCompactJson(const nlohmann::json& value, std::string* out);
+
+// nlohmann::json::parse(text): the same value, and for a text it refuses
+// the same nlohmann::json::parse_error. A large text (a file's content in a
+// write_file call) is read by rapidjson first: nlohmann's lexer takes ~8 ms
+// a MiB of string here, rapidjson well under one. Its value is taken only
+// when rapidjson accepts the whole text (RFC 8259, no extensions) and every
+// string and key is well-formed UTF-8 (no surrogate, escaped or not);
+// otherwise nlohmann reads it as before, its errors included.
+nlohmann::json ParseJson(std::string_view text);
+// The same, as json::parse(text, nullptr, false): a discarded value for a
+// text that is not JSON.
+nlohmann::json ParseJsonOrDiscarded(std::string_view text);
 
 }  // namespace agentbox::report

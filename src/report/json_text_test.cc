@@ -104,5 +104,84 @@ TEST(CompactJson, AMebibyteOfTextIsTheSameText) {
   EXPECT_EQ(CompactJson(result), Reference(result));
 }
 
+// ParseJson is json::parse: the same value for every text nlohmann takes,
+// the same error for every text it refuses, large texts (read by rapidjson
+// first) included.
+void ExpectParsedAsNlohmannDoes(const std::string& text) {
+  const json expected = json::parse(text, nullptr, false);
+  const json got = ParseJsonOrDiscarded(text);
+  ASSERT_EQ(got.is_discarded(), expected.is_discarded()) << text.substr(0, 200);
+  if (expected.is_discarded()) {
+    std::string want, have;
+    try {
+      (void)json::parse(text);
+    } catch (const json::exception& e) {  // parse_error, or out_of_range for a number past double's range
+      want = e.what();
+    }
+    try {
+      (void)ParseJson(text);
+    } catch (const json::exception& e) {
+      have = e.what();
+    }
+    EXPECT_FALSE(want.empty());
+    EXPECT_EQ(have, want);
+    return;
+  }
+  EXPECT_EQ(got, expected) << text.substr(0, 200);
+  EXPECT_EQ(got.dump(), expected.dump()) << text.substr(0, 200);  // the types of numbers too
+  EXPECT_EQ(ParseJson(text), expected);
+}
+
+TEST(ParseJson, LargeTextsParseAndFailAsNlohmannParsesThem) {
+  const std::string pad(20000, 'x');
+  const char* fragments[] = {
+      "1", "-0", "0.5", "-1.25e-3", "1e400", "-1e400", "18446744073709551615", "18446744073709551616",
+      "-9223372036854775808", "-9223372036854775809", "4294967296", "-2147483649", "true", "false", "null",
+      "\"\\ud83d\\ude00\"", "\"\\ud800\"", "\"\\udc00\"", "\"\\ud800\\u0041\"", "\"\\u0000\"", "\"\\/\\b\\f\\n\\r\\t\"",
+      "\"\xed\xa0\x80\"", "\"\xc0\xaf\"", "\"\xf4\x90\x80\x80\"", "\"\xc3\xa9\"", "\"\xff\"", "\"a\x01" "b\"",
+      "\"a\x7f" "b\"", "[1,2,]", "[1,,2]", "{\"a\":1,\"a\":2}", "{\"a\" 1}", "{\"a\":1,}", "{1:2}", "01", "-", "1.",
+      ".5", "+1", "[", "]", "\"\\x\"", "\"\\u12\"", "NaN", "Infinity", "[1]x", "tru", "nul", "[[[[[]]]]]",
+      "{\"\\ud800\":1}", "{\"\xc3\xa9\":[{}]}", "\"unterminated",
+  };
+  for (const char* f : fragments) {
+    ExpectParsedAsNlohmannDoes("{\"pad\":\"" + pad + "\",\"v\":" + f + "}");
+    ExpectParsedAsNlohmannDoes(std::string("[") + f + ",\"" + pad + "\"]");
+    ExpectParsedAsNlohmannDoes(std::string(f) + std::string(20000, ' '));
+  }
+  // A byte-order mark, a NUL after the value, whitespace alone, nothing but
+  // nesting: each as nlohmann takes it.
+  ExpectParsedAsNlohmannDoes("\xef\xbb\xbf{\"pad\":\"" + pad + "\"}");
+  ExpectParsedAsNlohmannDoes("{\"pad\":\"" + pad + "\"}" + std::string(1, '\0') + "junk");
+  ExpectParsedAsNlohmannDoes(std::string(30000, ' '));
+  ExpectParsedAsNlohmannDoes(std::string(20000, '[') + std::string(20000, ']'));
+  ExpectParsedAsNlohmannDoes(std::string(20000, '[') + std::string(19999, ']'));
+}
+
+TEST(ParseJson, RandomlyDamagedLargeTexts) {
+  std::mt19937 rng(5);
+  json v = {{"name", "write_file"},
+            {"input", {{"path", "a/b.txt"}, {"content", std::string(30000, 'c') + "\xc3\xa9\n\t\"q\"\\"}}},
+            {"n", {1, -2, 3.5, nullptr, true, json::object({{"k", "v"}})}}};
+  const std::string good = v.dump();
+  ExpectParsedAsNlohmannDoes(good);
+  const std::string specials = "\"\\{}[],:-+.eE0u\x01\x80\xc3\xed\xff \n";
+  for (int round = 0; round < 400; ++round) {
+    std::string t = good;
+    const int edits = 1 + static_cast<int>(rng() % 3);
+    for (int e = 0; e < edits; ++e) {
+      // Mostly around the structure (the ends, where the numbers and keys are).
+      const std::size_t at = rng() % 2 ? rng() % 40 : t.size() - 1 - rng() % 120;
+      const char c = specials[rng() % specials.size()];
+      switch (rng() % 3) {
+        case 0: t[at] = c; break;
+        case 1: t.insert(t.begin() + static_cast<std::ptrdiff_t>(at), c); break;
+        default: t.erase(at, 1); break;
+      }
+    }
+    ExpectParsedAsNlohmannDoes(t);
+    if (HasFailure()) return;
+  }
+}
+
 }  // namespace
 }  // namespace agentbox::report

@@ -42,6 +42,38 @@ TEST_F(ErrorsTest, MalformedJsonNamesTheParseErrorPosition) {
   EXPECT_TRUE(Contains(r->body, "column")) << r->body;
 }
 
+// A number past a double's range is bad JSON like any other (nlohmann
+// throws out_of_range for it, not parse_error), and a large body that is
+// not valid JSON is named as a small one is.
+TEST_F(ErrorsTest, AnOverflowingNumberAndALargeBrokenBodyAreMalformedJson) {
+  auto r = c().Call("POST", "/v1/sessions", "{\"workspace\": \"/tmp\", \"x\": 1e400}");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->status, 400) << r->body;
+  auto body = json::parse(r->body);
+  EXPECT_EQ(body["error"]["code"], "malformed_json") << r->body;
+  EXPECT_TRUE(Contains(body["error"]["message"].get<std::string>(), "1e400")) << r->body;
+
+  std::string id = CreateSession(c(), ws_.path());
+  const std::string content(200000, 'x');
+  r = c().Call("POST", "/v1/sessions/" + id + "/execute",
+               "{\"name\": \"write_file\", \"input\": {\"path\": \"a.txt\", \"content\": \"" + content + "\"}");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->status, 400) << r->body.substr(0, 300);
+  EXPECT_TRUE(Contains(r->body, "malformed_json")) << r->body.substr(0, 300);
+  EXPECT_TRUE(Contains(r->body, "byte 200")) << r->body.substr(0, 300);
+  // The same body made whole is taken, its content written as sent.
+  r = c().Call("POST", "/v1/sessions/" + id + "/execute",
+               "{\"name\": \"write_file\", \"input\": {\"path\": \"a.txt\", \"content\": \"" + content +
+                   "\\u00e9\"}}");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->status, 200) << r->body.substr(0, 300);
+  // A session works on its own layer: read back through the session.
+  Answer back = Call(c(), "POST", "/v1/sessions/" + id + "/execute",
+                     {{"name", "bash"}, {"input", {{"command", "wc -c < a.txt; tail -c 2 a.txt | od -An -tx1"}}}});
+  EXPECT_TRUE(Contains(back.text, "200002")) << back.text;
+  EXPECT_TRUE(Contains(back.text, "c3 a9")) << back.text;
+}
+
 TEST_F(ErrorsTest, WrongShapesNameTheField) {
   Answer array = Call(c(), "POST", "/v1/sessions", json::array({1, 2}));
   EXPECT_EQ(array.status, 400);
