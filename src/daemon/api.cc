@@ -214,7 +214,7 @@ struct Api {
       for (const auto& t : tools) list += (list.empty() ? "" : ", ") + t;
       return reply->Send(Response::Error(400, "unknown_tool", "unknown tool '" + name + "'; the tools are: " + list));
     }
-    json input = body.contains("input") ? body["input"] : json::object();
+    json input = body.contains("input") ? std::move(body["input"]) : json::object();  // a file's content: not copied
     if (!input.is_object()) {
       return reply->Send(Response::Error(400, "bad_request", "field 'input' must be an object, not " +
                                                                  std::string(input.type_name())));

@@ -668,10 +668,14 @@ struct SessionState {
   // Writes `entry` as a line of the log (in the file, and safe from a
   // SIGKILL of this process, from then on); the log's length after it, for
   // log.Sync.
-  Result<std::uint64_t> WriteLog(Json entry) {
+  Result<std::uint64_t> WriteLog(Json entry) { return WriteLogOf(entry); }
+  // The same for an entry the caller keeps (its "time" is taken out again):
+  // a result of megabytes is not copied to be logged.
+  Result<std::uint64_t> WriteLogOf(Json& entry) {
     entry["time"] = NowRfc3339();
     std::string line;
     report::AppendCompactJson(entry, &line);
+    entry.erase("time");
     line += '\n';
     return log.Append(line);
   }
@@ -1588,14 +1592,17 @@ Json Manager::Impl::RunFile(SessionState& s, World& world, const ConfinedCommand
   }
   Json& a = *answer;
   const std::string kind = a.value("kind", "tool_error");
-  std::string output = a.value("output", "");
+  std::string output;  // moved out of the answer: a read_file's is the file
+  if (auto it = a.find("output"); it != a.end()) {
+    if (it->is_string()) output = std::move(it->get_ref<std::string&>());
+    a.erase(it);
+  }
   if (kind != "ok") {
     std::string error = a.value("error", "");
     // The tools' messages already begin with their kind.
     output = error.rfind(kind, 0) == 0 ? error : kind + ": " + error;
   }
   Json outcome = a;
-  outcome.erase("output");
   // A write the workspace's cap refused (ENOSPC from the tool) is disk_gib's
   // denial, naming the file.
   const auto upper_fs = s.CappedFs();
@@ -1625,7 +1632,7 @@ Json Manager::Impl::RunFile(SessionState& s, World& world, const ConfinedCommand
       }
     }
   }
-  return {{"output", output}, {"is_error", kind != "ok"}, {"kind", kind}, {"outcome", outcome}};
+  return {{"output", std::move(output)}, {"is_error", kind != "ok"}, {"kind", kind}, {"outcome", std::move(outcome)}};
 }
 
 namespace {
@@ -2511,9 +2518,11 @@ Result<Json> Manager::ExecuteIn(const std::string& id, const std::string& name, 
   std::uint64_t logged_to = 0;
   {
     std::lock_guard<std::mutex> lock(s->mu);
-    Json line = {{"type", "result"}, {"seq", seq}, {"call_id", call_id}, {"result", result}};
+    Json line = {{"type", "result"}, {"seq", seq}, {"call_id", call_id}};
+    line["result"] = std::move(result);  // lent to the line, and back: not copied
     if (parent) line["parent"] = {{"call_id", parent->call_id}, {"seq", parent->seq}};
-    (void)s->AppendLog(line, /*sync=*/false);
+    (void)s->WriteLogOf(line);
+    result = std::move(line["result"]);
     if (!call_id.empty()) {
       s->results[call_id] = result;
       s->in_flight.erase(call_id);

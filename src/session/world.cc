@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <string_view>
 
 #include "agentbox/confine.h"
 #include "net/secrets.h"
@@ -872,8 +873,11 @@ Result<json> World::File(const json& request, int timeout_ms) {
   }
   // A JSON line, then the output's raw bytes (world_main.cc).
   const size_t nl = answer.find('\n');
-  json parsed = json::parse(answer.substr(0, nl), nullptr, false);
-  if (parsed.is_object() && nl != std::string::npos) parsed["output"] = answer.substr(nl + 1);
+  json parsed = json::parse(std::string_view(answer).substr(0, nl), nullptr, false);
+  if (parsed.is_object() && nl != std::string::npos) {
+    answer.erase(0, nl + 1);  // in place: a read_file's output is the file
+    parsed["output"] = std::move(answer);
+  }
   if (!parsed.is_object()) {
     Alive();
     return Status::Error("session", answer.empty() ? "the file tool ended without an answer (the session's sandbox: " +
