@@ -1315,8 +1315,9 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
             const int answer_fd = fcntl(received[first_io].get(), F_DUPFD_CLOEXEC, 3);
             if (answer_fd < 0 || dup3(answer_fd, 3, O_CLOEXEC) < 0) _exit(125);
             CloseFds(4);
-            std::string answer = hooks.file_op(text);
-            WriteFully(3, answer);
+            FileOpAnswer answer = hooks.file_op(std::move(text));
+            WriteFully(3, answer.head);
+            WriteFully(3, answer.body);
             _exit(0);
           }
           if (child > 0) {

@@ -45,8 +45,17 @@ std::vector<std::string> BuildEnv(const EnvRules& rules);
 // disk_gib), the init mounts it (a tmpfs, copying in the upper layer of
 // `upper_seed_fd`, an earlier world's upper filesystem, when >= 0) and sends
 // its root first on `control_fd`: {"t":"upper"} with the fd.
+// A file tool's answer, written as `head` then `body` (a read_file's body
+// is the file: kept apart rather than copied after the head).
+struct FileOpAnswer {
+  std::string head;
+  std::string body;
+};
+
 struct SessionHooks {
-  std::string (*file_op)(const std::string& request) = nullptr;
+  // Takes the request (its own copy, in the forked process: a write_file's
+  // content is moved out of it, not copied).
+  FileOpAnswer (*file_op)(std::string request) = nullptr;
   Status (*copy_upper)(int from_dir, int to_dir) = nullptr;  // linux/mounts.h UpperFs
 };
 

@@ -38,6 +38,29 @@ std::size_t Utf8SequenceLength(const unsigned char* s, std::size_t i, std::size_
   return len;
 }
 
+bool WellFormedUtf8(std::string_view text) {
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const std::size_t n = text.size();
+  std::size_t i = 0;
+  while (i < n) {
+    while (i + 8 <= n) {
+      std::uint64_t x;
+      std::memcpy(&x, s + i, sizeof x);
+      if ((x & 0x8080808080808080ULL) != 0) break;
+      i += 8;
+    }
+    if (i >= n) break;
+    if (s[i] < 0x80) {
+      ++i;
+      continue;
+    }
+    const std::size_t len = Utf8SequenceLength(s, i, n);
+    if (len == 0) return false;
+    i += len;
+  }
+  return true;
+}
+
 namespace {
 
 using nlohmann::json;
@@ -117,30 +140,6 @@ void AppendStringOrReplaced(const std::string& text, std::string* out) {
   if (!AppendString(text, out)) out->append(json(text).dump(-1, ' ', false, json::error_handler_t::replace));
 }
 
-// Well-formed UTF-8 (RFC 3629: no overlong form, no surrogate, nothing
-// past U+10FFFF), ASCII eight bytes at a time.
-bool WellFormedUtf8(const char* text, std::size_t n) {
-  const auto* s = reinterpret_cast<const unsigned char*>(text);
-  std::size_t i = 0;
-  while (i < n) {
-    while (i + 8 <= n) {
-      std::uint64_t x;
-      std::memcpy(&x, s + i, sizeof x);
-      if ((x & 0x8080808080808080ULL) != 0) break;
-      i += 8;
-    }
-    if (i >= n) break;
-    if (s[i] < 0x80) {
-      ++i;
-      continue;
-    }
-    const std::size_t len = Utf8SequenceLength(s, i, n);
-    if (len == 0) return false;
-    i += len;
-  }
-  return true;
-}
-
 // From this size on a text is read by rapidjson first (below it, nlohmann's
 // lexer is quick enough, and small requests keep exactly their old path).
 constexpr std::size_t kFastParseFrom = 16 * 1024;
@@ -160,10 +159,10 @@ class Builder : public rapidjson::BaseReaderHandler<rapidjson::UTF8<>, Builder> 
   bool Uint64(std::uint64_t u) { return Put(u); }
   bool Double(double d) { return Put(d); }
   bool String(const char* s, rapidjson::SizeType n, bool) {
-    return WellFormedUtf8(s, n) && Put(std::string(s, n));
+    return WellFormedUtf8(std::string_view(s, n)) && Put(std::string(s, n));
   }
   bool Key(const char* s, rapidjson::SizeType n, bool) {
-    if (!WellFormedUtf8(s, n)) return false;
+    if (!WellFormedUtf8(std::string_view(s, n))) return false;
     key_.assign(s, n);
     return true;
   }

@@ -16,6 +16,9 @@ namespace agentbox::report {
 // The length of the well-formed UTF-8 sequence (RFC 3629) that starts with
 // the byte s[i] >= 0x80 and ends before s[n]; 0 when there is none there.
 std::size_t Utf8SequenceLength(const unsigned char* s, std::size_t i, std::size_t n);
+// Whether all of `text` is well-formed UTF-8 (ASCII is checked eight bytes
+// at a time).
+bool WellFormedUtf8(std::string_view text);
 
 std::string CompactJson(const nlohmann::json& value);
 // Appends the text to `*out`.

@@ -21,6 +21,7 @@
 
 #include "confine/paths.h"
 #include "linux/fd.h"
+#include "report/json_text.h"
 
 namespace agentbox::session {
 namespace {
@@ -31,42 +32,22 @@ using linux::UniqueFd;
 
 // `text` as valid UTF-8: each byte that does not start a well-formed sequence
 // becomes U+FFFD. Sets *changed when anything was replaced.
-std::string Utf8Safe(const std::string& text, bool* changed) {
+std::string Utf8Safe(std::string text, bool* changed) {
+  if (report::WellFormedUtf8(text)) return text;  // the common case: as it is, not copied
   std::string out;
   out.reserve(text.size());
   const auto* s = reinterpret_cast<const unsigned char*>(text.data());
   const std::size_t n = text.size();
   std::size_t i = 0;
   while (i < n) {
-    unsigned char c = s[i];
-    if (c < 0x80) {  // a run of ASCII, appended at once
+    if (s[i] < 0x80) {  // a run of ASCII, appended at once
       std::size_t end = i + 1;
       while (end < n && s[end] < 0x80) ++end;
       out.append(text, i, end - i);
       i = end;
       continue;
     }
-    std::size_t len = 0;
-    unsigned char lo = 0x80, hi = 0xbf;  // the range of the second byte
-    if (c < 0x80) {
-      len = 1;
-    } else if (c >= 0xc2 && c <= 0xdf) {
-      len = 2;
-    } else if (c >= 0xe0 && c <= 0xef) {
-      len = 3;
-      if (c == 0xe0) lo = 0xa0;  // no overlong forms
-      if (c == 0xed) hi = 0x9f;  // no surrogates
-    } else if (c >= 0xf0 && c <= 0xf4) {
-      len = 4;
-      if (c == 0xf0) lo = 0x90;
-      if (c == 0xf4) hi = 0x8f;  // nothing past U+10FFFF
-    }
-    bool ok = len > 0 && i + len <= n;
-    for (std::size_t k = 1; ok && k < len; ++k) {
-      unsigned char b = s[i + k];
-      ok = k == 1 ? (b >= lo && b <= hi) : (b >= 0x80 && b <= 0xbf);
-    }
-    if (ok) {
+    if (const std::size_t len = report::Utf8SequenceLength(s, i, n); len > 0) {
       out.append(text, i, len);
       i += len;
     } else {
@@ -78,9 +59,9 @@ std::string Utf8Safe(const std::string& text, bool* changed) {
   return out;
 }
 
-Json Ok(const std::string& output) {
+Json Ok(std::string output) {
   bool changed = false;
-  Json result = {{"kind", "ok"}, {"output", Utf8Safe(output, &changed)}};
+  Json result = {{"kind", "ok"}, {"output", Utf8Safe(std::move(output), &changed)}};
   if (changed) result["invalid_utf8"] = true;
   return result;
 }
@@ -352,6 +333,9 @@ Json ReadFile(const Json& input, const FileToolLimits& limits) {
 
   // One pass: count every line, keep the wanted ones while they fit.
   std::string output;
+  // Room for what it will most likely hold, at once (not grown by doubling:
+  // each step a new buffer, faulted in and copied).
+  if (st.st_size > 0) output.reserve(std::min<std::size_t>(static_cast<std::size_t>(st.st_size), limits.max_read_bytes));
   std::string pending;       // the wanted line being read
   std::size_t line = 1;      // the line the next byte belongs to
   std::size_t shown_last = 0;
@@ -426,7 +410,7 @@ Json ReadFile(const Json& input, const FileToolLimits& limits) {
     output += " (output capped at " + std::to_string(limits.max_read_bytes) + " bytes); read on with offset=" +
               std::to_string(next) + "]\n";
   }
-  Json result = Ok(output);
+  Json result = Ok(std::move(output));
   result["total_lines"] = total_lines;
   result["truncated"] = truncated;
   if (truncated) result["next_offset"] = shown_last + 1;

@@ -51,33 +51,34 @@ using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 // Runs in a process forked by the init, inside the sandbox.
-std::string FileOp(const std::string& request) {
+linux::FileOpAnswer FileOp(std::string request) {
   const std::string_view header = linux::ControlRequestJson(request);
+  const std::size_t header_size = header.size();
   json req = json::parse(header, nullptr, false);
   if (!req.is_object() || !req.contains("name") || !req["name"].is_string()) {
-    return json{{"kind", "tool_error"}, {"error", "malformed file tool request"}}.dump();
+    return {json{{"kind", "tool_error"}, {"error", "malformed file tool request"}}.dump(), ""};
   }
   FileToolLimits limits;
   limits.workspace = req.value("workspace", std::string("/"));
   if (req.contains("max_read_bytes")) limits.max_read_bytes = req["max_read_bytes"].get<std::size_t>();
-  json input = req.contains("input") ? req["input"] : json::object();
-  // An input field that came as it is, after the JSON (World::File).
-  if (req.contains("raw") && req["raw"].is_string() && header.size() < request.size() && input.is_object()) {
-    input[req["raw"].get<std::string>()] = request.substr(header.size() + 1);
+  json input = req.contains("input") ? std::move(req["input"]) : json::object();
+  // An input field that came as it is, after the JSON (World::File): moved
+  // out of the request, in place.
+  if (req.contains("raw") && req["raw"].is_string() && header_size < request.size() && input.is_object()) {
+    request.erase(0, header_size + 1);
+    input[req["raw"].get<std::string>()] = std::move(request);
   }
   // The answer: one JSON line without "output", then the output's bytes as
   // they are (a 1 MiB file is not escaped here and parsed back there).
   json answer = RunFileTool(req["name"].get<std::string>(), input, limits);
-  std::string output;
+  linux::FileOpAnswer out;
   if (answer.contains("output") && answer["output"].is_string()) {
-    output = std::move(answer["output"].get_ref<std::string&>());
+    out.body = std::move(answer["output"].get_ref<std::string&>());
     answer.erase("output");
   }
-  std::string text = report::CompactJson(answer);
-  text.reserve(text.size() + 1 + output.size());
-  text += '\n';
-  text += output;
-  return text;
+  out.head = report::CompactJson(answer);
+  out.head += '\n';
+  return out;
 }
 
 }  // namespace
