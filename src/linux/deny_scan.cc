@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <unordered_map>
 
 #include "confine/paths.h"
@@ -271,9 +272,18 @@ std::int64_t NowSeconds() {
 
 }  // namespace
 
+struct ScanCaches::Impl {
+  std::mutex mu;
+  std::unordered_map<std::string, Cache> by_path;
+};
+
+ScanCaches::ScanCaches() : impl_(std::make_unique<Impl>()) {}
+ScanCaches::~ScanCaches() = default;
+
 Status ScanDenyGlobs(const GlobScan& scan, const std::string& workspace_source,
                      const std::string& workspace_target, const std::string& cache_dir,
-                     std::vector<DenyMatch>* matches, ScanStats* stats, DirStampMemo* memo) {
+                     std::vector<DenyMatch>* matches, ScanStats* stats, DirStampMemo* memo,
+                     ScanCaches* kept) {
   std::vector<Matcher> matchers;
   for (const auto& p : scan.patterns) matchers.emplace_back(p);
   UniqueFd root(open(scan.source_root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
@@ -290,7 +300,17 @@ Status ScanDenyGlobs(const GlobScan& scan, const std::string& workspace_source,
     std::string key = scan.source_root + '\0' + scan.pattern_base;
     for (const auto& p : scan.patterns) key += '\0' + p;
     cache_path = cache_dir + "/" + Sha256Hex(key).substr(0, 32);
-    cache = LoadCache(cache_path);
+    bool taken = false;
+    if (kept) {
+      std::lock_guard<std::mutex> lock(kept->impl().mu);
+      auto& by_path = kept->impl().by_path;
+      if (auto it = by_path.find(cache_path); it != by_path.end()) {
+        cache = std::move(it->second);
+        by_path.erase(it);
+        taken = true;
+      }
+    }
+    if (!taken) cache = LoadCache(cache_path);
   }
   auto buffer = std::make_unique<DirentBuffer>();
   bool changed = false;
@@ -374,6 +394,11 @@ Status ScanDenyGlobs(const GlobScan& scan, const std::string& workspace_source,
   }
   if (!cache_path.empty() && changed) {
     SaveCache(cache_dir, cache_path, cache);
+  }
+  if (kept && !cache_path.empty()) {
+    for (auto& entry : cache) entry.second.visited = false;
+    std::lock_guard<std::mutex> lock(kept->impl().mu);
+    kept->impl().by_path[cache_path] = std::move(cache);
   }
   return {};
 }

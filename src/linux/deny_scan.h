@@ -25,6 +25,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -72,13 +73,33 @@ class DirStampMemo {
   std::unordered_map<std::string, DirStamp> stamps_;
 };
 
+// The caches a process's scans loaded, kept for its later scans of the same
+// tree (a run's end-of-run audit of git repositories, after the launch's
+// search): each cache file read and parsed once per run. A scan takes its
+// cache out while it runs and puts it back (thread-safe). What is kept is
+// what the scan would have saved: its verdicts hold only while their
+// directory's stamp matches, as on disk.
+class ScanCaches {
+ public:
+  ScanCaches();
+  ~ScanCaches();
+  ScanCaches(const ScanCaches&) = delete;
+  ScanCaches& operator=(const ScanCaches&) = delete;
+  struct Impl;
+  Impl& impl() { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
 // Scans `scan` (see GlobScan) and appends every match. `cache_dir` empty:
 // no cache. `workspace_source/target` map symlink targets inside. `memo`
 // (optional): stamps taken earlier in the same launch, used when its root
-// is the scan's, and added to.
+// is the scan's, and added to. `kept` (optional): the cache is taken from
+// there when an earlier scan left it, else loaded, and left there after.
 [[nodiscard]] Status ScanDenyGlobs(const GlobScan& scan, const std::string& workspace_source,
                                    const std::string& workspace_target, const std::string& cache_dir,
                                    std::vector<DenyMatch>* matches, ScanStats* stats,
-                                   DirStampMemo* memo = nullptr);
+                                   DirStampMemo* memo = nullptr, ScanCaches* kept = nullptr);
 
 }  // namespace agentbox::linux

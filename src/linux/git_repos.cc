@@ -345,11 +345,13 @@ std::vector<std::string> DangerousGitConfigKeys(const std::string& text) {
 }
 
 Result<std::vector<GitDir>> FindGitDirs(const std::string& workspace, const std::string& cache_dir,
-                                        DirStampMemo* memo) {
+                                        DirStampMemo* memo, ScanCaches* kept) {
   GlobScan scan{workspace, workspace, "", {"**/.git", "**/HEAD"}};
   std::vector<DenyMatch> matches;
   ScanStats stats;
-  if (Status s = ScanDenyGlobs(scan, workspace, workspace, cache_dir, &matches, &stats, memo); !s.ok()) return s;
+  if (Status s = ScanDenyGlobs(scan, workspace, workspace, cache_dir, &matches, &stats, memo, kept); !s.ok()) {
+    return s;
+  }
   std::sort(matches.begin(), matches.end(),
             [](const DenyMatch& a, const DenyMatch& b) { return a.host_path < b.host_path; });
   std::vector<GitDir> out;
@@ -390,9 +392,10 @@ Result<std::vector<GitDir>> FindGitDirs(const std::string& workspace, const std:
 }
 
 Result<std::vector<GitFinding>> AuditGitRepos(const std::string& workspace, const std::set<std::string>& known,
-                                              bool hooks, bool config, const std::string& cache_dir) {
+                                              bool hooks, bool config, const std::string& cache_dir,
+                                              ScanCaches* kept) {
   std::vector<GitFinding> out;
-  auto dirs = FindGitDirs(workspace, cache_dir);
+  auto dirs = FindGitDirs(workspace, cache_dir, nullptr, kept);
   if (!dirs.ok()) return Status::Error("git-audit", dirs.status().message());
   UniqueFd ws(open(workspace.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
   if (!ws.valid()) return Status::Errno("git-audit", "open", workspace);

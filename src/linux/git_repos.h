@@ -34,9 +34,10 @@ struct GitDir {
 // objects/ and refs/), and the submodules' git directories under
 // `<git dir>/modules`. `cache_dir` is the deny scan's cache ("" = none).
 // A directory named `.git` or `HEAD` is not searched further. `memo`: the
-// launch's stamps of the workspace (deny_scan.h), or null.
+// launch's stamps of the workspace (deny_scan.h), or null. `kept`: where an
+// earlier search of the run left its cache (deny_scan.h), or null.
 [[nodiscard]] Result<std::vector<GitDir>> FindGitDirs(const std::string& workspace, const std::string& cache_dir,
-                                                      DirStampMemo* memo = nullptr);
+                                                      DirStampMemo* memo = nullptr, ScanCaches* kept = nullptr);
 
 // The settings in git config text that make git run a program or read
 // another file (core.hooksPath, core.fsmonitor, core.sshCommand, filter.*,
@@ -56,9 +57,11 @@ struct GitFinding {
 // symlink (`*.sample` aside, which git never runs) is made non-executable
 // and renamed to NAME.agentbox-quarantine; a config holding a dangerous
 // setting (or a symlink) is renamed to config.agentbox-quarantine. Paths
-// are opened beneath the workspace with no symlink followed.
+// are opened beneath the workspace with no symlink followed. `kept`: the
+// launch's search cache (ResolvedPlan::scan_caches), or null.
 [[nodiscard]] Result<std::vector<GitFinding>> AuditGitRepos(const std::string& workspace,
                                                             const std::set<std::string>& known, bool hooks,
-                                                            bool config, const std::string& cache_dir);
+                                                            bool config, const std::string& cache_dir,
+                                                            ScanCaches* kept = nullptr);
 
 }  // namespace agentbox::linux

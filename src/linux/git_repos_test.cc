@@ -4,8 +4,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 namespace agentbox::linux {
 namespace {
@@ -96,6 +99,40 @@ TEST_F(GitAuditTest, QuarantinesOnlyWhatCouldRunAndOnlyInNewRepositories) {
   EXPECT_TRUE(fs::exists(ws_ + "/new/.git/hooks/notes.txt"));
   EXPECT_TRUE(fs::exists(ws_ + "/new/.git/hooks/pre-commit.sample"));
   EXPECT_TRUE(fs::exists(ws_ + "/tame/.git/config"));
+}
+
+// The audit takes the cache the launch's search left in memory (a run's
+// ScanCaches) instead of its file: a repository made after the launch, at
+// the top or deep in directories the cache holds verdicts for, is audited
+// all the same, and one made and audited again is audited again.
+TEST_F(GitAuditTest, TheLaunchsKeptCacheNeverHidesARepositoryMadeAfterIt) {
+  char tmpl[] = "/tmp/agentbox-git-cache-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string cache = tmpl;
+  Repo("old/.git");
+  fs::create_directories(ws_ + "/a/b/c");
+  // Verdicts are kept only for directories unchanged for a second.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  ScanCaches kept;
+  auto launch = FindGitDirs(ws_, cache, nullptr, &kept);
+  ASSERT_TRUE(launch.ok()) << launch.status().ToString();
+  ASSERT_EQ(launch->size(), 1u);
+  Repo("new/.git");
+  Write("new/.git/hooks/pre-commit", "#!/bin/sh\n", 0755);
+  Repo("a/b/c/deep/.git");
+  Write("a/b/c/deep/.git/hooks/post-checkout", "#!/bin/sh\n", 0755);
+  auto found = AuditGitRepos(ws_, {ws_ + "/old/.git"}, true, true, cache, &kept);
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  std::vector<std::string> paths;
+  for (const auto& f : *found) paths.push_back(f.host_path.substr(ws_.size()));
+  std::sort(paths.begin(), paths.end());
+  EXPECT_EQ(paths, (std::vector<std::string>{"/a/b/c/deep/.git/hooks/post-checkout", "/new/.git/hooks/pre-commit"}));
+  Write("new/.git/hooks/pre-push", "#!/bin/sh\n", 0755);
+  found = AuditGitRepos(ws_, {ws_ + "/old/.git"}, true, true, cache, &kept);
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  ASSERT_EQ(found->size(), 1u);
+  EXPECT_EQ((*found)[0].host_path, ws_ + "/new/.git/hooks/pre-push");
+  fs::remove_all(cache);
 }
 
 TEST_F(GitAuditTest, ASymlinkedHookIsQuarantinedToo) {

@@ -177,7 +177,8 @@ Status ProtectGitRepos(const Plan& plan, ResolvedPlan* rp, std::set<std::string>
                        DirStampMemo* memo) {
   if (plan.protect_git.empty() || !plan.workspace_writable) return {};
   const std::string& ws = plan.workspace_source;
-  auto dirs = FindGitDirs(ws, plan.scan_cache_dir, memo);
+  rp->scan_caches = std::make_shared<ScanCaches>();
+  auto dirs = FindGitDirs(ws, plan.scan_cache_dir, memo, rp->scan_caches.get());
   if (!dirs.ok()) return dirs.status();
   std::set<std::string> pinned;
   for (const auto& m : rp->mounts) {

@@ -8,6 +8,7 @@
 
 #include <sys/types.h>
 
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -49,11 +50,16 @@ class Placeholder {
 // The most paths the deny globs may match: each is masked by a mount.
 inline constexpr std::size_t kMaxGlobMasks = 1024;
 
+class ScanCaches;  // linux/deny_scan.h
+
 struct ResolvedPlan {
   std::vector<ResolvedMount> mounts;
   std::vector<std::string> skipped;        // optional entries absent on this host
   std::vector<Placeholder> placeholders;
   std::set<std::string> git_dirs;          // repositories protected at launch (host paths)
+  // The git search's cache as the launch left it, for the end-of-run audit
+  // (AuditGitRepos): not read from its file a second time.
+  std::shared_ptr<ScanCaches> scan_caches;
   std::size_t glob_matches = 0;
   std::size_t scanned_entries = 0;
 };

@@ -56,7 +56,7 @@ using supervise::WriteAll;
 // protected: once nothing of the sandbox runs any more, whatever in them
 // would run code on the host is reported and quarantined. Returns whether
 // anything was found.
-bool AuditGitRepos(const Plan& plan, const std::set<std::string>& known, Outcome* out) {
+bool AuditGitRepos(const Plan& plan, const std::set<std::string>& known, linux::ScanCaches* kept, Outcome* out) {
   if (!plan.confined || plan.backend != Backend::kNamespaces || !plan.workspace_writable ||
       plan.protect_git.empty()) {
     return false;
@@ -64,7 +64,8 @@ bool AuditGitRepos(const Plan& plan, const std::set<std::string>& known, Outcome
   auto has = [&](const char* name) {
     return std::find(plan.protect_git.begin(), plan.protect_git.end(), name) != plan.protect_git.end();
   };
-  auto found = linux::AuditGitRepos(plan.workspace_source, known, has("hooks"), has("config"), plan.scan_cache_dir);
+  auto found =
+      linux::AuditGitRepos(plan.workspace_source, known, has("hooks"), has("config"), plan.scan_cache_dir, kept);
   if (!found.ok()) {
     // Not knowing is not clean: say so, as a denial.
     out->denials.push_back({"filesystem", "git-audit", plan.workspace_target,
@@ -439,7 +440,7 @@ static Outcome RunPrepared(const Plan& plan, const std::vector<std::string>& arg
                   EndOfRun(setup_error || proxy_error, timed_out, cg_stats.oom_kills, exit_msg), &out);
   }
   linux::phases::Mark("counters");
-  const bool git_denied = AuditGitRepos(plan, child.resolved.git_dirs, &out);
+  const bool git_denied = AuditGitRepos(plan, child.resolved.git_dirs, child.resolved.scan_caches.get(), &out);
   linux::phases::Mark("git audit");
 
   // The runner is gone: close the proxy (every connection's record is in),
