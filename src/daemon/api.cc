@@ -7,10 +7,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <chrono>
 #include <thread>
 
 #include "agentbox/outcome.h"

@@ -4,8 +4,8 @@
 #include <fcntl.h>
 #include <fnmatch.h>
 #include <sys/stat.h>
-#include <sys/sysmacros.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -280,10 +280,9 @@ struct ScanCaches::Impl {
 ScanCaches::ScanCaches() : impl_(std::make_unique<Impl>()) {}
 ScanCaches::~ScanCaches() = default;
 
-Status ScanDenyGlobs(const GlobScan& scan, const std::string& workspace_source,
-                     const std::string& workspace_target, const std::string& cache_dir,
-                     std::vector<DenyMatch>* matches, ScanStats* stats, DirStampMemo* memo,
-                     ScanCaches* kept) {
+Status ScanDenyGlobs(const GlobScan& scan, const std::string& workspace_source, const std::string& workspace_target,
+                     const std::string& cache_dir, std::vector<DenyMatch>* matches, ScanStats* stats,
+                     DirStampMemo* memo, ScanCaches* kept) {
   std::vector<Matcher> matchers;
   for (const auto& p : scan.patterns) matchers.emplace_back(p);
   UniqueFd root(open(scan.source_root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));

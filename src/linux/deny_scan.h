@@ -99,7 +99,7 @@ class ScanCaches {
 // there when an earlier scan left it, else loaded, and left there after.
 [[nodiscard]] Status ScanDenyGlobs(const GlobScan& scan, const std::string& workspace_source,
                                    const std::string& workspace_target, const std::string& cache_dir,
-                                   std::vector<DenyMatch>* matches, ScanStats* stats,
-                                   DirStampMemo* memo = nullptr, ScanCaches* kept = nullptr);
+                                   std::vector<DenyMatch>* matches, ScanStats* stats, DirStampMemo* memo = nullptr,
+                                   ScanCaches* kept = nullptr);
 
 }  // namespace agentbox::linux

@@ -344,8 +344,8 @@ std::vector<std::string> DangerousGitConfigKeys(const std::string& text) {
   return out;
 }
 
-Result<std::vector<GitDir>> FindGitDirs(const std::string& workspace, const std::string& cache_dir,
-                                        DirStampMemo* memo, ScanCaches* kept) {
+Result<std::vector<GitDir>> FindGitDirs(const std::string& workspace, const std::string& cache_dir, DirStampMemo* memo,
+                                        ScanCaches* kept) {
   GlobScan scan{workspace, workspace, "", {"**/.git", "**/HEAD"}};
   std::vector<DenyMatch> matches;
   ScanStats stats;
@@ -392,8 +392,7 @@ Result<std::vector<GitDir>> FindGitDirs(const std::string& workspace, const std:
 }
 
 Result<std::vector<GitFinding>> AuditGitRepos(const std::string& workspace, const std::set<std::string>& known,
-                                              bool hooks, bool config, const std::string& cache_dir,
-                                              ScanCaches* kept) {
+                                              bool hooks, bool config, const std::string& cache_dir, ScanCaches* kept) {
   std::vector<GitFinding> out;
   auto dirs = FindGitDirs(workspace, cache_dir, nullptr, kept);
   if (!dirs.ok()) return Status::Error("git-audit", dirs.status().message());

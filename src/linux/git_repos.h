@@ -60,8 +60,7 @@ struct GitFinding {
 // are opened beneath the workspace with no symlink followed. `kept`: the
 // launch's search cache (ResolvedPlan::scan_caches), or null.
 [[nodiscard]] Result<std::vector<GitFinding>> AuditGitRepos(const std::string& workspace,
-                                                            const std::set<std::string>& known, bool hooks,
-                                                            bool config, const std::string& cache_dir,
-                                                            ScanCaches* kept = nullptr);
+                                                            const std::set<std::string>& known, bool hooks, bool config,
+                                                            const std::string& cache_dir, ScanCaches* kept = nullptr);
 
 }  // namespace agentbox::linux

@@ -45,8 +45,7 @@ TEST(PresetTest, WorkspaceWrite) {
   EXPECT_EQ(p.network.default_action, NetDefault::kDeny);
   EXPECT_FALSE(p.network.egress_proxy);
   EXPECT_TRUE(p.network.allow.empty());
-  EXPECT_EQ(p.env.pass,
-            (std::vector<std::string>{"PATH", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ", "SHELL"}));
+  EXPECT_EQ(p.env.pass, (std::vector<std::string>{"PATH", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ", "SHELL"}));
   EXPECT_FALSE(p.resources.cpu.requested());
   EXPECT_FALSE(p.resources.wall_clock_ms.has_value());
   EXPECT_EQ(p.source, "<preset workspace-write>");

@@ -73,7 +73,6 @@ constexpr std::array<bool, 256> kSpecial = [] {
   return t;
 }();
 
-
 // Whether any of the eight bytes at `p` is special (kSpecial): a control
 // character, '"', '\\' or a byte >= 0x80. The zero-byte test below (the
 // bit-twiddling classic) can report a byte that is not special, never miss

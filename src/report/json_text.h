@@ -6,10 +6,9 @@
 // goes through nlohmann's own (its replacement characters).
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 namespace agentbox::report {
 

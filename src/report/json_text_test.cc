@@ -64,8 +64,8 @@ TEST(CompactJson, RandomBytesAndRandomUtf8) {
 TEST(CompactJson, ASpecialByteIsFoundAtEveryOffsetOfALongPlainRun) {
   std::vector<std::string> specials;
   for (int c = 0; c < 0x20; ++c) specials.emplace_back(1, static_cast<char>(c));
-  for (const char* t : {"\"", "\\", "\x7f", "~", " ", "\x80", "\xff", "\xc3\xa9", "\xe2\x82\xac",
-                        "\xf0\x9f\x98\x80", "\xc3", "\xed\xa0\x80"}) {
+  for (const char* t : {"\"", "\\", "\x7f", "~", " ", "\x80", "\xff", "\xc3\xa9", "\xe2\x82\xac", "\xf0\x9f\x98\x80",
+                        "\xc3", "\xed\xa0\x80"}) {
     specials.emplace_back(t);
   }
   for (const std::string& special : specials) {
@@ -135,13 +135,60 @@ void ExpectParsedAsNlohmannDoes(const std::string& text) {
 TEST(ParseJson, LargeTextsParseAndFailAsNlohmannParsesThem) {
   const std::string pad(20000, 'x');
   const char* fragments[] = {
-      "1", "-0", "0.5", "-1.25e-3", "1e400", "-1e400", "18446744073709551615", "18446744073709551616",
-      "-9223372036854775808", "-9223372036854775809", "4294967296", "-2147483649", "true", "false", "null",
-      "\"\\ud83d\\ude00\"", "\"\\ud800\"", "\"\\udc00\"", "\"\\ud800\\u0041\"", "\"\\u0000\"", "\"\\/\\b\\f\\n\\r\\t\"",
-      "\"\xed\xa0\x80\"", "\"\xc0\xaf\"", "\"\xf4\x90\x80\x80\"", "\"\xc3\xa9\"", "\"\xff\"", "\"a\x01" "b\"",
-      "\"a\x7f" "b\"", "[1,2,]", "[1,,2]", "{\"a\":1,\"a\":2}", "{\"a\" 1}", "{\"a\":1,}", "{1:2}", "01", "-", "1.",
-      ".5", "+1", "[", "]", "\"\\x\"", "\"\\u12\"", "NaN", "Infinity", "[1]x", "tru", "nul", "[[[[[]]]]]",
-      "{\"\\ud800\":1}", "{\"\xc3\xa9\":[{}]}", "\"unterminated",
+      "1",
+      "-0",
+      "0.5",
+      "-1.25e-3",
+      "1e400",
+      "-1e400",
+      "18446744073709551615",
+      "18446744073709551616",
+      "-9223372036854775808",
+      "-9223372036854775809",
+      "4294967296",
+      "-2147483649",
+      "true",
+      "false",
+      "null",
+      "\"\\ud83d\\ude00\"",
+      "\"\\ud800\"",
+      "\"\\udc00\"",
+      "\"\\ud800\\u0041\"",
+      "\"\\u0000\"",
+      "\"\\/\\b\\f\\n\\r\\t\"",
+      "\"\xed\xa0\x80\"",
+      "\"\xc0\xaf\"",
+      "\"\xf4\x90\x80\x80\"",
+      "\"\xc3\xa9\"",
+      "\"\xff\"",
+      "\"a\x01"
+      "b\"",
+      "\"a\x7f"
+      "b\"",
+      "[1,2,]",
+      "[1,,2]",
+      "{\"a\":1,\"a\":2}",
+      "{\"a\" 1}",
+      "{\"a\":1,}",
+      "{1:2}",
+      "01",
+      "-",
+      "1.",
+      ".5",
+      "+1",
+      "[",
+      "]",
+      "\"\\x\"",
+      "\"\\u12\"",
+      "NaN",
+      "Infinity",
+      "[1]x",
+      "tru",
+      "nul",
+      "[[[[[]]]]]",
+      "{\"\\ud800\":1}",
+      "{\"\xc3\xa9\":[{}]}",
+      "\"unterminated",
   };
   for (const char* f : fragments) {
     ExpectParsedAsNlohmannDoes("{\"pad\":\"" + pad + "\",\"v\":" + f + "}");
@@ -173,9 +220,15 @@ TEST(ParseJson, RandomlyDamagedLargeTexts) {
       const std::size_t at = rng() % 2 ? rng() % 40 : t.size() - 1 - rng() % 120;
       const char c = specials[rng() % specials.size()];
       switch (rng() % 3) {
-        case 0: t[at] = c; break;
-        case 1: t.insert(t.begin() + static_cast<std::ptrdiff_t>(at), c); break;
-        default: t.erase(at, 1); break;
+        case 0:
+          t[at] = c;
+          break;
+        case 1:
+          t.insert(t.begin() + static_cast<std::ptrdiff_t>(at), c);
+          break;
+        default:
+          t.erase(at, 1);
+          break;
       }
     }
     ExpectParsedAsNlohmannDoes(t);

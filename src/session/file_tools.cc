@@ -335,7 +335,8 @@ Json ReadFile(const Json& input, const FileToolLimits& limits) {
   std::string output;
   // Room for what it will most likely hold, at once (not grown by doubling:
   // each step a new buffer, faulted in and copied).
-  if (st.st_size > 0) output.reserve(std::min<std::size_t>(static_cast<std::size_t>(st.st_size), limits.max_read_bytes));
+  if (st.st_size > 0)
+    output.reserve(std::min<std::size_t>(static_cast<std::size_t>(st.st_size), limits.max_read_bytes));
   std::string pending;       // the wanted line being read
   std::size_t line = 1;      // the line the next byte belongs to
   std::size_t shown_last = 0;

@@ -15,11 +15,11 @@
 #include <string_view>
 
 #include "agentbox/confine.h"
-#include "net/secrets.h"
-#include "session/secret_handover.h"
 #include "linux/compat.h"
 #include "linux/host_program.h"
+#include "net/secrets.h"
 #include "report/json_text.h"
+#include "session/secret_handover.h"
 
 extern char** environ;
 

@@ -92,7 +92,6 @@ bool Inspected(const NetworkPlan& n, const std::string& host) {
   return false;
 }
 
-
 // The DNS's question to the rules: may the sandbox know this name?
 void DecideName(Egress::State& s, const NetworkPlan& n, const std::string& name,
                 std::function<void(net::DnsVerdict)> done) {
@@ -121,7 +120,8 @@ void DecideName(Egress::State& s, const NetworkPlan& n, const std::string& name,
   }
   s.asker->Ask(name, 0, [&s, name, done, deny, said_no](net::AskAnswer a) {
     if (a == net::AskAnswer::kDeny) {
-      if (s.refused_answers.size() < 4096) s.refused_answers[name] = std::chrono::steady_clock::now() + net::kRefusalStands;
+      if (s.refused_answers.size() < 4096)
+        s.refused_answers[name] = std::chrono::steady_clock::now() + net::kRefusalStands;
       return done(deny(said_no));
     }
     s.approved.insert(name);

@@ -212,10 +212,10 @@ TEST(Fds, TerminalInputCannotBeInjected) {
 
 TEST(Env, ScrubbedToAnAllowlist) {
   Sandbox sb;
-  RunResult r = sb.RunArgv({"env"}, {},
-                           {"SECRET_TOKEN=xyz-secret-token", "AWS_SECRET_ACCESS_KEY=abc-aws-key",
-                            "GITHUB_TOKEN=ghp-e2e", "SSH_AUTH_SOCK=/tmp/agent.sock", "TERM=xterm-e2e",
-                            "SHELL=/bin/sh"});
+  RunResult r =
+      sb.RunArgv({"env"}, {},
+                 {"SECRET_TOKEN=xyz-secret-token", "AWS_SECRET_ACCESS_KEY=abc-aws-key", "GITHUB_TOKEN=ghp-e2e",
+                  "SSH_AUTH_SOCK=/tmp/agent.sock", "TERM=xterm-e2e", "SHELL=/bin/sh"});
   ASSERT_EQ(r.status, 0) << r.Describe();
   for (const char* leaked : {"SECRET_TOKEN", "xyz-secret-token", "AWS_SECRET_ACCESS_KEY", "abc-aws-key",
                              "GITHUB_TOKEN", "SSH_AUTH_SOCK", "AGENTBOX_PLAN"}) {

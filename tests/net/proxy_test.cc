@@ -1062,7 +1062,7 @@ TEST(ProxyAsk, ANoStandsForItsTargetForAWhile) {
     options.refusal_stands = stands;
     Harness h({}, {}, options, NetDefault::kDeny, [&](asio::io_context& io) -> std::unique_ptr<Asker> {
       return std::make_unique<CommandAsker>(io, std::vector<std::string>{"/bin/sh", "-c", script},
-                                             std::chrono::seconds(10));
+                                            std::chrono::seconds(10));
     });
     h.Start();
     auto connect = [&](const std::string& target) {

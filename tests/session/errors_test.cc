@@ -63,8 +63,7 @@ TEST_F(ErrorsTest, AnOverflowingNumberAndALargeBrokenBodyAreMalformedJson) {
   EXPECT_TRUE(Contains(r->body, "byte 200")) << r->body.substr(0, 300);
   // The same body made whole is taken, its content written as sent.
   r = c().Call("POST", "/v1/sessions/" + id + "/execute",
-               "{\"name\": \"write_file\", \"input\": {\"path\": \"a.txt\", \"content\": \"" + content +
-                   "\\u00e9\"}}");
+               "{\"name\": \"write_file\", \"input\": {\"path\": \"a.txt\", \"content\": \"" + content + "\\u00e9\"}}");
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->status, 200) << r->body.substr(0, 300);
   // A session works on its own layer: read back through the session.
