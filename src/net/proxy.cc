@@ -105,8 +105,6 @@ struct Proxy::Impl : std::enable_shared_from_this<Proxy::Impl> {
   bool Ask(const std::string& host, std::uint16_t port, std::function<void(AskAnswer)> done);
   void PutWaitingQuestions();
   void Answer(const std::string& key, AskAnswer answer);
-  // True while the asker's no to `key` stands (options.refusal_stands).
-  bool RefusalStands(const std::string& key);
 
   asio::io_context& io;
   RuleSet rules;  // replaced by SetRules, on the io thread
@@ -121,7 +119,6 @@ struct Proxy::Impl : std::enable_shared_from_this<Proxy::Impl> {
   std::deque<std::shared_ptr<Question>> waiting;  // open, not yet asked, oldest first
   std::size_t asking = 0;  // put to the asker and not yet answered by it
   std::unordered_set<std::string> always;  // "host:port" answered "always" this run
-  std::unordered_map<std::string, std::chrono::steady_clock::time_point> refused;  // "host:port" → its no stands until
   std::unordered_map<std::uint16_t, AdoptedTarget> expected;  // kAdopted, by the client's local port
   ProxyStats stats;
 };
@@ -370,11 +367,6 @@ class Session : public std::enable_shared_from_this<Session> {
     const std::string key = TargetText(host_, port_);
     if (impl_->always.count(key)) return Resolve(Decision::Allow("ask: always"));
     if (!impl_->options.ask_unknown || impl_->asker == nullptr) return Deny(d);
-    if (impl_->RefusalStands(key)) {
-      const auto secs = std::chrono::duration_cast<std::chrono::seconds>(impl_->options.refusal_stands).count();
-      return Deny(Decision::Deny(DenyReason::kAskDenied, "on_unknown_domain: ask",
-                                 key + " was not approved (the answer stands for " + std::to_string(secs) + " s)"));
-    }
     const bool queued = impl_->Ask(host_, port_, [self = shared_from_this(), d](AskAnswer a) {
       if (self->done()) return;
       if (a == AskAnswer::kDeny) {
@@ -935,21 +927,10 @@ void Proxy::Impl::PutWaitingQuestions() {
       auto self = weak.lock();
       if (!self) return;
       --self->asking;
-      if (a == AskAnswer::kDeny && self->refused.size() < 4096) {
-        self->refused[q->key] = std::chrono::steady_clock::now() + self->options.refusal_stands;
-      }
       if (!q->done) self->Answer(q->key, a);
       self->PutWaitingQuestions();
     });
   }
-}
-
-bool Proxy::Impl::RefusalStands(const std::string& key) {
-  auto it = refused.find(key);
-  if (it == refused.end()) return false;
-  if (std::chrono::steady_clock::now() < it->second) return true;
-  refused.erase(it);
-  return false;
 }
 
 void Proxy::Impl::Answer(const std::string& key, AskAnswer answer) {

@@ -88,10 +88,6 @@ class SystemResolver : public Resolver {
 enum class AskAnswer { kDeny, kOnce, kAlways };
 const char* ToString(AskAnswer a);
 
-// How long an asker's no stands for what it was asked (a proxy's host:port,
-// a name the DNS inside the sandbox was asked to resolve).
-inline constexpr std::chrono::seconds kRefusalStands{30};
-
 class Asker {
  public:
   virtual ~Asker() = default;
@@ -160,10 +156,6 @@ struct ProxyOptions {
   // host:port) wait for a turn; beyond, a new target is refused (ask-busy).
   std::size_t max_asking = 4;
   std::size_t max_waiting_questions = 64;
-  // A no from the asker (a deny, or silence within its bound) stands this
-  // long for its host:port: the target is refused without being asked
-  // again, so a client's retries do not put the same question over and over.
-  std::chrono::milliseconds refusal_stands{kRefusalStands};
   std::size_t header_limit = 32 * 1024;              // request line + fields; beyond → 431
   std::size_t max_connections = 8192;                // beyond: accepted and closed at once
   // Asked about each accepted connection's descriptor before anything is

@@ -92,6 +92,9 @@ bool Inspected(const NetworkPlan& n, const std::string& host) {
   return false;
 }
 
+// How long a "no" to a name's question answers its lookups without asking.
+constexpr std::chrono::seconds kAnswerStands{30};
+
 // The DNS's question to the rules: may the sandbox know this name?
 void DecideName(Egress::State& s, const NetworkPlan& n, const std::string& name,
                 std::function<void(net::DnsVerdict)> done) {
@@ -120,8 +123,7 @@ void DecideName(Egress::State& s, const NetworkPlan& n, const std::string& name,
   }
   s.asker->Ask(name, 0, [&s, name, done, deny, said_no](net::AskAnswer a) {
     if (a == net::AskAnswer::kDeny) {
-      if (s.refused_answers.size() < 4096)
-        s.refused_answers[name] = std::chrono::steady_clock::now() + net::kRefusalStands;
+      if (s.refused_answers.size() < 4096) s.refused_answers[name] = std::chrono::steady_clock::now() + kAnswerStands;
       return done(deny(said_no));
     }
     s.approved.insert(name);

@@ -305,12 +305,11 @@ TEST(Network, AskCommandsAreBoundedAndOnePerTarget) {
   ASSERT_EQ(mkdir(live.c_str(), 0700), 0);
   std::string ask = sb.scratch() + "/ask.sh";
   // Marks itself live, notes how many are live, unmarks itself before
-  // answering. The same target's second connection joins the open question,
-  // or, arriving after the answer (a loaded machine), meets the no that
-  // stands for that target: asked once either way.
+  // answering. Two seconds for the same target's second connection (started
+  // right after the first) to join the open question, on a loaded machine.
   WriteFile(ask,
             "#!/bin/sh\nread q\necho \"$q\" >> '" + log + "'\ntouch '" + live + "/'$$\nls '" + live +
-                "' | wc -l >> '" + peak + "'\nsleep 1\nrm -f '" + live + "/'$$\necho deny\n",
+                "' | wc -l >> '" + peak + "'\nsleep 2\nrm -f '" + live + "/'$$\necho deny\n",
             0755);
   std::string script = "for i in $(seq 25); do for j in 1 2; do " + kUseProxy +
                        "curl -s -o /dev/null -w '%{http_code}\\n' http://host$i.test/ & done; done; wait";

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -24,18 +25,30 @@ namespace {
 constexpr int kClientTimeoutMs = 120000;
 constexpr int kStartTimeoutMs = 20000;
 
+// The processes whose parent is `pid`, in pid order: from each process's
+// stat (its parent's process id), not from the threads' `children` files,
+// which miss a child while it is being moved to another thread of its
+// parent (a worker thread of the daemon that ended).
 std::vector<pid_t> ChildrenOf(pid_t pid) {
   std::vector<pid_t> out;
-  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
-  DIR* d = opendir(tasks.c_str());
+  DIR* d = opendir("/proc");
   if (!d) return out;
   while (dirent* e = readdir(d)) {
-    if (e->d_name[0] == '.') continue;
-    std::ifstream in(tasks + "/" + e->d_name + "/children");
-    pid_t child;
-    while (in >> child) out.push_back(child);
+    char* end = nullptr;
+    const long p = std::strtol(e->d_name, &end, 10);
+    if (p <= 0 || *end != '\0') continue;
+    std::ifstream in(std::string("/proc/") + e->d_name + "/stat");
+    std::string line;
+    if (!std::getline(in, line)) continue;
+    const auto paren = line.rfind(')');
+    if (paren == std::string::npos) continue;
+    std::istringstream rest(line.substr(paren + 1));
+    char state = 0;
+    long ppid = 0;
+    if (rest >> state >> ppid && ppid == pid) out.push_back(static_cast<pid_t>(p));
   }
   closedir(d);
+  std::sort(out.begin(), out.end());
   return out;
 }
 
