@@ -234,14 +234,14 @@ struct Api {
       cancel = std::make_shared<std::atomic<bool>>(false);
     }
     const bool stream = req.QueryFlag("stream");
-    auto work = [this, reply, id, name, input = std::move(input), call_id, cancel, stream] {
+    auto work = [this, reply, id, name, input = std::move(input), call_id, cancel, stream]() mutable {
       // Unregistered before the answer goes out: once a client has the
       // result, the call is no longer running.
       auto finished = [&] {
         if (!call_id.empty()) calls.Unregister(id, call_id);
       };
       if (stream) return ExecuteStreaming(reply, id, name, input, call_id, cancel.get(), finished);
-      auto result = manager.Execute(id, name, input, call_id, nullptr, cancel.get());
+      auto result = manager.Execute(id, name, std::move(input), call_id, nullptr, cancel.get());
       finished();
       reply->Send(result.ok() ? Response::Json(200, *result) : ErrorFor(result.status()));
     };

@@ -1575,7 +1575,7 @@ Json Manager::Impl::RunCode(SessionState& s, World& world, const ConfinedCommand
 Json Manager::Impl::RunFile(SessionState& s, World& world, const ConfinedCommand& confined, const std::string& name,
                             const Json& input) {
   Json req = {{"name", name}, {"input", input}, {"workspace", confined.plan.workspace_target}};
-  auto answer = world.File(req, kFileToolTimeoutMs);
+  auto answer = world.File(std::move(req), kFileToolTimeoutMs);
   if (!answer.ok() && answer.status().stage() == kFileToolTimedOut) {
     const std::string error = answer.status().message();
     return {{"output", "timed_out: " + error},
@@ -2249,12 +2249,12 @@ std::vector<std::string> Manager::List() const {
   return ids;
 }
 
-Result<Json> Manager::Execute(const std::string& id, const std::string& name, const Json& given,
+Result<Json> Manager::Execute(const std::string& id, const std::string& name, Json given,
                               const std::string& call_id, const OutputSink& sink, const std::atomic<bool>* cancel) {
-  return ExecuteIn(id, name, given, call_id, sink, cancel, nullptr);
+  return ExecuteIn(id, name, std::move(given), call_id, sink, cancel, nullptr);
 }
 
-Result<Json> Manager::ExecuteIn(const std::string& id, const std::string& name, const Json& given,
+Result<Json> Manager::ExecuteIn(const std::string& id, const std::string& name, Json given,
                                 const std::string& call_id, const OutputSink& sink, const std::atomic<bool>* cancel,
                                 const ParentCall* parent) {
   Impl& m = *impl_;
@@ -2278,7 +2278,8 @@ Result<Json> Manager::ExecuteIn(const std::string& id, const std::string& name, 
   if (!upstream) {
     if (Status st = ValidateToolInput(name, given); !st.ok()) return st;
   }
-  const Json input = upstream ? given : NormalizeToolInput(name, given);
+  // Moved, not copied: a write_file's content is megabytes.
+  Json input = upstream ? std::move(given) : NormalizeToolInput(name, std::move(given));
 
   std::uint64_t seq = 0;
   std::optional<Json> replay;
@@ -2402,12 +2403,15 @@ Result<Json> Manager::ExecuteIn(const std::string& id, const std::string& name, 
     std::lock_guard<std::mutex> lock(s->mu);
     ++s->calls;
     logged = true;
-    Json line = {{"type", "call"}, {"seq", seq}, {"call_id", call_id}, {"name", name}, {"input", input}};
+    Json line = {{"type", "call"}, {"seq", seq}, {"call_id", call_id}, {"name", name}};
+    line["input"] = std::move(input);  // lent to the line, and back: not copied
     if (parent) line["parent"] = {{"call_id", parent->call_id}, {"seq", parent->seq}};
     // Written, not synced: from here a SIGKILL of this process leaves it in
     // the file (a restart records the call as interrupted); the result's
     // sync puts it on disk with the result (one fdatasync per call).
-    return s->AppendLog(line, /*sync=*/false);
+    auto written = s->WriteLogOf(line);
+    input = std::move(line["input"]);
+    return written.ok() ? Status{} : written.status();
   };
 
   const auto started = Clock::now();

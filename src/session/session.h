@@ -127,7 +127,7 @@ class Manager {
   // failing command is a result, not a Status.
   // Setting *cancel to true ends a running bash call (its processes are
   // killed) with kind "cancelled".
-  Result<Json> Execute(const std::string& id, const std::string& name, const Json& input,
+  Result<Json> Execute(const std::string& id, const std::string& name, Json input,
                        const std::string& call_id = "", const OutputSink& sink = nullptr,
                        const std::atomic<bool>* cancel = nullptr);
 
@@ -252,7 +252,7 @@ class Manager {
     std::string call_id;
     std::uint64_t seq = 0;
   };
-  Result<Json> ExecuteIn(const std::string& id, const std::string& name, const Json& input,
+  Result<Json> ExecuteIn(const std::string& id, const std::string& name, Json input,
                          const std::string& call_id, const OutputSink& sink, const std::atomic<bool>* cancel,
                          const ParentCall* parent);
   explicit Manager(std::unique_ptr<Impl> impl);

@@ -124,8 +124,8 @@ Status ValidateCallEnv(const Json& env) {
   return {};
 }
 
-Json NormalizeToolInput(const std::string& tool, const Json& input) {
-  Json out = input;
+Json NormalizeToolInput(const std::string& tool, Json input) {
+  Json out = std::move(input);
   for (const auto& f : ToolFields(tool)) {
     if (f.type == FieldType::kCount && out.contains(f.name) && out[f.name].is_number_float()) {
       out[f.name] = static_cast<std::uint64_t>(out[f.name].get<double>());

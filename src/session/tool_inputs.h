@@ -45,7 +45,7 @@ Status ValidateCallEnv(const nlohmann::json& env);
 
 // `input` (valid) with counts as integers (3.0 → 3): as the tools and the
 // log take them.
-nlohmann::json NormalizeToolInput(const std::string& tool, const nlohmann::json& input);
+nlohmann::json NormalizeToolInput(const std::string& tool, nlohmann::json input);
 
 // A duration field's value in milliseconds (after ValidateToolInput).
 std::uint64_t DurationFieldMs(const nlohmann::json& value);
