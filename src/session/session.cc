@@ -2249,14 +2249,13 @@ std::vector<std::string> Manager::List() const {
   return ids;
 }
 
-Result<Json> Manager::Execute(const std::string& id, const std::string& name, Json given,
-                              const std::string& call_id, const OutputSink& sink, const std::atomic<bool>* cancel) {
+Result<Json> Manager::Execute(const std::string& id, const std::string& name, Json given, const std::string& call_id,
+                              const OutputSink& sink, const std::atomic<bool>* cancel) {
   return ExecuteIn(id, name, std::move(given), call_id, sink, cancel, nullptr);
 }
 
-Result<Json> Manager::ExecuteIn(const std::string& id, const std::string& name, Json given,
-                                const std::string& call_id, const OutputSink& sink, const std::atomic<bool>* cancel,
-                                const ParentCall* parent) {
+Result<Json> Manager::ExecuteIn(const std::string& id, const std::string& name, Json given, const std::string& call_id,
+                                const OutputSink& sink, const std::atomic<bool>* cancel, const ParentCall* parent) {
   Impl& m = *impl_;
   auto s = m.Find(id);
   if (!s) return Status::Error(kNotFound, "no session " + id);

@@ -127,9 +127,8 @@ class Manager {
   // failing command is a result, not a Status.
   // Setting *cancel to true ends a running bash call (its processes are
   // killed) with kind "cancelled".
-  Result<Json> Execute(const std::string& id, const std::string& name, Json input,
-                       const std::string& call_id = "", const OutputSink& sink = nullptr,
-                       const std::atomic<bool>* cancel = nullptr);
+  Result<Json> Execute(const std::string& id, const std::string& name, Json input, const std::string& call_id = "",
+                       const OutputSink& sink = nullptr, const std::atomic<bool>* cancel = nullptr);
 
   // The session's upstream tools (policy tools.upstream, gateway/gateway.h):
   // {"tools": [{name: "NAME.TOOL", description, inputSchema, ...}],
@@ -252,9 +251,8 @@ class Manager {
     std::string call_id;
     std::uint64_t seq = 0;
   };
-  Result<Json> ExecuteIn(const std::string& id, const std::string& name, Json input,
-                         const std::string& call_id, const OutputSink& sink, const std::atomic<bool>* cancel,
-                         const ParentCall* parent);
+  Result<Json> ExecuteIn(const std::string& id, const std::string& name, Json input, const std::string& call_id,
+                         const OutputSink& sink, const std::atomic<bool>* cancel, const ParentCall* parent);
   explicit Manager(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
