@@ -668,14 +668,14 @@ struct SessionState {
   // Writes `entry` as a line of the log (in the file, and safe from a
   // SIGKILL of this process, from then on); the log's length after it, for
   // log.Sync.
-  Result<std::uint64_t> WriteLog(Json entry) { return WriteLogOf(entry); }
-  // The same for an entry the caller keeps (its "time" is taken out again):
-  // a result of megabytes is not copied to be logged.
-  Result<std::uint64_t> WriteLogOf(Json& entry) {
+  // `lent_key`/`lent`: a value the caller keeps (a call's input, its
+  // result: megabytes), put in the line for its writing and given back.
+  Result<std::uint64_t> WriteLog(Json entry, const char* lent_key = nullptr, Json* lent = nullptr) {
+    if (lent) entry[lent_key] = std::move(*lent);
     entry["time"] = NowRfc3339();
     std::string line;
     report::AppendCompactJson(entry, &line);
-    entry.erase("time");
+    if (lent) *lent = std::move(entry[lent_key]);
     line += '\n';
     return log.Append(line);
   }
@@ -2403,13 +2403,11 @@ Result<Json> Manager::ExecuteIn(const std::string& id, const std::string& name, 
     ++s->calls;
     logged = true;
     Json line = {{"type", "call"}, {"seq", seq}, {"call_id", call_id}, {"name", name}};
-    line["input"] = std::move(input);  // lent to the line, and back: not copied
     if (parent) line["parent"] = {{"call_id", parent->call_id}, {"seq", parent->seq}};
     // Written, not synced: from here a SIGKILL of this process leaves it in
     // the file (a restart records the call as interrupted); the result's
     // sync puts it on disk with the result (one fdatasync per call).
-    auto written = s->WriteLogOf(line);
-    input = std::move(line["input"]);
+    auto written = s->WriteLog(std::move(line), "input", &input);
     return written.ok() ? Status{} : written.status();
   };
 
@@ -2522,10 +2520,8 @@ Result<Json> Manager::ExecuteIn(const std::string& id, const std::string& name, 
   {
     std::lock_guard<std::mutex> lock(s->mu);
     Json line = {{"type", "result"}, {"seq", seq}, {"call_id", call_id}};
-    line["result"] = std::move(result);  // lent to the line, and back: not copied
     if (parent) line["parent"] = {{"call_id", parent->call_id}, {"seq", parent->seq}};
-    (void)s->WriteLogOf(line);
-    result = std::move(line["result"]);
+    (void)s->WriteLog(std::move(line), "result", &result);
     if (!call_id.empty()) {
       s->results[call_id] = result;
       s->in_flight.erase(call_id);

@@ -824,11 +824,10 @@ Result<WorldExecResult> World::Exec(const WorldExec& exec, const OutputSink& sin
   return out;
 }
 
-Result<json> World::File(json request, int timeout_ms) {
+Result<json> World::File(json req, int timeout_ms) {
   if (!Alive()) return Status::Error(kWorldGone, "the session's sandbox is not running: " + death());
   UniqueFd res_r, res_w;
   if (Status s = Pipe(&res_r, &res_w); !s.ok()) return s;
-  json req = std::move(request);  // a write_file's content: not copied
   req["op"] = "file";
   req["id"] = next_id_++;
   // write_file's content travels as it is, after the request's JSON: the

@@ -158,7 +158,7 @@ class World {
   void KillCall(long id, int sig);
   // Runs a file tool inside: `request` is {"name", "input", "workspace"};
   // the answer is the tool's JSON (see file_tools.h).
-  Result<nlohmann::json> File(nlohmann::json request, int timeout_ms);
+  Result<nlohmann::json> File(nlohmann::json req, int timeout_ms);
 
   // A fresh, unconnected TCP socket (IPv4) made by the init in the
   // sandbox's network namespace: connecting it reaches the sandbox's
