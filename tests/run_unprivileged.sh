@@ -18,9 +18,8 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 user=agentbox-test
-if ! id -u "$user" >/dev/null 2>&1; then
-  useradd --create-home --shell /bin/sh "$user"
-fi
+. "$(dirname "${BASH_SOURCE[0]}")/test_user.sh"
+ensure_test_user "$user"
 home="$(getent passwd "$user" | cut -d: -f6)"
 stage="$(mktemp -d /tmp/agentbox-unpriv.XXXXXX)"
 trap 'rm -rf "$stage"' EXIT
