@@ -12,8 +12,11 @@ seconds="${1:-60}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="$root/build-fuzz"
 
-CC=clang CXX=clang++ cmake -S "$root/fuzz" -B "$build" \
-  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+# Ninja for a new build directory, as scripts/build.sh.
+generator=()
+[ -f "$build/CMakeCache.txt" ] || generator=(-G Ninja)
+CXX=clang++ cmake -S "$root/fuzz" -B "$build" "${generator[@]}" \
+  -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$build" --target policy_fuzz net_fuzz -j"$(nproc)"
 
 work="$(mktemp -d)"
