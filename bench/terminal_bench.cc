@@ -173,7 +173,10 @@ int main(int argc, char** argv) {
   wsock.close(websocket::close_code::normal, ignored);
   std::vector<double> host = HostPty(keys);
 
-  client.Call("DELETE", "/v1/sessions/" + id, "");
+  // The daemon is stopped next either way; a failed delete is only said.
+  if (auto deleted = client.Call("DELETE", "/v1/sessions/" + id, ""); !deleted.ok()) {
+    std::fprintf(stderr, "terminal_bench: deleting session %s: %s\n", id.c_str(), deleted.status().ToString().c_str());
+  }
   kill(daemon_pid, SIGTERM);
   waitpid(daemon_pid, nullptr, 0);
   std::string rm = "rm -rf '" + root + "'";

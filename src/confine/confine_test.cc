@@ -965,8 +965,8 @@ TEST(ConfineHostTrees, ReadWriteCachesAndImportsAreBindsWithTheirLandlockRights)
   EXPECT_TRUE(hook->read_only);
   EXPECT_NE(Find(p, MountKind::kPin, "/srv/shared/hooks"), nullptr);
   for (const auto& rule : p.landlock.rules) {
-    if (rule.path == "/srv/shared") EXPECT_TRUE(rule.access & LANDLOCK_ACCESS_FS_WRITE_FILE);
-    if (rule.path == "/home/u/.gitconfig") EXPECT_FALSE(rule.access & LANDLOCK_ACCESS_FS_WRITE_FILE);
+    if (rule.path == "/srv/shared") { EXPECT_TRUE(rule.access & LANDLOCK_ACCESS_FS_WRITE_FILE); }
+    if (rule.path == "/home/u/.gitconfig") { EXPECT_FALSE(rule.access & LANDLOCK_ACCESS_FS_WRITE_FILE); }
   }
   const FacetReport* fs = FacetNamed(c->enforcement, "filesystem");
   ASSERT_NE(fs, nullptr);

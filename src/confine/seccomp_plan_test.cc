@@ -53,7 +53,7 @@ TEST(SeccompPlanTest, GrantableSyscallsAreExactlyTheOutrightDenialsThatStayInsid
   }
   EXPECT_EQ(grantable, (std::set<std::string>{"ptrace", "process_vm_readv", "process_vm_writev"}));
   for (const auto& r : plan.rules) {
-    if (outright.count(r.syscall) == 0) EXPECT_FALSE(SyscallDeniedOutright(r.syscall)) << r.syscall;
+    if (outright.count(r.syscall) == 0) { EXPECT_FALSE(SyscallDeniedOutright(r.syscall)) << r.syscall; }
   }
 }
 

@@ -364,7 +364,7 @@ TEST(DelegationPlan, AppliedTwiceHandsTheFilesToTheUserAndRemovesCleanly) {
     EXPECT_EQ(rec->v2_entry, v2 + "/login");
     EXPECT_EQ(rec->v2_controllers, (std::vector<std::string>{"memory", "pids"}));
   }
-  for (const std::string p : {pids, pids + "/tasks", pids + "/cgroup.procs", v2, v2 + "/cgroup.procs",
+  for (const std::string& p : {pids, pids + "/tasks", pids + "/cgroup.procs", v2, v2 + "/cgroup.procs",
                               v2 + "/cgroup.threads", v2 + "/cgroup.subtree_control", v2 + "/login",
                               v2 + "/login/cgroup.procs"}) {
     EXPECT_EQ(root.Owner(p), kUser) << p;

@@ -284,7 +284,7 @@ class TerminalTest : public ::testing::Test {
   // Types `typed` (before the question: a socket has no type-ahead flush),
   // asks, and returns the decision; what was printed goes to printed_.
   ApprovalDecision Answer(const std::string& typed, std::chrono::milliseconds timeout = 5s) {
-    if (!typed.empty()) EXPECT_EQ(write(theirs_, typed.data(), typed.size()), static_cast<ssize_t>(typed.size()));
+    if (!typed.empty()) { EXPECT_EQ(write(theirs_, typed.data(), typed.size()), static_cast<ssize_t>(typed.size())); }
     ApprovalDecision d = AskOnDescriptors(ours_, ours_, TerminalRequest(), timeout);
     char buf[4096];
     ssize_t n;

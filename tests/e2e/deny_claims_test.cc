@@ -83,9 +83,9 @@ TEST_P(DenyClaims, EveryDeniedPathReadAgainstTheCredentialsFacet) {
     EXPECT_TRUE(named(d.entry)) << backend << ": " << d.path << " was read, and missing does not name "
                                 << d.entry << "\n" << enforcement.dump(2);
   }
-  if (level == "full") EXPECT_EQ(read, 0) << r.Describe();
+  if (level == "full") { EXPECT_EQ(read, 0) << r.Describe(); }
   EXPECT_TRUE(level == "full" || level == "partial") << level;
-  if (level == "partial") EXPECT_FALSE(missing.empty()) << enforcement.dump(2);
+  if (level == "partial") { EXPECT_FALSE(missing.empty()) << enforcement.dump(2); }
   // The same claim refuses under --require full.
   if (level != "full") {
     RunResult strict = box.Sh("echo ran", {"--backend", backend});

@@ -118,7 +118,7 @@ TEST(Gvisor, TimeoutOomAndAForkBombAreToldApart) {
   ASSERT_TRUE(f.report) << f.Describe();
   EXPECT_TRUE(Contains(f.out, "stopped ")) << f.Describe();
   for (const auto& line : Lines(f.out)) {
-    if (line.rfind("stopped ", 0) == 0) EXPECT_LT(std::stoi(line.substr(8)), 32) << f.Describe();
+    if (line.rfind("stopped ", 0) == 0) { EXPECT_LT(std::stoi(line.substr(8)), 32) << f.Describe(); }
   }
   const std::string marker = "bomb-" + RandomHex(4);
   RunResult b = sb.Sh("f() { f | f & }; f 2>/dev/null; sleep 30 # " + marker,

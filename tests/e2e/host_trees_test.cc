@@ -78,7 +78,7 @@ TEST_P(HostTreesTest, ReadWriteTakesAGitPushAndItsSiblingStaysUnwritable) {
   EXPECT_FALSE(Contains(r.out, "sibling=0")) << r.Describe();
   // Namespaces: the parent is the private /tmp's (a write there stays in
   // the sandbox); landlock-only: the host's, refused by Landlock.
-  if (landlock_only()) EXPECT_FALSE(Contains(r.out, "planted=0")) << r.Describe();
+  if (landlock_only()) { EXPECT_FALSE(Contains(r.out, "planted=0")) << r.Describe(); }
   // The host's view: the push landed, the sibling and the parent are untouched.
   RunResult pushed = box.Git({"rev-parse", "--verify", "-q", "refs/heads/main"}, remotes + "/bare.git");
   RunResult local = box.Git({"rev-parse", "HEAD"});

@@ -106,7 +106,7 @@ inline void ExpectCompat(const Sandbox& sb, const RunResult& r) {
   EXPECT_TRUE(Contains(r.out, "\n1\n")) << r.Describe();
   EXPECT_TRUE(Contains(r.out, "pIPES")) << r.Describe();
   EXPECT_TRUE(Contains(r.out, "tmp\n")) << r.Describe();
-  if (!FindTool("node").empty()) EXPECT_TRUE(Contains(r.out, "node 42")) << r.Describe();
+  if (!FindTool("node").empty()) { EXPECT_TRUE(Contains(r.out, "node 42")) << r.Describe(); }
   // The commit landed in the host's workspace.
   EXPECT_FALSE(sb.Git({"log", "--oneline"}).out.empty());
   ASSERT_TRUE(r.report) << r.Describe();
@@ -156,7 +156,7 @@ struct SecretsCheck {
     EXPECT_TRUE(Contains(r.out, "connect refused")) << r.Describe();
     EXPECT_EQ(server.served(), 0);
     for (const auto& line : Lines(r.out)) {
-      if (line.rfind("pids ", 0) == 0) EXPECT_LT(std::stoi(line.substr(5)), 10) << r.Describe();
+      if (line.rfind("pids ", 0) == 0) { EXPECT_LT(std::stoi(line.substr(5)), 10) << r.Describe(); }
     }
     EXPECT_TRUE(HasDenial(r, ".env")) << r.Describe();
   }

@@ -64,7 +64,7 @@ TEST(Microvm, CheckNamesTheAcceleratorAndWhy) {
   const std::string accel = m["accel"].get<std::string>();
   EXPECT_TRUE(accel == "kvm" || accel == "tcg") << r.out;
   // TCG is never chosen without a reason (no /dev/kvm, no access, or a trial boot under KVM that failed).
-  if (accel == "tcg") EXPECT_FALSE(m["kvm_why"].get<std::string>().empty()) << r.out;
+  if (accel == "tcg") { EXPECT_FALSE(m["kvm_why"].get<std::string>().empty()) << r.out; }
   if (MicrovmLack().empty()) {
     EXPECT_EQ(j["enforcement"]["backend"], "microvm") << r.out;
     EXPECT_TRUE(Contains(j["enforcement"]["runtime"].get<std::string>(), "accelerator " + accel)) << r.out;
@@ -156,7 +156,7 @@ TEST(Microvm, TimeoutOomAndAForkBombAreToldApart) {
   ASSERT_TRUE(f.report) << f.Describe();
   EXPECT_TRUE(Contains(f.out, "stopped ")) << f.Describe();
   for (const auto& line : Lines(f.out)) {
-    if (line.rfind("stopped ", 0) == 0) EXPECT_LT(std::stoi(line.substr(8)), 32) << f.Describe();
+    if (line.rfind("stopped ", 0) == 0) { EXPECT_LT(std::stoi(line.substr(8)), 32) << f.Describe(); }
   }
   RunResult b = sb.Sh("f() { f | f & }; f 2>/dev/null; sleep 60",
                       {"--policy", policy, "--max-processes", "64", "--timeout", "3s"}, {}, kVmMs);

@@ -66,7 +66,7 @@ void ExpectFillKept(const std::string& dir, const std::string& out, std::uint64_
     const std::string f = dir + "/fill" + std::to_string(i);
     if (lstat(f.c_str(), &st) != 0) continue;
     total += static_cast<std::uint64_t>(st.st_size);
-    if (i <= whole) EXPECT_EQ(st.st_size, 94371840) << f;
+    if (i <= whole) { EXPECT_EQ(st.st_size, 94371840) << f; }
   }
   for (int i = 1; i <= whole; ++i) EXPECT_TRUE(Exists(dir + "/fill" + std::to_string(i))) << i;
   EXPECT_LE(total, cap) << "more than disk_gib landed in the workspace";
