@@ -9,10 +9,11 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root/build"
 rm -f escape-summary-*.txt
 rc=0
-# One and a half tests per core: much of the suite waits (on timeouts, on
-# servers it starts, on a guest kernel's boot), and the extra slot fills
-# that time (on 2 cores, 483 s against 615 s for one test per core).
-jobs=$(( $(nproc) * 3 / 2 ))
+# Two tests per core: much of the suite waits (on timeouts, on servers it
+# starts, on a guest kernel's boot), and the extra slots fill that time (on
+# 2 cores, 366 s against 398 s at one and a half tests per core and ~615 s
+# at one; docs/performance.md, "Build").
+jobs=$(( $(nproc) * 2 ))
 [ "$jobs" -ge 1 ] || jobs=1
 ctest --output-on-failure -j"$jobs" --timeout 900 || rc=$?
 # ctest shows the output of failing tests only: the escape battery's summary lines.
