@@ -133,6 +133,7 @@ TEST(MicrovmQemu, NoNetworkDeviceModernVirtioAndOneFsDevicePerShare) {
   EXPECT_TRUE(any_contains("vhost-user-fs-device,chardev=fs1,tag=ab1"));
   EXPECT_TRUE(any_contains(std::string("virtserialport,chardev=ctl,name=") + kGuestPortName));
   EXPECT_TRUE(any_contains("panic=-1"));
+  EXPECT_TRUE(any_contains("cryptomgr.notests"));
   run.vm.accel = "kvm";
   const auto k = QemuArgv(run);
   EXPECT_TRUE(std::any_of(k.begin(), k.end(), [](const std::string& x) { return x.find("accel=kvm") != std::string::npos; }));
