@@ -156,7 +156,7 @@ class World {
   Result<WorldTerminal> OpenTerminal(const WorldTerminalSpec& spec);
   // Signals a running call (a terminal's): SIGKILL ends it and everything it started.
   void KillCall(long id, int sig);
-  // Runs a file tool inside: `request` is {"name", "input", "workspace"};
+  // Runs a file tool inside: `req` is {"name", "input", "workspace"};
   // the answer is the tool's JSON (see file_tools.h).
   Result<nlohmann::json> File(nlohmann::json req, int timeout_ms);
 
