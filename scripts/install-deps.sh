@@ -6,6 +6,8 @@ set -euo pipefail
 packages=(
   # build
   cmake ninja-build g++ make pkg-config git
+  # the linker: links in a fifth of GNU ld's time, and lays out the start-up order
+  lld
   # libraries
   libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libseccomp-dev
   # large request bodies (a file's content) parsed ~10x faster than nlohmann's lexer

@@ -32,7 +32,6 @@
 #include "linux/cgroups.h"
 #include "linux/microvm.h"
 #include "linux/phases.h"
-#include "linux/text_pages.h"
 #include "supervise/approver.h"
 #include "supervise/escalation_round.h"
 #include "supervise/gvisor_world.h"
@@ -1006,11 +1005,6 @@ int CmdExplain(PolicyFlags f, bool as_json) {
 
 }  // namespace
 }  // namespace agentbox::cli
-
-// Before the program's own static initializers (101: the first priority
-// not reserved to the implementation), which already touch code all over
-// the binary: linux/text_pages.h.
-__attribute__((constructor(101))) static void MapOnlyTouchedTextFirst() { agentbox::linux::MapOnlyTouchedText(); }
 
 int main(int argc, char** argv) {
   using namespace agentbox::cli;

@@ -15,11 +15,6 @@
 #include <cerrno>
 #include <cstdint>
 
-// userfaultfd's write-protect mode resolved by the kernel itself (Linux 6.7).
-#ifndef UFFD_FEATURE_WP_ASYNC
-#define UFFD_FEATURE_WP_ASYNC (1 << 15)
-#endif
-
 // A socket's network namespace, as a cookie (Linux 5.14).
 #ifndef SO_NETNS_COOKIE
 #define SO_NETNS_COOKIE 71

@@ -49,7 +49,6 @@
 #include "linux/seccomp_notify.h"
 #include "linux/session_shell.h"
 #include "linux/status_pipe.h"
-#include "linux/text_pages.h"
 
 extern char** environ;
 
@@ -499,9 +498,6 @@ SetUpResult SetUpSandbox(const Plan& plan, const ResolvedPlan& resolved, int* st
       !s.ok()) {
     Fail(*status_fd, s);
   }
-  // The supervisor's registration (text_pages.h) ended with the clone:
-  // ours, after the descriptors are settled (closing it would end it).
-  MapOnlyTouchedText();
   // Landlock-only: no namespaces, so no id maps, root, loopback or hostname.
   const bool namespaced = plan.confined && plan.backend == Backend::kNamespaces;
   phases::Mark("runner: fds");
