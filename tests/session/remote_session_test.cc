@@ -267,7 +267,16 @@ TEST_F(RemoteSession, ARemoteWorldKilledDuringACallInterruptsItAndTheNextCallPro
   const std::string id = Create(host_->Policy());
   ASSERT_FALSE(id.empty());
   ASSERT_EQ(Bash(c(), id, "echo ready").value("kind", ""), "exited");
-  const pid_t remote_pid = Describe(id)["remote"].value("remote_pid", 0);
+  // The remote's pid from the session's description (0, and the description
+  // shown, where it has none).
+  auto remote_pid_of = [&](const std::string& session) {
+    const json d = Describe(session);
+    const json remote = d.is_object() && d.contains("remote") ? d["remote"] : json();
+    const pid_t pid = remote.is_object() ? remote.value("remote_pid", 0) : 0;
+    EXPECT_GT(pid, 0) << "no remote pid in the description: " << d.dump();
+    return pid;
+  };
+  const pid_t remote_pid = remote_pid_of(id);
   ASSERT_GT(remote_pid, 0);
 
   json result;
@@ -282,6 +291,7 @@ TEST_F(RemoteSession, ARemoteWorldKilledDuringACallInterruptsItAndTheNextCallPro
   }
   ASSERT_EQ(kill(remote_pid, SIGKILL), 0);
   call.join();
+  ASSERT_TRUE(result.is_object()) << "the interrupted call's answer: " << result.dump();
   EXPECT_EQ(result.value("kind", ""), "interrupted") << result.dump();
   EXPECT_TRUE(Contains(Output(result), "started")) << "what the call wrote before is lost: " << result.dump();
   EXPECT_FALSE(Contains(Output(result), "finished")) << result.dump();
@@ -295,7 +305,7 @@ TEST_F(RemoteSession, ARemoteWorldKilledDuringACallInterruptsItAndTheNextCallPro
   json after = Bash(c(), id, "cat runs.txt");
   ASSERT_EQ(after.value("kind", ""), "exited") << after.dump();
   EXPECT_EQ(Output(after), "ran\n");
-  EXPECT_NE(Describe(id)["remote"].value("remote_pid", 0), remote_pid);
+  EXPECT_NE(remote_pid_of(id), remote_pid);
   bool said = false;
   for (const auto& line : e2e::Lines(Call(c(), "GET", "/v1/sessions/" + id + "/log").text)) {
     json e = json::parse(line, nullptr, false);

@@ -199,9 +199,18 @@ TEST_F(TerminalTest, KillEndsEverythingItStarted) {
   ws->SendBinary("(exec -a " + marker + " sleep 1000) & disown; setsid bash -c 'exec -a " + marker +
                  "x sleep 1000' & echo started\r");
   ASSERT_TRUE(ws->ReadUntil("started\r\n")) << ws->output();
-  // Both: the subshell that execs the first sleep may be later than the setsid one.
-  for (int i = 0; i < 50 && e2e::PidsWithCmdline(marker).size() < 2; ++i) usleep(100 * 1000);
-  ASSERT_EQ(e2e::PidsWithCmdline(marker).size(), 2u) << "the background sleeps did not start";
+  // Both sleeps, by their argv[0]: the subshell that execs the first may be
+  // later than the setsid one, and until `setsid` and `bash -c` have exec'd
+  // the marker is in their arguments too.
+  auto sleeps = [&] {
+    int n = 0;
+    for (pid_t pid : e2e::PidsWithCmdline(marker)) {
+      n += e2e::ReadFile("/proc/" + std::to_string(pid) + "/cmdline").value_or("").rfind(marker, 0) == 0;
+    }
+    return n;
+  };
+  for (int i = 0; i < 50 && sleeps() < 2; ++i) usleep(100 * 1000);
+  ASSERT_EQ(sleeps(), 2) << "the background sleeps did not start";
   Answer killed = Call(c(), "DELETE", Ptys() + "/" + pty);
   EXPECT_EQ(killed.status, 204) << killed.text;
   EXPECT_TRUE(e2e::WaitUntilNoProcess(marker, 10000)) << "a process the terminal started outlived it";
