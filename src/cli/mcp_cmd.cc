@@ -24,6 +24,7 @@
 
 #include "agentbox/outcome.h"
 #include "cli/subcommand.h"
+#include "daemon/heap.h"
 #include "linux/fd.h"
 #include "linux/user_dirs.h"
 #include "mcp/server.h"
@@ -138,6 +139,7 @@ class Logger {
 void McpError(const std::string& msg) { std::fprintf(stderr, "agentbox mcp: %s\n", msg.c_str()); }
 
 int RunMcp(const McpFlags& f) {
+  daemon::KeepCallBuffersResident();
   // The protocol gets its own copies of fds 0 and 1 (close-on-exec, so no
   // sandboxed command inherits them); fd 1 then points at stderr and fd 0 at
   // /dev/null.

@@ -27,6 +27,7 @@
 #include "agentbox/policy.h"
 #include "cli/subcommand.h"
 #include "daemon/api.h"
+#include "daemon/heap.h"
 #include "daemon/listen.h"
 #include "daemon/log.h"
 #include "daemon/server.h"
@@ -90,6 +91,7 @@ Status MakeDirs(const std::string& dir) {
 }
 
 int RunServe(const ServeFlags& f) {
+  daemon::KeepCallBuffersResident();
   // 1. State directory.
   std::string state_dir = Absolute(f.state_dir.empty() ? daemon::DefaultStateDir() : f.state_dir);
   if (state_dir.empty()) return ServeFail("no --state-dir given and no home directory to default to");
