@@ -337,7 +337,10 @@ Json ReadFile(const Json& input, const FileToolLimits& limits) {
   // each step a new buffer, faulted in and copied).
   if (st.st_size > 0)
     output.reserve(std::min<std::size_t>(static_cast<std::size_t>(st.st_size), limits.max_read_bytes));
-  std::string pending;       // the wanted line being read
+  // The wanted line being read is collected in place, at the end of
+  // `output` from `line_start` on: a 1 MiB one-line file (minified JSON)
+  // is not grown by doubling in a string of its own, then copied.
+  std::size_t line_start = 0;
   std::size_t line = 1;      // the line the next byte belongs to
   std::size_t shown_last = 0;
   bool truncated = false;
@@ -368,33 +371,31 @@ Json ReadFile(const Json& input, const FileToolLimits& limits) {
       std::size_t end = nl ? static_cast<std::size_t>(nl - buf) + 1 : len;
       const bool wanted = !truncated && line >= first && line <= last;
       if (wanted) {
-        pending.append(buf + pos, end - pos);
-        if (output.size() + pending.size() > limits.max_read_bytes) {
+        const std::size_t take = end - pos;
+        const std::size_t room = limits.max_read_bytes - output.size();
+        if (take > room) {
           truncated = true;
-          if (output.empty()) {  // one line bigger than the cap: show its start
-            output.assign(pending, 0, limits.max_read_bytes);
+          if (line_start == 0) {  // one line bigger than the cap: show its start
+            output.append(buf + pos, room);
             shown_last = line;
             cut_line = true;
+          } else {
+            output.resize(line_start);  // the lines before it, whole
           }
-          pending.clear();
+        } else {
+          output.append(buf + pos, take);
         }
       }
       last_ended = nl != nullptr;
       if (nl) {
-        if (wanted && !truncated) {
-          output += pending;
-          shown_last = line;
-        }
-        pending.clear();
+        if (wanted && !truncated) shown_last = line;
+        line_start = output.size();
         ++line;
       }
       pos = end;
     }
   }
-  if (!truncated && !pending.empty()) {  // the last line, without '\n'
-    output += pending;
-    shown_last = line;
-  }
+  if (!truncated && output.size() > line_start) shown_last = line;  // the last line, without '\n'
   const std::size_t total_lines = total_bytes == 0 ? 0 : (last_ended ? line - 1 : line);
   if (first > 1 && first > total_lines) {
     return ToolError("read " + path + ": offset " + std::to_string(first) + " is past the end (" +

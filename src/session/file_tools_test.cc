@@ -190,6 +190,33 @@ TEST_F(FileToolsTest, ReadOneHugeLineIsCut) {
   EXPECT_EQ(r["output"], "aaaaaaaaaa\n[truncated: line 1 cut at 10 bytes (output capped at 10 bytes); read on with offset=2]\n");
 }
 
+// Lines that span several of the reader's 64 KiB reads: whole under the
+// cap, cut at it, and dropped whole when lines before them were shown.
+TEST_F(FileToolsTest, ReadLinesLongerThanOneReadAreWholeOrCutAtTheCap) {
+  std::string one_line;
+  for (int i = 0; one_line.size() < 300000; ++i) one_line += std::to_string(i) + ",";
+  Write(t_ / "minified", one_line);
+  Json whole = Run("read_file", {{"path", "minified"}});
+  EXPECT_FALSE(whole["truncated"].get<bool>());
+  EXPECT_EQ(whole["total_lines"], 1);
+  EXPECT_TRUE(whole["output"] == one_line) << "the 300 KB line did not come back whole";
+
+  limits_.max_read_bytes = 200000;
+  Json cut = Run("read_file", {{"path", "minified"}});
+  EXPECT_TRUE(cut["truncated"].get<bool>());
+  EXPECT_EQ(cut["output"], one_line.substr(0, 200000) +
+                               "\n[truncated: line 1 cut at 200000 bytes (output capped at 200000 bytes); read on with "
+                               "offset=2]\n");
+
+  Write(t_ / "two", "short\n" + one_line + "\nafter\n");
+  Json dropped = Run("read_file", {{"path", "two"}});
+  EXPECT_TRUE(dropped["truncated"].get<bool>());
+  EXPECT_EQ(dropped["output"],
+            "short\n[truncated: lines 1-1 of 3 shown (output capped at 200000 bytes); read on with offset=2]\n");
+  Json from_two = Run("read_file", {{"path", "two"}, {"offset", 3}});
+  EXPECT_EQ(from_two["output"], "after\n");
+}
+
 TEST_F(FileToolsTest, ReadInvalidUtf8IsReplaced) {
   Write(t_ / "latin1", "caf\xe9\n");
   Json r = Run("read_file", {{"path", "latin1"}});
