@@ -117,23 +117,13 @@ TEST(Microvm, AMaskedPathIsEmptyInWhatTheShareExports) {
   Process p(c);
   ASSERT_TRUE(p.started()) << p.start_error();
   ASSERT_TRUE(p.WaitForStdout("up", 120000)) << p.err();
-  // Each virtiofsd's root is what it exports: this run's, not another
+  // Each virtiofsd's root is what it exports: this run's (their sockets are
+  // in the run's directory, named for the supervisor's pid), not another
   // test's that is still starting (its root then the host's).
-  auto descends_from_run = [&](pid_t pid) {
-    for (int hops = 0; pid > 1 && hops < 16; ++hops) {
-      if (pid == p.pid()) return true;
-      const std::string stat = ReadFile("/proc/" + std::to_string(pid) + "/stat").value_or("");
-      const auto close_paren = stat.rfind(')');
-      if (close_paren == std::string::npos) return false;
-      std::istringstream rest(stat.substr(close_paren + 1));
-      std::string state;
-      rest >> state >> pid;
-    }
-    return false;
-  };
   bool looked = false;
+  const std::string run_dir = "/agentbox-microvm-" + std::to_string(p.pid()) + "-";
   for (pid_t pid : PidsWithCmdline("virtiofsd")) {
-    if (!descends_from_run(pid)) continue;
+    if (!Contains(ReadFile("/proc/" + std::to_string(pid) + "/cmdline").value_or(""), run_dir)) continue;
     const std::string root = "/proc/" + std::to_string(pid) + "/root";
     for (const std::string& at : {root + sb.ws() + "/sub/.env", root + "/sub/.env"}) {
       if (Exists(at)) {
