@@ -8,6 +8,7 @@
 #include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <cerrno>
 #include <cstdint>
@@ -61,130 +62,198 @@ struct LinuxDirent64 {
   char d_name[];
 };
 
-// What one directory held, as far as the deny globs care.
+// What one directory held, as far as the deny globs care: read in this walk.
 struct DirVerdict {
-  std::int64_t mtime_s = 0, mtime_ns = 0;
-  // The command can set a directory's mtime back (utimensat) after adding an
-  // entry; not its ctime, which every change moves to the current time.
-  std::int64_t ctime_s = 0, ctime_ns = 0;
-  std::uint64_t ino = 0, dev = 0;
+  DirStamp stamp;
   bool cacheable = false;
-  bool visited = false;  // by this scan (not stored)
   std::vector<std::string> subdirs;
   std::vector<std::pair<char, std::string>> matches;  // 'd' dir, 'f' file, 'l' symlink
 };
 
-using Cache = std::unordered_map<std::string, DirVerdict>;
-
-constexpr char kMagic[] = "agentbox-deny-scan-2\n";
-
-// Binary, machine-local: length-prefixed fields, every length checked.
-class Reader {
- public:
-  explicit Reader(const std::string& data) : d_(data) {}
-  bool U8(unsigned char* v) { return Raw(v, 1); }
-  bool U32(std::uint32_t* v) { return Raw(v, 4); }
-  bool U64(std::uint64_t* v) { return Raw(v, 8); }
-  bool I64(std::int64_t* v) { return Raw(v, 8); }
-  bool Str(std::string* s) {
-    std::uint32_t n = 0;
-    if (!U32(&n) || n > d_.size() - pos_) return false;
-    s->assign(d_, pos_, n);
-    pos_ += n;
-    return true;
-  }
-  bool done() const { return pos_ == d_.size(); }
-
- private:
-  bool Raw(void* out, size_t n) {
-    if (d_.size() - pos_ < n) return false;
-    std::memcpy(out, d_.data() + pos_, n);
-    pos_ += n;
-    return true;
-  }
-  const std::string& d_;
-  size_t pos_ = 0;
-};
+// The cache file: the magic, a CRC-32 of the rest, the number of records,
+// then one record per directory in the order the walk that wrote it
+// visited them (a later walk of an unchanged tree visits them in the same
+// order). A record: its path below the root, its stamp, its
+// subdirectories' names, its matches (a type byte and a name). Binary,
+// machine-local: every length is checked, and a file whose checksum does
+// not match is not used at all (a verdict damaged in its names but not in
+// its stamp would otherwise be trusted).
+constexpr char kMagic[] = "agentbox-deny-scan-3\n";
 
 void PutRaw(std::string* out, const void* p, size_t n) { out->append(static_cast<const char*>(p), n); }
-void PutStr(std::string* out, const std::string& s) {
+void PutStr(std::string* out, std::string_view s) {
   auto n = static_cast<std::uint32_t>(s.size());
   PutRaw(out, &n, 4);
   out->append(s);
 }
+
+void PutRecord(std::string* out, const std::string& rel, const DirVerdict& v) {
+  PutStr(out, rel);
+  const std::int64_t times[4] = {v.stamp.mtime_s, v.stamp.mtime_ns, v.stamp.ctime_s, v.stamp.ctime_ns};
+  PutRaw(out, times, sizeof times);
+  PutRaw(out, &v.stamp.ino, 8);
+  PutRaw(out, &v.stamp.dev, 8);
+  auto nsub = static_cast<std::uint32_t>(v.subdirs.size());
+  PutRaw(out, &nsub, 4);
+  for (const auto& name : v.subdirs) PutStr(out, name);
+  auto nmatch = static_cast<std::uint32_t>(v.matches.size());
+  PutRaw(out, &nmatch, 4);
+  for (const auto& [type, name] : v.matches) {
+    PutRaw(out, &type, 1);
+    PutStr(out, name);
+  }
+}
+
+std::uint32_t Checksum(std::string_view bytes) {
+  return static_cast<std::uint32_t>(
+      crc32_z(crc32_z(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(bytes.data()), bytes.size()));
+}
+
+// One record of a loaded cache, as views into the file's bytes.
+struct Record {
+  std::string_view rel;
+  DirStamp stamp;
+  std::uint32_t nsub = 0, nmatch = 0;
+  const char* subs = nullptr;     // nsub × (u32 length, name)
+  const char* matches = nullptr;  // nmatch × (type, u32 length, name)
+  std::string_view bytes;         // the whole record, to write it again as it is
+};
+
+// Walks a record's list of names: `typed` lists carry a type byte first.
+// Every length was checked when the file was loaded.
+template <typename F>
+void ForEachName(const char* p, std::uint32_t n, bool typed, F&& f) {
+  for (std::uint32_t i = 0; i < n; ++i) {
+    char type = 0;
+    if (typed) type = *p++;
+    std::uint32_t len;
+    std::memcpy(&len, p, 4);
+    p += 4;
+    f(type, std::string_view(p, len));
+    p += len;
+  }
+}
+
+// A cache as loaded (or as a scan left it): its bytes and its records, with
+// the lookup a walk makes in order.
+class Verdicts {
+ public:
+  Verdicts() = default;
+  // Takes a file's bytes; a damaged or foreign file is an empty cache.
+  explicit Verdicts(std::string bytes) : bytes_(std::move(bytes)) {
+    if (!Parse()) {
+      records_.clear();
+      bytes_.clear();
+    }
+  }
+  Verdicts(Verdicts&&) = default;
+  Verdicts& operator=(Verdicts&&) = default;
+
+  std::size_t size() const { return records_.size(); }
+  const Record& at(std::size_t i) const { return records_[i]; }
+  // The record of `rel`, or null. The next record in the file is tried
+  // first; an index is built only when the walk leaves the file's order.
+  const Record* Find(std::string_view rel) {
+    if (cursor_ < records_.size() && records_[cursor_].rel == rel) return &records_[cursor_++];
+    if (records_.empty()) return nullptr;
+    if (index_.empty()) {
+      index_.reserve(records_.size());
+      for (std::size_t i = 0; i < records_.size(); ++i) index_.emplace(records_[i].rel, i);
+    }
+    auto it = index_.find(rel);
+    if (it == index_.end()) return nullptr;
+    cursor_ = it->second + 1;
+    return &records_[it->second];
+  }
+  void Rewind() { cursor_ = 0; }
+
+ private:
+  bool Parse() {
+    const std::size_t magic = sizeof(kMagic) - 1;
+    if (bytes_.size() < magic + 8 || bytes_.compare(0, magic, kMagic) != 0) return false;
+    const char* p = bytes_.data() + magic;
+    const char* const end = bytes_.data() + bytes_.size();
+    std::uint32_t sum;
+    std::memcpy(&sum, p, 4);
+    p += 4;
+    if (sum != Checksum(std::string_view(p, static_cast<std::size_t>(end - p)))) return false;
+    std::uint32_t count;
+    std::memcpy(&count, p, 4);
+    p += 4;
+    if (count > bytes_.size() / 64) return false;  // a record takes more than 64 bytes
+    records_.reserve(count);
+    auto u32 = [&](std::uint32_t* v) {
+      if (end - p < 4) return false;
+      std::memcpy(v, p, 4);
+      p += 4;
+      return true;
+    };
+    auto skip = [&](std::uint32_t n) {
+      if (static_cast<std::size_t>(end - p) < n) return false;
+      p += n;
+      return true;
+    };
+    for (std::uint32_t r = 0; r < count; ++r) {
+      Record rec;
+      const char* begin = p;
+      std::uint32_t n;
+      if (!u32(&n) || static_cast<std::size_t>(end - p) < n) return false;
+      rec.rel = std::string_view(p, n);
+      p += n;
+      if (end - p < 48) return false;
+      std::int64_t times[4];
+      std::memcpy(times, p, sizeof times);
+      std::memcpy(&rec.stamp.ino, p + 32, 8);
+      std::memcpy(&rec.stamp.dev, p + 40, 8);
+      p += 48;
+      rec.stamp.mtime_s = times[0];
+      rec.stamp.mtime_ns = times[1];
+      rec.stamp.ctime_s = times[2];
+      rec.stamp.ctime_ns = times[3];
+      if (!u32(&rec.nsub)) return false;
+      rec.subs = p;
+      for (std::uint32_t i = 0; i < rec.nsub; ++i) {
+        if (!u32(&n) || !skip(n)) return false;
+      }
+      if (!u32(&rec.nmatch)) return false;
+      rec.matches = p;
+      for (std::uint32_t i = 0; i < rec.nmatch; ++i) {
+        if (!skip(1) || !u32(&n) || !skip(n)) return false;
+      }
+      rec.bytes = std::string_view(begin, static_cast<std::size_t>(p - begin));
+      records_.push_back(rec);
+    }
+    return p == end;
+  }
+
+  std::string bytes_;  // never small: the views below stay valid when it moves
+  std::vector<Record> records_;
+  std::unordered_map<std::string_view, std::size_t> index_;
+  std::size_t cursor_ = 0;
+};
 
 // The cache file whole, or "" (a missing or unreadable file is an empty cache).
 std::string ReadCacheFile(const std::string& path) {
   std::string data;
   UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
   if (!fd.valid()) return data;
-  char chunk[64 * 1024];
-  for (;;) {
-    ssize_t n = read(fd.get(), chunk, sizeof chunk);
+  struct stat st {};
+  if (fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (256 << 20)) return data;
+  // What fstat gave, and one byte more: a file that grew while read is not trusted.
+  data.resize(static_cast<size_t>(st.st_size) + 1);
+  size_t got = 0;
+  while (got < data.size()) {
+    ssize_t n = read(fd.get(), data.data() + got, data.size() - got);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
-    data.append(chunk, static_cast<size_t>(n));
+    got += static_cast<size_t>(n);
   }
+  data.resize(got);
+  if (data.size() > static_cast<size_t>(st.st_size)) return {};  // it grew while read: not trusted
   return data;
 }
 
-Cache LoadCache(const std::string& path) {
-  Cache cache;
-  std::string data = ReadCacheFile(path);
-  if (data.compare(0, sizeof(kMagic) - 1, kMagic) != 0) return cache;
-  data.erase(0, sizeof(kMagic) - 1);
-  Reader r(data);
-  while (!r.done()) {
-    std::string rel;
-    DirVerdict v;
-    unsigned char cacheable = 0;
-    std::uint32_t nsub = 0, nmatch = 0;
-    if (!r.Str(&rel) || !r.I64(&v.mtime_s) || !r.I64(&v.mtime_ns) || !r.I64(&v.ctime_s) || !r.I64(&v.ctime_ns) ||
-        !r.U64(&v.ino) || !r.U64(&v.dev) ||
-        !r.U8(&cacheable) || !r.U32(&nsub)) {
-      return {};
-    }
-    v.cacheable = cacheable != 0;
-    for (std::uint32_t i = 0; i < nsub; ++i) {
-      std::string s;
-      if (!r.Str(&s)) return {};
-      v.subdirs.push_back(std::move(s));
-    }
-    if (!r.U32(&nmatch)) return {};
-    for (std::uint32_t i = 0; i < nmatch; ++i) {
-      unsigned char type = 0;
-      std::string s;
-      if (!r.U8(&type) || !r.Str(&s)) return {};
-      v.matches.emplace_back(static_cast<char>(type), std::move(s));
-    }
-    cache.emplace(std::move(rel), std::move(v));
-  }
-  return cache;
-}
-
-void SaveCache(const std::string& dir, const std::string& path, const Cache& cache) {
-  std::string out(kMagic);
-  for (const auto& [rel, v] : cache) {
-    if (!v.cacheable) continue;
-    PutStr(&out, rel);
-    PutRaw(&out, &v.mtime_s, 8);
-    PutRaw(&out, &v.mtime_ns, 8);
-    PutRaw(&out, &v.ctime_s, 8);
-    PutRaw(&out, &v.ctime_ns, 8);
-    PutRaw(&out, &v.ino, 8);
-    PutRaw(&out, &v.dev, 8);
-    unsigned char one = 1;
-    PutRaw(&out, &one, 1);
-    auto nsub = static_cast<std::uint32_t>(v.subdirs.size());
-    PutRaw(&out, &nsub, 4);
-    for (const auto& s : v.subdirs) PutStr(&out, s);
-    auto nmatch = static_cast<std::uint32_t>(v.matches.size());
-    PutRaw(&out, &nmatch, 4);
-    for (const auto& [type, name] : v.matches) {
-      PutRaw(&out, &type, 1);
-      PutStr(&out, name);
-    }
-  }
+void SaveCache(const std::string& dir, const std::string& path, const std::string& out) {
   // Best effort: a cache that cannot be written only costs the next run time.
   std::string parent = paths::Parent(dir);
   mkdir(paths::Parent(parent).c_str(), 0700);
@@ -259,9 +328,9 @@ bool StatDir(int root, const std::string& rel, DirStamp* out) {
   return true;
 }
 
-bool Matches(const DirVerdict& v, const DirStamp& s) {
-  return v.cacheable && v.ino == s.ino && v.dev == s.dev && v.mtime_s == s.mtime_s && v.mtime_ns == s.mtime_ns &&
-         v.ctime_s == s.ctime_s && v.ctime_ns == s.ctime_ns;
+bool SameStamp(const DirStamp& a, const DirStamp& b) {
+  return a.ino == b.ino && a.dev == b.dev && a.mtime_s == b.mtime_s && a.mtime_ns == b.mtime_ns &&
+         a.ctime_s == b.ctime_s && a.ctime_ns == b.ctime_ns;
 }
 
 std::int64_t NowSeconds() {
@@ -270,11 +339,72 @@ std::int64_t NowSeconds() {
   return ts.tv_sec;
 }
 
+// One match of a directory, as the sandbox will see it (appended to `out`).
+void AddMatch(const GlobScan& scan, const std::string& rel, char type, std::string_view name,
+              const std::string& workspace_source, const std::string& workspace_target, std::vector<DenyMatch>* out) {
+  std::string child = rel;
+  if (!child.empty()) child += '/';
+  child.append(name);
+  std::string host = paths::Join(scan.source_root, child);
+  DenyMatch m{host, paths::Rebase(host, scan.source_root, scan.target_root), type == 'd'};
+  if (type == 'l') {
+    // A link named like a secret: mask what it points at, when that is visible inside.
+    char* real = realpath(host.c_str(), nullptr);
+    if (!real) return;
+    std::string resolved(real);
+    free(real);
+    if (!paths::IsWithin(resolved, workspace_source)) return;
+    struct stat ts {};
+    if (stat(resolved.c_str(), &ts) != 0) return;
+    m = {resolved, paths::Rebase(resolved, workspace_source, workspace_target), S_ISDIR(ts.st_mode)};
+  }
+  out->push_back(std::move(m));
+}
+
+void PushChild(std::vector<std::string>* pending, const std::string& rel, std::string_view name) {
+  std::string& child = pending->emplace_back();
+  child.reserve(rel.size() + 1 + name.size());
+  if (!rel.empty()) {
+    child = rel;
+    child += '/';
+  }
+  child.append(name);
+}
+
 }  // namespace
+
+const DirStamp* DirStampMemo::Find(const std::string& rel) {
+  last_found_ = SIZE_MAX;
+  if (recording_ || stamps_.empty()) return nullptr;
+  std::size_t at = SIZE_MAX;
+  if (cursor_ < stamps_.size() && stamps_[cursor_].first == rel) {
+    at = cursor_;
+  } else {
+    if (index_.empty()) {
+      index_.reserve(stamps_.size());
+      for (std::size_t i = 0; i < stamps_.size(); ++i) index_.emplace(stamps_[i].first, i);
+    }
+    auto it = index_.find(rel);
+    if (it == index_.end()) return nullptr;
+    at = it->second;
+  }
+  cursor_ = at + 1;
+  last_found_ = at;
+  return &stamps_[at].second;
+}
+
+void DirStampMemo::Put(const std::string& rel, const DirStamp& s) {
+  if (last_found_ < stamps_.size() && stamps_[last_found_].first == rel) {
+    stamps_[last_found_].second = s;
+    return;
+  }
+  stamps_.emplace_back(rel, s);
+  if (!index_.empty()) index_.emplace(stamps_.back().first, stamps_.size() - 1);
+}
 
 struct ScanCaches::Impl {
   std::mutex mu;
-  std::unordered_map<std::string, Cache> by_path;
+  std::unordered_map<std::string, Verdicts> by_path;
 };
 
 ScanCaches::ScanCaches() : impl_(std::make_unique<Impl>()) {}
@@ -292,9 +422,7 @@ Status ScanDenyGlobs(const GlobScan& scan, const std::string& workspace_source, 
   }
 
   std::string cache_path;
-  // Updated in place: what this scan reads replaces what it held, and what
-  // it never reached is dropped at the end.
-  Cache cache;
+  Verdicts cache;
   if (!cache_dir.empty()) {
     std::string key = scan.source_root + '\0' + scan.pattern_base;
     for (const auto& p : scan.patterns) key += '\0' + p;
@@ -309,18 +437,32 @@ Status ScanDenyGlobs(const GlobScan& scan, const std::string& workspace_source, 
         taken = true;
       }
     }
-    if (!taken) cache = LoadCache(cache_path);
+    if (!taken) cache = Verdicts(ReadCacheFile(cache_path));
+    cache.Rewind();
   }
+  // What this walk found, in the order it went, for the next one: each
+  // directory a record of the cache as it was (unchanged) or one written
+  // anew into `fresh` (read again). Only when something changed is a new
+  // file put together.
+  struct Visit {
+    const Record* old;  // or null: fresh[offset, offset + size)
+    std::size_t offset = 0, size = 0;
+  };
+  std::vector<Visit> visits;
+  visits.reserve(cache.size() + 16);
+  std::string fresh;
+  std::size_t reused = 0;
   // Left uninitialised: getdents64 writes what is read. Zeroing it touched
   // all 16 of its pages, a page fault each, in every scan of every run,
   // where a scan of unchanged directories reads none.
-  auto buffer = std::make_unique_for_overwrite<DirentBuffer>();
+  std::unique_ptr<DirentBuffer> buffer;
   bool changed = false;
   // A directory changed in the last second may change again within the same
   // timestamp tick without its mtime moving: read it again next time.
   const std::int64_t settled_before = NowSeconds() - 1;
 
   if (memo && memo->root() != scan.source_root) memo = nullptr;
+  if (memo) memo->BeginWalk();
   std::vector<std::string> pending = {""};
   while (!pending.empty()) {
     std::string rel = std::move(pending.back());
@@ -337,68 +479,62 @@ Status ScanDenyGlobs(const GlobScan& scan, const std::string& workspace_source, 
       continue;  // vanished, or no longer a directory: nothing of it is visible either
     }
     ++stats->directories;
-    auto hit = cache.find(rel);
-    DirVerdict* verdict = nullptr;  // the cache's node (stable while the walk goes on)
-    if (hit != cache.end() && Matches(hit->second, stamp)) {
-      verdict = &hit->second;
+    const Record* hit = cache_path.empty() ? nullptr : cache.Find(rel);
+    if (hit && SameStamp(hit->stamp, stamp)) {
       if (memo && !seen) memo->Put(rel, stamp);
-    } else {
-      DirVerdict v;
-      struct stat st {};
-      UniqueFd dir = OpenBeneath(root.get(), rel, O_RDONLY | O_DIRECTORY);
-      if (!dir.valid() || fstat(dir.get(), &st) != 0) continue;  // unreadable: not visible inside either
-      ++stats->directories_read;
-      if (memo) memo->Put(rel, StampOf(st));
-      v.ino = st.st_ino;
-      v.dev = st.st_dev;
-      v.mtime_s = st.st_mtim.tv_sec;
-      v.mtime_ns = st.st_mtim.tv_nsec;
-      v.ctime_s = st.st_ctim.tv_sec;
-      v.ctime_ns = st.st_ctim.tv_nsec;
-      v.cacheable = st.st_mtim.tv_sec < settled_before && st.st_ctim.tv_sec < settled_before;
-      ReadDir(dir.get(), rel, scan, matchers, buffer.get(), &v, stats);
-      // The file changes only if what it would hold changes.
-      if (v.cacheable || (hit != cache.end() && hit->second.cacheable)) changed = true;
-      if (hit != cache.end()) {
-        hit->second = std::move(v);
-        verdict = &hit->second;
-      } else {
-        verdict = &cache.emplace(rel, std::move(v)).first->second;
-      }
-    }
-    verdict->visited = true;
-    for (const auto& [type, name] : verdict->matches) {
-      std::string host = paths::Join(scan.source_root, rel.empty() ? name : rel + "/" + name);
-      DenyMatch m{host, paths::Rebase(host, scan.source_root, scan.target_root), type == 'd'};
-      if (type == 'l') {
-        // A link named like a secret: mask what it points at, when that is visible inside.
-        char* real = realpath(host.c_str(), nullptr);
-        if (!real) continue;
-        std::string resolved(real);
-        free(real);
-        if (!paths::IsWithin(resolved, workspace_source)) continue;
-        struct stat ts {};
-        if (stat(resolved.c_str(), &ts) != 0) continue;
-        m = {resolved, paths::Rebase(resolved, workspace_source, workspace_target), S_ISDIR(ts.st_mode)};
-      }
-      matches->push_back(std::move(m));
-    }
-    for (const auto& s : verdict->subdirs) pending.push_back(rel.empty() ? s : rel + "/" + s);
-  }
-  // Directories that went away drop out of the file too.
-  for (auto it = cache.begin(); it != cache.end();) {
-    if (it->second.visited) {
-      ++it;
+      visits.push_back({hit});
+      ++reused;
+      ForEachName(hit->matches, hit->nmatch, true, [&](char type, std::string_view name) {
+        AddMatch(scan, rel, type, name, workspace_source, workspace_target, matches);
+      });
+      ForEachName(hit->subs, hit->nsub, false, [&](char, std::string_view name) { PushChild(&pending, rel, name); });
       continue;
     }
-    changed = changed || it->second.cacheable;
-    it = cache.erase(it);
+    DirVerdict v;
+    struct stat st {};
+    UniqueFd dir = OpenBeneath(root.get(), rel, O_RDONLY | O_DIRECTORY);
+    if (!dir.valid() || fstat(dir.get(), &st) != 0) continue;  // unreadable: not visible inside either
+    ++stats->directories_read;
+    v.stamp = StampOf(st);
+    if (memo) memo->Put(rel, v.stamp);
+    v.cacheable = st.st_mtim.tv_sec < settled_before && st.st_ctim.tv_sec < settled_before;
+    if (!buffer) buffer = std::make_unique_for_overwrite<DirentBuffer>();
+    ReadDir(dir.get(), rel, scan, matchers, buffer.get(), &v, stats);
+    // The file changes only if what it would hold changes.
+    if (v.cacheable || hit) changed = true;
+    if (v.cacheable && !cache_path.empty()) {
+      const std::size_t offset = fresh.size();
+      PutRecord(&fresh, rel, v);
+      visits.push_back({nullptr, offset, fresh.size() - offset});
+    }
+    for (const auto& [type, name] : v.matches) {
+      AddMatch(scan, rel, type, name, workspace_source, workspace_target, matches);
+    }
+    for (const auto& name : v.subdirs) PushChild(&pending, rel, name);
   }
-  if (!cache_path.empty() && changed) {
-    SaveCache(cache_dir, cache_path, cache);
+  if (memo) memo->EndWalk();
+  if (cache_path.empty()) return {};
+  // Directories that went away drop out of the file too.
+  if (reused != cache.size()) changed = true;
+  if (changed) {
+    std::string out(kMagic);
+    const std::size_t sum_at = out.size();
+    const auto count = static_cast<std::uint32_t>(visits.size());
+    PutRaw(&out, &count, 4);  // the checksum's place
+    PutRaw(&out, &count, 4);
+    for (const auto& visit : visits) {
+      if (visit.old) {
+        out.append(visit.old->bytes);
+      } else {
+        out.append(fresh, visit.offset, visit.size);
+      }
+    }
+    const std::uint32_t sum = Checksum(std::string_view(out).substr(sum_at + 4));
+    std::memcpy(out.data() + sum_at, &sum, 4);
+    SaveCache(cache_dir, cache_path, out);
+    if (kept) cache = Verdicts(std::move(out));
   }
-  if (kept && !cache_path.empty()) {
-    for (auto& entry : cache) entry.second.visited = false;
+  if (kept) {
     std::lock_guard<std::mutex> lock(kept->impl().mu);
     kept->impl().by_path[cache_path] = std::move(cache);
   }

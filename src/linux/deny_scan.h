@@ -8,8 +8,10 @@
 // cannot set back), so an unchanged one need not be read again. A
 // directory modified within a second of being read is never cached (the
 // kernel's coarse timestamps could hide a later change in the same tick).
-// The cache lives outside every tree the sandbox can write; a damaged or
-// foreign cache file is ignored, never trusted.
+// The cache lives outside every tree the sandbox can write; a damaged
+// (its checksum) or foreign cache file is ignored, never trusted. It lists
+// the directories in the order the walk visits them, so that a walk of an
+// unchanged tree finds each directory's verdict next in line.
 //
 // Revalidating an unchanged directory costs one statx(2) by its path below
 // the scan's root, no open. That path may cross a symlink only if some
@@ -25,8 +27,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -57,20 +61,30 @@ struct DirStamp {
 // it (the deny globs, then the git repositories) so that each directory is
 // looked at once per launch. Filled and read within one ResolvePlan, while
 // nothing of the sandbox runs; never kept across runs (the end-of-run audit
-// looks again).
+// looks again). The first scan records, in the order it walks; a later one
+// walks the same tree in nearly the same order, so a lookup is mostly a
+// comparison with the next stamp recorded (an index is built only when the
+// walks part, at a directory one of them does not enter).
 class DirStampMemo {
  public:
   explicit DirStampMemo(std::string root) : root_(std::move(root)) {}
   const std::string& root() const { return root_; }
-  const DirStamp* Find(const std::string& rel) const {
-    auto it = stamps_.find(rel);
-    return it == stamps_.end() ? nullptr : &it->second;
+  // A scan starts: the first one records, a later one looks up.
+  void BeginWalk() {
+    recording_ = stamps_.empty();
+    cursor_ = 0;
   }
-  void Put(const std::string& rel, const DirStamp& s) { stamps_[rel] = s; }
+  void EndWalk() { recording_ = false; }
+  const DirStamp* Find(const std::string& rel);
+  void Put(const std::string& rel, const DirStamp& s);
 
  private:
   std::string root_;
-  std::unordered_map<std::string, DirStamp> stamps_;
+  std::deque<std::pair<std::string, DirStamp>> stamps_;      // in the order taken (stable addresses)
+  std::unordered_map<std::string_view, std::size_t> index_;  // built at the first lookup out of order
+  std::size_t cursor_ = 0;
+  std::size_t last_found_ = SIZE_MAX;
+  bool recording_ = true;
 };
 
 // The caches a process's scans loaded, kept for its later scans of the same

@@ -191,11 +191,69 @@ TEST_F(DenyScanTest, ADamagedCacheIsIgnored) {
   ScanStats s1, s2;
   Scan({"**/.env"}, cache_, &s1);
   for (const auto& e : fs::directory_iterator(cache_)) {
-    std::ofstream(e.path(), std::ios::binary | std::ios::trunc) << "agentbox-deny-scan-2\n\xff\xff\xff\xff garbage";
+    std::ofstream(e.path(), std::ios::binary | std::ios::trunc) << "agentbox-deny-scan-3\n\xff\xff\xff\xff garbage";
   }
   auto b = Scan({"**/.env"}, cache_, &s2);
   EXPECT_EQ(b, (std::vector<std::string>{"/inside/.env", "/inside/a/b/.env"}));
   EXPECT_EQ(s2.directories_read, 4u);
+}
+
+// A cache cut short anywhere (a full disk, a crash mid-write by hand) is
+// ignored whole: every directory is read again and the matches are right.
+// One with a byte changed anywhere serves a directory only where the
+// directory's stamp still matches, so the matches are right either way.
+TEST_F(DenyScanTest, ACacheCutShortOrWithAByteChangedNeverHidesAMatch) {
+  AgeAllDirectories();
+  ScanStats first;
+  const std::vector<std::string> want = {"/inside/.env", "/inside/a/b/.env"};
+  ASSERT_EQ(Scan({"**/.env"}, cache_, &first), want);
+  std::string path, good;
+  for (const auto& e : fs::directory_iterator(cache_)) path = e.path();
+  {
+    std::ifstream in(path, std::ios::binary);
+    good.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  ASSERT_GT(good.size(), 100u);
+  auto put = [&](const std::string& bytes) { std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes; };
+  for (std::size_t len = 0; len < good.size(); ++len) {
+    put(good.substr(0, len));
+    ScanStats s;
+    ASSERT_EQ(Scan({"**/.env"}, cache_, &s), want) << "cut at " << len;
+    ASSERT_EQ(s.directories_read, 4u) << "cut at " << len;
+  }
+  for (std::size_t at = 0; at < good.size(); ++at) {
+    std::string bad = good;
+    bad[at] = static_cast<char>(bad[at] ^ 0x5a);
+    put(bad);
+    ScanStats s;
+    ASSERT_EQ(Scan({"**/.env"}, cache_, &s), want) << "byte " << at << " changed";
+  }
+}
+
+// The cache lists directories in the order the last walk visited them; a
+// walk that leaves that order (a directory added before the others) still
+// finds every unchanged one in it, and reads only what changed.
+TEST_F(DenyScanTest, AWalkOutOfTheCachesOrderStillUsesIt) {
+  for (const char* d : {"d1", "d2", "d3", "d4"}) {
+    fs::create_directories(ws_ + "/" + d + "/deep");
+    Touch(ws_ + "/" + d + "/deep/.env");
+  }
+  AgeAllDirectories();
+  ScanStats s1, s2, s3;
+  Scan({"**/.env"}, cache_, &s1);
+  EXPECT_EQ(s1.directories_read, 12u);
+  fs::create_directories(ws_ + "/0first/deep");
+  Touch(ws_ + "/0first/deep/.env");
+  fs::create_directories(ws_ + "/zlast");
+  AgeAllDirectories();
+  auto after = Scan({"**/.env"}, cache_, &s2);
+  EXPECT_EQ(after.size(), 7u);
+  EXPECT_NE(std::find(after.begin(), after.end(), "/inside/0first/deep/.env"), after.end());
+  // The root, every directory (aged again, so each has a new ctime) — and
+  // then, with nothing changed, none.
+  Scan({"**/.env"}, cache_, &s3);
+  EXPECT_EQ(s3.directories, 15u);
+  EXPECT_EQ(s3.directories_read, 0u);
 }
 
 TEST_F(DenyScanTest, DifferentPatternsDoNotShareACache) {
