@@ -19,6 +19,9 @@ nm --defined-only "$bin" | awk '$2 ~ /^[TtWw]$/ { print $1, $3 }' >"$work/functi
 mkdir "$work/ws"
 git -C "$work/ws" init -q
 echo 'print("hello")' >"$work/ws/main.py"
+# Settled (changed over a second ago), so that the scans' caches keep its
+# directories and the later runs take the cached path, as an agent's do.
+sleep 2
 
 n=0
 traced() {
