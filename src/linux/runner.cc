@@ -1010,19 +1010,50 @@ pid_t SpawnCallKeeper(const ExecRequest& req, const char* cwd, int in_fd, int ou
   return pid;
 }
 
-std::string ReadAllFrom(int fd, size_t cap) {
-  std::string out;
+// Reads `n` bytes at `off` into `dst`; the count read (short at the end).
+size_t PreadFully(int fd, char* dst, size_t n, off_t off) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = pread(fd, dst + got, n - got, off + static_cast<off_t>(got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    got += static_cast<size_t>(r);
+  }
+  return got;
+}
+
+// A request that came in a memfd (at most `cap` bytes of it): its JSON
+// line into `json`, and what follows the line (a write_file's content) into
+// `raw`, sized once from the file's size and read in place. A 1 MiB
+// content grown by appends was copied five times over, a fresh mapping
+// faulted in each time.
+void ReadRequestFrom(int fd, size_t cap, std::string* json, std::string* raw) {
+  struct stat st {};
+  const size_t size = fstat(fd, &st) == 0 ? std::min(static_cast<size_t>(st.st_size), cap + 1) : 0;
   char buf[65536];
   off_t off = 0;
   for (;;) {
-    ssize_t r = pread(fd, buf, sizeof(buf), off);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) break;
-    out.append(buf, static_cast<size_t>(r));
-    off += r;
-    if (out.size() > cap) break;
+    const size_t got = PreadFully(fd, buf, sizeof(buf), off);
+    if (got == 0) return;
+    const char* nl = static_cast<const char*>(std::memchr(buf, '\n', got));
+    json->append(buf, nl ? static_cast<size_t>(nl - buf) : got);
+    off += static_cast<off_t>(nl ? static_cast<size_t>(nl - buf) + 1 : got);
+    if (json->size() > cap) return;
+    if (nl) break;
   }
-  return out;
+  const size_t at = static_cast<size_t>(off);
+  if (size > at) {
+    raw->resize(size - at);
+    raw->resize(PreadFully(fd, raw->data(), raw->size(), off));
+    off += static_cast<off_t>(raw->size());
+  }
+  // A file that grew after fstat, or one without a size: the rest in chunks.
+  while (json->size() + raw->size() <= cap) {
+    const size_t got = PreadFully(fd, buf, sizeof(buf), off);
+    if (got == 0) break;
+    raw->append(buf, got);
+    off += static_cast<off_t>(got);
+  }
 }
 
 std::string JsonEscape(const std::string& s) {
@@ -1230,9 +1261,11 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
       }
       if (n > 0 && !(msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
         std::string text(payload, static_cast<size_t>(n));
+        std::string raw;  // what followed the request's JSON line in its memfd
         size_t first_io = 0;
         if (text == "@" && !received.empty()) {  // the request is in a memfd
-          text = ReadAllFrom(received[0].get(), 256u << 20);
+          text.clear();
+          ReadRequestFrom(received[0].get(), 256u << 20, &text, &raw);
           first_io = 1;
         }
         nlohmann::json req = nlohmann::json::parse(ControlRequestJson(text), nullptr, false);
@@ -1311,7 +1344,7 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
             const int answer_fd = fcntl(received[first_io].get(), F_DUPFD_CLOEXEC, 3);
             if (answer_fd < 0 || dup3(answer_fd, 3, O_CLOEXEC) < 0) _exit(125);
             CloseFds(4);
-            FileOpAnswer answer = hooks.file_op(std::move(text));
+            FileOpAnswer answer = hooks.file_op(std::move(text), std::move(raw));
             WriteFully(3, answer.head);
             WriteFully(3, answer.body);
             _exit(0);

@@ -54,8 +54,11 @@ struct FileOpAnswer {
 
 struct SessionHooks {
   // Takes the request (its own copy, in the forked process: a write_file's
-  // content is moved out of it, not copied).
-  FileOpAnswer (*file_op)(std::string request) = nullptr;
+  // content is moved out of it, not copied) and, for a request that came in
+  // a memfd, the bytes after its JSON line apart in `raw` (read into a
+  // string of their own size, never copied again: empty otherwise, the
+  // bytes then following the line in `request`).
+  FileOpAnswer (*file_op)(std::string request, std::string raw) = nullptr;
   Status (*copy_upper)(int from_dir, int to_dir) = nullptr;  // linux/mounts.h UpperFs
 };
 

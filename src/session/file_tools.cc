@@ -451,7 +451,11 @@ Json EditFile(const Json& input, const FileToolLimits& limits) {
     return ToolError("edit " + path + ": file is " + std::to_string(st.st_size) + " bytes, more than the limit of " +
                      std::to_string(limits.max_write_bytes));
   }
+  // One buffer for the file and the edit, sized once: a 1 MiB file read by
+  // appends, then cut and joined into a second string, faulted in ~4 MiB of
+  // fresh mappings in the tool's process.
   std::string text;
+  text.reserve(static_cast<std::size_t>(st.st_size) + new_text->size() + 1);
   if (!ReadAll(fd.get(), &text)) return FromErrno(errno, "read", "read", path);
   fd.reset();
 
@@ -462,14 +466,15 @@ Json EditFile(const Json& input, const FileToolLimits& limits) {
   }
   if (count == 0) return ToolError("old text not found in " + path);
   if (count > 1) return ToolError("old text occurs " + std::to_string(count) + " times in " + path);
-  std::string edited = text.substr(0, at) + *new_text + text.substr(at + old_text->size());
-  if (edited.size() > limits.max_write_bytes) {
-    return ToolError("edit " + path + ": the result would be " + std::to_string(edited.size()) +
+  const std::size_t edited_size = text.size() - old_text->size() + new_text->size();
+  if (edited_size > limits.max_write_bytes) {
+    return ToolError("edit " + path + ": the result would be " + std::to_string(edited_size) +
                      " bytes, more than the limit of " + std::to_string(limits.max_write_bytes));
   }
-  Json result = WriteContent(path, edited);
-  if (result["kind"] != "ok") return result;
   const std::size_t line = static_cast<std::size_t>(std::count(text.begin(), text.begin() + at, '\n')) + 1;
+  text.replace(at, old_text->size(), *new_text);  // in place: the text before `at` stays as it was
+  Json result = WriteContent(path, text);
+  if (result["kind"] != "ok") return result;
   Json done = Ok("edited " + path + ": replaced 1 occurrence at line " + std::to_string(line));
   done["line"] = line;
   return done;

@@ -51,7 +51,7 @@ using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 // Runs in a process forked by the init, inside the sandbox.
-linux::FileOpAnswer FileOp(std::string request) {
+linux::FileOpAnswer FileOp(std::string request, std::string raw) {
   const std::string_view header = linux::ControlRequestJson(request);
   const std::size_t header_size = header.size();
   json req = json::parse(header, nullptr, false);
@@ -62,11 +62,16 @@ linux::FileOpAnswer FileOp(std::string request) {
   limits.workspace = req.value("workspace", std::string("/"));
   if (req.contains("max_read_bytes")) limits.max_read_bytes = req["max_read_bytes"].get<std::size_t>();
   json input = req.contains("input") ? std::move(req["input"]) : json::object();
-  // An input field that came as it is, after the JSON (World::File): moved
-  // out of the request, in place.
-  if (req.contains("raw") && req["raw"].is_string() && header_size < request.size() && input.is_object()) {
-    request.erase(0, header_size + 1);
-    input[req["raw"].get<std::string>()] = std::move(request);
+  // An input field that came as it is, after the JSON (World::File): apart
+  // already when the request came in a memfd, else moved out of the
+  // request, in place.
+  if (req.contains("raw") && req["raw"].is_string() && input.is_object()) {
+    if (header_size < request.size()) {
+      request.erase(0, header_size + 1);
+      input[req["raw"].get<std::string>()] = std::move(request);
+    } else if (!raw.empty()) {
+      input[req["raw"].get<std::string>()] = std::move(raw);
+    }
   }
   // The answer: one JSON line without "output", then the output's bytes as
   // they are (a 1 MiB file is not escaped here and parsed back there).

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "daemon_fixture.h"
+#include "policy/sha256.h"
 
 namespace agentbox::session_test {
 namespace {
@@ -51,6 +52,26 @@ TEST_F(SessionsTest, WarmCallsReuseTheSameSandbox) {
     EXPECT_EQ(Output(r), "1\n") << "the world's /tmp is gone: a new sandbox per call? " << r.dump();
   }
   EXPECT_EQ(d_.Children(), after_first) << "the daemon's sandbox processes changed between warm calls";
+}
+
+// A write_file larger than a control message travels in a memfd, its
+// content after the request's JSON line: every byte of it lands, whatever
+// it holds (leading newlines, lines that look like JSON, multi-byte UTF-8),
+// and a content of a few bytes after it takes the inline path again.
+TEST_F(SessionsTest, ALargeWriteFileLandsByteForByte) {
+  std::string id = CreateSession(c(), ws_.path());
+  std::string big = "\n\n{\"op\":\"exec\",\"argv\":[\"false\"]}\n";
+  for (int i = 0; big.size() < (1u << 20) + 17; ++i) {
+    big += "line " + std::to_string(i) + " \xc3\xa9t\xc3\xa9 \xe2\x82\xac " + std::string(i % 50, '.') + "\n";
+  }
+  json w = Execute(c(), id, "write_file", {{"path", "big.txt"}, {"content", big}});
+  ASSERT_EQ(w.value("is_error", true), false) << w.dump().substr(0, 400);
+  EXPECT_EQ(Output(Bash(c(), id, "wc -c < big.txt")), std::to_string(big.size()) + "\n");
+  EXPECT_EQ(Output(Bash(c(), id, "sha256sum big.txt | cut -c1-64")), agentbox::Sha256Hex(big) + "\n")
+      << "the file differs from what was written";
+  json small = Execute(c(), id, "write_file", {{"path", "big.txt"}, {"content", "\n"}});
+  ASSERT_EQ(small.value("is_error", true), false) << small.dump();
+  EXPECT_EQ(Output(Bash(c(), id, "od -An -c big.txt | tr -d ' '")), "\\n\n");
 }
 
 TEST_F(SessionsTest, FileToolsAndShellSeeTheSameFiles) {
