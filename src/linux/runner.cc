@@ -866,6 +866,7 @@ bool g_inside_gvisor = false;
     }
     close_from_to(next, ~0U);
   }
+  PreferForOomKill();
   auto fail = [&](const char* stage, const char* syscall_name) {
     WriteFully(result_fd, std::string("{\"t\":\"exec_error\",\"stage\":\"") + stage + "\",\"syscall\":\"" +
                               syscall_name + "\",\"path\":\"\",\"message\":\"\",\"errno\":" + std::to_string(errno) +
@@ -1344,6 +1345,7 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
             const int answer_fd = fcntl(received[first_io].get(), F_DUPFD_CLOEXEC, 3);
             if (answer_fd < 0 || dup3(answer_fd, 3, O_CLOEXEC) < 0) _exit(125);
             CloseFds(4);
+            PreferForOomKill();
             FileOpAnswer answer = hooks.file_op(std::move(text), std::move(raw));
             WriteFully(3, answer.head);
             WriteFully(3, answer.body);

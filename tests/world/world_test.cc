@@ -729,6 +729,16 @@ TEST_F(WorldTest, TheWorldsDnsAndConnectsAreDecidedAndNamed) {
   EXPECT_TRUE(connect) << r["outcome"].dump();
 }
 
+// What the kernel's OOM killer takes first in a session's cgroup: a call's
+// processes (its keeper and what it starts score 1000), not the world's
+// init (pid 1 of the world's namespace only, which the kernel does not
+// exempt; it keeps 0).
+TEST_F(WorldTest, TheOomKillerPrefersACallsProcessesToTheWorldsInit) {
+  std::string id = Create("");
+  Json r = Bash(id, "cat /proc/self/oom_score_adj /proc/1/oom_score_adj");
+  EXPECT_EQ(r["output"], "1000\n0\n") << r.dump();
+}
+
 TEST_F(WorldTest, ACappedUpperLayerCountsTowardTheSessionsMemory) {
   std::string id = Create("resources:\n  memory_gib: { limit: 128Mi }\n  disk_gib: 1\n");
   Json r = Bash(id, "echo small > s.txt; for i in 1 2 3 4; do dd if=/dev/zero of=f$i bs=1M count=100 status=none || exit 1; done");
@@ -737,6 +747,12 @@ TEST_F(WorldTest, ACappedUpperLayerCountsTowardTheSessionsMemory) {
     return;
   }
   EXPECT_EQ(r["kind"], "oom_killed") << r.dump();
+  // At the limit, each call that starts a process meets the OOM killer,
+  // which takes the call's processes and never the world's init.
+  for (int i = 0; i < 6; ++i) {
+    Json at_limit = Bash(id, "true");
+    EXPECT_TRUE(at_limit["kind"] == "exited" || at_limit["kind"] == "oom_killed") << at_limit.dump();
+  }
   // The session stays usable: removing files gives the memory back, and
   // what was written before is there. The call that removes them starts
   // with the session's memory still at its limit, so starting its processes
