@@ -237,20 +237,6 @@ inline void CloseFds(unsigned first, unsigned last = ~0U) {
   }
   close(dir);
 }
-// A session call's processes (its keeper, what it starts, a file tool's
-// process) go first when the kernel's OOM killer must choose in the
-// session's cgroup: a world's init is pid 1 of its own namespace only, which
-// the killer does not exempt, and with the memory held by files in the
-// capped upper layer it scored as high as any call's process; its death
-// ended the whole world. Raising one's own score takes no privilege; the
-// init keeps 0. Best effort: /proc may be absent (gVisor's is its own).
-inline void PreferForOomKill() {
-  const int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
-  if (fd < 0) return;
-  (void)!write(fd, "1000", 4);
-  close(fd);
-}
-
 inline int OpenTree(int dirfd, const char* path, unsigned flags) {
   return static_cast<int>(syscall(SYS_open_tree, dirfd, path, flags));
 }

@@ -469,6 +469,33 @@ struct SetUpResult {
   std::unique_ptr<NotifyResponder> responder;
   UniqueFd sigfd;
   sigset_t original;
+  UniqueFd oom_score;  // a session's init: its own /proc/self/oom_score_adj (OomScoreForChild)
+};
+
+// A session call's processes (its keeper and what it starts, a file tool's
+// process, the persistent shell's keeper) go first when the kernel's OOM
+// killer must choose in the session's cgroup. A world's init is pid 1 of its
+// own pid namespace only, which the killer does not exempt; with the
+// memory held by files in a capped upper layer it scored as high as any
+// call's process, and its death ended the whole world. The init raises its
+// own score to 1000 for each fork of such a process, which keeps it, and
+// lowers it to 0 again at once (no privilege is needed to go back to 0). It
+// writes through a descriptor opened while it was still dumpable: after
+// that its /proc files belong to root, which an unprivileged user's world
+// does not map. No call's process holds that descriptor (each closes every
+// descriptor it was not given).
+class OomScoreForChild {
+ public:
+  explicit OomScoreForChild(int fd) : fd_(fd) { Write("1000"); }
+  ~OomScoreForChild() { Write("0"); }
+  OomScoreForChild(const OomScoreForChild&) = delete;
+  OomScoreForChild& operator=(const OomScoreForChild&) = delete;
+
+ private:
+  void Write(const char* value) const {
+    if (fd_ >= 0) (void)!write(fd_, value, std::strlen(value));
+  }
+  int fd_;
 };
 
 // Every set-up step, in order; a failure is reported and ends the runner.
@@ -505,6 +532,9 @@ SetUpResult SetUpSandbox(const Plan& plan, const ResolvedPlan& resolved, int* st
     if (Status s = WriteIdMaps(plan.uid, plan.gid); !s.ok()) Fail(*status_fd, s);
     phases::Mark("runner: id maps");
   }
+  // A session's init: its OOM score, opened while it may (OomScoreForChild).
+  UniqueFd oom_score;
+  if (upper_fs) oom_score.reset(open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC));
   // Nobody inside may ptrace us, read our memory or /proc/1/fd, or forge our
   // status pipe. (After the id maps: a non-dumpable process cannot open its
   // own /proc/self/uid_map.)
@@ -554,6 +584,7 @@ SetUpResult SetUpSandbox(const Plan& plan, const ResolvedPlan& resolved, int* st
   if (chdir(plan.cwd.c_str()) != 0) Fail(*status_fd, Status::Errno("cwd", "chdir", plan.cwd));
 
   SetUpResult out;
+  out.oom_score = std::move(oom_score);
   sigset_t mask;
   sigemptyset(&mask);
   for (int sig : kForwarded) sigaddset(&mask, sig);
@@ -866,7 +897,6 @@ bool g_inside_gvisor = false;
     }
     close_from_to(next, ~0U);
   }
-  PreferForOomKill();
   auto fail = [&](const char* stage, const char* syscall_name) {
     WriteFully(result_fd, std::string("{\"t\":\"exec_error\",\"stage\":\"") + stage + "\",\"syscall\":\"" +
                               syscall_name + "\",\"path\":\"\",\"message\":\"\",\"errno\":" + std::to_string(errno) +
@@ -1135,6 +1165,7 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
     upper_fs.root.reset();
   }
   NotifyResponder* responder = set_up.responder.get();
+  const int oom_score_fd = set_up.oom_score.get();
   UniqueFd& sigfd = set_up.sigfd;
   const sigset_t& original = set_up.original;
   // The init's own stdio is its caller's (a daemon's log, an MCP server's
@@ -1319,7 +1350,11 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
             exec.extra_filter = &no_network_fprog;
             exec.end_with_command = true;
           }
-          pid_t child = terminating ? -1 : SpawnCallKeeper(exec, cwd.c_str(), in, out, res, log, original);
+          pid_t child = -1;
+          if (!terminating) {
+            OomScoreForChild score(oom_score_fd);
+            child = SpawnCallKeeper(exec, cwd.c_str(), in, out, res, log, original);
+          }
           if (child > 0) {
             SessionCall call;
             call.id = id;
@@ -1331,7 +1366,11 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
                                 std::to_string(terminating ? ESHUTDOWN : errno) + "}\n");
           }
         } else if (op == "file" && io == 1 && hooks.file_op) {
-          pid_t child = terminating ? -1 : fork();
+          pid_t child = -1;
+          if (!terminating) {
+            OomScoreForChild score(oom_score_fd);
+            child = fork();
+          }
           if (child == 0) {
             // As the init: not traceable, its memory and /proc files closed
             // to the session's commands (inherited across fork; said again).
@@ -1345,7 +1384,6 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
             const int answer_fd = fcntl(received[first_io].get(), F_DUPFD_CLOEXEC, 3);
             if (answer_fd < 0 || dup3(answer_fd, 3, O_CLOEXEC) < 0) _exit(125);
             CloseFds(4);
-            PreferForOomKill();
             FileOpAnswer answer = hooks.file_op(std::move(text), std::move(raw));
             WriteFully(3, answer.head);
             WriteFully(3, answer.body);
@@ -1385,7 +1423,11 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
             exec.signal_scope = signal_scope.valid() ? signal_scope.get() : -1;
             exec.tty_fd = pty->slave.get();
             const int master = pty->master.get();
-            pid_t child = SpawnCallKeeper(exec, cwd.c_str(), exec.tty_fd, exec.tty_fd, res, -1, original);
+            pid_t child = -1;
+            {
+              OomScoreForChild score(oom_score_fd);
+              child = SpawnCallKeeper(exec, cwd.c_str(), exec.tty_fd, exec.tty_fd, res, -1, original);
+            }
             static const char kPty[] = "{\"t\":\"pty\"}";
             if (child > 0 && SendWithFds(answer, kPty, sizeof(kPty) - 1, &master, 1)) {
               SessionCall call;
@@ -1426,7 +1468,11 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
                 continue;
               }
               UniqueFd ours(pair[0]), theirs(pair[1]);
-              const pid_t keeper = fork();
+              pid_t keeper = -1;
+              {
+                OomScoreForChild score(oom_score_fd);
+                keeper = fork();
+              }
               if (keeper == 0) {
                 ours.reset();
                 ShellKeeperMain(theirs.get(), signal_scope.valid() ? signal_scope.get() : -1, shell_hooks);

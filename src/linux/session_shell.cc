@@ -175,7 +175,6 @@ std::string ShellCallLine(const std::string& dir, long n, const std::string& cwd
     close_from_to(next, ~0U);
   }
   if (setsid() < 0 || prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0) _exit(125);
-  PreferForOomKill();
   sigset_t wait_for;
   sigemptyset(&wait_for);
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGCHLD}) sigaddset(&wait_for, sig);
