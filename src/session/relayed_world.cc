@@ -157,6 +157,10 @@ int RelayWorldLoop(supervise::WorldMachine& vm, const Plan& plan, net::SecretSto
     frame.text.assign(in.data(), static_cast<std::size_t>(n));
     if (frame.text == "@" && !passed.empty()) {  // a long request, in a memfd (world.cc)
       frame.text.clear();
+      // Sized once from the memfd: a 1 MiB write_file grown by appends went
+      // through fresh mappings of up to 2 MiB, each faulted in and copied.
+      struct stat st {};
+      if (fstat(passed[0].get(), &st) == 0 && st.st_size > 0) frame.text.reserve(static_cast<std::size_t>(st.st_size));
       char buf[65536];
       off_t off = 0;
       for (ssize_t r; (r = pread(passed[0].get(), buf, sizeof(buf), off)) > 0; off += r) {

@@ -526,25 +526,33 @@ Status World::SetMemoryLimit(std::uint64_t bytes) {
 
 Status World::SendControl(const json& request, const std::vector<int>& fds, const std::string* raw) {
   std::string text = report::CompactJson(request);
-  if (raw) {  // the field's bytes after the JSON (linux/runner.h)
-    text.reserve(text.size() + 1 + raw->size());
-    text += '\n';
-    text += *raw;
-  }
+  // The field's bytes, if any, follow the JSON after a newline (linux/runner.h).
+  const std::size_t whole = text.size() + (raw ? 1 + raw->size() : 0);
   UniqueFd memfd;
   std::vector<int> all = fds;
-  if (text.size() > kInlineRequest) {
+  if (whole > kInlineRequest) {
     memfd.reset(static_cast<int>(memfd_create("agentbox-request", MFD_CLOEXEC)));
     if (!memfd.valid()) return Status::Errno("session", "memfd_create");
-    size_t off = 0;
-    while (off < text.size()) {
-      ssize_t w = write(memfd.get(), text.data() + off, text.size() - off);
-      if (w < 0 && errno == EINTR) continue;
-      if (w < 0) return Status::Errno("session", "write", "memfd");
-      off += static_cast<size_t>(w);
+    // Each part written from where it is: a write_file's content is not
+    // copied behind the JSON first.
+    auto put = [&](const char* data, size_t size) {
+      size_t off = 0;
+      while (off < size) {
+        ssize_t w = write(memfd.get(), data + off, size - off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0) return false;
+        off += static_cast<size_t>(w);
+      }
+      return true;
+    };
+    if (!put(text.data(), text.size()) || (raw && (!put("\n", 1) || !put(raw->data(), raw->size())))) {
+      return Status::Errno("session", "write", "memfd");
     }
     text = "@";
     all.insert(all.begin(), memfd.get());
+  } else if (raw) {
+    text += '\n';
+    text += *raw;
   }
   struct iovec iov = {text.data(), text.size()};
   struct msghdr msg {};
