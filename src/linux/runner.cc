@@ -498,6 +498,13 @@ class OomScoreForChild {
   int fd_;
 };
 
+// fork() of a call's process by a session's init (`oom_score_fd`: its own
+// score, or -1), with the score that puts it before the init (above).
+pid_t ForkCallProcess(int oom_score_fd) {
+  OomScoreForChild score(oom_score_fd);
+  return fork();
+}
+
 // Every set-up step, in order; a failure is reported and ends the runner.
 // `upper_fs`: a session's upper layer with a size of its own (null: none).
 SetUpResult SetUpSandbox(const Plan& plan, const ResolvedPlan& resolved, int* status_fd, int* lifeline_fd,
@@ -1035,8 +1042,8 @@ bool g_inside_gvisor = false;
 }
 
 pid_t SpawnCallKeeper(const ExecRequest& req, const char* cwd, int in_fd, int out_fd, int result_fd, int log_fd,
-                      const sigset_t& mask) {
-  pid_t pid = fork();
+                      const sigset_t& mask, int oom_score_fd) {
+  pid_t pid = ForkCallProcess(oom_score_fd);
   if (pid == 0) CallKeeper(req, cwd, in_fd, out_fd, result_fd, log_fd, mask);
   return pid;
 }
@@ -1350,11 +1357,7 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
             exec.extra_filter = &no_network_fprog;
             exec.end_with_command = true;
           }
-          pid_t child = -1;
-          if (!terminating) {
-            OomScoreForChild score(oom_score_fd);
-            child = SpawnCallKeeper(exec, cwd.c_str(), in, out, res, log, original);
-          }
+          pid_t child = terminating ? -1 : SpawnCallKeeper(exec, cwd.c_str(), in, out, res, log, original, oom_score_fd);
           if (child > 0) {
             SessionCall call;
             call.id = id;
@@ -1366,11 +1369,7 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
                                 std::to_string(terminating ? ESHUTDOWN : errno) + "}\n");
           }
         } else if (op == "file" && io == 1 && hooks.file_op) {
-          pid_t child = -1;
-          if (!terminating) {
-            OomScoreForChild score(oom_score_fd);
-            child = fork();
-          }
+          pid_t child = terminating ? -1 : ForkCallProcess(oom_score_fd);
           if (child == 0) {
             // As the init: not traceable, its memory and /proc files closed
             // to the session's commands (inherited across fork; said again).
@@ -1423,11 +1422,8 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
             exec.signal_scope = signal_scope.valid() ? signal_scope.get() : -1;
             exec.tty_fd = pty->slave.get();
             const int master = pty->master.get();
-            pid_t child = -1;
-            {
-              OomScoreForChild score(oom_score_fd);
-              child = SpawnCallKeeper(exec, cwd.c_str(), exec.tty_fd, exec.tty_fd, res, -1, original);
-            }
+            pid_t child =
+                SpawnCallKeeper(exec, cwd.c_str(), exec.tty_fd, exec.tty_fd, res, -1, original, oom_score_fd);
             static const char kPty[] = "{\"t\":\"pty\"}";
             if (child > 0 && SendWithFds(answer, kPty, sizeof(kPty) - 1, &master, 1)) {
               SessionCall call;
@@ -1468,11 +1464,7 @@ void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_
                 continue;
               }
               UniqueFd ours(pair[0]), theirs(pair[1]);
-              pid_t keeper = -1;
-              {
-                OomScoreForChild score(oom_score_fd);
-                keeper = fork();
-              }
+              const pid_t keeper = ForkCallProcess(oom_score_fd);
               if (keeper == 0) {
                 ours.reset();
                 ShellKeeperMain(theirs.get(), signal_scope.valid() ? signal_scope.get() : -1, shell_hooks);

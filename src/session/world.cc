@@ -535,17 +535,9 @@ Status World::SendControl(const json& request, const std::vector<int>& fds, cons
     if (!memfd.valid()) return Status::Errno("session", "memfd_create");
     // Each part written from where it is: a write_file's content is not
     // copied behind the JSON first.
-    auto put = [&](const char* data, size_t size) {
-      size_t off = 0;
-      while (off < size) {
-        ssize_t w = write(memfd.get(), data + off, size - off);
-        if (w < 0 && errno == EINTR) continue;
-        if (w < 0) return false;
-        off += static_cast<size_t>(w);
-      }
-      return true;
-    };
-    if (!put(text.data(), text.size()) || (raw && (!put("\n", 1) || !put(raw->data(), raw->size())))) {
+    const bool written = linux::WriteAll(memfd.get(), text) &&
+                         (!raw || (linux::WriteAll(memfd.get(), "\n") && linux::WriteAll(memfd.get(), *raw)));
+    if (!written) {
       return Status::Errno("session", "write", "memfd");
     }
     text = "@";
