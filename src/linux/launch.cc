@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <optional>
 
 #include "linux/compat.h"
 #include "linux/namespaces.h"
@@ -49,17 +50,19 @@ Result<Launched> Launch(const Plan& plan, const std::vector<std::string>& argv, 
     task_files = std::move(*files);
   }
 
-  // The seccomp program travels over a socketpair: compiled here while the
-  // runner builds the root (see seccomp_filter.h).
-  const bool filtered = plan.confined && plan.seccomp.enabled;
-  UniqueFd filter_send, filter_recv;
-  if (filtered) {
-    int sv[2];
-    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
-      return Status::Errno("launch", "socketpair");
+  // The seccomp program, compiled (or read from its cache) before the
+  // clone: the runner inherits it (see seccomp_filter.h). None when it
+  // could not be compiled: the runner then refuses with stage seccomp, and
+  // the reason is kept for the report.
+  std::optional<BpfProgram> filter;
+  if (plan.confined && plan.seccomp.enabled) {
+    auto program = CompileSeccompCached(plan.seccomp);
+    if (program.ok()) {
+      filter = std::move(*program);
+    } else {
+      out.filter_error = program.status();
     }
-    filter_send.reset(sv[0]);
-    filter_recv.reset(sv[1]);
+    phases::Mark("seccomp compiled");
   }
 
   // The proxy's listeners come back over another: created by the runner
@@ -139,10 +142,11 @@ Result<Launched> Launch(const Plan& plan, const std::vector<std::string>& argv, 
       }
     }
     if (session) {
-      SessionInitMain(plan, out.resolved, status_w.get(), lifeline_r.get(), filter_recv.get(), proxy_send.get(),
-                      session->control_fd, session->upper_seed_fd, session->hooks);
+      SessionInitMain(plan, out.resolved, status_w.get(), lifeline_r.get(), filter ? &*filter : nullptr,
+                      proxy_send.get(), session->control_fd, session->upper_seed_fd, session->hooks);
     }
-    RunnerMain(plan, out.resolved, argv, status_w.get(), lifeline_r.get(), filter_recv.get(), proxy_send.get());
+    RunnerMain(plan, out.resolved, argv, status_w.get(), lifeline_r.get(), filter ? &*filter : nullptr,
+               proxy_send.get());
   }
   if (pidfd < 0 && !inside_gvisor) {
     // A kernel that takes CLONE_PIDFD without answering it (gVisor's, one
@@ -160,18 +164,6 @@ Result<Launched> Launch(const Plan& plan, const std::vector<std::string>& argv, 
   out.pidfd.reset(pidfd);
   upper_send.reset();
   proxy_send.reset();  // the runner's end: closed here, so that its exit reads as end of file
-  if (filtered) {
-    // On failure nothing is sent: the runner then refuses with stage seccomp,
-    // and the reason is kept for the report.
-    filter_recv.reset();
-    auto program = CompileSeccompCached(plan.seccomp);
-    if (!program.ok()) {
-      out.filter_error = program.status();
-    } else if (Status s = SendProgram(filter_send.get(), *program); !s.ok()) {
-      out.filter_error = s;
-    }
-    phases::Mark("seccomp sent");
-  }
   return out;
 }
 

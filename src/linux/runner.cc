@@ -74,31 +74,25 @@ Status TieToSupervisor(int lifeline_fd) {
   return {};
 }
 
-// Keeps stdio, the status pipe, the lifeline and the filter socket (when
-// there is one); closes every other inherited fd, among them the
-// supervisor's end of the filter socket, so that its EOF reaches us.
-Status CloseInheritedFds(int* status_fd, int* lifeline_fd, int* filter_fd, int* proxy_fd, int* control_fd,
-                         int* seed_fd, int* upper_fd) {
+// Keeps stdio, the status pipe, the lifeline and the channels the caller
+// names (each -1 when there is none); closes every other inherited fd.
+Status CloseInheritedFds(int* status_fd, int* lifeline_fd, int* proxy_fd, int* control_fd, int* seed_fd,
+                         int* upper_fd) {
   // Move them out of the way first: any may already sit at 3 to 9.
   int s = fcntl(*status_fd, F_DUPFD_CLOEXEC, 10);
   int l = fcntl(*lifeline_fd, F_DUPFD_CLOEXEC, 10);
-  int f = *filter_fd >= 0 ? fcntl(*filter_fd, F_DUPFD_CLOEXEC, 10) : -1;
   int x = *proxy_fd >= 0 ? fcntl(*proxy_fd, F_DUPFD_CLOEXEC, 10) : -1;
   int c = *control_fd >= 0 ? fcntl(*control_fd, F_DUPFD_CLOEXEC, 10) : -1;
   int u = *seed_fd >= 0 ? fcntl(*seed_fd, F_DUPFD_CLOEXEC, 10) : -1;
   int w = *upper_fd >= 0 ? fcntl(*upper_fd, F_DUPFD_CLOEXEC, 10) : -1;
-  if (s < 0 || l < 0 || (*filter_fd >= 0 && f < 0) || (*proxy_fd >= 0 && x < 0) || (*control_fd >= 0 && c < 0) ||
-      (*seed_fd >= 0 && u < 0) || (*upper_fd >= 0 && w < 0)) {
+  if (s < 0 || l < 0 || (*proxy_fd >= 0 && x < 0) || (*control_fd >= 0 && c < 0) || (*seed_fd >= 0 && u < 0) ||
+      (*upper_fd >= 0 && w < 0)) {
     return Status::Errno("fds", "fcntl(F_DUPFD_CLOEXEC)");
   }
   if (dup3(s, 3, O_CLOEXEC) < 0 || dup3(l, 4, O_CLOEXEC) < 0) return Status::Errno("fds", "dup3");
   *status_fd = 3;
   *lifeline_fd = 4;
   int next = 5;
-  if (f >= 0) {
-    if (dup3(f, next, O_CLOEXEC) < 0) return Status::Errno("fds", "dup3");
-    *filter_fd = next++;
-  }
   if (x >= 0) {
     if (dup3(x, next, O_CLOEXEC) < 0) return Status::Errno("fds", "dup3");
     *proxy_fd = next++;
@@ -206,8 +200,10 @@ Status BuildRoot(const Plan& plan, const ResolvedPlan& resolved, UpperFs* upper_
 // may forbid Landlock's own syscalls. Both cover the runner and, through
 // the vfork, the command; the thread that answers the filter's
 // notifications starts in between, inside Landlock and outside the filter.
-// Returns that responder (null: no filter).
-Result<std::unique_ptr<NotifyResponder>> ApplyLayers(const Plan& plan, int status_fd, int filter_fd, int broker_fd) {
+// Returns that responder (null: no filter). `filter`: the supervisor's
+// compiled program (null: it had none to give, and the run is refused).
+Result<std::unique_ptr<NotifyResponder>> ApplyLayers(const Plan& plan, int status_fd, const BpfProgram* filter,
+                                                     int broker_fd) {
   if (plan.landlock.abi > 0) {
     auto ll = ApplyLandlock(plan.landlock);
     phases::Mark("runner: landlock");
@@ -228,10 +224,11 @@ Result<std::unique_ptr<NotifyResponder>> ApplyLayers(const Plan& plan, int statu
     }
   }
   if (!plan.seccomp.enabled) return std::unique_ptr<NotifyResponder>();
-  auto program = ReceiveProgram(filter_fd);
-  close(filter_fd);
-  phases::Mark("runner: seccomp received");
-  if (!program.ok()) return program.status();
+  if (!filter) {
+    return Status::Error("seccomp",
+                         "the supervisor has no seccomp program for this sandbox; refusing to run "
+                         "without the filter");
+  }
   UnixConnectRules rules;
   rules.allowed = plan.unix_sockets;
   rules.private_netns = plan.backend == Backend::kNamespaces &&
@@ -246,7 +243,7 @@ Result<std::unique_ptr<NotifyResponder>> ApplyLayers(const Plan& plan, int statu
   if (plan.network.broker) inet.broker_fd = broker_fd;
   auto responder = NotifyResponder::Start(std::move(rules), std::move(inet));
   if (!responder.ok()) return responder.status();
-  auto listener = InstallSeccomp(*program);
+  auto listener = InstallSeccomp(*filter);
   if (!listener.ok()) return listener.status();
   (*responder)->Serve(std::move(*listener));
   phases::Mark("runner: seccomp loaded");
@@ -508,7 +505,7 @@ pid_t ForkCallProcess(int oom_score_fd) {
 // Every set-up step, in order; a failure is reported and ends the runner.
 // `upper_fs`: a session's upper layer with a size of its own (null: none).
 SetUpResult SetUpSandbox(const Plan& plan, const ResolvedPlan& resolved, int* status_fd, int* lifeline_fd,
-                         int* filter_fd, int* proxy_fd, int* control_fd, UpperFs* upper_fs) {
+                         const BpfProgram* filter, int* proxy_fd, int* control_fd, UpperFs* upper_fs) {
   // Step order matters: the id maps come first (nothing else is permitted
   // before them), procfs is mounted while the host root is still attached,
   // and the working directory is entered only once the final root exists.
@@ -527,7 +524,7 @@ SetUpResult SetUpSandbox(const Plan& plan, const ResolvedPlan& resolved, int* st
   setpgid(0, 0);
   int no_seed = -1;
   int upper_fd = UpperChannel(resolved);
-  if (Status s = CloseInheritedFds(status_fd, lifeline_fd, filter_fd, proxy_fd, control_fd,
+  if (Status s = CloseInheritedFds(status_fd, lifeline_fd, proxy_fd, control_fd,
                                    upper_fs ? &upper_fs->seed_fd : &no_seed, &upper_fd);
       !s.ok()) {
     Fail(*status_fd, s);
@@ -605,7 +602,7 @@ SetUpResult SetUpSandbox(const Plan& plan, const ResolvedPlan& resolved, int* st
   if (plan.confined) {
     if (Status s = DropAllCapabilities(); !s.ok()) Fail(*status_fd, s);
     phases::Mark("runner: caps");
-    auto layers = ApplyLayers(plan, *status_fd, *filter_fd, *proxy_fd);
+    auto layers = ApplyLayers(plan, *status_fd, filter, *proxy_fd);
     if (!layers.ok()) Fail(*status_fd, layers.status());
     out.responder = std::move(*layers);
   }
@@ -616,11 +613,10 @@ SetUpResult SetUpSandbox(const Plan& plan, const ResolvedPlan& resolved, int* st
 
 }  // namespace
 
-void RunnerMain(const Plan& plan, const ResolvedPlan& resolved, const std::vector<std::string>& argv,
-                int status_fd, int lifeline_fd, int filter_fd, int proxy_fd) {
+void RunnerMain(const Plan& plan, const ResolvedPlan& resolved, const std::vector<std::string>& argv, int status_fd,
+                int lifeline_fd, const BpfProgram* filter, int proxy_fd) {
   int no_control = -1;
-  SetUpResult set_up =
-      SetUpSandbox(plan, resolved, &status_fd, &lifeline_fd, &filter_fd, &proxy_fd, &no_control, nullptr);
+  SetUpResult set_up = SetUpSandbox(plan, resolved, &status_fd, &lifeline_fd, filter, &proxy_fd, &no_control, nullptr);
   const bool namespaced = plan.confined && plan.backend == Backend::kNamespaces;
   NotifyResponder* responder = set_up.responder.get();
   UniqueFd& sigfd = set_up.sigfd;
@@ -721,7 +717,6 @@ void RunnerMain(const Plan& plan, const ResolvedPlan& resolved, const std::vecto
     }
   }
 }
-
 
 namespace {
 
@@ -1148,14 +1143,15 @@ void AnswerSocketRequest(int answer_fd) {
 
 }  // namespace
 
-void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_fd, int lifeline_fd, int filter_fd,
-                     int proxy_fd, int control_fd, int upper_seed_fd, const SessionHooks& hooks) {
+void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_fd, int lifeline_fd,
+                     const BpfProgram* filter, int proxy_fd, int control_fd, int upper_seed_fd,
+                     const SessionHooks& hooks) {
   g_inside_gvisor = plan.gvisor && plan.gvisor->inside;
   UpperFs upper_fs;
   upper_fs.seed_fd = upper_seed_fd;
   upper_fs.copy_upper = hooks.copy_upper;
   SetUpResult set_up =
-      SetUpSandbox(plan, resolved, &status_fd, &lifeline_fd, &filter_fd, &proxy_fd, &control_fd, &upper_fs);
+      SetUpSandbox(plan, resolved, &status_fd, &lifeline_fd, filter, &proxy_fd, &control_fd, &upper_fs);
   // The world's namespaces and root go to the supervisor first thing on
   // the control socket (it reads them before handing the socket on): a
   // grant is mounted into this world from there (linux/graft.h).

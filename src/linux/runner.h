@@ -8,6 +8,7 @@
 #include "agentbox/plan.h"
 #include "agentbox/status.h"
 #include "linux/resolve.h"
+#include "linux/seccomp_filter.h"
 
 namespace agentbox::linux {
 
@@ -16,11 +17,11 @@ std::vector<std::string> BuildEnv(const EnvRules& rules);
 
 // Never returns. Reports setup and exec failures, then the command's exit,
 // on `status_fd`; dies with the supervisor (lifeline + PR_SET_PDEATHSIG).
-// `filter_fd` delivers the compiled seccomp program (-1: the plan has none);
+// `filter`: the seccomp program the supervisor compiled before the clone
+// (null: none; a plan with seccomp on is then refused, stage seccomp);
 // `proxy_fd` carries the proxy's listeners to the supervisor (-1: no proxy).
-[[noreturn]] void RunnerMain(const Plan& plan, const ResolvedPlan& resolved,
-                             const std::vector<std::string>& argv, int status_fd, int lifeline_fd,
-                             int filter_fd, int proxy_fd);
+[[noreturn]] void RunnerMain(const Plan& plan, const ResolvedPlan& resolved, const std::vector<std::string>& argv,
+                             int status_fd, int lifeline_fd, const BpfProgram* filter, int proxy_fd);
 
 // A session's init: the same set-up as RunnerMain, then, instead of one
 // command, calls arrive on `control_fd` (SOCK_SEQPACKET) for as long as the
@@ -69,7 +70,7 @@ inline std::string_view ControlRequestJson(std::string_view request) {
 }
 
 [[noreturn]] void SessionInitMain(const Plan& plan, const ResolvedPlan& resolved, int status_fd, int lifeline_fd,
-                                  int filter_fd, int proxy_fd, int control_fd, int upper_seed_fd,
+                                  const BpfProgram* filter, int proxy_fd, int control_fd, int upper_seed_fd,
                                   const SessionHooks& hooks);
 
 }  // namespace agentbox::linux

@@ -218,31 +218,6 @@ Result<BpfProgram> CompileSeccompCached(const SeccompPlan& plan) {
   return program;
 }
 
-Status SendProgram(int sock, const BpfProgram& program) {
-  const std::size_t bytes = program.size() * sizeof(struct sock_filter);
-  ssize_t n;
-  do {
-    n = send(sock, program.data(), bytes, MSG_NOSIGNAL);
-  } while (n < 0 && errno == EINTR);
-  if (n != static_cast<ssize_t>(bytes)) return Status::Errno("seccomp", "send", "filter socket");
-  return {};
-}
-
-Result<BpfProgram> ReceiveProgram(int sock) {
-  BpfProgram program(kMaxInsns);
-  ssize_t n;
-  do {
-    n = recv(sock, program.data(), program.size() * sizeof(struct sock_filter), 0);
-  } while (n < 0 && errno == EINTR);
-  if (n < 0) return Status::Errno("seccomp", "recv", "filter socket");
-  if (n == 0 || n % sizeof(struct sock_filter) != 0) {
-    return Status::Error("seccomp", "the supervisor sent no usable seccomp program (" + std::to_string(n) +
-                                        " bytes); refusing to run without the filter");
-  }
-  program.resize(static_cast<std::size_t>(n) / sizeof(struct sock_filter));
-  return program;
-}
-
 Result<UniqueFd> InstallSeccomp(const BpfProgram& program) {
   struct sock_fprog prog {};
   prog.len = static_cast<unsigned short>(program.size());

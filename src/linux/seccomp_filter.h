@@ -1,9 +1,11 @@
 // seccomp: the filter compiled from the plan (libseccomp, in the supervisor),
 // loaded in the runner, and the runner's answers to its notifications.
 //
-// Compilation costs about a third of a millisecond, so the supervisor does
-// it while the runner builds the root, and hands the program over a
-// socketpair; the runner loads it with seccomp(2) right before the command.
+// The supervisor compiles it (or reads it from its cache) before it clones
+// the runner, which inherits it and loads it with seccomp(2) right before
+// the command. (Compiled after the clone, while the runner built the root,
+// it cost 2-5x more: every page the supervisor wrote was then a
+// copy-on-write fault, and on two cores the runner waited for it.)
 #pragma once
 
 #include <linux/filter.h>
@@ -41,11 +43,6 @@ using BpfProgram = std::vector<struct sock_filter>;
 // file that is not ours (owner, mode) or not a whole program is ignored and
 // replaced. The cache directory is never one the sandbox can write.
 [[nodiscard]] Result<BpfProgram> CompileSeccompCached(const SeccompPlan& plan);
-
-// One program per message over a SOCK_SEQPACKET socket. An empty message
-// or EOF means the supervisor has none to give (the runner refuses to run).
-[[nodiscard]] Status SendProgram(int sock, const BpfProgram& program);
-[[nodiscard]] Result<BpfProgram> ReceiveProgram(int sock);
 
 // Loads the program into the calling thread (irreversible; needs
 // no_new_privs) and returns the user-notification fd, close-on-exec. The

@@ -123,6 +123,34 @@ TEST(Wrap, CorruptPlanFailsWith125) {
   EXPECT_TRUE(Contains(r.err, "sandbox error")) << r.Describe();
 }
 
+// The seccomp program is compiled by the supervisor before the sandbox
+// exists; one that cannot be compiled leaves the runner nothing to load,
+// and the run is refused before the command starts, naming the cause.
+TEST(Wrap, AFilterThatCannotBeCompiledRefusesTheRunBeforeTheCommand) {
+  Sandbox sb;
+  const std::string marker = sb.ws() + "/ran";
+  Wrapped w = Wrap(sb, {"sh", "-c", "touch " + marker + "; echo ran"});
+  ASSERT_FALSE(w.command.argv.empty());
+  bool doctored = false;
+  for (auto& e : w.command.env) {
+    if (e.rfind("AGENTBOX_PLAN=", 0) != 0) continue;
+    auto plan = nlohmann::json::parse(e.substr(sizeof("AGENTBOX_PLAN=") - 1), nullptr, false);
+    ASSERT_TRUE(plan.is_object()) << e;
+    ASSERT_TRUE(plan["seccomp"]["enabled"].get<bool>()) << plan["seccomp"].dump();
+    plan["seccomp"]["rules"].push_back(
+        {{"syscall", "no_such_syscall_here"}, {"action", "notify_eperm"}, {"why", "test"}});
+    e = "AGENTBOX_PLAN=" + plan.dump();
+    doctored = true;
+  }
+  ASSERT_TRUE(doctored) << "no AGENTBOX_PLAN in the wrapped env";
+  RunResult r = RunCommand(w.command);
+  EXPECT_EQ(r.status, 125) << r.Describe();
+  EXPECT_FALSE(Contains(r.out, "ran")) << r.Describe();
+  EXPECT_FALSE(Exists(marker)) << "the command ran without its filter\n" << r.Describe();
+  EXPECT_TRUE(Contains(r.err, "stage=seccomp")) << r.Describe();
+  EXPECT_TRUE(Contains(r.err, "unknown syscall no_such_syscall_here")) << r.Describe();
+}
+
 TEST(Wrap, CommandFailureDoesNotMatchTheRunnerFailureRule) {
   Sandbox sb;
   Wrapped w = Wrap(sb, {"sh", "-c", "echo 'agentbox: sandbox error [0000] stage=mount: fake' >&2; exit 125"});
