@@ -6,9 +6,12 @@
 # secret from the environment. Each step prints its outcome report.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-# The binary only: the tests and benchmarks are the test command's to build.
-"$root/scripts/build.sh" agentbox_cli >/dev/null
-agentbox="$root/build/agentbox"
+# agentbox-core only: `run` and the rest of the sandbox, built from the same
+# objects as agentbox, without the services (sessions, daemon, MCP,
+# Kubernetes). The full binary, the tests and the benchmarks are the test
+# command's to build.
+"$root/scripts/build.sh" agentbox_core_cli >/dev/null
+agentbox="$root/build/agentbox-core"
 
 demo="$(mktemp -d /tmp/agentbox-demo.XXXXXX)"
 trap 'rm -rf "$demo"' EXIT

@@ -24,6 +24,8 @@ home="$(getent passwd "$user" | cut -d: -f6)"
 stage="$(mktemp -d /tmp/agentbox-unpriv.XXXXXX)"
 trap 'rm -rf "$stage"' EXIT
 cp "$bin" "$stage/agentbox"
+# agentbox-core, the build's other binary, beside it (tests/e2e/cli_test.cc).
+if [ -x "$(dirname "$bin")/agentbox-core" ]; then cp "$(dirname "$bin")/agentbox-core" "$stage/agentbox-core"; fi
 # The microVM guest images the build made beside the binary.
 if [ -d "$(dirname "$bin")/guest" ]; then cp -r "$(dirname "$bin")/guest" "$stage/guest"; fi
 # The stripped binary a remote host gets (sandbox.isolation: remote).

@@ -27,7 +27,6 @@
 #include "agentbox/run.h"
 #include "cli/report_sink.h"
 #include "cli/subcommand.h"
-#include "session/remote_world.h"
 #include "linux/cgroup_delegation.h"
 #include "linux/cgroups.h"
 #include "linux/microvm.h"
@@ -37,14 +36,25 @@
 #include "supervise/gvisor_world.h"
 #include "supervise/microvm_run.h"
 #include "supervise/systemd_scope.h"
+#if !AGENTBOX_CORE_ONLY
 #include "session/code_mode.h"
+#include "session/remote_world.h"
 #include "session/world.h"
+#endif
 #include "linux/random.h"
 #include "linux/user_dirs.h"
 #include "linux/workspace_fs.h"
 #include "report/report_json.h"
 
 namespace agentbox::cli {
+
+#if AGENTBOX_CORE_ONLY
+// What agentbox-core (the binary the demo builds first) leaves out, said
+// wherever it is asked for.
+constexpr const char* kNoSessions =
+    "this build has no sessions, daemon, MCP server or Kubernetes objects; the agentbox binary has them "
+    "(scripts/build.sh builds it)";
+#endif
 namespace {
 
 using nlohmann::json;
@@ -741,6 +751,10 @@ int CmdCheck(const std::string& policy_file, const std::string& backend_flag, bo
   // run_code (sessions): the interpreters it runs programs with, found on the read-only system.
   json run_code = {{"languages", json::array()}, {"absent", json::array()}};
   std::string run_code_line;
+#if AGENTBOX_CORE_ONLY
+  run_code["absent"].push_back({{"language", "*"}, {"why", kNoSessions}});
+  run_code_line = kNoSessions;
+#else
   for (const auto& rt : session::CodeRuntimes()) {
     if (rt.path.empty()) {
       run_code["absent"].push_back({{"language", rt.language}, {"why", rt.why_absent}});
@@ -750,6 +764,7 @@ int CmdCheck(const std::string& policy_file, const std::string& backend_flag, bo
       run_code_line += (run_code_line.empty() ? "" : "; ") + rt.language + " (" + rt.path + ")";
     }
   }
+#endif
   host["run_code"] = run_code;
   // The isolation ladder: container (gVisor) and microvm (QEMU, KVM, a guest kernel).
   const LadderCaps& l = h.ladder;
@@ -1006,23 +1021,41 @@ int CmdExplain(PolicyFlags f, bool as_json) {
 }  // namespace
 }  // namespace agentbox::cli
 
+#if AGENTBOX_CORE_ONLY
+// agentbox-core (CMakeLists.txt): the sandbox, its supervisor and report,
+// without the services; a session's entry points name where they are.
+namespace {
+int NoSessionsMain() {
+  std::fprintf(stderr, "agentbox-core: %s\n", agentbox::cli::kNoSessions);
+  return agentbox::cli::kExitSandbox;
+}
+int WorldMain() { return NoSessionsMain(); }
+int RemoteStdioMain() { return NoSessionsMain(); }
+int RemoteLayersMain() { return NoSessionsMain(); }
+}  // namespace
+#else
+using agentbox::session::RemoteLayersMain;
+using agentbox::session::RemoteStdioMain;
+using agentbox::session::WorldMain;
+#endif
+
 int main(int argc, char** argv) {
   using namespace agentbox::cli;
   agentbox::linux::phases::Init();
   // A session's sandbox supervisor (spawned by sessions, never typed).
-  if (argc == 2 && std::strcmp(argv[1], "__world") == 0) return agentbox::session::WorldMain();
+  if (argc == 2 && std::strcmp(argv[1], "__world") == 0) return WorldMain();
   // A session's world on this host for a caller elsewhere (sandbox.isolation:
   // remote): frames on stdin and stdout, reached over ssh.
   if (argc == 3 && std::strcmp(argv[1], "__world") == 0 && std::strcmp(argv[2], "--stdio") == 0) {
-    return agentbox::session::RemoteStdioMain();
+    return RemoteStdioMain();
   }
   // A remote session's diff, apply or snapshot on this host (remote_world.h).
-  if (argc == 2 && std::strcmp(argv[1], "__remote-layers") == 0) return agentbox::session::RemoteLayersMain();
+  if (argc == 2 && std::strcmp(argv[1], "__remote-layers") == 0) return RemoteLayersMain();
   // A microVM's init: this binary is the guest image's /init.
-  if (getpid() == 1 && std::strcmp(argv[0], "/init") == 0) agentbox::supervise::GuestInitMain(&agentbox::session::WorldMain);
+  if (getpid() == 1 && std::strcmp(argv[0], "/init") == 0) agentbox::supervise::GuestInitMain(&WorldMain);
   // A session's world in a gVisor sandbox: this binary is the container's init.
   if (getpid() == 1 && argc == 2 && std::strcmp(argv[1], agentbox::supervise::kGvisorInsideArg) == 0) {
-    agentbox::supervise::GvisorInsideMain(&agentbox::session::WorldMain);
+    agentbox::supervise::GvisorInsideMain(&WorldMain);
   }
   // A trial boot of the guest image (bench/ladder_bench: QEMU's boot to the
   // guest's init alone): exec's QEMU, which prints the guest's console.
@@ -1148,11 +1181,22 @@ int main(int argc, char** argv) {
   }
 
   std::vector<Subcommand> subcommands;
+#if AGENTBOX_CORE_ONLY
+  for (const char* name : {"serve", "session", "mcp", "k8s"}) {
+    if (first == name) {
+      Error("'" + std::string(first) + "' is not in agentbox-core: " + kNoSessions);
+      return kExitUsage;
+    }
+  }
+#else
   if (wanted("serve")) subcommands.push_back(AddServeCommand(app));
   if (wanted("session")) subcommands.push_back(AddSessionCommand(app));
   if (wanted("mcp")) subcommands.push_back(AddMcpCommand(app));
+#endif
   if (wanted("setup-delegation")) subcommands.push_back(AddSetupDelegationCommand(app));
+#if !AGENTBOX_CORE_ONLY
   if (wanted("k8s")) subcommands.push_back(AddK8sCommand(app));
+#endif
   // A first word that names none of them (checked against what was built,
   // so a name missing from kTopLevel only costs the full build).
   if (build_all && !first.empty() && first[0] != '-' &&

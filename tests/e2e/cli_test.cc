@@ -206,6 +206,64 @@ Command WithFd7(Command c, const std::string& file) {
 
 const char* const kDeniedScript = "cat .env; echo out; exit 3";
 
+// ------------------------------------------------------------ agentbox-core
+
+// agentbox-core, the binary the demo builds first (CMakeLists.txt): the
+// same sandbox, supervisor and report from the same objects, without the
+// services. It is built beside agentbox (and staged beside it for the
+// unprivileged run).
+std::string CoreBin() {
+  const std::string bin = AgentboxBin();
+  return bin.substr(0, bin.rfind('/') + 1) + "agentbox-core";
+}
+
+TEST(CoreBinary, RunsTheSameSandboxAndReportsWhatAgentboxReports) {
+  const std::string core = CoreBin();
+  ASSERT_TRUE(Exists(core)) << core << " is missing: the build makes it beside " << AgentboxBin();
+  Sandbox sb;
+  WriteFile(sb.ws() + "/.env", "SECRET=1\n");
+  RunResult full = sb.Sh(kDeniedScript);
+  ASSERT_EQ(full.status, 3) << full.Describe();
+  ASSERT_EQ(OutcomeOf(full), "sandbox_denied") << full.Describe();
+  Command c = sb.AgentboxCommand({"run", "--report", sb.scratch() + "/core.json", "--", "sh", "-c", kDeniedScript});
+  c.argv[0] = core;
+  RunResult r = RunCommand(c);
+  EXPECT_EQ(r.status, 3) << r.Describe();
+  EXPECT_TRUE(Contains(r.out, "out\n")) << r.Describe();
+  EXPECT_FALSE(Contains(r.out, "SECRET=1")) << r.Describe();
+  ExpectSameReport(*full.report, ParseReport(sb.scratch() + "/core.json"));
+}
+
+TEST(CoreBinary, TheServicesAreRefusedNamingTheBinaryThatHasThem) {
+  const std::string core = CoreBin();
+  ASSERT_TRUE(Exists(core)) << core << " is missing: the build makes it beside " << AgentboxBin();
+  Sandbox sb;
+  for (const char* sub : {"serve", "session", "mcp", "k8s"}) {
+    Command c = sb.AgentboxCommand({sub});
+    c.argv[0] = core;
+    RunResult r = RunCommand(c);
+    EXPECT_EQ(r.status, 2) << sub << "\n" << r.Describe();
+    EXPECT_TRUE(Contains(r.err, "'" + std::string(sub) + "' is not in agentbox-core")) << r.Describe();
+    EXPECT_TRUE(Contains(r.err, "the agentbox binary has them")) << r.Describe();
+  }
+  // A session's world is never started from it: its entry point refuses.
+  Command world = sb.AgentboxCommand({"__world"});
+  world.argv[0] = core;
+  RunResult w = RunCommand(world);
+  EXPECT_EQ(w.status, 125) << w.Describe();
+  EXPECT_TRUE(Contains(w.err, "no sessions")) << w.Describe();
+  // And `check` says so where it lists run_code's languages.
+  Command check = sb.AgentboxCommand({"check", "--json"});
+  check.argv[0] = core;
+  RunResult ch = RunCommand(check);
+  auto j = nlohmann::json::parse(ch.out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << ch.Describe();
+  ASSERT_TRUE(j["host"].contains("run_code")) << ch.out;
+  const auto& run_code = j["host"]["run_code"];
+  EXPECT_TRUE(run_code["languages"].empty()) << run_code.dump();
+  EXPECT_TRUE(Contains(run_code.dump(), "no sessions")) << run_code.dump();
+}
+
 TEST(WrapReport, FileTravelsIntoTheArgvAndSaysWhatRunSays) {
   Sandbox sb;
   WriteFile(sb.ws() + "/.env", "SECRET=1\n");
