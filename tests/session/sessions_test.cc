@@ -74,6 +74,32 @@ TEST_F(SessionsTest, ALargeWriteFileLandsByteForByte) {
   EXPECT_EQ(Output(Bash(c(), id, "od -An -c big.txt | tr -d ' '")), "\\n\n");
 }
 
+// A read as large as the cap comes back whole, byte for byte: its answer
+// fills the tool's pipe (sized for 1 MiB, World::File) and more.
+TEST_F(SessionsTest, AReadFileAsLargeAsTheCapComesBackByteForByte) {
+  std::string id = CreateSession(c(), ws_.path());
+  std::string text;
+  for (int i = 0; text.size() < (1u << 20) - 200; ++i) {
+    text += "line " + std::to_string(i) + " \xc3\xa9t\xc3\xa9 \xe2\x82\xac \"q\" \\ " + std::string(i % 40, '.') + "\n";
+  }
+  json w = Execute(c(), id, "write_file", {{"path", "whole.txt"}, {"content", text}});
+  ASSERT_EQ(w.value("is_error", true), false) << w.dump().substr(0, 400);
+  json r = Execute(c(), id, "read_file", {{"path", "whole.txt"}});
+  ASSERT_EQ(r.value("is_error", true), false) << r.dump().substr(0, 400);
+  const std::string got = Output(r);
+  EXPECT_EQ(got.size(), text.size());
+  EXPECT_TRUE(got == text) << "the read differs from the file";
+  // Past the cap: the lines that fit, whole, then the note.
+  json more = Execute(c(), id, "write_file", {{"path", "more.txt"}, {"content", text + text}});
+  ASSERT_EQ(more.value("is_error", true), false);
+  json cut = Execute(c(), id, "read_file", {{"path", "more.txt"}});
+  const std::string head = Output(cut);
+  const std::size_t note = head.find("[truncated: ");
+  ASSERT_NE(note, std::string::npos) << head.substr(head.size() > 300 ? head.size() - 300 : 0);
+  EXPECT_EQ(head.substr(0, note), (text + text).substr(0, note));
+  EXPECT_EQ(head[note - 1], '\n');
+}
+
 TEST_F(SessionsTest, FileToolsAndShellSeeTheSameFiles) {
   std::string id = CreateSession(c(), ws_.path());
   ASSERT_EQ(Bash(c(), id, "mkdir notes").value("exit_code", -1), 0);
