@@ -851,7 +851,6 @@ Result<json> World::File(json req, int timeout_ms) {
   if (Status s = SendControl(req, {res_w.get()}, raw_content ? &raw : nullptr); !s.ok()) return s;
   res_w.reset();
   std::string answer;
-  char buf[65536];
   const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
   for (;;) {
     struct pollfd fds[2] = {{res_r.get(), POLLIN, 0}, {supervisor_pidfd_.get(), POLLIN, 0}};
@@ -863,23 +862,15 @@ Result<json> World::File(json req, int timeout_ms) {
                                                   " ms; its process was killed");
     }
     if (fds[0].revents) {
-      // What the pipe holds, read into the answer in place; a small read
-      // when it says nothing (its end, or an error, to be read as such).
+      // What the pipe holds, read into the answer in place (64 KiB when it
+      // says nothing: its end, or an error, is then read as such).
       int ready = 0;
-      ssize_t got;
-      if (ioctl(res_r.get(), FIONREAD, &ready) == 0 && ready > static_cast<int>(sizeof(buf))) {
-        const size_t had = answer.size();
-        answer.resize(had + static_cast<size_t>(ready));
-        got = read(res_r.get(), answer.data() + had, static_cast<size_t>(ready));
-        answer.resize(had + static_cast<size_t>(std::max<ssize_t>(got, 0)));
-        if (got > 0) continue;
-      } else {
-        got = read(res_r.get(), buf, sizeof(buf));
-        if (got > 0) {
-          answer.append(buf, static_cast<size_t>(got));
-          continue;
-        }
-      }
+      if (ioctl(res_r.get(), FIONREAD, &ready) != 0 || ready <= 0) ready = 65536;
+      const size_t had = answer.size();
+      answer.resize(had + static_cast<size_t>(ready));
+      const ssize_t got = read(res_r.get(), answer.data() + had, static_cast<size_t>(ready));
+      answer.resize(had + static_cast<size_t>(std::max<ssize_t>(got, 0)));
+      if (got > 0) continue;
       if (got < 0 && errno == EINTR) continue;
       break;
     }
